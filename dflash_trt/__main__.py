@@ -1,0 +1,3 @@
+from dflash_trt.cli import main
+
+main()

@@ -1,0 +1,459 @@
+"""The DFlash drafter as a plain torch module, and target feature capture.
+
+Read top to bottom:
+
+* :class:`DrafterConfig` is the one in-memory description every drafter format
+  normalises to (``checkpoint.py`` does the normalising; z-lab is the native form).
+* :class:`Drafter` holds the published tensors under their published names
+  (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ``hidden_norm.weight``, ...).
+  ``inject`` turns tapped target hidden states into every layer's context K/V
+  (KV injection); ``draft`` runs one block ``[anchor, MASK x (B-1)]`` through the
+  layers in one forward (block-diffusion attention) and returns the block's hidden
+  states.
+* :class:`Target` wraps any transformers causal LM: embedding, LM head, and a forward
+  that also returns the tapped hidden states (layer id ``i`` is the output of decoder
+  layer ``i``, i.e. ``output_hidden_states[i + 1]``).
+
+The two DFlash-specific operations are called through ``dflash_trt.plugins`` so the
+reference and the Triton kernels are interchangeable (``kernels=``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from dflash_trt.errors import CheckpointError
+from dflash_trt.plugins import ops
+
+LayerType = Literal["full_attention", "sliding_attention"]
+
+
+class DrafterConfig(BaseModel):
+    """Normalised drafter description (z-lab conventions: layer id i = output of layer i)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab_size: int = Field(gt=0, description="The target's vocabulary size.")
+    block_size: int = Field(16, ge=1, description="Block B: anchor + B-1 masked positions.")
+    mask_token_id: int = Field(ge=0)
+    target_layer_ids: list[int] = Field(min_length=1)
+    num_target_layers: int | None = Field(None, description="Depth of the target it was trained on.")
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 40960
+    attention_bias: bool = False
+    hidden_act: Literal["silu"] = "silu"
+    layer_types: list[LayerType] | None = None
+    sliding_window: int | None = None
+    causal: bool | None = Field(
+        None, description="Force every layer causal (True) or bidirectional (False); "
+        "None: sliding layers causal, full layers bidirectional (the z-lab default)."
+    )
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    draft_vocab_size: int | None = Field(
+        None, description="Reduced draft vocabulary with its own lm_head and d2t map (speculators)."
+    )
+    dtype: str = "bfloat16"
+
+    @model_validator(mode="after")
+    def _check(self) -> "DrafterConfig":
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError("layer_types must have one entry per drafter layer")
+        if "sliding_attention" in (self.layer_types or []) and not self.sliding_window:
+            raise ValueError("sliding_attention layers need a sliding_window")
+        return self
+
+    def layer_causal(self, i: int) -> bool:
+        if self.causal is not None:
+            return self.causal
+        return self.layer_window(i) is not None
+
+    def layer_window(self, i: int) -> int | None:
+        if self.layer_types and self.layer_types[i] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    # -- z-lab form ------------------------------------------------------------------
+    @classmethod
+    def from_zlab(cls, cfg: dict) -> "DrafterConfig":
+        """Read a z-lab ``config.json`` (v1: top-level block_size; newer: inside dflash_config)."""
+        dcfg = cfg.get("dflash_config") or {}
+
+        def pick(name, default=None):
+            return dcfg.get(name, cfg.get(name, default))
+
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        window = pick("swa_window_size") or cfg.get("sliding_window")
+        layer_types = cfg.get("layer_types")
+        if pick("use_swa") and not layer_types:
+            layer_types = ["sliding_attention"] * cfg["num_hidden_layers"]
+        if layer_types and "sliding_attention" not in layer_types:
+            window = None
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+            head_dim=head_dim,
+            vocab_size=cfg["vocab_size"],
+            block_size=int(pick("block_size", 16)),
+            mask_token_id=pick("mask_token_id"),
+            target_layer_ids=list(pick("target_layer_ids")),
+            num_target_layers=cfg.get("num_target_layers"),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", 1_000_000.0),
+            rope_scaling=cfg.get("rope_scaling"),
+            max_position_embeddings=cfg.get("max_position_embeddings", 40960),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            layer_types=layer_types,
+            sliding_window=window,
+            causal=pick("causal", cfg.get("is_causal")),
+            input_embedding_scale=float(pick("input_embedding_scale", 1.0)),
+            output_multiplier=float(pick("output_multiplier", 1.0)),
+            final_logit_softcapping=pick("final_logit_softcapping"),
+            draft_vocab_size=pick("draft_vocab_size"),
+            dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"),
+        )
+
+    def to_zlab(self) -> dict:
+        """The ``config.json`` TensorRT-LLM's DFlash loader and the z-lab code read."""
+        dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
+        for name in ("causal", "input_embedding_scale", "output_multiplier",
+                     "final_logit_softcapping", "draft_vocab_size"):
+            value = getattr(self, name)
+            if value is not None and value != DrafterConfig.model_fields[name].default:
+                dflash[name] = value
+        cfg = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "block_size": self.block_size,
+            "dflash_config": dflash,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0,
+            "hidden_act": self.hidden_act,
+            "layer_types": self.layer_types or ["full_attention"] * self.num_hidden_layers,
+            "sliding_window": self.sliding_window,
+            "use_sliding_window": self.sliding_window is not None,
+            "tie_word_embeddings": False,
+            "dtype": self.dtype,
+        }
+        if self.num_target_layers is not None:
+            cfg["num_target_layers"] = self.num_target_layers
+        return cfg
+
+
+# ---------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, as Hugging Face's Llama/Qwen3 do."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling, through transformers' RoPE variants."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    hf = Qwen3Config(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        head_dim=cfg.head_dim,
+        rope_theta=cfg.rope_theta,
+        rope_scaling=cfg.rope_scaling,
+        max_position_embeddings=cfg.max_position_embeddings,
+    )
+    emb = Qwen3RotaryEmbedding(hf)
+    return emb.inv_freq.float().clone(), float(emb.attention_scaling)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        h, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+# ---------------------------------------------------------------------------------------
+# The drafter
+# ---------------------------------------------------------------------------------------
+
+
+class Drafter(nn.Module):
+    """DFlash drafter: context fusion, per-layer KV injection, one-forward block drafting."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        n_tap = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(n_tap * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.draft_vocab_size:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        else:
+            self.lm_head = None
+            self.d2t = None
+        inv_freq, scaling = rope_inv_freq(cfg)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_scaling_factor = scaling
+        self.kernels = "reference"
+
+    # -- RoPE --------------------------------------------------------------------------
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of shape [*positions.shape, head_dim] (the rotate-half layout)."""
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.rope_scaling_factor).to(dtype), (emb.sin() * self.rope_scaling_factor).to(dtype)
+
+    # -- KV injection --------------------------------------------------------------------
+    def inject(self, taps: torch.Tensor, n_new: torch.Tensor, cache: "ops.PagedKVCache") -> None:
+        """Append context K/V for newly committed tokens to every layer's cache.
+
+        taps: [b, T, n_tap*H] target hidden states (padded to T); n_new: [b] how many of
+        the T are real for each sequence. They land at positions ``cache.lengths[i] + t``.
+        """
+        ops.kv_injection(self, taps, n_new, cache, kernels=self.kernels)
+
+    # -- block drafting ------------------------------------------------------------------
+    def draft(self, block_embeds: torch.Tensor, cache: "ops.PagedKVCache") -> torch.Tensor:
+        """One forward over the block. block_embeds: [b, B, H]; returns normed hidden [b, B, H].
+
+        Block position t of sequence i sits at absolute position ``cache.lengths[i] + t``:
+        the context holds exactly the committed tokens before the anchor.
+        """
+        cfg = self.cfg
+        b, B, _ = block_embeds.shape
+        positions = cache.lengths[:, None] + torch.arange(B, device=block_embeds.device)
+        cos, sin = self.rope(positions, block_embeds.dtype)
+        x = block_embeds
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_norm(attn.q_proj(h).view(b, B, cfg.num_attention_heads, cfg.head_dim))
+            k = attn.k_norm(attn.k_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim))
+            v = attn.v_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim)
+            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+            o = ops.block_attention(
+                q, k, v, cache.k[i], cache.v[i], cache.page_table, cache.lengths,
+                causal=cfg.layer_causal(i), window=cfg.layer_window(i),
+                scale=cfg.head_dim ** -0.5, kernels=self.kernels,
+            )
+            x = x + attn.o_proj(o.reshape(b, B, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
+        """Draft logits over the *target* vocabulary.
+
+        With a reduced draft vocabulary (speculators), the drafter's own head scores the
+        draft vocabulary and ``d2t`` places it in the target's; other ids get -inf.
+        """
+        cfg = self.cfg
+        if self.lm_head is not None:
+            small = self.lm_head(hidden)
+            out = hidden.new_full((*hidden.shape[:-1], cfg.vocab_size), float("-inf"))
+            logits = out.scatter(-1, self.d2t.expand(*small.shape[:-1], -1), small)
+        else:
+            logits = target_head(hidden)
+        logits = logits * cfg.output_multiplier
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def new_cache(self, batch: int, device=None, dtype=None, page_size: int = 16) -> "ops.PagedKVCache":
+        cfg = self.cfg
+        return ops.PagedKVCache(
+            num_layers=cfg.num_hidden_layers, batch=batch, num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim, page_size=page_size,
+            device=device or self.fc.weight.device, dtype=dtype or self.fc.weight.dtype,
+        )
+
+    # -- persistence ---------------------------------------------------------------------
+    def save(self, out_dir: str | Path) -> None:
+        """Write z-lab form: config.json + model.safetensors (no ``model.`` prefix)."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        cfg = self.cfg.to_zlab()
+        cfg["dtype"] = str(self.fc.weight.dtype).removeprefix("torch.")
+        (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def from_state(cls, cfg: DrafterConfig, state: dict[str, torch.Tensor],
+                   dtype: torch.dtype | None = None) -> "Drafter":
+        model = cls(cfg)
+        expected = model.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise CheckpointError(
+                f"drafter tensors do not match its config: missing {missing[:3]}, unexpected "
+                f"{unexpected[:3]}; is this a z-lab-format DFlash drafter?"
+            )
+        for name, tensor in state.items():
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise CheckpointError(
+                    f"drafter tensor {name} has shape {tuple(tensor.shape)}, config implies "
+                    f"{tuple(expected[name].shape)}"
+                )
+        model.load_state_dict(state)
+        if dtype is not None:
+            model.to(dtype)
+            if model.d2t is not None:
+                model.d2t = model.d2t.long()
+        return model.eval()
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: torch.dtype | None = None) -> "Drafter":
+        """Load a z-lab-format drafter directory (other formats: ``checkpoint.load_drafter``)."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        try:
+            cfg = DrafterConfig.from_zlab(json.loads((path / "config.json").read_text()))
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{path}: no config.json; is this a drafter directory?") from exc
+        state: dict[str, torch.Tensor] = {}
+        for f in sorted(path.glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        if not state:
+            raise CheckpointError(f"{path}: no .safetensors weights")
+        return cls.from_state(cfg, state, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# The target
+# ---------------------------------------------------------------------------------------
+
+
+class Target:
+    """A transformers causal LM seen through what DFlash needs from it."""
+
+    def __init__(self, model: nn.Module, layer_ids: list[int] | None = None):
+        self.model = model.eval()
+        self.layer_ids = list(layer_ids or [])
+        self.config = model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def num_layers(self) -> int:
+        cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        return int(cfg.num_hidden_layers)
+
+    def embed(self, ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Raw embedding rows (no model-specific scaling), as the drafter was trained."""
+        return F.embedding(ids, self.model.get_input_embeddings().weight) * scale
+
+    @property
+    def head(self) -> nn.Module:
+        head = getattr(self.model, "lm_head", None)
+        return head if head is not None else self.model.get_output_embeddings()
+
+    def forward(self, ids, position_ids, attention_mask, cache, logits_to_keep: int = 0):
+        """Returns (logits [b, T, V], taps [b, T, n_tap*H] or None)."""
+        want_taps = bool(self.layer_ids)
+        out = self.model(
+            input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
+            past_key_values=cache, use_cache=True, output_hidden_states=want_taps,
+            logits_to_keep=logits_to_keep,
+        )
+        taps = None
+        if want_taps:
+            taps = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        return out.logits, taps
+
+
+def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> nn.Module:
+    """Load a Hugging Face causal LM from a local directory (safetensors only, no remote code)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise CheckpointError(f"{path}: no config.json; is this a Hugging Face model directory?")
+    if not any(path.glob("*.safetensors")):
+        raise CheckpointError(f"{path}: no .safetensors weights (pickled .bin weights are refused)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype or "auto", use_safetensors=True, trust_remote_code=False,
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        raise CheckpointError(f"{path}: cannot load target: {str(exc).splitlines()[0]}") from exc
+    return model.to(device).eval()

@@ -1,0 +1,67 @@
+"""KV injection: tapped target hidden states -> every draft layer's context K/V, in the paged cache.
+
+Semantics (the reference below is the specification):
+
+    ctx = hidden_norm(fc(taps))                          # [b, T, H]
+    kv  = ctx @ kv_weight.T (+ kv_bias)                   # one GEMM over all layers' K and V
+    for each layer l:  k_l = k_norm_l(kv[..., l, 0]) then RoPE at position lengths[i] + t
+                       v_l = kv[..., l, 1]
+    write k_l, v_l of the first n_new[i] tokens of sequence i at positions lengths[i] + t,
+    i.e. page page_table[i, pos // page_size], offset pos % page_size.
+
+``kv_weight`` is layer-major: rows [l*2*kvh*d, (l*2+1)*kvh*d) are layer l's k_proj,
+the next kvh*d rows its v_proj. ``lengths`` is not advanced here (the caller does).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_trt.plugins.ops import rms_norm, rotate_half
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, dtype):
+    freqs = positions[..., None].float() * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * rope_scale).to(dtype), (emb.sin() * rope_scale).to(dtype)
+
+
+def project_context(taps, fc_weight, norm_weight, kv_weight, kv_bias, k_norm_weight, positions,
+                    inv_freq, rope_scale, eps, num_kv_heads, head_dim):
+    """The math of KV injection without the scatter: K, V as [L, b, T, kvh, d]."""
+    b, T, _ = taps.shape
+    L = k_norm_weight.shape[0]
+    ctx = rms_norm(taps @ fc_weight.T, norm_weight, eps)
+    kv = ctx @ kv_weight.T
+    if kv_bias is not None:
+        kv = kv + kv_bias
+    kv = kv.view(b, T, L, 2, num_kv_heads, head_dim).permute(2, 3, 0, 1, 4, 5)
+    k, v = kv[:, 0], kv[:, 1]
+    k = rms_norm(k, k_norm_weight[:, None, None, None, :], eps)
+    cos, sin = rope_tables(positions, inv_freq, rope_scale, k.dtype)
+    k = k * cos[None, :, :, None] + rotate_half(k) * sin[None, :, :, None]
+    return k, v
+
+
+def kv_injection_reference(*, taps, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
+                           k_norm_weight, inv_freq, rope_scale, eps, k_cache, v_cache, page_table,
+                           num_kv_heads, head_dim) -> None:
+    b, T, _ = taps.shape
+    if T == 0:
+        return
+    page_size = k_cache.shape[2]
+    t = torch.arange(T, device=taps.device)
+    positions = lengths[:, None] + t
+    k, v = project_context(taps, fc_weight, norm_weight, kv_weight, kv_bias, k_norm_weight,
+                           positions, inv_freq, rope_scale, eps, num_kv_heads, head_dim)
+    valid = t[None] < n_new[:, None]
+    rows, cols = valid.nonzero(as_tuple=True)
+    pos = positions[rows, cols]
+    page = page_table.long()[rows, pos // page_size]
+    off = pos % page_size
+    k_cache[:, page, off] = k[:, rows, cols].to(k_cache.dtype)
+    v_cache[:, page, off] = v[:, rows, cols].to(v_cache.dtype)
+
+
+def kv_injection_triton(**kwargs) -> None:
+    raise NotImplementedError("the Triton KV-injection kernel is not built yet")

@@ -20,6 +20,7 @@ reference and the Triton kernels are interchangeable (``kernels=``).
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Literal
@@ -328,12 +329,16 @@ class Drafter(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def new_cache(self, batch: int, device=None, dtype=None, page_size: int = 16) -> "ops.PagedKVCache":
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def new_cache(self, batch: int, device=None, page_size: int = 16) -> "ops.PagedKVCache":
         cfg = self.cfg
         return ops.PagedKVCache(
             num_layers=cfg.num_hidden_layers, batch=batch, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, page_size=page_size,
-            device=device or self.fc.weight.device, dtype=dtype or self.fc.weight.dtype,
+            device=device or self.fc.weight.device, dtype=self.dtype,
         )
 
     # -- persistence ---------------------------------------------------------------------
@@ -404,6 +409,9 @@ class Target:
         self.model = model.eval()
         self.layer_ids = list(layer_ids or [])
         self.config = model.config
+        # transformers 5.x renamed past_key_values to cache; accept either generation.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @property
     def device(self) -> torch.device:
@@ -427,18 +435,16 @@ class Target:
         head = getattr(self.model, "lm_head", None)
         return head if head is not None else self.model.get_output_embeddings()
 
-    def forward(self, ids, position_ids, attention_mask, cache, logits_to_keep: int = 0):
+    def forward(self, ids, position_ids, attention_mask, cache, taps: bool = True):
         """Returns (logits [b, T, V], taps [b, T, n_tap*H] or None)."""
-        want_taps = bool(self.layer_ids)
+        want_taps = taps and bool(self.layer_ids)
         out = self.model(
             input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
-            past_key_values=cache, use_cache=True, output_hidden_states=want_taps,
-            logits_to_keep=logits_to_keep,
+            use_cache=True, output_hidden_states=want_taps, **{self._cache_kw: cache},
         )
-        taps = None
         if want_taps:
-            taps = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return out.logits, taps
+            return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        return out.logits, None
 
 
 def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> nn.Module:

@@ -46,6 +46,8 @@ class Stats:
     new_tokens: int = 0
     seconds: float = 0.0
     prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0      # drafter: block forward + KV injection, rounds only
+    verify_seconds: float = 0.0     # target forwards in rounds (prefill excluded)
 
     @property
     def acceptance_length(self) -> float:
@@ -71,6 +73,9 @@ class Stats:
             "new_tokens": self.new_tokens,
             "seconds": round(self.seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "draft_seconds": round(self.draft_seconds, 4),
+            "verify_seconds": round(self.verify_seconds, 4),
         }
 
 
@@ -173,6 +178,7 @@ def generate(
         block = torch.full((n, B), drafter.cfg.mask_token_id if use_drafter else 0, dtype=torch.long, device=dev)
         block[:, 0] = last
         q = None
+        t0 = time.perf_counter()
         if use_drafter:
             hidden = drafter.draft(target.embed(block, scale).to(drafter.dtype), dcache)
             dlogits = drafter.logits(hidden[:, 1:], target.head).float()
@@ -183,9 +189,13 @@ def generate(
                 block[:, 1:] = draw(q, gen)
 
         # ---- verify: one target forward over [anchor, d_1 .. d_{B-1}] -----------------
+        t1 = time.perf_counter()
         attn = torch.cat([col_valid, torch.ones(n, B, dtype=torch.bool, device=dev)], dim=1)
         logits, taps = target.forward(block, seq_pos[:, None] + offsets, attn.long(), cache, taps=use_drafter)
         stats.target_forwards += 1
+        t2 = time.perf_counter()
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += t2 - t1
         r_ = torch.arange(n, device=dev)
         if sampling.greedy or not use_drafter:
             if sampling.greedy:
@@ -219,7 +229,9 @@ def generate(
         n_new = acc + 1
         col_valid = torch.cat([col_valid, offsets[None] < n_new[:, None]], dim=1)
         if use_drafter and len(done) < n:
+            t3 = time.perf_counter()
             drafter.inject(taps.to(drafter.dtype), n_new, dcache)
+            stats.draft_seconds += time.perf_counter() - t3
         seq_pos = seq_pos + n_new
         last = bonus
 

@@ -127,3 +127,33 @@ class OracleDrafter(Drafter):
     def logits(self, hidden, target_head):
         onehot = torch.nn.functional.one_hot(self._tokens[:, 1:], self.cfg.vocab_size)
         return onehot.to(hidden.dtype) * 50.0
+
+
+def char_tokenizer(vocab: int = VOCAB):
+    """A character-level fast tokenizer: 0 pad, 1 bos, 2 eos, printable ASCII, last id <mask>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)][: vocab - 4]
+    table = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    table.update({c: i + 3 for i, c in enumerate(chars)})
+    table["<mask>"] = vocab - 1
+    tok = Tokenizer(models.WordLevel(table, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", mask_token="<mask>")
+
+
+def save_pair(root, arch: str = "qwen3", block_size: int = 8):
+    """Write target (HF + tokenizer) and drafter (z-lab) directories; returns (target, drafter)."""
+    from pathlib import Path
+
+    root = Path(root)
+    model = tiny_target(arch, dtype=torch.float32)
+    drafter = tiny_drafter(model, block_size=block_size)
+    tdir, ddir = root / "target", root / "drafter"
+    model.save_pretrained(tdir, safe_serialization=True)
+    char_tokenizer().save_pretrained(tdir)
+    drafter.save(ddir)
+    return tdir, ddir

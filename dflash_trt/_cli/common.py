@@ -1,0 +1,35 @@
+"""Options and helpers shared by the commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name[@rev]).")]
+DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True):
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.pair import load_pair
+
+    if target is None:
+        raise DFlashError("no target given: pass --target DIR_OR_HUB_ID (and --drafter)")
+    if drafter is None and need_drafter:
+        raise DFlashError("no drafter given: pass --drafter DIR_OR_HUB_ID")
+    with err.status("loading models"):
+        return load_pair(target, drafter, dtype=dtype)

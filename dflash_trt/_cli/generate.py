@@ -1,0 +1,57 @@
+"""dflash-trt generate: one prompt through the reference runtime, with statistics."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from dflash_trt._cli.common import DrafterOpt, DtypeOpt, JsonOpt, TargetOpt, err, load_pair_from, out, print_json
+
+
+def generate(
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text.")],
+    target: TargetOpt = None,
+    drafter: DrafterOpt = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most.")] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy (lossless: identical to the target's own greedy output).")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed for sampling.")] = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=1, help="Draft block size B (default: the drafter's); 1 is plain autoregressive decoding.")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")] = False,
+    dtype: DtypeOpt = "auto",
+    as_json: JsonOpt = False,
+) -> None:
+    """Generate text with DFlash speculative decoding and print acceptance statistics."""
+    from dflash_trt.runtime import generate as run
+    from dflash_trt.sampling import SamplingParams
+
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1)
+    ids = pair.encode(prompt, chat=chat)
+    drafter_model = pair.drafter if block_size != 1 else None
+    res = run(pair.target, drafter_model, [ids], max_new_tokens=max_new_tokens, sampling=params,
+              block_size=block_size, stop_token_ids=pair.stop_token_ids)
+    tokens = res.token_ids[0]
+    text = pair.decode(tokens)
+    s = res.stats
+    if as_json:
+        print_json({
+            "text": text,
+            "token_ids": tokens,
+            "finish_reason": res.finish_reasons[0],
+            **s.as_dict(),
+        })
+        return
+    out.print(text, markup=False)
+    per_pos = " ".join(f"{x:.2f}" for x in s.per_position_acceptance)
+    err.print(
+        f"[dim]{s.new_tokens} tokens, τ {s.acceptance_length:.2f} (B={s.block_size}), "
+        f"{s.target_forwards} target forwards, {s.tokens_per_second:.1f} tok/s; "
+        f"per-position acceptance [{per_pos}][/dim]"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate)

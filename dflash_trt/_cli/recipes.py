@@ -1,0 +1,69 @@
+"""dflash-trt recipes: list, show, copy and validate recipe files."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dflash_trt._cli.common import out
+
+recipes_app = typer.Typer(help="List, show, copy and validate recipes (one YAML per model pair x GPU x precision).",
+                          no_args_is_help=True)
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: KEY.PATH=VALUE (repeatable).")]
+
+
+@recipes_app.command("list")
+def list_() -> None:
+    """List the bundled recipes."""
+    from dflash_trt import recipe as R
+
+    t = Table()
+    for col in ("name", "target", "drafter", "gpu", "precision", "description"):
+        t.add_column(col)
+    for name, path in R.bundled().items():
+        r = R.load(path)
+        t.add_row(name, r.target.id, r.drafter.id, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}",
+                  r.precision.weights, r.description)
+    out.print(t)
+
+
+@recipes_app.command("show")
+def show(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None) -> None:
+    """Print a recipe with every default filled in (after --set overrides)."""
+    from dflash_trt import recipe as R
+
+    out.print(R.load(name, set_).to_yaml(), markup=False, end="")
+
+
+@recipes_app.command("validate")
+def validate(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None) -> None:
+    """Check a recipe's keys and values; exit 2 naming the first bad key."""
+    from dflash_trt import recipe as R
+
+    r = R.load(name, set_)
+    out.print(f"{name}: ok ({r.name})")
+
+
+@recipes_app.command("copy")
+def copy(
+    name: Annotated[str, typer.Argument(help="Bundled recipe name.")],
+    dest: Annotated[Path, typer.Argument(help="Destination YAML file.")],
+) -> None:
+    """Copy a bundled recipe to edit it."""
+    from dflash_trt import recipe as R
+    from dflash_trt.errors import RecipeError
+
+    src = R.load(name).source
+    if dest.exists():
+        raise RecipeError(f"{dest} exists; choose another destination")
+    shutil.copyfile(src, dest)
+    out.print(f"copied {name} to {dest}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(recipes_app, name="recipes")

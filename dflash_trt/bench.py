@@ -1,0 +1,104 @@
+"""In-process benchmark: DFlash against plain autoregressive decoding, same process, same prompts.
+
+Both runs go through :func:`dflash_trt.runtime.generate` (block size B vs 1), greedy, one
+prompt at a time, after a warm-up of each. Reported: τ and per-position acceptance,
+tokens/s of each and their ratio (``speedup``), ``lossless`` (every DFlash output equals
+the autoregressive one), and where a DFlash step's time goes (``step_cost_ratio``: one
+draft + verify step over one target forward on the same block).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.pair import Pair
+from dflash_trt.runtime import Stats, generate
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """One prompt per line, or JSONL objects with a 'prompt' field."""
+    p = Path(path)
+    if not p.is_file():
+        raise DFlashError(f"prompts file {p} does not exist")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DFlashError(f"{p}:{n}: invalid JSON: {exc.msg}") from None
+            if not isinstance(obj.get("prompt"), str):
+                raise DFlashError(f"{p}:{n}: JSONL lines need a string 'prompt' field")
+            out.append(obj["prompt"])
+        else:
+            out.append(line.replace("\\n", "\n"))
+    if not out:
+        raise DFlashError(f"{p}: no prompts")
+    return out
+
+
+def _merge(stats: list[Stats]) -> dict:
+    B = stats[0].block_size
+    total = Stats(block_size=B, accepted_at=[0] * (B - 1))
+    for s in stats:
+        total.rounds += s.rounds
+        total.committed += s.committed
+        total.target_forwards += s.target_forwards
+        total.prompt_tokens += s.prompt_tokens
+        total.new_tokens += s.new_tokens
+        total.seconds += s.seconds
+        total.prefill_seconds += s.prefill_seconds
+        total.draft_seconds += s.draft_seconds
+        total.verify_seconds += s.verify_seconds
+        total.accepted_at = [a + b for a, b in zip(total.accepted_at, s.accepted_at)]
+    return total.as_dict()
+
+
+def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size: int | None = None,
+        chat: bool = False, progress: Callable[[int], None] | None = None) -> dict:
+    if pair.drafter is None:
+        raise DFlashError("bench needs a drafter")
+    B = block_size or pair.drafter.cfg.block_size
+    encoded = [pair.encode(p, chat=chat) for p in prompts]
+    stops = pair.stop_token_ids
+    # Warm-up both paths (allocator, kernels, first-call overheads).
+    generate(pair.target, pair.drafter, [encoded[0]], max_new_tokens=8, block_size=B, stop_token_ids=stops)
+    generate(pair.target, None, [encoded[0]], max_new_tokens=8, block_size=1, stop_token_ids=stops)
+    ds, ars, lossless, mismatches = [], [], True, []
+    for k, ids in enumerate(encoded):
+        d = generate(pair.target, pair.drafter, [ids], max_new_tokens=max_new_tokens, block_size=B, stop_token_ids=stops)
+        a = generate(pair.target, None, [ids], max_new_tokens=max_new_tokens, block_size=1, stop_token_ids=stops)
+        ds.append(d.stats)
+        ars.append(a.stats)
+        if d.token_ids != a.token_ids:
+            lossless = False
+            mismatches.append(k)
+        if progress:
+            progress(k + 1)
+    dflash, ar = _merge(ds), _merge(ars)
+    ar_forward = ar["verify_seconds"] / max(1, ar["rounds"])
+    verify = dflash["verify_seconds"] / max(1, dflash["rounds"])
+    draft = dflash["draft_seconds"] / max(1, dflash["rounds"])
+    return {
+        "prompts": len(prompts),
+        "block_size": B,
+        "max_new_tokens": max_new_tokens,
+        "dflash": dflash,
+        "autoregressive": ar,
+        "acceptance_length": dflash["acceptance_length"],
+        "per_position_acceptance": dflash["per_position_acceptance"],
+        "speedup": round(dflash["tokens_per_second"] / ar["tokens_per_second"], 4) if ar["tokens_per_second"] else None,
+        "lossless": lossless,
+        "mismatched_prompts": mismatches,
+        "step": {
+            "draft_ms": round(1e3 * draft, 3),
+            "verify_ms": round(1e3 * verify, 3),
+            "autoregressive_forward_ms": round(1e3 * ar_forward, 3),
+            "step_cost_ratio": round((draft + verify) / verify, 4) if verify else None,
+        },
+    }

@@ -1,0 +1,82 @@
+"""End-to-end CLI: generate/bench/recipes on a tiny pair on disk; user errors exit 2 in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dflash_trt.cli import run
+from helpers import hf_greedy
+
+
+def test_generate_json_is_lossless(tiny_pair_dir, capsys):
+    tdir, ddir = tiny_pair_dir
+    code = run(["generate", "--target", str(tdir), "--drafter", str(ddir), "--prompt", "def f(x):",
+                "--max-new-tokens", "20", "--json"])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    for key in ("text", "token_ids", "acceptance_length", "per_position_acceptance", "target_forwards", "tokens_per_second"):
+        assert key in res
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(tdir)
+    prompt = tok("def f(x):")["input_ids"]
+    want = hf_greedy(model, prompt, 20)
+    # The runtime stops at eos; transformers was told not to: compare up to the stop.
+    if 2 in want:
+        want = want[: want.index(2) + 1]
+    assert res["token_ids"] == want
+    assert res["text"] == tok.decode(want, skip_special_tokens=True)
+    assert len(res["per_position_acceptance"]) == 7
+
+
+def test_generate_text_and_stats_line(tiny_pair_dir, capsys):
+    tdir, ddir = tiny_pair_dir
+    assert run(["generate", "-t", str(tdir), "-d", str(ddir), "-p", "hello", "-n", "8", "--temperature", "0.8", "--seed", "1"]) == 0
+    cap = capsys.readouterr()
+    assert "τ" in cap.err and "target forwards" in cap.err
+
+
+def test_bench_json(tiny_pair_dir, tmp_path, capsys):
+    tdir, ddir = tiny_pair_dir
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "import os"}\n{"prompt": "class A:"}\n')
+    assert run(["bench", "-t", str(tdir), "-d", str(ddir), "--prompts", str(prompts), "-n", "16", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["lossless"] is True and r["prompts"] == 2
+    assert r["dflash"]["new_tokens"] == r["autoregressive"]["new_tokens"]
+    assert 1.0 <= r["acceptance_length"] <= 8
+    assert r["speedup"] > 0 and r["step"]["step_cost_ratio"] >= 1.0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["generate", "--prompt", "x"], "no target"),
+    (["generate", "--prompt", "x", "--target", "/nonexistent", "--drafter", "/nonexistent"], "no such directory"),
+    (["generate"], "Missing option"),
+    (["generate", "-p", "x", "--top-k", "-1"], "top-k"),
+    (["bench", "--prompts", "/nonexistent/file", "-t", "x", "-d", "y"], "does not exist"),
+    (["recipes", "show", "no-such-recipe"], "no recipe"),
+    (["frobnicate"], "No such command"),
+])
+def test_user_errors_are_one_line_exit_2(argv, needle, capsys):
+    assert run(argv) == 2
+    errtext = capsys.readouterr().err.strip()
+    assert needle.lower() in errtext.lower()
+    assert len(errtext.splitlines()) == 1 and "Traceback" not in errtext
+
+
+def test_block_size_above_trained_is_refused(tiny_pair_dir, capsys):
+    tdir, ddir = tiny_pair_dir
+    assert run(["generate", "-t", str(tdir), "-d", str(ddir), "-p", "x", "-b", "16"]) == 2
+    assert "exceeds the drafter's trained block size" in capsys.readouterr().err
+
+
+def test_console_entry_point_runs_as_module():
+    proc = subprocess.run([sys.executable, "-m", "dflash_trt", "generate"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

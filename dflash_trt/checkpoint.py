@@ -15,8 +15,23 @@ from dflash_trt.errors import CheckpointError, CompatibilityError
 from dflash_trt.model import Drafter
 
 
+EMBEDDED_PREFIX = "embedded:"
+
+
+def embedded_dir(name: str) -> Path:
+    """Where ``embedded:NAME`` lives: ``dflash_trt/assets/NAME`` inside the package."""
+    from importlib import resources
+
+    return Path(str(resources.files("dflash_trt") / "assets" / name))
+
+
 def resolve(ref: str, role: str = "model") -> Path:
-    """A local directory for a model reference."""
+    """A local directory for a model reference (a directory, or ``embedded:NAME``)."""
+    if ref.startswith(EMBEDDED_PREFIX):
+        path = embedded_dir(ref[len(EMBEDDED_PREFIX):])
+        if not (path / "config.json").exists():
+            raise CheckpointError(f"{role} {ref!r}: no such embedded model in this installation")
+        return path
     path = Path(ref).expanduser()
     if path.is_dir():
         return path

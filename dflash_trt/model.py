@@ -76,7 +76,9 @@ class DrafterConfig(BaseModel):
     def _check(self) -> "DrafterConfig":
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
+        if self.layer_types is None:  # normalise: one explicit entry per layer
+            object.__setattr__(self, "layer_types", ["full_attention"] * self.num_hidden_layers)
+        if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError("layer_types must have one entry per drafter layer")
         if "sliding_attention" in (self.layer_types or []) and not self.sliding_window:
             raise ValueError("sliding_attention layers need a sliding_window")
@@ -162,7 +164,7 @@ class DrafterConfig(BaseModel):
             "attention_bias": self.attention_bias,
             "attention_dropout": 0.0,
             "hidden_act": self.hidden_act,
-            "layer_types": self.layer_types or ["full_attention"] * self.num_hidden_layers,
+            "layer_types": self.layer_types,
             "sliding_window": self.sliding_window,
             "use_sliding_window": self.sliding_window is not None,
             "tie_word_embeddings": False,

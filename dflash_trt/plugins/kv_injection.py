@@ -63,5 +63,19 @@ def kv_injection_reference(*, taps, n_new, lengths, fc_weight, norm_weight, kv_w
     v_cache[:, page, off] = v[:, rows, cols].to(v_cache.dtype)
 
 
-def kv_injection_triton(**kwargs) -> None:
-    raise NotImplementedError("the Triton KV-injection kernel is not built yet")
+def kv_injection_triton(*, taps, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
+                        k_norm_weight, inv_freq, rope_scale, eps, k_cache, v_cache, page_table,
+                        num_kv_heads, head_dim) -> None:
+    """Same contract as the reference: fc + hidden_norm + ONE GEMM over all layers' K/V
+    weights in torch, then ONE Triton launch for k_norm, RoPE and the paged scatter."""
+    b, T, _ = taps.shape
+    if T == 0 or b == 0:
+        return
+    from dflash_trt.plugins import triton_kernels as tk
+
+    ctx = rms_norm(taps @ fc_weight.T, norm_weight, eps)
+    kv = ctx @ kv_weight.T
+    if kv_bias is not None:
+        kv = kv + kv_bias
+    tk.kv_scatter(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
+                  eps=eps, rope_scale=rope_scale, num_kv_heads=num_kv_heads, head_dim=head_dim)

@@ -198,3 +198,121 @@ def test_drafter_triton_matches_reference(layer_types, window):
     torch.testing.assert_close(c_tri.v, c_ref.v, atol=1e-5, rtol=1e-5)
     for a, r in zip(h_tri, h_ref):
         torch.testing.assert_close(a, r, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------
+# torch custom ops, shape inference, TensorRT registration
+# ---------------------------------------------------------------------------------------
+
+
+def test_torch_export_traces_block_attention_custom_op():
+    from torch.export import Dim
+
+    from dflash_trt.plugins import torch_ops  # noqa: F401
+
+    class M(torch.nn.Module):
+        def forward(self, q, k, v, kc, vc, pt, lens):
+            return torch.ops.dflash.block_attention(q * 2, k, v, kc, vc, pt, lens, True, 5, 0.125, 1,
+                                                    "reference") + 1
+
+    q, k, v, kc, vc, pt, lens = _attn_inputs(4, 64, 4, [20, 3], 16, torch.float32, 5)
+    kc, vc = torch.stack([kc.flip(0), kc]), torch.stack([vc.flip(0), vc])   # [L=2, ...], layer 1
+    b = Dim("b")
+    ep = torch.export.export(M(), (q, k, v, kc, vc, pt, lens),
+                             dynamic_shapes=({0: b}, {0: b}, {0: b}, None, None, {0: b}, {0: b}))
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert torch.ops.dflash.block_attention.default in targets
+    got = ep.module()(q, k, v, kc, vc, pt, lens)
+    want = ba.block_attention_reference(q * 2, k, v, kc[1], vc[1], pt, lens, causal=True, window=5,
+                                        scale=0.125) + 1
+    torch.testing.assert_close(got, want)
+    tri = torch.ops.dflash.block_attention(q * 2, k, v, kc, vc, pt, lens, True, 5, 0.125, 1, "triton") + 1
+    torch.testing.assert_close(tri, want, atol=2e-5, rtol=2e-5)
+
+
+def test_kv_injection_custom_op_mutates_and_fakes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dflash_trt.plugins import torch_ops  # noqa: F401
+
+    drafter = tiny_drafter()
+    cfg = drafter.cfg
+    wkv, bkv, kn = ops.fused_kv_weights(drafter)
+    cache = drafter.new_cache(2, page_size=4)
+    n_new = torch.tensor([3, 2])
+    cache.reserve(n_new)
+    taps = torch.randn(2, 3, 2 * cfg.hidden_size)
+    args = lambda kc, vc, kernels: (taps, n_new, cache.lengths, drafter.fc.weight, drafter.hidden_norm.weight,  # noqa: E731
+                                    wkv, bkv, kn, drafter.inv_freq, kc, vc, cache.page_table,
+                                    drafter.rope_scaling_factor, cfg.rms_norm_eps, 2, 32, kernels)
+    with torch.no_grad():
+        kr, vr = cache.k.clone(), cache.v.clone()
+        torch.ops.dflash.kv_injection(*args(kr, vr, "reference"))
+        kt, vt = cache.k.clone(), cache.v.clone()
+        torch.ops.dflash.kv_injection(*args(kt, vt, "triton"))
+    assert kr.abs().sum() > 0
+    torch.testing.assert_close(kt, kr, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(vt, vr, atol=1e-5, rtol=1e-5)
+    schema = torch.ops.dflash.kv_injection.default._schema
+    assert {a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write} == {"k_cache", "v_cache"}
+    # the functional form's fake gives the caches' shapes without running anything
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        kv = torch.empty(2, 3, 2 * 2 * 2 * 32)
+        ko, vo = torch.ops.dflash.kv_cache_update(kv, kn, drafter.inv_freq, n_new, cache.lengths,
+                                                  cache.page_table, cache.k, cache.v, 1.0, 1e-6, 2, 32)
+        assert ko.shape == cache.k.shape and vo.shape == cache.v.shape
+
+
+def test_kv_scatter_stage_composes_to_the_reference():
+    """fc + hidden_norm + the one GEMM + kv_scatter_reference == kv_injection_reference."""
+    drafter = tiny_drafter(seed=3)
+    cfg = drafter.cfg
+    wkv, bkv, kn = ops.fused_kv_weights(drafter)
+    cache = drafter.new_cache(2, page_size=4)
+    n_new = torch.tensor([4, 1])
+    cache.reserve(n_new)
+    taps = torch.randn(2, 4, 2 * cfg.hidden_size)
+    with torch.no_grad():
+        kr, vr, ks, vs = (cache.k.clone().fill_(NAN) for _ in range(4))
+        kvi.kv_injection_reference(taps=taps, n_new=n_new, lengths=cache.lengths, fc_weight=drafter.fc.weight,
+                                   norm_weight=drafter.hidden_norm.weight, kv_weight=wkv, kv_bias=bkv,
+                                   k_norm_weight=kn, inv_freq=drafter.inv_freq, rope_scale=1.0,
+                                   eps=cfg.rms_norm_eps, k_cache=kr, v_cache=vr, page_table=cache.page_table,
+                                   num_kv_heads=2, head_dim=32)
+        kv = ops.rms_norm(taps @ drafter.fc.weight.T, drafter.hidden_norm.weight, cfg.rms_norm_eps) @ wkv.T
+        kvi.kv_scatter_reference(kv, kn, drafter.inv_freq, n_new, cache.lengths, cache.page_table, ks, vs,
+                                 rope_scale=1.0, eps=cfg.rms_norm_eps, num_kv_heads=2, head_dim=32)
+    torch.testing.assert_close(ks, kr, equal_nan=True)
+    torch.testing.assert_close(vs, vr, equal_nan=True)
+
+
+def test_shape_inference():
+    from dflash_trt.plugins.shapes import block_attention_shapes, kv_injection_shapes
+
+    assert block_attention_shapes((2, 16, 32, 128), (2, 16, 8, 128), (5, 100, 16, 8, 128), "bfloat16") == \
+        ((2, 16, 32, 128), "bfloat16")
+    sym = object()                                  # a symbolic dim passes through unchecked
+    assert block_attention_shapes((sym, 16, 32, 128), (sym, 16, 8, 128), (100, 16, 8, 128))[0][0] is sym
+    with pytest.raises(ValueError, match="multiple"):
+        block_attention_shapes((2, 16, 30, 128), (2, 16, 8, 128), (100, 16, 8, 128))
+    with pytest.raises(ValueError, match="head_dim"):
+        block_attention_shapes((2, 16, 32, 128), (2, 16, 8, 64), (100, 16, 8, 128))
+    with pytest.raises(ValueError, match="block_size"):
+        block_attention_shapes((2, 16, 32, 128), (2, 16, 8, 128), (100, 16, 8, 128), block_size=10)
+    with pytest.raises(ValueError, match="int8"):
+        block_attention_shapes((2, 16, 32, 128), (2, 16, 8, 128), (100, 16, 8, 128), "int8")
+    cache = (5, 100, 16, 8, 128)
+    assert kv_injection_shapes((3, 4, 5 * 2 * 8 * 128), (5, 128), cache, cache, "float16", "float16") == \
+        ((cache, cache), ("float16", "float16"))
+    with pytest.raises(ValueError, match="kv width"):
+        kv_injection_shapes((3, 4, 5 * 8 * 128), (5, 128), cache, cache)
+    with pytest.raises(ValueError, match="page_size"):
+        kv_injection_shapes((3, 4, 5 * 2 * 8 * 128), (5, 128), cache, cache, page_size=32)
+
+
+def test_register_trt_plugins_says_why_not_here():
+    from dflash_trt.plugins.trt import register_trt_plugins
+
+    reg = register_trt_plugins()
+    assert not reg
+    assert reg.ok is False and ("tensorrt" in reg.reason or "TRITON_INTERPRET" in reg.reason)

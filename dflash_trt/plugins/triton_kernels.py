@@ -59,12 +59,14 @@ def _pow2(n: int, floor: int = 1) -> int:
 
 @triton.jit
 def _kv_scatter_kernel(
-    kv_ptr, knorm_ptr, inv_freq_ptr, n_new_ptr, len_ptr, pt_ptr,
+    kv_ptr, knorm_ptr, inv_freq_ptr, n_new_ptr, len_ptr, pt_ptr, kc_in_ptr, vc_in_ptr,
     T, max_pages, layer_stride, page_size, eps, rope_scale,
     kc_ptr, vc_ptr,
     L: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
+    # kc_in_ptr / vc_in_ptr: the cache inputs, unused; the kernel writes through kc_ptr /
+    # vc_ptr, which TensorRT aliases to them (torch passes the same tensors twice)
     tok = tl.program_id(0)          # i * T + t
     layer = tl.program_id(1)
     i = tok // T
@@ -125,7 +127,7 @@ def kv_scatter(kv: torch.Tensor, k_norm_weight: torch.Tensor, inv_freq: torch.Te
     layer_stride = k_cache[0].numel() if L else 0
     _kv_scatter_kernel[(b * T, L)](
         kv, k_norm_weight.contiguous(), inv_freq.float().contiguous(), n_new.contiguous(),
-        lengths.contiguous(), page_table,
+        lengths.contiguous(), page_table, k_cache, v_cache,
         T, page_table.shape[1], layer_stride, k_cache.shape[2], float(eps), float(rope_scale),
         k_cache, v_cache,
         L=L, KVH=num_kv_heads, D=head_dim,
@@ -184,7 +186,7 @@ def _block_attention_kernel(
         # no query sees a key at or below n - window: skip whole tiles there
         lo = tl.maximum(n - window + 1, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
-    cache_base = layer.to(tl.int64) * layer_stride
+    cache_base = (n * 0 + layer_stride) * layer     # int64 (n is); layer may be a constexpr
     for start in range(lo, n, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         k_ok = pos < n

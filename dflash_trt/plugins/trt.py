@@ -16,6 +16,13 @@ attribute, which ``engine.build_engines`` adds. Nothing here was run against a r
 TensorRT (none can be installed on the development machine); the PTX compile path
 (:func:`compile_block_attention`, :func:`compile_kv_injection`) runs with triton alone.
 
+Known risk (unverified without TensorRT): Triton >= 3.3 appends two hidden pointer
+parameters (global/profile scratch) to every compiled kernel; the kernels here use no
+scratch, but if the installed TensorRT launches AOT kernels with exactly
+(inputs, extra args, outputs), pin a TensorRT whose QDP AOT path supports the Triton in
+use (check ``compiled.asm["ptx"]``'s ``.entry`` parameter list) or use the ``@trtp.impl``
+JIT path.
+
 No ``from __future__ import annotations`` here: ``tensorrt.plugin`` reads the decorated
 functions' annotations as objects.
 """

@@ -65,4 +65,7 @@ def block_attention_reference(q, k, v, k_cache, v_cache, page_table, lengths, *,
 
 def block_attention_triton(q, k, v, k_cache, v_cache, page_table, lengths, *, causal: bool,
                            window: int | None, scale: float) -> torch.Tensor:
-    raise NotImplementedError("the Triton block-attention kernel is not built yet")
+    from dflash_trt.plugins import triton_kernels as tk
+
+    return tk.block_attention(q, k, v, k_cache, v_cache, page_table, lengths, causal=causal,
+                              window=window, scale=scale)

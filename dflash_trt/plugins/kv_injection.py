@@ -63,5 +63,52 @@ def kv_injection_reference(*, taps, n_new, lengths, fc_weight, norm_weight, kv_w
     v_cache[:, page, off] = v[:, rows, cols].to(v_cache.dtype)
 
 
-def kv_injection_triton(**kwargs) -> None:
-    raise NotImplementedError("the Triton KV-injection kernel is not built yet")
+def kv_scatter_reference(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache, *,
+                         rope_scale, eps, num_kv_heads, head_dim) -> None:
+    """The stage after the one GEMM (what ``dflash::KVInjection`` in ONNX / TensorRT does):
+    kv [b, T, L*2*kvh*d] -> per-layer k_norm + RoPE -> paged scatter of the first n_new[i]."""
+    b, T, _ = kv.shape
+    if T == 0 or b == 0:
+        return
+    L = k_norm_weight.shape[0]
+    page_size = k_cache.shape[2]
+    t = torch.arange(T, device=kv.device)
+    positions = lengths[:, None] + t
+    kv = kv.view(b, T, L, 2, num_kv_heads, head_dim).permute(2, 3, 0, 1, 4, 5)
+    k, v = kv[:, 0], kv[:, 1]
+    k = rms_norm(k, k_norm_weight[:, None, None, None, :], eps)
+    cos, sin = rope_tables(positions, inv_freq, rope_scale, k.dtype)
+    k = k * cos[None, :, :, None] + rotate_half(k) * sin[None, :, :, None]
+    valid = t[None] < n_new[:, None]
+    rows, cols = valid.nonzero(as_tuple=True)
+    pos = positions[rows, cols]
+    page = page_table.long()[rows, pos // page_size]
+    off = pos % page_size
+    k_cache[:, page, off] = k[:, rows, cols].to(k_cache.dtype)
+    v_cache[:, page, off] = v[:, rows, cols].to(v_cache.dtype)
+
+
+def kv_scatter_triton(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache, *,
+                      rope_scale, eps, num_kv_heads, head_dim) -> None:
+    from dflash_trt.plugins import triton_kernels as tk
+
+    tk.kv_scatter(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
+                  eps=eps, rope_scale=rope_scale, num_kv_heads=num_kv_heads, head_dim=head_dim)
+
+
+def kv_injection_triton(*, taps, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
+                        k_norm_weight, inv_freq, rope_scale, eps, k_cache, v_cache, page_table,
+                        num_kv_heads, head_dim) -> None:
+    """Same contract as the reference: fc + hidden_norm + ONE GEMM over all layers' K/V
+    weights in torch, then ONE Triton launch for k_norm, RoPE and the paged scatter."""
+    b, T, _ = taps.shape
+    if T == 0 or b == 0:
+        return
+    from dflash_trt.plugins import triton_kernels as tk
+
+    ctx = rms_norm(taps @ fc_weight.T, norm_weight, eps)
+    kv = ctx @ kv_weight.T
+    if kv_bias is not None:
+        kv = kv + kv_bias
+    tk.kv_scatter(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
+                  eps=eps, rope_scale=rope_scale, num_kv_heads=num_kv_heads, head_dim=head_dim)

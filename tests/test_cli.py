@@ -80,3 +80,14 @@ def test_console_entry_point_runs_as_module():
     proc = subprocess.run([sys.executable, "-m", "dflash_trt", "generate"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_triton_kernels_give_the_same_tokens_as_reference(tiny_pair_dir, capsys):
+    tdir, ddir = tiny_pair_dir
+    runs = {}
+    for kernels in ("reference", "triton"):
+        assert run(["generate", "-t", str(tdir), "-d", str(ddir), "-p", "for i in", "-n", "12",
+                    "--kernels", kernels, "--json"]) == 0
+        runs[kernels] = json.loads(capsys.readouterr().out)
+    assert runs["triton"]["token_ids"] == runs["reference"]["token_ids"]
+    assert runs["triton"]["per_position_acceptance"] == runs["reference"]["per_position_acceptance"]

@@ -8,7 +8,7 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from dflash_trt._cli.common import DrafterOpt, DtypeOpt, JsonOpt, TargetOpt, err, load_pair_from, out, print_json
+from dflash_trt._cli.common import DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt, err, load_pair_from, out, print_json
 
 
 def bench(
@@ -19,6 +19,7 @@ def bench(
     block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=2, help="Draft block size B (default: the drafter's).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
+    kernels: KernelsOpt = "reference",
     as_json: JsonOpt = False,
 ) -> None:
     """Measure τ, per-position acceptance and speedup over autoregressive decoding, and check losslessness."""
@@ -28,7 +29,7 @@ def bench(
     if prompts is None:
         raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
     texts = b.read_prompts(prompts)
-    pair = load_pair_from(target, drafter, dtype)
+    pair = load_pair_from(target, drafter, dtype, kernels=kernels)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("prompts", total=len(texts))
         report = b.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,

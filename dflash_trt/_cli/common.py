@@ -15,6 +15,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name[@rev]).")]
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
+KernelsOpt = Annotated[str, typer.Option("--kernels", help="DFlash op implementations: reference (PyTorch) or triton (needs a GPU, or TRITON_INTERPRET=1).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 
@@ -23,13 +24,21 @@ def print_json(obj) -> None:
     sys.stdout.flush()
 
 
-def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True):
+def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
+                   kernels: str = "reference"):
     from dflash_trt.errors import DFlashError
     from dflash_trt.pair import load_pair
+    from dflash_trt.plugins.ops import KERNELS
+
+    if kernels not in KERNELS:
+        raise DFlashError(f"--kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
 
     if target is None:
         raise DFlashError("no target given: pass --target DIR_OR_HUB_ID (and --drafter)")
     if drafter is None and need_drafter:
         raise DFlashError("no drafter given: pass --drafter DIR_OR_HUB_ID")
     with err.status("loading models"):
-        return load_pair(target, drafter, dtype=dtype)
+        pair = load_pair(target, drafter, dtype=dtype)
+    if pair.drafter is not None:
+        pair.drafter.kernels = kernels
+    return pair

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dflash_trt._cli.common import DrafterOpt, DtypeOpt, JsonOpt, TargetOpt, err, load_pair_from, out, print_json
+from dflash_trt._cli.common import DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt, err, load_pair_from, out, print_json
 
 
 def generate(
@@ -21,6 +21,7 @@ def generate(
     block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=1, help="Draft block size B (default: the drafter's); 1 is plain autoregressive decoding.")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")] = False,
     dtype: DtypeOpt = "auto",
+    kernels: KernelsOpt = "reference",
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text with DFlash speculative decoding and print acceptance statistics."""
@@ -28,7 +29,7 @@ def generate(
     from dflash_trt.sampling import SamplingParams
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1)
+    pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, kernels=kernels)
     ids = pair.encode(prompt, chat=chat)
     drafter_model = pair.drafter if block_size != 1 else None
     res = run(pair.target, drafter_model, [ids], max_new_tokens=max_new_tokens, sampling=params,

@@ -452,7 +452,9 @@ class Target:
 def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> nn.Module:
     """Load a Hugging Face causal LM from a local directory (safetensors only, no remote code)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # our own progress reporting; keep stderr to one line per event
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json; is this a Hugging Face model directory?")

@@ -92,6 +92,27 @@ def _new_target_cache(target: Target):
     return DynamicCache(config=target.config)
 
 
+def _drop_hole_columns(cache, col_valid: torch.Tensor) -> torch.Tensor:
+    """Remove cache columns that are holes in every row (all of them, at batch 1).
+
+    Holes are masked anyway; dropping them keeps attention and mask cost proportional
+    to committed tokens instead of B per round. Only plain (non-sliding) dynamic layers
+    are compacted; other cache types keep their holes, which is still correct.
+    """
+    keep = col_valid.any(0)
+    if bool(keep.all()):
+        return col_valid
+    layers = getattr(cache, "layers", [])
+    if not all(hasattr(l, "keys") and not getattr(l, "is_sliding", False) for l in layers):
+        return col_valid
+    idx = keep.nonzero().squeeze(1)
+    for layer in layers:
+        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
+            layer.keys = layer.keys.index_select(-2, idx)
+            layer.values = layer.values.index_select(-2, idx)
+    return col_valid[:, idx]
+
+
 @torch.inference_mode()
 def generate(
     target: Target,
@@ -172,6 +193,7 @@ def generate(
             if dcache is not None:
                 dcache.select(keep)
             done = []
+        col_valid = _drop_hole_columns(cache, col_valid)
         n = len(live)
 
         # ---- draft: one drafter forward over [anchor, MASK ...] -----------------------

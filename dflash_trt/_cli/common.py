@@ -16,6 +16,8 @@ TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+BundleArg = Annotated[Optional[str], typer.Argument(help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
+BundleOpt = Annotated[Optional[str], typer.Option("--bundle", help="A bundle directory from `dflash-trt build`.")]
 
 
 def print_json(obj) -> None:
@@ -23,10 +25,19 @@ def print_json(obj) -> None:
     sys.stdout.flush()
 
 
-def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True):
+def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
+                   bundle: str | None = None, bundle_opt: str | None = None):
     from dflash_trt.errors import DFlashError
-    from dflash_trt.pair import load_pair
+    from dflash_trt.pair import load_bundle, load_pair
 
+    if bundle is not None and bundle_opt is not None and bundle != bundle_opt:
+        raise DFlashError("give the bundle once: as an argument or with --bundle")
+    bundle = bundle or bundle_opt
+    if bundle is not None:
+        if target is not None or drafter is not None:
+            raise DFlashError("a bundle brings its own target and drafter: drop --target/--drafter")
+        with err.status("loading bundle"):
+            return load_bundle(bundle, dtype=dtype)
     if target is None:
         raise DFlashError("no target given: pass --target DIR_OR_HUB_ID (and --drafter)")
     if drafter is None and need_drafter:

@@ -49,7 +49,9 @@ some token picked: expected fraction ``1 - (1 - k/E)^(b*n)``. Then::
     t_AR(b)        = t_fwd(b, 1)
     t_verify(b, L) = t_fwd(b, L + 1)
     t_draft(b, L)  = drafter forward on b x (L + 1) tokens (weights + the target's BF16
-                     lm_head + context K/V of S tokens) + the same per-layer overhead
+                     lm_head + context K/V of S tokens), split over t ranks like the
+                     target, + the same per-layer overhead (memory, above, counts the
+                     drafter whole on every rank: conservative both ways)
     speedup(b, L)  = tau(L) x t_AR(b) / (t_draft(b, L) + t_verify(b, L))
 
 Acceptance: per-position acceptance ``alpha`` is geometric; ``alpha`` is fitted so that a
@@ -223,9 +225,10 @@ class Roofline:
         n = draft_len + 1
         head = 2 * t.vocab * t.hidden  # the target's BF16 lm_head
         ctx_kv = b * self.ctx * 2 * d.layers * d.kv_heads * d.head_dim * 2
-        bytes_ = d.bytes + head / self.tp + ctx_kv
-        flops = 2 * b * n * d.params + 2 * b * draft_len * t.vocab * t.hidden / self.tp
+        bytes_ = (d.bytes + head + ctx_kv) / self.tp
+        flops = 2 * b * n * d.params + 2 * b * draft_len * t.vocab * t.hidden
         flops += 4 * b * n * (self.ctx + n) * d.heads * d.head_dim * d.layers
+        flops /= self.tp
         return _time(bytes_, flops / g.peak_flops("bf16"), g) + LAYER_OVERHEAD_S * d.layers
 
     def speedup(self, b: int, draft_len: int, alpha: float) -> float:

@@ -175,7 +175,7 @@ def from_dict(data: dict, where: str = "recipe", source: Path | None = None,
 def load(name_or_path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Load a bundled recipe by name, or a YAML file by path, then apply ``--set`` overrides."""
     path = Path(name_or_path)
-    if not path.suffix and str(name_or_path) in bundled():
+    if not path.is_file() and str(name_or_path) in bundled():  # names may contain dots (llama3.1-...)
         path = bundled()[str(name_or_path)]
     if not path.is_file():
         names = ", ".join(bundled()) or "none"

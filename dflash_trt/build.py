@@ -248,3 +248,34 @@ def _versions(quantized: bool) -> dict:
         except metadata.PackageNotFoundError:
             out[pkg] = None
     return out
+
+
+def check_bundle(path: str | Path) -> dict:
+    """Check a bundle on disk (CI and tests): layout, manifest, config schema, quantized tensors."""
+    from dflash_trt.errors import CheckpointError
+
+    root = Path(path)
+    for rel in ("manifest.json", "target/config.json", "drafter/config.json", "trtllm/config.yaml", "trtllm/serve.sh"):
+        if not (root / rel).is_file():
+            raise CheckpointError(f"{root}: bundle lacks {rel}")
+    manifest = json.loads((root / "manifest.json").read_text())
+    if manifest.get("format") != BUNDLE_FORMAT:
+        raise CheckpointError(f"{root}: manifest format {manifest.get('format')!r}, expected {BUNDLE_FORMAT}")
+    for key in ("inputs", "tools", "gpu", "precision", "plan", "timings"):
+        if key not in manifest:
+            raise CheckpointError(f"{root}: manifest lacks {key!r}")
+    if not os.access(root / "trtllm" / "serve.sh", os.X_OK):
+        raise CheckpointError(f"{root}: trtllm/serve.sh is not executable")
+    cfg = trtllm.load(root)
+    spec_model = root / cfg.speculative_config.speculative_model
+    if not (spec_model / "config.json").is_file():
+        raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the bundle's drafter")
+    checkpoint.read_drafter(root / "drafter")
+    prec = manifest["precision"]
+    verified = None
+    if prec.get("quantized_by") == "nvidia-modelopt":
+        from dflash_trt import quantize
+
+        verified = quantize.verify_export(root / "target", prec["weights"], prec["kv_cache"])
+    return {"bundle": str(root), "precision": prec["weights"], "tp": cfg.tensor_parallel_size,
+            "max_draft_len": cfg.speculative_config.max_draft_len, "quantized": verified}

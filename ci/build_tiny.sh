@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="${1:-$(mktemp -d)}"
+mkdir -p "$WORK"
 DT="python -m dflash_trt"
 
 for recipe in $(python -c "from dflash_trt import recipe; print(' '.join(recipe.bundled()))"); do

@@ -87,3 +87,57 @@ def load_pair(target: str | Path, drafter: str | Path | None, *, dtype: str = "a
         checkpoint.check_pair_runtime(model, d, where=str(ddir))
     layer_ids = d.cfg.target_layer_ids if d is not None else None
     return Pair(Target(model, layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=tdir.name)
+
+
+def load_bundle(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -> Pair:
+    """Load a ``dflash-trt build`` bundle for the reference runtime.
+
+    BF16 and as-shipped bundles load their ``target/`` directly. A bundle ModelOpt
+    quantized (fp8 / nvfp4) is dequantized on load (``quantize.dequantize_state``): the
+    reference runtime then runs the quantized weights in the runtime dtype (weight-only;
+    activations are not quantized), so acceptance reflects the quantized target. The
+    manifest also records the unquantized source (``reference_runtime.source_target``).
+    """
+    import json
+
+    from dflash_trt import checkpoint
+
+    root = Path(path)
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{root}: no manifest.json; is this a dflash-trt bundle (dflash-trt build -o DIR)?") from None
+    ref = manifest.get("reference_runtime") or {}
+    tdir, ddir = root / ref.get("target", "target"), root / ref.get("drafter", "drafter")
+    if not ref.get("dequantize"):
+        pair = load_pair(tdir, ddir, dtype=dtype, device=device)
+        pair.name = root.name
+        return pair
+    torch_dtype = parse_dtype(dtype, device)
+    model = _load_dequantized(tdir, torch_dtype, device)
+    tokenizer = load_tokenizer(tdir)
+    d = checkpoint.load_drafter(ddir, dtype=torch_dtype).to(device)
+    checkpoint.check_pair_runtime(model, d, where=str(ddir))
+    return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=root.name)
+
+
+def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from dflash_trt.quantize import dequantize_state
+
+    cfg = AutoConfig.from_pretrained(str(tdir), trust_remote_code=False)
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, trust_remote_code=False)
+    state = dequantize_state(tdir, dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(cfg, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise CheckpointError(f"{tdir}: dequantized tensors do not match the config: missing "
+                              f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    if tied:
+        model.tie_weights()
+    if (tdir / "generation_config.json").exists():
+        model.generation_config = GenerationConfig.from_pretrained(str(tdir))
+    return model.to(device).eval()

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dflash_trt.errors import RecipeError
 
-Precision = Literal["bf16", "fp8", "nvfp4"]
+Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
 
 
 class _Strict(BaseModel):
@@ -40,7 +40,7 @@ class GpuSpec(_Strict):
 
 
 class PrecisionSpec(_Strict):
-    weights: Precision = Field("bf16", description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell) or nvfp4 (Blackwell).")
+    weights: Precision = Field("bf16", description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell), nvfp4 (Blackwell), or auto: the target as shipped (a pre-quantized checkpoint such as gpt-oss MXFP4 is used as it is; bf16 otherwise).")
     kv_cache: Literal["auto", "fp8"] = Field("auto", description="KV cache dtype: auto (model dtype) or fp8.")
     calib: str | None = Field(None, description="Calibration text file (one sample per line, or JSONL with 'prompt'/'text').")
     calib_samples: int = Field(64, ge=1, description="Calibration samples for post-training quantization.")
@@ -175,7 +175,7 @@ def from_dict(data: dict, where: str = "recipe", source: Path | None = None,
 def load(name_or_path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Load a bundled recipe by name, or a YAML file by path, then apply ``--set`` overrides."""
     path = Path(name_or_path)
-    if not path.suffix and str(name_or_path) in bundled():
+    if not path.is_file() and str(name_or_path) in bundled():  # names may contain dots (llama3.1-...)
         path = bundled()[str(name_or_path)]
     if not path.is_file():
         names = ", ".join(bundled()) or "none"

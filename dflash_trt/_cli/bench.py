@@ -8,10 +8,12 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from dflash_trt._cli.common import DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt, err, load_pair_from, out, print_json
+from dflash_trt._cli.common import BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt, err, load_pair_from, out, print_json
 
 
 def bench(
+    bundle: BundleArg = None,
+    bundle_opt: BundleOpt = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
@@ -29,7 +31,7 @@ def bench(
     if prompts is None:
         raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
     texts = b.read_prompts(prompts)
-    pair = load_pair_from(target, drafter, dtype, kernels=kernels)
+    pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("prompts", total=len(texts))
         report = b.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,

@@ -17,6 +17,8 @@ DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFla
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
 KernelsOpt = Annotated[str, typer.Option("--kernels", help="DFlash op implementations: reference (PyTorch) or triton (needs a GPU, or TRITON_INTERPRET=1).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+BundleArg = Annotated[Optional[str], typer.Argument(help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
+BundleOpt = Annotated[Optional[str], typer.Option("--bundle", help="A bundle directory from `dflash-trt build`.")]
 
 
 def print_json(obj) -> None:
@@ -25,20 +27,33 @@ def print_json(obj) -> None:
 
 
 def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
-                   kernels: str = "reference"):
+                   bundle: str | None = None, bundle_opt: str | None = None, kernels: str = "reference"):
     from dflash_trt.errors import DFlashError
-    from dflash_trt.pair import load_pair
     from dflash_trt.plugins.ops import KERNELS
 
     if kernels not in KERNELS:
         raise DFlashError(f"--kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
+    pair = _load(target, drafter, dtype, need_drafter, bundle, bundle_opt)
+    if pair.drafter is not None:
+        pair.drafter.kernels = kernels
+    return pair
 
+
+def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.pair import load_bundle, load_pair
+
+    if bundle is not None and bundle_opt is not None and bundle != bundle_opt:
+        raise DFlashError("give the bundle once: as an argument or with --bundle")
+    bundle = bundle or bundle_opt
+    if bundle is not None:
+        if target is not None or drafter is not None:
+            raise DFlashError("a bundle brings its own target and drafter: drop --target/--drafter")
+        with err.status("loading bundle"):
+            return load_bundle(bundle, dtype=dtype)
     if target is None:
         raise DFlashError("no target given: pass --target DIR_OR_HUB_ID (and --drafter)")
     if drafter is None and need_drafter:
         raise DFlashError("no drafter given: pass --drafter DIR_OR_HUB_ID")
     with err.status("loading models"):
-        pair = load_pair(target, drafter, dtype=dtype)
-    if pair.drafter is not None:
-        pair.drafter.kernels = kernels
-    return pair
+        return load_pair(target, drafter, dtype=dtype)

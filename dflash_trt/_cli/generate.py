@@ -6,11 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from dflash_trt._cli.common import DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt, err, load_pair_from, out, print_json
+from dflash_trt._cli.common import BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt, err, load_pair_from, out, print_json
 
 
 def generate(
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text.")],
+    bundle: BundleArg = None,
+    bundle_opt: BundleOpt = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most.")] = 128,
@@ -29,7 +31,8 @@ def generate(
     from dflash_trt.sampling import SamplingParams
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, kernels=kernels)
+    pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle,
+                          bundle_opt=bundle_opt, kernels=kernels)
     ids = pair.encode(prompt, chat=chat)
     drafter_model = pair.drafter if block_size != 1 else None
     res = run(pair.target, drafter_model, [ids], max_new_tokens=max_new_tokens, sampling=params,

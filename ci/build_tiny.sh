@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Engine-build checks CI runs on the CPU (no GPU, no network):
+#   1. every bundled recipe validates and plans from its shipped configs (plan + build --dry-run);
+#   2. the tiny recipe builds at bf16, fp8 and nvfp4 (ModelOpt calibrates on the CPU) and each
+#      bundle is checked (build.check_bundle): layout, manifest, trtllm config against the
+#      schema, serve.sh, quantized tensors' dtypes and shapes.
+# Exits non-zero on the first failure. Usage: ci/build_tiny.sh [WORKDIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK="${1:-$(mktemp -d)}"
+mkdir -p "$WORK"
+DT="python -m dflash_trt"
+
+for recipe in $(python -c "from dflash_trt import recipe; print(' '.join(recipe.bundled()))"); do
+  echo "== plan $recipe"
+  $DT plan "$recipe" --json > "$WORK/plan-$recipe.json"
+  $DT build "$recipe" --dry-run > /dev/null
+done
+
+python -c "import sys; from dflash_trt import recipe; sys.exit('tiny' not in recipe.bundled())" \
+  || { echo "error: no bundled tiny recipe (dflash_trt/recipes/tiny.yaml)" >&2; exit 1; }
+for spec in "bf16 cpu" "fp8 h100" "nvfp4 b200"; do
+  set -- $spec
+  echo "== build tiny --precision $1 --gpu $2"
+  $DT build tiny --precision "$1" --gpu "$2" -o "$WORK/tiny-$1" --force > /dev/null
+  python -c "import sys, json; from dflash_trt.build import check_bundle; print(json.dumps(check_bundle(sys.argv[1])))" "$WORK/tiny-$1"
+done
+echo "ci/build_tiny.sh: ok ($WORK)"

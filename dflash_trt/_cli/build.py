@@ -1,0 +1,152 @@
+"""dflash-trt build / plan: a recipe (or flags) into a TensorRT-LLM bundle, or just its plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dflash_trt._cli.common import DrafterOpt, JsonOpt, TargetOpt, err, out, print_json
+
+DEFAULT_RECIPE = "tiny"
+
+RecipeArg = Annotated[Optional[str], typer.Argument(help="Bundled recipe name or YAML file (default: tiny, "
+                                                    "or none when --target and --drafter are given).")]
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help="GPU model: B300, B200, GB200, H200, H100, L40S, A100, cpu ...")]
+GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="GPUs available per node.")]
+PrecisionOpt = Annotated[Optional[str], typer.Option("--precision", help="Target weights: bf16, fp8, nvfp4, or auto (as shipped).")]
+KvOpt = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache dtype: auto or fp8.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")]
+
+
+def recipe_from_flags(recipe: str | None, target: str | None, drafter: str | None, gpu: str | None,
+                      gpus: int | None, precision: str | None, kv: str | None, calib: str | None,
+                      sets: list[str] | None):
+    """A Recipe from a name/file plus flags; flags override the recipe (as ``--set`` would)."""
+    from dflash_trt import recipe as R
+    from dflash_trt.errors import RecipeError
+
+    overrides = list(sets or [])
+    flags = []
+    if target is not None:
+        flags += [f"target.id={target}", "target.config=null", "target.revision=null"]
+    if drafter is not None:
+        flags += [f"drafter.id={drafter}", "drafter.config=null", "drafter.revision=null"]
+    for key, value in (("gpu.name", gpu), ("gpu.count", gpus), ("precision.weights", precision),
+                       ("precision.kv_cache", kv), ("precision.calib", calib)):
+        if value is not None:
+            flags.append(f"{key}={value}")
+    if recipe is None and (target is not None or drafter is not None):
+        if target is None or drafter is None:
+            raise RecipeError("without a recipe, give both --target and --drafter")
+        name = f"{Path(target.rstrip('/')).name or 'target'}-{precision or 'bf16'}"
+        base = {"name": name, "target": {"id": target}, "drafter": {"id": drafter}}
+        r = R.from_dict(base, where="command line", overrides=flags + overrides)
+        r.source = None
+        return r
+    return R.load(recipe or DEFAULT_RECIPE, flags + overrides)
+
+
+def build(
+    recipe: RecipeArg = None,
+    target: TargetOpt = None,
+    drafter: DrafterOpt = None,
+    gpu: GpuOpt = None,
+    gpus: GpusOpt = None,
+    precision: PrecisionOpt = None,
+    kv_cache_dtype: KvOpt = None,
+    calib: Annotated[Optional[str], typer.Option("--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")] = None,
+    set_: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve, validate and plan from configs; write nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh."""
+    from dflash_trt import build as B
+
+    r = recipe_from_flags(recipe, target, drafter, gpu, gpus, precision, kv_cache_dtype, calib, set_)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task(f"building {r.name}", total=None)
+
+        def status(msg):
+            bar.update(task, description=msg, total=None, completed=0)
+
+        def progress(done, total):
+            bar.update(task, description="calibrating", total=total, completed=done)
+
+        res = B.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
+    if as_json:
+        print_json({"recipe": r.name, "dry_run": dry_run, "out": str(res.out) if res.out else None,
+                    "plan": res.plan.as_dict()})
+        return
+    show_plan(res.plan, r)
+    if dry_run:
+        out.print(f"dry run: {r.name} validated and planned; nothing written")
+    else:
+        out.print(f"bundle written to {res.out}  (serve: {res.out}/trtllm/serve.sh)")
+
+
+def plan(
+    recipe: RecipeArg = None,
+    target: TargetOpt = None,
+    drafter: DrafterOpt = None,
+    gpu: GpuOpt = None,
+    gpus: GpusOpt = None,
+    precision: PrecisionOpt = None,
+    kv_cache_dtype: KvOpt = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
+    from dflash_trt import build as B
+
+    r = recipe_from_flags(recipe, target, drafter, gpu, gpus, precision, kv_cache_dtype, None, set_)
+    p = B.make_plan(B.resolve(r))
+    if as_json:
+        print_json({"recipe": r.name, "plan": p.as_dict()})
+        return
+    show_plan(p, r)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def show_plan(p, r) -> None:
+    m = p.memory
+    t = Table(title=f"{r.name}: {p.gpus}x {p.gpu}, {p.precision} weights, KV {p.kv_cache}, tp={p.tp}"
+              + (f", ep={p.ep}" if p.ep > 1 else ""))
+    t.add_column("memory per GPU")
+    t.add_column("", justify="right")
+    for label, value in (("target weights", m.weights), ("drafter (bf16)", m.drafter),
+                         ("drafter context arena", m.drafter_arena),
+                         (f"KV cache ({r.serving.max_batch_size} x {r.serving.max_seq_len} tokens)", m.kv_cache),
+                         ("activations", m.activations), ("runtime reserve", m.reserve)):
+        t.add_row(label, _gib(value))
+    t.add_row("total", f"{_gib(m.total)} of {_gib(m.capacity)}")
+    out.print(t)
+    s = Table(title=f"drafting: block {p.block_size}, max_draft_len {p.max_draft_len}, expected τ {p.acceptance} "
+              f"(α {p.alpha}), draft attention {p.attention_backend}")
+    for col in ("batch", "draft len", "predicted speedup"):
+        s.add_column(col, justify="right")
+    for row in p.curve:
+        s.add_row(str(row["batch"]), str(row["draft_len"]) if row["draft_len"] else "off", f"{row['speedup']:.2f}x")
+    out.print(s)
+    if p.schedule == "max_concurrency":
+        out.print(f"back-off: max_concurrency {p.max_concurrency} (drafting off above it)")
+    elif p.schedule == "draft_len_schedule":
+        out.print(f"back-off: draft_len_schedule {p.draft_len_schedule}")
+    else:
+        out.print("back-off: none (drafting pays at every planned batch size)")
+    for w in p.warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build")(build)
+    app.command("plan")(plan)

@@ -1,0 +1,281 @@
+"""The build pipeline: recipe -> checks -> plan -> quantize -> bundle, written atomically.
+
+Stages, each a plain function called in order by :func:`build`:
+
+1. :func:`resolve` -- the GPU and precision rules (refused before any work), the model
+   config directories, the pair check (``checkpoint.validate_pair``), whether the target
+   is already quantized, and the shapes the planner needs. Config directories only: a
+   recipe's ``target.config``/``drafter.config`` when given, else the checkpoints.
+2. :func:`dflash_trt.plan.make` -- memory, TP size, draft length and back-off.
+3. (not ``--dry-run``) the weights: the target copied (bf16 / as shipped) or calibrated
+   and exported by ModelOpt (fp8 / nvfp4) and verified from its safetensors; the drafter
+   in z-lab form; ``trtllm/config.yaml`` + ``serve.sh``; ``manifest.json``. All into a
+   temporary sibling directory renamed to OUT at the end; on any failure it is removed.
+
+Bundle layout: ``OUT/manifest.json``, ``OUT/target/``, ``OUT/drafter/``,
+``OUT/trtllm/config.yaml``, ``OUT/trtllm/serve.sh``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_trt import checkpoint, hardware, plan as planner, trtllm
+from dflash_trt.errors import CompatibilityError, DFlashError
+from dflash_trt.recipe import Recipe
+from dflash_trt.shapes import DraftShape, TargetShape, quant_precision
+
+BUNDLE_FORMAT = "dflash-trt-bundle/1"
+SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
+
+
+@dataclass
+class Resolved:
+    recipe: Recipe
+    gpu: hardware.GPU
+    gpus: int
+    precision: str            # effective: bf16 | fp8 | nvfp4 | mxfp4
+    quantize: bool            # True: ModelOpt runs at build time
+    target_dir: Path          # config (dry run) or checkpoint directory
+    drafter_dir: Path
+    target: TargetShape
+    drafter: DraftShape
+    shipped_quant: dict | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
+    ref = getattr(recipe, role)
+    if not weights and ref.config:
+        path = recipe.resolve_path(ref.config)
+        if not (path / "config.json").exists():
+            raise DFlashError(f"{role}.config {path}: no config.json there")
+        return path
+    kwargs = {"revision": ref.revision} if ref.revision else {}
+    return checkpoint.resolve(ref.id, role, **kwargs)
+
+
+def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
+    """Everything the plan needs, from configs; ``weights=True`` resolves the checkpoints."""
+    gpu = hardware.get(recipe.gpu.name)
+    gpus = recipe.gpu.count * recipe.gpu.nodes
+    requested, kv = recipe.precision.weights, recipe.precision.kv_cache
+    if requested != "auto":
+        hardware.check_precision(gpu, requested, kv)
+    elif kv == "fp8":
+        hardware.check_precision(gpu, "bf16", kv)
+    tdir, ddir = _ref_dir(recipe, "target", weights), _ref_dir(recipe, "drafter", weights)
+    shipped_q = checkpoint.target_quantization(tdir)
+    shipped = quant_precision(shipped_q) if shipped_q else None
+    if shipped_q and shipped is None:
+        raise CompatibilityError(f"target {recipe.target.id}: quantization {shipped_q.get('quant_method') or shipped_q} "
+                                 "is not one TensorRT-LLM's DFlash path is planned for (fp8, nvfp4, mxfp4)")
+    if shipped and requested not in ("auto", shipped):
+        raise CompatibilityError(f"target {recipe.target.id} is already {shipped}-quantized; it cannot be built at "
+                                 f"{requested}: use --precision auto (or {shipped}), or start from the BF16 checkpoint")
+    precision = shipped or ("bf16" if requested == "auto" else requested)
+    hardware.check_precision(gpu, precision, kv)
+    report = checkpoint.validate_pair(tdir, ddir)
+    return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
+                    quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
+                    target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
+                    shipped_quant=shipped_q, warnings=list(getattr(report, "warnings", []) or []))
+
+
+def make_plan(r: Resolved) -> planner.Plan:
+    rc = r.recipe
+    p = planner.make(r.target, r.drafter, r.gpu, r.gpus, r.precision, rc.precision.kv_cache, rc.serving,
+                     rc.speculative, tp=rc.parallel.tp, ep=rc.parallel.ep)
+    p.warnings = r.warnings + p.warnings
+    return p
+
+
+@dataclass
+class BuildResult:
+    plan: planner.Plan
+    out: Path | None
+    manifest: dict | None
+    resolved: Resolved
+
+
+def default_out(recipe: Recipe) -> Path:
+    return Path("dflash-out") / recipe.name
+
+
+def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force: bool = False,
+          status=None, progress=None) -> BuildResult:
+    """Run the pipeline. ``status(msg)`` reports stages; ``progress(done, total)`` calibration."""
+    say = status or (lambda msg: None)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    out = Path(out) if out is not None else default_out(recipe)
+    if not dry_run and out.exists() and not force:
+        raise DFlashError(f"{out} exists; pass --force to replace it, or choose another -o")
+    r = resolve(recipe, weights=False)
+    p = make_plan(r)
+    timings["plan"] = time.perf_counter() - t0
+    if dry_run:
+        return BuildResult(p, None, None, r)
+
+    say("resolving checkpoints")
+    w = resolve(recipe, weights=True)
+    if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
+        r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        manifest = _write_bundle(r, p, tmp, say, progress, timings)
+        timings["total"] = time.perf_counter() - t0
+        manifest["timings"] = {k: round(v, 3) for k, v in timings.items()}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return BuildResult(p, out, manifest, r)
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_checkpoint(src: Path, dst: Path) -> None:
+    """A checkpoint's files (configs, safetensors, tokenizer), never pickles or code."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.is_file() and not f.name.startswith(".") and not f.name.endswith(SKIP_SUFFIXES):
+            shutil.copy2(f, dst / f.name)
+
+
+def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> dict:
+    rc = r.recipe
+    t = time.perf_counter()
+    quant_info, verified = None, None
+    if r.quantize:
+        from dflash_trt import quantize
+
+        say(f"quantizing the target to {r.precision} with ModelOpt")
+        quant_info = quantize.quantize_target(
+            r.target_dir, tmp / "target", r.precision, rc.precision.kv_cache,
+            calib=rc.resolve_path(rc.precision.calib) if rc.precision.calib else None,
+            samples=rc.precision.calib_samples, seq_len=rc.precision.calib_seq_len, progress=progress)
+        verified = quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
+    else:
+        say("copying the target")
+        _copy_checkpoint(r.target_dir, tmp / "target")
+    timings["target"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say("writing the drafter (z-lab form)")
+    checkpoint.write_zlab(r.drafter_dir, tmp / "drafter")
+    timings["drafter"] = time.perf_counter() - t
+
+    cfg = trtllm.config(rc, p, r.drafter)
+    trtllm.write(tmp / "trtllm", cfg, rc.serving.host, rc.serving.port)
+
+    t = time.perf_counter()
+    say("hashing inputs")
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "recipe": rc.model_dump(mode="json", exclude={"source"}),
+        "recipe_source": str(rc.source) if rc.source else None,
+        "inputs": {
+            "target": _input(rc.target, r.target_dir),
+            "drafter": _input(rc.drafter, r.drafter_dir),
+            "calibration": _calib_input(rc),
+        },
+        "tools": _versions(quantized=r.quantize),
+        "gpu": {"name": r.gpu.name, "sm": r.gpu.sm, "memory_gb": r.gpu.memory_gb, "count": r.gpus},
+        "precision": {
+            "weights": r.precision, "kv_cache": rc.precision.kv_cache,
+            "quantized_by": "nvidia-modelopt" if r.quantize else ("as shipped" if r.shipped_quant else None),
+            "quantization": quant_info, "verified": verified,
+        },
+        "plan": p.as_dict(),
+        "reference_runtime": {
+            "target": "target", "drafter": "drafter",
+            "dequantize": r.quantize,
+            "source_target": str(r.target_dir.resolve()),
+        },
+        "outputs": {"target": "target", "drafter": "drafter", "trtllm_config": "trtllm/config.yaml",
+                    "serve": "trtllm/serve.sh"},
+        "warnings": p.warnings,
+    }
+    timings["hash"] = time.perf_counter() - t
+    return manifest
+
+
+def _input(ref, path: Path) -> dict:
+    return {"id": ref.id, "revision": ref.revision, "path": str(path.resolve()),
+            "sha256": checkpoint.sha256_files(path)}
+
+
+def _calib_input(rc: Recipe) -> dict | None:
+    if not rc.precision.calib:
+        return None
+    path = rc.resolve_path(rc.precision.calib)
+    import hashlib
+
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None}
+
+
+def _versions(quantized: bool) -> dict:
+    from importlib import metadata
+
+    from dflash_trt import __version__
+
+    out = {"dflash_trt": __version__, "python": platform.python_version()}
+    for pkg in ("torch", "transformers", "safetensors", "pydantic") + (("nvidia-modelopt",) if quantized else ()):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def check_bundle(path: str | Path) -> dict:
+    """Check a bundle on disk (CI and tests): layout, manifest, config schema, quantized tensors."""
+    from dflash_trt.errors import CheckpointError
+
+    root = Path(path)
+    for rel in ("manifest.json", "target/config.json", "drafter/config.json", "trtllm/config.yaml", "trtllm/serve.sh"):
+        if not (root / rel).is_file():
+            raise CheckpointError(f"{root}: bundle lacks {rel}")
+    manifest = json.loads((root / "manifest.json").read_text())
+    if manifest.get("format") != BUNDLE_FORMAT:
+        raise CheckpointError(f"{root}: manifest format {manifest.get('format')!r}, expected {BUNDLE_FORMAT}")
+    for key in ("inputs", "tools", "gpu", "precision", "plan", "timings"):
+        if key not in manifest:
+            raise CheckpointError(f"{root}: manifest lacks {key!r}")
+    if not os.access(root / "trtllm" / "serve.sh", os.X_OK):
+        raise CheckpointError(f"{root}: trtllm/serve.sh is not executable")
+    cfg = trtllm.load(root)
+    spec_model = root / cfg.speculative_config.speculative_model
+    if not (spec_model / "config.json").is_file():
+        raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the bundle's drafter")
+    checkpoint.read_drafter(root / "drafter")
+    prec = manifest["precision"]
+    verified = None
+    if prec.get("quantized_by") == "nvidia-modelopt":
+        from dflash_trt import quantize
+
+        verified = quantize.verify_export(root / "target", prec["weights"], prec["kv_cache"])
+    return {"bundle": str(root), "precision": prec["weights"], "tp": cfg.tensor_parallel_size,
+            "max_draft_len": cfg.speculative_config.max_draft_len, "quantized": verified}

@@ -1,0 +1,388 @@
+"""Deployment planning: memory per GPU, tensor-parallel size, draft length and back-off.
+
+Everything here is arithmetic on config shapes (:mod:`dflash_trt.shapes`) and datasheet
+figures (:mod:`dflash_trt.hardware`); no weights are needed. Bytes are exact integers.
+
+Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU memory)
+-------------------------------------------------------------------------------------
+* target weights at precision::
+
+      bf16 :  2 B x linear                    fp8 :  1 B x linear + 8 B x n_linear
+      nvfp4:  0.5 B x linear + linear/16 B (FP8 block scales) + 8 B x n_linear
+      (8 B per linear = FP32 weight_scale[_2] + input_scale)
+      + 2 B x (embedding + lm_head + norms/biases/routers)   -- kept BF16 (exclude_modules)
+
+  As shipped (BF16, or a pre-quantized checkpoint such as gpt-oss MXFP4) the checkpoint's
+  real byte count is used when known (safetensors headers, ``sizes.json``).
+  Per GPU: ``embedding + (total - embedding) / t`` (the input embedding is replicated).
+* drafter: BF16 parameters, replicated on every rank (conservative).
+* drafter context arena (FACTS §3; allocated outside ``free_gpu_memory_fraction``)::
+
+      2 x (max_batch_size + 1) x L_draft x (max_seq_len + B) x n_kv_draft x head_dim x 2 B
+
+* KV cache for the worst case, every sequence at ``max_seq_len``::
+
+      2 x layers x ceil(n_kv / t) x head_dim x kv_bytes x max_seq_len x max_batch_size
+
+  (kv_bytes 2 for auto/BF16, 1 for FP8; KV heads are split across ranks, replicated
+  when t > n_kv.)
+* activations: ``max_num_tokens x (8 x hidden + 3 x ceil(intermediate / t)) x 2 B`` for
+  the widest prefill step plus ``max_batch_size x B x vocab x 4 B`` of FP32 verification
+  logits; and a fixed runtime reserve of 2 GiB (CUDA context, cuBLAS/NCCL workspaces,
+  CUDA graphs).
+
+Roofline for draft length and back-off (one decode step, per GPU, communication ignored)
+-----------------------------------------------------------------------------------------
+A target forward over ``b`` sequences x ``n`` new tokens at a typical decode context
+``S = min(max_seq_len / 2, 2048)``::
+
+    bytes(b, n) = W_read(b*n) + b x S x kv_bytes_per_token / t
+    flops(b, n) = 2 x b x n x (P_active + P_lm_head) / t  @ precision peak
+                + 4 x b x n x S x heads x head_dim x layers / t  @ BF16 peak
+    t_fwd(b, n) = max(bytes / (0.8 x bandwidth), flops / (0.6 x peak)) + 5 us x layers
+
+(0.8 and 0.6: achievable shares of datasheet bandwidth and tensor-core peak.)
+
+``W_read`` is every weight except the embedding, except that an MoE reads only the experts
+some token picked: expected fraction ``1 - (1 - k/E)^(b*n)``. Then::
+
+    t_AR(b)        = t_fwd(b, 1)
+    t_verify(b, L) = t_fwd(b, L + 1)
+    t_draft(b, L)  = drafter forward on b x (L + 1) tokens (weights + the target's BF16
+                     lm_head + context K/V of S tokens), split over t ranks like the
+                     target, + the same per-layer overhead (memory, above, counts the
+                     drafter whole on every rank: conservative both ways)
+    speedup(b, L)  = tau(L) x t_AR(b) / (t_draft(b, L) + t_verify(b, L))
+
+Acceptance: per-position acceptance ``alpha`` is geometric; ``alpha`` is fitted so that a
+full block gives the expected tau (recipe ``speculative.acceptance``, else a per-family
+estimate: Qwen3 6.5 at B=16 (paper), Llama-3.1 4.0, gpt-oss 4.5)::
+
+    tau(L) = 1 + alpha + ... + alpha^L = (1 - alpha^(L+1)) / (1 - alpha)
+
+``max_draft_len`` maximises speedup(1, L) over 1 <= L <= B - 1. For each batch size
+1, 2, 4, ... up to ``max_batch_size`` the best L <= max_draft_len is taken; where even
+the best gives speedup < 1.05 drafting is off. That curve becomes ``max_concurrency``
+(a plain cut-off) or, when the draft length shrinks before the cut-off, a
+(draft lengths within 1% of the best speedup count as equal; the longest is kept)
+``draft_len_schedule`` ({batch: draft_len}, 0 = off).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.hardware import GPU
+from dflash_trt.shapes import DraftShape, TargetShape
+
+GiB = 1 << 30
+RUNTIME_RESERVE = 2 * GiB
+LAYER_OVERHEAD_S = 5e-6
+BANDWIDTH_EFFICIENCY = 0.8
+COMPUTE_EFFICIENCY = 0.6
+PLANNING_CONTEXT = 2048
+MIN_SPEEDUP = 1.05
+DEFAULT_TAU = {"qwen3": 6.5, "qwen3_moe": 6.5, "qwen3_5": 6.5, "qwen3_5_moe": 6.5, "llama": 4.0, "gpt_oss": 4.5}
+
+
+# ---------------------------------------------------------------------------------------
+# Memory
+# ---------------------------------------------------------------------------------------
+
+
+def weight_bytes(t: TargetShape, precision: str) -> int:
+    """Total target weight bytes at ``precision`` (see the module docstring)."""
+    bf16_rest = 2 * (t.embed_params + t.lm_head_params + t.other_params)
+    if t.shipped_precision is not None and precision == t.shipped_precision and t.shipped_bytes:
+        return t.shipped_bytes
+    if precision == "bf16":
+        return t.shipped_bytes if (t.shipped_bytes and t.shipped_precision is None) else 2 * t.params
+    if precision == "fp8":
+        return t.linear_params + 8 * t.n_linear + bf16_rest
+    if precision == "nvfp4":
+        return t.linear_params // 2 + t.linear_params // 16 + 8 * t.n_linear + bf16_rest
+    if precision == "mxfp4":  # experts 4.25 bits (E8M0 scale per 32), the rest BF16
+        return (2 * (t.linear_params - t.expert_params) + t.expert_params * 17 // 32 + bf16_rest)
+    raise RecipeError(f"unknown precision {precision!r}")
+
+
+@dataclass
+class Memory:
+    """Bytes per GPU."""
+
+    weights: int
+    drafter: int
+    drafter_arena: int
+    kv_cache: int
+    activations: int
+    reserve: int
+    capacity: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.drafter + self.drafter_arena + self.kv_cache + self.activations + self.reserve
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.total - self.capacity)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total, "fits": self.fits, "missing": self.missing}
+
+
+def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
+    kvb = 1 if kv_cache == "fp8" else 2
+    return 2 * t.layers * math.ceil(t.kv_heads / tp) * t.head_dim * kvb
+
+
+def memory(t: TargetShape, d: DraftShape, gpu: GPU, precision: str, kv_cache: str, tp: int,
+           max_batch_size: int, max_seq_len: int, max_num_tokens: int) -> Memory:
+    """Memory per GPU for one configuration (formulas in the module docstring)."""
+    total = weight_bytes(t, precision)
+    embed = 2 * t.embed_params
+    per_gpu = embed + (total - embed) // tp
+    arena = 2 * (max_batch_size + 1) * d.layers * (max_seq_len + d.block_size) * d.kv_heads * d.head_dim * 2
+    kv = kv_bytes_per_token(t, tp, kv_cache) * max_seq_len * max_batch_size
+    act = max_num_tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
+    act += max_batch_size * d.block_size * t.vocab * 4
+    return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=arena, kv_cache=kv, activations=act,
+                  reserve=RUNTIME_RESERVE, capacity=gpu.memory_bytes)
+
+
+def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
+    """Tensor-parallel sizes the model's head layout allows, smallest first, up to ``gpus``."""
+    out, n = [], 1
+    while n <= gpus:
+        heads_ok = t.heads % n == 0 and (t.kv_heads % n == 0 or n % t.kv_heads == 0)
+        ep_ok = n % ep == 0 and (not t.experts or t.experts % ep == 0)
+        if heads_ok and ep_ok:
+            out.append(n)
+        n *= 2
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Roofline
+# ---------------------------------------------------------------------------------------
+
+
+def fit_alpha(tau: float, block: int) -> float:
+    """Per-position acceptance alpha with 1 + alpha + ... + alpha^(block-1) = tau."""
+    if tau >= block:
+        return 0.9999
+    if tau <= 1:
+        return 0.0
+    lo, hi = 0.0, 0.9999
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tau(mid, block - 1) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def expected_tau(alpha: float, draft_len: int) -> float:
+    return sum(alpha**k for k in range(draft_len + 1))
+
+
+def _time(bytes_: float, compute_s: float, gpu: GPU) -> float:
+    return max(bytes_ / (BANDWIDTH_EFFICIENCY * gpu.bandwidth), compute_s / COMPUTE_EFFICIENCY)
+
+
+@dataclass
+class Roofline:
+    t: TargetShape
+    d: DraftShape
+    gpu: GPU
+    precision: str
+    kv_cache: str
+    tp: int
+    ctx: int
+
+    def _weights_read(self, tokens: int) -> float:
+        total = weight_bytes(self.t, self.precision) - 2 * self.t.embed_params
+        if self.t.experts:
+            share = self.t.expert_params / max(1, self.t.linear_params)
+            frac = 1 - (1 - self.t.experts_per_token / self.t.experts) ** tokens
+            total = total * (1 - share) + total * share * frac
+        return total / self.tp
+
+    def target(self, b: int, n: int) -> float:
+        t, g = self.t, self.gpu
+        tokens = b * n
+        bytes_ = self._weights_read(tokens) + b * self.ctx * kv_bytes_per_token(t, self.tp, self.kv_cache)
+        lin = 2 * tokens * (t.active_linear_params + t.lm_head_params + (t.embed_params if not t.lm_head_params else 0))
+        attn = 4 * tokens * self.ctx * t.heads * t.head_dim * t.layers
+        compute = lin / self.tp / g.peak_flops(self.precision) + attn / self.tp / g.peak_flops("bf16")
+        return _time(bytes_, compute, g) + LAYER_OVERHEAD_S * t.layers
+
+    def draft(self, b: int, draft_len: int) -> float:
+        d, t, g = self.d, self.t, self.gpu
+        n = draft_len + 1
+        head = 2 * t.vocab * t.hidden  # the target's BF16 lm_head
+        ctx_kv = b * self.ctx * 2 * d.layers * d.kv_heads * d.head_dim * 2
+        bytes_ = (d.bytes + head + ctx_kv) / self.tp
+        flops = 2 * b * n * d.params + 2 * b * draft_len * t.vocab * t.hidden
+        flops += 4 * b * n * (self.ctx + n) * d.heads * d.head_dim * d.layers
+        flops /= self.tp
+        return _time(bytes_, flops / g.peak_flops("bf16"), g) + LAYER_OVERHEAD_S * d.layers
+
+    def speedup(self, b: int, draft_len: int, alpha: float) -> float:
+        step = self.draft(b, draft_len) + self.target(b, draft_len + 1)
+        return expected_tau(alpha, draft_len) * self.target(b, 1) / step
+
+
+# ---------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    gpu: str
+    gpus: int
+    tp: int
+    ep: int
+    precision: str
+    kv_cache: str
+    memory: Memory
+    block_size: int
+    max_draft_len: int
+    acceptance: float
+    alpha: float
+    attention_backend: str
+    schedule: str                      # max_concurrency | draft_len_schedule | none
+    max_concurrency: int | None = None
+    draft_len_schedule: dict[int, int] | None = None
+    curve: list[dict] = field(default_factory=list)  # [{batch, draft_len, speedup}]
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["memory"] = self.memory.as_dict()
+        return d
+
+
+def _best_len(roof: Roofline, b: int, longest: int, alpha: float) -> int:
+    """The longest draft within 1% of the best predicted speedup (flat curves keep long drafts)."""
+    speed = {n: roof.speedup(b, n, alpha) for n in range(1, longest + 1)}
+    top = max(speed.values())
+    return max(n for n, v in speed.items() if v >= 0.99 * top)
+
+
+def batch_grid(max_batch_size: int) -> list[int]:
+    grid, b = [], 1
+    while b < max_batch_size:
+        grid.append(b)
+        b *= 2
+    return grid + [max_batch_size]
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def choose_tp(t: TargetShape, d: DraftShape, gpu: GPU, gpus: int, precision: str, kv_cache: str,
+              tp: int | str, ep: int, serving) -> tuple[int, Memory]:
+    """The smallest TP that fits, or a HardwareError saying how much is missing."""
+    mem = lambda n: memory(t, d, gpu, precision, kv_cache, n, serving.max_batch_size,  # noqa: E731
+                           serving.max_seq_len, serving.max_num_tokens)
+    if tp != "auto":
+        if tp > gpus:
+            raise HardwareError(f"parallel.tp={tp} needs {tp} GPUs; only {gpus} given (--gpus)")
+        if tp not in tp_candidates(t, tp, ep):
+            raise HardwareError(f"parallel.tp={tp} does not divide the target's {t.heads} heads / "
+                                f"{t.kv_heads} KV heads (or ep={ep})")
+        m = mem(tp)
+        if not m.fits:
+            raise HardwareError(f"does not fit at tp={tp} on {gpu.name}: needs {_gib(m.total)} per GPU of "
+                                f"{_gib(m.capacity)}, {_gib(m.missing)} missing")
+        return tp, m
+    cands = tp_candidates(t, gpus, ep)
+    if not cands:
+        raise HardwareError(f"no tensor-parallel size <= {gpus} divides the target's heads (ep={ep})")
+    for n in cands:
+        m = mem(n)
+        if m.fits:
+            return n, m
+    n = cands[-1]
+    m = mem(n)
+    raise HardwareError(
+        f"does not fit on {gpus}x {gpu.name}: at tp={n} it needs {_gib(m.total)} per GPU of {_gib(m.capacity)} "
+        f"({_gib(m.missing)} missing: weights {_gib(m.weights)}, KV cache {_gib(m.kv_cache)}, drafter arena "
+        f"{_gib(m.drafter_arena)}); use more GPUs, a lower precision, or a smaller max_seq_len/max_batch_size"
+    )
+
+
+def make(t: TargetShape, d: DraftShape, gpu: GPU, gpus: int, precision: str, kv_cache: str, serving,
+         spec, tp: int | str = "auto", ep: int = 1) -> Plan:
+    """Plan a deployment. ``serving``/``spec`` are the recipe's ServingSpec/SpeculativeSpec."""
+    warnings: list[str] = []
+    if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
+        warnings.append(f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
+                        f"{t.max_position_embeddings}")
+    tp_, mem = choose_tp(t, d, gpu, gpus, precision, kv_cache, tp, ep, serving)
+    block = spec.block_size or d.block_size
+    if block > d.block_size:
+        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size}")
+    if block < 2:
+        raise RecipeError("speculative.block_size must be >= 2 to draft anything")
+    tau = spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))
+    tau = min(float(tau), float(block))
+    alpha = fit_alpha(tau, block)
+    roof = Roofline(t, d, gpu, precision, kv_cache, tp_, ctx=max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)))
+
+    if spec.max_draft_len == "auto":
+        max_len = _best_len(roof, 1, block - 1, alpha)
+    else:
+        max_len = int(spec.max_draft_len)
+        if not 1 <= max_len <= block - 1:
+            raise RecipeError(f"speculative.max_draft_len {max_len} must be between 1 and block size - 1 ({block - 1})")
+
+    curve, prev = [], max_len
+    for b in batch_grid(serving.max_batch_size):
+        best = _best_len(roof, b, max_len, alpha)
+        s = roof.speedup(b, best, alpha)
+        n = min(best, prev) if s >= MIN_SPEEDUP else 0
+        prev = n if n else prev
+        curve.append({"batch": b, "draft_len": n, "speedup": round(roof.speedup(b, n, alpha) if n else 1.0, 3)})
+    if curve[0]["draft_len"] == 0:
+        warnings.append(f"the roofline predicts no gain from drafting even at batch 1 on {gpu.name} "
+                        f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
+        curve[0].update(draft_len=max_len, speedup=round(roof.speedup(1, max_len, alpha), 3))
+
+    max_conc, sched, mode = None, None, spec.schedule
+    computed = {1: max_len}
+    for row in curve[1:]:
+        if row["draft_len"] != list(computed.values())[-1]:
+            computed[row["batch"]] = row["draft_len"]
+    off = [b for b, n in computed.items() if n == 0]
+    cutoff = max((r["batch"] for r in curve if r["batch"] < off[0]), default=None) if off else None
+    if mode == "auto":
+        mode = "draft_len_schedule" if len([n for n in computed.values() if n]) > 1 else "max_concurrency"
+    if mode == "max_concurrency":
+        max_conc = spec.max_concurrency or cutoff
+        if max_conc is None:
+            mode = "none"
+    elif mode == "draft_len_schedule":
+        sched = dict(spec.draft_len_schedule) if spec.draft_len_schedule else computed
+        check_schedule(sched, max_len)
+    return Plan(gpu=gpu.name, gpus=gpus, tp=tp_, ep=ep, precision=precision, kv_cache=kv_cache, memory=mem,
+                block_size=block, max_draft_len=max_len, acceptance=round(tau, 3), alpha=round(alpha, 4),
+                attention_backend=(spec.attention_backend if spec.attention_backend != "auto"
+                                   else gpu.draft_attention_backend),
+                schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched, curve=curve, warnings=warnings)
+
+
+def check_schedule(sched: dict[int, int], max_draft_len: int) -> None:
+    """TensorRT-LLM's rules for ``draft_len_schedule`` (DecodingBaseConfig validator)."""
+    if sched.get(1) != max_draft_len:
+        raise RecipeError(f"speculative.draft_len_schedule must map batch 1 to max_draft_len ({max_draft_len})")
+    for b, n in sched.items():
+        if b < 1 or not 0 <= n <= max_draft_len:
+            raise RecipeError(f"speculative.draft_len_schedule {{{b}: {n}}}: batch >= 1, 0 <= draft_len <= "
+                              f"{max_draft_len}")

@@ -189,6 +189,12 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     cfg = trtllm.config(rc, p, r.drafter)
     trtllm.write(tmp / "trtllm", cfg, rc.serving.host, rc.serving.port)
 
+    engine_info = None
+    if rc.engine == "tensorrt":
+        t = time.perf_counter()
+        engine_info = _tensorrt_path(r, tmp, say)
+        timings["engines"] = time.perf_counter() - t
+
     t = time.perf_counter()
     say("hashing inputs")
     manifest = {
@@ -218,8 +224,44 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
                     "serve": "trtllm/serve.sh"},
         "warnings": p.warnings,
     }
+    if engine_info is not None:
+        manifest["engine"] = engine_info
+        manifest["outputs"]["onnx"] = "onnx"
+        if engine_info["engines_built"]:
+            manifest["outputs"]["engines"] = "engines"
     timings["hash"] = time.perf_counter() - t
     return manifest
+
+
+def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
+    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops)
+    and the target (tapped hidden states as extra outputs, KV cache in/out); engines where
+    TensorRT and a GPU are present. The ONNX graphs are exported in float32 from the
+    unquantized source target (quantized TensorRT engines are not built here)."""
+    import torch
+
+    from dflash_trt import engine
+    from dflash_trt.model import load_target
+
+    say("exporting the drafter to ONNX (dflash::KVInjection, dflash::BlockDiffusionAttention)")
+    drafter = checkpoint.load_drafter(tmp / "drafter", dtype=torch.float32)
+    model = load_target(r.target_dir, dtype=torch.float32)
+    head = model.get_output_embeddings().weight.detach()
+    onnx_dir = tmp / "onnx"
+    d_path = engine.export_drafter_onnx(drafter, onnx_dir, head_weight=head)
+    parity = engine.check_drafter_onnx(drafter, d_path, head_weight=head)
+    if max(parity.values()) > engine.DRAFTER_ONNX_ATOL:
+        raise DFlashError(f"exported drafter ONNX disagrees with PyTorch (max error {max(parity.values()):.2e})")
+    say("exporting the target to ONNX (taps + KV cache I/O)")
+    engine.export_target_onnx(model, drafter.cfg.target_layer_ids, onnx_dir)
+    ok, why = engine.engine_support()
+    info = {"onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")), "drafter_onnx_max_error": parity,
+            "engines_built": False, "engines_reason": why or None}
+    if ok:
+        say("building TensorRT engines with the DFlash plugins")
+        engine.build_engines(onnx_dir, tmp / "engines")
+        info["engines_built"] = True
+    return info
 
 
 def _input(ref, path: Path) -> dict:

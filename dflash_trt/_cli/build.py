@@ -63,12 +63,14 @@ def build(
     set_: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve, validate and plan from configs; write nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="trtllm (TensorRT-LLM PyTorch backend), or tensorrt: also export ONNX with the DFlash custom ops to OUT/onnx and build OUT/engines where TensorRT and a GPU are present.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh."""
     from dflash_trt import build as B
 
-    r = recipe_from_flags(recipe, target, drafter, gpu, gpus, precision, kv_cache_dtype, calib, set_)
+    sets = list(set_ or []) + ([f"engine={engine}"] if engine is not None else [])
+    r = recipe_from_flags(recipe, target, drafter, gpu, gpus, precision, kv_cache_dtype, calib, sets)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(f"building {r.name}", total=None)
@@ -80,15 +82,21 @@ def build(
             bar.update(task, description="calibrating", total=total, completed=done)
 
         res = B.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
+    engine_info = (res.manifest or {}).get("engine")
     if as_json:
         print_json({"recipe": r.name, "dry_run": dry_run, "out": str(res.out) if res.out else None,
-                    "plan": res.plan.as_dict()})
+                    "plan": res.plan.as_dict(), "engine": engine_info})
         return
     show_plan(res.plan, r)
     if dry_run:
         out.print(f"dry run: {r.name} validated and planned; nothing written")
-    else:
-        out.print(f"bundle written to {res.out}  (serve: {res.out}/trtllm/serve.sh)")
+        return
+    out.print(f"bundle written to {res.out}  (serve: {res.out}/trtllm/serve.sh)")
+    if engine_info is not None:
+        err_max = max(engine_info["drafter_onnx_max_error"].values())
+        out.print(f"ONNX: {', '.join(engine_info['onnx'])} in {res.out}/onnx (drafter vs PyTorch max error {err_max:.1e})")
+        if not engine_info["engines_built"]:
+            out.print(f"engines not built: {engine_info['engines_reason']}")
 
 
 def plan(

@@ -98,6 +98,17 @@ def open_dir(path: str | Path, what: str) -> Path:
 # ---------------------------------------------------------------------------------------
 
 
+def is_drafter(path: str | Path) -> bool:
+    """Whether a directory's config.json describes a drafter (of any family) rather than a model."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.exists():
+        return False
+    cfg = read_json(cfg_path)
+    archs = " ".join(str(a) for a in cfg.get("architectures") or []).lower()
+    return bool({"dflash_config", "dflash2_config", "speculators_config", "speculators_model_type"} & set(cfg)
+                or "dflash" in archs or "dspark" in archs)
+
+
 @dataclass
 class DrafterSpec:
     """A drafter as read from disk (configs + safetensors headers; no tensor loaded)."""
@@ -342,7 +353,7 @@ from dflash_trt.compat import (  # noqa: E402  (re-exported: the agreed checkpoi
 from dflash_trt.integrity import sha256_files  # noqa: E402
 
 __all__ = [
-    "EMBEDDED_PREFIX", "DrafterSpec", "PairReport", "TargetSpec", "check_pair_runtime", "embedded_dir",
+    "EMBEDDED_PREFIX", "DrafterSpec", "PairReport", "TargetSpec", "check_pair_runtime", "embedded_dir", "is_drafter",
     "load_drafter", "read_drafter", "read_target", "resolve", "sha256_files", "target_quantization",
     "validate_pair", "write_zlab",
 ]

@@ -290,12 +290,16 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
     ids, depth = list(c.target_layer_ids), t.num_layers
     bad = [i for i in ids if not 0 <= i < depth]
     if bad:
-        hint = (f" (published as aux_hidden_state_layer_ids {d.published_layer_ids}, shifted back by one)"
-                if d.norm.layer_convention == "output_hidden_states" else
-                " (z-lab ids count decoder layers from 0; ids >= depth suggest output_hidden_states indices, "
-                "off by one)" if max(ids) == depth else "")
+        if d.norm.layer_convention == "output_hidden_states":
+            fix = (f" (published as aux_hidden_state_layer_ids {d.published_layer_ids}, shifted back by one); "
+                   "the drafter was trained for a deeper target")
+        elif max(ids) == depth:
+            fix = ("; the largest id equals the depth, so these look like output_hidden_states indices (off by "
+                   "one): z-lab ids count decoder layers from 0, subtract 1 in dflash_config.target_layer_ids")
+        else:
+            fix = "; the drafter was trained for a deeper target: use the drafter published for this model"
         r.add("target layer ids", "error", f"{dcfg}: target layer ids {bad} out of range for the {depth}-layer "
-              f"target{hint}; the drafter was trained for a deeper target")
+              f"target{fix}")
     else:
         r.add("target layer ids", "ok", f"{ids} of {depth} (output_hidden_states {[i + 1 for i in ids]})")
     if len(set(ids)) != len(ids):

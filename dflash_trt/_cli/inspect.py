@@ -75,22 +75,21 @@ def inspect(
 ) -> None:
     """Describe a checkpoint (format, layer ids, mask id, sizes, quantization); with --target, the pair verdict."""
     from dflash_trt import checkpoint
-    from dflash_trt.errors import CompatibilityError, DFlashError
+    from dflash_trt.errors import CompatibilityError
 
-    path = checkpoint.resolve(ref, role="checkpoint")
-    if checkpoint.is_drafter(path):
-        spec = checkpoint.read_drafter(path, require_weights=False)
-        info = spec.to_dict()
-    else:
-        if target is not None:
-            raise DFlashError(f"{ref}: is a target model; pass the drafter as PATH_OR_ID and the target with --target")
-        info = checkpoint.read_target(path, require_weights=False).to_dict()
     report = None
     if target is not None:
+        path = checkpoint.resolve(ref, role="drafter")
         tdir = checkpoint.resolve(target, role="target")
         report = checkpoint.validate_pair(tdir, path, require_weights=False, raise_on_error=False)
         info = report.drafter.to_dict()
         info["pair"] = {"target": str(tdir), **report.to_dict()}
+    else:
+        path = checkpoint.resolve(ref, role="checkpoint")
+        if checkpoint.is_drafter(path):
+            info = checkpoint.read_drafter(path, require_weights=False).to_dict()
+        else:
+            info = checkpoint.read_target(path, require_weights=False).to_dict()
     if as_json:
         print_json(info)
     else:

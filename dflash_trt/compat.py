@@ -159,6 +159,9 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
                                if p.name in TOKENIZER_FILES or p.suffix == ".tiktoken"),
         weights=ws, warnings=list(ws.warnings),
     )
+    if archs and not hasattr(transformers, archs[0]):
+        spec.warnings.append(f"{where}: architecture {archs[0]} is not in transformers {transformers.__version__}; "
+                             "the reference runtime may not load it")
     if spec.rope_theta is None:
         from dflash_trt.formats import _class_defaults
 

@@ -115,9 +115,11 @@ def test_only_configs_tokenizers_and_safetensors_are_requested(monkeypatch, tmp_
 
 
 def _http_error(cls, status, msg):
-    import httpx2
-
-    response = httpx2.Response(status, request=httpx2.Request("GET", "https://huggingface.co/api/models/x/y"))
+    try:  # huggingface_hub >= 1.0 raises on httpx(2) responses
+        import httpx2 as httpx
+    except ImportError:
+        httpx = pytest.importorskip("httpx")
+    response = httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/api/models/x/y"))
     return cls(msg, response=response)
 
 

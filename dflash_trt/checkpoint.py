@@ -59,9 +59,12 @@ def resolve(ref: str, role: str = "model", revision: str | None = None) -> Path:
     from dflash_trt import hub
 
     hub_id = hub.parse_hub_id(ref)
-    # "out/drafter" whose parent exists is a mistyped local path, not a hub id.
-    if hub_id is None or Path(hub_id[0].split("/")[0]).is_dir():
+    if hub_id is None:
         raise CheckpointError(f"{role} {ref!r}: no such directory (nor a hub id org/name[@revision])")
+    org = hub_id[0].split("/")[0]
+    if Path(org).is_dir():  # "out/drafter" whose parent exists is a mistyped local path, not a hub id
+        raise CheckpointError(f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
+                              f"use an absolute path, or run elsewhere for the hub id)")
     repo_id, rev = hub_id
     return hub.download(repo_id, revision or rev, role)
 

@@ -82,7 +82,7 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
                                  f"{requested}: use --precision auto (or {shipped}), or start from the BF16 checkpoint")
     precision = shipped or ("bf16" if requested == "auto" else requested)
     hardware.check_precision(gpu, precision, kv)
-    report = checkpoint.validate_pair(tdir, ddir)
+    report = checkpoint.validate_pair(tdir, ddir, require_weights=weights)
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),

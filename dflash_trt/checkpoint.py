@@ -1,21 +1,35 @@
-"""Resolve checkpoints, detect drafter formats, normalise, and validate pairs.
+"""Resolve checkpoints, read drafters in every published format, write the z-lab form.
 
-This first version knows local directories and the z-lab drafter format; hub
-resolution and the other published formats build on the same three entry points:
-``resolve``, ``load_drafter`` and the pair checks.
+* :func:`resolve` turns a reference (local directory, ``org/name[@revision]`` hub id,
+  ``embedded:NAME``) into a local directory.
+* :func:`read_drafter` reads a drafter from its configs and safetensors *headers* only:
+  format, normalised :class:`~dflash_trt.model.DrafterConfig`, tensor shapes checked.
+* :func:`load_drafter` loads the weights of any supported format into a ``Drafter``.
+* :func:`write_zlab` writes the normalised z-lab form TensorRT-LLM loads.
+* :func:`validate_pair` (in ``compat.py``) checks a target and a drafter belong together.
+
+Formats and their differences are documented in ``formats.py``; on-disk checks in
+``integrity.py``; hub access in ``hub.py``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from dflash_trt import formats, integrity
 from dflash_trt.errors import CheckpointError, CompatibilityError
-from dflash_trt.model import Drafter
-
+from dflash_trt.model import Drafter, DrafterConfig
 
 EMBEDDED_PREFIX = "embedded:"
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                "float64": torch.float64}
 
 
 def embedded_dir(name: str) -> Path:
@@ -25,8 +39,13 @@ def embedded_dir(name: str) -> Path:
     return Path(str(resources.files("dflash_trt") / "assets" / name))
 
 
-def resolve(ref: str, role: str = "model") -> Path:
-    """A local directory for a model reference (a directory, or ``embedded:NAME``)."""
+def resolve(ref: str, role: str = "model", revision: str | None = None) -> Path:
+    """A local directory for a model reference.
+
+    ``embedded:NAME`` -> the packaged asset; an existing directory -> itself;
+    ``org/name[@revision]`` -> a Hugging Face snapshot (configs, tokenizer, safetensors only).
+    """
+    ref = str(ref)
     if ref.startswith(EMBEDDED_PREFIX):
         path = embedded_dir(ref[len(EMBEDDED_PREFIX):])
         if not (path / "config.json").exists():
@@ -35,11 +54,276 @@ def resolve(ref: str, role: str = "model") -> Path:
     path = Path(ref).expanduser()
     if path.is_dir():
         return path
-    raise CheckpointError(f"{role} {ref!r}: no such directory")
+    if path.exists():
+        raise CheckpointError(f"{role} {ref!r}: is a file; pass the model's directory")
+    from dflash_trt import hub
+
+    hub_id = hub.parse_hub_id(ref)
+    if hub_id is None:
+        raise CheckpointError(f"{role} {ref!r}: no such directory (nor a hub id org/name[@revision])")
+    org = hub_id[0].split("/")[0]
+    if Path(org).is_dir():  # "out/drafter" whose parent exists is a mistyped local path, not a hub id
+        raise CheckpointError(f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
+                              f"use an absolute path, or run elsewhere for the hub id)")
+    repo_id, rev = hub_id
+    return hub.download(repo_id, revision or rev, role)
 
 
-def load_drafter(path: Path, dtype: torch.dtype | None = None) -> Drafter:
-    return Drafter.load(path, dtype=dtype)
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc}); download it again") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def open_dir(path: str | Path, what: str) -> Path:
+    """A directory that exists, is not empty and has a config.json (else a one-line error)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such directory")
+    entries = [p for p in path.iterdir() if not p.name.startswith(".")]
+    if not entries:
+        raise CheckpointError(f"{path}: empty directory; expected a {what} (config.json + *.safetensors)")
+    if not (path / "config.json").exists():
+        pickled = [p.name for p in entries if p.suffix in integrity.PICKLED_SUFFIXES]
+        hint = f" (found only {pickled[0]}: pickled weights are never loaded)" if pickled else ""
+        raise CheckpointError(f"{path}: no config.json{hint}; is this a {what} directory?")
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# Drafters
+# ---------------------------------------------------------------------------------------
+
+
+def is_drafter(path: str | Path) -> bool:
+    """Whether a directory's config.json describes a drafter (of any family) rather than a model."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.exists():
+        return False
+    cfg = read_json(cfg_path)
+    archs = " ".join(str(a) for a in cfg.get("architectures") or []).lower()
+    return bool({"dflash_config", "dflash2_config", "speculators_config", "speculators_model_type"} & set(cfg)
+                or "dflash" in archs or "dspark" in archs)
+
+
+@dataclass
+class DrafterSpec:
+    """A drafter as read from disk (configs + safetensors headers; no tensor loaded)."""
+
+    path: Path
+    format: str
+    config: DrafterConfig
+    raw_config: dict
+    norm: formats.Normalised
+    weights: integrity.WeightSet
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def weights_present(self) -> bool:
+        return self.weights.present
+
+    @property
+    def published_layer_ids(self) -> list[int]:
+        return self.norm.published_layer_ids
+
+    @property
+    def defaulted(self) -> list[str]:
+        return self.norm.defaulted
+
+    def drafter_tensors(self) -> dict[str, integrity.TensorInfo]:
+        """Header info under z-lab names (tensors that are not the drafter's left out)."""
+        out = {}
+        for name, info in self.weights.tensors.items():
+            new = self.norm.rename(name)
+            if new is not None:
+                out[new] = info
+        return out
+
+    @property
+    def num_parameters(self) -> int:
+        if self.weights.present:
+            return sum(t.numel for n, t in self.drafter_tensors().items() if n != "d2t")
+        shapes = formats.expected_shapes(self.config)
+        return sum(_numel(s) for n, s in shapes.items() if n != "d2t")
+
+    @property
+    def dtype(self) -> str:
+        """The stored floating dtype (the config's when weights are absent)."""
+        counts: dict[str, int] = {}
+        for t in self.drafter_tensors().values():
+            if t.dtype in integrity.FLOAT_DTYPES:
+                counts[t.dtype] = counts.get(t.dtype, 0) + t.numel
+        if not counts:
+            return self.config.dtype
+        return integrity.TORCH_NAMES[max(counts, key=counts.get)]
+
+    def to_dict(self) -> dict:
+        c = self.config
+        return {
+            "path": str(self.path), "kind": "drafter", "format": self.format,
+            "architecture": (self.raw_config.get("architectures") or ["?"])[0],
+            "block_size": c.block_size, "mask_token_id": c.mask_token_id,
+            "target_layer_ids": {"zlab": list(c.target_layer_ids),
+                                 "output_hidden_states": [i + 1 for i in c.target_layer_ids],
+                                 "published": self.published_layer_ids,
+                                 "published_convention": self.norm.layer_convention},
+            "num_target_layers": c.num_target_layers,
+            "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
+            "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads, "head_dim": c.head_dim,
+            "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size,
+            "layer_types": c.layer_types, "sliding_window": c.sliding_window, "causal": c.causal,
+            "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling,
+            "num_parameters": self.num_parameters, "bytes_on_disk": self.weights.bytes_on_disk,
+            "dtype": self.dtype, "weights_present": self.weights_present,
+            "defaulted": self.defaulted, "notes": self.norm.notes, "warnings": self.warnings,
+        }
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def read_drafter(path: str | Path, require_weights: bool = True) -> DrafterSpec:
+    """Read a drafter in any supported format from configs and safetensors headers.
+
+    ``require_weights=False`` accepts a config-only directory (planning, ``--dry-run``).
+    """
+    path = open_dir(path, "DFlash drafter")
+    raw = read_json(path / "config.json")
+    ws = integrity.scan(path, require=require_weights, what="drafter")
+    names = list(ws.tensors)
+    norm = formats.normalise(raw, names, path)
+    formats.check_quantized(ws.tensors, raw, path)
+    try:
+        config = DrafterConfig.from_zlab(norm.zlab)
+    except (ValueError, KeyError, TypeError) as exc:
+        first = str(exc).splitlines()
+        detail = " ".join(first[:3]) if first else type(exc).__name__
+        raise CheckpointError(f"{path / 'config.json'}: invalid drafter config: {detail}") from exc
+    spec = DrafterSpec(path, norm.format, config, raw, norm, ws, warnings=list(ws.warnings))
+    if norm.defaulted:
+        spec.warnings.append(f"drafter config.json omits {', '.join(norm.defaulted)}; using the "
+                             f"{raw.get('model_type') or 'qwen3'} defaults")
+    if ws.present:
+        _check_tensors(spec)
+    return spec
+
+
+def _check_tensors(spec: DrafterSpec) -> None:
+    expected = formats.expected_shapes(spec.config)
+    got = spec.drafter_tensors()
+    where = spec.path
+    if spec.config.draft_vocab_size and not {"lm_head.weight", "d2t"} <= set(got):
+        raise CheckpointError(f"{where}: reduced draft vocabulary ({spec.config.draft_vocab_size}) but no "
+                              "lm_head.weight/d2t in the weights; the drafter's own head is missing (replacing "
+                              "it with the target's destroys acceptance): download the complete drafter")
+    missing = sorted(set(expected) - set(got))
+    if missing:
+        raise CheckpointError(f"{where}: drafter weights lack {missing[0]} ({len(missing)} missing); "
+                              "incomplete download, or config.json does not describe these weights")
+    unexpected = sorted(set(got) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{where}: unexpected drafter tensor {unexpected[0]} ({len(unexpected)} in all) "
+                              f"for a {spec.format} drafter; config.json does not describe these weights")
+    for name, shape in expected.items():
+        info = got[name]
+        if info.shape != shape:
+            c = spec.config
+            raise CheckpointError(
+                f"{where / info.file}: tensor {name} has shape {list(info.shape)}, config.json implies "
+                f"{list(shape)} (hidden_size {c.hidden_size}, heads {c.num_attention_heads}x{c.head_dim}, "
+                f"kv {c.num_key_value_heads}, {len(c.target_layer_ids)} target layers)")
+    if spec.config.draft_vocab_size and got["d2t"].dtype not in ("I64", "I32"):
+        raise CheckpointError(f"{where}: d2t must hold integers, found {got['d2t'].dtype}")
+    t2d = spec.weights.tensors.get(spec.norm.prefix + "t2d")
+    if t2d is not None and t2d.shape != (spec.config.vocab_size,):
+        raise CheckpointError(f"{where}: t2d has shape {list(t2d.shape)}, expected [{spec.config.vocab_size}] "
+                              "(one entry per target token)")
+    floats = {t.dtype for n, t in got.items() if n != "d2t"}
+    if len(floats) > 1:
+        spec.warnings.append(f"drafter weights mix dtypes {sorted(floats)}")
+    stored = spec.dtype
+    if spec.config.dtype and stored != spec.config.dtype:
+        spec.warnings.append(f"drafter config says {spec.config.dtype}, weights are stored as {stored}")
+
+
+def _absolute_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, spec: DrafterSpec) -> torch.Tensor:
+    """Draft id -> absolute target id (speculators stores offsets; validated against t2d)."""
+    vocab = spec.config.vocab_size
+    d2t = d2t.long()
+    candidates = [d2t + torch.arange(len(d2t)), d2t] if spec.norm.d2t_offsets else [d2t]
+    for absolute in candidates:
+        ok = bool(((absolute >= 0) & (absolute < vocab)).all()) and len(set(absolute.tolist())) == len(absolute)
+        if ok and t2d is not None:
+            ok = torch.equal(torch.nonzero(t2d.bool()).flatten(), torch.sort(absolute).values)
+        if ok:
+            if spec.norm.d2t_offsets and absolute is d2t:
+                spec.warnings.append("d2t holds absolute ids, not speculators offsets (checked against t2d)")
+            return absolute
+    raise CheckpointError(f"{spec.path}: d2t does not map the draft vocabulary into the target's "
+                          f"{vocab} ids consistently" + (" with t2d" if t2d is not None else "")
+                          + "; the vocabulary maps are corrupt")
+
+
+def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:
+    """The drafter's tensors under z-lab names, vocabulary map normalised (absolute d2t)."""
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    t2d = None
+    for f in spec.weights.files:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for name in h.keys():
+                    new = spec.norm.rename(name)
+                    if new is not None:
+                        state[new] = h.get_tensor(name)
+                    elif name == spec.norm.prefix + "t2d":
+                        t2d = h.get_tensor(name)
+        except (OSError, RuntimeError, ValueError) as exc:  # safetensors' own errors on corrupt data
+            raise CheckpointError(f"{f}: cannot read tensors: {str(exc).splitlines()[0]}") from exc
+    if spec.config.draft_vocab_size:
+        state["d2t"] = _absolute_d2t(state["d2t"], t2d, spec)
+    return state
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype | None = None) -> Drafter:
+    """Load a drafter of any supported format (speculators, ModelOpt, z-lab) for the runtime."""
+    spec = read_drafter(path)
+    return Drafter.from_state(spec.config, load_state(spec), dtype=dtype)
+
+
+def write_zlab(drafter_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write the drafter in z-lab form (config.json + model.safetensors), atomically.
+
+    Keeps the stored dtype. The result is what TensorRT-LLM's DFlash loader reads: no
+    tensor prefix, ``fc``/``hidden_norm``, z-lab layer ids, block size at the top level.
+    """
+    spec = read_drafter(drafter_dir)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{out}: exists and is not empty; choose another output directory")
+    drafter = Drafter.from_state(spec.config, load_state(spec), dtype=TORCH_DTYPES.get(spec.dtype))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        drafter.save(tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
 
 
 def check_pair_runtime(target_model, drafter: Drafter, where: str = "drafter") -> None:
@@ -66,88 +350,13 @@ def check_pair_runtime(target_model, drafter: Drafter, where: str = "drafter") -
         )
 
 
-# --- minimal stand-ins; the ingest branch replaces these ---
-# z-lab format only, config-level checks; exactly the names/semantics agreed in HELPER_COMMON.md.
+from dflash_trt.compat import (  # noqa: E402  (re-exported: the agreed checkpoint API)
+    PairReport, TargetSpec, read_target, target_quantization, validate_pair,
+)
+from dflash_trt.integrity import sha256_files  # noqa: E402
 
-
-class DrafterSpec:
-    def __init__(self, config, format: str, path: Path):
-        self.config, self.format, self.path = config, format, path
-
-
-class PairReport:
-    def __init__(self, warnings: list[str]):
-        self.warnings = warnings
-
-
-def _json(path: Path) -> dict:
-    import json
-
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path.parent}: no {path.name}") from None
-
-
-def read_drafter(path: Path) -> DrafterSpec:
-    from dflash_trt.model import DrafterConfig
-
-    cfg = _json(Path(path) / "config.json")
-    if "DFlashDraftModel" not in (cfg.get("architectures") or []):
-        raise CheckpointError(f"{path}: not a z-lab DFlash drafter (architectures {cfg.get('architectures')})")
-    return DrafterSpec(DrafterConfig.from_zlab(cfg), "zlab", Path(path))
-
-
-def write_zlab(drafter_dir: Path, out_dir: Path) -> None:
-    import shutil
-
-    read_drafter(drafter_dir)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for f in Path(drafter_dir).iterdir():
-        if f.is_file() and (f.suffix in (".safetensors", ".json") or f.name.endswith(".index.json")):
-            shutil.copy2(f, out_dir / f.name)
-
-
-def validate_pair(target_dir: Path, drafter_dir: Path) -> PairReport:
-    t = _json(Path(target_dir) / "config.json")
-    t = t.get("text_config", t)
-    d = _json(Path(drafter_dir) / "config.json")
-    dcfg = d.get("dflash_config") or {}
-    if d.get("hidden_size") != t.get("hidden_size"):
-        raise CompatibilityError(f"drafter hidden_size {d.get('hidden_size')} != target hidden_size {t.get('hidden_size')}")
-    ids = dcfg.get("target_layer_ids") or d.get("target_layer_ids") or []
-    bad = [i for i in ids if not 0 <= i < t["num_hidden_layers"]]
-    if bad:
-        raise CompatibilityError(f"target_layer_ids {bad} out of range for a {t['num_hidden_layers']}-layer target")
-    mask = dcfg.get("mask_token_id", d.get("mask_token_id"))
-    if mask is not None and mask >= t["vocab_size"]:
-        raise CompatibilityError(f"mask_token_id {mask} has no row in the target's {t['vocab_size']}-row embedding")
-    return PairReport([])
-
-
-def sha256_files(directory: Path) -> dict[str, str]:
-    import hashlib
-
-    out = {}
-    for f in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        out[str(f.relative_to(directory))] = h.hexdigest()
-    return out
-
-
-def target_quantization(target_dir: Path) -> dict | None:
-    import json
-
-    hf = Path(target_dir) / "hf_quant_config.json"
-    if hf.exists():
-        q = json.loads(hf.read_text()).get("quantization") or {}
-        return q or None
-    cfg = Path(target_dir) / "config.json"
-    if cfg.exists():
-        q = json.loads(cfg.read_text()).get("quantization_config")
-        return q or None
-    return None
+__all__ = [
+    "EMBEDDED_PREFIX", "DrafterSpec", "PairReport", "TargetSpec", "check_pair_runtime", "embedded_dir", "is_drafter",
+    "load_drafter", "read_drafter", "read_target", "resolve", "sha256_files", "target_quantization",
+    "validate_pair", "write_zlab",
+]

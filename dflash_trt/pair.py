@@ -73,11 +73,16 @@ def stop_ids(model, tokenizer) -> list[int]:
 
 def load_pair(target: str | Path, drafter: str | Path | None, *, dtype: str = "auto",
               device: str = "cpu") -> Pair:
-    """Load a target directory and (optionally) a z-lab drafter directory."""
+    """Load a target and (optionally) a drafter in any supported format, validated as a pair first."""
     from dflash_trt import checkpoint
 
     tdir = checkpoint.resolve(str(target), role="target")
     ddir = checkpoint.resolve(str(drafter), role="drafter") if drafter is not None else None
+    # Configs + safetensors headers only: a mismatched or corrupt pair fails here, before any load.
+    if ddir is not None:
+        checkpoint.validate_pair(tdir, ddir)
+    else:
+        checkpoint.read_target(tdir)
     torch_dtype = parse_dtype(dtype, device)
     model = load_target(tdir, dtype=torch_dtype, device=device)
     tokenizer = load_tokenizer(tdir)

@@ -1,0 +1,330 @@
+"""Published DFlash drafter formats, recognised from their config and tensor names.
+
+Every supported format normalises to one z-lab-style config dict (read by
+``DrafterConfig.from_zlab``) plus a tensor-name map onto the z-lab names ``Drafter`` uses.
+
+| format      | recognised by                                   | differences from z-lab                          |
+|-------------|--------------------------------------------------|-------------------------------------------------|
+| zlab-v1     | ``dflash_config``, top-level ``block_size``      | none (the reference form)                       |
+| zlab        | ``block_size`` inside ``dflash_config``          | ``layer_types``/SWA/``causal`` flags            |
+| modelopt    | z-lab config + ``hf_quant_config.json`` /        | tensors may carry a ``model.`` or               |
+|             | modelopt ``quantization_config`` / name prefix   | ``dflash_module.`` prefix; ``use_swa`` = all    |
+| speculators | ``speculators_model_type: dflash``               | decoder config nested in                        |
+|             |                                                  | ``transformer_layer_config``; layer ids are     |
+|             |                                                  | ``output_hidden_states`` indices (z-lab id + 1);|
+|             |                                                  | reduced vocab: own ``lm_head`` + ``d2t`` offsets|
+
+speculators (vllm-project/speculators, ``train/vocab_mapping.py``): ``d2t[i]`` is an
+*offset*, target id = ``i + d2t[i]``; ``t2d`` is a boolean mask over the target
+vocabulary with exactly ``draft_vocab_size`` set entries, the draft ids being the set
+target ids in increasing order. ``Drafter.d2t`` holds *absolute* target ids, so the
+offsets are added here. Its converter from z-lab writes ``aux_hidden_state_layer_ids =
+target_layer_ids + 1`` and vLLM maps back with ``- 1``: the shift is undone here.
+
+Refused: DSpark (Markov/confidence heads: not DFlash), DFlash2 (conv + candidate
+selector: not yet supported by the reference runtime), Domino correction heads, drafters
+with attention sinks or quantized weights, and anything without DFlash markers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_trt.errors import CheckpointError
+from dflash_trt.integrity import FLOAT_DTYPES, TensorInfo
+
+# Tensors some exports carry that DFlash takes from the target (or recomputes): dropped.
+TARGET_OWNED = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
+STRIPPABLE_PREFIXES = ("dflash_module.", "model.", "draft_model.")
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
+
+
+@dataclass
+class Normalised:
+    """How one published drafter maps onto the z-lab form."""
+
+    format: str
+    zlab: dict                       # config.json in z-lab form (input of DrafterConfig.from_zlab)
+    published_layer_ids: list[int]   # as written in the checkpoint
+    layer_convention: str            # "zlab" (decoder layer i) or "output_hidden_states" (i + 1)
+    prefix: str = ""                 # stripped from every tensor name
+    d2t_offsets: bool = False        # speculators: d2t holds offsets, not absolute ids
+    defaulted: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def rename(self, name: str) -> str | None:
+        """The z-lab name of a published tensor, or None when it is not the drafter's."""
+        if self.prefix:
+            if not name.startswith(self.prefix):
+                return None
+            name = name[len(self.prefix):]
+        if name in TARGET_OWNED or name.startswith("rotary_emb.") or name == "t2d":
+            return None
+        if name == "lm_head.weight" and not self.zlab["dflash_config"].get("draft_vocab_size"):
+            return None
+        return name
+
+
+def _dcfg(cfg: dict) -> dict:
+    d = cfg.get("dflash_config")
+    return d if isinstance(d, dict) else {}
+
+
+def _base(name: str) -> str:
+    for p in STRIPPABLE_PREFIXES:
+        if name.startswith(p):
+            return name[len(p):]
+    return name
+
+
+def _refuse_other_families(cfg: dict, names: list[str], where: str) -> None:
+    d = _dcfg(cfg)
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    spec_type = str(cfg.get("speculators_model_type") or "")
+    projector = str(d.get("projector_type") or cfg.get("projector_type") or "dflash")
+    if (spec_type == "dspark" or any("dspark" in a.lower() for a in archs) or projector == "dspark"
+            or "markov_rank" in cfg or "markov_rank" in d
+            or any(_base(n).startswith(("markov_", "confidence_head.", "confidence_proj.")) for n in names)):
+        raise CheckpointError(f"{where}: this is a DSpark drafter (Markov/confidence heads), not DFlash; "
+                              "dflash-trt serves DFlash drafters only: use the model's DFlash drafter")
+    if (spec_type == "dflash2" or "DFlash2DraftModel" in archs or "dflash2_config" in cfg
+            or any(k in d for k in ("conv_kernel_size", "selector_rank"))
+            or any(_base(n).startswith("candidate_selector.") or ".attention_conv." in n for n in names)):
+        raise CheckpointError(f"{where}: DFlash2 drafters (dynamic convolutions + candidate selector) are "
+                              "not yet supported by dflash-trt; use a DFlash (v1) drafter for this target")
+    if projector == "domino" or any(_base(n).startswith(("prefix_gru.", "embed_proj.")) for n in names):
+        raise CheckpointError(f"{where}: Domino drafters (DFlash + causal correction head) are not supported; "
+                              "use a plain DFlash drafter")
+    if projector != "dflash":
+        raise CheckpointError(f"{where}: unknown DFlash projector_type {projector!r}; only 'dflash' is supported")
+    if d.get("attention_sink_bias") or cfg.get("attention_sink_bias"):
+        raise CheckpointError(f"{where}: drafters with attention sinks (attention_sink_bias) are not supported")
+    if spec_type and spec_type != "dflash":
+        raise CheckpointError(f"{where}: a speculators {spec_type!r} model is not a DFlash drafter")
+
+
+def detect(cfg: dict, names: list[str], root: Path) -> str:
+    """The format name (see module doc), or a one-line CheckpointError for everything else."""
+    where = str(root / "config.json")
+    _refuse_other_families(cfg, names, where)
+    if cfg.get("speculators_model_type") or "speculators_config" in cfg:
+        return "speculators"
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    if "dflash_config" in cfg or "DFlashDraftModel" in archs:
+        if _is_modelopt(cfg, names, root):
+            return "modelopt"
+        return "zlab" if "block_size" in _dcfg(cfg) or "block_size" not in cfg else "zlab-v1"
+    if cfg.get("auto_map") and (not archs or not all(_known_arch(a) for a in archs)):
+        raise CheckpointError(f"{where}: architecture {archs or '?'} is only defined by custom code in the "
+                              "checkpoint (auto_map), which dflash-trt never runs; this is not a DFlash drafter")
+    if any(a.endswith(CAUSAL_LM_SUFFIXES) for a in archs):
+        raise CheckpointError(f"{where}: {archs[0]} is a language model, not a DFlash drafter "
+                              "(no dflash_config / speculators_config); did you swap --target and --drafter?")
+    raise CheckpointError(f"{where}: unknown drafter format (no dflash_config, speculators_config or "
+                          "DFlashDraftModel architecture); supported: z-lab, speculators, ModelOpt exports")
+
+
+def _known_arch(arch: str) -> bool:
+    import transformers
+
+    return hasattr(transformers, arch)
+
+
+def _is_modelopt(cfg: dict, names: list[str], root: Path) -> bool:
+    q = cfg.get("quantization_config")
+    if (root / "hf_quant_config.json").exists() or (isinstance(q, dict) and q.get("quant_method") == "modelopt"):
+        return True
+    return any(n.startswith(p) and n.endswith("fc.weight") for n in names for p in STRIPPABLE_PREFIXES)
+
+
+def _prefix(names: list[str], where: str) -> str:
+    if not names or "fc.weight" in names:
+        return ""
+    for n in names:
+        if n.endswith(".fc.weight"):
+            return n[: -len("fc.weight")]
+    raise CheckpointError(f"{where}: no fc.weight tensor; these are not DFlash drafter weights")
+
+
+def flatten_rope(cfg: dict) -> tuple[float | None, dict | None]:
+    """(rope_theta, rope_scaling) from either transformers 4 keys or 5's ``rope_parameters``."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and params:
+        params = dict(params)
+        theta = params.pop("rope_theta", cfg.get("rope_theta"))
+        kind = params.get("rope_type", params.get("type", "default"))
+        return (float(theta) if theta is not None else None), (params if kind != "default" else None)
+    theta = cfg.get("rope_theta")
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    return (float(theta) if theta is not None else None), (scaling or None)
+
+
+def _class_defaults(model_type: str) -> dict:
+    """Defaults of the transformers config class the drafter's loaders instantiate."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        c = CONFIG_MAPPING[model_type]()
+    except Exception:  # noqa: BLE001 - unknown or picky config class: no defaults
+        return {}
+    d = {k: getattr(c, k, None) for k in ("head_dim", "rms_norm_eps", "max_position_embeddings",
+                                          "vocab_size", "intermediate_size", "attention_bias")}
+    theta, scaling = flatten_rope(c.to_dict())
+    d.update(rope_theta=theta, rope_scaling=scaling)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _zlab(cfg: dict, names: list[str], root: Path, fmt: str) -> Normalised:
+    where = str(root / "config.json")
+    d = dict(_dcfg(cfg))
+    for key in ("mask_token_id", "target_layer_ids"):
+        if d.get(key, cfg.get(key)) is None:
+            raise CheckpointError(f"{where}: dflash_config.{key} is missing; the drafter cannot be used without it")
+    z = {k: v for k, v in cfg.items() if k not in ("rope_parameters", "auto_map", "quantization_config")}
+    defaulted: list[str] = []
+    notes: list[str] = []
+    theta, scaling = flatten_rope(cfg)
+    z["rope_theta"], z["rope_scaling"] = theta, scaling
+    base = _class_defaults(str(cfg.get("model_type") or "qwen3"))
+    for key in ("head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size",
+                "intermediate_size"):
+        if z.get(key) is None and key in base:
+            z[key] = base[key]
+            defaulted.append(key)
+            if key == "rope_theta" and z.get("rope_scaling") is None:
+                z["rope_scaling"] = base.get("rope_scaling")
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        if z.get(key) is None:
+            raise CheckpointError(f"{where}: {key} is missing")
+    if d.get("block_size") is None and cfg.get("block_size") is None:
+        defaulted.append("block_size")
+    n = int(z["num_hidden_layers"])
+    types = z.get("layer_types")
+    if d.get("use_swa") and (not types or set(types) == {"full_attention"}):
+        # ModelOpt writes use_swa with all-"full" layer_types meaning: every layer slides.
+        z["layer_types"] = ["sliding_attention"] * n
+        z["sliding_window"] = d.get("swa_window_size") or cfg.get("sliding_window")
+        notes.append("use_swa: every draft layer uses a sliding window")
+    z["dflash_config"] = d
+    prefix = _prefix(names, where)
+    if prefix:
+        notes.append(f"tensor prefix {prefix!r} stripped")
+    return Normalised(fmt, z, list(d.get("target_layer_ids") or cfg.get("target_layer_ids")), "zlab",
+                      prefix=prefix, defaulted=defaulted, notes=notes)
+
+
+def _speculators(cfg: dict, names: list[str], root: Path) -> Normalised:
+    from transformers import AutoConfig
+
+    where = str(root / "config.json")
+    tl = cfg.get("transformer_layer_config")
+    if not isinstance(tl, dict):
+        raise CheckpointError(f"{where}: speculators config without transformer_layer_config")
+    for flag in ("sample_from_anchor", "shift_label"):
+        if cfg.get(flag):
+            raise CheckpointError(f"{where}: {flag}=true changes what each block position predicts; "
+                                  "only standard DFlash drafters are supported")
+    model_type = str(tl.get("model_type") or "qwen3")
+    try:
+        full = AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"}).to_dict()
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{where}: transformer_layer_config (model_type {model_type!r}) is not a "
+                              f"transformers config: {str(exc).splitlines()[0]}") from exc
+    aux = cfg.get("aux_hidden_state_layer_ids")
+    if not aux:
+        raise CheckpointError(f"{where}: aux_hidden_state_layer_ids is missing")
+    if min(aux) < 1:
+        raise CheckpointError(f"{where}: aux_hidden_state_layer_ids {aux} include 0 (the embedding output), "
+                              "which the z-lab/TensorRT-LLM convention cannot express")
+    if cfg.get("mask_token_id") is None:
+        raise CheckpointError(f"{where}: mask_token_id is missing")
+    hidden = full["hidden_size"]
+    if cfg.get("target_hidden_size") not in (None, hidden):
+        raise CheckpointError(f"{where}: target_hidden_size {cfg['target_hidden_size']} != drafter hidden_size "
+                              f"{hidden}; cross-size drafters are not supported")
+    vocab = int(full["vocab_size"])
+    draft_vocab = int(cfg.get("draft_vocab_size") or vocab)
+    if not 0 < draft_vocab <= vocab:
+        raise CheckpointError(f"{where}: draft_vocab_size {draft_vocab} outside 1..{vocab} (the vocabulary)")
+    reduced = draft_vocab < vocab
+    theta, scaling = flatten_rope(full)
+    types = full.get("layer_types")
+    sliding = bool(types and "sliding_attention" in types)
+    dflash = {"mask_token_id": cfg["mask_token_id"], "target_layer_ids": [a - 1 for a in aux]}
+    if sliding and cfg.get("sliding_window_non_causal"):
+        dflash["causal"] = False  # sliding layers bidirectional; full layers always are
+    if reduced:
+        dflash["draft_vocab_size"] = int(draft_vocab)
+    z = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "block_size": int(cfg.get("block_size") or 8), "dflash_config": dflash,
+        "hidden_size": hidden, "intermediate_size": full["intermediate_size"],
+        "num_hidden_layers": full["num_hidden_layers"], "num_attention_heads": full["num_attention_heads"],
+        "num_key_value_heads": full.get("num_key_value_heads") or full["num_attention_heads"],
+        "head_dim": full.get("head_dim") or hidden // full["num_attention_heads"],
+        "vocab_size": vocab, "rms_norm_eps": full.get("rms_norm_eps", 1e-6),
+        "rope_theta": theta, "rope_scaling": scaling,
+        "max_position_embeddings": full.get("max_position_embeddings", 40960),
+        "attention_bias": bool(full.get("attention_bias", False)),
+        "layer_types": types, "sliding_window": full.get("sliding_window") if sliding else None,
+        "dtype": full.get("dtype") or full.get("torch_dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
+        or "bfloat16",
+    }
+    notes = [f"aux_hidden_state_layer_ids {aux} (output_hidden_states indices) -> z-lab ids "
+             f"{dflash['target_layer_ids']}"]
+    if reduced:
+        notes.append(f"reduced draft vocabulary {draft_vocab}/{vocab}: the drafter keeps its own lm_head and d2t")
+    verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
+    if verifier.get("name_or_path"):
+        notes.append(f"trained against {verifier['name_or_path']}")
+    return Normalised("speculators", z, list(aux), "output_hidden_states", prefix=_prefix(names, where),
+                      d2t_offsets=True, notes=notes)
+
+
+def normalise(cfg: dict, names: list[str], root: Path) -> Normalised:
+    fmt = detect(cfg, names, root)
+    if fmt == "speculators":
+        return _speculators(cfg, names, root)
+    return _zlab(cfg, names, root, fmt)
+
+
+def check_quantized(tensors: dict[str, TensorInfo], cfg: dict, root: Path) -> None:
+    """Refuse drafters stored in FP8/NVFP4 (the runtime and TensorRT-LLM expect BF16 drafters)."""
+    quant = [n for n, t in tensors.items() if t.dtype not in FLOAT_DTYPES and n.split(".")[-1] not in ("d2t", "t2d")]
+    algo = None
+    qpath = root / "hf_quant_config.json"
+    if qpath.exists():
+        try:
+            algo = (json.loads(qpath.read_text()).get("quantization") or {}).get("quant_algo")
+        except ValueError:
+            algo = "unreadable"
+    if quant or algo:
+        what = algo or tensors[quant[0]].dtype
+        raise CheckpointError(f"{root}: quantized drafter ({what}); DFlash drafters must stay BF16: use the "
+                              "unquantized drafter (quantize the target instead)")
+
+
+def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of a z-lab drafter with DrafterConfig ``cfg`` (what Drafter holds)."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    out = {"fc.weight": (h, len(cfg.target_layer_ids) * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
+    for n in range(cfg.num_hidden_layers):
+        p = f"layers.{n}."
+        out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                    p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
+                    p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                    p + "mlp.down_proj.weight": (h, i),
+                    p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if cfg.attention_bias:
+            out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                        p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (h,)})
+    if cfg.draft_vocab_size:
+        out["lm_head.weight"] = (cfg.draft_vocab_size, h)
+        out["d2t"] = (cfg.draft_vocab_size,)
+    return out

@@ -1,0 +1,86 @@
+"""Hugging Face Hub references (``org/name[@revision]``) to local snapshot directories.
+
+Only what dflash-trt reads is fetched: configs, tokenizer files and safetensors weights.
+Pickled weights (``.bin``, ``.pt``) and Python files are never downloaded, so nothing from
+a checkpoint can execute. The cache, ``HF_TOKEN`` and ``HF_HUB_OFFLINE`` are
+huggingface_hub's own; the environment is read at call time, not at import.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from dflash_trt.errors import CheckpointError
+
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+IGNORE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.py", "*.pyc", "*.msgpack", "*.h5",
+                   "*.gguf", "*.onnx", "*.tflite", "*.ot"]
+
+_HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))?$")
+
+
+def parse_hub_id(ref: str) -> tuple[str, str | None] | None:
+    """``(repo_id, revision)`` if ``ref`` reads as a hub id, else None."""
+    if ref.startswith(("/", ".", "~")):
+        return None
+    m = _HUB_ID.match(ref)
+    if m is None:
+        return None
+    return m.group("repo"), m.group("rev")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _cache_dir() -> str | None:
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return str(Path(os.environ["HF_HOME"]) / "hub")
+    return None
+
+
+def download(repo_id: str, revision: str | None, role: str) -> Path:
+    """The local snapshot of ``repo_id`` (from the cache, downloading what is missing)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub import errors as hf_errors
+
+    ref = f"{repo_id}@{revision}" if revision else repo_id
+    try:
+        path = snapshot_download(
+            repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=_offline(),
+            allow_patterns=ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS,
+        )
+    except hf_errors.LocalEntryNotFoundError as exc:
+        why = "HF_HUB_OFFLINE is set" if _offline() else "the hub is unreachable"
+        raise CheckpointError(
+            f"{role} {ref!r}: not in the local Hugging Face cache and {why}; download it once with network "
+            "access (or unset HF_HUB_OFFLINE), or pass a local directory"
+        ) from exc
+    except hf_errors.GatedRepoError as exc:
+        raise CheckpointError(
+            f"{role} {ref!r}: gated repository; accept its license on huggingface.co and set HF_TOKEN"
+        ) from exc
+    except hf_errors.RevisionNotFoundError as exc:
+        raise CheckpointError(f"{role} {ref!r}: revision {revision!r} does not exist on the hub") from exc
+    except hf_errors.RepositoryNotFoundError as exc:
+        raise CheckpointError(
+            f"{role} {ref!r}: no such repository on the Hugging Face Hub (if it is private, set HF_TOKEN)"
+        ) from exc
+    except hf_errors.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise CheckpointError(f"{role} {ref!r}: access denied (HTTP {status}); check HF_TOKEN") from exc
+        raise CheckpointError(f"{role} {ref!r}: hub error: {str(exc).splitlines()[0]}") from exc
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{role} {ref!r}: cannot fetch from the hub ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "set HF_HUB_OFFLINE=1 to use the cache only"
+        ) from exc
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise CheckpointError(f"{role} {ref!r}: the snapshot has no config.json; is this a model repository?")
+    return path

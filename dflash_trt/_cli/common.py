@@ -12,7 +12,7 @@ from rich.console import Console
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name[@rev]).")]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name\\[@rev]).")]
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
 KernelsOpt = Annotated[str, typer.Option("--kernels", help="DFlash op implementations: reference (PyTorch) or triton (needs a GPU, or TRITON_INTERPRET=1).")]

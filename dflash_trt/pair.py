@@ -87,3 +87,15 @@ def load_pair(target: str | Path, drafter: str | Path | None, *, dtype: str = "a
         checkpoint.check_pair_runtime(model, d, where=str(ddir))
     layer_ids = d.cfg.target_layer_ids if d is not None else None
     return Pair(Target(model, layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=tdir.name)
+
+
+# --- minimal stand-in; the build branch replaces this ---
+def load_bundle(path: str | Path, dtype: str = "auto", device: str = "cpu") -> Pair:
+    """Load a built bundle (``OUT/target`` + ``OUT/drafter``) for the reference runtime."""
+    root = Path(path)
+    if not (root / "target").is_dir() or not (root / "drafter").is_dir():
+        raise CheckpointError(f"{root}: not a dflash-trt bundle (needs target/ and drafter/; build one with "
+                              "'dflash-trt build -o DIR')")
+    pair = load_pair(root / "target", root / "drafter", dtype=dtype, device=device)
+    pair.name = root.name
+    return pair

@@ -16,6 +16,7 @@ keeps accepting, streaming and rejecting requests while a batch runs.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections import deque
@@ -90,7 +91,7 @@ class Batcher:
     """Bounded FIFO of jobs and the worker thread that runs them in batches."""
 
     def __init__(self, pair: Pair, *, max_batch: int = 8, max_queue: int = 64, block_size: int | None = None,
-                 batch_window_s: float = 0.005, metrics=None):
+                 batch_window_s: float = 0.005, metrics=None, torch_threads: int | None = None):
         if max_batch < 1 or max_queue < 0:
             raise ValueError("max_batch must be >= 1 and max_queue >= 0")
         self.pair = pair
@@ -98,6 +99,9 @@ class Batcher:
         self.block_size = block_size or (pair.drafter.cfg.block_size if pair.drafter is not None else 1)
         self.batch_window_s = batch_window_s
         self.metrics = metrics
+        # torch threads for the worker: one core is left to the event loop (streaming,
+        # admission). Two OpenMP pools competing for every core made batches 50x slower.
+        self.torch_threads = torch_threads or max(1, (os.cpu_count() or 2) - 1)
         self._pending: deque[Job] = deque()
         self._running: list[Job] = []
         self._cond = threading.Condition()
@@ -110,6 +114,13 @@ class Batcher:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="dflash-batcher", daemon=True)
             self._thread.start()
+
+    def close(self) -> None:
+        """Stop taking jobs (submit raises Draining); queued and running jobs still finish."""
+        with self._cond:
+            self._stopping = True
+            self._paused = False
+            self._cond.notify_all()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop taking jobs, finish every queued and running one, then end the worker."""
@@ -176,6 +187,9 @@ class Batcher:
         return batch
 
     def _loop(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.torch_threads)  # per thread: the worker's own pool
         while True:
             batch = self._take()
             if batch is None:

@@ -43,7 +43,7 @@ from dflash_trt.serve_protocol import (APIError, ChatRequest, CompletionRequest,
 
 def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int = 8,
                block_size: int | None = None, max_model_len: int | None = None,
-               default_max_tokens: int = 16, batch_window_s: float = 0.005):
+               default_max_tokens: int = 16, batch_window_s: float = 0.005, torch_threads: int | None = None):
     """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan."""
     fastapi = require("fastapi", "serve", "the embedded server")
     from fastapi import Request
@@ -58,7 +58,7 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     B = block_size or (pair.drafter.cfg.block_size if pair.drafter is not None else 1)
     metrics = ServerMetrics(B)
     batcher = Batcher(pair, max_batch=max_batch, max_queue=max_queue, block_size=B, metrics=metrics,
-                      batch_window_s=batch_window_s)
+                      batch_window_s=batch_window_s, torch_threads=torch_threads)
     created = int(time.time())
 
     @asynccontextmanager
@@ -71,6 +71,13 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
 
     app = fastapi.FastAPI(title="dflash-trt embedded server", lifespan=lifespan)
     app.state.batcher, app.state.metrics, app.state.model_name = batcher, metrics, name
+    open_responses = [0]  # requests admitted whose response is not finished yet
+
+    def busy() -> bool:
+        return bool(open_responses[0] or batcher.queue_depth or batcher.running)
+
+    app.state.drain = batcher.close   # stop taking requests (503), keep running what was admitted
+    app.state.busy = busy
 
     def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
               code: str | None = None):
@@ -153,14 +160,34 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
 
     async def respond(request: Request, req, job: Job, chat: bool):
         events = submit(job)
+        open_responses[0] += 1
+        if req.stream:  # the stream's own end (JobStream) closes the count
+            try:
+                return respond_stream(req, job, events, chat)
+            except BaseException:
+                open_responses[0] -= 1
+                raise
+        try:
+            return await respond_full(request, job, events, chat)
+        finally:
+            open_responses[0] -= 1
+
+    def respond_stream(req, job: Job, events: asyncio.Queue, chat: bool):
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
+        body = stream_events(events, job, rid, int(time.time()), chat, include_usage)
+
+        def closed(gone: bool) -> None:
+            open_responses[0] -= 1
+            metrics.request_done(499 if gone else 200)
+
+        return _JobStream(body, job, closed, media_type="text/event-stream",
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def respond_full(request: Request, job: Job, events: asyncio.Queue, chat: bool):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         now = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
-            body = stream_events(events, job, rid, now, chat, include_usage)
-            return _JobStream(body, job, metrics, media_type="text/event-stream",
-                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         while True:  # non-streaming: wait for the end, noticing a client that goes away
             try:
                 kind, payload = await asyncio.wait_for(events.get(), timeout=0.5)
@@ -256,9 +283,9 @@ def _stream_response_class():
     class JobStream(StreamingResponse):
         """A streamed job: whatever ends the response (done, client gone, error) frees the job's slot."""
 
-        def __init__(self, content, job: Job, metrics, **kw):
+        def __init__(self, content, job: Job, closed, **kw):
             super().__init__(content, **kw)
-            self.job, self.metrics = job, metrics
+            self.job, self.closed = job, closed
 
         async def __call__(self, scope, receive, send):
             try:
@@ -266,31 +293,42 @@ def _stream_response_class():
             finally:
                 gone = not self.job.finished or self.job.finish_reason == "cancelled"
                 self.job.cancel()
-                self.metrics.request_done(499 if gone else 200)
+                self.closed(gone)
 
     return JobStream
 
 
-def _JobStream(content, job, metrics, **kw):
-    return _stream_response_class()(content, job, metrics, **kw)
+def _JobStream(content, job, closed, **kw):
+    return _stream_response_class()(content, job, closed, **kw)
 
 
 # ---- running it ----------------------------------------------------------------------------
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
-    """Run uvicorn in this thread until SIGTERM/SIGINT; in-flight requests finish first. Returns 0."""
-    import signal
+    """Run uvicorn in this thread until SIGTERM/SIGINT, then drain and return 0.
 
+    The first signal stops admission (new requests get 503, /health says "draining"), lets
+    every admitted request finish (queued ones included), then shuts uvicorn down; a
+    second signal exits at once.
+    """
     uvicorn = require("uvicorn", "serve", "the embedded server")
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=None))
-    # uvicorn re-raises the signal it caught after its graceful shutdown; with a no-op
-    # handler in place that ends here and the process exits 0 after draining.
-    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.run()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+
+    class DrainingServer(uvicorn.Server):
+        draining = False
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.draining:  # second signal: stop now
+                self.should_exit = self.force_exit = True
+                return
+            self.draining = True
+            getattr(app.state, "drain", lambda: None)()
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.draining and not getattr(app.state, "busy", lambda: False)():
+                return True
+            return await super().on_tick(counter)
+
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    server.run()
     return 0
 
 

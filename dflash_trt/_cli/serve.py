@@ -46,6 +46,8 @@ def serve(
     max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
     block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
                                                       "size (1: autoregressive).")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Embedded server: torch threads for generation "
+                                                   "(default: all cores but one, left to the event loop).")] = None,
     dtype: DtypeOpt = "auto",
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
@@ -81,11 +83,11 @@ def serve(
             exc.exit_code = code if code > 0 else 128 - code  # killed by a signal: 128 + signum
             raise exc
         return
-    serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype)
+    serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads)
 
 
 def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int, max_queue: int,
-                    block_size: int | None, dtype: str) -> int:
+                    block_size: int | None, dtype: str, threads: int | None = None) -> int:
     from dflash_trt import pair as P
     from dflash_trt import server
     from dflash_trt.errors import require
@@ -102,7 +104,7 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
 
         raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
     app = server.create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                            block_size=block_size)
+                            block_size=block_size, torch_threads=threads)
     err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime, "
               f"max batch {max_batch}, queue {max_queue})")
     return server.serve(app, host, port)

@@ -310,3 +310,16 @@ def test_a_model_too_large_for_the_cpu_is_refused(bundle_dir, tmp_path, capsys):
     assert run(["serve", str(big), "--runtime", "reference"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "too large" in err and "trtllm-serve" in err
+
+
+def test_runtime_callbacks_stream_every_commit_and_cancel_rows(pair):
+    prompts = [pair.encode("one"), pair.encode("second prompt")]
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    stop_row_1 = lambda row: row == 1 and len(seen[1]) >= 3  # noqa: E731
+    g = generate(pair.target, pair.drafter, prompts, max_new_tokens=15, stop_token_ids=(),
+                 on_commit=lambda row, new: seen[row].extend(new), should_stop=stop_row_1)
+    assert seen[0] == g.token_ids[0] and seen[1] == g.token_ids[1]
+    assert g.finish_reasons == ["length", "cancelled"]
+    assert len(g.token_ids[0]) == 15 and 3 <= len(g.token_ids[1]) < 15
+    plain = generate(pair.target, pair.drafter, prompts[:1], max_new_tokens=15, stop_token_ids=())
+    assert plain.token_ids[0] == g.token_ids[0]  # the cancelled neighbour changed nothing

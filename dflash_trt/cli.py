@@ -16,7 +16,11 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exc
 
 from dflash_trt import __version__
-from dflash_trt._cli import bench, build, generate, inspect, recipes
+
+# Exception classes that differ between typer's vendored click and click itself.
+_EXIT = tuple({typer.Exit, *(c for c in (getattr(click_exc, "Exit", None),) if c)})
+_ABORT = tuple({typer.Abort, *(c for c in (getattr(click_exc, "Abort", None),) if c)})
+from dflash_trt._cli import bench, build, generate, inspect, recipes, serve
 
 app = typer.Typer(
     name="dflash-trt",
@@ -28,7 +32,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for module in (generate, bench, build, inspect, recipes):
+for module in (build, serve, generate, bench, inspect, recipes):
     module.register(app)
 
 
@@ -43,7 +47,7 @@ def run(argv: list[str] | None = None) -> int:
     from dflash_trt.errors import DFlashError
 
     try:
-        app(args=argv, prog_name="dflash-trt", standalone_mode=False)
+        rv = app(args=argv, prog_name="dflash-trt", standalone_mode=False)
     except DFlashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -53,15 +57,16 @@ def run(argv: list[str] | None = None) -> int:
         cmd = exc.ctx.command_path if exc.ctx else "dflash-trt"
         print(f"error: {exc.format_message()} (see '{cmd} --help')", file=sys.stderr)
         return 2
-    except (click_exc.Exit, typer.Exit) as exc:
+    except _EXIT as exc:
         return exc.exit_code
-    except (click_exc.Abort, typer.Abort):
+    except _ABORT:
         print("aborted", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 0
+    # Without standalone mode, typer.Exit(code) comes back as the return value.
+    return rv if isinstance(rv, int) else 0
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -82,7 +83,7 @@ class Stats:
 @dataclass
 class Generation:
     token_ids: list[list[int]]      # generated tokens per sequence (no prompt)
-    finish_reasons: list[str]       # "stop" or "length"
+    finish_reasons: list[str]       # "stop", "length" or "cancelled"
     stats: Stats
 
 
@@ -123,8 +124,16 @@ def generate(
     sampling: SamplingParams = SamplingParams(),
     block_size: int | None = None,
     stop_token_ids: list[int] | tuple[int, ...] = (),
+    on_commit: Callable[[int, list[int]], None] | None = None,
+    should_stop: Callable[[int], bool] | None = None,
 ) -> Generation:
-    """Generate for a batch of tokenized prompts; block_size 1 (or no drafter) is autoregressive."""
+    """Generate for a batch of tokenized prompts; block_size 1 (or no drafter) is autoregressive.
+
+    ``on_commit(row, new_token_ids)`` is called after every commit with the prompt's index
+    in ``prompts`` (for streaming). ``should_stop(row)`` is asked after every commit; when
+    it says yes the row finishes as ``"cancelled"`` and leaves the batch (a client that
+    went away frees its slot).
+    """
     B = block_size or (drafter.cfg.block_size if drafter is not None else 1)
     if B < 1:
         raise DFlashError(f"block size must be >= 1, got {B}")
@@ -172,10 +181,15 @@ def generate(
     for r, i in enumerate(live):
         tok = int(last[r])
         outputs[i].append(tok)
+        if on_commit is not None:
+            on_commit(i, [tok])
         if tok in stops:
             reasons[i] = "stop"
             done.append(r)
         elif max_new_tokens == 1:
+            done.append(r)
+        elif should_stop is not None and should_stop(i):
+            reasons[i] = "cancelled"
             done.append(r)
     stats.prefill_seconds = time.perf_counter() - start
 
@@ -246,7 +260,12 @@ def generate(
             outputs[i].extend(produced)
             stats.rounds += 1
             stats.committed += len(produced)
+            if on_commit is not None:
+                on_commit(i, produced)
             if reasons[i] == "stop" or len(outputs[i]) >= max_new_tokens:
+                done.append(r)
+            elif should_stop is not None and should_stop(i):
+                reasons[i] = "cancelled"
                 done.append(r)
         n_new = acc + 1
         col_valid = torch.cat([col_valid, offsets[None] < n_new[:, None]], dim=1)

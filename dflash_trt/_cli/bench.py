@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -17,17 +18,42 @@ def bench(
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     prompts: Annotated[Optional[str], typer.Option("--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Tokens per prompt at most.")] = 128,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "--max-tokens", "-n", min=1, help="Tokens per prompt at most.")] = 128,
     block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=2, help="Draft block size B (default: the drafter's).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",
     as_json: JsonOpt = False,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Benchmark this OpenAI-compatible server "
+                                                    "(URL) instead of running models in-process.")] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="With --endpoint: a second server to compare "
+                                                    "against (e.g. the same target without drafting).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="With --endpoint: model id to request "
+                                                 "(default: the server's first).")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="With --endpoint: comma-separated "
+                                             "concurrency levels.")] = "1,4,16,32",
+    requests: Annotated[Optional[int], typer.Option("--requests", min=1, help="With --endpoint: requests per level "
+                                                    "(default: max(prompts, 2 x concurrency)).")] = None,
+    temperature: Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")] = 0.0,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
+                                             "max tokens (vLLM/TRT-LLM/dflash extension).")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="With --endpoint: write tokens/s (and speedup) "
+                                                 "against concurrency to this PNG.")] = None,
 ) -> None:
-    """Measure τ, per-position acceptance and speedup over autoregressive decoding, and check losslessness."""
+    """Measure τ, per-position acceptance and speedup over autoregressive decoding, and check losslessness.
+
+    With --endpoint URL: drive any OpenAI-compatible server (trtllm-serve, vLLM, SGLang, 'dflash-trt serve')
+    and report per concurrency output tokens/s, tokens/s per user, TTFT, ITL and τ when the server reports it.
+    """
     from dflash_trt import bench as b
     from dflash_trt.errors import DFlashError
 
+    if endpoint is not None:
+        bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_new_tokens, temperature,
+                       chat, ignore_eos, plot, as_json)
+        return
+    if baseline is not None or plot is not None:
+        raise DFlashError("--baseline and --plot go with --endpoint URL")
     if prompts is None:
         raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
     texts = b.read_prompts(prompts)
@@ -60,6 +86,66 @@ def show(r: dict) -> None:
     out.print(f"step: draft {s['draft_ms']:.2f} ms + verify {s['verify_ms']:.2f} ms "
               f"= {s['step_cost_ratio']:.2f}x one target forward on the block "
               f"(autoregressive forward {s['autoregressive_forward_ms']:.2f} ms)")
+
+
+def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
+                   ignore_eos, plot, as_json) -> None:
+    from dflash_trt import bench as b
+    from dflash_trt import loadgen
+    from dflash_trt.errors import DFlashError
+
+    try:
+        levels = [int(x) for x in concurrency.split(",") if x.strip()]
+    except ValueError:
+        raise DFlashError(f"--concurrency {concurrency!r}: expected comma-separated integers, e.g. 1,4,16,32") from None
+    texts = b.read_prompts(prompts) if prompts else None
+    with err.status("benchmarking") as status:
+        report = loadgen.run(endpoint, model=model, baseline=baseline, prompts=texts, concurrency=levels,
+                             requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,
+                             ignore_eos=ignore_eos,
+                             progress=lambda url, c: status.update(f"benchmarking: {url} concurrency {c} done"))
+    if plot is not None:
+        loadgen.plot(report, plot)
+        report["plot"] = str(plot)
+    if as_json:
+        print_json(report)
+        return
+    show_endpoint(report)
+
+
+def _fmt(x, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def show_endpoint(r: dict) -> None:
+    speed = {row["concurrency"]: row["speedup"] for row in r.get("comparison", {}).get("speedup", [])}
+    for key in ("endpoint", "baseline"):
+        if key not in r:
+            continue
+        e = r[key]
+        t = Table(title=f"{key}: {e['url']} ({e['model']}), max {r['max_tokens']} tokens, T={r['temperature']}")
+        for col in ("concurrency", "ok/total", "tok/s", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms",
+                    "ITL p50 ms", "ITL p99 ms", "τ"):
+            t.add_column(col, justify="right")
+        if key == "endpoint" and speed:
+            t.add_column("speedup", justify="right")
+        for lv in e["levels"]:
+            row = [str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", _fmt(lv["output_tokens_per_second"]),
+                   _fmt(lv["tokens_per_second_per_user"]), _fmt(lv["ttft_ms"]["median"]), _fmt(lv["ttft_ms"]["p99"]),
+                   _fmt(lv["itl_ms"]["median"]), _fmt(lv["itl_ms"]["p99"]), _fmt(lv["acceptance_length"], ".2f")]
+            if key == "endpoint" and speed:
+                row.append(_fmt(speed.get(lv["concurrency"]), ".2f") + "x")
+            t.add_row(*row)
+        out.print(t)
+        for lv in e["levels"]:
+            for msg in lv["errors"]:
+                err.print(f"[yellow]concurrency {lv['concurrency']}: {msg}[/yellow]", markup=True)
+    if "comparison" in r:
+        stop = r["comparison"]["stops_paying_at"]
+        out.print("drafting pays at every concurrency measured" if stop is None
+                  else f"drafting stops paying at concurrency {stop} (speedup < 1)")
+    if r.get("plot"):
+        out.print(f"plot: {r['plot']}")
 
 
 def register(app: typer.Typer) -> None:

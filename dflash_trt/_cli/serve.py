@@ -1,0 +1,114 @@
+"""dflash-trt serve: trtllm-serve where TensorRT-LLM is installed, else the embedded server; or
+write a multi-node launch file (--emit slurm|k8s)."""
+
+from __future__ import annotations
+
+import shlex
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dflash_trt._cli.common import DtypeOpt, err, out
+
+
+class Runtime(str, Enum):
+    auto = "auto"
+    trtllm = "trtllm"
+    reference = "reference"
+
+
+class Emit(str, Enum):
+    slurm = "slurm"
+    k8s = "k8s"
+
+
+def serve(
+    bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
+    runtime: Annotated[Runtime, typer.Option(help="auto: trtllm-serve when it is on PATH, else the embedded "
+                                             "server on the reference runtime.")] = Runtime.auto,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the trtllm-serve command and exit.")] = False,
+    emit: Annotated[Optional[Emit], typer.Option(help="Write a multi-node launch file instead of serving.")] = None,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes for --emit.")] = 1,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", min=1, help="GPUs per node for --emit "
+                                                         "(default: the manifest's, else 8).")] = None,
+    image: Annotated[Optional[str], typer.Option(help="Container image for --emit (default: TensorRT-LLM's "
+                                                 "release image).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File --emit writes (default: "
+                                                   "NAME.slurm.sh / NAME.lws.yaml here).")] = None,
+    pvc: Annotated[str, typer.Option(help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")] = "dflash-bundles",
+    model_name: Annotated[Optional[str], typer.Option("--model-name", help="Model id clients send "
+                                                      "(default: the bundle's name).")] = None,
+    max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Embedded server: requests per runtime batch.")] = 8,
+    max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
+                                                      "size (1: autoregressive).")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Embedded server: torch threads for generation "
+                                                   "(default: all cores but one, left to the event loop).")] = None,
+    dtype: DtypeOpt = "auto",
+) -> None:
+    """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    from dflash_trt import launch
+    from dflash_trt.errors import DFlashError
+
+    b = launch.read_bundle(bundle)
+    if emit is not None:
+        path = launch.emit(b, emit.value, nodes, output, gpus_per_node=gpus_per_node, image=image, port=port,
+                           pvc=pvc)
+        out.print(f"wrote {path} ({emit.value}, {nodes} node(s))")
+        return
+    trtllm = launch.find_trtllm_serve()
+    if dry_run:
+        argv = launch.trtllm_argv(b, host, port)
+        out.print(shlex.join(argv), markup=False)
+        inner = launch.script_command(b)
+        if inner:
+            out.print(f"# {b.serve_sh} runs: {inner} --host {host} --port {port}", markup=False)
+        if trtllm is None and runtime is not Runtime.trtllm:
+            out.print("# trtllm-serve is not on PATH here: 'serve' would use the embedded server "
+                      "on the reference runtime", markup=False)
+        return
+    if runtime is Runtime.trtllm or (runtime is Runtime.auto and trtllm is not None):
+        if trtllm is None:
+            raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
+                              "or use --runtime reference")
+        argv = launch.trtllm_argv(b, host, port)
+        err.print(f"[dim]running {shlex.join(argv)}[/dim]")
+        code = launch.run(argv, host, port)
+        if code != 0:  # pass the server's exit status on, with one line saying whose it is
+            exc = DFlashError(f"{argv[1]} exited with status {code}")
+            exc.exit_code = code if code > 0 else 128 - code  # killed by a signal: 128 + signum
+            raise exc
+        return
+    serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads)
+
+
+def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int, max_queue: int,
+                    block_size: int | None, dtype: str, threads: int | None = None) -> int:
+    from dflash_trt import pair as P
+    from dflash_trt import server
+    from dflash_trt.errors import require
+
+    require("fastapi", "serve", "the embedded server")
+    require("uvicorn", "serve", "the embedded server")
+    itemsize = P.parse_dtype(dtype).itemsize
+    server.check_fits_cpu(b.name, [b.root / "target", b.root / "drafter"], itemsize)
+    with err.status("loading models"):
+        pair = P.load_bundle(b.root, dtype=dtype)
+    if block_size is not None and block_size > 1 and pair.drafter is not None \
+            and block_size > pair.drafter.cfg.block_size:
+        from dflash_trt.errors import DFlashError
+
+        raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
+    app = server.create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
+                            block_size=block_size, torch_threads=threads)
+    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime, "
+              f"max batch {max_batch}, queue {max_queue})")
+    return server.serve(app, host, port)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

@@ -1,0 +1,270 @@
+"""Launching a bundle on TensorRT-LLM: ``trtllm-serve`` through the bundle's own script,
+and launch files for multi-node clusters.
+
+What is read from a bundle (kept small so any build fits):
+
+- ``OUT/trtllm/serve.sh``: an executable bash script that ``exec``s
+  ``trtllm-serve <target> --config <cfg> ... "$@"``, with ``"$@"`` last. ``serve`` runs it
+  as ``bash OUT/trtllm/serve.sh --host H --port P``: trtllm-serve's options take the last
+  value given, so the host and port from ``dflash-trt serve`` override the script's. The
+  same values are also exported as ``DFLASH_HOST`` / ``DFLASH_PORT`` for scripts that
+  prefer the environment.
+- ``OUT/manifest.json`` (optional): ``name`` (the bundle's name), and in ``serve`` the
+  optional ``tp_size``, ``pp_size`` and ``gpus_per_node`` the multi-node files use;
+  ``versions.tensorrt_llm`` picks the container tag.
+
+Multi-node launches go through TensorRT-LLM's own launcher: on Slurm,
+``srun --mpi=pmix ... trtllm-llmapi-launch bash serve.sh`` (one task per GPU, the world
+size equal to tp x pp); on Kubernetes, a LeaderWorkerSet whose leader runs ``mpirun``
+over the group's pods with ``trtllm-llmapi-launch`` and whose workers run ``sshd``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_trt.errors import CheckpointError, DFlashError
+
+SERVE_SH = Path("trtllm") / "serve.sh"
+DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release"
+
+
+@dataclass
+class Bundle:
+    root: Path
+    name: str
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def serve_sh(self) -> Path:
+        return self.root / SERVE_SH
+
+    @property
+    def serve(self) -> dict:
+        s = self.manifest.get("serve")
+        return s if isinstance(s, dict) else {}
+
+
+def read_bundle(out: str | Path) -> Bundle:
+    root = Path(out).resolve()
+    if not root.is_dir():
+        raise DFlashError(f"{out}: no such bundle directory (build one with 'dflash-trt build -o DIR')")
+    manifest: dict = {}
+    mpath = root / "manifest.json"
+    if mpath.is_file():
+        try:
+            manifest = json.loads(mpath.read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{mpath}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(manifest, dict):
+            raise CheckpointError(f"{mpath}: expected a JSON object")
+    name = manifest.get("name") if isinstance(manifest.get("name"), str) else None
+    return Bundle(root, name or root.name, manifest)
+
+
+# ---- single node: trtllm-serve -----------------------------------------------------------
+def find_trtllm_serve() -> str | None:
+    return shutil.which("trtllm-serve")
+
+
+def trtllm_argv(bundle: Bundle, host: str, port: int) -> list[str]:
+    """The command ``serve`` runs on a machine with TensorRT-LLM."""
+    if not bundle.serve_sh.is_file():
+        raise CheckpointError(f"{bundle.root}: no {SERVE_SH} (not built for TensorRT-LLM; rebuild with 'dflash-trt build')")
+    return ["bash", str(bundle.serve_sh), "--host", host, "--port", str(port)]
+
+
+def script_command(bundle: Bundle) -> str | None:
+    """The ``trtllm-serve ...`` invocation written in serve.sh (continuation lines joined), for display."""
+    if not bundle.serve_sh.is_file():
+        return None
+    lines, joined = bundle.serve_sh.read_text().splitlines(), []
+    for i, line in enumerate(lines):
+        if "trtllm-serve" in line and not line.lstrip().startswith("#"):
+            j = i
+            joined.append(line.rstrip().rstrip("\\").strip())
+            while lines[j].rstrip().endswith("\\") and j + 1 < len(lines):
+                j += 1
+                joined.append(lines[j].rstrip().rstrip("\\").strip())
+            break
+    text = " ".join(x for x in joined if x)
+    return text.removeprefix("exec ").strip() or None
+
+
+def run(argv: list[str], host: str, port: int) -> int:
+    """Run the command, forwarding SIGTERM/SIGINT to it; returns its exit code."""
+    env = dict(os.environ, DFLASH_HOST=host, DFLASH_PORT=str(port))
+    proc = subprocess.Popen(argv, env=env)
+
+    def forward(sig, _frame):
+        proc.send_signal(sig)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+# ---- multi node --------------------------------------------------------------------------
+def _world(bundle: Bundle, nodes: int, gpus_per_node: int | None) -> tuple[int, int, list[str]]:
+    """(gpus per node, world size, extra trtllm-serve args) for a multi-node launch."""
+    if nodes < 1:
+        raise DFlashError(f"--nodes must be >= 1, got {nodes}")
+    g = gpus_per_node or int(bundle.serve.get("gpus_per_node") or 8)
+    if g < 1:
+        raise DFlashError(f"--gpus-per-node must be >= 1, got {g}")
+    world = nodes * g
+    tp, pp = bundle.serve.get("tp_size"), int(bundle.serve.get("pp_size") or 1)
+    if tp is not None:
+        if int(tp) * pp != world:
+            raise DFlashError(f"{bundle.name} was planned for tp_size {tp} x pp_size {pp} = {int(tp) * pp} GPUs, "
+                              f"but {nodes} node(s) x {g} GPUs = {world}; change --nodes/--gpus-per-node")
+        return g, world, []
+    return g, world, ["--tp_size", str(world)]
+
+
+def image_for(bundle: Bundle, image: str | None) -> str:
+    if image:
+        return image
+    v = (bundle.manifest.get("versions") or {}).get("tensorrt_llm") if isinstance(bundle.manifest.get("versions"), dict) else None
+    return f"{DEFAULT_IMAGE}:{v or 'latest'}"
+
+
+def slurm_script(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, port: int = 8000,
+                 image: str | None = None, time_limit: str = "04:00:00") -> str:
+    g, world, extra = _world(bundle, nodes, gpus_per_node)
+    serve = shlex.join(["--host", "0.0.0.0", "--port"]) + ' "$PORT" ' + shlex.join(extra)
+    return f"""#!/bin/bash
+# Serve the dflash-trt bundle '{bundle.name}' on {nodes} node(s) x {g} GPUs with TensorRT-LLM.
+# Written by 'dflash-trt serve --emit slurm'. Submit with: sbatch {bundle.name}.slurm.sh
+# Add your account and partition (#SBATCH -A / -p). The bundle must be on storage every
+# node sees; one MPI task per GPU, world size {world} (tensor x pipeline parallel).
+#SBATCH --job-name=dflash-{bundle.name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={g}
+#SBATCH --gpus-per-node={g}
+#SBATCH --time={time_limit}
+#SBATCH --output=dflash-{bundle.name}-%j.out
+
+set -euo pipefail
+BUNDLE="${{BUNDLE:-{bundle.root}}}"
+PORT="${{PORT:-{port}}}"
+CONTAINER_IMAGE="${{CONTAINER_IMAGE:-{image_for(bundle, image)}}}"   # empty: no container (pyxis) flags
+CONTAINER_MOUNTS="${{CONTAINER_MOUNTS:-$BUNDLE:$BUNDLE}}"
+
+echo "serving on http://$(hostname):$PORT (first node)"
+srun -l --mpi=pmix \\
+    ${{CONTAINER_IMAGE:+--container-image="$CONTAINER_IMAGE" --container-mounts="$CONTAINER_MOUNTS"}} \\
+    trtllm-llmapi-launch bash "$BUNDLE/trtllm/serve.sh" {serve.strip()}
+"""
+
+
+def _k8s_name(name: str) -> str:
+    import re
+
+    n = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    return ("dflash-" + n)[:50].rstrip("-")
+
+
+def k8s_manifests(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, port: int = 8000,
+                  image: str | None = None, pvc: str = "dflash-bundles", mount: str = "/bundles") -> list[dict]:
+    """A LeaderWorkerSet (one group of ``nodes`` pods) and a Service for its leader."""
+    g, world, extra = _world(bundle, nodes, gpus_per_node)
+    name = _k8s_name(bundle.name)
+    bundle_path = f"{mount}/{bundle.root.name}"
+    serve = shlex.join(["trtllm-llmapi-launch", "bash", f"{bundle_path}/trtllm/serve.sh", "--host", "0.0.0.0",
+                        "--port", str(port), *extra])
+    leader_script = "\n".join([
+        "set -euo pipefail",
+        "# hostfile: the leader, then workers <leader>-1 .. <leader>-(size-1) in the LWS headless service",
+        f'echo "$LWS_LEADER_ADDRESS slots={g}" > /tmp/hostfile',
+        'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do',
+        f'  echo "${{LWS_LEADER_ADDRESS%%.*}}-$i.${{LWS_LEADER_ADDRESS#*.}} slots={g}" >> /tmp/hostfile',
+        "done",
+        f"exec mpirun --allow-run-as-root --hostfile /tmp/hostfile -np {world} --bind-to none {serve}",
+    ])
+    worker_script = "mkdir -p /run/sshd && exec /usr/sbin/sshd -D"
+    img = image_for(bundle, image)
+    volume = {"name": "bundles", "persistentVolumeClaim": {"claimName": pvc, "readOnly": True}}
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    mounts = [{"name": "bundles", "mountPath": mount, "readOnly": True}, {"name": "dshm", "mountPath": "/dev/shm"}]
+
+    def pod(role: str, script: str, probe: bool) -> dict:
+        c = {"name": role, "image": img, "command": ["bash", "-c", script],
+             "resources": {"limits": {"nvidia.com/gpu": g}}, "volumeMounts": mounts}
+        if probe:
+            c["ports"] = [{"containerPort": port, "name": "http"}]
+            c["readinessProbe"] = {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 10,
+                                   "failureThreshold": 180}
+        return {"metadata": {"labels": {"role": role}}, "spec": {"containers": [c], "volumes": [volume, shm]}}
+
+    lws = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name, "dflash-trt/bundle": name}},
+        "spec": {
+            "replicas": 1,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": pod("leader", leader_script, probe=True),
+                "workerTemplate": pod("worker", worker_script, probe=False),
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"leaderworkerset.sigs.k8s.io/name": name, "role": "leader"},
+                 "ports": [{"name": "http", "port": port, "targetPort": port}]},
+    }
+    return [lws, service]
+
+
+def k8s_yaml(bundle: Bundle, nodes: int, **kw) -> str:
+    import yaml
+
+    head = (f"# Serve the dflash-trt bundle '{bundle.name}' on a LeaderWorkerSet of {nodes} pod(s).\n"
+            "# Written by 'dflash-trt serve --emit k8s'. Needs the LWS controller, a ReadWriteMany PVC\n"
+            "# holding the bundle, and an image with TensorRT-LLM, mpirun and sshd (passwordless ssh\n"
+            "# between the group's pods). Apply with: kubectl apply -f FILE\n")
+    return head + yaml.safe_dump_all(k8s_manifests(bundle, nodes, **kw), sort_keys=False)
+
+
+def write_atomic(path: Path, text: str, executable: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if executable else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def emit(bundle: Bundle, kind: str, nodes: int, output: Path | None = None, **kw) -> Path:
+    """Write the Slurm batch script or the Kubernetes manifests; returns the file written."""
+    if kind == "slurm":
+        path = output or Path(f"{bundle.name}.slurm.sh")
+        kw.pop("pvc", None)
+        write_atomic(path, slurm_script(bundle, nodes, **kw), executable=True)
+    elif kind == "k8s":
+        path = output or Path(f"{bundle.name}.lws.yaml")
+        write_atomic(path, k8s_yaml(bundle, nodes, **kw))
+    else:
+        raise DFlashError(f"unknown --emit {kind!r}; choose slurm or k8s")
+    return path

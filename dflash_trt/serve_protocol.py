@@ -1,0 +1,146 @@
+"""OpenAI request bodies the embedded server accepts, its error type, and streaming detokenization."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class APIError(Exception):
+    """Answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+class _Common(BaseModel):
+    # Unknown fields are ignored, as OpenAI-compatible servers do; fields that would change
+    # the output and that this server cannot honour are refused in check_supported().
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    seed: Optional[int] = None
+    n: int = 1
+    stop: Union[None, str, list[str]] = None
+    stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
+    ignore_eos: bool = False
+
+    def check_supported(self) -> None:
+        if self.n != 1:
+            raise APIError(400, "only n = 1 is supported", param="n")
+        if self.stop:
+            raise APIError(400, "stop sequences are not supported by the embedded server", param="stop")
+        if self.top_k == -1:  # vLLM's spelling of "no top-k"
+            self.top_k = 0
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    echo: bool = False
+    logprobs: Optional[int] = None
+    best_of: Optional[int] = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        if self.logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+        if self.best_of not in (None, 1):
+            raise APIError(400, "best_of is not supported", param="best_of")
+
+    def prompt_value(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise APIError(400, "one prompt per request: send a string or a list of token ids", param="prompt")
+            p = p[0]
+        if isinstance(p, list) and not p:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        return p
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: Union[None, str, list[dict[str, Any]]] = None
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    add_generation_prompt: bool = True
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+
+    def encode(self, tokenizer) -> list[int]:
+        if not getattr(tokenizer, "chat_template", None):
+            raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
+        msgs = []
+        for m in self.messages:
+            content = m.content
+            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+                if any(part.get("type") != "text" for part in content):
+                    raise APIError(400, "only text content parts are supported", param="messages")
+                content = "".join(str(part.get("text", "")) for part in content)
+            msgs.append({"role": m.role, "content": content or ""})
+        try:
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=self.add_generation_prompt,
+                                                 tokenize=False)
+        except Exception as exc:  # jinja errors, raise_exception() in the template
+            raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One line from pydantic/FastAPI validation errors, and the offending parameter."""
+    if not errors:
+        return "invalid request", None
+    e = errors[0]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    if e.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
+    param = ".".join(loc) or None
+    where = f"{param}: " if param else ""
+    return f"{where}{e.get('msg', 'invalid value')}", (loc[0] if loc else None)
+
+
+class IncrementalDetokenizer:
+    """Text deltas from a growing token list; holds back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0      # start of the window decoded for context
+        self.read = 0        # tokens whose text was already emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def add(self, new: list[int]) -> str:
+        self.ids.extend(new)
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+    def flush(self) -> str:
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before):] if len(after) > len(before) else ""

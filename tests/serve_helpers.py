@@ -1,0 +1,64 @@
+"""A hand-made bundle for the serving tests: target + drafter (tests.helpers.save_pair), a chat
+template on the tokenizer, ``trtllm/serve.sh`` and a minimal ``manifest.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from helpers import save_pair
+
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+SERVE_SH = """#!/usr/bin/env bash
+# trtllm-serve for this bundle; extra arguments ("$@") come last and override.
+set -euo pipefail
+DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+exec trtllm-serve "$DIR/../target" \\
+    --config "$DIR/config.yaml" \\
+    --host 0.0.0.0 --port 8000 \\
+    "$@"
+"""
+
+
+def make_bundle(root: Path, name: str = "tiny-bundle", manifest_extra: dict | None = None) -> Path:
+    from transformers import AutoTokenizer
+
+    root.mkdir(parents=True, exist_ok=True)
+    tdir, _ = save_pair(root)
+    tok = AutoTokenizer.from_pretrained(tdir)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(tdir)
+    (root / "trtllm").mkdir()
+    (root / "trtllm" / "config.yaml").write_text("speculative_config:\n  decoding_type: DFlash\n  max_draft_len: 7\n")
+    sh = root / "trtllm" / "serve.sh"
+    sh.write_text(SERVE_SH)
+    sh.chmod(sh.stat().st_mode | stat.S_IEXEC)
+    manifest = {"name": name, "target": "tests/tiny-qwen3", "serve": {"gpus_per_node": 8}}
+    manifest.update(manifest_extra or {})
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+@pytest.fixture(scope="session")
+def bundle_dir(tmp_path_factory) -> Path:
+    return make_bundle(tmp_path_factory.mktemp("bundle") / "tiny-bundle")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env() -> dict:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env

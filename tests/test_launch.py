@@ -1,0 +1,139 @@
+"""serve --dry-run, serve through a (fake) trtllm-serve, and the multi-node launch files."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_trt.cli import run
+from serve_helpers import make_bundle
+
+FAKE_TRTLLM_SERVE = """#!/usr/bin/env bash
+# Records how it was called, one argument per line, then exits with $FAKE_EXIT.
+printf '%s\\n' "$@" > "$RECORD"
+echo "DFLASH_HOST=$DFLASH_HOST DFLASH_PORT=$DFLASH_PORT" >> "$RECORD.env"
+exit "${FAKE_EXIT:-0}"
+"""
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    return make_bundle(tmp_path_factory.mktemp("launch") / "tiny-bundle")
+
+
+@pytest.fixture
+def fake_trtllm(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "trtllm-serve"
+    exe.write_text(FAKE_TRTLLM_SERVE)
+    exe.chmod(0o755)
+    record = tmp_path / "args.txt"
+    monkeypatch.setenv("PATH", f"{bindir}:{Path('/usr/bin')}:{Path('/bin')}")
+    monkeypatch.setenv("RECORD", str(record))
+    return record
+
+
+def test_dry_run_prints_the_bundles_trtllm_serve_command(bundle, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no trtllm-serve here
+    assert run(["serve", str(bundle), "--dry-run", "--port", "9001"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert shlex.split(lines[0]) == ["bash", str(bundle.resolve() / "trtllm" / "serve.sh"), "--host", "127.0.0.1",
+                                     "--port", "9001"]
+    assert 'trtllm-serve "$DIR/../target" --config "$DIR/config.yaml"' in out
+    assert "embedded server" in out  # says what 'serve' would do here instead
+
+
+def test_with_trtllm_serve_on_path_the_bundles_command_runs(bundle, fake_trtllm, capsys):
+    assert run(["serve", str(bundle), "--port", "9002", "--host", "0.0.0.0"]) == 0
+    args = fake_trtllm.read_text().splitlines()
+    target = str((bundle / "trtllm" / ".." / "target").resolve())
+    assert str(Path(args[0]).resolve()) == target
+    assert args[1:] == ["--config", str(bundle.resolve() / "trtllm" / "config.yaml"), "--host", "0.0.0.0",
+                        "--port", "8000", "--host", "0.0.0.0", "--port", "9002"]  # ours come last and win
+    assert "DFLASH_HOST=0.0.0.0 DFLASH_PORT=9002" in Path(str(fake_trtllm) + ".env").read_text()
+
+
+def test_trtllm_serve_failure_is_reported_with_its_status(bundle, fake_trtllm, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_EXIT", "3")
+    assert run(["serve", str(bundle), "--runtime", "trtllm"]) == 3
+    assert "exited with status 3" in capsys.readouterr().err
+
+
+def test_runtime_trtllm_without_trtllm_serve_is_a_one_line_error(bundle, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert run(["serve", str(bundle), "--runtime", "trtllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "trtllm-serve is not on PATH" in err
+
+
+def test_not_a_bundle(tmp_path, capsys):
+    assert run(["serve", str(tmp_path / "nope"), "--dry-run"]) == 2
+    assert "no such bundle" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert run(["serve", str(tmp_path / "empty"), "--dry-run"]) == 2
+    assert "trtllm/serve.sh" in capsys.readouterr().err
+
+
+def test_emit_slurm_writes_an_srun_trtllm_llmapi_launch_script(bundle, tmp_path, capsys):
+    out = tmp_path / "job.sh"
+    assert run(["serve", str(bundle), "--emit", "slurm", "--nodes", "2", "--gpus-per-node", "4", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("#!/bin/bash\n")
+    directives = dict(line[len("#SBATCH "):].split("=", 1) for line in text.splitlines() if line.startswith("#SBATCH "))
+    assert directives["--nodes"] == "2" and directives["--ntasks-per-node"] == "4"
+    assert directives["--gpus-per-node"] == "4"
+    srun = " ".join(line.strip().rstrip("\\") for line in text[text.index("srun "):].splitlines())
+    assert "--mpi=pmix" in srun
+    assert 'trtllm-llmapi-launch bash "$BUNDLE/trtllm/serve.sh" --host 0.0.0.0 --port "$PORT" --tp_size 8' in srun
+    assert f'BUNDLE="${{BUNDLE:-{bundle.resolve()}}}"' in text
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+    assert out.stat().st_mode & 0o111
+
+
+def test_emit_slurm_checks_the_planned_parallelism(tmp_path, capsys):
+    b = make_bundle(tmp_path / "tp8", manifest_extra={"serve": {"tp_size": 8, "gpus_per_node": 8}})
+    out = tmp_path / "job.sh"
+    assert run(["serve", str(b), "--emit", "slurm", "--nodes", "2", "-o", str(out)]) == 2
+    assert "tp_size 8" in capsys.readouterr().err and not out.exists()
+    assert run(["serve", str(b), "--emit", "slurm", "--nodes", "1", "-o", str(out)]) == 0
+    assert "--tp_size" not in out.read_text()  # serve.sh already carries the planned layout
+
+
+def test_emit_k8s_writes_a_leaderworkerset(bundle, tmp_path):
+    out = tmp_path / "lws.yaml"
+    assert run(["serve", str(bundle), "--emit", "k8s", "--nodes", "3", "--gpus-per-node", "8", "--port", "8080",
+                "--image", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0", "-o", str(out)]) == 0
+    docs = list(yaml.safe_load_all(out.read_text()))
+    lws = next(d for d in docs if d["kind"] == "LeaderWorkerSet")
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+    tmpl = lws["spec"]["leaderWorkerTemplate"]
+    assert tmpl["size"] == 3
+    leader = tmpl["leaderTemplate"]["spec"]["containers"][0]
+    worker = tmpl["workerTemplate"]["spec"]["containers"][0]
+    for c in (leader, worker):
+        assert c["image"] == "nvcr.io/nvidia/tensorrt-llm/release:1.3.0"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    script = leader["command"][-1]
+    assert "mpirun" in script and "-np 24" in script
+    assert "trtllm-llmapi-launch bash /bundles/tiny-bundle/trtllm/serve.sh --host 0.0.0.0 --port 8080 --tp_size 24" in script
+    assert "LWS_LEADER_ADDRESS" in script and "LWS_GROUP_SIZE" in script
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+    assert leader["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8080}
+    assert "sshd" in worker["command"][-1]
+    svc = next(d for d in docs if d["kind"] == "Service")
+    assert svc["spec"]["selector"]["role"] == "leader" and svc["spec"]["ports"][0]["port"] == 8080
+    assert svc["spec"]["selector"]["leaderworkerset.sigs.k8s.io/name"] == lws["metadata"]["name"]
+
+
+def test_manifest_that_is_not_json_is_refused(tmp_path, capsys):
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "manifest.json").write_text("{nope")
+    assert run(["serve", str(b), "--dry-run"]) == 2
+    assert "manifest.json" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""bench --endpoint against the embedded server (DFlash vs autoregressive), and the /metrics parsers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash_trt.cli import run
+from dflash_trt.loadgen import compare, parse_spec_metrics, tau_between
+from dflash_trt.pair import load_bundle
+from dflash_trt.server import ServerThread, create_app
+from serve_helpers import bundle_dir  # noqa: F401 - fixture
+
+
+@pytest.fixture(scope="module")
+def servers(bundle_dir):
+    pair = load_bundle(bundle_dir)
+    dflash = create_app(pair, "tiny", max_batch=8)
+    ar = create_app(pair, "tiny-ar", max_batch=8, block_size=1)  # the same target without drafting
+    with ServerThread(dflash) as a, ServerThread(ar) as b:
+        yield a, b
+
+
+def test_bench_endpoint_with_baseline_and_plot(servers, tmp_path, capsys):
+    dflash, ar = servers
+    png = tmp_path / "speed.png"
+    code = run(["bench", "--endpoint", dflash.url + "/v1", "--baseline", ar.url, "--concurrency", "1,4",
+                "--max-tokens", "12", "--requests", "6", "--ignore-eos", "--json", "--plot", str(png)])
+    assert code == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["endpoint"]["model"] == "tiny" and r["baseline"]["model"] == "tiny-ar"
+    for side in ("endpoint", "baseline"):
+        levels = r[side]["levels"]
+        assert [lv["concurrency"] for lv in levels] == [1, 4]
+        for lv in levels:
+            assert lv["ok"] == lv["requests"] == 6 and lv["failed"] == 0
+            assert lv["output_tokens"] == 6 * 12  # usage from the server, ignore_eos honoured
+            assert lv["output_tokens_per_second"] > 0 and lv["tokens_per_second_per_user"] > 0
+            assert 0 < lv["ttft_ms"]["median"] <= lv["ttft_ms"]["p99"]
+            assert 0 < lv["itl_ms"]["median"] <= lv["itl_ms"]["p99"]
+    # τ comes from the servers' /metrics: ≥ 1 with a drafter, exactly 1 without one.
+    assert all(lv["acceptance_length"] >= 1.0 for lv in r["endpoint"]["levels"])
+    assert all(lv["acceptance_length"] == 1.0 for lv in r["baseline"]["levels"])
+    assert [row["concurrency"] for row in r["comparison"]["speedup"]] == [1, 4]
+    for row, a, b in zip(r["comparison"]["speedup"], r["endpoint"]["levels"], r["baseline"]["levels"]):
+        assert row["speedup"] == pytest.approx(a["output_tokens_per_second"] / b["output_tokens_per_second"], rel=1e-3)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(png)
+    assert img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_bench_endpoint_table_output(servers, capsys):
+    dflash, _ = servers
+    assert run(["bench", "--endpoint", dflash.url, "--concurrency", "2", "--max-tokens", "4", "--requests", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s" in out and "TTFT" in out and "τ" in out
+
+
+def test_bench_endpoint_errors_are_one_line(tmp_path, capsys):
+    assert run(["bench", "--endpoint", "http://127.0.0.1:9", "--concurrency", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot reach" in err
+    assert run(["bench", "--endpoint", "http://127.0.0.1:9", "--concurrency", "1,x"]) == 2
+    assert "--concurrency" in capsys.readouterr().err
+
+
+def test_tau_from_trtllm_serve_iteration_stats():
+    # trtllm-serve /metrics (PyTorch backend, enable_iter_perf_stats): the rows since the last scrape.
+    rows = [
+        {"iter": 7, "iterLatencyMS": 12.0, "specDecodingStats": {"numDraftTokens": 30, "numAcceptedTokens": 12,
+                                                                 "numRequestsWithDraftTokens": 2, "acceptanceLength": 7.0}},
+        {"iter": 8, "iterLatencyMS": 11.0, "specDecodingStats": {"numDraftTokens": 30, "numAcceptedTokens": 6,
+                                                                 "numRequestsWithDraftTokens": 2, "acceptanceLength": 4.0}},
+        {"iter": 9, "attentionDpRank": 1, "specDecodingStats": {"numAcceptedTokens": 99, "numRequestsWithDraftTokens": 1}},
+        {"iter": 10, "iterLatencyMS": 3.0},
+    ]
+    after = parse_spec_metrics(json.dumps(rows))
+    assert tau_between(None, after) == pytest.approx((12 + 6 + 4) / 4)
+    assert parse_spec_metrics(json.dumps([{"iter": 1, "gpuMemUsage": 5}])) is None
+
+
+def test_tau_from_prometheus_counters():
+    before = parse_spec_metrics('vllm:spec_decode_num_drafts_total{model_name="m"} 10\n'
+                                'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 25\n')
+    after = parse_spec_metrics('# HELP x\nvllm:spec_decode_num_drafts_total{model_name="m"} 30\n'
+                               'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 85\n')
+    assert tau_between(before, after) == pytest.approx(1 + 60 / 20)
+    d0 = parse_spec_metrics("dflash_spec_rounds_total 10.0\ndflash_spec_committed_tokens_total 30.0\n")
+    d1 = parse_spec_metrics("dflash_spec_rounds_total 20.0\ndflash_spec_committed_tokens_total 55.0\n")
+    assert tau_between(d0, d1) == 2.5
+    assert tau_between(None, parse_spec_metrics("sglang:spec_accept_length{x=\"y\"} 3.5\n")) == 3.5
+    assert parse_spec_metrics("process_cpu_seconds_total 1.0\n") is None
+
+
+def test_where_drafting_stops_paying():
+    def levels(tps):
+        return {"levels": [{"concurrency": c, "output_tokens_per_second": t} for c, t in tps]}
+
+    c = compare(levels([(1, 300), (8, 900), (32, 1000)]), levels([(1, 100), (8, 600), (32, 1250)]))
+    assert [r["speedup"] for r in c["speedup"]] == [3.0, 1.5, 0.8]
+    assert c["stops_paying_at"] == 32

@@ -1,0 +1,325 @@
+"""The embedded OpenAI-compatible server on a tiny bundle, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from dflash_trt.batcher import Batcher, Job
+from dflash_trt.cli import run
+from dflash_trt.pair import Pair, load_bundle
+from dflash_trt.runtime import generate
+from dflash_trt.server import ServerThread, create_app
+from helpers import OracleDrafter, hf_greedy
+from serve_helpers import bundle_dir, free_port, subprocess_env  # noqa: F401 - fixture
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def pair(bundle_dir):
+    return load_bundle(bundle_dir, dtype="float64")  # float64: batched and single argmax cannot tie-flip
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    app = create_app(pair, "tiny", max_batch=8, max_queue=64)
+    with ServerThread(app) as srv:
+        srv.app = app
+        yield srv
+
+
+def expected(pair, prompt: str, n: int) -> list[int]:
+    """The target's own greedy continuation (transformers generate), cut after eos like the server."""
+    want = hf_greedy(pair.target.model, pair.encode(prompt), n)
+    return want[: want.index(EOS) + 1] if EOS in want else want
+
+
+def metric(text: str, name: str, **labels) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        base, _, lab = key.partition("{")
+        if base == name and lab.rstrip("}") == want:
+            return float(value)
+    raise KeyError(f"{name}{{{want}}} not in /metrics")
+
+
+def sse(lines) -> list:
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_concurrent_greedy_completions_equal_the_targets_own_greedy_decoding(server, pair):
+    prompts = [f"{i}: def f{i}(x" + "abcdefgh"[: i % 8] for i in range(32)]
+    n = 12
+    want = {p: expected(pair, p, n) for p in prompts}
+    before = httpx.get(f"{server.url}/metrics").text
+
+    async def go():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
+            async def one(i, p):
+                if i % 2:  # half of the clients stream
+                    async with c.stream("POST", "/v1/completions", json={
+                            "model": "tiny", "prompt": p, "max_tokens": n, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}) as r:
+                        events = sse([line async for line in r.aiter_lines()])
+                        text = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+                        return r.status_code, text, events[-2]["usage"]["completion_tokens"]
+                r = await c.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": n,
+                                                          "temperature": 0})
+                body = r.json()
+                return r.status_code, body["choices"][0]["text"], body["usage"]["completion_tokens"]
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    results = asyncio.run(go())
+    for p, (status, text, count) in zip(prompts, results):
+        assert status == 200
+        assert count == len(want[p]), p
+        assert text == pair.decode(want[p]), p
+    after = httpx.get(f"{server.url}/metrics").text
+    # The 40 requests really went through the batch > 1 path.
+    batches = metric(after, "dflash_batch_size_count") - metric(before, "dflash_batch_size_count")
+    singles = metric(after, "dflash_batch_size_bucket", le="1.0") - metric(before, "dflash_batch_size_bucket", le="1.0")
+    assert batches < 32 and singles < batches
+    assert metric(after, "dflash_requests_total", status="200") - metric(before, "dflash_requests_total", status="200") == 32
+
+
+def test_streaming_matches_non_streaming_for_completions_and_chat(server):
+    c = httpx.Client(base_url=server.url, timeout=60)
+    body = {"model": "tiny", "prompt": "stream me", "max_tokens": 10, "temperature": 0}
+    full = c.post("/v1/completions", json=body).json()
+    with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    assert all(e["object"] == "text_completion" for e in events[:-1])
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == full["choices"][0]["text"]
+    assert events[-2]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
+    assert len(events) > 3  # tokens arrive as they are committed, not in one piece
+
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    chat = c.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 8,
+                                                "temperature": 0}).json()
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant"
+    # The prompt went through the tokenizer's chat template.
+    assert chat["usage"]["prompt_tokens"] == len("<system>be brief\n<user>hi there\n<assistant>")
+    with c.stream("POST", "/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 8,
+                                                        "temperature": 0, "stream": True,
+                                                        "stream_options": {"include_usage": True}}) as r:
+        events = sse(r.iter_lines())
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+    assert content == chat["choices"][0]["message"]["content"]
+    assert events[-2]["usage"] == chat["usage"] and events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("kwargs, status, param, code", [
+    (dict(content=b'{"prompt": "x", ', headers={"content-type": "application/json"}), 400, None, None),
+    (dict(json={"model": "nope", "prompt": "x"}), 404, "model", "model_not_found"),
+    (dict(json={"model": "tiny", "prompt": "x" * 600, "max_tokens": 4}), 400, "prompt", "context_length_exceeded"),
+    (dict(json={"model": "tiny", "prompt": "x" * 500, "max_tokens": 20}), 400, "max_tokens", "context_length_exceeded"),
+    (dict(json={"model": "tiny", "prompt": "x", "max_tokens": -3}), 400, "max_tokens", None),
+    (dict(json={"model": "tiny", "prompt": "x", "temperature": -1}), 400, "temperature", None),
+    (dict(json={"model": "tiny"}), 400, "prompt", None),
+    (dict(json={"model": "tiny", "prompt": [5, 999999]}), 400, "prompt", None),
+])
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, kwargs, status, param, code):
+    c = httpx.Client(base_url=server.url, timeout=60)
+    r = c.post("/v1/completions", **kwargs)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param and err["code"] == code
+    ok = c.post("/v1/completions", json={"model": "tiny", "prompt": "still here", "max_tokens": 3, "temperature": 0})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_models_and_health(server):
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    models = httpx.get(f"{server.url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_full_queue_answers_429_then_serves_the_next_request(pair):
+    app = create_app(pair, "tiny", max_batch=1, max_queue=1)
+    with ServerThread(app) as srv:
+        batcher: Batcher = app.state.batcher
+        batcher.pause()
+        body = {"model": "tiny", "prompt": "queued", "max_tokens": 4, "temperature": 0}
+        first: dict = {}
+        t = threading.Thread(target=lambda: first.update(r=httpx.post(f"{srv.url}/v1/completions", json=body,
+                                                                          timeout=60)))
+        t.start()
+        deadline = time.time() + 30
+        while batcher.queue_depth < 1:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        full = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
+        assert full.status_code == 429
+        assert full.json()["error"]["type"] == "rate_limit_error"
+        batcher.resume()
+        t.join(60)
+        assert first["r"].status_code == 200
+        nxt = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
+        assert nxt.status_code == 200 and nxt.json()["choices"][0]["text"] == first["r"].json()["choices"][0]["text"]
+        m = httpx.get(f"{srv.url}/metrics").text
+        assert metric(m, "dflash_requests_total", status="429") == 1
+        assert metric(m, "dflash_requests_total", status="200") == 2
+
+
+def test_metrics_report_the_runtimes_acceptance(pair):
+    # A drafter that proposes the target's true continuation, corrupted at position 3 every
+    # other round: partial acceptance, so τ and the per-position rates are non-trivial.
+    prompt, n = "acceptance", 24
+    ids = pair.encode(prompt)
+    truth = [ids + hf_greedy(pair.target.model, ids, n + 16)]
+    wrong = lambda rnd, row: 3 if rnd % 2 else None  # noqa: E731
+    cfg = pair.drafter.cfg
+    oracle = Pair(pair.target, OracleDrafter(cfg, truth, wrong).to(torch.float64), pair.tokenizer,
+                  pair.stop_token_ids, "tiny")
+    ref = generate(pair.target, OracleDrafter(cfg, truth, wrong).to(torch.float64), [ids], max_new_tokens=n,
+                   stop_token_ids=pair.stop_token_ids).stats
+    assert 1 < ref.acceptance_length < cfg.block_size
+
+    app = create_app(oracle, "tiny", max_batch=1)
+    with ServerThread(app) as srv:
+        r = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": n,
+                                                          "temperature": 0}, timeout=60).json()
+        m = httpx.get(f"{srv.url}/metrics").text
+    assert r["dflash"]["acceptance_length"] == pytest.approx(ref.acceptance_length, abs=1e-4)
+    assert metric(m, "dflash_acceptance_length") == pytest.approx(ref.acceptance_length)
+    assert metric(m, "dflash_spec_rounds_total") == ref.rounds
+    for k, rate in enumerate(ref.per_position_acceptance, 1):
+        assert metric(m, "dflash_per_position_acceptance", position=k) == pytest.approx(rate)
+    assert metric(m, "dflash_generation_tokens_total") == n
+    assert metric(m, "dflash_tokens_per_second") > 0
+    assert metric(m, "dflash_queue_depth") == 0
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(pair):
+    app = create_app(pair, "tiny", max_batch=1)
+    with ServerThread(app) as srv:
+        body = {"model": "tiny", "prompt": "go", "max_tokens": 500, "temperature": 0, "stream": True,
+                "ignore_eos": True}
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                next(r.iter_lines())  # the first token arrived; now hang up
+        deadline = time.time() + 30
+        while metric(httpx.get(f"{srv.url}/metrics").text, "dflash_requests_total", status="499") < 1:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "next", "max_tokens": 3,
+                                                           "temperature": 0}, timeout=60)
+        assert ok.status_code == 200
+        m = httpx.get(f"{srv.url}/metrics").text
+    # The runtime retired the row early instead of generating all 500 tokens.
+    assert metric(m, "dflash_spec_rounds_total") < 499 // 2
+
+
+def test_batcher_groups_by_sampling_and_caps_each_jobs_tokens(pair):
+    from dflash_trt.sampling import SamplingParams
+
+    b = Batcher(pair, max_batch=8, max_queue=8, batch_window_s=0)
+    jobs = [Job(pair.encode("a"), 3), Job(pair.encode("bb"), 9), Job(pair.encode("c"), 5, SamplingParams(0.7, seed=1)),
+            Job(pair.encode("d"), 5, SamplingParams(0.7, seed=1))]
+    for j in jobs:  # no worker thread: the test takes and runs the batches itself
+        b.submit(j)
+    assert b._take() == jobs[:2]  # greedy jobs together; seeded jobs run alone
+    b._run(jobs[:2])
+    assert [len(j.tokens) for j in jobs[:2]] == [3, 9] and jobs[0].finish_reason == "length"
+    assert jobs[0].tokens == expected(pair, "a", 3)[:3]
+    assert jobs[1].tokens == expected(pair, "bb", 9)[:9]
+    assert b._take() == [jobs[2]]
+    assert b._take() == [jobs[3]]
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0(bundle_dir):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "serve", str(bundle_dir), "--runtime", "reference",
+                             "--port", str(port), "--max-batch", "2"], env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline
+            time.sleep(0.2)
+        results: list = [None] * 4
+
+        def send(i):
+            results[i] = httpx.post(f"{url}/v1/completions", json={"prompt": f"drain {i}", "max_tokens": 200,
+                                                                   "temperature": 0, "ignore_eos": True}, timeout=120)
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        while True:  # all four admitted (two running, two waiting) before the signal
+            m = httpx.get(f"{url}/metrics", timeout=5).text
+            if metric(m, "dflash_queue_depth") + metric(m, "dflash_running_requests") == 4:
+                break
+            assert time.time() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(120)
+        code = proc.wait(120)
+        log = proc.stdout.read().decode(errors="replace")
+        assert code == 0, log
+        assert all(r is not None for r in results), log
+        for r in results:
+            assert r is not None and r.status_code == 200
+            assert r.json()["usage"]["completion_tokens"] == 200
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_model_too_large_for_the_cpu_is_refused(bundle_dir, tmp_path, capsys):
+    import shutil
+
+    big = tmp_path / "big"
+    for sub in ("target", "drafter"):
+        (big / sub).mkdir(parents=True)
+        shutil.copy(bundle_dir / sub / "config.json", big / sub / "config.json")
+    with open(big / "target" / "model-00001-of-00001.safetensors", "wb") as f:
+        f.truncate(1 << 42)  # 4 TiB, sparse: nothing is written or read
+    assert run(["serve", str(big), "--runtime", "reference"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "too large" in err and "trtllm-serve" in err
+
+
+def test_runtime_callbacks_stream_every_commit_and_cancel_rows(pair):
+    prompts = [pair.encode("one"), pair.encode("second prompt")]
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    stop_row_1 = lambda row: row == 1 and len(seen[1]) >= 3  # noqa: E731
+    g = generate(pair.target, pair.drafter, prompts, max_new_tokens=15, stop_token_ids=(),
+                 on_commit=lambda row, new: seen[row].extend(new), should_stop=stop_row_1)
+    assert seen[0] == g.token_ids[0] and seen[1] == g.token_ids[1]
+    assert g.finish_reasons == ["length", "cancelled"]
+    assert len(g.token_ids[0]) == 15 and 3 <= len(g.token_ids[1]) < 15
+    plain = generate(pair.target, pair.drafter, prompts[:1], max_new_tokens=15, stop_token_ids=())
+    assert plain.token_ids[0] == g.token_ids[0]  # the cancelled neighbour changed nothing

@@ -147,7 +147,11 @@ def config(recipe, plan, drafter=None, drafter_rel: str = "./drafter") -> LlmApi
 
 
 def to_yaml(cfg: LlmApiConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    spec = data.get("speculative_config") or {}
+    if spec.get("draft_len_schedule"):  # JSON mode turns int keys into strings; YAML keeps ints
+        spec["draft_len_schedule"] = {int(k): v for k, v in spec["draft_len_schedule"].items()}
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def serve_args(cfg: LlmApiConfig, host: str, port: int, target: str = "./target",

@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exc
 
 from dflash_trt import __version__
-from dflash_trt._cli import bench, generate, recipes
+from dflash_trt._cli import bench, generate, recipes, train
 
 app = typer.Typer(
     name="dflash-trt",
@@ -28,7 +28,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for module in (generate, bench, recipes):
+for module in (generate, bench, recipes, train):
     module.register(app)
 
 

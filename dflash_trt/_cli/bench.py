@@ -8,7 +8,8 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from dflash_trt._cli.common import DrafterOpt, DtypeOpt, JsonOpt, TargetOpt, err, load_pair_from, out, print_json
+from dflash_trt._cli.common import (DrafterOpt, DtypeOpt, JsonOpt, TargetOpt, default_prompts, err, load_pair_from,
+                                    out, print_json)
 
 
 def bench(
@@ -26,7 +27,9 @@ def bench(
     from dflash_trt.errors import DFlashError
 
     if prompts is None:
-        raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
+        if target is not None:
+            raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
+        prompts = default_prompts()          # the embedded pair's held-out standard-library prompts
     texts = b.read_prompts(prompts)
     pair = load_pair_from(target, drafter, dtype)
     with Progress(console=err, transient=True) as bar:

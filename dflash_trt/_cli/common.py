@@ -12,7 +12,7 @@ from rich.console import Console
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name[@rev]).")]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name[@rev]). Default: the embedded tiny pair.")]
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
@@ -23,13 +23,35 @@ def print_json(obj) -> None:
     sys.stdout.flush()
 
 
+DEFAULT_RECIPE = "tiny"
+
+
+def default_pair() -> tuple[str, str]:
+    """(target, drafter) of the bundled ``tiny`` recipe: the pair shipped inside the package."""
+    from dflash_trt import recipe
+
+    r = recipe.load(DEFAULT_RECIPE)
+    return r.target.id, r.drafter.id
+
+
+def default_prompts() -> str:
+    """Held-out standard-library prompts shipped with the embedded pair."""
+    from dflash_trt.checkpoint import embedded_dir
+
+    return str(embedded_dir("tiny") / "heldout_prompts.jsonl")
+
+
 def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True):
     from dflash_trt.errors import DFlashError
     from dflash_trt.pair import load_pair
 
     if target is None:
-        raise DFlashError("no target given: pass --target DIR_OR_HUB_ID (and --drafter)")
-    if drafter is None and need_drafter:
+        if drafter is not None:
+            raise DFlashError("--drafter needs --target: pass both, or neither for the embedded tiny pair")
+        target, drafter = default_pair()
+        if not need_drafter:
+            drafter = None
+    elif drafter is None and need_drafter:
         raise DFlashError("no drafter given: pass --drafter DIR_OR_HUB_ID")
     with err.status("loading models"):
         return load_pair(target, drafter, dtype=dtype)

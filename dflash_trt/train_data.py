@@ -99,12 +99,12 @@ def build_prompts(tokenizer, prompts: list[str], texts: list[str], *, prompt_len
     into windows every prompt_len + gen_len tokens. Shuffled with ``seed``, at most max_samples."""
     out: list[list[int]] = []
     for s in prompts:
-        ids = tokenizer(s, add_special_tokens=True)["input_ids"][-prompt_len:]
+        ids = tokenizer(s, add_special_tokens=True, verbose=False)["input_ids"][-prompt_len:]
         if ids:
             out.append(list(ids))
     stride = prompt_len + gen_len
     for t in texts:
-        ids = tokenizer(t, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]
         for s in range(0, max(1, len(ids) - prompt_len // 2), stride):
             window = ids[s: s + prompt_len]
             if len(window) >= max(2, prompt_len // 2):

@@ -174,9 +174,9 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
             mine = getattr(s, name)
             if name in SHAPE_FIELDS and mine is not None and mine != saved[name]:
                 raise DFlashError(f"--resume: --{name.replace('_', '-')} {mine} differs from the run's {saved[name]}")
-        keep = {k: saved[k] for k in SHAPE_FIELDS}
-        merged = {**asdict(s), **keep, "resume": True}
-        return TrainSettings(**merged)
+        # A resumed run is the same run: everything but its length and cadence comes from OUT.
+        cadence = {k: getattr(s, k) for k in ("steps", "eval_every", "save_every")}
+        return TrainSettings(**{**saved, **cadence, "resume": True})
     if state.exists():
         step = json.loads(state.read_text())["step"]
         raise DFlashError(f"{out} already holds a training run at step {step}: pass --resume, or another --out")
@@ -256,6 +256,8 @@ def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> R
         if step % s.save_every == 0 or step == s.steps:
             save_state(work, drafter, opt, step, history)
             write_drafter(drafter, out, s.save_dtype)
+    if not losses and history:            # resumed a finished run: report where it stands
+        loss_v, tau_v, heldout = history[-1]["loss"], history[-1]["train_tau"], history[-1]["heldout_tau"]
     return Result(out, step, loss_v, tau_v, heldout, time.time() - start, history, losses)
 
 

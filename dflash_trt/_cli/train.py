@@ -74,15 +74,18 @@ def train_drafter(
                 bar.update(state["task"], completed=done, info=text)
 
         result = run(settings, Progress(phase=phase, advance=advance, log=lambda line: bar.console.print(line)))
-    summary = {"out": str(result.out), "step": result.step, "loss": round(result.loss, 4),
-               "train_tau": round(result.train_tau, 3),
+    def num(x, nd):
+        return None if x is None or x != x else round(x, nd)
+
+    summary = {"out": str(result.out), "step": result.step, "loss": num(result.loss, 4),
+               "train_tau": num(result.train_tau, 3),
                "heldout_tau": None if result.heldout_tau is None else round(result.heldout_tau, 3),
                "seconds": round(result.seconds, 1), "history": result.history}
     if as_json:
         print_json(summary)
         return
     held = "n/a" if result.heldout_tau is None else f"{result.heldout_tau:.2f}"
-    out.print(f"drafter written to {result.out} (step {result.step}, loss {result.loss:.3f}, held-out τ {held})")
+    out.print(f"drafter written to {result.out} (step {result.step}, loss {summary['loss']}, held-out τ {held})")
 
 
 def register(app: typer.Typer) -> None:

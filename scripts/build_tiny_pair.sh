@@ -6,12 +6,13 @@
 # 1. scripts/train_tiny_target.py: byte-level BPE tokenizer (4096 tokens, <|endoftext|>,
 #    <|mask|>) and an 8-layer Qwen3 code model trained on this Python's Lib/*.py (sorted;
 #    every 8th file held out), plus held-out prompts cut from the held-out files.
-# 2. dflash-trt train-drafter: a 1-layer DFlash drafter (block 8) on responses the target
+# 2. dflash-trt train-drafter: a 2-layer DFlash drafter (block 8, taps 1,4,7) on responses the target
 #    regenerates from prompts cut out of the training files.
 # 3. Copy the weights, tokenizer and prompts into the package; bench the result.
 #
 # Reproducible up to seeds and torch's CPU kernels (SEED=0 by default). Work files go to
 # $WORK (build/tiny); the package directory is replaced only once everything succeeded.
+# REUSE_TARGET=1 skips step 1 when $WORK/target exists (to retrain only the drafter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-build/tiny}
@@ -20,12 +21,16 @@ SEED=${SEED:-0}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 PY=${PYTHON:-python}
 
-$PY scripts/train_tiny_target.py --out "$WORK/target" --work "$WORK" --seed "$SEED" --threads "$OMP_NUM_THREADS"
+if [ "${REUSE_TARGET:-0}" = 1 ] && [ -f "$WORK/target/config.json" ]; then
+    echo "reusing $WORK/target (REUSE_TARGET=1)"
+else
+    $PY scripts/train_tiny_target.py --out "$WORK/target" --work "$WORK" --seed "$SEED" --threads "$OMP_NUM_THREADS"
+fi
 
 rm -rf "$WORK/drafter"
 $PY -m dflash_trt train-drafter --target "$WORK/target" --data "$WORK/train_files" --out "$WORK/drafter" \
-    --block-size 8 --layers 1 --steps "${DRAFTER_STEPS:-1500}" --batch-size 8 --anchors 16 --lr 2e-3 \
-    --prompt-len 64 --gen-len 128 --samples 2048 --eval-every 250 --save-every 250 --seed "$SEED" \
+    --block-size 8 --layers 2 --target-layer-ids 1,4,7 --steps "${DRAFTER_STEPS:-2000}" --batch-size 8 --anchors 16 --lr 2e-3 \
+    --prompt-len 64 --gen-len 128 --samples 4096 --eval-every 500 --save-every 500 --seed "$SEED" \
     --json > "$WORK/drafter_train.json"
 
 ASSETS=dflash_trt/assets/tiny
@@ -44,6 +49,7 @@ settings.update(target="embedded:tiny/target", data="Lib/*.py training split (se
 json.dump({"command": "scripts/build_tiny_pair.sh", "settings": settings, "result": result}, open(dest, "w"), indent=2)
 PYEOF
 cp "$WORK/heldout_prompts.jsonl" "$ASSETS.tmp/"
+chmod -R a+rX,go-w "$ASSETS.tmp"
 rm -rf "$ASSETS"
 mv "$ASSETS.tmp" "$ASSETS"
 du -sh "$ASSETS"

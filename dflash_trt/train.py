@@ -68,6 +68,11 @@ def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
     bad = [i for i in ids if not 0 <= i < n]
     if bad:
         raise DFlashError(f"--target-layer-ids {bad} out of range for a {n}-layer target (ids count from 0)")
+    if n - 1 in ids and n > 1:
+        # transformers returns the last layer's output after the final norm, TensorRT-LLM
+        # captures it before: a drafter trained on it would not transfer to deployment.
+        raise DFlashError(f"--target-layer-ids: the last layer ({n - 1}) cannot be tapped consistently "
+                          f"across runtimes; use ids up to {n - 2}")
     vocab = target_model.get_input_embeddings().weight.shape[0]
     if not 0 <= mask_token_id < vocab:
         raise DFlashError(f"mask token id {mask_token_id} has no row in the target's {vocab}-row embedding")

@@ -6,7 +6,7 @@
 # 1. scripts/train_tiny_target.py: byte-level BPE tokenizer (4096 tokens, <|endoftext|>,
 #    <|mask|>) and an 8-layer Qwen3 code model trained on this Python's Lib/*.py (sorted;
 #    every 8th file held out), plus held-out prompts cut from the held-out files.
-# 2. dflash-trt train-drafter: a 2-layer DFlash drafter (block 8, taps 1,4,7) on responses the target
+# 2. dflash-trt train-drafter: a 2-layer DFlash drafter (block 8, taps 1,4,6) on responses the target
 #    regenerates from prompts cut out of the training files.
 # 3. Copy the weights, tokenizer and prompts into the package; bench the result.
 #
@@ -29,7 +29,7 @@ fi
 
 rm -rf "$WORK/drafter"
 $PY -m dflash_trt train-drafter --target "$WORK/target" --data "$WORK/train_files" --out "$WORK/drafter" \
-    --block-size 8 --layers 2 --target-layer-ids 1,4,7 --steps "${DRAFTER_STEPS:-2000}" --batch-size 8 --anchors 16 --lr 2e-3 \
+    --block-size 8 --layers 2 --target-layer-ids 1,4,6 --steps "${DRAFTER_STEPS:-2000}" --batch-size 8 --anchors 16 --lr 2e-3 \
     --prompt-len 64 --gen-len 128 --samples 4096 --eval-every 500 --save-every 500 --seed "$SEED" \
     --json > "$WORK/drafter_train.json"
 

@@ -240,4 +240,7 @@ def test_train_drafter_user_errors(train_setup, tmp_path, capsys):
     assert run(["train-drafter", "--target", str(tdir), "--data", str(root / "data.txt"),
                 "--out", str(tmp_path / "z"), "--target-layer-ids", "1,9"]) == 2
     assert "out of range" in capsys.readouterr().err
+    assert run(["train-drafter", "--target", str(tdir), "--data", str(root / "data.txt"),
+                "--out", str(tmp_path / "z"), "--target-layer-ids", "1,3"]) == 2
+    assert "last layer (3)" in capsys.readouterr().err
     assert not (tmp_path / "y").exists() and not (tmp_path / "z" / "config.json").exists()

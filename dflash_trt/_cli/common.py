@@ -41,6 +41,21 @@ def default_prompts() -> str:
     return str(embedded_dir("tiny") / "heldout_prompts.jsonl")
 
 
+def _one_thread_for_tiny_models() -> None:
+    """The embedded pair's matrices are tiny: one CPU thread runs it fastest.
+
+    With torch's default of one OpenMP thread per core, every small op pays a thread
+    hand-off; on a busy CPU that made the embedded pair ~5x slower (bench: 106 vs 511
+    autoregressive tokens/s on a shared 2-core machine). OMP_NUM_THREADS still wins.
+    """
+    import os
+
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+
+
 def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True):
     from dflash_trt.errors import DFlashError
     from dflash_trt.pair import load_pair
@@ -49,6 +64,7 @@ def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_dra
         if drafter is not None:
             raise DFlashError("--drafter needs --target: pass both, or neither for the embedded tiny pair")
         target, drafter = default_pair()
+        _one_thread_for_tiny_models()
         if not need_drafter:
             drafter = None
     elif drafter is None and need_drafter:

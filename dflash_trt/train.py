@@ -48,7 +48,8 @@ def default_layer_ids(num_layers: int, n_taps: int | None = None) -> list[int]:
     if num_layers < 1:
         raise DFlashError("the target has no decoder layers")
     n_taps = n_taps or (5 if num_layers >= 20 else 3)
-    lo, hi = min(1, num_layers - 1), max(min(1, num_layers - 1), num_layers - 3)
+    lo = min(1, max(0, num_layers - 2))       # never the last layer (see drafter_config_for)
+    hi = max(lo, num_layers - 3)
     if n_taps == 1:
         return [hi]
     ids = sorted({round(lo + (hi - lo) * i / (n_taps - 1)) for i in range(n_taps)})

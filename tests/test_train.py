@@ -105,6 +105,7 @@ def test_block_inputs_and_loss_weights():
     assert [T.loss_gamma(b) for b in (8, 10, 16)] == [4.0, 5.0, 7.0]
     assert T.default_layer_ids(36) == [1, 9, 17, 25, 33]
     assert T.default_layer_ids(8) == [1, 3, 5]
+    assert [T.default_layer_ids(n) for n in (1, 2, 3, 4)] == [[0], [0], [1], [1]]
     # a perfect prediction at every position gives tau = B and zero-ish loss
     logits = torch.nn.functional.one_hot(labels.clamp_min(0), 100).float() * 30
     loss, m = T.block_loss(logits, labels, 4.0)

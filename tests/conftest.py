@@ -10,6 +10,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Every model in the tests is tiny: one CPU thread runs them fastest, and a suite that
+# does not fight itself for the cores keeps its run time steady on a busy machine.
+torch.set_num_threads(1)
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 

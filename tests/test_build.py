@@ -218,8 +218,7 @@ def test_plan_command_json_and_table(capsys):
 
 
 def test_build_without_arguments_uses_the_tiny_recipe(tmp_path, monkeypatch):
-    if "tiny" not in R.bundled():
-        pytest.skip("the bundled tiny recipe (dflash_trt/recipes/tiny.yaml) comes with the embedded pair")
     monkeypatch.chdir(tmp_path)
     assert run(["build"]) == 0
-    assert B.check_bundle(tmp_path / "dflash-out" / "tiny")["precision"] in ("bf16", "fp8", "nvfp4")
+    report = B.check_bundle(tmp_path / "dflash-out" / "tiny")
+    assert report["precision"] == R.load("tiny").precision.weights

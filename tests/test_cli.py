@@ -55,7 +55,7 @@ def test_bench_json(tiny_pair_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["generate", "--prompt", "x"], "no target"),
+    (["generate", "--prompt", "x", "--drafter", "/nonexistent"], "--drafter needs --target"),
     (["generate", "--prompt", "x", "--target", "/nonexistent", "--drafter", "/nonexistent"], "no such directory"),
     (["generate"], "Missing option"),
     (["generate", "-p", "x", "--top-k", "-1"], "top-k"),

@@ -9,7 +9,8 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from dflash_trt._cli.common import BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt, err, load_pair_from, out, print_json
+from dflash_trt._cli.common import (BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt,
+                                    default_prompts, err, load_pair_from, out, print_json)
 
 
 def bench(
@@ -55,7 +56,9 @@ def bench(
     if baseline is not None or plot is not None:
         raise DFlashError("--baseline and --plot go with --endpoint URL")
     if prompts is None:
-        raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
+        if target is not None or bundle is not None or bundle_opt is not None:
+            raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
+        prompts = default_prompts()          # the embedded pair's held-out standard-library prompts
     texts = b.read_prompts(prompts)
     pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels)
     with Progress(console=err, transient=True) as bar:

@@ -12,7 +12,7 @@ from rich.console import Console
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name\\[@rev]).")]
+TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name\\[@rev]). Default: the embedded tiny pair.")]
 DrafterOpt = Annotated[Optional[str], typer.Option("--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
 KernelsOpt = Annotated[str, typer.Option("--kernels", help="DFlash op implementations: reference (PyTorch) or triton (needs a GPU, or TRITON_INTERPRET=1).")]
@@ -26,17 +26,58 @@ def print_json(obj) -> None:
     sys.stdout.flush()
 
 
+DEFAULT_RECIPE = "tiny"
+
+
+def default_pair() -> tuple[str, str]:
+    """(target, drafter) of the bundled ``tiny`` recipe: the pair shipped inside the package."""
+    from dflash_trt import recipe
+
+    r = recipe.load(DEFAULT_RECIPE)
+    return r.target.id, r.drafter.id
+
+
+def default_prompts() -> str:
+    """Held-out standard-library prompts shipped with the embedded pair."""
+    from dflash_trt.checkpoint import embedded_dir
+
+    return str(embedded_dir("tiny") / "heldout_prompts.jsonl")
+
+
+SMALL_MODEL_PARAMS = 50_000_000
+
+
 def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
                    bundle: str | None = None, bundle_opt: str | None = None, kernels: str = "reference"):
+    """The pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair."""
     from dflash_trt.errors import DFlashError
     from dflash_trt.plugins.ops import KERNELS
 
     if kernels not in KERNELS:
         raise DFlashError(f"--kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
     pair = _load(target, drafter, dtype, need_drafter, bundle, bundle_opt)
+    _threads_for(pair)
     if pair.drafter is not None:
         pair.drafter.kernels = kernels
     return pair
+
+
+def _threads_for(pair) -> None:
+    """Small models run fastest on one CPU thread.
+
+    With torch's default of one OpenMP thread per core, every small op pays a thread
+    hand-off; on a busy CPU that made the embedded pair ~5x slower (bench: 106 vs 511
+    autoregressive tokens/s on a shared 2-core machine). Applies to CPU targets under
+    SMALL_MODEL_PARAMS parameters; OMP_NUM_THREADS still wins.
+    """
+    import os
+
+    import torch
+
+    if "OMP_NUM_THREADS" in os.environ or pair.target.device.type != "cpu":
+        return
+    if sum(p.numel() for p in pair.target.model.parameters()) < SMALL_MODEL_PARAMS:
+        torch.set_num_threads(1)
 
 
 def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
@@ -52,8 +93,12 @@ def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
         with err.status("loading bundle"):
             return load_bundle(bundle, dtype=dtype)
     if target is None:
-        raise DFlashError("no target given: pass --target DIR_OR_HUB_ID (and --drafter)")
-    if drafter is None and need_drafter:
+        if drafter is not None:
+            raise DFlashError("--drafter needs --target: pass both, or neither for the embedded tiny pair")
+        target, drafter = default_pair()
+        if not need_drafter:
+            drafter = None
+    elif drafter is None and need_drafter:
         raise DFlashError("no drafter given: pass --drafter DIR_OR_HUB_ID")
     with err.status("loading models"):
         return load_pair(target, drafter, dtype=dtype)

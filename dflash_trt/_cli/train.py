@@ -1,0 +1,92 @@
+"""dflash-trt train-drafter: train a DFlash drafter for any transformers causal LM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dflash_trt._cli.common import JsonOpt, err, out, print_json
+
+
+def _layer_ids(value: Optional[str]) -> Optional[list[int]]:
+    from dflash_trt.errors import DFlashError
+
+    if value is None:
+        return None
+    try:
+        ids = [int(x) for x in value.replace(",", " ").split()]
+    except ValueError:
+        raise DFlashError(f"--target-layer-ids {value!r}: expected integers like 1,3,5") from None
+    if not ids:
+        raise DFlashError("--target-layer-ids: give at least one layer id")
+    return ids
+
+
+def train_drafter(
+    target: Annotated[str, typer.Option("--target", "-t", help="Target: local Hugging Face directory, hub id, or embedded:NAME.")],
+    data: Annotated[str, typer.Option("--data", help="Prompts: JSONL with 'prompt', a text file, or a folder of text files (cut into prompts).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output directory: the z-lab drafter, plus .train/ (checkpoint, regenerated data).")],
+    block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=2, help="Block size B (anchor + B-1 drafts). Default 8.")] = None,
+    layers: Annotated[Optional[int], typer.Option("--layers", min=1, help="Drafter decoder layers. Default 1 (z-lab uses 5 for 8B targets).")] = None,
+    target_layer_ids: Annotated[Optional[str], typer.Option("--target-layer-ids", help="Tapped target layers, e.g. 1,9,17,25,33 (z-lab ids: output of layer i). Default: spread from 1 to depth-3.")] = None,
+    mask_token_id: Annotated[Optional[int], typer.Option("--mask-token-id", min=0, help="Embedding row used as MASK. Default: the tokenizer's mask token, else the first spare row.")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Total optimizer steps (with --resume: continue up to this).")] = 1000,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step.")] = 8,
+    anchors: Annotated[int, typer.Option("--anchors", min=1, help="Random anchor positions (blocks) per sequence.")] = 16,
+    lr: Annotated[float, typer.Option("--lr", min=0.0, help="AdamW peak learning rate (linear warm-up, cosine decay to 10%).")] = 6e-4,
+    prompt_len: Annotated[int, typer.Option("--prompt-len", min=2, help="Prompt tokens per training sequence.")] = 64,
+    gen_len: Annotated[int, typer.Option("--gen-len", min=1, help="Response tokens the target regenerates per prompt.")] = 128,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Training sequences to regenerate.")] = 1024,
+    eval_every: Annotated[int, typer.Option("--eval-every", min=1, help="Steps between held-out τ measurements.")] = 100,
+    save_every: Annotated[int, typer.Option("--save-every", min=1, help="Steps between checkpoints.")] = 100,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for data order, anchors and initialisation.")] = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run saved in --out.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a DFlash drafter: target-regenerated responses, random anchors, block masks, decayed loss."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from dflash_trt.train_loop import Progress, TrainSettings, train_drafter as run
+
+    settings = TrainSettings(
+        target=target, data=data, out=str(out_dir), block_size=block_size, layers=layers,
+        target_layer_ids=_layer_ids(target_layer_ids), mask_token_id=mask_token_id, steps=steps,
+        batch_size=batch_size, anchors=anchors, lr=lr, prompt_len=prompt_len, gen_len=gen_len,
+        samples=samples, eval_every=eval_every, save_every=save_every, seed=seed, resume=resume,
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Bar(*columns, console=err, transient=False) as bar:
+        state = {"task": None, "heldout": ""}
+
+        def phase(name: str, total: int) -> None:
+            if state["task"] is not None:
+                bar.stop_task(state["task"])
+            state["task"] = bar.add_task(name, total=total, info="")
+
+        def advance(done: int, info: dict) -> None:
+            if "heldout_tau" in info:
+                state["heldout"] = f" held-out τ {info['heldout_tau']:.2f}"
+            text = f"loss {info['loss']:.3f} τ {info['tau']:.2f}{state['heldout']}" if "loss" in info else ""
+            if state["task"] is not None:
+                bar.update(state["task"], completed=done, info=text)
+
+        result = run(settings, Progress(phase=phase, advance=advance, log=lambda line: bar.console.print(line)))
+    def num(x, nd):
+        return None if x is None or x != x else round(x, nd)
+
+    summary = {"out": str(result.out), "step": result.step, "loss": num(result.loss, 4),
+               "train_tau": num(result.train_tau, 3),
+               "heldout_tau": None if result.heldout_tau is None else round(result.heldout_tau, 3),
+               "seconds": round(result.seconds, 1), "history": result.history}
+    if as_json:
+        print_json(summary)
+        return
+    held = "n/a" if result.heldout_tau is None else f"{result.heldout_tau:.2f}"
+    out.print(f"drafter written to {result.out} (step {result.step}, loss {summary['loss']}, held-out τ {held})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train-drafter")(train_drafter)

@@ -1,0 +1,213 @@
+"""DFlash drafter training: the paper's recipe, on top of the runtime's own modules.
+
+Read top to bottom:
+
+* :func:`drafter_config_for` derives a drafter's shape from any transformers causal LM
+  (hidden size and head layout are the target's; the drafter has no embedding and no LM
+  head: both are the target's, frozen).
+* :func:`block_visibility` is the training mask. A sequence of T tokens with K anchors
+  ``a_1..a_K`` becomes K blocks ``[x[a_k], MASK x (B-1)]``; block position t sits at
+  absolute position ``a_k + t`` and predicts ``x[a_k + t]``. Block k sees the target
+  context strictly before its anchor (positions ``< a_k``), its own block (bidirectional,
+  or causal for causal layers), and never another block.
+* :func:`train_forward` runs all K blocks of a batch in one dense masked attention, with
+  the drafter's own submodules. It computes exactly what ``Drafter.inject`` followed by
+  ``Drafter.draft`` compute at inference for the same prefix (``tests/test_train.py``
+  holds it to that): context K/V come from ``k_proj``/``v_proj`` of
+  ``hidden_norm(fc(taps))`` with RoPE at the context tokens' absolute positions.
+* :func:`block_loss`: cross-entropy of block positions 1..B-1 through the target's LM
+  head, weighted ``exp(-(k-1)/gamma)``.
+
+The loop, data regeneration and checkpoints live in :mod:`dflash_trt.train_loop` and
+:mod:`dflash_trt.train_data`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.model import Drafter, DrafterConfig
+from dflash_trt.plugins import ops
+
+# Loss decay from the paper (block size -> gamma); other sizes interpolate linearly.
+GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
+
+
+def loss_gamma(block_size: int) -> float:
+    if block_size in GAMMA:
+        return GAMMA[block_size]
+    return max(1.0, 4.0 + 3.0 * (block_size - 8) / 8.0)
+
+
+def default_layer_ids(num_layers: int, n_taps: int | None = None) -> list[int]:
+    """Evenly spaced tap layers from 1 to depth-3 (gives z-lab's [1, 9, 17, 25, 33] for 36)."""
+    if num_layers < 1:
+        raise DFlashError("the target has no decoder layers")
+    n_taps = n_taps or (5 if num_layers >= 20 else 3)
+    lo = min(1, max(0, num_layers - 2))       # never the last layer (see drafter_config_for)
+    hi = max(lo, num_layers - 3)
+    if n_taps == 1:
+        return [hi]
+    ids = sorted({round(lo + (hi - lo) * i / (n_taps - 1)) for i in range(n_taps)})
+    return ids
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
+                       target_layer_ids: list[int] | None = None, mask_token_id: int) -> DrafterConfig:
+    """The drafter shape for a transformers causal LM (z-lab conventions)."""
+    c = _text_config(target_model.config)
+    n = int(c.num_hidden_layers)
+    ids = list(target_layer_ids) if target_layer_ids else default_layer_ids(n)
+    bad = [i for i in ids if not 0 <= i < n]
+    if bad:
+        raise DFlashError(f"--target-layer-ids {bad} out of range for a {n}-layer target (ids count from 0)")
+    if n - 1 in ids and n > 1:
+        # transformers returns the last layer's output after the final norm, TensorRT-LLM
+        # captures it before: a drafter trained on it would not transfer to deployment.
+        raise DFlashError(f"--target-layer-ids: the last layer ({n - 1}) cannot be tapped consistently "
+                          f"across runtimes; use ids up to {n - 2}")
+    vocab = target_model.get_input_embeddings().weight.shape[0]
+    if not 0 <= mask_token_id < vocab:
+        raise DFlashError(f"mask token id {mask_token_id} has no row in the target's {vocab}-row embedding")
+    rope = getattr(c, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta") or getattr(c, "rope_theta", None) or 10000.0
+    scaling = getattr(c, "rope_scaling", None) if not rope else rope
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    heads = int(c.num_attention_heads)
+    return DrafterConfig(
+        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads), vocab_size=vocab,
+        block_size=block_size, mask_token_id=mask_token_id, target_layer_ids=ids, num_target_layers=n,
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta),
+        rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
+        max_position_embeddings=int(getattr(c, "max_position_embeddings", 40960)),
+        attention_bias=bool(getattr(c, "attention_bias", False)),
+    )
+
+
+def init_drafter(cfg: DrafterConfig, seed: int = 0) -> Drafter:
+    """A fresh drafter: linear weights N(0, 0.02), norms 1 (the Hugging Face init)."""
+    torch.manual_seed(seed)
+    d = Drafter(cfg)
+    for m in d.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
+    return d.float()
+
+
+# ---------------------------------------------------------------------------------------
+# The training mask and forward
+# ---------------------------------------------------------------------------------------
+
+
+def block_visibility(anchors: torch.Tensor, T: int, B: int, *, causal: bool = False,
+                     window: int | None = None) -> torch.Tensor:
+    """Boolean [b, K*B, T + K*B]: which keys each block query sees.
+
+    Keys are the T context positions, then the K blocks' B positions each. Block k's
+    query t (absolute position ``a_k + t``) sees context j iff ``j < a_k``, and block
+    key (k', t') iff ``k' == k`` (and ``t' <= t`` when causal). A window hides keys at
+    distance >= window, as at inference.
+    """
+    b, K = anchors.shape
+    dev = anchors.device
+    t = torch.arange(B, device=dev)
+    q_pos = (anchors[:, :, None] + t).reshape(b, K * B)                      # [b, KB]
+    ctx = torch.arange(T, device=dev)
+    sees_ctx = ctx[None, None, :] < anchors.repeat_interleave(B, dim=1)[:, :, None]   # [b, KB, T]
+    blk = torch.arange(K, device=dev).repeat_interleave(B)                  # block id per query/key
+    tt = t.repeat(K)
+    same = blk[:, None] == blk[None, :]
+    if causal:
+        same = same & (tt[None, :] <= tt[:, None])
+    sees_blk = same[None].expand(b, -1, -1)
+    vis = torch.cat([sees_ctx, sees_blk], dim=2)
+    if window is not None:
+        k_pos = torch.cat([ctx[None].expand(b, -1), q_pos], dim=1)
+        vis = vis & ((q_pos[:, :, None] - k_pos[:, None, :]).abs() < window)
+    return vis
+
+
+def train_forward(drafter: Drafter, taps: torch.Tensor, block_embeds: torch.Tensor,
+                  anchors: torch.Tensor) -> torch.Tensor:
+    """Normed drafter hidden states [b, K, B, H] for K blocks per sequence, in one forward.
+
+    taps: [b, T, n_tap*H] the target's tapped hidden states of the whole sequence;
+    block_embeds: [b, K, B, H] target embeddings of ``[x[a_k], MASK ...]``;
+    anchors: [b, K] anchor positions (each >= 1, so every block has context).
+    """
+    cfg = drafter.cfg
+    b, T, _ = taps.shape
+    _, K, B, H = block_embeds.shape
+    nh, kvh, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    dev, dtype = block_embeds.device, block_embeds.dtype
+    q_pos = (anchors[:, :, None] + torch.arange(B, device=dev)).reshape(b, K * B)
+    cos_b, sin_b = drafter.rope(q_pos, dtype)
+    cos_c, sin_c = drafter.rope(torch.arange(T, device=dev).expand(b, T), dtype)
+    ctx = drafter.hidden_norm(drafter.fc(taps))                              # [b, T, H]
+    rep = nh // kvh
+    masks = {}
+    x = block_embeds.reshape(b, K * B, H)
+    for i, layer in enumerate(drafter.layers):
+        key = (cfg.layer_causal(i), cfg.layer_window(i))
+        if key not in masks:
+            masks[key] = block_visibility(anchors, T, B, causal=key[0], window=key[1])[:, None]
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = ops.apply_rope(attn.q_norm(attn.q_proj(h).view(b, K * B, nh, hd)), cos_b, sin_b)
+        k = ops.apply_rope(attn.k_norm(attn.k_proj(h).view(b, K * B, kvh, hd)), cos_b, sin_b)
+        v = attn.v_proj(h).view(b, K * B, kvh, hd)
+        kc = ops.apply_rope(attn.k_norm(attn.k_proj(ctx).view(b, T, kvh, hd)), cos_c, sin_c)
+        vc = attn.v_proj(ctx).view(b, T, kvh, hd)
+        keys = torch.cat([kc, k], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
+        vals = torch.cat([vc, v], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=masks[key],
+                                           scale=hd ** -0.5)
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(b, K * B, nh * hd))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return drafter.norm(x).view(b, K, B, H)
+
+
+def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, B: int, mask_id: int,
+                 lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block token ids [b, K, B] (anchor then MASK) and labels [b, K, B-1] (-100 past the end)."""
+    b, K = anchors.shape
+    block = torch.full((b, K, B), mask_id, dtype=torch.long, device=tokens.device)
+    block[:, :, 0] = torch.gather(tokens, 1, anchors)
+    pos = anchors[:, :, None] + torch.arange(1, B, device=tokens.device)       # [b, K, B-1]
+    inside = pos < lengths[:, None, None]
+    labels = torch.gather(tokens, 1, pos.clamp_max(tokens.shape[1] - 1).view(b, -1)).view(b, K, B - 1)
+    return block, torch.where(inside, labels, -100)
+
+
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float) -> tuple[torch.Tensor, dict]:
+    """Decay-weighted CE over block positions 1..B-1. logits [b, K, B-1, V]; labels [b, K, B-1].
+
+    Also returns the batch's greedy agreement: per-position accuracy and the acceptance
+    length tau a greedy verifier would see on these blocks (1 + accepted prefix).
+    """
+    Bm1 = labels.shape[-1]
+    w = torch.exp(-torch.arange(Bm1, device=logits.device, dtype=torch.float32) / gamma)
+    valid = labels >= 0
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.clamp_min(0).reshape(-1),
+                         reduction="none").view_as(labels)
+    weights = w * valid
+    loss = (ce * weights).sum() / weights.sum().clamp_min(1e-9)
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == labels) & valid
+        full = valid.all(-1)                       # blocks whose labels are all inside the sequence
+        tau = 1.0 + hit[full].long().cumprod(-1).sum(-1).float().mean().item() if full.any() else math.nan
+        acc = [(hit[..., k].sum() / valid[..., k].sum().clamp_min(1)).item() for k in range(Bm1)]
+    return loss, {"tau": tau, "acc": acc}

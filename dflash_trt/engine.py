@@ -63,34 +63,23 @@ class DrafterRound(nn.Module):
             self.head.weight = nn.Parameter(head_weight.detach().clone(), requires_grad=False)
 
     def forward(self, taps, n_new, block_embeds, k_cache, v_cache, page_table, lengths):
+        from dflash_trt.plugins.kv_injection import fused_kv
+
         d = self.drafter
         cfg = d.cfg
-        ctx = ops.rms_norm(taps @ d.fc.weight.T, d.hidden_norm.weight, cfg.rms_norm_eps)
-        kv = ctx @ self.kv_weight.T
-        if self.kv_bias is not None:
-            kv = kv + self.kv_bias
+        kv = fused_kv(taps, d.fc.weight, d.hidden_norm.weight, self.kv_weight, self.kv_bias, cfg.rms_norm_eps)
         k_cache, v_cache = torch.ops.dflash.kv_cache_update(
             kv, self.k_norm_weight, d.inv_freq, n_new, lengths, page_table, k_cache, v_cache,
             float(d.rope_scaling_factor), float(cfg.rms_norm_eps), cfg.num_key_value_heads, cfg.head_dim,
             self.kernels)
         ctx_len = lengths + n_new
-        b, B, _ = block_embeds.shape
-        positions = ctx_len[:, None] + torch.arange(B, device=block_embeds.device)
-        cos, sin = d.rope(positions, block_embeds.dtype)
-        x = block_embeds
-        for i, layer in enumerate(d.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_norm(attn.q_proj(h).view(b, B, cfg.num_attention_heads, cfg.head_dim))
-            k = attn.k_norm(attn.k_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim))
-            v = attn.v_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim)
-            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-            o = torch.ops.dflash.block_attention(
+
+        def attend(i, q, k, v):
+            return torch.ops.dflash.block_attention(
                 q, k, v, k_cache, v_cache, page_table, ctx_len, cfg.layer_causal(i), cfg.layer_window(i),
                 cfg.head_dim ** -0.5, i, self.kernels)
-            x = x + attn.o_proj(o.reshape(b, B, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        out = d.norm(x)
+
+        out = d.block_forward(block_embeds, ctx_len, attend)
         if self.head is not None:
             out = d.logits(out, self.head)
         return out, k_cache, v_cache

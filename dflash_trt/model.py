@@ -292,8 +292,22 @@ class Drafter(nn.Module):
         the context holds exactly the committed tokens before the anchor.
         """
         cfg = self.cfg
+
+        def attend(i, q, k, v):
+            return ops.block_attention(
+                q, k, v, cache.k[i], cache.v[i], cache.page_table, cache.lengths,
+                causal=cfg.layer_causal(i), window=cfg.layer_window(i),
+                scale=cfg.head_dim ** -0.5, kernels=self.kernels,
+            )
+
+        return self.block_forward(block_embeds, cache.lengths, attend)
+
+    def block_forward(self, block_embeds: torch.Tensor, lengths: torch.Tensor, attend) -> torch.Tensor:
+        """The layer stack over a block; ``attend(layer, q, k, v)`` is block-diffusion attention
+        over that layer's context (so the paged-cache op and the ONNX export share this loop)."""
+        cfg = self.cfg
         b, B, _ = block_embeds.shape
-        positions = cache.lengths[:, None] + torch.arange(B, device=block_embeds.device)
+        positions = lengths[:, None] + torch.arange(B, device=block_embeds.device)
         cos, sin = self.rope(positions, block_embeds.dtype)
         x = block_embeds
         for i, layer in enumerate(self.layers):
@@ -303,12 +317,7 @@ class Drafter(nn.Module):
             k = attn.k_norm(attn.k_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim))
             v = attn.v_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim)
             q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-            o = ops.block_attention(
-                q, k, v, cache.k[i], cache.v[i], cache.page_table, cache.lengths,
-                causal=cfg.layer_causal(i), window=cfg.layer_window(i),
-                scale=cfg.head_dim ** -0.5, kernels=self.kernels,
-            )
-            x = x + attn.o_proj(o.reshape(b, B, -1))
+            x = x + attn.o_proj(attend(i, q, k, v).reshape(b, B, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 

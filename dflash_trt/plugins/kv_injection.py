@@ -26,41 +26,20 @@ def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, rope_scale: flo
     return (emb.cos() * rope_scale).to(dtype), (emb.sin() * rope_scale).to(dtype)
 
 
-def project_context(taps, fc_weight, norm_weight, kv_weight, kv_bias, k_norm_weight, positions,
-                    inv_freq, rope_scale, eps, num_kv_heads, head_dim):
-    """The math of KV injection without the scatter: K, V as [L, b, T, kvh, d]."""
-    b, T, _ = taps.shape
-    L = k_norm_weight.shape[0]
-    ctx = rms_norm(taps @ fc_weight.T, norm_weight, eps)
-    kv = ctx @ kv_weight.T
-    if kv_bias is not None:
-        kv = kv + kv_bias
-    kv = kv.view(b, T, L, 2, num_kv_heads, head_dim).permute(2, 3, 0, 1, 4, 5)
-    k, v = kv[:, 0], kv[:, 1]
-    k = rms_norm(k, k_norm_weight[:, None, None, None, :], eps)
-    cos, sin = rope_tables(positions, inv_freq, rope_scale, k.dtype)
-    k = k * cos[None, :, :, None] + rotate_half(k) * sin[None, :, :, None]
-    return k, v
+def fused_kv(taps, fc_weight, norm_weight, kv_weight, kv_bias, eps) -> torch.Tensor:
+    """fc -> hidden_norm -> ONE GEMM over all layers' K/V weights: [b, T, L*2*kvh*d]."""
+    kv = rms_norm(taps @ fc_weight.T, norm_weight, eps) @ kv_weight.T
+    return kv + kv_bias if kv_bias is not None else kv
 
 
 def kv_injection_reference(*, taps, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
                            k_norm_weight, inv_freq, rope_scale, eps, k_cache, v_cache, page_table,
                            num_kv_heads, head_dim) -> None:
-    b, T, _ = taps.shape
-    if T == 0:
+    if taps.shape[0] == 0 or taps.shape[1] == 0:
         return
-    page_size = k_cache.shape[2]
-    t = torch.arange(T, device=taps.device)
-    positions = lengths[:, None] + t
-    k, v = project_context(taps, fc_weight, norm_weight, kv_weight, kv_bias, k_norm_weight,
-                           positions, inv_freq, rope_scale, eps, num_kv_heads, head_dim)
-    valid = t[None] < n_new[:, None]
-    rows, cols = valid.nonzero(as_tuple=True)
-    pos = positions[rows, cols]
-    page = page_table.long()[rows, pos // page_size]
-    off = pos % page_size
-    k_cache[:, page, off] = k[:, rows, cols].to(k_cache.dtype)
-    v_cache[:, page, off] = v[:, rows, cols].to(v_cache.dtype)
+    kv = fused_kv(taps, fc_weight, norm_weight, kv_weight, kv_bias, eps)
+    kv_scatter_reference(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
+                         rope_scale=rope_scale, eps=eps, num_kv_heads=num_kv_heads, head_dim=head_dim)
 
 
 def kv_scatter_reference(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache, *,
@@ -101,14 +80,10 @@ def kv_injection_triton(*, taps, n_new, lengths, fc_weight, norm_weight, kv_weig
                         num_kv_heads, head_dim) -> None:
     """Same contract as the reference: fc + hidden_norm + ONE GEMM over all layers' K/V
     weights in torch, then ONE Triton launch for k_norm, RoPE and the paged scatter."""
-    b, T, _ = taps.shape
-    if T == 0 or b == 0:
+    if taps.shape[0] == 0 or taps.shape[1] == 0:
         return
     from dflash_trt.plugins import triton_kernels as tk
 
-    ctx = rms_norm(taps @ fc_weight.T, norm_weight, eps)
-    kv = ctx @ kv_weight.T
-    if kv_bias is not None:
-        kv = kv + kv_bias
+    kv = fused_kv(taps, fc_weight, norm_weight, kv_weight, kv_bias, eps)
     tk.kv_scatter(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
                   eps=eps, rope_scale=rope_scale, num_kv_heads=num_kv_heads, head_dim=head_dim)

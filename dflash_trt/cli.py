@@ -51,7 +51,7 @@ def run(argv: list[str] | None = None) -> int:
     except DFlashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except getattr(click_exc, "NoArgsIsHelpError", ()) as exc:  # help was printed
+    except getattr(click_exc, "NoArgsIsHelpError", ()):  # help was printed
         return 0
     except click_exc.UsageError as exc:
         cmd = exc.ctx.command_path if exc.ctx else "dflash-trt"

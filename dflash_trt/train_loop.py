@@ -26,7 +26,7 @@ import torch
 from dflash_trt import train as T
 from dflash_trt import train_data as D
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import Drafter, DrafterConfig, Target
+from dflash_trt.model import Drafter, Target
 
 SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id")
 DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "samples", "eval_prompts", "seed")

@@ -146,8 +146,6 @@ def register_trt_plugins() -> Registration:
 
 
 def _define(trt, trtp) -> None:  # pragma: no cover - needs TensorRT
-    import numpy as np  # noqa: F401
-
     def dt(desc):
         return {trt.float32: "float32", trt.float16: "float16", trt.bfloat16: "bfloat16"}[desc.dtype]
 

@@ -22,13 +22,14 @@ def list_() -> None:
     """List the bundled recipes."""
     from dflash_trt import recipe as R
 
-    t = Table()
-    for col in ("name", "target", "drafter", "gpu", "precision", "description"):
-        t.add_column(col)
+    t = Table(caption="dflash-trt recipes show NAME: the full recipe (target and drafter ids, knobs)")
+    t.add_column("name", no_wrap=True)  # the handle users copy: never split across lines
+    t.add_column("gpus", no_wrap=True)
+    t.add_column("weights", no_wrap=True)
+    t.add_column("description")
     for name, path in R.bundled().items():
         r = R.load(path)
-        t.add_row(name, r.target.id, r.drafter.id, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}",
-                  r.precision.weights, r.description)
+        t.add_row(name, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}", r.precision.weights, r.description)
     out.print(t)
 
 

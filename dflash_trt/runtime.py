@@ -106,12 +106,16 @@ def _drop_hole_columns(cache, col_valid: torch.Tensor) -> torch.Tensor:
     layers = getattr(cache, "layers", [])
     if not all(hasattr(l, "keys") and not getattr(l, "is_sliding", False) for l in layers):
         return col_valid
-    idx = keep.nonzero().squeeze(1)
+    n_keep = int(keep.sum())
+    if bool(keep[:n_keep].all()):  # holes only at the tail (always so at batch 1): a view
+        pick = lambda t: t[..., :n_keep, :]  # noqa: E731
+    else:
+        idx = keep.nonzero().squeeze(1)
+        pick = lambda t: t.index_select(-2, idx)  # noqa: E731
     for layer in layers:
         if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
-            layer.keys = layer.keys.index_select(-2, idx)
-            layer.values = layer.values.index_select(-2, idx)
-    return col_valid[:, idx]
+            layer.keys, layer.values = pick(layer.keys), pick(layer.values)
+    return col_valid[:, keep]
 
 
 @torch.inference_mode()

@@ -191,7 +191,8 @@ class Drafter(nn.Module):
             logits = out.scatter(-1, self.d2t.expand(*small.shape[:-1], -1), small)
         else:
             logits = target_head(hidden)
-        logits = logits * cfg.output_multiplier
+        if cfg.output_multiplier != 1.0:
+            logits = logits * cfg.output_multiplier
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
@@ -296,7 +297,8 @@ class Target:
 
     def embed(self, ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         """Raw embedding rows (no model-specific scaling), as the drafter was trained."""
-        return F.embedding(ids, self.model.get_input_embeddings().weight) * scale
+        emb = F.embedding(ids, self.model.get_input_embeddings().weight)
+        return emb * scale if scale != 1.0 else emb
 
     @property
     def head(self) -> nn.Module:

@@ -53,19 +53,22 @@ class PagedKVCache:
 
     def reserve(self, extra: torch.Tensor) -> None:
         """Make room for ``extra[i]`` more positions in sequence i (allocating pages)."""
-        need = ((self.lengths + extra + self.page_size - 1) // self.page_size).max().item()
-        have = self.page_table.shape[1]
-        if need > have:
-            pad = torch.full((self.batch, need - have), -1, dtype=torch.int32, device=self.lengths.device)
+        per_seq = ((self.lengths + extra + self.page_size - 1) // self.page_size).tolist()
+        held = (self.page_table >= 0).sum(1).tolist()  # tables fill left to right
+        # New pages go out round-robin across sequences (page index first), so tables interleave.
+        todo = sorted((p, i) for i in range(self.batch) for p in range(held[i], per_seq[i]))
+        if not todo:
+            return
+        need = max(per_seq)
+        if need > self.page_table.shape[1]:
+            pad = torch.full((self.batch, need - self.page_table.shape[1]), -1, dtype=torch.int32,
+                             device=self.lengths.device)
             self.page_table = torch.cat([self.page_table, pad], dim=1)
-        per_seq = (self.lengths + extra + self.page_size - 1) // self.page_size
-        # Allocate page by page, round-robin across sequences: tables interleave.
-        for p in range(need):
-            for i in range(self.batch):
-                if p < per_seq[i] and self.page_table[i, p] < 0:
-                    self._grow_pool(self.used_pages + 1)
-                    self.page_table[i, p] = self.used_pages
-                    self.used_pages += 1
+        self._grow_pool(self.used_pages + len(todo))
+        cols, rows = zip(*todo)
+        ids = torch.arange(self.used_pages, self.used_pages + len(todo), dtype=torch.int32)
+        self.page_table[list(rows), list(cols)] = ids.to(self.page_table.device)
+        self.used_pages += len(todo)
 
     def _grow_pool(self, pages: int) -> None:
         if pages <= self.k.shape[1]:

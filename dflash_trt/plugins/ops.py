@@ -104,7 +104,24 @@ class PagedKVCache:
 
 
 def fused_kv_weights(drafter: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """All layers' k_proj and v_proj stacked for one GEMM: [L*2*kvh*d, H], bias, k_norm [L, d]."""
+    """All layers' k_proj and v_proj stacked for one GEMM: [L*2*kvh*d, H], bias, k_norm [L, d].
+
+    Cached on the drafter, keyed on the source tensors' identities and versions, so it is
+    rebuilt after a dtype/device move or an optimizer step and not on every round."""
+    srcs = [t for layer in drafter.layers for t in (
+        layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight, layer.self_attn.k_norm.weight,
+        layer.self_attn.k_proj.bias, layer.self_attn.v_proj.bias) if t is not None]
+    key = tuple((t.data_ptr(), t._version, t.dtype, t.requires_grad and torch.is_grad_enabled()) for t in srcs)
+    cached = getattr(drafter, "_fused_kv_cache", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    fused = _stack_kv(drafter)
+    if not any(t.requires_grad and torch.is_grad_enabled() for t in srcs):  # never cache autograd graphs
+        drafter._fused_kv_cache = (key, fused)
+    return fused
+
+
+def _stack_kv(drafter: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     ws, bs, kn = [], [], []
     for layer in drafter.layers:
         a = layer.self_attn

@@ -199,6 +199,7 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     say("hashing inputs")
     manifest = {
         "format": BUNDLE_FORMAT,
+        "name": rc.name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "recipe": rc.model_dump(mode="json", exclude={"source"}),
         "recipe_source": str(rc.source) if rc.source else None,
@@ -222,6 +223,10 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
         },
         "outputs": {"target": "target", "drafter": "drafter", "trtllm_config": "trtllm/config.yaml",
                     "serve": "trtllm/serve.sh"},
+        # What `dflash-trt serve` reads: the multi-node launch files must match the plan's
+        # parallelism, and the embedded server advertises the planned context length.
+        "serve": {"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,
+                  "max_seq_len": rc.serving.max_seq_len},
         "warnings": p.warnings,
     }
     if engine_info is not None:

@@ -222,3 +222,20 @@ def test_build_without_arguments_uses_the_tiny_recipe(tmp_path, monkeypatch):
     assert run(["build"]) == 0
     report = B.check_bundle(tmp_path / "dflash-out" / "tiny")
     assert report["precision"] == R.load("tiny").precision.weights
+
+
+def test_serve_reads_what_build_writes(bundles, tmp_path, capsys):
+    """The manifest carries what `serve` needs: the bundle's name, the planned parallelism
+    (a multi-node launch that contradicts the plan is refused), the planned context length."""
+    from dflash_trt import launch
+
+    b = launch.read_bundle(bundles["bf16"])
+    manifest = json.loads((bundles["bf16"] / "manifest.json").read_text())
+    assert b.name == manifest["recipe"]["name"]
+    assert b.serve["tp_size"] == manifest["plan"]["tp"] == 1 and b.serve["max_seq_len"] == 256
+    assert run(["serve", str(bundles["bf16"]), "--emit", "slurm", "--nodes", "2", "-o", str(tmp_path / "job.sh")]) == 2
+    assert "planned for tp_size 1" in capsys.readouterr().err
+    assert not (tmp_path / "job.sh").exists()
+    assert run(["serve", str(bundles["bf16"]), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "1",
+                "-o", str(tmp_path / "job.sh")]) == 0
+    assert "--nodes=1" in (tmp_path / "job.sh").read_text()

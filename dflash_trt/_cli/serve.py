@@ -104,7 +104,8 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
 
         raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
     app = server.create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                            block_size=block_size, torch_threads=threads)
+                            block_size=block_size, torch_threads=threads,
+                            max_model_len=b.serve.get("max_seq_len"))
     err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime, "
               f"max batch {max_batch}, queue {max_queue})")
     return server.serve(app, host, port)

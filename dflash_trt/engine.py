@@ -79,7 +79,8 @@ class DrafterRound(nn.Module):
                 q, k, v, k_cache, v_cache, page_table, ctx_len, cfg.layer_causal(i), cfg.layer_window(i),
                 cfg.head_dim ** -0.5, i, self.kernels)
 
-        out = d.block_forward(block_embeds, ctx_len, attend)
+        positions = ctx_len[:, None] + torch.arange(block_embeds.shape[1], device=block_embeds.device)
+        out = d.block_forward(block_embeds, positions, attend)
         if self.head is not None:
             out = d.logits(out, self.head)
         return out, k_cache, v_cache

@@ -157,14 +157,17 @@ class Drafter(nn.Module):
                 scale=cfg.head_dim ** -0.5, kernels=self.kernels,
             )
 
-        return self.block_forward(block_embeds, cache.lengths, attend)
+        B = block_embeds.shape[1]
+        positions = cache.lengths[:, None] + torch.arange(B, device=block_embeds.device)
+        return self.block_forward(block_embeds, positions, attend)
 
-    def block_forward(self, block_embeds: torch.Tensor, lengths: torch.Tensor, attend) -> torch.Tensor:
-        """The layer stack over a block; ``attend(layer, q, k, v)`` is block-diffusion attention
-        over that layer's context (so the paged-cache op and the ONNX export share this loop)."""
+    def block_forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+        """The layer stack over block tokens at absolute ``positions`` [b, B];
+        ``attend(layer, q, k, v)`` is block-diffusion attention over that layer's context.
+        The paged-cache runtime, the ONNX export and training (many blocks per row, one
+        masked attention) all run this one loop."""
         cfg = self.cfg
         b, B, _ = block_embeds.shape
-        positions = lengths[:, None] + torch.arange(B, device=block_embeds.device)
         cos, sin = self.rope(positions, block_embeds.dtype)
         x = block_embeds
         for i, layer in enumerate(self.layers):

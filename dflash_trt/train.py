@@ -154,30 +154,28 @@ def train_forward(drafter: Drafter, taps: torch.Tensor, block_embeds: torch.Tens
     nh, kvh, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     dev, dtype = block_embeds.device, block_embeds.dtype
     q_pos = (anchors[:, :, None] + torch.arange(B, device=dev)).reshape(b, K * B)
-    cos_b, sin_b = drafter.rope(q_pos, dtype)
     cos_c, sin_c = drafter.rope(torch.arange(T, device=dev).expand(b, T), dtype)
     ctx = drafter.hidden_norm(drafter.fc(taps))                              # [b, T, H]
     rep = nh // kvh
     masks = {}
-    x = block_embeds.reshape(b, K * B, H)
-    for i, layer in enumerate(drafter.layers):
+
+    def attend(i, q, k, v):
+        """Dense attention of all K*B block queries over [context ++ all blocks], masked so
+        each block sees only context before its anchor and itself (``block_visibility``)."""
         key = (cfg.layer_causal(i), cfg.layer_window(i))
         if key not in masks:
             masks[key] = block_visibility(anchors, T, B, causal=key[0], window=key[1])[:, None]
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = ops.apply_rope(attn.q_norm(attn.q_proj(h).view(b, K * B, nh, hd)), cos_b, sin_b)
-        k = ops.apply_rope(attn.k_norm(attn.k_proj(h).view(b, K * B, kvh, hd)), cos_b, sin_b)
-        v = attn.v_proj(h).view(b, K * B, kvh, hd)
+        attn = drafter.layers[i].self_attn
         kc = ops.apply_rope(attn.k_norm(attn.k_proj(ctx).view(b, T, kvh, hd)), cos_c, sin_c)
         vc = attn.v_proj(ctx).view(b, T, kvh, hd)
         keys = torch.cat([kc, k], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
         vals = torch.cat([vc, v], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=masks[key],
                                            scale=hd ** -0.5)
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(b, K * B, nh * hd))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return drafter.norm(x).view(b, K, B, H)
+        return o.transpose(1, 2)
+
+    x = drafter.block_forward(block_embeds.reshape(b, K * B, H), q_pos, attend)
+    return x.view(b, K, B, H)
 
 
 def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, B: int, mask_id: int,

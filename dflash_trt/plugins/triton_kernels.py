@@ -153,6 +153,18 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _online_softmax_step(m_i, l_i, acc, s, v, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold one tile of (base-2) scores ``s`` and values ``v`` into the running max, sum
+    and output (flash attention's online softmax)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _block_attention_kernel(
     q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr,
     B, max_pages, layer_stride, layer, page_size, window, qk_scale,
@@ -200,12 +212,7 @@ def _block_attention_kernel(
         if USE_WINDOW:
             vis = vis & ((q_pos[:, None] - pos[None, :]) < window)
         s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(vt.dtype), vt, IEEE, UPCAST)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, vt, IEEE, UPCAST)
 
     # the block's own keys, positions n..n+B-1
     tb = tl.arange(0, BLOCK_B)
@@ -222,11 +229,7 @@ def _block_attention_kernel(
         diff = t[:, None] - tb[None, :]
         vis = vis & (tl.where(diff < 0, -diff, diff) < window)
     s = tl.where(vis, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + _dot(p.to(vb.dtype), vb, IEEE, UPCAST)
+    m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, vb, IEEE, UPCAST)
     out = acc / l_i[:, None]
     tl.store(o_ptr + q_off[:, None] + dd[None, :], out.to(o_ptr.dtype.element_ty),
              mask=m_ok[:, None] & d_ok[None, :])

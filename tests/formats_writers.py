@@ -1,4 +1,4 @@
-"""Write tiny drafters in each published format, by hand (never through dflash_trt.checkpoint).
+"""Write tiny drafters in each published format, by hand (never through dflash_trt.ingest).
 
 Configs are hand-written dicts shaped like the published files (z-lab's Qwen3-8B-DFlash-b16,
 speculators' DFlashSpeculatorConfig, ModelOpt's DFlashExporter); tensors are saved with

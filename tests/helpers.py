@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.model import Drafter, DrafterConfig, Target
+from dflash_trt.model.drafter import Drafter
+
+from dflash_trt.model.config import DrafterConfig
+
+from dflash_trt.model.target import Target
 
 VOCAB = 96
 MASK_ID = VOCAB - 1

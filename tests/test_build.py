@@ -8,7 +8,11 @@ import struct
 import pytest
 import torch
 
-from dflash_trt import build as B, recipe as R, trtllm
+from dflash_trt.build import pipeline
+
+from dflash_trt.build import recipe as R
+
+from dflash_trt.build import trtllm
 from dflash_trt.cli import run
 from helpers import hf_greedy, save_pair
 
@@ -51,7 +55,7 @@ def test_bundle_layout_manifest_and_config(bundles, pair, prec):
                 "drafter/model.safetensors", "trtllm/config.yaml", "trtllm/serve.sh"):
         assert (b / rel).is_file(), rel
     m = json.loads((b / "manifest.json").read_text())
-    assert m["format"] == B.BUNDLE_FORMAT and m["precision"]["weights"] == prec
+    assert m["format"] == pipeline.BUNDLE_FORMAT and m["precision"]["weights"] == prec
     assert m["gpu"]["name"] == {"bf16": "cpu", "fp8": "H100", "nvfp4": "B200"}[prec]
     assert m["inputs"]["target"]["path"] == str(pair[0].resolve())
     assert len(m["inputs"]["target"]["sha256"]["model.safetensors"]) == 64
@@ -61,7 +65,7 @@ def test_bundle_layout_manifest_and_config(bundles, pair, prec):
     cfg = trtllm.load(b)  # passes the schema
     assert cfg.speculative_config.speculative_model == "./drafter" and cfg.max_seq_len == 256
     assert cfg.speculative_config.max_draft_len <= 7
-    check = B.check_bundle(b)
+    check = pipeline.check_bundle(b)
     assert check["precision"] == prec
     assert not list(b.parent.glob(".*partial*"))
 
@@ -100,7 +104,7 @@ def test_nvfp4_tensors(bundles):
 def test_dequantized_weights_are_close_to_the_source(bundles, pair, prec, tol):
     from safetensors.torch import load_file
 
-    from dflash_trt.quantize import dequantize_state
+    from dflash_trt.runtime.dequantize import dequantize_state
 
     src = load_file(str(pair[0] / "model.safetensors"))
     deq = dequantize_state(bundles[prec] / "target")
@@ -112,8 +116,8 @@ def test_dequantized_weights_are_close_to_the_source(bundles, pair, prec, tol):
 
 
 def test_quantized_bundle_is_lossless_on_the_reference_runtime(bundles):
-    from dflash_trt.pair import load_bundle
-    from dflash_trt.runtime import generate
+    from dflash_trt.runtime.pair import load_bundle
+    from dflash_trt.runtime.loop import generate
 
     p = load_bundle(bundles["fp8"], dtype="float32")
     prompt = p.encode("def f(x):")
@@ -155,7 +159,7 @@ def test_flags_override_the_recipe(pair, tmp_path):
     assert run(["build", str(f), "--gpu", "b200", "--dry-run", "--json", "-o", str(out)]) == 0
     assert not out.exists()
     r = R.load(f, ["gpu.name=b200"])
-    assert B.make_plan(B.resolve(r)).attention_backend == "TRTLLM"
+    assert pipeline.make_plan(pipeline.resolve(r)).attention_backend == "TRTLLM"
 
 
 def test_existing_output_needs_force(bundles, pair, capsys):
@@ -164,7 +168,7 @@ def test_existing_output_needs_force(bundles, pair, capsys):
     assert run(argv) == 2 and "--force" in capsys.readouterr().err
     before = json.loads((bundles["bf16"] / "manifest.json").read_text())["created"]
     assert run(argv + ["--force"]) == 0
-    assert B.check_bundle(bundles["bf16"])["precision"] == "bf16"
+    assert pipeline.check_bundle(bundles["bf16"])["precision"] == "bf16"
     assert json.loads((bundles["bf16"] / "manifest.json").read_text())["created"] >= before
 
 
@@ -220,14 +224,14 @@ def test_plan_command_json_and_table(capsys):
 def test_build_without_arguments_uses_the_tiny_recipe(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run(["build"]) == 0
-    report = B.check_bundle(tmp_path / "dflash-out" / "tiny")
+    report = pipeline.check_bundle(tmp_path / "dflash-out" / "tiny")
     assert report["precision"] == R.load("tiny").precision.weights
 
 
 def test_serve_reads_what_build_writes(bundles, tmp_path, capsys):
     """The manifest carries what `serve` needs: the bundle's name, the planned parallelism
     (a multi-node launch that contradicts the plan is refused), the planned context length."""
-    from dflash_trt import launch
+    from dflash_trt.serve import launch
 
     b = launch.read_bundle(bundles["bf16"])
     manifest = json.loads((bundles["bf16"] / "manifest.json").read_text())

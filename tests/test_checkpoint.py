@@ -14,10 +14,11 @@ import json
 import pytest
 import torch
 
-from dflash_trt import checkpoint
+from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError
-from dflash_trt.model import Drafter, Target
-from dflash_trt.runtime import generate
+from dflash_trt.model.drafter import Drafter
+from dflash_trt.model.target import Target
+from dflash_trt.runtime.loop import generate
 from formats_writers import write_modelopt, write_speculators, write_zlab_newer, write_zlab_v1
 from helpers import hf_greedy, prompts, tiny_drafter, tiny_drafter_config
 
@@ -100,20 +101,20 @@ def assert_same_drafter(model, orig: Drafter, loaded: Drafter):
 def test_full_vocabulary_formats_load_as_their_zlab_original(fmt, target, drafters, originals, tmp_path):
     d = drafters["full"]
     path = WRITERS[fmt](tmp_path / fmt, d.cfg, d.state_dict())
-    spec = checkpoint.read_drafter(path)
+    spec = ingest.read_drafter(path)
     assert spec.format == fmt.split("-")[0] if fmt.startswith("modelopt") else spec.format == fmt
-    loaded = checkpoint.load_drafter(path, dtype=torch.float32)
+    loaded = ingest.load_drafter(path, dtype=torch.float32)
     assert_same_drafter(target, Drafter.load(originals["full"]), loaded)
 
 
 def test_speculators_reduced_vocabulary_keeps_its_own_head(target, drafters, originals, tmp_path):
     d = drafters["reduced"]
     path = write_speculators(tmp_path / "spec", d.cfg, d.state_dict())
-    spec = checkpoint.read_drafter(path)
+    spec = ingest.read_drafter(path)
     assert spec.format == "speculators" and spec.config.draft_vocab_size == DRAFT_VOCAB
     assert spec.published_layer_ids == [i + 1 for i in d.cfg.target_layer_ids]
     assert spec.config.target_layer_ids == d.cfg.target_layer_ids
-    loaded = checkpoint.load_drafter(path, dtype=torch.float32)
+    loaded = ingest.load_drafter(path, dtype=torch.float32)
     orig = Drafter.load(originals["reduced"])
     assert loaded.lm_head is not None and loaded.lm_head.weight.shape == (DRAFT_VOCAB, d.cfg.hidden_size)
     assert torch.equal(loaded.d2t, d.d2t)  # offsets became absolute target ids
@@ -130,7 +131,7 @@ def test_speculators_full_vocabulary_drops_verifier_copies(target, drafters, ori
     emb = target.get_input_embeddings().weight.detach().clone()
     path = write_speculators(tmp_path / "spec", d.cfg, d.state_dict(), verifier_head=head,
                              extra={"embed_tokens.weight": emb})
-    loaded = checkpoint.load_drafter(path, dtype=torch.float32)
+    loaded = ingest.load_drafter(path, dtype=torch.float32)
     assert loaded.lm_head is None
     assert_same_drafter(target, Drafter.load(originals["full"]), loaded)
 
@@ -141,7 +142,7 @@ def test_write_zlab_round_trips_to_the_original(kind, fmt, target, drafters, ori
     d = drafters[kind]
     writer = WRITERS[fmt]
     src = writer(tmp_path / "src", d.cfg, d.state_dict())
-    out = checkpoint.write_zlab(src, tmp_path / "out" / "drafter")
+    out = ingest.write_zlab(src, tmp_path / "out" / "drafter")
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == d.cfg.block_size
     assert cfg["dflash_config"]["target_layer_ids"] == d.cfg.target_layer_ids
@@ -161,7 +162,7 @@ def test_write_zlab_refuses_non_empty_output(drafters, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("x")
     with pytest.raises(CheckpointError, match="not empty"):
-        checkpoint.write_zlab(src, tmp_path / "out")
+        ingest.write_zlab(src, tmp_path / "out")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
 
 
@@ -173,18 +174,18 @@ def test_d2t_given_as_absolute_ids_is_recognised_through_t2d(target, drafters, o
     tensors = load_file(str(path / "model.safetensors"))
     tensors["d2t"] = d.d2t.clone()  # some converters store absolute ids
     save_file(tensors, str(path / "model.safetensors"))
-    loaded = checkpoint.load_drafter(path, dtype=torch.float32)
+    loaded = ingest.load_drafter(path, dtype=torch.float32)
     assert torch.equal(loaded.d2t, d.d2t)
     tensors["d2t"] = torch.flip(d.d2t, [0])  # consistent with neither reading
     tensors["t2d"] = torch.zeros_like(tensors["t2d"])
     save_file(tensors, str(path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="vocabulary maps are corrupt"):
-        checkpoint.load_drafter(path)
+        ingest.load_drafter(path)
 
 
 def test_layer_ids_in_both_conventions(drafters, tmp_path):
     d = drafters["full"]
-    spec = checkpoint.read_drafter(write_speculators(tmp_path / "s", d.cfg, d.state_dict()))
+    spec = ingest.read_drafter(write_speculators(tmp_path / "s", d.cfg, d.state_dict()))
     info = spec.to_dict()["target_layer_ids"]
     assert info["zlab"] == d.cfg.target_layer_ids
     assert info["output_hidden_states"] == info["published"] == [i + 1 for i in d.cfg.target_layer_ids]
@@ -194,10 +195,10 @@ def test_layer_ids_in_both_conventions(drafters, tmp_path):
 def test_validate_pair_accepts_each_format_and_warns_about_reduced_heads(tiny_pair_dir, drafters, tmp_path):
     tdir = tiny_pair_dir[0]
     for fmt, writer in WRITERS.items():
-        r = checkpoint.validate_pair(tdir, writer(tmp_path / fmt, drafters["full"].cfg, drafters["full"].state_dict()))
+        r = ingest.validate_pair(tdir, writer(tmp_path / fmt, drafters["full"].cfg, drafters["full"].state_dict()))
         assert r.ok and not any("head" in w for w in r.warnings), (fmt, r.errors, r.warnings)
     d = drafters["reduced"]
-    r = checkpoint.validate_pair(tdir, write_speculators(tmp_path / "red", d.cfg, d.state_dict()))
+    r = ingest.validate_pair(tdir, write_speculators(tmp_path / "red", d.cfg, d.state_dict()))
     assert r.ok and any("TensorRT-LLM's DFlash loader uses the target's LM head" in w for w in r.warnings)
 
 
@@ -210,13 +211,13 @@ def test_config_only_directories_validate_without_weights(tiny_pair_dir, tmp_pat
         for f in src.iterdir():
             if f.suffix != ".safetensors":
                 shutil.copy(f, tmp_path / name / f.name)
-    r = checkpoint.validate_pair(tmp_path / "t", tmp_path / "d", require_weights=False)
+    r = ingest.validate_pair(tmp_path / "t", tmp_path / "d", require_weights=False)
     assert r.ok and r.to_dict()["weights_present"] == {"target": False, "drafter": False}
     assert sum("weights absent" in w for w in r.warnings) == 2
-    assert checkpoint.read_drafter(tmp_path / "d", require_weights=False).num_parameters == \
-        checkpoint.read_drafter(ddir).num_parameters
+    assert ingest.read_drafter(tmp_path / "d", require_weights=False).num_parameters == \
+        ingest.read_drafter(ddir).num_parameters
     with pytest.raises(CheckpointError, match="no .safetensors weights"):
-        checkpoint.validate_pair(tmp_path / "t", tmp_path / "d")
+        ingest.validate_pair(tmp_path / "t", tmp_path / "d")
 
 
 def test_sha256_files_hashes_content_and_skips_hidden(tmp_path):
@@ -228,7 +229,7 @@ def test_sha256_files_hashes_content_and_skips_hidden(tmp_path):
     (tmp_path / ".cache").mkdir()
     (tmp_path / ".cache" / "x").write_text("ignored")
     (tmp_path / "link.json").symlink_to(tmp_path / "a.json")
-    got = checkpoint.sha256_files(tmp_path)
+    got = ingest.sha256_files(tmp_path)
     assert got == {"a.json": hashlib.sha256(b"{}").hexdigest(), "link.json": hashlib.sha256(b"{}").hexdigest(),
                    "sub/b.bin": hashlib.sha256(b"\x00\x01").hexdigest()}
 
@@ -250,7 +251,7 @@ def test_sha256_files_hashes_content_and_skips_hidden(tmp_path):
 def test_target_quantization(files, want, tmp_path):
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps(data))
-    got = checkpoint.target_quantization(tmp_path)
+    got = ingest.target_quantization(tmp_path)
     if want is None:
         assert got is None
     else:
@@ -264,13 +265,13 @@ def test_published_pairs_validate_from_configs_alone():
     root = Path(__file__).parent / "data" / "model-configs"
     ok = [("Qwen--Qwen3-8B", "z-lab--Qwen3-8B-DFlash-b16"), ("openai--gpt-oss-20b", "z-lab--gpt-oss-20b-DFlash")]
     for t, d in ok:
-        r = checkpoint.validate_pair(root / t, root / d, require_weights=False)
+        r = ingest.validate_pair(root / t, root / d, require_weights=False)
         assert r.ok, r.errors
-    spec = checkpoint.read_drafter(root / "z-lab--Qwen3-8B-DFlash-b16", require_weights=False)
+    spec = ingest.read_drafter(root / "z-lab--Qwen3-8B-DFlash-b16", require_weights=False)
     assert spec.num_parameters == 1_048_626_432  # the published checkpoint's header count (SIZES.json)
-    gpt = checkpoint.read_drafter(root / "z-lab--gpt-oss-20b-DFlash", require_weights=False)
+    gpt = ingest.read_drafter(root / "z-lab--gpt-oss-20b-DFlash", require_weights=False)
     assert gpt.num_parameters == 784_767_104 and gpt.config.rope_scaling["rope_type"] == "yarn"
-    assert checkpoint.read_target(root / "openai--gpt-oss-20b", require_weights=False).quantization["quant_algo"] == "MXFP4"
-    r = checkpoint.validate_pair(root / "openai--gpt-oss-20b", root / "z-lab--Qwen3-8B-DFlash-b16",
+    assert ingest.read_target(root / "openai--gpt-oss-20b", require_weights=False).quantization["quant_algo"] == "MXFP4"
+    r = ingest.validate_pair(root / "openai--gpt-oss-20b", root / "z-lab--Qwen3-8B-DFlash-b16",
                                  require_weights=False, raise_on_error=False)
     assert not r.ok and "hidden_size 4096 != target hidden_size 2880" in r.errors[0]

@@ -9,7 +9,9 @@ import torch
 
 # Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
 
-from dflash_trt import checkpoint, recipe
+from dflash_trt import ingest
+
+from dflash_trt.build import recipe
 from dflash_trt.cli import run
 
 TARGET, DRAFTER = "embedded:tiny/target", "embedded:tiny/drafter"
@@ -17,26 +19,26 @@ TARGET, DRAFTER = "embedded:tiny/target", "embedded:tiny/drafter"
 
 @pytest.fixture(scope="module")
 def pair():
-    from dflash_trt.pair import load_pair
+    from dflash_trt.runtime.pair import load_pair
 
     return load_pair(TARGET, DRAFTER, dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def heldout():
-    from dflash_trt.bench import read_prompts
+    from dflash_trt.bench.inprocess import read_prompts
 
-    return read_prompts(checkpoint.embedded_dir("tiny") / "heldout_prompts.jsonl")
+    return read_prompts(ingest.embedded_dir("tiny") / "heldout_prompts.jsonl")
 
 
 def test_shipped_files_are_small_and_in_the_agreed_formats():
-    root = checkpoint.embedded_dir("tiny")
+    root = ingest.embedded_dir("tiny")
     files = [p for p in root.rglob("*") if p.is_file()]
     total = sum(p.stat().st_size for p in files)
     assert total < 16 * 2**20, f"embedded pair is {total / 2**20:.1f} MiB"
     assert not list(root.rglob("*.bin")) and not list(root.rglob("*.pt"))
-    tcfg = json.loads((checkpoint.resolve(TARGET) / "config.json").read_text())
-    dcfg = json.loads((checkpoint.resolve(DRAFTER) / "config.json").read_text())
+    tcfg = json.loads((ingest.resolve(TARGET) / "config.json").read_text())
+    dcfg = json.loads((ingest.resolve(DRAFTER) / "config.json").read_text())
     assert tcfg["architectures"] == ["Qwen3ForCausalLM"]
     assert dcfg["architectures"] == ["DFlashDraftModel"] and dcfg["block_size"] == 8
     assert dcfg["hidden_size"] == tcfg["hidden_size"]
@@ -54,7 +56,7 @@ def test_tokenizer_has_the_mask_token_the_drafter_uses(pair):
 
 
 def test_shipped_pair_is_lossless_and_accepts_drafts(pair, heldout):
-    from dflash_trt.runtime import generate
+    from dflash_trt.runtime.loop import generate
 
     prompts = [pair.encode(p) for p in heldout[:4]]
     spec = generate(pair.target, pair.drafter, prompts, max_new_tokens=48, stop_token_ids=pair.stop_token_ids)
@@ -65,7 +67,7 @@ def test_shipped_pair_is_lossless_and_accepts_drafts(pair, heldout):
 
 
 def test_heldout_prompts_come_from_files_the_target_never_saw():
-    root = checkpoint.embedded_dir("tiny")
+    root = ingest.embedded_dir("tiny")
     lines = [json.loads(x) for x in (root / "heldout_prompts.jsonl").read_text().splitlines() if x.strip()]
     assert len(lines) >= 8
     info = json.loads((root / "target" / "training.json").read_text())
@@ -79,7 +81,7 @@ def test_tiny_recipe_names_the_embedded_pair():
     r = recipe.load("tiny")
     assert (r.target.id, r.drafter.id) == (TARGET, DRAFTER)
     assert r.gpu.name == "cpu" and r.precision.weights == "bf16" and r.engine == "trtllm"
-    assert checkpoint.resolve(r.target.id).is_dir() and checkpoint.resolve(r.drafter.id).is_dir()
+    assert ingest.resolve(r.target.id).is_dir() and ingest.resolve(r.drafter.id).is_dir()
 
 
 def test_generate_without_arguments_uses_the_embedded_pair(capsys):

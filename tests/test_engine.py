@@ -10,11 +10,12 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime_extensions")
 pytest.importorskip("onnxscript")
 
-from dflash_trt import engine  # noqa: E402
+from dflash_trt.build import export as engine
 
 
 def tiny_drafter(seed=0):
-    from dflash_trt.model import Drafter, DrafterConfig
+    from dflash_trt.model.drafter import Drafter
+    from dflash_trt.model.config import DrafterConfig
 
     torch.manual_seed(seed)
     cfg = DrafterConfig(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_trt import hardware as hw
+from dflash_trt.build import hardware as hw
 from dflash_trt.errors import HardwareError
 
 

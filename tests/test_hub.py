@@ -11,7 +11,9 @@ import shutil
 
 import pytest
 
-from dflash_trt import checkpoint, hub
+from dflash_trt import ingest
+
+from dflash_trt.ingest import hub
 from dflash_trt.cli import run
 from dflash_trt.errors import CheckpointError
 
@@ -49,7 +51,7 @@ def test_parse_hub_id(ref, want):
 
 def test_offline_with_nothing_cached_is_one_clear_line(offline_cache, capsys):
     with pytest.raises(CheckpointError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
-        checkpoint.resolve("z-lab/Qwen3-8B-DFlash-b16", role="drafter")
+        ingest.resolve("z-lab/Qwen3-8B-DFlash-b16", role="drafter")
     assert run(["inspect", "z-lab/Qwen3-8B-DFlash-b16"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "HF_HUB_OFFLINE" in err and "Traceback" not in err
@@ -59,23 +61,23 @@ def test_cached_snapshots_resolve_offline_by_ref_and_commit(offline_cache, tiny_
     tdir, ddir = tiny_pair_dir
     t = _cache_repo(offline_cache, "acme/tiny-target", tdir)
     d = _cache_repo(offline_cache, "acme/tiny-drafter", ddir)
-    assert checkpoint.resolve("acme/tiny-target", role="target") == t
-    assert checkpoint.resolve(f"acme/tiny-drafter@{COMMIT}", role="drafter") == d
-    assert checkpoint.resolve("acme/tiny-drafter", role="drafter", revision=COMMIT) == d
-    assert checkpoint.validate_pair(t, d).ok
+    assert ingest.resolve("acme/tiny-target", role="target") == t
+    assert ingest.resolve(f"acme/tiny-drafter@{COMMIT}", role="drafter") == d
+    assert ingest.resolve("acme/tiny-drafter", role="drafter", revision=COMMIT) == d
+    assert ingest.validate_pair(t, d).ok
     assert run(["inspect", "acme/tiny-drafter", "--target", "acme/tiny-target", "--json"]) == 0
     assert '"ok": true' in capsys.readouterr().out
     with pytest.raises(CheckpointError, match="not in the local Hugging Face cache"):
-        checkpoint.resolve("acme/tiny-drafter@v2", role="drafter")
+        ingest.resolve("acme/tiny-drafter@v2", role="drafter")
 
 
 def test_local_directory_wins_over_a_hub_id(tmp_path, monkeypatch, tiny_pair_dir):
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_pair_dir[1], tmp_path / "org" / "drafter")
-    assert checkpoint.resolve("org/drafter", role="drafter").resolve() == (tmp_path / "org" / "drafter").resolve()
+    assert ingest.resolve("org/drafter", role="drafter").resolve() == (tmp_path / "org" / "drafter").resolve()
     # a mistyped local path (its parent exists) is not sent to the hub
     with pytest.raises(CheckpointError, match="no such directory"):
-        checkpoint.resolve("org/drafterr", role="drafter")
+        ingest.resolve("org/drafterr", role="drafter")
 
 
 class Recorder:
@@ -95,7 +97,7 @@ def test_only_configs_tokenizers_and_safetensors_are_requested(monkeypatch, tmp_
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     rec = Recorder(result=tiny_pair_dir[0])
     monkeypatch.setattr(huggingface_hub, "snapshot_download", rec)
-    assert checkpoint.resolve("Qwen/Qwen3-8B@abc", role="target") == tiny_pair_dir[0]
+    assert ingest.resolve("Qwen/Qwen3-8B@abc", role="target") == tiny_pair_dir[0]
     repo_id, kw = rec.calls[0]
     assert repo_id == "Qwen/Qwen3-8B" and kw["revision"] == "abc" and kw["local_files_only"] is False
 
@@ -137,7 +139,7 @@ def test_hub_errors_become_one_line(monkeypatch, make, needle, capsys):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", Recorder(error=make(errors)))
     with pytest.raises(CheckpointError, match=needle):
-        checkpoint.resolve("org/model@v9", role="target")
+        ingest.resolve("org/model@v9", role="target")
     assert run(["inspect", "org/model@v9"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle.split("'")[0] in err

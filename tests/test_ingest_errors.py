@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_trt import checkpoint
+from dflash_trt import ingest
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import Drafter
+from dflash_trt.model.drafter import Drafter
 from formats_writers import write_speculators, write_zlab_v1
 
 
@@ -207,13 +207,13 @@ def test_broken_input_is_one_line_exit_2_and_writes_nothing(broken, capsys):
     assert needle in errtext, errtext
     # the same refusal from the API that writes: nothing is created
     with pytest.raises(DFlashError):
-        checkpoint.validate_pair(t, d)
+        ingest.validate_pair(t, d)
     try:
-        checkpoint.write_zlab(d, root / "out")
+        ingest.write_zlab(d, root / "out")
     except DFlashError:
         pass
     else:  # only target-side problems leave the drafter itself writable
-        assert checkpoint.read_drafter(d) and (root / "out").exists()
+        assert ingest.read_drafter(d) and (root / "out").exists()
         shutil.rmtree(root / "out")
     assert not (root / "out").exists()
     assert _snapshot(root) == before

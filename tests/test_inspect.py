@@ -9,7 +9,7 @@ import shutil
 import torch
 
 from dflash_trt.cli import run
-from dflash_trt.model import Drafter
+from dflash_trt.model.drafter import Drafter
 from formats_writers import write_speculators
 
 

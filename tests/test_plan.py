@@ -11,12 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from dflash_trt import hardware as hw, plan as P, recipe as R
-from dflash_trt.errors import HardwareError, RecipeError
-from dflash_trt.recipe import ServingSpec, SpeculativeSpec
-from dflash_trt.shapes import DraftShape, TargetShape
+from dflash_trt.build import hardware as hw
 
-CONFIGS = Path(R.__file__).parent / "recipes" / "configs"
+from dflash_trt.build import plan as P
+
+from dflash_trt.build import recipe as R
+from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.build.recipe import ServingSpec, SpeculativeSpec
+from dflash_trt.build.model_shapes import DraftShape, TargetShape
+
+CONFIGS = R._bundled_dir() / "configs"
 GiB = 1 << 30
 
 
@@ -148,8 +152,8 @@ def test_explicit_draft_length_is_checked_against_the_block(qwen):
     ("gpt-oss-120b-8xb300", 8, "mxfp4", "TRTLLM"), ("gpt-oss-120b-8xh200", 8, "mxfp4", "FA4"),
 ])
 def test_every_bundled_recipe_plans_offline(name, tp, precision, backend):
-    from dflash_trt import build as B
+    from dflash_trt.build import pipeline
 
-    p = B.make_plan(B.resolve(R.load(name)))
+    p = pipeline.make_plan(pipeline.resolve(R.load(name)))
     assert (p.tp, p.precision, p.attention_backend) == (tp, precision, backend)
     assert p.memory.fits and p.max_draft_len <= p.block_size - 1

@@ -17,9 +17,9 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from dflash_trt.plugins import block_attention as ba  # noqa: E402
-from dflash_trt.plugins import kv_injection as kvi  # noqa: E402
-from dflash_trt.plugins import ops  # noqa: E402
+from dflash_trt.plugins import attention as ba  # noqa: E402
+from dflash_trt.plugins import injection as kvi  # noqa: E402
+from dflash_trt import plugins  # noqa: E402
 
 if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not torch.cuda.is_available():
     pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
@@ -96,9 +96,9 @@ def test_block_attention_edge_lengths(lengths):
 
 def test_block_attention_public_entry_and_bf16():
     q, k, v, kc, vc, pt, lens = _attn_inputs(4, 64, 8, [5, 23], 16, torch.bfloat16, 7)
-    out = ops.block_attention(q, k, v, kc, vc, pt, lens, causal=False, window=None,
+    out = plugins.block_attention(q, k, v, kc, vc, pt, lens, causal=False, window=None,
                               scale=0.125, kernels="triton")
-    ref = ops.block_attention(q, k, v, kc, vc, pt, lens, causal=False, window=None, scale=0.125)
+    ref = plugins.block_attention(q, k, v, kc, vc, pt, lens, causal=False, window=None, scale=0.125)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
 
@@ -156,7 +156,8 @@ def test_kv_injection_matches_reference(L, kvh, d, ps, T, lengths, n_new, bias):
 
 
 def tiny_drafter(seed=0, layer_types=None, window=None):
-    from dflash_trt.model import Drafter, DrafterConfig
+    from dflash_trt.model.drafter import Drafter
+    from dflash_trt.model.config import DrafterConfig
 
     torch.manual_seed(seed)
     cfg = DrafterConfig(
@@ -237,7 +238,7 @@ def test_kv_injection_custom_op_mutates_and_fakes():
 
     drafter = tiny_drafter()
     cfg = drafter.cfg
-    wkv, bkv, kn = ops.fused_kv_weights(drafter)
+    wkv, bkv, kn = plugins.fused_kv_weights(drafter)
     cache = drafter.new_cache(2, page_size=4)
     n_new = torch.tensor([3, 2])
     cache.reserve(n_new)
@@ -267,7 +268,7 @@ def test_kv_scatter_stage_composes_to_the_reference():
     """fc + hidden_norm + the one GEMM + kv_scatter_reference == kv_injection_reference."""
     drafter = tiny_drafter(seed=3)
     cfg = drafter.cfg
-    wkv, bkv, kn = ops.fused_kv_weights(drafter)
+    wkv, bkv, kn = plugins.fused_kv_weights(drafter)
     cache = drafter.new_cache(2, page_size=4)
     n_new = torch.tensor([4, 1])
     cache.reserve(n_new)
@@ -279,7 +280,7 @@ def test_kv_scatter_stage_composes_to_the_reference():
                                    k_norm_weight=kn, inv_freq=drafter.inv_freq, rope_scale=1.0,
                                    eps=cfg.rms_norm_eps, k_cache=kr, v_cache=vr, page_table=cache.page_table,
                                    num_kv_heads=2, head_dim=32)
-        kv = ops.rms_norm(taps @ drafter.fc.weight.T, drafter.hidden_norm.weight, cfg.rms_norm_eps) @ wkv.T
+        kv = plugins.rms_norm(taps @ drafter.fc.weight.T, drafter.hidden_norm.weight, cfg.rms_norm_eps) @ wkv.T
         kvi.kv_scatter_reference(kv, kn, drafter.inv_freq, n_new, cache.lengths, cache.page_table, ks, vs,
                                  rope_scale=1.0, eps=cfg.rms_norm_eps, num_kv_heads=2, head_dim=32)
     torch.testing.assert_close(ks, kr, equal_nan=True)
@@ -287,7 +288,7 @@ def test_kv_scatter_stage_composes_to_the_reference():
 
 
 def test_shape_inference():
-    from dflash_trt.plugins.shapes import block_attention_shapes, kv_injection_shapes
+    from dflash_trt.plugins.op_shapes import block_attention_shapes, kv_injection_shapes
 
     assert block_attention_shapes((2, 16, 32, 128), (2, 16, 8, 128), (5, 100, 16, 8, 128), "bfloat16") == \
         ((2, 16, 32, 128), "bfloat16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dflash_trt import recipe as R
+from dflash_trt.build import recipe as R
 from dflash_trt.cli import run
 from dflash_trt.errors import RecipeError
 

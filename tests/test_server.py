@@ -14,11 +14,11 @@ import httpx
 import pytest
 import torch
 
-from dflash_trt.batcher import Batcher, Job
+from dflash_trt.serve.batcher import Batcher, Job
 from dflash_trt.cli import run
-from dflash_trt.pair import Pair, load_bundle
-from dflash_trt.runtime import generate
-from dflash_trt.server import ServerThread, create_app
+from dflash_trt.runtime.pair import Pair, load_bundle
+from dflash_trt.runtime.loop import generate
+from dflash_trt.serve.app import ServerThread, create_app
 from helpers import OracleDrafter, hf_greedy
 from serve_helpers import bundle_dir, free_port, subprocess_env  # noqa: F401 - fixture
 
@@ -233,7 +233,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(pair):
 
 
 def test_batcher_groups_by_sampling_and_caps_each_jobs_tokens(pair):
-    from dflash_trt.sampling import SamplingParams
+    from dflash_trt.runtime.sampling import SamplingParams
 
     b = Batcher(pair, max_batch=8, max_queue=8, batch_window_s=0)
     jobs = [Job(pair.encode("a"), 3), Job(pair.encode("bb"), 9), Job(pair.encode("c"), 5, SamplingParams(0.7, seed=1)),

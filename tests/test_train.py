@@ -11,11 +11,11 @@ import torch
 
 from helpers import char_tokenizer, save_pair, tiny_drafter, tiny_target, wrap
 
-from dflash_trt import train as T
-from dflash_trt import train_data as D
+from dflash_trt.train import objective
+from dflash_trt.train import data
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import Drafter
+from dflash_trt.model.drafter import Drafter
 
 
 # ---------------------------------------------------------------------------------------
@@ -26,7 +26,7 @@ from dflash_trt.model import Drafter
 def test_block_cannot_see_later_context_or_other_blocks():
     T_, B = 12, 4
     anchors = torch.tensor([[3, 7]])
-    vis = T.block_visibility(anchors, T_, B)[0]          # [K*B, T + K*B]
+    vis = objective.block_visibility(anchors, T_, B)[0]          # [K*B, T + K*B]
     assert vis.shape == (2 * B, T_ + 2 * B)
     for k, a in enumerate([3, 7]):
         rows = vis[k * B:(k + 1) * B]
@@ -41,9 +41,9 @@ def test_block_cannot_see_later_context_or_other_blocks():
 
 
 def test_causal_and_window_masks_follow_the_runtime_rules():
-    vis = T.block_visibility(torch.tensor([[5]]), 8, 4, causal=True)[0]
+    vis = objective.block_visibility(torch.tensor([[5]]), 8, 4, causal=True)[0]
     assert torch.equal(vis[:, 8:], torch.tril(torch.ones(4, 4, dtype=torch.bool)))
-    win = T.block_visibility(torch.tensor([[5]]), 8, 4, window=3)[0]
+    win = objective.block_visibility(torch.tensor([[5]]), 8, 4, window=3)[0]
     # query t at position 5+t sees context j only if 5+t-j < 3 (and j < 5)
     assert win[0, :8].nonzero().flatten().tolist() == [3, 4]
     assert win[2, :8].nonzero().flatten().tolist() == []
@@ -66,9 +66,9 @@ def test_training_forward_equals_inject_then_draft(kind):
     ids = torch.randint(3, 90, (2, L), generator=torch.Generator().manual_seed(0))
     taps = _taps(model, drafter, ids)
     anchors = torch.tensor([[1, 7, 12, 20], [4, 5, 16, 22]])
-    block, _ = T.block_inputs(ids, anchors, 8, drafter.cfg.mask_token_id, torch.tensor([L, L]))
+    block, _ = objective.block_inputs(ids, anchors, 8, drafter.cfg.mask_token_id, torch.tensor([L, L]))
     emb = target.embed(block.view(2, -1)).view(2, 4, 8, -1)
-    trained = T.train_forward(drafter, taps, emb, anchors)
+    trained = objective.train_forward(drafter, taps, emb, anchors)
     for i in range(2):
         for k, a in enumerate(anchors[i].tolist()):
             cache = drafter.new_cache(1)
@@ -84,36 +84,36 @@ def test_training_forward_depends_only_on_context_before_the_anchor():
     ids = torch.randint(3, 90, (1, 20), generator=torch.Generator().manual_seed(1))
     taps = _taps(model, drafter, ids)
     anchors = torch.tensor([[6, 12]])
-    block, _ = T.block_inputs(ids, anchors, 4, drafter.cfg.mask_token_id, torch.tensor([20]))
+    block, _ = objective.block_inputs(ids, anchors, 4, drafter.cfg.mask_token_id, torch.tensor([20]))
     emb = target.embed(block.view(1, -1)).view(1, 2, 4, -1)
-    base = T.train_forward(drafter, taps, emb, anchors)
+    base = objective.train_forward(drafter, taps, emb, anchors)
     changed = taps.clone()
     changed[:, 6:] += 1.0                     # later context: block 0 must not move, block 1 must
     emb2 = emb.clone()
     emb2[:, 1] += 1.0                         # another block's inputs: block 0 must not move
-    again = T.train_forward(drafter, changed, emb2, anchors)
+    again = objective.train_forward(drafter, changed, emb2, anchors)
     torch.testing.assert_close(again[:, 0], base[:, 0])
     assert not torch.allclose(again[:, 1], base[:, 1])
 
 
 def test_block_inputs_and_loss_weights():
     tokens = torch.arange(10, 20)[None]
-    block, labels = T.block_inputs(tokens, torch.tensor([[2, 7]]), 4, 99, torch.tensor([10]))
+    block, labels = objective.block_inputs(tokens, torch.tensor([[2, 7]]), 4, 99, torch.tensor([10]))
     assert block.tolist() == [[[12, 99, 99, 99], [17, 99, 99, 99]]]
     assert labels.tolist() == [[[13, 14, 15], [18, 19, -100]]]
-    assert [T.loss_gamma(b) for b in (8, 10, 16)] == [4.0, 5.0, 7.0]
-    assert T.default_layer_ids(36) == [1, 9, 17, 25, 33]
-    assert T.default_layer_ids(8) == [1, 3, 5]
-    assert [T.default_layer_ids(n) for n in (1, 2, 3, 4)] == [[0], [0], [1], [1]]
+    assert [objective.loss_gamma(b) for b in (8, 10, 16)] == [4.0, 5.0, 7.0]
+    assert objective.default_layer_ids(36) == [1, 9, 17, 25, 33]
+    assert objective.default_layer_ids(8) == [1, 3, 5]
+    assert [objective.default_layer_ids(n) for n in (1, 2, 3, 4)] == [[0], [0], [1], [1]]
     # a perfect prediction at every position gives tau = B and zero-ish loss
     logits = torch.nn.functional.one_hot(labels.clamp_min(0), 100).float() * 30
-    loss, m = T.block_loss(logits, labels, 4.0)
+    loss, m = objective.block_loss(logits, labels, 4.0)
     assert loss.item() < 1e-6 and m["tau"] == 4.0
 
 
 def test_anchors_stay_in_the_response():
     g = torch.Generator().manual_seed(0)
-    anchors, valid = D.sample_anchors(torch.tensor([20, 6]), torch.tensor([8, 5]), 50, g)
+    anchors, valid = data.sample_anchors(torch.tensor([20, 6]), torch.tensor([8, 5]), 50, g)
     a0 = anchors[0][valid[0]]
     assert a0.min() >= 8 and a0.max() <= 18 and len(a0) == 11 and len(set(a0.tolist())) == 11
     # a response too short to hold a label: anchors fall back to the whole sequence
@@ -127,25 +127,25 @@ def test_anchors_stay_in_the_response():
 
 def test_read_data_forms(tmp_path):
     (tmp_path / "p.jsonl").write_text('{"prompt": "a b"}\n\n{"prompt": "c"}\n')
-    assert D.read_data(tmp_path / "p.jsonl") == (["a b", "c"], [])
+    assert data.read_data(tmp_path / "p.jsonl") == (["a b", "c"], [])
     (tmp_path / "t.txt").write_text("some text\n")
-    assert D.read_data(tmp_path / "t.txt") == ([], ["some text\n"])
+    assert data.read_data(tmp_path / "t.txt") == ([], ["some text\n"])
     folder = tmp_path / "dir"
     (folder / "sub").mkdir(parents=True)
     (folder / "b.py").write_text("x = 1\n")
     (folder / "sub" / "a.txt").write_text("y = 2\n")
     (folder / "blob.bin").write_bytes(b"\x00\xff\x00")
-    assert D.read_data(folder) == ([], ["x = 1\n", "y = 2\n"])
+    assert data.read_data(folder) == ([], ["x = 1\n", "y = 2\n"])
     (tmp_path / "bad.jsonl").write_text('{"text": "no prompt"}\n')
     with pytest.raises(DFlashError, match="prompt"):
-        D.read_data(tmp_path / "bad.jsonl")
+        data.read_data(tmp_path / "bad.jsonl")
     with pytest.raises(DFlashError, match="no such"):
-        D.read_data(tmp_path / "missing")
+        data.read_data(tmp_path / "missing")
 
 
 def test_build_prompts_cuts_text_into_windows():
     tok = char_tokenizer()
-    prompts = D.build_prompts(tok, ["hello"], ["abcdefghij" * 3], prompt_len=4, gen_len=6, max_samples=100, seed=0)
+    prompts = data.build_prompts(tok, ["hello"], ["abcdefghij" * 3], prompt_len=4, gen_len=6, max_samples=100, seed=0)
     assert sorted(map(len, prompts)) == [4, 4, 4, 4]
     assert any(p == tok("abcd", add_special_tokens=False)["input_ids"] for p in prompts)
 
@@ -172,10 +172,10 @@ def _args(root, tdir, out, steps, *extra):
 
 
 def test_train_drafter_lowers_loss_writes_zlab_and_resumes(train_setup, capsys):
-    from dflash_trt import checkpoint
-    from dflash_trt.pair import load_pair
-    from dflash_trt.runtime import generate
-    from dflash_trt.train_loop import TrainSettings, train_drafter
+    from dflash_trt import ingest
+    from dflash_trt.runtime.pair import load_pair
+    from dflash_trt.runtime.loop import generate
+    from dflash_trt.train.loop import TrainSettings, train_drafter
 
     root, tdir = train_setup
     out = root / "trained"
@@ -191,7 +191,7 @@ def test_train_drafter_lowers_loss_writes_zlab_and_resumes(train_setup, capsys):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 4
     assert cfg["dflash_config"]["mask_token_id"] == 95 and cfg["dflash_config"]["target_layer_ids"] == [1]
-    drafter = checkpoint.load_drafter(out)
+    drafter = ingest.load_drafter(out)
     assert isinstance(drafter, Drafter) and not any(k.startswith("model.") for k in drafter.state_dict())
     pair = load_pair(tdir, out, dtype="float32")
     prompts = [pair.encode("def f3(x):\n"), pair.encode("    return")]
@@ -212,7 +212,7 @@ def test_train_drafter_lowers_loss_writes_zlab_and_resumes(train_setup, capsys):
 def test_resume_matches_an_uninterrupted_run(train_setup):
     from safetensors.torch import load_file
 
-    from dflash_trt.train_loop import TrainSettings, train_drafter
+    from dflash_trt.train.loop import TrainSettings, train_drafter
 
     root, tdir = train_setup
     common = dict(target=str(tdir), data=str(root / "data.txt"), block_size=4, layers=1, batch_size=2,

@@ -8,14 +8,18 @@ import subprocess
 import pytest
 import yaml
 
-from dflash_trt import build as B, recipe as R, trtllm
+from dflash_trt.build import pipeline
+
+from dflash_trt.build import recipe as R
+
+from dflash_trt.build import trtllm
 from dflash_trt.errors import DFlashError
 
 
 def _cfg(name="qwen3-8b-h100-fp8", sets=None):
     r = R.load(name, sets)
-    res = B.resolve(r)
-    return r, B.make_plan(res), res.drafter
+    res = pipeline.resolve(r)
+    return r, pipeline.make_plan(res), res.drafter
 
 
 def test_emitted_config_for_a_hopper_recipe():

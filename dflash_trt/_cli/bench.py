@@ -46,7 +46,7 @@ def bench(
     With --endpoint URL: drive any OpenAI-compatible server (trtllm-serve, vLLM, SGLang, 'dflash-trt serve')
     and report per concurrency output tokens/s, tokens/s per user, TTFT, ITL and τ when the server reports it.
     """
-    from dflash_trt import bench as b
+    from dflash_trt.bench import inprocess
     from dflash_trt.errors import DFlashError
 
     if endpoint is not None:
@@ -59,11 +59,11 @@ def bench(
         if target is not None or bundle is not None or bundle_opt is not None:
             raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
         prompts = default_prompts()          # the embedded pair's held-out standard-library prompts
-    texts = b.read_prompts(prompts)
+    texts = inprocess.read_prompts(prompts)
     pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("prompts", total=len(texts))
-        report = b.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
+        report = inprocess.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
                        progress=lambda k: bar.update(task, completed=k))
     if as_json:
         print_json(report)
@@ -93,15 +93,15 @@ def show(r: dict) -> None:
 
 def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
                    ignore_eos, plot, as_json) -> None:
-    from dflash_trt import bench as b
-    from dflash_trt import loadgen
+    from dflash_trt.bench import inprocess
+    from dflash_trt.bench import endpoint as loadgen
     from dflash_trt.errors import DFlashError
 
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]
     except ValueError:
         raise DFlashError(f"--concurrency {concurrency!r}: expected comma-separated integers, e.g. 1,4,16,32") from None
-    texts = b.read_prompts(prompts) if prompts else None
+    texts = inprocess.read_prompts(prompts) if prompts else None
     with err.status("benchmarking") as status:
         report = loadgen.run(endpoint, model=model, baseline=baseline, prompts=texts, concurrency=levels,
                              requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,

@@ -26,7 +26,7 @@ def recipe_from_flags(recipe: str | None, target: str | None, drafter: str | Non
                       gpus: int | None, precision: str | None, kv: str | None, calib: str | None,
                       sets: list[str] | None):
     """A Recipe from a name/file plus flags; flags override the recipe (as ``--set`` would)."""
-    from dflash_trt import recipe as R
+    from dflash_trt.build import recipe as R
     from dflash_trt.errors import RecipeError
 
     overrides = list(sets or [])
@@ -67,7 +67,7 @@ def build(
     as_json: JsonOpt = False,
 ) -> None:
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh."""
-    from dflash_trt import build as B
+    from dflash_trt.build import pipeline
 
     sets = list(set_ or []) + ([f"engine={engine}"] if engine is not None else [])
     r = recipe_from_flags(recipe, target, drafter, gpu, gpus, precision, kv_cache_dtype, calib, sets)
@@ -81,7 +81,7 @@ def build(
         def progress(done, total):
             bar.update(task, description="calibrating", total=total, completed=done)
 
-        res = B.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
+        res = pipeline.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
     engine_info = (res.manifest or {}).get("engine")
     if as_json:
         print_json({"recipe": r.name, "dry_run": dry_run, "out": str(res.out) if res.out else None,
@@ -111,10 +111,10 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
-    from dflash_trt import build as B
+    from dflash_trt.build import pipeline
 
     r = recipe_from_flags(recipe, target, drafter, gpu, gpus, precision, kv_cache_dtype, None, set_)
-    p = B.make_plan(B.resolve(r))
+    p = pipeline.make_plan(pipeline.resolve(r))
     if as_json:
         print_json({"recipe": r.name, "plan": p.as_dict()})
         return

@@ -31,7 +31,7 @@ DEFAULT_RECIPE = "tiny"
 
 def default_pair() -> tuple[str, str]:
     """(target, drafter) of the bundled ``tiny`` recipe: the pair shipped inside the package."""
-    from dflash_trt import recipe
+    from dflash_trt.build import recipe
 
     r = recipe.load(DEFAULT_RECIPE)
     return r.target.id, r.drafter.id
@@ -39,7 +39,7 @@ def default_pair() -> tuple[str, str]:
 
 def default_prompts() -> str:
     """Held-out standard-library prompts shipped with the embedded pair."""
-    from dflash_trt.checkpoint import embedded_dir
+    from dflash_trt.ingest import embedded_dir
 
     return str(embedded_dir("tiny") / "heldout_prompts.jsonl")
 
@@ -51,7 +51,7 @@ def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_dra
                    bundle: str | None = None, bundle_opt: str | None = None, kernels: str = "reference"):
     """The pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair."""
     from dflash_trt.errors import DFlashError
-    from dflash_trt.plugins.ops import KERNELS
+    from dflash_trt.plugins import KERNELS
 
     if kernels not in KERNELS:
         raise DFlashError(f"--kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
@@ -82,7 +82,7 @@ def _threads_for(pair) -> None:
 
 def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
     from dflash_trt.errors import DFlashError
-    from dflash_trt.pair import load_bundle, load_pair
+    from dflash_trt.runtime import load_bundle, load_pair
 
     if bundle is not None and bundle_opt is not None and bundle != bundle_opt:
         raise DFlashError("give the bundle once: as an argument or with --bundle")

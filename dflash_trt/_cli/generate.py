@@ -28,7 +28,7 @@ def generate(
 ) -> None:
     """Generate text with DFlash speculative decoding and print acceptance statistics."""
     from dflash_trt.runtime import generate as run
-    from dflash_trt.sampling import SamplingParams
+    from dflash_trt.runtime import SamplingParams
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle,

@@ -74,22 +74,22 @@ def inspect(
     as_json: JsonOpt = False,
 ) -> None:
     """Describe a checkpoint (format, layer ids, mask id, sizes, quantization); with --target, the pair verdict."""
-    from dflash_trt import checkpoint
+    from dflash_trt import ingest
     from dflash_trt.errors import CompatibilityError
 
     report = None
     if target is not None:
-        path = checkpoint.resolve(ref, role="drafter")
-        tdir = checkpoint.resolve(target, role="target")
-        report = checkpoint.validate_pair(tdir, path, require_weights=False, raise_on_error=False)
+        path = ingest.resolve(ref, role="drafter")
+        tdir = ingest.resolve(target, role="target")
+        report = ingest.validate_pair(tdir, path, require_weights=False, raise_on_error=False)
         info = report.drafter.to_dict()
         info["pair"] = {"target": str(tdir), **report.to_dict()}
     else:
-        path = checkpoint.resolve(ref, role="checkpoint")
-        if checkpoint.is_drafter(path):
-            info = checkpoint.read_drafter(path, require_weights=False).to_dict()
+        path = ingest.resolve(ref, role="checkpoint")
+        if ingest.is_drafter(path):
+            info = ingest.read_drafter(path, require_weights=False).to_dict()
         else:
-            info = checkpoint.read_target(path, require_weights=False).to_dict()
+            info = ingest.read_target(path, require_weights=False).to_dict()
     if as_json:
         print_json(info)
     else:

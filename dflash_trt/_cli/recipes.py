@@ -20,7 +20,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a f
 @recipes_app.command("list")
 def list_() -> None:
     """List the bundled recipes."""
-    from dflash_trt import recipe as R
+    from dflash_trt.build import recipe as R
 
     t = Table(caption="dflash-trt recipes show NAME: the full recipe (target and drafter ids, knobs)")
     t.add_column("name", no_wrap=True)  # the handle users copy: never split across lines
@@ -36,7 +36,7 @@ def list_() -> None:
 @recipes_app.command("show")
 def show(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None) -> None:
     """Print a recipe with every default filled in (after --set overrides)."""
-    from dflash_trt import recipe as R
+    from dflash_trt.build import recipe as R
 
     out.print(R.load(name, set_).to_yaml(), markup=False, end="")
 
@@ -44,7 +44,7 @@ def show(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML f
 @recipes_app.command("validate")
 def validate(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None) -> None:
     """Check a recipe's keys and values; exit 2 naming the first bad key."""
-    from dflash_trt import recipe as R
+    from dflash_trt.build import recipe as R
 
     r = R.load(name, set_)
     out.print(f"{name}: ok ({r.name})")
@@ -56,7 +56,7 @@ def copy(
     dest: Annotated[Path, typer.Argument(help="Destination YAML file.")],
 ) -> None:
     """Copy a bundled recipe to edit it."""
-    from dflash_trt import recipe as R
+    from dflash_trt.build import recipe as R
     from dflash_trt.errors import RecipeError
 
     src = R.load(name).source

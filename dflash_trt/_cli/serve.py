@@ -51,7 +51,7 @@ def serve(
     dtype: DtypeOpt = "auto",
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    from dflash_trt import launch
+    from dflash_trt.serve import launch
     from dflash_trt.errors import DFlashError
 
     b = launch.read_bundle(bundle)
@@ -88,27 +88,27 @@ def serve(
 
 def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int, max_queue: int,
                     block_size: int | None, dtype: str, threads: int | None = None) -> int:
-    from dflash_trt import pair as P
-    from dflash_trt import server
     from dflash_trt.errors import require
+    from dflash_trt.runtime import load_bundle, parse_dtype
+    from dflash_trt.serve import check_fits_cpu, create_app, serve as run_server
 
     require("fastapi", "serve", "the embedded server")
     require("uvicorn", "serve", "the embedded server")
-    itemsize = P.parse_dtype(dtype).itemsize
-    server.check_fits_cpu(b.name, [b.root / "target", b.root / "drafter"], itemsize)
+    itemsize = parse_dtype(dtype).itemsize
+    check_fits_cpu(b.name, [b.root / "target", b.root / "drafter"], itemsize)
     with err.status("loading models"):
-        pair = P.load_bundle(b.root, dtype=dtype)
+        pair = load_bundle(b.root, dtype=dtype)
     if block_size is not None and block_size > 1 and pair.drafter is not None \
             and block_size > pair.drafter.cfg.block_size:
         from dflash_trt.errors import DFlashError
 
         raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
-    app = server.create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
+    app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
                             block_size=block_size, torch_threads=threads,
                             max_model_len=b.serve.get("max_seq_len"))
     err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime, "
               f"max batch {max_batch}, queue {max_queue})")
-    return server.serve(app, host, port)
+    return run_server(app, host, port)
 
 
 def register(app: typer.Typer) -> None:

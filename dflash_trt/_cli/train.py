@@ -48,7 +48,7 @@ def train_drafter(
     """Train a DFlash drafter: target-regenerated responses, random anchors, block masks, decayed loss."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from dflash_trt.train_loop import Progress, TrainSettings, train_drafter as run
+    from dflash_trt.train import Progress, TrainSettings, train_drafter as run
 
     settings = TrainSettings(
         target=target, data=data, out=str(out_dir), block_size=block_size, layers=layers,

@@ -7,7 +7,21 @@
   from the paged cache ++ the block's own K/V], with GQA, per-sequence context lengths,
   and optional causal / sliding-window modes.
 
-``ops`` holds the dispatch (``kernels="reference" | "triton"``) and the paged cache; the
-per-op modules hold the reference (the executable specification), the Triton kernel, the
+``primitives`` holds the shared math (imports nothing of ours), ``paged_cache`` the drafter's
+paged context cache, ``dispatch`` the entry points (``kernels="reference" | "triton"``), and
+``op_shapes`` the pure shape/dtype inference; the per-op modules hold the reference (the executable specification), the Triton kernel, the
 torch custom op, the ONNX mapping and the TensorRT plugin definition.
 """
+
+from __future__ import annotations
+
+from dflash_trt.plugins.dispatch import KERNELS, block_attention, fused_kv_weights, kv_injection
+from dflash_trt.plugins.injection import fused_kv
+from dflash_trt.plugins.paged_cache import PagedKVCache
+from dflash_trt.plugins.primitives import apply_rope, rms_norm, rotate_half
+
+# Public modules (imported where used: they register ops or need optional packages):
+# ``torch_ops`` (torch.library ops), ``onnx_ops`` (ONNX schemas and onnxruntime ops),
+# ``trt`` (TensorRT plugin definitions), ``triton_kernels`` (needs triton).
+__all__ = ["onnx_ops", "torch_ops", "trt", "triton_kernels", "KERNELS", "PagedKVCache", "apply_rope", "block_attention", "fused_kv", "fused_kv_weights", "kv_injection",
+           "rms_norm", "rotate_half"]

@@ -142,8 +142,8 @@ def register_ort_ops() -> None:
     from onnxruntime_extensions import PyCustomOpDef as P
     from onnxruntime_extensions import onnx_op
 
-    from dflash_trt.plugins import block_attention as ba
-    from dflash_trt.plugins import kv_injection as kvi
+    from dflash_trt.plugins import attention as ba
+    from dflash_trt.plugins import injection as kvi
 
     @onnx_op(op_type=KV_INJECTION,
              inputs=[P.dt_float, P.dt_float, P.dt_float, P.dt_int64, P.dt_int64, P.dt_int32, P.dt_float, P.dt_float],

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dflash_trt.plugins import block_attention as _ba
-from dflash_trt.plugins import kv_injection as _kvi
+from dflash_trt.plugins import attention as _ba
+from dflash_trt.plugins import injection as _kvi
 
 
 def _pick(kernels: str, reference, triton):
@@ -91,7 +91,7 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: T
 @block_attention.register_fake
 def _block_attention_fake(q, k, v, k_cache, v_cache, page_table, lengths, causal, window, scale, layer=0,
                           kernels="reference"):
-    from dflash_trt.plugins.shapes import block_attention_shapes
+    from dflash_trt.plugins.op_shapes import block_attention_shapes
 
     shape, _ = block_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(k_cache.shape))
     return q.new_empty(shape)

@@ -3,7 +3,7 @@
 ``register_trt_plugins()`` registers, only when ``tensorrt`` imports:
 
 * ``dflash::BlockDiffusionAttention`` and ``dflash::KVInjection`` shape/dtype descriptors
-  (``@trtp.register``; the logic is the pure functions in ``plugins/shapes.py``; the
+  (``@trtp.register``; the logic is the pure functions in ``plugins/op_shapes.py``; the
   KVInjection outputs are ``aliased()`` to the cache inputs, so the update is in place),
 * ``@trtp.aot_impl``: the Triton kernels of ``plugins/triton_kernels.py`` compiled ahead of
   time to PTX (the float attributes and the small ints become compile-time constants; the
@@ -29,7 +29,7 @@ functions' annotations as objects.
 
 from typing import NamedTuple, Tuple, Union
 
-from dflash_trt.plugins.shapes import block_attention_shapes, kv_injection_shapes
+from dflash_trt.plugins.op_shapes import block_attention_shapes, kv_injection_shapes
 
 _TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 _REGISTERED = False

@@ -18,8 +18,8 @@ Read top to bottom:
 * :func:`block_loss`: cross-entropy of block positions 1..B-1 through the target's LM
   head, weighted ``exp(-(k-1)/gamma)``.
 
-The loop, data regeneration and checkpoints live in :mod:`dflash_trt.train_loop` and
-:mod:`dflash_trt.train_data`.
+The loop, data regeneration and checkpoints live in :mod:`dflash_trt.train.loop` and
+:mod:`dflash_trt.train.data`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, DrafterConfig
-from dflash_trt.plugins import ops
+from dflash_trt import plugins
 
 # Loss decay from the paper (block size -> gamma); other sizes interpolate linearly.
 GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
@@ -166,7 +166,7 @@ def train_forward(drafter: Drafter, taps: torch.Tensor, block_embeds: torch.Tens
         if key not in masks:
             masks[key] = block_visibility(anchors, T, B, causal=key[0], window=key[1])[:, None]
         attn = drafter.layers[i].self_attn
-        kc = ops.apply_rope(attn.k_norm(attn.k_proj(ctx).view(b, T, kvh, hd)), cos_c, sin_c)
+        kc = plugins.apply_rope(attn.k_norm(attn.k_proj(ctx).view(b, T, kvh, hd)), cos_c, sin_c)
         vc = attn.v_proj(ctx).view(b, T, kvh, hd)
         keys = torch.cat([kc, k], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
         vals = torch.cat([vc, v], 1).repeat_interleave(rep, dim=2).transpose(1, 2)

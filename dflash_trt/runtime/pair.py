@@ -74,22 +74,22 @@ def stop_ids(model, tokenizer) -> list[int]:
 def load_pair(target: str | Path, drafter: str | Path | None, *, dtype: str = "auto",
               device: str = "cpu") -> Pair:
     """Load a target and (optionally) a drafter in any supported format, validated as a pair first."""
-    from dflash_trt import checkpoint
+    from dflash_trt import ingest
 
-    tdir = checkpoint.resolve(str(target), role="target")
-    ddir = checkpoint.resolve(str(drafter), role="drafter") if drafter is not None else None
+    tdir = ingest.resolve(str(target), role="target")
+    ddir = ingest.resolve(str(drafter), role="drafter") if drafter is not None else None
     # Configs + safetensors headers only: a mismatched or corrupt pair fails here, before any load.
     if ddir is not None:
-        checkpoint.validate_pair(tdir, ddir)
+        ingest.validate_pair(tdir, ddir)
     else:
-        checkpoint.read_target(tdir)
+        ingest.read_target(tdir)
     torch_dtype = parse_dtype(dtype, device)
     model = load_target(tdir, dtype=torch_dtype, device=device)
     tokenizer = load_tokenizer(tdir)
     d = None
     if ddir is not None:
-        d = checkpoint.load_drafter(ddir, dtype=torch_dtype).to(device)
-        checkpoint.check_pair_runtime(model, d, where=str(ddir))
+        d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
+        ingest.check_pair_runtime(model, d, where=str(ddir))
     layer_ids = d.cfg.target_layer_ids if d is not None else None
     return Pair(Target(model, layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=tdir.name)
 
@@ -105,7 +105,7 @@ def load_bundle(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -
     """
     import json
 
-    from dflash_trt import checkpoint
+    from dflash_trt import ingest
 
     root = Path(path)
     try:
@@ -121,15 +121,15 @@ def load_bundle(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -
     torch_dtype = parse_dtype(dtype, device)
     model = _load_dequantized(tdir, torch_dtype, device)
     tokenizer = load_tokenizer(tdir)
-    d = checkpoint.load_drafter(ddir, dtype=torch_dtype).to(device)
-    checkpoint.check_pair_runtime(model, d, where=str(ddir))
+    d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
+    ingest.check_pair_runtime(model, d, where=str(ddir))
     return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=root.name)
 
 
 def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from dflash_trt.quantize import dequantize_state
+    from dflash_trt.runtime.dequantize import dequantize_state
 
     cfg = AutoConfig.from_pretrained(str(tdir), trust_remote_code=False)
     if hasattr(cfg, "quantization_config"):

@@ -1,18 +1,16 @@
-"""The DFlash drafter as a plain torch module, and target feature capture.
+"""The DFlash drafter as a plain torch module.
 
 Read top to bottom:
 
-* :class:`DrafterConfig` (in ``drafter_config``) is the one description every drafter format
-  normalises to (``checkpoint.py`` does the normalising; z-lab is the native form).
+* :class:`DrafterConfig` (in ``config.py``) is the one description every drafter format
+  normalises to (``ingest`` does the normalising; z-lab is the native form).
 * :class:`Drafter` holds the published tensors under their published names
   (``layers.{i}.self_attn.q_proj.weight``, ``fc.weight``, ``hidden_norm.weight``, ...).
   ``inject`` turns tapped target hidden states into every layer's context K/V
   (KV injection); ``draft`` runs one block ``[anchor, MASK x (B-1)]`` through the
   layers in one forward (block-diffusion attention) and returns the block's hidden
   states.
-* :class:`Target` wraps any transformers causal LM: embedding, LM head, and a forward
-  that also returns the tapped hidden states (layer id ``i`` is the output of decoder
-  layer ``i``, i.e. ``output_hidden_states[i + 1]``).
+* :class:`~dflash_trt.model.target.Target` (in ``target.py``) is the target side.
 
 The two DFlash-specific operations are called through ``dflash_trt.plugins`` so the
 reference and the Triton kernels are interchangeable (``kernels=``).
@@ -20,7 +18,6 @@ reference and the Triton kernels are interchangeable (``kernels=``).
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
@@ -28,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_trt.drafter_config import DrafterConfig  # noqa: F401  (re-exported: model.DrafterConfig)
+from dflash_trt.model.config import DrafterConfig
 from dflash_trt.errors import CheckpointError
-from dflash_trt.plugins import ops
+from dflash_trt import plugins
 
 # ---------------------------------------------------------------------------------------
 # Building blocks
@@ -46,7 +43,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)
+        return plugins.rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
@@ -133,16 +130,16 @@ class Drafter(nn.Module):
         return (emb.cos() * self.rope_scaling_factor).to(dtype), (emb.sin() * self.rope_scaling_factor).to(dtype)
 
     # -- KV injection --------------------------------------------------------------------
-    def inject(self, taps: torch.Tensor, n_new: torch.Tensor, cache: "ops.PagedKVCache") -> None:
+    def inject(self, taps: torch.Tensor, n_new: torch.Tensor, cache: "plugins.PagedKVCache") -> None:
         """Append context K/V for newly committed tokens to every layer's cache.
 
         taps: [b, T, n_tap*H] target hidden states (padded to T); n_new: [b] how many of
         the T are real for each sequence. They land at positions ``cache.lengths[i] + t``.
         """
-        ops.kv_injection(self, taps, n_new, cache, kernels=self.kernels)
+        plugins.kv_injection(self, taps, n_new, cache, kernels=self.kernels)
 
     # -- block drafting ------------------------------------------------------------------
-    def draft(self, block_embeds: torch.Tensor, cache: "ops.PagedKVCache") -> torch.Tensor:
+    def draft(self, block_embeds: torch.Tensor, cache: "plugins.PagedKVCache") -> torch.Tensor:
         """One forward over the block. block_embeds: [b, B, H]; returns normed hidden [b, B, H].
 
         Block position t of sequence i sits at absolute position ``cache.lengths[i] + t``:
@@ -151,7 +148,7 @@ class Drafter(nn.Module):
         cfg = self.cfg
 
         def attend(i, q, k, v):
-            return ops.block_attention(
+            return plugins.block_attention(
                 q, k, v, cache.k[i], cache.v[i], cache.page_table, cache.lengths,
                 causal=cfg.layer_causal(i), window=cfg.layer_window(i),
                 scale=cfg.head_dim ** -0.5, kernels=self.kernels,
@@ -176,7 +173,7 @@ class Drafter(nn.Module):
             q = attn.q_norm(attn.q_proj(h).view(b, B, cfg.num_attention_heads, cfg.head_dim))
             k = attn.k_norm(attn.k_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim))
             v = attn.v_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim)
-            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+            q, k = plugins.apply_rope(q, cos, sin), plugins.apply_rope(k, cos, sin)
             x = x + attn.o_proj(attend(i, q, k, v).reshape(b, B, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
@@ -205,9 +202,9 @@ class Drafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    def new_cache(self, batch: int, device=None, page_size: int = 16) -> "ops.PagedKVCache":
+    def new_cache(self, batch: int, device=None, page_size: int = 16) -> "plugins.PagedKVCache":
         cfg = self.cfg
-        return ops.PagedKVCache(
+        return plugins.PagedKVCache(
             num_layers=cfg.num_hidden_layers, batch=batch, num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim, page_size=page_size,
             device=device or self.fc.weight.device, dtype=self.dtype,
@@ -253,7 +250,7 @@ class Drafter(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype | None = None) -> "Drafter":
-        """Load a z-lab-format drafter directory (other formats: ``checkpoint.load_drafter``)."""
+        """Load a z-lab-format drafter directory (other formats: ``ingest.load_drafter``)."""
         from safetensors.torch import load_file
 
         path = Path(path)
@@ -267,74 +264,3 @@ class Drafter(nn.Module):
         if not state:
             raise CheckpointError(f"{path}: no .safetensors weights")
         return cls.from_state(cfg, state, dtype=dtype)
-
-
-# ---------------------------------------------------------------------------------------
-# The target
-# ---------------------------------------------------------------------------------------
-
-
-class Target:
-    """A transformers causal LM seen through what DFlash needs from it."""
-
-    def __init__(self, model: nn.Module, layer_ids: list[int] | None = None):
-        self.model = model.eval()
-        self.layer_ids = list(layer_ids or [])
-        self.config = model.config
-        # transformers 5.x renamed past_key_values to cache; accept either generation.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.get_input_embeddings().weight.dtype
-
-    @property
-    def num_layers(self) -> int:
-        cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
-        return int(cfg.num_hidden_layers)
-
-    def embed(self, ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        """Raw embedding rows (no model-specific scaling), as the drafter was trained."""
-        emb = F.embedding(ids, self.model.get_input_embeddings().weight)
-        return emb * scale if scale != 1.0 else emb
-
-    @property
-    def head(self) -> nn.Module:
-        head = getattr(self.model, "lm_head", None)
-        return head if head is not None else self.model.get_output_embeddings()
-
-    def forward(self, ids, position_ids, attention_mask, cache, taps: bool = True):
-        """Returns (logits [b, T, V], taps [b, T, n_tap*H] or None)."""
-        want_taps = taps and bool(self.layer_ids)
-        out = self.model(
-            input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
-            use_cache=True, output_hidden_states=want_taps, **{self._cache_kw: cache},
-        )
-        if want_taps:
-            return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return out.logits, None
-
-
-def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> nn.Module:
-    """Load a Hugging Face causal LM from a local directory (safetensors only, no remote code)."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress reporting; keep stderr to one line per event
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise CheckpointError(f"{path}: no config.json; is this a Hugging Face model directory?")
-    if not any(path.glob("*.safetensors")):
-        raise CheckpointError(f"{path}: no .safetensors weights (pickled .bin weights are refused)")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype or "auto", use_safetensors=True, trust_remote_code=False,
-        )
-    except (ValueError, OSError, KeyError) as exc:
-        raise CheckpointError(f"{path}: cannot load target: {str(exc).splitlines()[0]}") from exc
-    return model.to(device).eval()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.plugins.ops import rms_norm, rotate_half
+from dflash_trt.plugins.primitives import rms_norm, rotate_half
 
 
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, dtype):

@@ -3,10 +3,10 @@
 Stages, each a plain function called in order by :func:`build`:
 
 1. :func:`resolve` -- the GPU and precision rules (refused before any work), the model
-   config directories, the pair check (``checkpoint.validate_pair``), whether the target
+   config directories, the pair check (``ingest.validate_pair``), whether the target
    is already quantized, and the shapes the planner needs. Config directories only: a
    recipe's ``target.config``/``drafter.config`` when given, else the checkpoints.
-2. :func:`dflash_trt.plan.make` -- memory, TP size, draft length and back-off.
+2. :func:`dflash_trt.build.plan.make` -- memory, TP size, draft length and back-off.
 3. (not ``--dry-run``) the weights: the target copied (bf16 / as shipped) or calibrated
    and exported by ModelOpt (fp8 / nvfp4) and verified from its safetensors; the drafter
    in z-lab form; ``trtllm/config.yaml`` + ``serve.sh``; ``manifest.json``. All into a
@@ -27,10 +27,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_trt import checkpoint, hardware, plan as planner, trtllm
+from dflash_trt import ingest
+
+from dflash_trt.build import hardware
+
+from dflash_trt.build import plan as planner
+
+from dflash_trt.build import trtllm
 from dflash_trt.errors import CompatibilityError, DFlashError
-from dflash_trt.recipe import Recipe
-from dflash_trt.shapes import DraftShape, TargetShape, quant_precision
+from dflash_trt.build.recipe import Recipe
+from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision
 
 BUNDLE_FORMAT = "dflash-trt-bundle/1"
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
@@ -59,7 +65,7 @@ def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
             raise DFlashError(f"{role}.config {path}: no config.json there")
         return path
     kwargs = {"revision": ref.revision} if ref.revision else {}
-    return checkpoint.resolve(ref.id, role, **kwargs)
+    return ingest.resolve(ref.id, role, **kwargs)
 
 
 def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
@@ -72,7 +78,7 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     elif kv == "fp8":
         hardware.check_precision(gpu, "bf16", kv)
     tdir, ddir = _ref_dir(recipe, "target", weights), _ref_dir(recipe, "drafter", weights)
-    shipped_q = checkpoint.target_quantization(tdir)
+    shipped_q = ingest.target_quantization(tdir)
     shipped = quant_precision(shipped_q) if shipped_q else None
     if shipped_q and shipped is None:
         raise CompatibilityError(f"target {recipe.target.id}: quantization {shipped_q.get('quant_method') or shipped_q} "
@@ -82,7 +88,7 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
                                  f"{requested}: use --precision auto (or {shipped}), or start from the BF16 checkpoint")
     precision = shipped or ("bf16" if requested == "auto" else requested)
     hardware.check_precision(gpu, precision, kv)
-    report = checkpoint.validate_pair(tdir, ddir, require_weights=weights)
+    report = ingest.validate_pair(tdir, ddir, require_weights=weights)
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
@@ -168,7 +174,7 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     t = time.perf_counter()
     quant_info, verified = None, None
     if r.quantize:
-        from dflash_trt import quantize
+        from dflash_trt.build import quantize
 
         say(f"quantizing the target to {r.precision} with ModelOpt")
         quant_info = quantize.quantize_target(
@@ -183,7 +189,7 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
 
     t = time.perf_counter()
     say("writing the drafter (z-lab form)")
-    checkpoint.write_zlab(r.drafter_dir, tmp / "drafter")
+    ingest.write_zlab(r.drafter_dir, tmp / "drafter")
     timings["drafter"] = time.perf_counter() - t
 
     cfg = trtllm.config(rc, p, r.drafter)
@@ -245,11 +251,11 @@ def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
     unquantized source target (quantized TensorRT engines are not built here)."""
     import torch
 
-    from dflash_trt import engine
+    from dflash_trt.build import export as engine
     from dflash_trt.model import load_target
 
     say("exporting the drafter to ONNX (dflash::KVInjection, dflash::BlockDiffusionAttention)")
-    drafter = checkpoint.load_drafter(tmp / "drafter", dtype=torch.float32)
+    drafter = ingest.load_drafter(tmp / "drafter", dtype=torch.float32)
     model = load_target(r.target_dir, dtype=torch.float32)
     head = model.get_output_embeddings().weight.detach()
     onnx_dir = tmp / "onnx"
@@ -271,7 +277,7 @@ def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
 
 def _input(ref, path: Path) -> dict:
     return {"id": ref.id, "revision": ref.revision, "path": str(path.resolve()),
-            "sha256": checkpoint.sha256_files(path)}
+            "sha256": ingest.sha256_files(path)}
 
 
 def _calib_input(rc: Recipe) -> dict | None:
@@ -317,11 +323,11 @@ def check_bundle(path: str | Path) -> dict:
     spec_model = root / cfg.speculative_config.speculative_model
     if not (spec_model / "config.json").is_file():
         raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the bundle's drafter")
-    checkpoint.read_drafter(root / "drafter")
+    ingest.read_drafter(root / "drafter")
     prec = manifest["precision"]
     verified = None
     if prec.get("quantized_by") == "nvidia-modelopt":
-        from dflash_trt import quantize
+        from dflash_trt.build import quantize
 
         verified = quantize.verify_export(root / "target", prec["weights"], prec["kv_cache"])
     return {"bundle": str(root), "precision": prec["weights"], "tp": cfg.tensor_parallel_size,

@@ -23,9 +23,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dflash_trt.pair import Pair
+from dflash_trt.runtime import Pair
 from dflash_trt.runtime import generate
-from dflash_trt.sampling import SamplingParams
+from dflash_trt.runtime import SamplingParams
 
 
 class QueueFull(Exception):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
-from dflash_trt.integrity import FLOAT_DTYPES, TensorInfo
+from dflash_trt.ingest.files import FLOAT_DTYPES, TensorInfo
 
 # Tensors some exports carry that DFlash takes from the target (or recomputes): dropped.
 TARGET_OWNED = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}

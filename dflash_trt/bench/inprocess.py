@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.pair import Pair
+from dflash_trt.runtime import Pair
 from dflash_trt.runtime import Stats, generate
 
 

@@ -23,8 +23,8 @@ from typing import Callable, Optional
 
 import torch
 
-from dflash_trt import train as T
-from dflash_trt import train_data as D
+from dflash_trt.train import data as train_data
+from dflash_trt.train import objective
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
 
@@ -186,16 +186,16 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
 
 
 def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> Result:
-    from dflash_trt import checkpoint
+    from dflash_trt import ingest
     from dflash_trt.model import load_target
-    from dflash_trt.pair import load_tokenizer, stop_ids
+    from dflash_trt.runtime import load_tokenizer, stop_ids
 
     out = Path(settings.out).expanduser()
     work = out / ".train"
     s = _prepare(settings, out, work)
     if s.steps < 1 or s.batch_size < 1 or s.anchors < 1 or s.prompt_len < 2 or s.gen_len < 1:
         raise DFlashError("--steps, --batch-size, --anchors, --gen-len must be >= 1 and --prompt-len >= 2")
-    tdir = checkpoint.resolve(s.target, role="target")
+    tdir = ingest.resolve(s.target, role="target")
     model = load_target(tdir, dtype=torch.float32)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -207,10 +207,10 @@ def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> R
         raise DFlashError("--block-size must be >= 2 (the anchor and at least one draft position)")
     mask_id = s.mask_token_id if s.mask_token_id is not None else pick_mask_token(
         tokenizer, model.get_input_embeddings().weight.shape[0])
-    cfg = T.drafter_config_for(model, block_size=B, layers=s.layers or 1,
+    cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
                                target_layer_ids=s.target_layer_ids, mask_token_id=mask_id)
     s.block_size, s.layers, s.target_layer_ids, s.mask_token_id = B, cfg.num_hidden_layers, cfg.target_layer_ids, mask_id
-    data = None if _cached_regen(s, work) else D.read_data(s.data)   # bad --data fails before any write
+    data = None if _cached_regen(s, work) else train_data.read_data(s.data)   # bad --data fails before any write
     work.mkdir(parents=True, exist_ok=True)
     if not s.resume:
         _write_json(work / "settings.json", asdict(s))
@@ -218,7 +218,7 @@ def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> R
     target = Target(model, cfg.target_layer_ids)
     regen, eval_ids = _training_set(s, work, data, tokenizer, target, stops, progress)
 
-    drafter = T.init_drafter(cfg, seed=s.seed)
+    drafter = objective.init_drafter(cfg, seed=s.seed)
     decay = [p for n, p in drafter.named_parameters() if p.dim() > 1]
     rest = [p for n, p in drafter.named_parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
@@ -227,7 +227,7 @@ def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> R
     if s.resume and (work / "state.json").exists():
         step, history = load_state(work, drafter, opt)
         progress.log(f"resuming at step {step}")
-    gamma = T.loss_gamma(B)
+    gamma = objective.loss_gamma(B)
     progress.phase("training", s.steps)
     progress.advance(step, {})
     start = time.time()
@@ -274,14 +274,14 @@ def _training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target,
     saved = _cached_regen(s, work)
     if saved is not None:
         progress.log(f"reusing {saved['sequences']} regenerated sequences from {path}")
-        return D.Regenerated.load(path), saved["eval_prompts"]
+        return train_data.Regenerated.load(path), saved["eval_prompts"]
     prompts_text, texts = data
-    prompts = D.build_prompts(tokenizer, prompts_text, texts, prompt_len=s.prompt_len, gen_len=s.gen_len,
+    prompts = train_data.build_prompts(tokenizer, prompts_text, texts, prompt_len=s.prompt_len, gen_len=s.gen_len,
                               max_samples=s.samples + s.eval_prompts, seed=s.seed)
     n_eval = min(s.eval_prompts, len(prompts) // 2)
     eval_ids, train_prompts = prompts[:n_eval], prompts[n_eval:]
     progress.phase("regenerating responses with the target", len(train_prompts))
-    regen = D.regenerate(target, train_prompts, gen_len=s.gen_len, stop_token_ids=stops,
+    regen = train_data.regenerate(target, train_prompts, gen_len=s.gen_len, stop_token_ids=stops,
                          progress=lambda k: progress.advance(k, {}))
     regen.save(path)
     meta = {k: getattr(s, k) for k in DATA_FIELDS}
@@ -289,7 +289,7 @@ def _training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target,
     return regen, eval_ids
 
 
-def train_step(drafter: Drafter, target: Target, regen: D.Regenerated, B: int, mask_id: int,
+def train_step(drafter: Drafter, target: Target, regen: train_data.Regenerated, B: int, mask_id: int,
                s: TrainSettings, gamma: float, g: torch.Generator):
     """Loss of one batch: taps from the frozen target, K anchored blocks per sequence."""
     idx = torch.randperm(len(regen), generator=g)[: s.batch_size]
@@ -300,14 +300,14 @@ def train_step(drafter: Drafter, target: Target, regen: D.Regenerated, B: int, m
         attn = (torch.arange(Tmax)[None] < lengths[:, None]).long()
         out = target.model(input_ids=tokens, attention_mask=attn, output_hidden_states=True, use_cache=False)
         taps = torch.cat([out.hidden_states[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)
-        anchors, valid = D.sample_anchors(lengths, plens, s.anchors, g)
-        block, labels = T.block_inputs(tokens, anchors, B, mask_id, lengths)
+        anchors, valid = train_data.sample_anchors(lengths, plens, s.anchors, g)
+        block, labels = objective.block_inputs(tokens, anchors, B, mask_id, lengths)
         labels = torch.where(valid[..., None], labels, -100)
         b, K = anchors.shape
         embeds = target.embed(block.view(b, K * B), drafter.cfg.input_embedding_scale).view(b, K, B, -1)
-    hidden = T.train_forward(drafter, taps.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
+    hidden = objective.train_forward(drafter, taps.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
     logits = drafter.logits(hidden[:, :, 1:], target.head)
-    return T.block_loss(logits, labels, gamma)
+    return objective.block_loss(logits, labels, gamma)
 
 
 def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: int, n_tokens: int,

@@ -31,7 +31,7 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
-from dflash_trt.sampling import SamplingParams, probs, rejection_sample, draw, select
+from dflash_trt.runtime.sampling import SamplingParams, probs, rejection_sample, draw, select
 
 
 @dataclass

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from dflash_trt.errors import DFlashError, HardwareError, require
-from dflash_trt.plugins import ops
+from dflash_trt import plugins
 
 DRAFTER_INPUTS = ["taps", "n_new", "block_embeds", "k_cache", "v_cache", "page_table", "lengths"]
 TARGET_INPUTS = ["input_ids", "attention_mask", "position_ids", "past_k", "past_v"]
@@ -53,7 +53,7 @@ class DrafterRound(nn.Module):
 
         self.drafter = drafter
         self.kernels = kernels
-        wkv, bkv, k_norm = ops.fused_kv_weights(drafter)
+        wkv, bkv, k_norm = plugins.fused_kv_weights(drafter)
         self.register_buffer("kv_weight", wkv.detach().clone(), persistent=False)
         self.register_buffer("kv_bias", None if bkv is None else bkv.detach().clone(), persistent=False)
         self.register_buffer("k_norm_weight", k_norm.detach().clone(), persistent=False)
@@ -63,7 +63,7 @@ class DrafterRound(nn.Module):
             self.head.weight = nn.Parameter(head_weight.detach().clone(), requires_grad=False)
 
     def forward(self, taps, n_new, block_embeds, k_cache, v_cache, page_table, lengths):
-        from dflash_trt.plugins.kv_injection import fused_kv
+        from dflash_trt.plugins import fused_kv
 
         d = self.drafter
         cfg = d.cfg
@@ -315,9 +315,9 @@ def build_engines(onnx_dir, engines_dir, *, fp16: bool = False, max_batch: int =
     import onnx
     import tensorrt as trt
 
-    from dflash_trt.plugins.trt import register_trt_plugins
+    from dflash_trt.plugins import trt as dflash_trt_plugins
 
-    registered, reason = register_trt_plugins()
+    registered, reason = dflash_trt_plugins.register_trt_plugins()
     if not registered:
         raise DFlashError(f"cannot register the dflash TensorRT plugins: {reason}")
     onnx_dir, engines_dir = Path(onnx_dir), Path(engines_dir)

@@ -3,12 +3,12 @@
 Endpoints: ``/v1/completions`` and ``/v1/chat/completions`` (streaming as SSE ``data:``
 chunks ending in ``data: [DONE]``; chat prompts through the target tokenizer's chat
 template), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus, see
-:mod:`dflash_trt.serve_metrics`).
+:mod:`dflash_trt.serve.metrics`).
 
 Behaviour a client can rely on:
 
 - concurrent requests are batched through the runtime's batch > 1 path
-  (:mod:`dflash_trt.batcher`); at temperature 0 every completion equals the target's own
+  (:mod:`dflash_trt.serve.batcher`); at temperature 0 every completion equals the target's own
   greedy decoding, whatever else shares its batch;
 - the wait queue is bounded: a request that finds it full gets 429 and nothing else changes;
 - a bad request gets an OpenAI-style error body (``{"error": {"message", "type",
@@ -33,12 +33,11 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
-from dflash_trt.batcher import Batcher, Draining, Job, QueueFull
+from dflash_trt.serve.batcher import Batcher, Draining, Job, QueueFull
 from dflash_trt.errors import require
-from dflash_trt.pair import Pair
-from dflash_trt.sampling import SamplingParams
-from dflash_trt.serve_protocol import (APIError, ChatRequest, CompletionRequest, IncrementalDetokenizer,
-                                       validation_message)
+from dflash_trt.runtime import Pair
+from dflash_trt.runtime import SamplingParams
+from dflash_trt.serve.protocol import APIError, ChatRequest, CompletionRequest, IncrementalDetokenizer, validation_message
 
 
 def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int = 8,
@@ -50,7 +49,7 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
 
-    from dflash_trt.serve_metrics import ServerMetrics
+    from dflash_trt.serve.metrics import ServerMetrics
 
     name = model_name or pair.name
     cfg = pair.target.config

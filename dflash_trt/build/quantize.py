@@ -114,7 +114,7 @@ def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: s
     export = require("modelopt.torch.export", "quant", "exporting the quantized target")
     require("requests", "quant", "ModelOpt's export")
     from dflash_trt.model import load_target
-    from dflash_trt.pair import load_tokenizer
+    from dflash_trt.runtime import load_tokenizer
 
     from transformers.utils import logging as hf_logging
 
@@ -216,35 +216,3 @@ def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> di
             "excluded": q.get("exclude_modules")}
 
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
-def unpack_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor) -> torch.Tensor:
-    """(out, in/2) uint8 -> (out, in) float32; low nibble first; FP8 block scales per 16."""
-    lo, hi = packed & 0x0F, packed >> 4
-    nib = torch.stack([lo, hi], dim=-1).reshape(packed.shape[0], -1).long()
-    vals = E2M1[nib & 7] * torch.where(nib & 8 > 0, -1.0, 1.0)
-    blocks = scale.to(torch.float32).repeat_interleave(16, dim=1) * scale_2.to(torch.float32)
-    return vals * blocks
-
-
-def dequantize_state(directory: Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """A ModelOpt FP8/NVFP4 export as dense weights (scales applied, scale tensors dropped)."""
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for f in sorted(Path(directory).glob("*.safetensors")):
-        state.update(load_file(str(f)))
-    out = {}
-    for k, v in state.items():
-        if k.endswith((".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")):
-            continue
-        m = k[: -len(".weight")] if k.endswith(".weight") else None
-        if m is not None and f"{m}.weight_scale" in state:
-            s = state[f"{m}.weight_scale"]
-            if v.dtype == torch.uint8:
-                v = unpack_nvfp4(v, s, state[f"{m}.weight_scale_2"])
-            else:
-                v = v.to(torch.float32) * s.to(torch.float32)
-        out[k] = v.to(dtype)
-    return out

@@ -1,7 +1,7 @@
 """Deployment planning: memory per GPU, tensor-parallel size, draft length and back-off.
 
-Everything here is arithmetic on config shapes (:mod:`dflash_trt.shapes`) and datasheet
-figures (:mod:`dflash_trt.hardware`); no weights are needed. Bytes are exact integers.
+Everything here is arithmetic on config shapes (:mod:`dflash_trt.build.model_shapes`) and datasheet
+figures (:mod:`dflash_trt.build.hardware`); no weights are needed. Bytes are exact integers.
 
 Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU memory)
 -------------------------------------------------------------------------------------
@@ -74,8 +74,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from dflash_trt.errors import HardwareError, RecipeError
-from dflash_trt.hardware import GPU
-from dflash_trt.shapes import DraftShape, TargetShape
+from dflash_trt.build.hardware import GPU
+from dflash_trt.build.model_shapes import DraftShape, TargetShape
 
 GiB = 1 << 30
 RUNTIME_RESERVE = 2 * GiB

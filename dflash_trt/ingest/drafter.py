@@ -1,15 +1,11 @@
-"""Resolve checkpoints, read drafters in every published format, write the z-lab form.
+"""Drafters in every published format: read, loaded, written back in the z-lab form.
 
-* :func:`resolve` turns a reference (local directory, ``org/name[@revision]`` hub id,
-  ``embedded:NAME``) into a local directory.
 * :func:`read_drafter` reads a drafter from its configs and safetensors *headers* only:
   format, normalised :class:`~dflash_trt.model.DrafterConfig`, tensor shapes checked.
 * :func:`load_drafter` loads the weights of any supported format into a ``Drafter``.
 * :func:`write_zlab` writes the normalised z-lab form TensorRT-LLM loads.
-* :func:`validate_pair` (in ``compat.py``) checks a target and a drafter belong together.
-
 Formats and their differences are documented in ``formats.py``; on-disk checks in
-``integrity.py``; hub access in ``hub.py``.
+``files.py``; whether a target and a drafter belong together in ``compat.py``.
 """
 
 from __future__ import annotations
@@ -23,82 +19,13 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt import formats, integrity
+from dflash_trt.ingest import files, formats
+from dflash_trt.ingest.resolve import open_dir, read_json
 from dflash_trt.errors import CheckpointError, CompatibilityError
 from dflash_trt.model import Drafter, DrafterConfig
 
-EMBEDDED_PREFIX = "embedded:"
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                 "float64": torch.float64}
-
-
-def embedded_dir(name: str) -> Path:
-    """Where ``embedded:NAME`` lives: ``dflash_trt/assets/NAME`` inside the package."""
-    from importlib import resources
-
-    return Path(str(resources.files("dflash_trt") / "assets" / name))
-
-
-def resolve(ref: str, role: str = "model", revision: str | None = None) -> Path:
-    """A local directory for a model reference.
-
-    ``embedded:NAME`` -> the packaged asset; an existing directory -> itself;
-    ``org/name[@revision]`` -> a Hugging Face snapshot (configs, tokenizer, safetensors only).
-    """
-    ref = str(ref)
-    if ref.startswith(EMBEDDED_PREFIX):
-        path = embedded_dir(ref[len(EMBEDDED_PREFIX):])
-        if not (path / "config.json").exists():
-            raise CheckpointError(f"{role} {ref!r}: no such embedded model in this installation")
-        return path
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise CheckpointError(f"{role} {ref!r}: is a file; pass the model's directory")
-    from dflash_trt import hub
-
-    hub_id = hub.parse_hub_id(ref)
-    if hub_id is None:
-        raise CheckpointError(f"{role} {ref!r}: no such directory (nor a hub id org/name[@revision])")
-    org = hub_id[0].split("/")[0]
-    if Path(org).is_dir():  # "out/drafter" whose parent exists is a mistyped local path, not a hub id
-        raise CheckpointError(f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
-                              f"use an absolute path, or run elsewhere for the hub id)")
-    repo_id, rev = hub_id
-    return hub.download(repo_id, revision or rev, role)
-
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{path}: missing") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc}); download it again") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
-
-
-def open_dir(path: str | Path, what: str) -> Path:
-    """A directory that exists, is not empty and has a config.json (else a one-line error)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such directory")
-    entries = [p for p in path.iterdir() if not p.name.startswith(".")]
-    if not entries:
-        raise CheckpointError(f"{path}: empty directory; expected a {what} (config.json + *.safetensors)")
-    if not (path / "config.json").exists():
-        pickled = [p.name for p in entries if p.suffix in integrity.PICKLED_SUFFIXES]
-        hint = f" (found only {pickled[0]}: pickled weights are never loaded)" if pickled else ""
-        raise CheckpointError(f"{path}: no config.json{hint}; is this a {what} directory?")
-    return path
-
-
-# ---------------------------------------------------------------------------------------
-# Drafters
-# ---------------------------------------------------------------------------------------
 
 
 def is_drafter(path: str | Path) -> bool:
@@ -121,7 +48,7 @@ class DrafterSpec:
     config: DrafterConfig
     raw_config: dict
     norm: formats.Normalised
-    weights: integrity.WeightSet
+    weights: files.WeightSet
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -136,7 +63,7 @@ class DrafterSpec:
     def defaulted(self) -> list[str]:
         return self.norm.defaulted
 
-    def drafter_tensors(self) -> dict[str, integrity.TensorInfo]:
+    def drafter_tensors(self) -> dict[str, files.TensorInfo]:
         """Header info under z-lab names (tensors that are not the drafter's left out)."""
         out = {}
         for name, info in self.weights.tensors.items():
@@ -157,11 +84,11 @@ class DrafterSpec:
         """The stored floating dtype (the config's when weights are absent)."""
         counts: dict[str, int] = {}
         for t in self.drafter_tensors().values():
-            if t.dtype in integrity.FLOAT_DTYPES:
+            if t.dtype in files.FLOAT_DTYPES:
                 counts[t.dtype] = counts.get(t.dtype, 0) + t.numel
         if not counts:
             return self.config.dtype
-        return integrity.TORCH_NAMES[max(counts, key=counts.get)]
+        return files.TORCH_NAMES[max(counts, key=counts.get)]
 
     def to_dict(self) -> dict:
         c = self.config
@@ -199,7 +126,7 @@ def read_drafter(path: str | Path, require_weights: bool = True) -> DrafterSpec:
     """
     path = open_dir(path, "DFlash drafter")
     raw = read_json(path / "config.json")
-    ws = integrity.scan(path, require=require_weights, what="drafter")
+    ws = files.scan(path, require=require_weights, what="drafter")
     names = list(ws.tensors)
     norm = formats.normalise(raw, names, path)
     formats.check_quantized(ws.tensors, raw, path)
@@ -348,15 +275,3 @@ def check_pair_runtime(target_model, drafter: Drafter, where: str = "drafter") -
         raise CompatibilityError(
             f"{where}: mask_token_id {d.mask_token_id} has no row in the target's {vocab}-row embedding"
         )
-
-
-from dflash_trt.compat import (  # noqa: E402  (re-exported: the agreed checkpoint API)
-    PairReport, TargetSpec, read_target, target_quantization, validate_pair,
-)
-from dflash_trt.integrity import sha256_files  # noqa: E402
-
-__all__ = [
-    "EMBEDDED_PREFIX", "DrafterSpec", "PairReport", "TargetSpec", "check_pair_runtime", "embedded_dir", "is_drafter",
-    "load_drafter", "read_drafter", "read_target", "resolve", "sha256_files", "target_quantization",
-    "validate_pair", "write_zlab",
-]

@@ -1,0 +1,182 @@
+"""Whether a target and a drafter belong together.
+
+Everything here works from config files and safetensors headers: no tensor is loaded,
+so ``build --dry-run`` and planning for 120B models can call it, also on config-only
+directories (``require_weights=False``: what needs weights is reported as absent).
+Each failure is one line naming the file, what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_trt.errors import CheckpointError, CompatibilityError
+from dflash_trt.ingest import files
+from dflash_trt.ingest.drafter import DrafterSpec, read_drafter
+from dflash_trt.ingest.formats import flatten_rope
+from dflash_trt.ingest.target import TargetSpec, read_target
+
+
+@dataclass
+class PairReport:
+    """The verdict on a (target, drafter) pair: every check, errors and warnings."""
+
+    target: TargetSpec
+    drafter: DrafterSpec
+    checks: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def add(self, check: str, status: str, detail: str) -> None:
+        self.checks.append({"check": check, "status": status, "detail": detail})
+        if status == "error":
+            self.errors.append(detail)
+        elif status == "warn":
+            self.warnings.append(detail)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "errors": self.errors, "warnings": self.warnings, "checks": self.checks,
+                "weights_present": {"target": self.target.weights.present,
+                                    "drafter": self.drafter.weights.present}}
+
+
+def _rope_equal(a: tuple, b: tuple) -> bool:
+    (ta, sa), (tb, sb) = a, b
+    if ta is None or tb is None or not math.isclose(ta, tb, rel_tol=1e-6):
+        return False
+    sa, sb = sa or {}, sb or {}
+    kind = lambda s: s.get("rope_type", s.get("type", "default"))  # noqa: E731
+    if kind(sa) != kind(sb):
+        return False
+    for k in set(sa) & set(sb) - {"rope_type", "type"}:
+        x, y = sa[k], sb[k]
+        same = math.isclose(x, y, rel_tol=1e-6) if isinstance(x, (int, float)) and isinstance(y, (int, float)) else x == y
+        if not same:
+            return False
+    return True
+
+
+def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weights: bool = True,
+                  raise_on_error: bool = True) -> PairReport:
+    """Check that a drafter belongs to a target, from configs and safetensors headers alone.
+
+    Unreadable/corrupt inputs raise ``CheckpointError``; a mismatched pair raises
+    ``CompatibilityError`` with the first problem (``raise_on_error=False`` returns the
+    report with ``.errors`` instead). Warnings are in ``.warnings``.
+    """
+    t = read_target(target_dir, require_weights=require_weights)
+    d = read_drafter(drafter_dir, require_weights=require_weights)
+    r = PairReport(t, d)
+    for w in t.warnings:
+        r.add("target files", "warn", w)
+    for w in d.warnings:
+        r.add("drafter files", "warn", w)
+    c = d.config
+    dcfg, tcfg = d.path / "config.json", t.path / "config.json"
+
+    if c.hidden_size == t.hidden_size:
+        r.add("hidden size", "ok", f"{c.hidden_size}")
+    else:
+        r.add("hidden size", "error", f"{dcfg}: drafter hidden_size {c.hidden_size} != target hidden_size "
+              f"{t.hidden_size} ({tcfg}); this drafter was trained for another target: use the one published for it")
+
+    layout_d = (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+    layout_t = (t.num_attention_heads, t.num_key_value_heads, t.head_dim)
+    if layout_d == layout_t:
+        r.add("head layout", "ok", "%d heads x %d, %d kv heads" % (layout_d[0], layout_d[2], layout_d[1]))
+    else:
+        r.add("head layout", "warn", f"{dcfg}: drafter heads {layout_d[0]}x{layout_d[2]} (kv {layout_d[1]}) differ "
+              f"from the target's {layout_t[0]}x{layout_t[2]} (kv {layout_t[1]}); unusual for DFlash: check head_dim")
+
+    if "vocab_size" in d.defaulted:
+        d.config = c = c.model_copy(update={"vocab_size": t.vocab_size})
+        r.add("vocabulary", "warn", f"{dcfg}: no vocab_size; assuming the target's {t.vocab_size}")
+    elif c.vocab_size != t.vocab_size:
+        r.add("vocabulary", "error", f"{dcfg}: drafter vocab_size {c.vocab_size} != target vocab_size "
+              f"{t.vocab_size} ({tcfg}); the drafter was trained for another tokenizer")
+    else:
+        r.add("vocabulary", "ok", f"{c.vocab_size}" + (f", draft vocabulary {c.draft_vocab_size}"
+                                                       if c.draft_vocab_size else ""))
+
+    rows = t.embed_rows if t.embed_rows is not None else t.vocab_size
+    src = f"{t.embed_tensor} in {t.weights.tensors[t.embed_tensor].file}" if t.embed_tensor else f"vocab_size, {tcfg}"
+    if 0 <= c.mask_token_id < rows:
+        r.add("mask token", "ok", f"id {c.mask_token_id} < {rows} embedding rows")
+    else:
+        r.add("mask token", "error", f"{dcfg}: mask_token_id {c.mask_token_id} has no row in the target's {rows}-row "
+              f"embedding ({src}); the drafter belongs to another model family")
+
+    ids, depth = list(c.target_layer_ids), t.num_layers
+    bad = [i for i in ids if not 0 <= i < depth]
+    if bad:
+        if d.norm.layer_convention == "output_hidden_states":
+            fix = (f" (published as aux_hidden_state_layer_ids {d.published_layer_ids}, shifted back by one); "
+                   "the drafter was trained for a deeper target")
+        elif max(ids) == depth:
+            fix = ("; the largest id equals the depth, so these look like output_hidden_states indices (off by "
+                   "one): z-lab ids count decoder layers from 0, subtract 1 in dflash_config.target_layer_ids")
+        else:
+            fix = "; the drafter was trained for a deeper target: use the drafter published for this model"
+        r.add("target layer ids", "error", f"{dcfg}: target layer ids {bad} out of range for the {depth}-layer "
+              f"target{fix}")
+    else:
+        r.add("target layer ids", "ok", f"{ids} of {depth} (output_hidden_states {[i + 1 for i in ids]})")
+    if len(set(ids)) != len(ids):
+        r.add("target layer ids", "warn", f"{dcfg}: target layer ids {ids} repeat a layer")
+
+    if c.num_target_layers is None:
+        r.add("target depth", "skip", "drafter config has no num_target_layers")
+    elif c.num_target_layers != depth:
+        r.add("target depth", "error", f"{dcfg}: num_target_layers {c.num_target_layers} != the target's depth "
+              f"{depth} ({tcfg}); the drafter was trained on another model")
+    else:
+        r.add("target depth", "ok", f"{depth} layers")
+
+    rope_d, rope_t = (c.rope_theta, c.rope_scaling), (t.rope_theta, t.rope_scaling)
+    if _rope_equal(rope_d, rope_t):
+        r.add("rope", "ok", f"theta {c.rope_theta:g}" + (f", {c.rope_scaling.get('rope_type')}" if c.rope_scaling else ""))
+    else:
+        msg = (f"{dcfg}: drafter RoPE (theta {c.rope_theta:g}, scaling {c.rope_scaling}) != target RoPE "
+               f"(theta {t.rope_theta}, scaling {t.rope_scaling}) in {tcfg}")
+        if "rope_theta" in d.defaulted:
+            r.add("rope", "warn", msg + "; the drafter config omits rope_theta: set it to the target's")
+        else:
+            r.add("rope", "error", msg + "; DFlash drafters use the target's RoPE: fix the drafter config")
+
+    ddt, tdt = d.dtype, str(t.dtype or "?")
+    if t.quantization:
+        q = t.quantization
+        r.add("dtype", "ok", f"drafter {ddt}; target pre-quantized {q.get('quant_algo')} ({q.get('source')})")
+    elif ddt == tdt:
+        r.add("dtype", "ok", ddt)
+    else:
+        r.add("dtype", "warn", f"drafter weights are {ddt}, target computes in {tdt}; the drafter is cast at load")
+
+    if t.tokenizer_files:
+        r.add("tokenizer", "ok", ", ".join(t.tokenizer_files))
+    elif not require_weights:
+        r.add("tokenizer", "warn", f"{t.path}: tokenizer absent (config-only directory)")
+    else:
+        r.add("tokenizer", "error", f"{t.path}: no tokenizer files (tokenizer.json / tokenizer_config.json / "
+              "tokenizer.model); copy the model's tokenizer into the target directory")
+
+    if t.capture_supported:
+        r.add("hidden-state capture", "ok", f"TensorRT-LLM captures hidden states for {t.architecture}")
+    else:
+        r.add("hidden-state capture", "warn", f"{tcfg}: TensorRT-LLM may not capture hidden states for "
+              f"{t.architecture}; DFlash there is unverified (the reference runtime works)")
+    if c.draft_vocab_size:
+        r.add("draft head", "warn", f"{d.path}: reduced draft vocabulary ({c.draft_vocab_size}) with its own "
+              "lm_head; TensorRT-LLM's DFlash loader uses the target's LM head instead, which destroys "
+              "acceptance: serve this drafter with the reference runtime or use a full-vocabulary drafter")
+    if raise_on_error and r.errors:
+        more = f" (+{len(r.errors) - 1} more: see dflash-trt inspect --target)" if len(r.errors) > 1 else ""
+        raise CompatibilityError(r.errors[0] + more)
+    return r

@@ -1,0 +1,80 @@
+"""Model references to local directories: ``embedded:NAME``, a local directory, or a hub id.
+
+``resolve`` is the one entry point; ``read_json`` and ``open_dir`` are the first checks every
+reader runs (a missing or malformed file is one line naming it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest import files
+
+
+EMBEDDED_PREFIX = "embedded:"
+
+
+def embedded_dir(name: str) -> Path:
+    """Where ``embedded:NAME`` lives: ``dflash_trt/assets/NAME`` inside the package."""
+    from importlib import resources
+
+    return Path(str(resources.files("dflash_trt") / "assets" / name))
+
+
+def resolve(ref: str, role: str = "model", revision: str | None = None) -> Path:
+    """A local directory for a model reference.
+
+    ``embedded:NAME`` -> the packaged asset; an existing directory -> itself;
+    ``org/name[@revision]`` -> a Hugging Face snapshot (configs, tokenizer, safetensors only).
+    """
+    ref = str(ref)
+    if ref.startswith(EMBEDDED_PREFIX):
+        path = embedded_dir(ref[len(EMBEDDED_PREFIX):])
+        if not (path / "config.json").exists():
+            raise CheckpointError(f"{role} {ref!r}: no such embedded model in this installation")
+        return path
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{role} {ref!r}: is a file; pass the model's directory")
+    from dflash_trt.ingest import hub
+
+    hub_id = hub.parse_hub_id(ref)
+    if hub_id is None:
+        raise CheckpointError(f"{role} {ref!r}: no such directory (nor a hub id org/name[@revision])")
+    org = hub_id[0].split("/")[0]
+    if Path(org).is_dir():  # "out/drafter" whose parent exists is a mistyped local path, not a hub id
+        raise CheckpointError(f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
+                              f"use an absolute path, or run elsewhere for the hub id)")
+    repo_id, rev = hub_id
+    return hub.download(repo_id, revision or rev, role)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc}); download it again") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def open_dir(path: str | Path, what: str) -> Path:
+    """A directory that exists, is not empty and has a config.json (else a one-line error)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such directory")
+    entries = [p for p in path.iterdir() if not p.name.startswith(".")]
+    if not entries:
+        raise CheckpointError(f"{path}: empty directory; expected a {what} (config.json + *.safetensors)")
+    if not (path / "config.json").exists():
+        pickled = [p.name for p in entries if p.suffix in files.PICKLED_SUFFIXES]
+        hint = f" (found only {pickled[0]}: pickled weights are never loaded)" if pickled else ""
+        raise CheckpointError(f"{path}: no config.json{hint}; is this a {what} directory?")
+    return path

@@ -1,0 +1,193 @@
+"""Targets as read from disk: configs and safetensors headers, no tensor loaded.
+
+``read_target`` works on config-only directories too (``require_weights=False``), so planning
+for 120B models needs no weights. ``target_quantization`` says how a pre-quantized target was
+quantized (ModelOpt, MXFP4, FP8, ...). Each failure is one line naming the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest import files
+from dflash_trt.ingest.formats import flatten_rope
+from dflash_trt.ingest.resolve import open_dir, read_json
+
+
+# Target architectures whose TensorRT-LLM PyTorch models capture hidden states for
+# DFlash/EAGLE-3 (Llama, Qwen3, Qwen3-MoE, Qwen3.5, GPT-OSS, Kimi, Laguna).
+CAPTURE_ARCHITECTURES = {
+    "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
+    "KimiK2ForCausalLM", "KimiK25ForConditionalGeneration", "LagunaForCausalLM",
+}
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
+
+
+_LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
+
+
+_SCALE_SUFFIXES = ("_scale", "_scale_2", "_scales", "input_scale", "weight_scale")
+
+
+def target_quantization(target_dir: str | Path) -> dict | None:
+    """The quantization of a pre-quantized target, or None for plain BF16/FP16 weights.
+
+    Reads ModelOpt's ``hf_quant_config.json`` first, then ``config.json``'s
+    ``quantization_config`` (ModelOpt, MXFP4 as in gpt-oss, FP8, ...).
+    """
+    root = Path(target_dir)
+    hq = root / "hf_quant_config.json"
+    if hq.exists():
+        data = read_json(hq)
+        q = data.get("quantization") or {}
+        if q.get("quant_algo") or q.get("kv_cache_quant_algo"):
+            return {"method": "modelopt", "quant_algo": q.get("quant_algo"),
+                    "kv_cache_quant_algo": q.get("kv_cache_quant_algo"), "group_size": q.get("group_size"),
+                    "exclude_modules": q.get("exclude_modules"), "producer": data.get("producer"),
+                    "source": hq.name}
+    cfg_path = root / "config.json"
+    qc = read_json(cfg_path).get("quantization_config") if cfg_path.exists() else None
+    if isinstance(qc, dict) and qc:
+        method = qc.get("quant_method")
+        algo = qc.get("quant_algo") or {"mxfp4": "MXFP4", "fp8": "FP8"}.get(str(method), method)
+        kv = qc.get("kv_cache_quant_algo") or qc.get("kv_cache_scheme")
+        return {"method": method, "quant_algo": str(algo).upper() if algo else None, "kv_cache_quant_algo": kv,
+                "group_size": qc.get("group_size"),
+                "exclude_modules": qc.get("exclude_modules") or qc.get("ignore") or qc.get("modules_to_not_convert"),
+                "producer": qc.get("producer"), "source": "config.json"}
+    return None
+
+
+@dataclass
+class TargetSpec:
+    """A target model as read from disk (configs + safetensors headers)."""
+
+    path: Path
+    raw_config: dict
+    architecture: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rope_theta: float | None
+    rope_scaling: dict | None
+    dtype: str | None
+    quantization: dict | None
+    tokenizer_files: list[str]
+    weights: files.WeightSet
+    embed_rows: int | None = None
+    embed_tensor: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def capture_supported(self) -> bool:
+        return self.architecture in CAPTURE_ARCHITECTURES
+
+    @property
+    def num_parameters(self) -> int | None:
+        if not self.weights.present:
+            return None
+        packed = (self.quantization or {}).get("quant_algo") in ("NVFP4", "MXFP4")
+        n = 0
+        for name, t in self.weights.tensors.items():
+            if name.endswith(_SCALE_SUFFIXES):
+                continue
+            n += t.numel * (2 if packed and t.dtype == "U8" else 1)
+        return n
+
+    def to_dict(self) -> dict:
+        return {
+            "path": str(self.path), "kind": "target", "format": "hf", "architecture": self.architecture,
+            "model_type": self.model_type, "layers": self.num_layers, "hidden_size": self.hidden_size,
+            "heads": self.num_attention_heads, "kv_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size, "embedding_rows": self.embed_rows,
+            "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling, "dtype": self.dtype,
+            "stored_dtypes": sorted(self.weights.dtypes()), "quantization": self.quantization,
+            "num_parameters": self.num_parameters, "bytes_on_disk": self.weights.bytes_on_disk,
+            "weights_present": self.weights.present, "tokenizer_files": self.tokenizer_files,
+            "hidden_state_capture": self.capture_supported, "warnings": self.warnings,
+        }
+
+
+def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
+    """Read a Hugging Face causal LM directory from its configs and safetensors headers."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+
+    path = open_dir(path, "Hugging Face model")
+    where = path / "config.json"
+    raw = read_json(where)
+    if "dflash_config" in raw or "speculators_config" in raw or "speculators_model_type" in raw:
+        raise CheckpointError(f"{where}: this is a DFlash drafter, not a target model; did you swap "
+                              "--target and --drafter?")
+    archs = [str(a) for a in raw.get("architectures") or []]
+    model_type = str(raw.get("model_type") or "")
+    if model_type not in CONFIG_MAPPING_NAMES or (archs and not hasattr(transformers, archs[0])):
+        if raw.get("auto_map"):
+            raise CheckpointError(f"{where}: {archs[0] if archs else model_type or 'this model'} is only defined "
+                                  "by custom code in the checkpoint (auto_map), which dflash-trt never runs "
+                                  "(trust_remote_code stays off); use a transformers-native architecture")
+        if model_type not in CONFIG_MAPPING_NAMES:
+            raise CheckpointError(f"{where}: unknown model_type {model_type or '(none)'!r} for transformers "
+                                  f"{transformers.__version__}; upgrade transformers or use another model")
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    try:
+        hidden, layers, heads = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["num_attention_heads"])
+        vocab = int(text.get("vocab_size") or raw["vocab_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: missing or invalid {exc} (hidden_size, num_hidden_layers, "
+                              "num_attention_heads, vocab_size are required)") from exc
+    theta, scaling = flatten_rope(text)
+    ws = files.scan(path, require=require_weights, what="target")
+    spec = TargetSpec(
+        path=path, raw_config=raw, architecture=archs[0] if archs else "?", model_type=model_type,
+        num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=int(text.get("head_dim") or hidden // heads), vocab_size=vocab,
+        rope_theta=theta, rope_scaling=scaling,
+        dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype"),
+        quantization=target_quantization(path),
+        tokenizer_files=sorted(p.name for p in path.iterdir()
+                               if p.name in TOKENIZER_FILES or p.suffix == ".tiktoken"),
+        weights=ws, warnings=list(ws.warnings),
+    )
+    if archs and not hasattr(transformers, archs[0]):
+        spec.warnings.append(f"{where}: architecture {archs[0]} is not in transformers {transformers.__version__}; "
+                             "the reference runtime may not load it")
+    if spec.rope_theta is None:
+        from dflash_trt.ingest.formats import _class_defaults
+
+        base = _class_defaults(model_type)
+        spec.rope_theta, spec.rope_scaling = base.get("rope_theta"), spec.rope_scaling or base.get("rope_scaling")
+    if ws.present:
+        _check_target_tensors(spec)
+    return spec
+
+
+def _check_target_tensors(spec: TargetSpec) -> None:
+    names = [n for n in spec.weights.tensors if n.endswith("embed_tokens.weight")]
+    if names:
+        name = min(names, key=len)
+        info = spec.weights.tensors[name]
+        spec.embed_rows, spec.embed_tensor = info.shape[0], name
+        if len(info.shape) == 2 and info.shape[1] != spec.hidden_size and info.dtype in files.FLOAT_DTYPES:
+            raise CheckpointError(f"{spec.path / info.file}: {name} is {list(info.shape)} but config.json says "
+                                  f"hidden_size {spec.hidden_size}; config and weights do not match")
+        if info.shape[0] < spec.vocab_size:
+            raise CheckpointError(f"{spec.path / info.file}: {name} has {info.shape[0]} rows but config.json "
+                                  f"says vocab_size {spec.vocab_size}; config and weights do not match")
+    found = {int(m.group(1)) for n in spec.weights.tensors if (m := _LAYER.search(n))}
+    if found and max(found) + 1 < spec.num_layers:
+        raise CheckpointError(f"{spec.path}: the weights hold decoder layers 0..{max(found)} but config.json says "
+                              f"{spec.num_layers}; a shard is missing: download the checkpoint again")

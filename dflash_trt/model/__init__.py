@@ -1,0 +1,16 @@
+"""Model: the DFlash drafter as a torch module (published tensor names) and the target's view.
+
+Other subpackages import from here, never from the modules inside.
+"""
+from __future__ import annotations
+
+from dflash_trt.model.config import DrafterConfig
+from dflash_trt.model.drafter import Drafter
+from dflash_trt.model.target import Target, load_target
+
+__all__ = [
+    "Drafter",
+    "DrafterConfig",
+    "Target",
+    "load_target",
+]

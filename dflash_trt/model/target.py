@@ -1,0 +1,83 @@
+"""The target as DFlash sees it: embedding, LM head, and a forward that returns the taps.
+
+:class:`Target` wraps any transformers causal LM. The *taps* are the target hidden states
+the drafter conditions on: layer id ``i`` is the output of decoder layer ``i``, i.e.
+``output_hidden_states[i + 1]`` in transformers (the DFlash paper's convention).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_trt.errors import CheckpointError
+
+
+class Target:
+    """A transformers causal LM seen through what DFlash needs from it."""
+
+    def __init__(self, model: nn.Module, layer_ids: list[int] | None = None):
+        self.model = model.eval()
+        self.layer_ids = list(layer_ids or [])
+        self.config = model.config
+        # transformers 5.x renamed past_key_values to cache; accept either generation.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def num_layers(self) -> int:
+        cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        return int(cfg.num_hidden_layers)
+
+    def embed(self, ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Raw embedding rows (no model-specific scaling), as the drafter was trained."""
+        emb = F.embedding(ids, self.model.get_input_embeddings().weight)
+        return emb * scale if scale != 1.0 else emb
+
+    @property
+    def head(self) -> nn.Module:
+        head = getattr(self.model, "lm_head", None)
+        return head if head is not None else self.model.get_output_embeddings()
+
+    def forward(self, ids, position_ids, attention_mask, cache, taps: bool = True):
+        """Returns (logits [b, T, V], taps [b, T, n_tap*H] or None)."""
+        want_taps = taps and bool(self.layer_ids)
+        out = self.model(
+            input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
+            use_cache=True, output_hidden_states=want_taps, **{self._cache_kw: cache},
+        )
+        if want_taps:
+            return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        return out.logits, None
+
+
+def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> nn.Module:
+    """Load a Hugging Face causal LM from a local directory (safetensors only, no remote code)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress reporting; keep stderr to one line per event
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise CheckpointError(f"{path}: no config.json; is this a Hugging Face model directory?")
+    if not any(path.glob("*.safetensors")):
+        raise CheckpointError(f"{path}: no .safetensors weights (pickled .bin weights are refused)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype or "auto", use_safetensors=True, trust_remote_code=False,
+        )
+    except (ValueError, OSError, KeyError) as exc:
+        raise CheckpointError(f"{path}: cannot load target: {str(exc).splitlines()[0]}") from exc
+    return model.to(device).eval()

@@ -1,0 +1,146 @@
+"""The package's layout holds: imports point one way, through each subpackage's public face.
+
+Every import statement of every module is read (inside functions too, where cycles hide).
+Three rules:
+
+1. **Direction.** A subpackage imports only from subpackages below it in ``ORDER``; a
+   module of the top-level (``cli``, ``_cli``) may import anything.
+2. **Faces.** From another subpackage, import what its ``__init__`` lists in ``__all__``
+   (``from dflash_trt.ingest import validate_pair``), never one of its modules
+   (``from dflash_trt.ingest.compat import ...``).
+3. **No cycles** between modules, counting imports inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import dflash_trt
+
+ROOT = Path(dflash_trt.__file__).parent
+# Top to bottom: each may import from the ones after it, never before.
+ORDER = ["bench", "train", "serve", "build", "runtime", "ingest", "model", "plugins", "errors"]
+TOP = {"cli", "_cli", "__main__", "__init__"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(["dflash_trt", *parts])] = path
+    return out
+
+
+def imports(path: Path, name: str) -> list[tuple[int, str, list[str]]]:
+    """(line, imported module, names) for every import of ours in the file, at any depth."""
+    found = []
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, []) for a in node.names if a.name.startswith("dflash_trt")]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                mod = ".".join(base + ([mod] if mod else []))
+            if mod == "dflash_trt":  # from dflash_trt import ingest: the subpackage itself
+                found += [(node.lineno, f"dflash_trt.{a.name}", []) for a in node.names if a.name != "__version__"]
+            elif mod.startswith("dflash_trt"):
+                found.append((node.lineno, mod, [a.name for a in node.names]))
+    return found
+
+
+def stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def resolve_targets(mod: str, names: list[str], known: dict[str, Path]) -> list[str]:
+    """The modules an import really loads: ``from pkg import submodule`` counts as the submodule."""
+    subs = [f"{mod}.{n}" for n in names if f"{mod}.{n}" in known]
+    return subs or [mod]
+
+
+MODS = modules()
+
+
+def test_every_stage_is_a_package_with_a_public_face():
+    for s in ORDER[:-1]:
+        init = ROOT / s / "__init__.py"
+        assert init.exists(), f"{s}/ has no __init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{s}/__init__.py has no docstring"
+    for s in ("ingest", "model", "runtime", "build", "serve", "train", "plugins"):
+        module = __import__(f"dflash_trt.{s}", fromlist=["__all__"])
+        assert module.__all__, f"dflash_trt.{s} exports nothing"
+        missing = [n for n in module.__all__ if not hasattr(module, n) and not (ROOT / s / f"{n}.py").exists()]
+        assert not missing, f"dflash_trt.{s}.__all__ names what it does not define: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(MODS))
+def test_imports_point_down_and_through_faces(name):
+    src = stage(name)
+    problems = []
+    for line, mod, names in imports(MODS[name], name):
+        dst = stage(mod)
+        if dst == src:
+            continue
+        if dst in TOP and src not in TOP:
+            problems.append(f"line {line}: {src} imports the CLI ({mod})")
+            continue
+        if src not in TOP and ORDER.index(dst) < ORDER.index(src):
+            problems.append(f"line {line}: {src} imports {mod}, which sits above it ({' > '.join(ORDER)})")
+        face = f"dflash_trt.{dst}"
+        if dst not in ("errors", *TOP):
+            if mod != face:
+                problems.append(f"line {line}: {src} reaches inside {dst} ({mod}); import from {face}")
+            else:
+                public = getattr(__import__(face, fromlist=["__all__"]), "__all__", [])
+                hidden = [n for n in names if n not in public]
+                if hidden:
+                    problems.append(f"line {line}: {face} does not export {hidden}")
+    assert not problems, f"{MODS[name]}:\n  " + "\n  ".join(problems)
+
+
+def test_no_import_cycles():
+    graph = {m: set() for m in MODS}
+    for name, path in MODS.items():
+        for _, mod, names in imports(path, name):
+            for target in resolve_targets(mod, names, MODS):
+                if target in graph and target != name:
+                    graph[name].add(target)
+    # a package __init__ re-exporting its own modules is not a cycle of theirs
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not (name.startswith(t + ".") and (MODS[t].name == "__init__.py"))}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle = stack[stack.index(t):] + [t]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_checker_sees_a_planted_violation(tmp_path):
+    """The rules above can fail: a model module importing the runtime, and a two-module cycle."""
+    a = tmp_path / "a.py"
+    a.write_text("def f():\n    from dflash_trt.runtime.loop import generate\n")
+    found = imports(a, "dflash_trt.model.a")
+    assert found == [(2, "dflash_trt.runtime.loop", ["generate"])]
+    assert ORDER.index(stage(found[0][1])) < ORDER.index("model")

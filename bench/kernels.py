@@ -83,8 +83,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU (and triton); none is available here", file=sys.stderr)
         return 2
-    from dflash_trt.plugins import block_attention as ba
-    from dflash_trt.plugins import kv_injection as kvi
+    from dflash_trt.plugins import attention as ba
+    from dflash_trt.plugins import injection as kvi
     from dflash_trt.plugins import triton_kernels as tk
 
     dtype = getattr(torch, args.dtype)

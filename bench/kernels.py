@@ -4,7 +4,7 @@ Qwen3-8B drafter shapes by default: 5 layers, 32 query / 8 kv heads, head_dim 12
 16, contexts 1k..32k, batch 1..64, bf16. For each (batch, context) it times
 
 * block attention (one layer): Triton kernel vs ``block_attention_reference``,
-* KV injection (all layers, 16 new tokens per sequence, hidden 4096, 5 taps): Triton path
+* KV injection (all layers, 16 new tokens per sequence, hidden 4096, 5 target_hidden): Triton path
   vs ``kv_injection_reference``; and the scatter kernel alone,
 
 and reports achieved bandwidth (bytes the kernel must move / time) against the device
@@ -35,7 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--taps", type=int, default=5)
+    p.add_argument("--target_hidden", type=int, default=5)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--window", type=int, default=None, help="sliding window (default: none)")
@@ -127,11 +127,11 @@ def main(argv=None) -> int:
             T = B
             lengths_inj = torch.full((b,), ctx - T, device=dev, dtype=torch.long)
             n_new = torch.full((b,), T, device=dev, dtype=torch.long)
-            taps = torch.randn(b, T, args.taps * args.hidden, device=dev, dtype=dtype, generator=g)
-            fc = torch.randn(args.hidden, args.taps * args.hidden, device=dev, dtype=dtype, generator=g) * 0.01
+            target_hidden = torch.randn(b, T, args.target_hidden * args.hidden, device=dev, dtype=dtype, generator=g)
+            fc = torch.randn(args.hidden, args.target_hidden * args.hidden, device=dev, dtype=dtype, generator=g) * 0.01
             wkv = torch.randn(L * 2 * kvh * d, args.hidden, device=dev, dtype=dtype, generator=g) * 0.01
             kn = torch.ones(L, d, device=dev, dtype=dtype)
-            inj = dict(taps=taps, n_new=n_new, lengths=lengths_inj, fc_weight=fc,
+            inj = dict(target_hidden=target_hidden, n_new=n_new, lengths=lengths_inj, fc_weight=fc,
                        norm_weight=torch.ones(args.hidden, device=dev, dtype=dtype), kv_weight=wkv, kv_bias=None,
                        k_norm_weight=kn, inv_freq=inv_freq, rope_scale=1.0, eps=1e-6, k_cache=kc, v_cache=vc,
                        page_table=pt, num_kv_heads=kvh, head_dim=d)

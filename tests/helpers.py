@@ -110,7 +110,7 @@ class OracleDrafter(Drafter):
         cache.select = select
         return cache
 
-    def inject(self, taps, n_new, cache):
+    def inject(self, target_hidden, n_new, cache):
         cache.lengths = cache.lengths + n_new
 
     def draft(self, block_embeds, cache):

@@ -64,14 +64,14 @@ WRITERS = {
 
 
 def draft_logits(model, drafter: Drafter, prompt: list[int]) -> torch.Tensor:
-    """One drafting step on the target's real hidden states: taps -> inject -> block -> logits."""
+    """One drafting step on the target's real hidden states: target_hidden -> inject -> block -> logits."""
     target = Target(model, drafter.cfg.target_layer_ids)
     ids = torch.tensor([prompt])
     with torch.no_grad():
         hs = model(ids, output_hidden_states=True).hidden_states
-        taps = torch.cat([hs[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)[:, :-1]
+        target_hidden = torch.cat([hs[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)[:, :-1]
         cache = drafter.new_cache(1)
-        drafter.inject(taps, torch.tensor([len(prompt) - 1]), cache)
+        drafter.inject(target_hidden, torch.tensor([len(prompt) - 1]), cache)
         block = torch.full((1, drafter.cfg.block_size), drafter.cfg.mask_token_id)
         block[0, 0] = prompt[-1]
         hidden = drafter.draft(target.embed(block), cache)

@@ -1,4 +1,4 @@
-"""ONNX round trip: the drafter with the dflash custom ops, and the target with taps + KV cache."""
+"""ONNX round trip: the drafter with the dflash custom ops, and the target with target_hidden + KV cache."""
 
 from __future__ import annotations
 

@@ -103,12 +103,12 @@ def test_wrong_shapes_and_missing_tensors_are_checkpoint_errors(tmp_path):
         Drafter.load(tmp_path / "b")
 
 
-def naive_block(d: Drafter, taps: torch.Tensor, block: torch.Tensor, causal=False, window=None) -> torch.Tensor:
+def naive_block(d: Drafter, target_hidden: torch.Tensor, block: torch.Tensor, causal=False, window=None) -> torch.Tensor:
     """DFlash written densely, the way the paper describes it: fused context in front of the
     block's own K/V in every layer, RoPE at absolute positions, one non-causal forward."""
     cfg = d.cfg
-    n, B = taps.shape[1], block.shape[1]
-    ctx = d.hidden_norm(d.fc(taps))
+    n, B = target_hidden.shape[1], block.shape[1]
+    ctx = d.hidden_norm(d.fc(target_hidden))
     rope = Qwen3RotaryEmbedding(Qwen3Config(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
                                             head_dim=cfg.head_dim, rope_theta=cfg.rope_theta))
     pos = torch.arange(n + B)[None]
@@ -148,14 +148,14 @@ def test_inject_then_draft_equals_the_dense_formulation(mode):
     d = tiny_drafter(model, **kw)
     n_tap = len(d.cfg.target_layer_ids)
     torch.manual_seed(4)
-    taps = torch.randn(1, 13, n_tap * d.cfg.hidden_size, dtype=torch.float64)
+    target_hidden = torch.randn(1, 13, n_tap * d.cfg.hidden_size, dtype=torch.float64)
     block = torch.randn(1, 8, d.cfg.hidden_size, dtype=torch.float64)
     cache = d.new_cache(1)
     # Inject in two chunks, as the runtime does round by round.
-    d.inject(taps[:, :9], torch.tensor([9]), cache)
-    d.inject(taps[:, 9:], torch.tensor([4]), cache)
+    d.inject(target_hidden[:, :9], torch.tensor([9]), cache)
+    d.inject(target_hidden[:, 9:], torch.tensor([4]), cache)
     got = d.draft(block, cache)
-    want = naive_block(d, taps, block, causal=mode != "bidirectional", window=7 if mode == "sliding" else None)
+    want = naive_block(d, target_hidden, block, causal=mode != "bidirectional", window=7 if mode == "sliding" else None)
     # RMSNorm and RoPE tables are computed in float32 on both sides (as in transformers),
     # so agreement is to float32 rounding; a semantic slip (positions, masks, norms) is O(1).
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

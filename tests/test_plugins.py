@@ -135,7 +135,7 @@ def test_kv_injection_matches_reference(L, kvh, d, ps, T, lengths, n_new, bias):
     base = torch.full((L, pool, ps, kvh, d), NAN)      # poison: unwritten slots stay NaN
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
     args = dict(
-        taps=rnd(b, T, n_tap * H), n_new=torch.tensor(n_new), lengths=torch.tensor(lengths),
+        target_hidden=rnd(b, T, n_tap * H), n_new=torch.tensor(n_new), lengths=torch.tensor(lengths),
         fc_weight=rnd(H, n_tap * H) * 0.1, norm_weight=1 + 0.1 * rnd(H),
         kv_weight=rnd(L * 2 * kvh * d, H) * 0.2, kv_bias=rnd(L * 2 * kvh * d) if bias else None,
         k_norm_weight=1 + 0.1 * rnd(L, d), inv_freq=inv_freq, rope_scale=0.9, eps=1e-6,
@@ -189,8 +189,8 @@ def test_drafter_triton_matches_reference(layer_types, window):
             drafter.kernels = kernels
             cache = drafter.new_cache(3, page_size=4)
             hs = []
-            for taps, n_new in rounds:
-                drafter.inject(taps, n_new, cache)
+            for target_hidden, n_new in rounds:
+                drafter.inject(target_hidden, n_new, cache)
                 hs.append(drafter.draft(embeds, cache))
             outs[kernels] = (hs, cache)
     (h_ref, c_ref), (h_tri, c_tri) = outs["reference"], outs["triton"]
@@ -242,8 +242,8 @@ def test_kv_injection_custom_op_mutates_and_fakes():
     cache = drafter.new_cache(2, page_size=4)
     n_new = torch.tensor([3, 2])
     cache.reserve(n_new)
-    taps = torch.randn(2, 3, 2 * cfg.hidden_size)
-    args = lambda kc, vc, kernels: (taps, n_new, cache.lengths, drafter.fc.weight, drafter.hidden_norm.weight,  # noqa: E731
+    target_hidden = torch.randn(2, 3, 2 * cfg.hidden_size)
+    args = lambda kc, vc, kernels: (target_hidden, n_new, cache.lengths, drafter.fc.weight, drafter.hidden_norm.weight,  # noqa: E731
                                     wkv, bkv, kn, drafter.inv_freq, kc, vc, cache.page_table,
                                     drafter.rope_scaling_factor, cfg.rms_norm_eps, 2, 32, kernels)
     with torch.no_grad():
@@ -272,15 +272,15 @@ def test_kv_scatter_stage_composes_to_the_reference():
     cache = drafter.new_cache(2, page_size=4)
     n_new = torch.tensor([4, 1])
     cache.reserve(n_new)
-    taps = torch.randn(2, 4, 2 * cfg.hidden_size)
+    target_hidden = torch.randn(2, 4, 2 * cfg.hidden_size)
     with torch.no_grad():
         kr, vr, ks, vs = (cache.k.clone().fill_(NAN) for _ in range(4))
-        kvi.kv_injection_reference(taps=taps, n_new=n_new, lengths=cache.lengths, fc_weight=drafter.fc.weight,
+        kvi.kv_injection_reference(target_hidden=target_hidden, n_new=n_new, lengths=cache.lengths, fc_weight=drafter.fc.weight,
                                    norm_weight=drafter.hidden_norm.weight, kv_weight=wkv, kv_bias=bkv,
                                    k_norm_weight=kn, inv_freq=drafter.inv_freq, rope_scale=1.0,
                                    eps=cfg.rms_norm_eps, k_cache=kr, v_cache=vr, page_table=cache.page_table,
                                    num_kv_heads=2, head_dim=32)
-        kv = plugins.rms_norm(taps @ drafter.fc.weight.T, drafter.hidden_norm.weight, cfg.rms_norm_eps) @ wkv.T
+        kv = plugins.rms_norm(target_hidden @ drafter.fc.weight.T, drafter.hidden_norm.weight, cfg.rms_norm_eps) @ wkv.T
         kvi.kv_scatter_reference(kv, kn, drafter.inv_freq, n_new, cache.lengths, cache.page_table, ks, vs,
                                  rope_scale=1.0, eps=cfg.rms_norm_eps, num_kv_heads=2, head_dim=32)
     torch.testing.assert_close(ks, kr, equal_nan=True)

@@ -49,7 +49,7 @@ def test_causal_and_window_masks_follow_the_runtime_rules():
     assert win[2, :8].nonzero().flatten().tolist() == []
 
 
-def _taps(model, drafter, ids):
+def _target_hidden(model, drafter, ids):
     with torch.no_grad():
         out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
     return torch.cat([out.hidden_states[i + 1] for i in drafter.cfg.target_layer_ids], -1)
@@ -64,15 +64,15 @@ def test_training_forward_equals_inject_then_draft(kind):
     target = wrap(model, drafter)
     L = 30
     ids = torch.randint(3, 90, (2, L), generator=torch.Generator().manual_seed(0))
-    taps = _taps(model, drafter, ids)
+    target_hidden = _target_hidden(model, drafter, ids)
     anchors = torch.tensor([[1, 7, 12, 20], [4, 5, 16, 22]])
     block, _ = objective.block_inputs(ids, anchors, 8, drafter.cfg.mask_token_id, torch.tensor([L, L]))
     emb = target.embed(block.view(2, -1)).view(2, 4, 8, -1)
-    trained = objective.train_forward(drafter, taps, emb, anchors)
+    trained = objective.train_forward(drafter, target_hidden, emb, anchors)
     for i in range(2):
         for k, a in enumerate(anchors[i].tolist()):
             cache = drafter.new_cache(1)
-            drafter.inject(taps[i:i + 1, :a], torch.tensor([a]), cache)
+            drafter.inject(target_hidden[i:i + 1, :a], torch.tensor([a]), cache)
             inferred = drafter.draft(target.embed(block[i:i + 1, k]), cache)
             torch.testing.assert_close(trained[i, k], inferred[0], atol=1e-5, rtol=1e-5)
 
@@ -82,12 +82,12 @@ def test_training_forward_depends_only_on_context_before_the_anchor():
     drafter = tiny_drafter(model, block_size=4, layers=1)
     target = wrap(model, drafter)
     ids = torch.randint(3, 90, (1, 20), generator=torch.Generator().manual_seed(1))
-    taps = _taps(model, drafter, ids)
+    target_hidden = _target_hidden(model, drafter, ids)
     anchors = torch.tensor([[6, 12]])
     block, _ = objective.block_inputs(ids, anchors, 4, drafter.cfg.mask_token_id, torch.tensor([20]))
     emb = target.embed(block.view(1, -1)).view(1, 2, 4, -1)
-    base = objective.train_forward(drafter, taps, emb, anchors)
-    changed = taps.clone()
+    base = objective.train_forward(drafter, target_hidden, emb, anchors)
+    changed = target_hidden.clone()
     changed[:, 6:] += 1.0                     # later context: block 0 must not move, block 1 must
     emb2 = emb.clone()
     emb2[:, 1] += 1.0                         # another block's inputs: block 0 must not move

@@ -2,9 +2,9 @@
 onnxruntime parity check, and the TensorRT engine build (optional imports throughout).
 
 Drafter graph (``drafter.onnx``): one speculative round of the drafter, exactly
-``Drafter.inject(taps, n_new, cache)`` followed by ``Drafter.draft(block_embeds, cache)``:
+``Drafter.inject(target_hidden, n_new, cache)`` followed by ``Drafter.draft(block_embeds, cache)``:
 
-    inputs : taps [b, T, n_tap*H], n_new [b] int64, block_embeds [b, B, H],
+    inputs : target_hidden [b, T, n_tap*H], n_new [b] int64, block_embeds [b, B, H],
              k_cache, v_cache [L, pages, page_size, kvh, d], page_table [b, max_pages] int32
              (already covering lengths + n_new: the runtime allocates pages),
              lengths [b] int64 (committed context length *before* this round's tokens)
@@ -17,13 +17,13 @@ does k_norm + RoPE + paged scatter for all layers; every layer's attention is on
 ``dflash::BlockDiffusionAttention`` node reading the whole cache tensors (``layer``
 attribute, no per-layer copies). Dims b, T, pages and max_pages are dynamic.
 
-Target graph (``target.onnx``): a transformers causal LM with the DFlash taps
+Target graph (``target.onnx``): a transformers causal LM with the DFlash target_hidden
 (``output_hidden_states[i + 1]`` for each layer id, concatenated) as an extra output and
 its KV cache as stacked tensors:
 
     inputs : input_ids [b, T], attention_mask [b, P+T], position_ids [b, T],
              past_k, past_v [layers, b, kvh, P, head_dim]
-    outputs: logits [b, T, V], taps [b, T, n_tap*H], present_k, present_v [layers, b, kvh, P+T, hd]
+    outputs: logits [b, T, V], target_hidden [b, T, n_tap*H], present_k, present_v [layers, b, kvh, P+T, hd]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch import nn
 from dflash_trt.errors import DFlashError, HardwareError, require
 from dflash_trt import plugins
 
-DRAFTER_INPUTS = ["taps", "n_new", "block_embeds", "k_cache", "v_cache", "page_table", "lengths"]
+DRAFTER_INPUTS = ["target_hidden", "n_new", "block_embeds", "k_cache", "v_cache", "page_table", "lengths"]
 TARGET_INPUTS = ["input_ids", "attention_mask", "position_ids", "past_k", "past_v"]
 
 #: fp32 parity bound the export is held to (ONNX Runtime vs ``Drafter.inject`` + ``draft``).
@@ -62,12 +62,12 @@ class DrafterRound(nn.Module):
             self.head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
             self.head.weight = nn.Parameter(head_weight.detach().clone(), requires_grad=False)
 
-    def forward(self, taps, n_new, block_embeds, k_cache, v_cache, page_table, lengths):
+    def forward(self, target_hidden, n_new, block_embeds, k_cache, v_cache, page_table, lengths):
         from dflash_trt.plugins import fused_kv
 
         d = self.drafter
         cfg = d.cfg
-        kv = fused_kv(taps, d.fc.weight, d.hidden_norm.weight, self.kv_weight, self.kv_bias, cfg.rms_norm_eps)
+        kv = fused_kv(target_hidden, d.fc.weight, d.hidden_norm.weight, self.kv_weight, self.kv_bias, cfg.rms_norm_eps)
         k_cache, v_cache = torch.ops.dflash.kv_cache_update(
             kv, self.k_norm_weight, d.inv_freq, n_new, lengths, page_table, k_cache, v_cache,
             float(d.rope_scaling_factor), float(cfg.rms_norm_eps), cfg.num_key_value_heads, cfg.head_dim,
@@ -100,7 +100,7 @@ def example_round(drafter, batch: int = 2, T: int = 5, page_size: int = 4, seed:
     n_new = torch.tensor([T - (i % T) for i in range(batch)])
     cache.reserve(n_new)
     inputs = dict(
-        taps=torch.randn(batch, T, n_tap * H, generator=gen).to(dtype), n_new=n_new,
+        target_hidden=torch.randn(batch, T, n_tap * H, generator=gen).to(dtype), n_new=n_new,
         block_embeds=torch.randn(batch, cfg.block_size, H, generator=gen).to(dtype),
         k_cache=cache.k.clone(), v_cache=cache.v.clone(), page_table=cache.page_table.clone(),
         lengths=cache.lengths.clone(),
@@ -130,7 +130,7 @@ def export_drafter_onnx(drafter, out_dir, *, head_weight: torch.Tensor | None = 
     dyn = None
     if dynamic:
         b, T, P, M = Dim("batch"), Dim("new_tokens"), Dim("pages"), Dim("max_pages")
-        dyn = {"taps": {0: b, 1: T}, "n_new": {0: b}, "block_embeds": {0: b}, "k_cache": {1: P},
+        dyn = {"target_hidden": {0: b, 1: T}, "n_new": {0: b}, "block_embeds": {0: b}, "k_cache": {1: P},
                "v_cache": {1: P}, "page_table": {0: b, 1: M}, "lengths": {0: b}}
     path = out / filename
     with warnings.catch_warnings(), torch.no_grad():
@@ -165,7 +165,7 @@ def check_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor | None =
     inputs, cache = example_round(drafter, batch=batch, T=T, page_size=page_size, seed=seed)
     got = run_drafter_onnx(onnx_path, inputs)
     with torch.no_grad():
-        drafter.inject(inputs["taps"], inputs["n_new"], cache)
+        drafter.inject(inputs["target_hidden"], inputs["n_new"], cache)
         hidden = drafter.draft(inputs["block_embeds"], cache)
         if head_weight is not None:
             head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
@@ -182,7 +182,7 @@ def check_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor | None =
 
 
 class TargetWithTaps(nn.Module):
-    """A causal LM forward with stacked KV-cache tensors in and out, plus the DFlash taps."""
+    """A causal LM forward with stacked KV-cache tensors in and out, plus the DFlash target_hidden."""
 
     def __init__(self, model: nn.Module, layer_ids: list[int]):
         super().__init__()
@@ -199,9 +199,9 @@ class TargetWithTaps(nn.Module):
             cache.update(past_k[i], past_v[i], i)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True, output_hidden_states=True)
-        taps = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        target_hidden = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         layers = out.past_key_values.layers
-        return (out.logits, taps, torch.stack([layers[i].keys for i in range(self.num_layers)]),
+        return (out.logits, target_hidden, torch.stack([layers[i].keys for i in range(self.num_layers)]),
                 torch.stack([layers[i].values for i in range(self.num_layers)]))
 
 
@@ -222,7 +222,7 @@ def target_example_inputs(model: nn.Module, batch: int = 2, past: int = 5, T: in
 
 
 def export_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *, filename: str = "target.onnx") -> Path:
-    """Export a transformers causal LM (Llama/Qwen3-style) with taps and KV-cache I/O."""
+    """Export a transformers causal LM (Llama/Qwen3-style) with target_hidden and KV-cache I/O."""
     onnx = require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")
     from torch.export import Dim
@@ -239,7 +239,7 @@ def export_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *, fi
         warnings.simplefilter("ignore")
         prog = torch.onnx.export(module, tuple(inputs[n] for n in TARGET_INPUTS), dynamo=True,
                                  dynamic_shapes=dyn, input_names=TARGET_INPUTS,
-                                 output_names=["logits", "taps", "present_k", "present_v"], verbose=False)
+                                 output_names=["logits", "target_hidden", "present_k", "present_v"], verbose=False)
     onnx.checker.check_model(prog.model_proto)
     prog.save(str(path))
     return path
@@ -256,7 +256,7 @@ def check_target_onnx(hf_model: nn.Module, layer_ids: list[int], onnx_path, **sh
     with torch.no_grad():
         want = TargetWithTaps(hf_model, layer_ids)(*(inputs[n] for n in TARGET_INPUTS))
     return {n: float(np.abs(g - w.numpy()).max())
-            for n, g, w in zip(["logits", "taps", "present_k", "present_v"], got, want)}
+            for n, g, w in zip(["logits", "target_hidden", "present_k", "present_v"], got, want)}
 
 
 # ---------------------------------------------------------------------------------------

@@ -263,7 +263,7 @@ def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
     parity = engine.check_drafter_onnx(drafter, d_path, head_weight=head)
     if max(parity.values()) > engine.DRAFTER_ONNX_ATOL:
         raise DFlashError(f"exported drafter ONNX disagrees with PyTorch (max error {max(parity.values()):.2e})")
-    say("exporting the target to ONNX (taps + KV cache I/O)")
+    say("exporting the target to ONNX (target_hidden + KV cache I/O)")
     engine.export_target_onnx(model, drafter.cfg.target_layer_ids, onnx_dir)
     ok, why = engine.engine_support()
     info = {"onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")), "drafter_onnx_max_error": parity,

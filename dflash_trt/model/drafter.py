@@ -130,13 +130,13 @@ class Drafter(nn.Module):
         return (emb.cos() * self.rope_scaling_factor).to(dtype), (emb.sin() * self.rope_scaling_factor).to(dtype)
 
     # -- KV injection --------------------------------------------------------------------
-    def inject(self, taps: torch.Tensor, n_new: torch.Tensor, cache: "plugins.PagedKVCache") -> None:
+    def inject(self, target_hidden: torch.Tensor, n_new: torch.Tensor, cache: "plugins.PagedKVCache") -> None:
         """Append context K/V for newly committed tokens to every layer's cache.
 
-        taps: [b, T, n_tap*H] target hidden states (padded to T); n_new: [b] how many of
+        target_hidden: [b, T, n_tap*H] target hidden states (padded to T); n_new: [b] how many of
         the T are real for each sequence. They land at positions ``cache.lengths[i] + t``.
         """
-        plugins.kv_injection(self, taps, n_new, cache, kernels=self.kernels)
+        plugins.kv_injection(self, target_hidden, n_new, cache, kernels=self.kernels)
 
     # -- block drafting ------------------------------------------------------------------
     def draft(self, block_embeds: torch.Tensor, cache: "plugins.PagedKVCache") -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""The target as DFlash sees it: embedding, LM head, and a forward that returns the taps.
+"""The target as DFlash sees it: embedding, LM head, and a forward that also returns ``target_hidden``.
 
-:class:`Target` wraps any transformers causal LM. The *taps* are the target hidden states
-the drafter conditions on: layer id ``i`` is the output of decoder layer ``i``, i.e.
+:class:`Target` wraps any transformers causal LM. ``target_hidden`` (the DFlash authors' word,
+used throughout this package) is the concatenation of the hidden states of the target layers
+the drafter conditions on (``target_layer_ids``): layer id ``i`` is the output of decoder layer ``i``, i.e.
 ``output_hidden_states[i + 1]`` in transformers (the DFlash paper's convention).
 """
 
@@ -51,14 +52,14 @@ class Target:
         head = getattr(self.model, "lm_head", None)
         return head if head is not None else self.model.get_output_embeddings()
 
-    def forward(self, ids, position_ids, attention_mask, cache, taps: bool = True):
-        """Returns (logits [b, T, V], taps [b, T, n_tap*H] or None)."""
-        want_taps = taps and bool(self.layer_ids)
+    def forward(self, ids, position_ids, attention_mask, cache, capture: bool = True):
+        """Returns (logits [b, T, V], target_hidden [b, T, n_tap*H] or None)."""
+        want_hidden = capture and bool(self.layer_ids)
         out = self.model(
             input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
-            use_cache=True, output_hidden_states=want_taps, **{self._cache_kw: cache},
+            use_cache=True, output_hidden_states=want_hidden, **{self._cache_kw: cache},
         )
-        if want_taps:
+        if want_hidden:
             return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         return out.logits, None
 

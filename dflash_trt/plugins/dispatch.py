@@ -43,7 +43,7 @@ def _stack_kv(drafter: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, to
     return torch.cat(ws, 0), (torch.cat(bs, 0) if bs else None), torch.stack(kn, 0)
 
 
-def kv_injection(drafter: nn.Module, taps: torch.Tensor, n_new: torch.Tensor, cache: PagedKVCache,
+def kv_injection(drafter: nn.Module, target_hidden: torch.Tensor, n_new: torch.Tensor, cache: PagedKVCache,
                  kernels: str = "reference") -> None:
     """Inject context K/V for new committed tokens; advances ``cache.lengths`` by ``n_new``."""
     from dflash_trt.plugins import injection as kvi
@@ -52,7 +52,7 @@ def kv_injection(drafter: nn.Module, taps: torch.Tensor, n_new: torch.Tensor, ca
     cache.reserve(n_new)
     wkv, bkv, k_norm = fused_kv_weights(drafter)
     args = dict(
-        taps=taps, n_new=n_new, lengths=cache.lengths, fc_weight=drafter.fc.weight,
+        target_hidden=target_hidden, n_new=n_new, lengths=cache.lengths, fc_weight=drafter.fc.weight,
         norm_weight=drafter.hidden_norm.weight, kv_weight=wkv, kv_bias=bkv, k_norm_weight=k_norm,
         inv_freq=drafter.inv_freq, rope_scale=drafter.rope_scaling_factor, eps=cfg.rms_norm_eps,
         k_cache=cache.k, v_cache=cache.v, page_table=cache.page_table,

@@ -2,7 +2,7 @@
 
 Semantics (the reference below is the specification):
 
-    ctx = hidden_norm(fc(taps))                          # [b, T, H]
+    ctx = hidden_norm(fc(target_hidden))                          # [b, T, H]
     kv  = ctx @ kv_weight.T (+ kv_bias)                   # one GEMM over all layers' K and V
     for each layer l:  k_l = k_norm_l(kv[..., l, 0]) then RoPE at position lengths[i] + t
                        v_l = kv[..., l, 1]
@@ -26,18 +26,18 @@ def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, rope_scale: flo
     return (emb.cos() * rope_scale).to(dtype), (emb.sin() * rope_scale).to(dtype)
 
 
-def fused_kv(taps, fc_weight, norm_weight, kv_weight, kv_bias, eps) -> torch.Tensor:
+def fused_kv(target_hidden, fc_weight, norm_weight, kv_weight, kv_bias, eps) -> torch.Tensor:
     """fc -> hidden_norm -> ONE GEMM over all layers' K/V weights: [b, T, L*2*kvh*d]."""
-    kv = rms_norm(taps @ fc_weight.T, norm_weight, eps) @ kv_weight.T
+    kv = rms_norm(target_hidden @ fc_weight.T, norm_weight, eps) @ kv_weight.T
     return kv + kv_bias if kv_bias is not None else kv
 
 
-def kv_injection_reference(*, taps, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
+def kv_injection_reference(*, target_hidden, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
                            k_norm_weight, inv_freq, rope_scale, eps, k_cache, v_cache, page_table,
                            num_kv_heads, head_dim) -> None:
-    if taps.shape[0] == 0 or taps.shape[1] == 0:
+    if target_hidden.shape[0] == 0 or target_hidden.shape[1] == 0:
         return
-    kv = fused_kv(taps, fc_weight, norm_weight, kv_weight, kv_bias, eps)
+    kv = fused_kv(target_hidden, fc_weight, norm_weight, kv_weight, kv_bias, eps)
     kv_scatter_reference(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
                          rope_scale=rope_scale, eps=eps, num_kv_heads=num_kv_heads, head_dim=head_dim)
 
@@ -75,15 +75,15 @@ def kv_scatter_triton(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k
                   eps=eps, rope_scale=rope_scale, num_kv_heads=num_kv_heads, head_dim=head_dim)
 
 
-def kv_injection_triton(*, taps, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
+def kv_injection_triton(*, target_hidden, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
                         k_norm_weight, inv_freq, rope_scale, eps, k_cache, v_cache, page_table,
                         num_kv_heads, head_dim) -> None:
     """Same contract as the reference: fc + hidden_norm + ONE GEMM over all layers' K/V
     weights in torch, then ONE Triton launch for k_norm, RoPE and the paged scatter."""
-    if taps.shape[0] == 0 or taps.shape[1] == 0:
+    if target_hidden.shape[0] == 0 or target_hidden.shape[1] == 0:
         return
     from dflash_trt.plugins import triton_kernels as tk
 
-    kv = fused_kv(taps, fc_weight, norm_weight, kv_weight, kv_bias, eps)
+    kv = fused_kv(target_hidden, fc_weight, norm_weight, kv_weight, kv_bias, eps)
     tk.kv_scatter(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
                   eps=eps, rope_scale=rope_scale, num_kv_heads=num_kv_heads, head_dim=head_dim)

@@ -2,7 +2,7 @@
 
 Importing this module registers (once per process):
 
-* ``dflash::kv_injection(taps, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias?,
+* ``dflash::kv_injection(target_hidden, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias?,
   k_norm_weight, inv_freq, k_cache!, v_cache!, page_table, rope_scale, eps, num_kv_heads,
   head_dim, kernels) -> ()`` - the whole KV injection, mutating both caches in place
   (``mutates_args=("k_cache", "v_cache")``); the op the runtime semantics are defined on.
@@ -37,19 +37,19 @@ def _pick(kernels: str, reference, triton):
 
 
 @torch.library.custom_op("dflash::kv_injection", mutates_args=("k_cache", "v_cache"))
-def kv_injection(taps: Tensor, n_new: Tensor, lengths: Tensor, fc_weight: Tensor, norm_weight: Tensor,
+def kv_injection(target_hidden: Tensor, n_new: Tensor, lengths: Tensor, fc_weight: Tensor, norm_weight: Tensor,
                  kv_weight: Tensor, kv_bias: Tensor | None, k_norm_weight: Tensor, inv_freq: Tensor,
                  k_cache: Tensor, v_cache: Tensor, page_table: Tensor, rope_scale: float, eps: float,
                  num_kv_heads: int, head_dim: int, kernels: str = "reference") -> None:
     fn = _pick(kernels, _kvi.kv_injection_reference, _kvi.kv_injection_triton)
-    fn(taps=taps, n_new=n_new, lengths=lengths, fc_weight=fc_weight, norm_weight=norm_weight,
+    fn(target_hidden=target_hidden, n_new=n_new, lengths=lengths, fc_weight=fc_weight, norm_weight=norm_weight,
        kv_weight=kv_weight, kv_bias=kv_bias, k_norm_weight=k_norm_weight, inv_freq=inv_freq,
        rope_scale=rope_scale, eps=eps, k_cache=k_cache, v_cache=v_cache, page_table=page_table,
        num_kv_heads=num_kv_heads, head_dim=head_dim)
 
 
 @kv_injection.register_fake
-def _kv_injection_fake(taps, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias, k_norm_weight,
+def _kv_injection_fake(target_hidden, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias, k_norm_weight,
                        inv_freq, k_cache, v_cache, page_table, rope_scale, eps, num_kv_heads, head_dim,
                        kernels="reference") -> None:
     return None

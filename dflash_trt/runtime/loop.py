@@ -171,14 +171,14 @@ def generate(
     col_valid = torch.arange(T, device=dev)[None] < lengths[:, None]
     positions = torch.arange(T, device=dev).expand(b, T)
     cache = _new_target_cache(target)
-    logits, taps = target.forward(ids, positions, col_valid.long(), cache, taps=use_drafter)
+    logits, target_hidden = target.forward(ids, positions, col_valid.long(), cache, capture=use_drafter)
     rows = torch.arange(b, device=dev)
     last = select(logits[rows, lengths - 1], sampling, gen)
     stats.target_forwards += 1
     dcache = None
     if use_drafter:
         dcache = drafter.new_cache(b, device=dev)
-        drafter.inject(taps.to(drafter.dtype), lengths, dcache)
+        drafter.inject(target_hidden.to(drafter.dtype), lengths, dcache)
     seq_pos = lengths.clone()             # position of the anchor == tokens already cached
     live = list(range(b))                 # original index of each row still generating
     done = []
@@ -231,7 +231,7 @@ def generate(
         # ---- verify: one target forward over [anchor, d_1 .. d_{B-1}] -----------------
         t1 = time.perf_counter()
         attn = torch.cat([col_valid, torch.ones(n, B, dtype=torch.bool, device=dev)], dim=1)
-        logits, taps = target.forward(block, seq_pos[:, None] + offsets, attn.long(), cache, taps=use_drafter)
+        logits, target_hidden = target.forward(block, seq_pos[:, None] + offsets, attn.long(), cache, capture=use_drafter)
         stats.target_forwards += 1
         t2 = time.perf_counter()
         stats.draft_seconds += t1 - t0
@@ -275,7 +275,7 @@ def generate(
         col_valid = torch.cat([col_valid, offsets[None] < n_new[:, None]], dim=1)
         if use_drafter and len(done) < n:
             t3 = time.perf_counter()
-            drafter.inject(taps.to(drafter.dtype), n_new, dcache)
+            drafter.inject(target_hidden.to(drafter.dtype), n_new, dcache)
             stats.draft_seconds += time.perf_counter() - t3
         seq_pos = seq_pos + n_new
         last = bonus

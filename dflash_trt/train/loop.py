@@ -291,7 +291,7 @@ def _training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target,
 
 def train_step(drafter: Drafter, target: Target, regen: train_data.Regenerated, B: int, mask_id: int,
                s: TrainSettings, gamma: float, g: torch.Generator):
-    """Loss of one batch: taps from the frozen target, K anchored blocks per sequence."""
+    """Loss of one batch: target_hidden from the frozen target, K anchored blocks per sequence."""
     idx = torch.randperm(len(regen), generator=g)[: s.batch_size]
     lengths, plens = regen.lengths[idx], regen.prompt_lengths[idx]
     Tmax = int(lengths.max())
@@ -299,13 +299,13 @@ def train_step(drafter: Drafter, target: Target, regen: train_data.Regenerated, 
     with torch.no_grad():
         attn = (torch.arange(Tmax)[None] < lengths[:, None]).long()
         out = target.model(input_ids=tokens, attention_mask=attn, output_hidden_states=True, use_cache=False)
-        taps = torch.cat([out.hidden_states[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)
+        target_hidden = torch.cat([out.hidden_states[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)
         anchors, valid = train_data.sample_anchors(lengths, plens, s.anchors, g)
         block, labels = objective.block_inputs(tokens, anchors, B, mask_id, lengths)
         labels = torch.where(valid[..., None], labels, -100)
         b, K = anchors.shape
         embeds = target.embed(block.view(b, K * B), drafter.cfg.input_embedding_scale).view(b, K, B, -1)
-    hidden = objective.train_forward(drafter, taps.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
+    hidden = objective.train_forward(drafter, target_hidden.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
     logits = drafter.logits(hidden[:, :, 1:], target.head)
     return objective.block_loss(logits, labels, gamma)
 

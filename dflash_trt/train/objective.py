@@ -14,7 +14,7 @@ Read top to bottom:
   the drafter's own submodules. It computes exactly what ``Drafter.inject`` followed by
   ``Drafter.draft`` compute at inference for the same prefix (``tests/test_train.py``
   holds it to that): context K/V come from ``k_proj``/``v_proj`` of
-  ``hidden_norm(fc(taps))`` with RoPE at the context tokens' absolute positions.
+  ``hidden_norm(fc(target_hidden))`` with RoPE at the context tokens' absolute positions.
 * :func:`block_loss`: cross-entropy of block positions 1..B-1 through the target's LM
   head, weighted ``exp(-(k-1)/gamma)``.
 
@@ -140,22 +140,22 @@ def block_visibility(anchors: torch.Tensor, T: int, B: int, *, causal: bool = Fa
     return vis
 
 
-def train_forward(drafter: Drafter, taps: torch.Tensor, block_embeds: torch.Tensor,
+def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: torch.Tensor,
                   anchors: torch.Tensor) -> torch.Tensor:
     """Normed drafter hidden states [b, K, B, H] for K blocks per sequence, in one forward.
 
-    taps: [b, T, n_tap*H] the target's tapped hidden states of the whole sequence;
+    target_hidden: [b, T, n_tap*H] the target's tapped hidden states of the whole sequence;
     block_embeds: [b, K, B, H] target embeddings of ``[x[a_k], MASK ...]``;
     anchors: [b, K] anchor positions (each >= 1, so every block has context).
     """
     cfg = drafter.cfg
-    b, T, _ = taps.shape
+    b, T, _ = target_hidden.shape
     _, K, B, H = block_embeds.shape
     nh, kvh, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     dev, dtype = block_embeds.device, block_embeds.dtype
     q_pos = (anchors[:, :, None] + torch.arange(B, device=dev)).reshape(b, K * B)
     cos_c, sin_c = drafter.rope(torch.arange(T, device=dev).expand(b, T), dtype)
-    ctx = drafter.hidden_norm(drafter.fc(taps))                              # [b, T, H]
+    ctx = drafter.hidden_norm(drafter.fc(target_hidden))                              # [b, T, H]
     rep = nh // kvh
     masks = {}
 

@@ -1,5 +1,4 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,11 @@ if not torch.cuda.is_available():
 # does not fight itself for the cores keeps its run time steady on a busy machine.
 torch.set_num_threads(1)
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
 def tiny_pair_dir(tmp_path_factory):
     """A tiny Qwen3 target (safetensors + tokenizer) and a z-lab drafter, on disk."""
-    from helpers import save_pair
+    from tests.helpers import save_pair
 
     return save_pair(tmp_path_factory.mktemp("pair"))

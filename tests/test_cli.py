@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash_trt.cli import run
-from helpers import hf_greedy
+from tests.helpers import hf_greedy
 
 
 def test_generate_json_is_lossless(tiny_pair_dir, capsys):

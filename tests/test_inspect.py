@@ -10,7 +10,7 @@ import torch
 
 from dflash_trt.cli import run
 from dflash_trt.model.drafter import Drafter
-from formats_writers import write_speculators
+from tests.ingest.formats_writers import write_speculators
 
 
 def _json(capsys):

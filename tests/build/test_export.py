@@ -105,6 +105,6 @@ def test_kernel_benchmark_script_imports_and_helps():
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "kernels.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "kernels.py"
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--json" in out.stdout

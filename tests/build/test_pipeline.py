@@ -14,7 +14,7 @@ from dflash_trt.build import recipe as R
 
 from dflash_trt.build import trtllm
 from dflash_trt.cli import run
-from helpers import hf_greedy, save_pair
+from tests.helpers import hf_greedy, save_pair
 
 GPU_FOR = {"bf16": "cpu", "fp8": "h100", "nvfp4": "b200"}
 

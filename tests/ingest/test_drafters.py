@@ -19,8 +19,8 @@ from dflash_trt.errors import CheckpointError
 from dflash_trt.model.drafter import Drafter
 from dflash_trt.model.target import Target
 from dflash_trt.runtime.loop import generate
-from formats_writers import write_modelopt, write_speculators, write_zlab_newer, write_zlab_v1
-from helpers import hf_greedy, prompts, tiny_drafter, tiny_drafter_config
+from tests.ingest.formats_writers import write_modelopt, write_speculators, write_zlab_newer, write_zlab_v1
+from tests.helpers import hf_greedy, prompts, tiny_drafter, tiny_drafter_config
 
 DRAFT_VOCAB = 40
 MAX_NEW = 16
@@ -259,10 +259,10 @@ def test_target_quantization(files, want, tmp_path):
 
 
 def test_published_pairs_validate_from_configs_alone():
-    """The real published configs (tests/data/model-configs, copied from the hub files)."""
-    from pathlib import Path
+    """The real published configs the recipes ship (dflash_trt/recipes/configs, copied from the hub files)."""
+    from dflash_trt.build import recipe
 
-    root = Path(__file__).parent / "data" / "model-configs"
+    root = recipe._bundled_dir() / "configs"
     ok = [("Qwen--Qwen3-8B", "z-lab--Qwen3-8B-DFlash-b16"), ("openai--gpt-oss-20b", "z-lab--gpt-oss-20b-DFlash")]
     for t, d in ok:
         r = ingest.validate_pair(root / t, root / d, require_weights=False)

@@ -12,7 +12,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3RotaryEmb
 from dflash_trt.errors import CheckpointError
 from dflash_trt.model.drafter import Drafter
 from dflash_trt.model.config import DrafterConfig
-from helpers import tiny_drafter, tiny_target
+from tests.helpers import tiny_drafter, tiny_target
 
 H, L, HEADS, KV, D, FFN, V = 64, 2, 4, 2, 16, 96, 128
 

@@ -10,7 +10,7 @@ from dflash_trt.cli import run
 from dflash_trt.bench.endpoint import compare, parse_spec_metrics, tau_between
 from dflash_trt.runtime.pair import load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
-from serve_helpers import bundle_dir  # noqa: F401 - fixture
+from tests.serve.helpers import bundle_dir  # noqa: F401 - fixture
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dflash_trt.cli import run
-from serve_helpers import make_bundle
+from tests.serve.helpers import make_bundle
 
 FAKE_TRTLLM_SERVE = """#!/usr/bin/env bash
 # Records how it was called, one argument per line, then exits with $FAKE_EXIT.

@@ -9,7 +9,7 @@ import torch
 
 # Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
 
-from helpers import char_tokenizer, save_pair, tiny_drafter, tiny_target, wrap
+from tests.helpers import char_tokenizer, save_pair, tiny_drafter, tiny_target, wrap
 
 from dflash_trt.train import objective
 from dflash_trt.train import data

@@ -19,8 +19,8 @@ from dflash_trt.cli import run
 from dflash_trt.runtime.pair import Pair, load_bundle
 from dflash_trt.runtime.loop import generate
 from dflash_trt.serve.app import ServerThread, create_app
-from helpers import OracleDrafter, hf_greedy
-from serve_helpers import bundle_dir, free_port, subprocess_env  # noqa: F401 - fixture
+from tests.helpers import OracleDrafter, hf_greedy
+from tests.serve.helpers import bundle_dir, free_port, subprocess_env  # noqa: F401 - fixture
 
 EOS = 2
 

@@ -14,7 +14,7 @@ from dflash_trt import ingest
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
 from dflash_trt.model.drafter import Drafter
-from formats_writers import write_speculators, write_zlab_v1
+from tests.ingest.formats_writers import write_speculators, write_zlab_v1
 
 
 def _cfg(d: Path) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import save_pair
+from tests.helpers import save_pair
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
@@ -59,6 +59,6 @@ def free_port() -> int:
 
 def subprocess_env() -> dict:
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the repository: tests.* importable
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env

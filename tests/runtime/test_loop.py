@@ -9,7 +9,7 @@ import torch
 
 from dflash_trt.runtime.loop import generate
 from dflash_trt.runtime.sampling import SamplingParams, probs, rejection_sample
-from helpers import OracleDrafter, hf_greedy, prompts, tiny_drafter, tiny_drafter_config, tiny_target, wrap
+from tests.helpers import OracleDrafter, hf_greedy, prompts, tiny_drafter, tiny_drafter_config, tiny_target, wrap
 
 MAX_NEW = 24
 

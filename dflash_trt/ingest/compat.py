@@ -9,14 +9,11 @@ Each failure is one line naming the file, what is wrong and what to do.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_trt.errors import CheckpointError, CompatibilityError
-from dflash_trt.ingest import files
+from dflash_trt.errors import CompatibilityError
 from dflash_trt.ingest.drafter import DrafterSpec, read_drafter
-from dflash_trt.ingest.formats import flatten_rope
 from dflash_trt.ingest.target import TargetSpec, read_target
 
 
@@ -69,18 +66,42 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
 
     Unreadable/corrupt inputs raise ``CheckpointError``; a mismatched pair raises
     ``CompatibilityError`` with the first problem (``raise_on_error=False`` returns the
-    report with ``.errors`` instead). Warnings are in ``.warnings``.
+    report with ``.errors`` instead). Warnings are in ``.warnings``. The checks run in
+    the order of ``PairReport.checks``: files, hidden size and heads, vocabulary and mask
+    row, target layers, RoPE, dtype/quantization, tokenizer, hidden-state capture.
     """
     t = read_target(target_dir, require_weights=require_weights)
     d = read_drafter(drafter_dir, require_weights=require_weights)
     r = PairReport(t, d)
+    _file_warnings(r, t, d)
+    _check_hidden_layout(r, t, d)
+    _check_vocab_and_mask(r, t, d)   # may fill the drafter's missing vocab_size from the target
+    _check_target_layers(r, t, d)
+    _check_rope(r, t, d)
+    _check_dtype(r, t, d)
+    _check_tokenizer(r, t, require_weights)
+    _check_capture(r, t, d)
+    if raise_on_error and r.errors:
+        more = f" (+{len(r.errors) - 1} more: see dflash-trt inspect --target)" if len(r.errors) > 1 else ""
+        raise CompatibilityError(r.errors[0] + more)
+    return r
+
+
+def _configs(t: TargetSpec, d: DrafterSpec) -> tuple[Path, Path]:
+    """(drafter config.json, target config.json): the files the messages name."""
+    return d.path / "config.json", t.path / "config.json"
+
+
+def _file_warnings(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     for w in t.warnings:
         r.add("target files", "warn", w)
     for w in d.warnings:
         r.add("drafter files", "warn", w)
-    c = d.config
-    dcfg, tcfg = d.path / "config.json", t.path / "config.json"
 
+
+def _check_hidden_layout(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
+    """Hidden size (must match: the drafter reads the target's hidden states) and head layout."""
+    c, (dcfg, tcfg) = d.config, _configs(t, d)
     if c.hidden_size == t.hidden_size:
         r.add("hidden size", "ok", f"{c.hidden_size}")
     else:
@@ -95,6 +116,11 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
         r.add("head layout", "warn", f"{dcfg}: drafter heads {layout_d[0]}x{layout_d[2]} (kv {layout_d[1]}) differ "
               f"from the target's {layout_t[0]}x{layout_t[2]} (kv {layout_t[1]}); unusual for DFlash: check head_dim")
 
+
+def _check_vocab_and_mask(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
+    """The vocabularies agree (a missing drafter vocab_size becomes the target's, in ``d.config``)
+    and the mask token has a row in the target's embedding."""
+    c, (dcfg, tcfg) = d.config, _configs(t, d)
     if "vocab_size" in d.defaulted:
         d.config = c = c.model_copy(update={"vocab_size": t.vocab_size})
         r.add("vocabulary", "warn", f"{dcfg}: no vocab_size; assuming the target's {t.vocab_size}")
@@ -113,19 +139,15 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
         r.add("mask token", "error", f"{dcfg}: mask_token_id {c.mask_token_id} has no row in the target's {rows}-row "
               f"embedding ({src}); the drafter belongs to another model family")
 
+
+def _check_target_layers(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
+    """The layer ids the drafter reads exist in the target, once each, and its trained depth matches."""
+    c, (dcfg, tcfg) = d.config, _configs(t, d)
     ids, depth = list(c.target_layer_ids), t.num_layers
     bad = [i for i in ids if not 0 <= i < depth]
     if bad:
-        if d.norm.layer_convention == "output_hidden_states":
-            fix = (f" (published as aux_hidden_state_layer_ids {d.published_layer_ids}, shifted back by one); "
-                   "the drafter was trained for a deeper target")
-        elif max(ids) == depth:
-            fix = ("; the largest id equals the depth, so these look like output_hidden_states indices (off by "
-                   "one): z-lab ids count decoder layers from 0, subtract 1 in dflash_config.target_layer_ids")
-        else:
-            fix = "; the drafter was trained for a deeper target: use the drafter published for this model"
         r.add("target layer ids", "error", f"{dcfg}: target layer ids {bad} out of range for the {depth}-layer "
-              f"target{fix}")
+              f"target{_layer_ids_fix(d, ids, depth)}")
     else:
         r.add("target layer ids", "ok", f"{ids} of {depth} (output_hidden_states {[i + 1 for i in ids]})")
     if len(set(ids)) != len(ids):
@@ -139,6 +161,21 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
     else:
         r.add("target depth", "ok", f"{depth} layers")
 
+
+def _layer_ids_fix(d: DrafterSpec, ids: list[int], depth: int) -> str:
+    """What to do about out-of-range layer ids, from how they were published."""
+    if d.norm.layer_convention == "output_hidden_states":
+        return (f" (published as aux_hidden_state_layer_ids {d.published_layer_ids}, shifted back by one); "
+                "the drafter was trained for a deeper target")
+    if max(ids) == depth:
+        return ("; the largest id equals the depth, so these look like output_hidden_states indices (off by "
+                "one): z-lab ids count decoder layers from 0, subtract 1 in dflash_config.target_layer_ids")
+    return "; the drafter was trained for a deeper target: use the drafter published for this model"
+
+
+def _check_rope(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
+    """DFlash drafters use the target's RoPE; an omitted drafter rope_theta only warns."""
+    c, (dcfg, tcfg) = d.config, _configs(t, d)
     rope_d, rope_t = (c.rope_theta, c.rope_scaling), (t.rope_theta, t.rope_scaling)
     if _rope_equal(rope_d, rope_t):
         r.add("rope", "ok", f"theta {c.rope_theta:g}" + (f", {c.rope_scaling.get('rope_type')}" if c.rope_scaling else ""))
@@ -150,6 +187,9 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
         else:
             r.add("rope", "error", msg + "; DFlash drafters use the target's RoPE: fix the drafter config")
 
+
+def _check_dtype(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
+    """The drafter's dtype against the target's compute dtype, or the target's pre-quantization."""
     ddt, tdt = d.dtype, str(t.dtype or "?")
     if t.quantization:
         q = t.quantization
@@ -159,6 +199,8 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
     else:
         r.add("dtype", "warn", f"drafter weights are {ddt}, target computes in {tdt}; the drafter is cast at load")
 
+
+def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> None:
     if t.tokenizer_files:
         r.add("tokenizer", "ok", ", ".join(t.tokenizer_files))
     elif not require_weights:
@@ -167,6 +209,11 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
         r.add("tokenizer", "error", f"{t.path}: no tokenizer files (tokenizer.json / tokenizer_config.json / "
               "tokenizer.model); copy the model's tokenizer into the target directory")
 
+
+def _check_capture(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
+    """What TensorRT-LLM's DFlash path supports: hidden-state capture for this architecture and
+    the target's LM head (a reduced draft vocabulary needs its own)."""
+    c, (_, tcfg) = d.config, _configs(t, d)
     if t.capture_supported:
         r.add("hidden-state capture", "ok", f"TensorRT-LLM captures hidden states for {t.architecture}")
     else:
@@ -176,7 +223,3 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
         r.add("draft head", "warn", f"{d.path}: reduced draft vocabulary ({c.draft_vocab_size}) with its own "
               "lm_head; TensorRT-LLM's DFlash loader uses the target's LM head instead, which destroys "
               "acceptance: serve this drafter with the reference runtime or use a full-vocabulary drafter")
-    if raise_on_error and r.errors:
-        more = f" (+{len(r.errors) - 1} more: see dflash-trt inspect --target)" if len(r.errors) > 1 else ""
-        raise CompatibilityError(r.errors[0] + more)
-    return r

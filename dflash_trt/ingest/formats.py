@@ -218,9 +218,26 @@ def _zlab(cfg: dict, names: list[str], root: Path, fmt: str) -> Normalised:
 
 
 def _speculators(cfg: dict, names: list[str], root: Path) -> Normalised:
+    """A vllm-project/speculators DFlash checkpoint in z-lab form (see the module doc)."""
+    where = str(root / "config.json")
+    full = _speculators_decoder(cfg, where)
+    aux, vocab, draft_vocab = _speculators_ids(cfg, full, where)
+    z = _speculators_zlab(cfg, full, aux, vocab, draft_vocab)
+    notes = [f"aux_hidden_state_layer_ids {aux} (output_hidden_states indices) -> z-lab ids "
+             f"{z['dflash_config']['target_layer_ids']}"]
+    if draft_vocab < vocab:
+        notes.append(f"reduced draft vocabulary {draft_vocab}/{vocab}: the drafter keeps its own lm_head and d2t")
+    verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
+    if verifier.get("name_or_path"):
+        notes.append(f"trained against {verifier['name_or_path']}")
+    return Normalised("speculators", z, list(aux), "output_hidden_states", prefix=_prefix(names, where),
+                      d2t_offsets=True, notes=notes)
+
+
+def _speculators_decoder(cfg: dict, where: str) -> dict:
+    """The full transformers config of the nested ``transformer_layer_config`` (defaults filled in)."""
     from transformers import AutoConfig
 
-    where = str(root / "config.json")
     tl = cfg.get("transformer_layer_config")
     if not isinstance(tl, dict):
         raise CheckpointError(f"{where}: speculators config without transformer_layer_config")
@@ -230,10 +247,14 @@ def _speculators(cfg: dict, names: list[str], root: Path) -> Normalised:
                                   "only standard DFlash drafters are supported")
     model_type = str(tl.get("model_type") or "qwen3")
     try:
-        full = AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"}).to_dict()
+        return AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"}).to_dict()
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{where}: transformer_layer_config (model_type {model_type!r}) is not a "
                               f"transformers config: {str(exc).splitlines()[0]}") from exc
+
+
+def _speculators_ids(cfg: dict, full: dict, where: str) -> tuple[list[int], int, int]:
+    """(aux_hidden_state_layer_ids, vocab size, draft vocab size), refusing what z-lab cannot express."""
     aux = cfg.get("aux_hidden_state_layer_ids")
     if not aux:
         raise CheckpointError(f"{where}: aux_hidden_state_layer_ids is missing")
@@ -250,16 +271,21 @@ def _speculators(cfg: dict, names: list[str], root: Path) -> Normalised:
     draft_vocab = int(cfg.get("draft_vocab_size") or vocab)
     if not 0 < draft_vocab <= vocab:
         raise CheckpointError(f"{where}: draft_vocab_size {draft_vocab} outside 1..{vocab} (the vocabulary)")
-    reduced = draft_vocab < vocab
+    return aux, vocab, draft_vocab
+
+
+def _speculators_zlab(cfg: dict, full: dict, aux: list[int], vocab: int, draft_vocab: int) -> dict:
+    """The z-lab config.json: layer ids shifted back by one, the decoder fields flattened."""
+    hidden = full["hidden_size"]
     theta, scaling = flatten_rope(full)
     types = full.get("layer_types")
     sliding = bool(types and "sliding_attention" in types)
     dflash = {"mask_token_id": cfg["mask_token_id"], "target_layer_ids": [a - 1 for a in aux]}
     if sliding and cfg.get("sliding_window_non_causal"):
         dflash["causal"] = False  # sliding layers bidirectional; full layers always are
-    if reduced:
+    if draft_vocab < vocab:
         dflash["draft_vocab_size"] = int(draft_vocab)
-    z = {
+    return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
         "block_size": int(cfg.get("block_size") or 8), "dflash_config": dflash,
         "hidden_size": hidden, "intermediate_size": full["intermediate_size"],
@@ -274,15 +300,6 @@ def _speculators(cfg: dict, names: list[str], root: Path) -> Normalised:
         "dtype": full.get("dtype") or full.get("torch_dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
         or "bfloat16",
     }
-    notes = [f"aux_hidden_state_layer_ids {aux} (output_hidden_states indices) -> z-lab ids "
-             f"{dflash['target_layer_ids']}"]
-    if reduced:
-        notes.append(f"reduced draft vocabulary {draft_vocab}/{vocab}: the drafter keeps its own lm_head and d2t")
-    verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
-    if verifier.get("name_or_path"):
-        notes.append(f"trained against {verifier['name_or_path']}")
-    return Normalised("speculators", z, list(aux), "output_hidden_states", prefix=_prefix(names, where),
-                      d2t_offsets=True, notes=notes)
 
 
 def normalise(cfg: dict, names: list[str], root: Path) -> Normalised:

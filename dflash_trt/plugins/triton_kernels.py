@@ -164,6 +164,10 @@ def _online_softmax_step(m_i, l_i, acc, s, v, IEEE: tl.constexpr, UPCAST: tl.con
     return m_new, l_i, acc
 
 
+# One piece on purpose (~70 lines): a kernel body is the program one (sequence, kv head, row
+# tile) runs, and its two passes (paged context tiles, then the block's own keys) fold into one
+# running state (q, m_i, l_i, acc). As @triton.jit helpers, each pass would take that state plus
+# ~15 pointers, strides and constexprs; the fold itself is already _online_softmax_step.
 @triton.jit
 def _block_attention_kernel(
     q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr,

@@ -146,19 +146,30 @@ def register_trt_plugins() -> Registration:
 
 
 def _define(trt, trtp) -> None:  # pragma: no cover - needs TensorRT
-    def dt(desc):
-        return {trt.float32: "float32", trt.float16: "float16", trt.bfloat16: "bfloat16"}[desc.dtype]
+    _define_block_attention(trt, trtp)
+    _define_kv_injection(trt, trtp)
 
-    # -- BlockDiffusionAttention ----------------------------------------------------------
+
+def _dtype_name(trt, desc) -> str:  # pragma: no cover - needs TensorRT
+    return {trt.float32: "float32", trt.float16: "float16", trt.bfloat16: "bfloat16"}[desc.dtype]
+
+
+def _dims(desc) -> tuple:  # pragma: no cover - needs TensorRT
+    """A TensorDesc's shape: known extents as ints, symbolic ones as their expressions."""
+    return tuple(e.constant_value() if (not e.is_fake and e.is_constant) else e for e in desc.shape_expr)
+
+
+def _define_block_attention(trt, trtp) -> None:  # pragma: no cover - needs TensorRT
+    """``dflash::BlockDiffusionAttention``: shape descriptor, AOT kernel, torch JIT fallback."""
+    def dt(desc):
+        return _dtype_name(trt, desc)
+
     @trtp.register("dflash::BlockDiffusionAttention")
     def _ba_desc(q: trtp.TensorDesc, k: trtp.TensorDesc, v: trtp.TensorDesc, k_cache: trtp.TensorDesc,
                  v_cache: trtp.TensorDesc, page_table: trtp.TensorDesc, lengths: trtp.TensorDesc,
                  layer: int, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                  page_size: int, causal: int, window: int, scale: float) -> trtp.TensorDesc:
-        def dims(d):
-            return tuple(e.constant_value() if (not e.is_fake and e.is_constant) else e for e in d.shape_expr)
-
-        block_attention_shapes(dims(q), dims(k), dims(k_cache), dt(q), num_heads=num_heads,
+        block_attention_shapes(_dims(q), _dims(k), _dims(k_cache), dt(q), num_heads=num_heads,
                                num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size)
         return q.like()
 
@@ -201,17 +212,19 @@ def _define(trt, trtp) -> None:  # pragma: no cover - needs TensorRT
                                causal=bool(causal), window=window or None, scale=scale, layer=layer,
                                out=t(outputs[0]))
 
-    # -- KVInjection ------------------------------------------------------------------------
+
+def _define_kv_injection(trt, trtp) -> None:  # pragma: no cover - needs TensorRT
+    """``dflash::KVInjection``: shape descriptor (outputs alias the caches), AOT kernel, torch JIT fallback."""
+    def dt(desc):
+        return _dtype_name(trt, desc)
+
     @trtp.register("dflash::KVInjection")
     def _kv_desc(kv: trtp.TensorDesc, k_norm_weight: trtp.TensorDesc, inv_freq: trtp.TensorDesc,
                  n_new: trtp.TensorDesc, lengths: trtp.TensorDesc, page_table: trtp.TensorDesc,
                  k_cache: trtp.TensorDesc, v_cache: trtp.TensorDesc, num_layers: int, num_kv_heads: int,
                  head_dim: int, page_size: int, rope_theta: float, rope_scale: float, eps: float
                  ) -> Tuple[trtp.TensorDesc, trtp.TensorDesc]:
-        def dims(d):
-            return tuple(e.constant_value() if (not e.is_fake and e.is_constant) else e for e in d.shape_expr)
-
-        kv_injection_shapes(dims(kv), dims(k_norm_weight), dims(k_cache), dims(v_cache), dt(kv), dt(k_cache),
+        kv_injection_shapes(_dims(kv), _dims(k_norm_weight), _dims(k_cache), _dims(v_cache), dt(kv), dt(k_cache),
                             num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
                             page_size=page_size)
         return k_cache.aliased(), v_cache.aliased()

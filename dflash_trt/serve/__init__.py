@@ -1,14 +1,18 @@
 """Serve: the embedded OpenAI-compatible server and TensorRT-LLM launch files.
 
 Modules: ``protocol`` (request models, OpenAI-style errors), ``batcher`` (queue and worker),
-``metrics`` (Prometheus), ``app`` (the FastAPI routes; fastapi is imported on use), ``launch``
-(``trtllm-serve`` through the bundle's script; Slurm and Kubernetes files).
+``metrics`` (Prometheus), ``state`` (what one app serves), ``routes`` (one handler per endpoint,
+request checks and error answers in one place) and ``responses`` (OpenAI bodies, SSE chunks),
+both importing fastapi and imported on use, ``app`` (``create_app`` wiring, ``serve``,
+``ServerThread``), ``memory`` (will the weights fit in RAM), ``launch`` (``trtllm-serve``
+through the bundle's script; Slurm and Kubernetes files).
 Other subpackages import from here, never from inside.
 """
 from __future__ import annotations
 
 from dflash_trt.serve.batcher import Batcher, Job
-from dflash_trt.serve.app import ServerThread, check_fits_cpu, create_app, serve
+from dflash_trt.serve.app import ServerThread, create_app, serve
+from dflash_trt.serve.memory import check_fits_cpu
 
 __all__ = [
     "launch",

@@ -186,22 +186,57 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
 
 
 def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> Result:
-    from dflash_trt import ingest
-    from dflash_trt.model import load_target
-    from dflash_trt.runtime import load_tokenizer, stop_ids
-
+    """Train a drafter for ``settings.target`` into ``settings.out`` (or resume one there)."""
     out = Path(settings.out).expanduser()
     work = out / ".train"
     s = _prepare(settings, out, work)
     if s.steps < 1 or s.batch_size < 1 or s.anchors < 1 or s.prompt_len < 2 or s.gen_len < 1:
         raise DFlashError("--steps, --batch-size, --anchors, --gen-len must be >= 1 and --prompt-len >= 2")
+    model, tokenizer, stops = _frozen_target(s)
+    cfg = _drafter_config(s, model, tokenizer)
+    data = None if _cached_regen(s, work) else train_data.read_data(s.data)   # bad --data fails before any write
+    work.mkdir(parents=True, exist_ok=True)
+    if not s.resume:
+        _write_json(work / "settings.json", asdict(s))
+
+    target = Target(model, cfg.target_layer_ids)
+    regen, eval_ids = _training_set(s, work, data, tokenizer, target, stops, progress)
+    run = _Run(s, out, work, target, regen, eval_ids, stops, progress)
+    drafter = objective.init_drafter(cfg, seed=s.seed)
+    return _optimise(run, drafter, _optimizer(drafter, s))
+
+
+@dataclass
+class _Run:
+    """What stays fixed while one run trains: its settings (shape fields filled in), where it
+    writes, the frozen target, the regenerated training set and the held-out prompts."""
+
+    s: TrainSettings
+    out: Path
+    work: Path
+    target: Target
+    regen: train_data.Regenerated
+    eval_ids: list[list[int]]
+    stops: list[int]
+    progress: Progress
+
+
+def _frozen_target(s: TrainSettings):
+    """(target model in float32 without gradients, its tokenizer, its stop token ids)."""
+    from dflash_trt import ingest
+    from dflash_trt.model import load_target
+    from dflash_trt.runtime import load_tokenizer, stop_ids
+
     tdir = ingest.resolve(s.target, role="target")
     model = load_target(tdir, dtype=torch.float32)
     for p in model.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(tdir)
-    stops = stop_ids(model, tokenizer)
+    return model, tokenizer, stop_ids(model, tokenizer)
 
+
+def _drafter_config(s: TrainSettings, model, tokenizer):
+    """The drafter's config for this target; fills the shape fields of ``s`` with what was chosen."""
     B = s.block_size or 8
     if B < 2:
         raise DFlashError("--block-size must be >= 2 (the anchor and at least one draft position)")
@@ -210,55 +245,68 @@ def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> R
     cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
                                target_layer_ids=s.target_layer_ids, mask_token_id=mask_id)
     s.block_size, s.layers, s.target_layer_ids, s.mask_token_id = B, cfg.num_hidden_layers, cfg.target_layer_ids, mask_id
-    data = None if _cached_regen(s, work) else train_data.read_data(s.data)   # bad --data fails before any write
-    work.mkdir(parents=True, exist_ok=True)
-    if not s.resume:
-        _write_json(work / "settings.json", asdict(s))
+    return cfg
 
-    target = Target(model, cfg.target_layer_ids)
-    regen, eval_ids = _training_set(s, work, data, tokenizer, target, stops, progress)
 
-    drafter = objective.init_drafter(cfg, seed=s.seed)
+def _optimizer(drafter: Drafter, s: TrainSettings) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (not norms and biases)."""
     decay = [p for n, p in drafter.named_parameters() if p.dim() > 1]
     rest = [p for n, p in drafter.named_parameters() if p.dim() <= 1]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+
+
+def _optimise(run: _Run, drafter: Drafter, opt: torch.optim.Optimizer) -> Result:
+    """Steps from the saved one (0 when fresh) to ``s.steps``: update, evaluate, checkpoint."""
+    s, progress = run.s, run.progress
     step, history = 0, []
-    if s.resume and (work / "state.json").exists():
-        step, history = load_state(work, drafter, opt)
+    if s.resume and (run.work / "state.json").exists():
+        step, history = load_state(run.work, drafter, opt)
         progress.log(f"resuming at step {step}")
-    gamma = objective.loss_gamma(B)
+    gamma = objective.loss_gamma(s.block_size)
     progress.phase("training", s.steps)
     progress.advance(step, {})
     start = time.time()
     loss_v, tau_v, heldout, losses = math.nan, math.nan, None, []
     drafter.train()
     while step < s.steps:
-        g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
-        loss, m = train_step(drafter, target, regen, B, mask_id, s, gamma, g)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, s)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
+        loss_v, tau_v = _update(run, drafter, opt, step, gamma)
         step += 1
-        loss_v, tau_v = loss.item(), m["tau"]
         losses.append(loss_v)
         info = {"loss": loss_v, "tau": tau_v}
-        if eval_ids and (step % s.eval_every == 0 or step == s.steps):
-            heldout = heldout_tau(target, drafter, eval_ids, B, s.eval_tokens, stops)
+        if run.eval_ids and (step % s.eval_every == 0 or step == s.steps):
+            heldout = _evaluate(run, drafter, step, loss_v, tau_v, history)
             info["heldout_tau"] = heldout
-            history.append({"step": step, "loss": round(loss_v, 4), "train_tau": round(tau_v, 3),
-                            "heldout_tau": round(heldout, 3)})
-            progress.log(f"step {step}: loss {loss_v:.3f}, train τ {tau_v:.2f}, held-out τ {heldout:.2f}")
         progress.advance(step, info)
         if step % s.save_every == 0 or step == s.steps:
-            save_state(work, drafter, opt, step, history)
-            write_drafter(drafter, out, s.save_dtype)
+            save_state(run.work, drafter, opt, step, history)
+            write_drafter(drafter, run.out, s.save_dtype)
     if not losses and history:            # resumed a finished run: report where it stands
         loss_v, tau_v, heldout = history[-1]["loss"], history[-1]["train_tau"], history[-1]["heldout_tau"]
-    return Result(out, step, loss_v, tau_v, heldout, time.time() - start, history, losses)
+    return Result(run.out, step, loss_v, tau_v, heldout, time.time() - start, history, losses)
+
+
+def _update(run: _Run, drafter: Drafter, opt: torch.optim.Optimizer, step: int, gamma: float) -> tuple[float, float]:
+    """One optimiser step on the batch drawn for ``step`` (seeded by (seed, step)); (loss, train τ)."""
+    s = run.s
+    g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
+    loss, m = train_step(drafter, run.target, run.regen, s.block_size, s.mask_token_id, s, gamma, g)
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, s)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+    opt.step()
+    return loss.item(), m["tau"]
+
+
+def _evaluate(run: _Run, drafter: Drafter, step: int, loss_v: float, tau_v: float, history: list) -> float:
+    """Held-out τ after ``step``, appended to ``history`` and logged."""
+    heldout = heldout_tau(run.target, drafter, run.eval_ids, run.s.block_size, run.s.eval_tokens, run.stops)
+    history.append({"step": step, "loss": round(loss_v, 4), "train_tau": round(tau_v, 3),
+                    "heldout_tau": round(heldout, 3)})
+    run.progress.log(f"step {step}: loss {loss_v:.3f}, train τ {tau_v:.2f}, held-out τ {heldout:.2f}")
+    return heldout
 
 
 def _cached_regen(s: TrainSettings, work: Path) -> dict | None:

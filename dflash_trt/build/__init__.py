@@ -1,0 +1,22 @@
+"""Build: recipe -> hardware rules -> shapes -> plan -> quantize -> TensorRT-LLM config -> bundle.
+
+Modules: ``recipe`` (the typed YAML), ``hardware`` (the GPU catalog and precision rules),
+``model_shapes`` (parameter counts from configs), ``plan`` (memory, TP, draft lengths),
+``quantize`` (ModelOpt), ``trtllm`` (the LLM-API config and launch script), ``export``
+(ONNX graphs and TensorRT engines for the standalone path), ``pipeline`` (the stages in
+order, written atomically). Other subpackages import from here, never from inside.
+"""
+from __future__ import annotations
+
+from dflash_trt.build.recipe import Recipe
+from dflash_trt.build.pipeline import BuildResult, build, check_bundle, default_out
+
+__all__ = [
+    "recipe",
+    "pipeline",
+    "BuildResult",
+    "Recipe",
+    "build",
+    "check_bundle",
+    "default_out",
+]

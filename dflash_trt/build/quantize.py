@@ -24,18 +24,16 @@ import copy
 import io
 import json
 import shutil
-import struct
 import time
 import warnings
 from pathlib import Path
 
 import torch
 
+from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError, DFlashError, require
 
 ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
 
 BUILTIN_CALIBRATION = [
     "The quick brown fox jumps over the lazy dog while the farmer watches from the porch.",
@@ -148,9 +146,8 @@ def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: s
             export.export_hf_checkpoint(model, export_dir=str(out_dir), dtype=torch.bfloat16)
     except (RuntimeError, AssertionError, ValueError) as exc:
         raise DFlashError(f"ModelOpt {precision} quantization failed on {device}: {str(exc).splitlines()[0]}") from exc
-    for name in TOKENIZER_FILES:
-        if (Path(target_dir) / name).exists():
-            shutil.copy2(Path(target_dir) / name, out_dir / name)
+    for name in ingest.tokenizer_files(Path(target_dir)):
+        shutil.copy2(Path(target_dir) / name, out_dir / name)
     return {"tool": "nvidia-modelopt", "algorithm": ALGO[precision], "kv_cache": kv_cache, "device": device,
             "calibration": {"source": str(calib) if calib else "built-in snippets", "samples": len(batches),
                             "tokens": sum(b.numel() for b in batches)},
@@ -160,15 +157,6 @@ def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: s
 # ---------------------------------------------------------------------------------------
 # Reading an export back
 # ---------------------------------------------------------------------------------------
-
-
-def _headers(directory: Path) -> dict[str, dict]:
-    out = {}
-    for f in sorted(Path(directory).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            out.update({k: v for k, v in json.loads(fh.read(n)).items() if k != "__metadata__"})
-    return out
 
 
 def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> dict:
@@ -188,7 +176,7 @@ def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> di
         raise CheckpointError(f"{where}: NVFP4 group_size {q.get('group_size')}, expected 16")
     if not any("lm_head" in m for m in q.get("exclude_modules") or []):
         raise CheckpointError(f"{where}: lm_head is not excluded from quantization")
-    h = _headers(directory)
+    h = ingest.read_headers(directory)
     quantized = sorted(k[: -len(".weight_scale")] for k in h if k.endswith(".weight_scale"))
     if not quantized:
         raise CheckpointError(f"{where}: no quantized linear layers (no *.weight_scale tensors)")
@@ -197,17 +185,17 @@ def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> di
         if w is None or f"{m}.input_scale" not in h:
             raise CheckpointError(f"{where}: {m} lacks weight or input_scale")
         if precision == "fp8":
-            ok = w["dtype"] == "F8_E4M3" and s["dtype"] == "F32" and s["shape"] in ([], [1])
-        else:
+            ok = w.dtype == "F8_E4M3" and s.dtype == "F32" and s.shape in ((), (1,))
+        else:  # two e2m1 values per U8 byte, one F8_E4M3 scale per 16 values
             s2 = h.get(f"{m}.weight_scale_2")
-            ok = (w["dtype"] == "U8" and s["dtype"] == "F8_E4M3" and s2 is not None and s2["dtype"] == "F32"
-                  and len(w["shape"]) == 2 and s["shape"] == [w["shape"][0], w["shape"][1] * 2 // 16])
+            ok = (w.dtype == "U8" and s.dtype == "F8_E4M3" and s2 is not None and s2.dtype == "F32"
+                  and len(w.shape) == 2 and s.shape == (w.shape[0], w.shape[1] * 2 // 16))
         if not ok:
-            raise CheckpointError(f"{where}: {m} has unexpected {precision} tensors: weight {w['dtype']} "
-                                  f"{w['shape']}, weight_scale {s['dtype']} {s['shape']}")
+            raise CheckpointError(f"{where}: {m} has unexpected {precision} tensors: weight {w.dtype} "
+                                  f"{list(w.shape)}, weight_scale {s.dtype} {list(s.shape)}")
     for name in ("lm_head.weight", "model.embed_tokens.weight"):
-        if name in h and h[name]["dtype"] not in ("BF16", "F16", "F32"):
-            raise CheckpointError(f"{where}: {name} is {h[name]['dtype']}; it must stay unquantized")
+        if name in h and h[name].dtype not in ("BF16", "F16", "F32"):
+            raise CheckpointError(f"{where}: {name} is {h[name].dtype}; it must stay unquantized")
     kv_scales = sum(k.endswith((".k_scale", ".v_scale")) for k in h)
     if kv_cache == "fp8" and not kv_scales:
         raise CheckpointError(f"{where}: FP8 KV cache requested but no k_scale/v_scale tensors")

@@ -236,7 +236,7 @@ def test_serve_reads_what_build_writes(bundles, tmp_path, capsys):
     b = launch.read_bundle(bundles["bf16"])
     manifest = json.loads((bundles["bf16"] / "manifest.json").read_text())
     assert b.name == manifest["recipe"]["name"]
-    assert b.serve["tp_size"] == manifest["plan"]["tp"] == 1 and b.serve["max_seq_len"] == 256
+    assert b.serve.tp_size == manifest["plan"]["tp"] == 1 and b.serve.max_seq_len == 256
     assert run(["serve", str(bundles["bf16"]), "--emit", "slurm", "--nodes", "2", "-o", str(tmp_path / "job.sh")]) == 2
     assert "planned for tp_size 1" in capsys.readouterr().err
     assert not (tmp_path / "job.sh").exists()

@@ -46,9 +46,7 @@ def train_drafter(
     as_json: JsonOpt = False,
 ) -> None:
     """Train a DFlash drafter: target-regenerated responses, random anchors, block masks, decayed loss."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from dflash_trt.train import Progress, TrainSettings, train_drafter as run
+    from dflash_trt.train import TrainSettings
 
     settings = TrainSettings(
         target=target, data=data, out=str(out_dir), block_size=block_size, layers=layers,
@@ -56,6 +54,21 @@ def train_drafter(
         batch_size=batch_size, anchors=anchors, lr=lr, prompt_len=prompt_len, gen_len=gen_len,
         samples=samples, eval_every=eval_every, save_every=save_every, seed=seed, resume=resume,
     )
+    result = _run_with_bars(settings)
+    summary = _summary(result)
+    if as_json:
+        print_json(summary)
+        return
+    held = "n/a" if result.heldout_tau is None else f"{result.heldout_tau:.2f}"
+    out.print(f"drafter written to {result.out} (step {result.step}, loss {summary['loss']}, held-out τ {held})")
+
+
+def _run_with_bars(settings):
+    """Train, one progress bar per phase on stderr (loss, τ and the last held-out τ beside it)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from dflash_trt.train import Progress, train_drafter as run
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
     with Bar(*columns, console=err, transient=False) as bar:
@@ -73,19 +86,18 @@ def train_drafter(
             if state["task"] is not None:
                 bar.update(state["task"], completed=done, info=text)
 
-        result = run(settings, Progress(phase=phase, advance=advance, log=lambda line: bar.console.print(line)))
+        return run(settings, Progress(phase=phase, advance=advance, log=lambda line: bar.console.print(line)))
+
+
+def _summary(result) -> dict:
+    """The --json object (NaN losses, e.g. before the first step, become null)."""
     def num(x, nd):
         return None if x is None or x != x else round(x, nd)
 
-    summary = {"out": str(result.out), "step": result.step, "loss": num(result.loss, 4),
-               "train_tau": num(result.train_tau, 3),
-               "heldout_tau": None if result.heldout_tau is None else round(result.heldout_tau, 3),
-               "seconds": round(result.seconds, 1), "history": result.history}
-    if as_json:
-        print_json(summary)
-        return
-    held = "n/a" if result.heldout_tau is None else f"{result.heldout_tau:.2f}"
-    out.print(f"drafter written to {result.out} (step {result.step}, loss {summary['loss']}, held-out τ {held})")
+    return {"out": str(result.out), "step": result.step, "loss": num(result.loss, 4),
+            "train_tau": num(result.train_tau, 3),
+            "heldout_tau": None if result.heldout_tau is None else round(result.heldout_tau, 3),
+            "seconds": round(result.seconds, 1), "history": result.history}
 
 
 def register(app: typer.Typer) -> None:

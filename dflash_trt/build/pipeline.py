@@ -34,7 +34,7 @@ from dflash_trt.build import hardware
 from dflash_trt.build import plan as planner
 
 from dflash_trt.build import trtllm
-from dflash_trt.errors import CompatibilityError, DFlashError
+from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
 from dflash_trt.build.recipe import Recipe
 from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision
 
@@ -97,8 +97,9 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
 
 def make_plan(r: Resolved) -> planner.Plan:
     rc = r.recipe
-    p = planner.make(r.target, r.drafter, r.gpu, r.gpus, r.precision, rc.precision.kv_cache, rc.serving,
-                     rc.speculative, tp=rc.parallel.tp, ep=rc.parallel.ep)
+    dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
+                             kv_cache=rc.precision.kv_cache)
+    p = planner.make(dep, rc.serving, rc.speculative, rc.parallel)
     p.warnings = r.warnings + p.warnings
     return p
 
@@ -169,37 +170,43 @@ def _copy_checkpoint(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
-def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
-    rc = r.recipe
+def _timed(timings: dict[str, float], stage: str, fn, *args):
+    """``fn(*args)``, its wall time recorded as ``timings[stage]``."""
     t = time.perf_counter()
-    quant_info, verified = None, None
-    if r.quantize:
-        from dflash_trt.build import quantize
+    out = fn(*args)
+    timings[stage] = time.perf_counter() - t
+    return out
 
-        say(f"quantizing the target to {r.precision} with ModelOpt")
-        quant_info = quantize.quantize_target(
-            r.target_dir, tmp / "target", r.precision, rc.precision.kv_cache,
-            calib=rc.resolve_path(rc.precision.calib) if rc.precision.calib else None,
-            samples=rc.precision.calib_samples, seq_len=rc.precision.calib_seq_len, progress=progress)
-        verified = quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
-    else:
+
+def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, dict | None]:
+    """OUT/target: copied (bf16 / as shipped), or calibrated and exported by ModelOpt and verified.
+    Returns (quantization info, verification) for the manifest; (None, None) for a copy."""
+    if not r.quantize:
         say("copying the target")
         _copy_checkpoint(r.target_dir, tmp / "target")
-    timings["target"] = time.perf_counter() - t
+        return None, None
+    from dflash_trt.build import quantize
 
-    t = time.perf_counter()
+    rc = r.recipe
+    say(f"quantizing the target to {r.precision} with ModelOpt")
+    # The calibration file is relative to the recipe file; quantize_target gets the resolved path.
+    calib = str(rc.resolve_path(rc.precision.calib)) if rc.precision.calib else None
+    info = quantize.quantize_target(r.target_dir, tmp / "target", rc.precision.model_copy(update={"calib": calib}),
+                                    progress=progress)
+    return info, quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
+
+
+def _write_drafter(r: Resolved, tmp: Path, say) -> None:
     say("writing the drafter (z-lab form)")
     ingest.write_zlab(r.drafter_dir, tmp / "drafter")
-    timings["drafter"] = time.perf_counter() - t
 
-    cfg = trtllm.config(rc, p, r.drafter)
-    trtllm.write(tmp / "trtllm", cfg, rc.serving.host, rc.serving.port)
 
-    engine_info = None
-    if rc.engine == "tensorrt":
-        t = time.perf_counter()
-        engine_info = _tensorrt_path(r, tmp, say)
-        timings["engines"] = time.perf_counter() - t
+def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
+    rc = r.recipe
+    quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
+    _timed(timings, "drafter", _write_drafter, r, tmp, say)
+    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port)
+    engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
 
     t = time.perf_counter()
     say("hashing inputs")

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt import ingest
+from dflash_trt.build.recipe import PrecisionSpec
 from dflash_trt.errors import CheckpointError, DFlashError, require
 
 ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
@@ -102,10 +103,14 @@ def _quant_cfg(mtq, precision: str, kv_cache: str) -> dict:
     return cfg
 
 
-def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: str = "auto",
-                    calib: str | Path | None = None, samples: int = 64, seq_len: int = 256,
-                    progress=None) -> dict:
-    """Calibrate and export the target at ``precision`` (fp8 | nvfp4) into ``out_dir``."""
+def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progress=None) -> dict:
+    """Calibrate and export the target at ``spec.weights`` (fp8 | nvfp4) into ``out_dir``.
+
+    ``spec`` is the recipe's precision section: ``kv_cache`` (auto | fp8), ``calib`` (a text
+    file, already resolved against the recipe; None: built-in snippets), ``calib_samples``
+    sequences of at most ``calib_seq_len`` tokens. ``progress(done, total)`` per batch.
+    """
+    precision, kv_cache, calib = spec.weights, spec.kv_cache, spec.calib
     if precision not in ALGO:
         raise DFlashError(f"cannot quantize to {precision!r}; choose fp8 or nvfp4")
     mtq = require("modelopt.torch.quantization", "quant", "quantizing the target")
@@ -123,7 +128,7 @@ def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: s
         disable_progress_bars()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(Path(target_dir))
-    batches = calibration_batches(tokenizer, calibration_texts(calib), samples, seq_len)
+    batches = calibration_batches(tokenizer, calibration_texts(calib), spec.calib_samples, spec.calib_seq_len)
     model = load_target(target_dir, dtype=torch.bfloat16, device=device)
     if not getattr(model.config, "architectures", None):
         model.config.architectures = [type(model).__name__]
@@ -160,7 +165,10 @@ def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: s
 
 
 def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> dict:
-    """Check a ModelOpt export by its safetensors headers and hf_quant_config.json (FACTS §4)."""
+    """Check a ModelOpt export by its safetensors headers and hf_quant_config.json: the format
+    ``modelopt.torch.export.export_hf_checkpoint`` writes (FP8: float8_e4m3fn ``weight`` + FP32
+    ``weight_scale``/``input_scale``; NVFP4: packed uint8 ``weight``, FP8 ``weight_scale`` per 16,
+    FP32 ``weight_scale_2``; ``lm_head`` excluded)."""
     directory = Path(directory)
     where = f"quantized target {directory}"
     try:

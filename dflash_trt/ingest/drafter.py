@@ -10,7 +10,6 @@ Formats and their differences are documented in ``formats.py``; on-disk checks i
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile

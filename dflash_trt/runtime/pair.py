@@ -15,6 +15,7 @@ import torch
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError, DFlashError
 from dflash_trt.model import Drafter, Target, load_target
+from dflash_trt.runtime.loop import block_size_for
 
 # The dtypes the reference runtime computes in (``ingest.RUNTIME_DTYPES``, the one dtype table's).
 DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
@@ -40,6 +41,10 @@ class Pair:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def block_size(self, requested: int | None = None) -> int:
+        """The draft block size to run on this pair (:func:`block_size_for`)."""
+        return block_size_for(requested, self.drafter.cfg.block_size if self.drafter is not None else None)
 
 
 def parse_dtype(name: str, device: str = "cpu") -> torch.dtype:

@@ -90,12 +90,17 @@ class Batch:
 class Outputs:
     """The tokens of every prompt and why it finished: the one place finishing is decided."""
 
+    prompts: int
     max_new_tokens: int
     stops: set[int]
     on_commit: Callable[[int, list[int]], None] | None
     should_stop: Callable[[int], bool] | None
-    token_ids: list[list[int]] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
+    token_ids: list[list[int]] = field(init=False)
+    reasons: list[str] = field(init=False)
+
+    def __post_init__(self):
+        self.token_ids = [[] for _ in range(self.prompts)]
+        self.reasons = ["length"] * self.prompts
 
     def take(self, rows: list[int], new: list[list[int]]) -> tuple[list[int], list[int]]:
         """Append ``new[r]`` to prompt ``rows[r]``, cut at the length limit and after a stop
@@ -180,7 +185,9 @@ def commit(batch: Batch, block: torch.Tensor, acc: torch.Tensor, bonus: torch.Te
     batch.last, batch.target_hidden, batch.n_new = bonus, target_hidden, n_new
 
 
-def _block_size(backend: Backend, requested: int | None, prompts: list[list[int]], max_new_tokens: int) -> int:
+def _checked_block_size(backend: Backend, requested: int | None, prompts: list[list[int]],
+                        max_new_tokens: int) -> int:
+    """The block size to run, after checking it and the other arguments (DFlashError if wrong)."""
     trained = backend.drafter_block_size
     B = block_size_for(requested, trained)
     if B < 1:
@@ -219,10 +226,9 @@ def generate(
     ``TorchBackend(target, drafter)``; when given, ``target`` and ``drafter`` are unused).
     """
     backend = backend or TorchBackend(target, drafter)
-    B = _block_size(backend, block_size, prompts, max_new_tokens)
+    B = _checked_block_size(backend, block_size, prompts, max_new_tokens)
     stats = Stats(block_size=B, prompt_tokens=sum(len(p) for p in prompts))
-    out = Outputs(max_new_tokens, set(stop_token_ids), on_commit, should_stop,
-                  [[] for _ in prompts], ["length"] * len(prompts))
+    out = Outputs(len(prompts), max_new_tokens, set(stop_token_ids), on_commit, should_stop)
     if max_new_tokens == 0:
         return Generation(out.token_ids, out.reasons, stats)
     dev = backend.device
@@ -240,7 +246,7 @@ def generate(
         t2 = time.perf_counter()
         acc, bonus = accept(block[:, 1:], logits, q, sampling, gen)             # [n], [n]
         acc_l, block_l = acc.tolist(), block.tolist()
-        new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist())]
+        new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist())]  # accepted + bonus
         kept, going = out.take(batch.rows, new)
         stats.observe(acc_l, kept)
         stats.draft_seconds += t1 - t0

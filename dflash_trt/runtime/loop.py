@@ -53,7 +53,8 @@ def block_size_for(requested: int | None, trained: int | None) -> int:
 
 @dataclass
 class Batch:
-    """The rows still generating, as one batch; row ``r`` of every tensor is prompt ``rows[r]``.
+    """The rows still generating, as one batch; row ``r`` of every tensor is prompt ``rows[r]``,
+    and between rounds every row holds the invariant in this module's docstring.
 
     col_valid [n, S]: which of the target cache's S columns are real (False: padding or a
     rejected position). positions [n]: the anchor's position, i.e. the tokens committed

@@ -18,6 +18,10 @@ The calls, per batch of ``b`` rows:
 - ``keep_rows(target_cache, draft_cache, rows)``: rows leaving the batch.
 - ``compact(target_cache, col_valid)`` -> col_valid: drop cache columns that are holes in
   every row (optional: holes are masked, so keeping them is correct, only slower).
+- ``commit_cache(target_cache, col_valid, n_new)``: after acceptance, the last verify's first
+  ``n_new`` columns per row are committed and the rest rejected (optional: attention masks the
+  rejected columns; a recurrent state or a sliding window must drop them, see
+  ``target_cache.py``).
 
 A step-level engine that batches continuously adds one call here for rows *joining* (merging
 two batches' caches, SGLang's ``merge_batch``); every other call already works per step on
@@ -31,6 +35,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from dflash_trt.model import Drafter, Target
+from dflash_trt.runtime.target_cache import CachePolicy
 
 
 class Backend(ABC):
@@ -73,24 +78,31 @@ class Backend(ABC):
         """Drop columns that are holes in every row; col_valid [b, S] -> [b, S'] (default: keep all)."""
         return col_valid
 
+    def commit_cache(self, target_cache: object, col_valid: torch.Tensor, n_new: torch.Tensor) -> None:
+        """The last verify's first ``n_new[r]`` columns of row r are committed, the rest rejected.
+
+        col_valid [b, S] already marks them (the verify's B columns are its last B); n_new [b].
+        Default: nothing to do, the rejected columns are holes the attention mask hides.
+        """
+
 
 class TorchBackend(Backend):
-    """The PyTorch modules themselves: a transformers target with a DynamicCache, and the
-    drafter over its paged cache (the reference implementation of both custom ops)."""
+    """The PyTorch modules themselves: a transformers target with its cache handled per family
+    (``target_cache.CachePolicy``: sliding windows, recurrent-state rollback), and the drafter
+    over its paged cache (the reference implementation of both custom ops)."""
 
     def __init__(self, target: Target, drafter: Drafter | None):
         self.target, self.drafter = target, drafter
         self.device = target.device
         self.drafter_block_size = drafter.cfg.block_size if drafter is not None else None
+        self.caches = CachePolicy(target.model)
 
     def new_caches(self, batch: int, draft: bool):
-        from transformers import DynamicCache
-
         dcache = self.drafter.new_cache(batch, device=self.device) if draft else None
-        return DynamicCache(config=self.target.config), dcache
+        return self.caches.new_cache(batch), dcache
 
     def target_forward(self, ids, positions, attention_mask, cache, capture):
-        return self.target.forward(ids, positions, attention_mask.long(), cache, capture=capture)
+        return self.caches.forward(self.target, ids, positions, attention_mask, cache, capture)
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
         d, cfg = self.drafter, self.drafter.cfg
@@ -101,27 +113,12 @@ class TorchBackend(Backend):
         return d.logits(hidden[:, 1:], self.target.head).float()
 
     def keep_rows(self, target_cache, draft_cache, rows):
-        target_cache.batch_select_indices(rows)
+        self.caches.keep_rows(target_cache, rows)
         if draft_cache is not None:
             draft_cache.select(rows)
 
     def compact(self, target_cache, col_valid):
-        """Holes are masked anyway; dropping them keeps attention and mask cost proportional
-        to committed tokens instead of B per round. Only plain (non-sliding) dynamic layers
-        are compacted; other cache types keep their holes, which is still correct."""
-        keep = col_valid.any(0)
-        if bool(keep.all()):
-            return col_valid
-        layers = getattr(target_cache, "layers", [])
-        if not all(hasattr(l, "keys") and not getattr(l, "is_sliding", False) for l in layers):
-            return col_valid
-        n_keep = int(keep.sum())
-        if bool(keep[:n_keep].all()):  # holes only at the tail (always so at batch 1): a view
-            pick = lambda t: t[..., :n_keep, :]  # noqa: E731
-        else:
-            idx = keep.nonzero().squeeze(1)
-            pick = lambda t: t.index_select(-2, idx)  # noqa: E731
-        for layer in layers:
-            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
-                layer.keys, layer.values = pick(layer.keys), pick(layer.values)
-        return col_valid[:, keep]
+        return self.caches.compact(target_cache, col_valid)
+
+    def commit_cache(self, target_cache, col_valid, n_new):
+        self.caches.commit(target_cache, col_valid, n_new)

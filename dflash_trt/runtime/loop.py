@@ -16,7 +16,8 @@ One round, for the whole batch at once (gpt-fast's ``speculative_decode``, batch
    sampling (T > 0), then one bonus token from the target (``sampling.accept``).
 4. commit: each sequence advances by its own ``acc + 1``. Rejected positions stay in the
    target's KV cache as holes that the attention mask hides, so no sequence waits for
-   another.
+   another (the backend settles what a mask cannot hide, recurrent states and sliding
+   windows: ``Backend.commit_cache``).
 
 Block size 1 is plain autoregressive decoding through the same code: no drafter, each
 "round" verifies just the anchor and emits its bonus token. Every model call goes through
@@ -174,14 +175,16 @@ def verify(backend: Backend, batch: Batch, block: torch.Tensor) -> tuple[torch.T
                                   capture=batch.draft_cache is not None)
 
 
-def commit(batch: Batch, block: torch.Tensor, acc: torch.Tensor, bonus: torch.Tensor,
+def commit(backend: Backend, batch: Batch, block: torch.Tensor, acc: torch.Tensor, bonus: torch.Tensor,
            target_hidden: torch.Tensor | None) -> None:
     """Advance row r past the first ``acc[r] + 1`` inputs of the verified block [n, B]: they
-    become valid target cache columns (the rest are holes), their target_hidden the next
-    drafter round's context, and bonus [n] the next anchor."""
+    become valid target cache columns (the rest are holes; the backend settles its cache on
+    them, ``Backend.commit_cache``), their target_hidden the next drafter round's context,
+    and bonus [n] the next anchor."""
     n_new = acc + 1                                                             # [n]
     offsets = torch.arange(block.shape[1], device=block.device)
     batch.col_valid = torch.cat([batch.col_valid, offsets[None] < n_new[:, None]], dim=1)
+    backend.commit_cache(batch.target_cache, batch.col_valid, n_new)
     batch.positions = batch.positions + n_new
     batch.last, batch.target_hidden, batch.n_new = bonus, target_hidden, n_new
 
@@ -252,7 +255,7 @@ def generate(
         stats.observe(acc_l, kept)
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
-        commit(batch, block, acc, bonus, target_hidden)
+        commit(backend, batch, block, acc, bonus, target_hidden)
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = sum(len(o) for o in out.token_ids)
     return Generation(out.token_ids, out.reasons, stats)

@@ -1,0 +1,150 @@
+"""Tiny random targets of every family the published DFlash drafters pair with.
+
+Each is a few hundred kB, float64 (argmax ties cannot flake), built from the transformers 5
+config class of its family with the traits that matter for speculative decoding kept:
+Gated DeltaNet linear-attention layers (qwen3_5, qwen3_5_moe, qwen3_next), sliding windows
+far shorter than a generation (gemma4, gpt_oss: window 6, so rounds cross it), global
+layers with their own head size and K=V (gemma4), MLA (deepseek_v3, kimi_k25), MoE
+routing (qwen3_5_moe, qwen3_next, deepseek_v3, minimax_m2, gpt_oss), final-logit
+softcapping (gemma4) and VLM wrappers served text-only (qwen3_5, gemma4, kimi_k25).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.helpers import VOCAB
+
+H = 64
+WINDOW = 6  # sliding window of the tiny sliding-window targets: shorter than any test's output
+
+FAMILIES = ["qwen3", "llama", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma4",
+            "deepseek_v3", "kimi_k25", "minimax_m2", "gpt_oss"]
+HYBRID = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
+SLIDING = ["gemma4", "gpt_oss"]
+VLM = ["qwen3_5_vlm", "gemma4_vlm", "kimi_k25"]
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=H, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+               bos_token_id=1, eos_token_id=2, pad_token_id=0)
+_LINEAR = dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+               linear_num_key_heads=2, linear_num_value_heads=4, head_dim=16,
+               layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+_MLA = dict(q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+            first_k_dense_replace=1, n_group=1, topk_group=1, intermediate_size=2 * H,
+            num_key_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def _text_config(family: str):
+    """(model class, config) of the text model of ``family``."""
+    import transformers as tf
+
+    c = dict(_COMMON)
+    if family in ("qwen3", "llama"):
+        c.update(intermediate_size=2 * H, head_dim=16)
+        cls = {"qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config),
+               "llama": (tf.LlamaForCausalLM, tf.LlamaConfig)}[family]
+        return cls[0], cls[1](**c)
+    if family == "qwen3_5":
+        return tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(**c, **_LINEAR, intermediate_size=2 * H)
+    if family == "qwen3_5_moe":
+        return tf.Qwen3_5MoeForCausalLM, tf.Qwen3_5MoeTextConfig(
+            **c, **_LINEAR, **_MOE, shared_expert_intermediate_size=32)
+    if family == "qwen3_next":
+        return tf.Qwen3NextForCausalLM, tf.Qwen3NextConfig(
+            **c, **_LINEAR, **_MOE, shared_expert_intermediate_size=32, intermediate_size=2 * H)
+    if family == "gemma4":
+        c.update(num_hidden_layers=6, pad_token_id=0)
+        return tf.Gemma4ForCausalLM, tf.Gemma4TextConfig(
+            **c, intermediate_size=2 * H, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+            attention_k_eq_v=True, sliding_window=WINDOW, final_logit_softcapping=30.0,
+            hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB,
+            layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2
+            + ["full_attention"])
+    if family in ("deepseek_v3", "kimi_k25"):
+        c.update(_MLA)
+        return tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(**c)
+    if family == "minimax_m2":
+        return tf.MiniMaxM2ForCausalLM, tf.MiniMaxM2Config(
+            **c, intermediate_size=32, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+            rotary_dim=8)
+    if family == "gpt_oss":
+        return tf.GptOssForCausalLM, tf.GptOssConfig(
+            **c, intermediate_size=32, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2)
+    raise ValueError(family)
+
+
+def _vlm(family: str):
+    """(model class, config) of a tiny VLM (``...ForConditionalGeneration``) around the text model of ``family``."""
+    import transformers as tf
+
+    if family == "qwen3_5_vlm":
+        _, text = _text_config("qwen3_5")
+        vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=H,
+                      patch_size=2, temporal_patch_size=1, num_position_embeddings=16)
+        return tf.Qwen3_5ForConditionalGeneration, tf.Qwen3_5Config(
+            text_config=text.to_dict(), vision_config=vision, image_token_id=VOCAB - 2,
+            video_token_id=VOCAB - 3, vision_start_token_id=VOCAB - 4, vision_end_token_id=VOCAB - 5)
+    if family == "gemma4_vlm":
+        _, text = _text_config("gemma4")
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=8, patch_size=2)
+        return tf.Gemma4ForConditionalGeneration, tf.Gemma4Config(
+            text_config=text.to_dict(), vision_config=vision, audio_config=None, tie_word_embeddings=False,
+            image_token_id=VOCAB - 2, boi_token_id=VOCAB - 3, eoi_token_id=VOCAB - 4)
+    if family == "kimi_k25":
+        _, text = _text_config("kimi_k25")
+        vision = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                      patch_size=2, pos_emb_height=4, pos_emb_width=4, pos_emb_time=1)
+        return tf.Kimi_K25ForConditionalGeneration, tf.Kimi_K25Config(
+            text_config=text.to_dict(), vision_config=vision, tie_word_embeddings=False,
+            projection_hidden_size=16, image_token_id=VOCAB - 2, video_token_id=VOCAB - 3)
+    raise ValueError(family)
+
+
+def family_target(family: str, seed: int = 0, dtype=torch.float64):
+    """A random tiny target of ``family`` (see FAMILIES and VLM), weights drawn wide enough that
+    greedy text varies (the default init makes tiny models repeat one token)."""
+    torch.manual_seed(seed)
+    cls, cfg = _vlm(family) if family in VLM else _text_config(family)
+    # grouped_mm (the default experts kernel) has no float64: the eager loop over experts.
+    for c in {id(cfg): cfg, id(cfg.get_text_config()): cfg.get_text_config()}.values():
+        c._experts_implementation = "eager"
+    model = cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    return model.to(dtype).eval()
+
+
+def family_drafter_config(model, block_size: int = 8, layers: int = 2, **kw):
+    """A tiny drafter config for ``model`` of any family: its own heads (as the published
+    drafters have: the gemma-4 drafter is 32x128 over a 16x256 / 16x512 target), taps on
+    three target layers."""
+    from dflash_trt.model import DrafterConfig
+
+    text = model.config.get_text_config(decoder=True)
+    n = text.num_hidden_layers
+    args = dict(hidden_size=text.hidden_size, intermediate_size=2 * text.hidden_size, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=text.vocab_size,
+                block_size=block_size, mask_token_id=text.vocab_size - 1,
+                target_layer_ids=sorted({0, n // 2, n - 2}), num_target_layers=n, rope_theta=10000.0,
+                max_position_embeddings=512)
+    args.update(kw)
+    return DrafterConfig(**args)
+
+
+def family_drafter(model, seed: int = 1, **kw):
+    """A random tiny drafter for ``model``: mostly rejected."""
+    from dflash_trt.model import Drafter
+
+    torch.manual_seed(seed)
+    d = Drafter(family_drafter_config(model, **kw))
+    for p in d.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.2)
+    return d.to(next(model.parameters()).dtype).eval()

@@ -73,7 +73,9 @@ def _text_config(family: str):
     if family == "gpt_oss":
         return tf.GptOssForCausalLM, tf.GptOssConfig(
             **c, intermediate_size=32, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
-            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2)
+            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0})
     raise ValueError(family)
 
 
@@ -125,15 +127,16 @@ def family_drafter_config(model, block_size: int = 8, layers: int = 2, **kw):
     """A tiny drafter config for ``model`` of any family: its own heads (as the published
     drafters have: the gemma-4 drafter is 32x128 over a 16x256 / 16x512 target), taps on
     three target layers."""
-    from dflash_trt.model import DrafterConfig
+    from dflash_trt.model import DrafterConfig, flatten_rope
 
     text = model.config.get_text_config(decoder=True)
     n = text.num_hidden_layers
+    theta, scaling = flatten_rope(text.to_dict())  # the target's RoPE where it has one (not gemma4's)
     args = dict(hidden_size=text.hidden_size, intermediate_size=2 * text.hidden_size, num_hidden_layers=layers,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=text.vocab_size,
                 block_size=block_size, mask_token_id=text.vocab_size - 1,
-                target_layer_ids=sorted({0, n // 2, n - 2}), num_target_layers=n, rope_theta=10000.0,
-                max_position_embeddings=512)
+                target_layer_ids=sorted({0, n // 2, n - 2}), num_target_layers=n,
+                rope_theta=theta or 10000.0, rope_scaling=scaling, max_position_embeddings=512)
     args.update(kw)
     return DrafterConfig(**args)
 

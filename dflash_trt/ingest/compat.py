@@ -174,10 +174,13 @@ def _layer_ids_fix(d: DrafterSpec, ids: list[int], depth: int) -> str:
 
 
 def _check_rope(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
-    """DFlash drafters use the target's RoPE; an omitted drafter rope_theta only warns."""
+    """DFlash drafters use the target's RoPE; an omitted drafter rope_theta only warns. A target
+    whose RoPE differs per layer type has none to match: the drafter keeps its own."""
     c, (dcfg, tcfg) = d.config, _configs(t, d)
     rope_d, rope_t = (c.rope_theta, c.rope_scaling), (t.rope_theta, t.rope_scaling)
-    if _rope_equal(rope_d, rope_t):
+    if t.rope_theta is None:  # RoPE per layer type (gemma-4: sliding and global differ): nothing to match
+        r.add("rope", "ok", f"theta {c.rope_theta:g} (the drafter's own; the target's RoPE differs per layer type)")
+    elif _rope_equal(rope_d, rope_t):
         r.add("rope", "ok", f"theta {c.rope_theta:g}" + (f", {c.rope_scaling.get('rope_type')}" if c.rope_scaling else ""))
     else:
         msg = (f"{dcfg}: drafter RoPE (theta {c.rope_theta:g}, scaling {c.rope_scaling}) != target RoPE "

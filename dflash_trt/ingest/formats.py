@@ -34,6 +34,7 @@ from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.files import FLOAT_DTYPES, TensorInfo
+from dflash_trt.model import flatten_rope
 
 # Tensors some exports carry that DFlash takes from the target (or recomputes): dropped.
 TARGET_OWNED = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
@@ -148,21 +149,6 @@ def _prefix(names: list[str], where: str) -> str:
     raise CheckpointError(f"{where}: no fc.weight tensor; these are not DFlash drafter weights")
 
 
-def flatten_rope(cfg: dict) -> tuple[float | None, dict | None]:
-    """(rope_theta, rope_scaling) from either transformers 4 keys or 5's ``rope_parameters``."""
-    params = cfg.get("rope_parameters")
-    if isinstance(params, dict) and params:
-        params = dict(params)
-        theta = params.pop("rope_theta", cfg.get("rope_theta"))
-        kind = params.get("rope_type", params.get("type", "default"))
-        return (float(theta) if theta is not None else None), (params if kind != "default" else None)
-    theta = cfg.get("rope_theta")
-    scaling = cfg.get("rope_scaling")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
-        scaling = None
-    return (float(theta) if theta is not None else None), (scaling or None)
-
-
 def _class_defaults(model_type: str) -> dict:
     """Defaults of the transformers config class the drafter's loaders instantiate."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -171,9 +157,12 @@ def _class_defaults(model_type: str) -> dict:
         c = CONFIG_MAPPING[model_type]()
     except Exception:  # noqa: BLE001 - unknown or picky config class: no defaults
         return {}
-    d = {k: getattr(c, k, None) for k in ("head_dim", "rms_norm_eps", "max_position_embeddings",
-                                          "vocab_size", "intermediate_size", "attention_bias")}
-    theta, scaling = flatten_rope(c.to_dict())
+    # to_dict, not getattr: a heterogeneous config (gemma-4: head_dim per layer type) raises on
+    # the global read of a per-layer attribute.
+    full = c.to_dict()
+    d = {k: full.get(k) for k in ("head_dim", "rms_norm_eps", "max_position_embeddings",
+                                  "vocab_size", "intermediate_size", "attention_bias")}
+    theta, scaling = flatten_rope(full)
     d.update(rope_theta=theta, rope_scaling=scaling)
     return {k: v for k, v in d.items() if v is not None}
 

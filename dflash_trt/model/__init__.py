@@ -4,7 +4,7 @@ Other subpackages import from here, never from the modules inside.
 """
 from __future__ import annotations
 
-from dflash_trt.model.config import DrafterConfig
+from dflash_trt.model.config import DrafterConfig, flatten_rope
 from dflash_trt.model.drafter import Drafter
 from dflash_trt.model.target import Target, load_target
 
@@ -12,5 +12,6 @@ __all__ = [
     "Drafter",
     "DrafterConfig",
     "Target",
+    "flatten_rope",
     "load_target",
 ]

@@ -15,6 +15,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 LayerType = Literal["full_attention", "sliding_attention"]
 
 
+def flatten_rope(cfg: dict) -> tuple[float | None, dict | None]:
+    """(rope_theta, rope_scaling) from either transformers 4 keys or 5's ``rope_parameters``."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and params:
+        params = dict(params)
+        theta = params.pop("rope_theta", cfg.get("rope_theta"))
+        kind = params.get("rope_type", params.get("type", "default"))
+        return (float(theta) if theta is not None else None), (params if kind != "default" else None)
+    theta = cfg.get("rope_theta")
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    return (float(theta) if theta is not None else None), (scaling or None)
+
+
 class DrafterConfig(BaseModel):
     """Normalised drafter description (z-lab conventions: layer id i = output of layer i)."""
 
@@ -83,6 +98,7 @@ class DrafterConfig(BaseModel):
             return dcfg.get(name, cfg.get(name, default))
 
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        theta, scaling = flatten_rope(cfg)  # transformers 5 writes rope_parameters, 4 rope_theta/rope_scaling
         window = pick("swa_window_size") or cfg.get("sliding_window")
         layer_types = cfg.get("layer_types")
         if pick("use_swa") and not layer_types:
@@ -102,8 +118,8 @@ class DrafterConfig(BaseModel):
             target_layer_ids=list(pick("target_layer_ids")),
             num_target_layers=cfg.get("num_target_layers"),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", 1_000_000.0),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_theta=theta if theta is not None else 1_000_000.0,
+            rope_scaling=scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 40960),
             attention_bias=bool(cfg.get("attention_bias", False)),
             layer_types=layer_types,

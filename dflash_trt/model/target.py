@@ -43,8 +43,12 @@ class Target:
         return int(cfg.num_hidden_layers)
 
     def embed(self, ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        """Raw embedding rows (no model-specific scaling), as the drafter was trained."""
-        emb = F.embedding(ids, self.model.get_input_embeddings().weight)
+        """The target's own input embedding of ``ids`` [b, T] -> [b, T, H], as the z-lab reference
+        takes it (``target.model.embed_tokens(block)`` in ``DFlashDraftModel.spec_generate``):
+        plain rows for Qwen/Llama, rows x sqrt(hidden) for Gemma's scaled embedding; then
+        the drafter's ``input_embedding_scale``."""
+        module = self.model.get_input_embeddings()
+        emb = module(ids) if isinstance(module, nn.Embedding) else F.embedding(ids, module.weight)
         return emb * scale if scale != 1.0 else emb
 
     @property
@@ -66,7 +70,6 @@ class Target:
 
 def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> nn.Module:
     """Load a Hugging Face causal LM from a local directory (safetensors only, no remote code)."""
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress reporting; keep stderr to one line per event
@@ -76,9 +79,24 @@ def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str 
     if not any(path.glob("*.safetensors")):
         raise CheckpointError(f"{path}: no .safetensors weights (pickled .bin weights are refused)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = _auto_class(path).from_pretrained(
             str(path), dtype=dtype or "auto", use_safetensors=True, trust_remote_code=False,
         )
     except (ValueError, OSError, KeyError) as exc:
         raise CheckpointError(f"{path}: cannot load target: {str(exc).splitlines()[0]}") from exc
     return model.to(device).eval()
+
+
+def _auto_class(path: Path):
+    """AutoModelForCausalLM, or for a VLM it does not map (Kimi K2.5's ``kimi_k25``) the
+    image-text-to-text class: served text-only, its vision tower loaded but never called."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        model_type = AutoConfig.from_pretrained(str(path), trust_remote_code=False).model_type
+    except (ValueError, OSError, KeyError):
+        return AutoModelForCausalLM  # its own error names the problem
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText

@@ -40,11 +40,13 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
 
     from dflash_trt.model import Target
     from dflash_trt.runtime import TorchBackend
 
+    torch.set_num_threads(a.threads)  # a busy small machine: more threads than cores skews every figure
     torch.manual_seed(0)
     backend = TorchBackend(Target(_model(a.hidden, a.layers)), None)
     policy, b, B = backend.caches, a.batch, a.block

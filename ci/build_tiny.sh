@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Engine-build checks CI runs on the CPU (no GPU, no network):
-#   1. every bundled recipe validates and plans from its shipped configs (plan + build --dry-run);
+#   1. every complete bundled recipe validates and plans from its shipped configs (plan + build
+#      --dry-run); every incomplete one (configs only partly published) refuses in one line;
 #   2. the tiny recipe builds at bf16, fp8 and nvfp4 (ModelOpt calibrates on the CPU) and each
 #      bundle is checked (build.check_bundle): layout, manifest, trtllm config against the
 #      schema, serve.sh, quantized tensors' dtypes and shapes.
@@ -11,10 +12,22 @@ WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
 DT="python -m dflash_trt"
 
-for recipe in $(python -c "from dflash_trt.build import recipe; print(' '.join(recipe.bundled()))"); do
+LIST='from dflash_trt.build import recipe as R; import sys
+want = sys.argv[1] == "incomplete"
+print(" ".join(n for n, p in R.bundled().items() if bool(R.load(p).incomplete) == want))'
+for recipe in $(python -c "$LIST" complete); do
   echo "== plan $recipe"
   $DT plan "$recipe" --json > "$WORK/plan-$recipe.json"
   $DT build "$recipe" --dry-run > /dev/null
+done
+# Recipes whose configs are only partly published: plan must refuse each in one line (exit 2).
+for recipe in $(python -c "$LIST" incomplete); do
+  echo "== refuses $recipe"
+  rc=0; $DT plan "$recipe" > /dev/null 2> "$WORK/refuse-$recipe.txt" || rc=$?
+  lines=$(wc -l < "$WORK/refuse-$recipe.txt")
+  if [ "$rc" != 2 ] || [ "$lines" != 1 ] || ! grep -q "is incomplete" "$WORK/refuse-$recipe.txt"; then
+    echo "error: plan $recipe should refuse in one line (rc $rc, $lines lines)" >&2; cat "$WORK/refuse-$recipe.txt" >&2; exit 1
+  fi
 done
 
 python -c "import sys; from dflash_trt.build import recipe; sys.exit('tiny' not in recipe.bundled())" \

@@ -22,14 +22,18 @@ def list_() -> None:
     """List the bundled recipes."""
     from dflash_trt.build import recipe as R
 
-    t = Table(caption="dflash-trt recipes show NAME: the full recipe (target and drafter ids, knobs)")
+    t = Table(caption="dflash-trt recipes show NAME: the full recipe (target and drafter ids, knobs); "
+                      "incomplete: its published configs leave fields out, so plan refuses it")
     t.add_column("name", no_wrap=True)  # the handle users copy: never split across lines
     t.add_column("gpus", no_wrap=True)
     t.add_column("weights", no_wrap=True)
+    t.add_column("status", no_wrap=True)
     t.add_column("description")
     for name, path in R.bundled().items():
         r = R.load(path)
-        t.add_row(name, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}", r.precision.weights, r.description)
+        # configs only partly published: plan/build refuse it, naming what is missing (recipe.incomplete)
+        status = "incomplete" if r.incomplete else "ready"
+        t.add_row(name, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}", r.precision.weights, status, r.description)
     out.print(t)
 
 

@@ -7,7 +7,9 @@ Where the checkpoint's real byte count is known (``sizes.json`` next to the conf
 safetensors headers of a local checkpoint) it is used for the weights *as shipped*.
 
 Architectures: dense Llama/Qwen3-style decoders (Llama, Qwen2/3, Mistral, ...), Qwen3-MoE
-and GPT-OSS (fused experts, attention sinks, MXFP4 experts as shipped).
+and GPT-OSS (fused experts, attention sinks, MXFP4 experts as shipped);
+hybrid Gated DeltaNet, MLA, gemma-4 and MiniMax targets through ``family_shapes``, whose
+cache layouts (:class:`KVGroup`, :class:`StateGroup`) replace "every layer caches K/V".
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt import ingest
+from dflash_trt.build.family_shapes import (FAMILIES, KVGroup, StateGroup, layer_counts, required_target_fields,
+                                            vision_params)
 from dflash_trt.errors import CheckpointError
 
 
@@ -28,7 +32,11 @@ def read_config(path: Path, role: str = "target") -> dict:
         raise CheckpointError(f"{role} {path}: no config.json") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{f}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
-    return cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    if "num_hidden_layers" in cfg or not isinstance(cfg.get("text_config"), dict):
+        return cfg
+    text = dict(cfg["text_config"])  # a VLM: the text model (its model_type may be only the outer one)
+    text.setdefault("model_type", cfg.get("model_type"))
+    return text
 
 
 def safetensors_bytes(path: Path) -> int | None:
@@ -66,14 +74,34 @@ class TargetShape:
     expert_params: int = 0       # all experts' weights (part of linear_params)
     shipped_bytes: int | None = None
     shipped_precision: str | None = None  # None: BF16/FP16 as shipped; else fp8/nvfp4/mxfp4
+    kv_groups: tuple[KVGroup, ...] = ()        # () : every layer caches K/V for the whole context
+    state_groups: tuple[StateGroup, ...] = ()  # linear-attention layers' per-sequence states
+    vision_params: int = 0                     # a VLM's vision tower (part of other_params)
 
     @property
     def params(self) -> int:
         return self.embed_params + self.lm_head_params + self.linear_params + self.other_params
 
+    def cache_bytes(self, tp: int, kv_bytes: int, tokens: int) -> int:
+        """One sequence's cache per rank at ``tokens`` of context: K/V of the attention layers
+        (windowed ones capped, MLA's latent replicated) plus linear-attention states."""
+        groups = self.kv_groups or (KVGroup(self.layers, self.kv_heads, 2 * self.head_dim),)
+        return (sum(g.bytes(tp, kv_bytes, tokens) for g in groups)
+                + sum(s.bytes(tp) for s in self.state_groups))
+
+    def attention_flops(self, tokens: int, ctx: int) -> int:
+        """Score + value FLOPs of ``tokens`` new tokens over ``ctx`` cached ones (all ranks)."""
+        groups = self.kv_groups or (KVGroup(self.layers, self.kv_heads, 2 * self.head_dim),)
+        return sum(2 * tokens * (min(ctx, g.window) if g.window else ctx) * self.heads * (g.flop_dims or g.dims)
+                   * g.layers for g in groups)
+
     @classmethod
     def from_config(cls, cfg: dict, shipped_bytes: int | None = None,
-                    shipped_precision: str | None = None) -> "TargetShape":
+                    shipped_precision: str | None = None, vision: int = 0) -> "TargetShape":
+        if shipped_precision is None and cfg.get("quantization_config"):
+            shipped_precision = quant_precision(cfg["quantization_config"])
+        if str(cfg.get("model_type", "")) in FAMILIES:
+            return cls._from_counts(cfg, shipped_bytes, shipped_precision, vision)
         try:
             H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
             nh = cfg["num_attention_heads"]
@@ -109,15 +137,34 @@ class TargetShape:
             layer_other = attn_other + norms + mlp_bias
             active, n_lin, intermediate, expert_params = L * layer_lin, 7 * L, I, 0
         tied = bool(cfg.get("tie_word_embeddings", False))
-        if shipped_precision is None and cfg.get("quantization_config"):
-            shipped_precision = quant_precision(cfg["quantization_config"])
         return cls(
             model_type=mt, layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, vocab=V,
             intermediate=intermediate, max_position_embeddings=cfg.get("max_position_embeddings", 0),
             embed_params=V * H, lm_head_params=0 if tied else V * H,
-            linear_params=L * layer_lin, other_params=L * layer_other + H, n_linear=n_lin,
+            linear_params=L * layer_lin, other_params=L * layer_other + H + vision, n_linear=n_lin,
             active_linear_params=active, experts=E, experts_per_token=k, expert_params=expert_params,
             shipped_bytes=shipped_bytes, shipped_precision=shipped_precision,
+            vision_params=vision,
+        )
+
+    @classmethod
+    def _from_counts(cls, cfg: dict, shipped_bytes, shipped_precision, vision: int) -> "TargetShape":
+        """Hybrid, MLA, gemma-4 and MiniMax targets (``family_shapes``)."""
+        missing = [f for f in required_target_fields(cfg) if cfg.get(f) is None]
+        if missing:
+            raise CheckpointError(f"target config lacks {missing[0]!r}; cannot plan")
+        c = layer_counts(cfg)
+        H, V, nh = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
+        tied = bool(cfg.get("tie_word_embeddings", False))
+        kv = c.kv[-1]  # the layers whose cache grows with the context
+        return cls(
+            model_type=str(cfg["model_type"]).removesuffix("_text"), layers=cfg["num_hidden_layers"], hidden=H, heads=nh,
+            kv_heads=kv.kv_heads, head_dim=kv.dims // 2, vocab=V, intermediate=c.intermediate,
+            max_position_embeddings=cfg.get("max_position_embeddings", 0), embed_params=V * H,
+            lm_head_params=0 if tied else V * H, linear_params=c.linear, other_params=c.other + H + vision,
+            n_linear=c.n_linear, active_linear_params=c.active, experts=c.experts,
+            experts_per_token=c.experts_per_token, expert_params=c.expert_params, shipped_bytes=shipped_bytes,
+            shipped_precision=shipped_precision, kv_groups=c.kv, state_groups=c.states, vision_params=vision,
         )
 
     @classmethod
@@ -128,7 +175,9 @@ class TargetShape:
         if size is None:
             sizes = read_sizes(path) or {}
             size = sizes.get("total_size")
-        return cls.from_config(cfg, shipped_bytes=size, shipped_precision=shipped_precision)
+        full = json.loads((Path(path) / "config.json").read_text())
+        return cls.from_config(cfg, shipped_bytes=size, shipped_precision=shipped_precision,
+                               vision=vision_params(full))
 
 
 def quant_precision(qcfg: dict) -> str | None:
@@ -141,6 +190,9 @@ def quant_precision(qcfg: dict) -> str | None:
     if "FP8" in algo:
         return "fp8"
     return None
+
+
+QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default head_dim
 
 
 @dataclass(frozen=True)
@@ -180,7 +232,9 @@ class DraftShape:
         except KeyError as exc:
             raise CheckpointError(f"drafter config lacks {exc.args[0]!r}; is it a z-lab DFlash drafter?") from None
         nkv = cfg.get("num_key_value_heads") or nh
-        hd = cfg.get("head_dim") or H // nh
+        # A z-lab drafter is model_type qwen3: without head_dim its loaders (the z-lab code,
+        # TensorRT-LLM's DFlash model) read transformers' Qwen3Config default, 128.
+        hd = cfg.get("head_dim") or (QWEN3_HEAD_DIM if cfg.get("model_type", "qwen3") == "qwen3" else H // nh)
         bias = bool(cfg.get("attention_bias", False))
         layer = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * I
         layer += 2 * H + 2 * hd + ((nh + 2 * nkv) * hd + H) * bias

@@ -33,6 +33,8 @@ from dflash_trt.build import hardware
 
 from dflash_trt.build import plan as planner
 
+from dflash_trt.build import published
+
 from dflash_trt.build import trtllm
 from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
 from dflash_trt.build.recipe import Recipe
@@ -70,6 +72,7 @@ def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
 
 def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     """Everything the plan needs, from configs; ``weights=True`` resolves the checkpoints."""
+    published.refuse_incomplete(recipe)
     gpu = hardware.get(recipe.gpu.name)
     gpus = recipe.gpu.count * recipe.gpu.nodes
     requested, kv = recipe.precision.weights, recipe.precision.kv_cache

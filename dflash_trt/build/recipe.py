@@ -92,6 +92,7 @@ class Recipe(_Strict):
     serving: ServingSpec = ServingSpec()
     speculative: SpeculativeSpec = SpeculativeSpec()
     engine: Literal["trtllm", "tensorrt"] = Field("trtllm", description="trtllm: TensorRT-LLM PyTorch backend; tensorrt: also export ONNX/engines with the DFlash plugins.")
+    incomplete: list[str] = Field(default_factory=list, description="What the published configs do not give (a recipe whose configs are only partly public): plan and build refuse the recipe naming these rather than guess. Fill them in a copy of the recipe, then empty this list.")
 
     source: Path | None = Field(None, exclude=True, description="Where the recipe was loaded from (not a YAML key).")
 

@@ -38,7 +38,7 @@ from dflash_trt.build import published
 from dflash_trt.build import trtllm
 from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
 from dflash_trt.build.recipe import Recipe
-from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision
+from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
@@ -67,7 +67,14 @@ def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
             raise DFlashError(f"{role}.config {path}: no config.json there")
         return path
     kwargs = {"revision": ref.revision} if ref.revision else {}
-    return ingest.resolve(ref.id, role, **kwargs)
+    return ingest.resolve(ref.id, role, expected_bytes=_expected_bytes(recipe, ref), **kwargs)
+
+
+def _expected_bytes(recipe: Recipe, ref) -> int | None:
+    """The checkpoint's size from the recipe's sizes.json (for the free-disk check), if known."""
+    path = recipe.resolve_path(ref.config) if ref.config else None
+    sizes = read_sizes(path) if path is not None and path.is_dir() else None
+    return (sizes or {}).get("total_size") or (sizes or {}).get("bytes")
 
 
 def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
@@ -96,6 +103,18 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
                     shipped_quant=shipped_q, warnings=list(getattr(report, "warnings", []) or []))
+
+
+def _refuse_engine(r: Resolved) -> None:
+    """``engine: trtllm`` on a target TensorRT-LLM cannot capture hidden states from (one line)."""
+    if r.recipe.engine != "trtllm":
+        return
+    spec = ingest.read_target(r.target_dir, require_weights=False)
+    if spec.capture_missing:
+        raise CompatibilityError(
+            f"target {r.recipe.target.id}: TensorRT-LLM's {spec.architecture} has no hidden-state capture hook "
+            f"({spec.capture_missing}), so DFlash cannot run there; use --engine tensorrt, or serve the pair with "
+            "the reference runtime (dflash-trt generate / bench / serve)")
 
 
 def make_plan(r: Resolved) -> planner.Plan:
@@ -129,6 +148,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     if not dry_run and out.exists() and not force:
         raise DFlashError(f"{out} exists; pass --force to replace it, or choose another -o")
     r = resolve(recipe, weights=False)
+    _refuse_engine(r)
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:

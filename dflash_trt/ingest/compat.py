@@ -219,6 +219,10 @@ def _check_capture(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     c, (_, tcfg) = d.config, _configs(t, d)
     if t.capture_supported:
         r.add("hidden-state capture", "ok", f"TensorRT-LLM captures hidden states for {t.architecture}")
+    elif t.capture_missing:
+        r.add("hidden-state capture", "warn", f"{tcfg}: TensorRT-LLM's {t.architecture} has no hidden-state "
+              f"capture hook ({t.capture_missing}): build --engine trtllm refuses it; the reference runtime "
+              "(generate, bench, serve) runs the pair")
     else:
         r.add("hidden-state capture", "warn", f"{tcfg}: TensorRT-LLM may not capture hidden states for "
               f"{t.architecture}; DFlash there is unverified (the reference runtime works)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
@@ -43,12 +44,41 @@ def _cache_dir() -> str | None:
     return None
 
 
-def download(repo_id: str, revision: str | None, role: str) -> Path:
-    """The local snapshot of ``repo_id`` (from the cache, downloading what is missing)."""
+def _check_disk(repo_id: str, revision: str | None, ref: str, role: str, expected_bytes: int | None) -> None:
+    """Refuse, before any byte is fetched, a download the cache's disk cannot hold (a snapshot
+    already in the cache needs nothing)."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import errors as hf_errors
+
+    if not expected_bytes or _offline():
+        return
+    try:
+        snapshot_download(repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=True,
+                          allow_patterns=ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS)
+        return
+    except (hf_errors.LocalEntryNotFoundError, OSError, ValueError):
+        pass
+    where = Path(_cache_dir() or constants.HF_HUB_CACHE)
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < expected_bytes:
+        gib = 1 << 30
+        raise CheckpointError(f"{role} {ref!r}: needs {expected_bytes / gib:.1f} GiB of disk, {free / gib:.1f} GiB "
+                              f"free in {where}; free space or point HF_HUB_CACHE elsewhere")
+
+
+def download(repo_id: str, revision: str | None, role: str, expected_bytes: int | None = None) -> Path:
+    """The local snapshot of ``repo_id`` (from the cache, downloading what is missing).
+    ``expected_bytes`` (the checkpoint's size, when a recipe knows it) is checked against the
+    cache's free disk space first."""
     from huggingface_hub import snapshot_download
     from huggingface_hub import errors as hf_errors
 
     ref = f"{repo_id}@{revision}" if revision else repo_id
+    terms = f"https://huggingface.co/{repo_id}"
+    _check_disk(repo_id, revision, ref, role, expected_bytes)
     try:
         path = snapshot_download(
             repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=_offline(),
@@ -62,7 +92,7 @@ def download(repo_id: str, revision: str | None, role: str) -> Path:
         ) from exc
     except hf_errors.GatedRepoError as exc:
         raise CheckpointError(
-            f"{role} {ref!r}: gated repository; accept its license on huggingface.co and set HF_TOKEN"
+            f"{role} {ref!r}: gated repository; accept its terms at {terms} and set HF_TOKEN to a token of that account"
         ) from exc
     except hf_errors.RevisionNotFoundError as exc:
         raise CheckpointError(f"{role} {ref!r}: revision {revision!r} does not exist on the hub") from exc
@@ -73,7 +103,8 @@ def download(repo_id: str, revision: str | None, role: str) -> Path:
     except hf_errors.HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if status in (401, 403):
-            raise CheckpointError(f"{role} {ref!r}: access denied (HTTP {status}); check HF_TOKEN") from exc
+            raise CheckpointError(f"{role} {ref!r}: access denied (HTTP {status}); check HF_TOKEN, and accept the "
+                                  f"terms at {terms} if the repository is gated") from exc
         raise CheckpointError(f"{role} {ref!r}: hub error: {str(exc).splitlines()[0]}") from exc
     except (OSError, ValueError) as exc:
         raise CheckpointError(

@@ -23,11 +23,12 @@ def embedded_dir(name: str) -> Path:
     return Path(str(resources.files("dflash_trt") / "assets" / name))
 
 
-def resolve(ref: str, role: str = "model", revision: str | None = None) -> Path:
+def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None) -> Path:
     """A local directory for a model reference.
 
     ``embedded:NAME`` -> the packaged asset; an existing directory -> itself;
-    ``org/name[@revision]`` -> a Hugging Face snapshot (configs, tokenizer, safetensors only).
+    ``org/name[@revision]`` -> a Hugging Face snapshot (configs, tokenizer, safetensors only),
+    after checking ``expected_bytes`` (its size, when known) against the free disk space.
     """
     ref = str(ref)
     if ref.startswith(EMBEDDED_PREFIX):
@@ -50,7 +51,7 @@ def resolve(ref: str, role: str = "model", revision: str | None = None) -> Path:
         raise CheckpointError(f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
                               f"use an absolute path, or run elsewhere for the hub id)")
     repo_id, rev = hub_id
-    return hub.download(repo_id, revision or rev, role)
+    return hub.download(repo_id, revision or rev, role, expected_bytes)
 
 
 def read_json(path: Path) -> dict:

@@ -18,12 +18,25 @@ from dflash_trt.ingest.resolve import open_dir, read_json
 
 
 # Target architectures whose TensorRT-LLM PyTorch models capture hidden states for
-# DFlash/EAGLE-3 (Llama, Qwen3, Qwen3-MoE, Qwen3.5, GPT-OSS, Kimi, Laguna).
+# DFlash/EAGLE-3 (Llama, Qwen3, Qwen3-MoE, Qwen3.5, Qwen3-Next, GPT-OSS, Kimi, Laguna): their
+# decoder layers call ``spec_metadata.maybe_capture_hidden_states`` (e.g.
+# tensorrt_llm/_torch/models/modeling_qwen3_next.py, Qwen3NextFullAttentionDecoderLayer.forward).
 CAPTURE_ARCHITECTURES = {
     "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
     "KimiK2ForCausalLM", "KimiK25ForConditionalGeneration", "LagunaForCausalLM",
+}
+
+# Architectures whose TensorRT-LLM model has no capture hook at all, read from its source:
+# tensorrt_llm/_torch/models/modeling_gemma4.py (Gemma4DecoderLayer / Gemma4TextModel.forward
+# never see spec_metadata; Gemma4ForCausalLM is a plain DecoderModelForCausalLM) and
+# modeling_minimaxm2.py (the same). DFlash cannot run on them there: ``build --engine trtllm``
+# refuses; the reference runtime (generate, bench, serve) runs them.
+NO_CAPTURE_ARCHITECTURES = {
+    "Gemma4ForCausalLM": "tensorrt_llm/_torch/models/modeling_gemma4.py",
+    "Gemma4ForConditionalGeneration": "tensorrt_llm/_torch/models/modeling_gemma4.py",
+    "MiniMaxM2ForCausalLM": "tensorrt_llm/_torch/models/modeling_minimaxm2.py",
 }
 
 
@@ -89,6 +102,11 @@ class TargetSpec:
     @property
     def capture_supported(self) -> bool:
         return self.architecture in CAPTURE_ARCHITECTURES
+
+    @property
+    def capture_missing(self) -> str | None:
+        """The TensorRT-LLM source file showing this architecture has no capture hook, or None."""
+        return NO_CAPTURE_ARCHITECTURES.get(self.architecture)
 
     @property
     def num_parameters(self) -> int | None:

@@ -126,7 +126,7 @@ def _http_error(cls, status, msg):
 
 
 @pytest.mark.parametrize("make,needle", [
-    (lambda e: _http_error(e.GatedRepoError, 403, "gated"), "gated repository"),
+    (lambda e: _http_error(e.GatedRepoError, 403, "gated"), "gated repository; accept its terms at https://huggingface.co/org/model and set HF_TOKEN"),
     (lambda e: _http_error(e.RepositoryNotFoundError, 404, "nope"), "no such repository"),
     (lambda e: _http_error(e.RevisionNotFoundError, 404, "rev"), "revision 'v9' does not exist"),
     (lambda e: _http_error(e.HfHubHTTPError, 401, "unauthorized"), "check HF_TOKEN"),
@@ -143,3 +143,24 @@ def test_hub_errors_become_one_line(monkeypatch, make, needle, capsys):
     assert run(["inspect", "org/model@v9"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle.split("'")[0] in err
+
+
+def test_a_download_the_disk_cannot_hold_is_refused_before_it_starts(monkeypatch, tmp_path, capsys):
+    import shutil
+
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    calls = []
+
+    def snapshot(repo_id, **kw):
+        calls.append(kw["local_files_only"])
+        raise errors.LocalEntryNotFoundError("not cached")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(100 << 30, 99 << 30, 1 << 30))
+    with pytest.raises(CheckpointError, match=r"needs 554\.3 GiB of disk, 1\.0 GiB free"):
+        ingest.resolve("moonshotai/Kimi-K2.5", role="target", expected_bytes=int(554.3 * (1 << 30)))
+    assert calls == [True]  # only the cache was asked; nothing was fetched

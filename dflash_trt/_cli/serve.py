@@ -55,6 +55,7 @@ def serve(
     from dflash_trt.errors import DFlashError
 
     b = launch.read_bundle(bundle)
+    _warn_chat(b)
     if emit is not None:
         path = launch.emit(b, emit.value, nodes, output, gpus_per_node=gpus_per_node, image=image, port=port,
                            pvc=pvc)
@@ -84,6 +85,15 @@ def serve(
             raise exc
         return
     serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads)
+
+
+def _warn_chat(b) -> None:
+    """One line when the bundle serves a thinking setting its drafter was not trained with."""
+    from dflash_trt.ingest import chat_mismatch
+
+    chat = chat_mismatch(b.serve.drafter_chat, b.serve.model_dump())
+    if chat:
+        err.print(f"[yellow]warning:[/yellow] {chat}")
 
 
 def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int, max_queue: int,

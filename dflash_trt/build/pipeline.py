@@ -99,10 +99,11 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     precision = shipped or ("bf16" if requested == "auto" else requested)
     hardware.check_precision(gpu, precision, kv)
     report = ingest.validate_pair(tdir, ddir, require_weights=weights)
+    chat = ingest.chat_mismatch(ingest.trained_chat(ddir), ingest.serving_chat(tdir, recipe.serving.enable_thinking))
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
-                    shipped_quant=shipped_q, warnings=list(getattr(report, "warnings", []) or []))
+                    shipped_quant=shipped_q, warnings=list(getattr(report, "warnings", []) or []) + ([chat] if chat else []))
 
 
 def _refuse_engine(r: Resolved) -> None:
@@ -265,7 +266,9 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         # What `dflash-trt serve` reads: the multi-node launch files must match the plan's
         # parallelism, and the embedded server advertises the planned context length.
         serve={"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,
-               "max_seq_len": rc.serving.max_seq_len},
+               "max_seq_len": rc.serving.max_seq_len,
+               **ingest.serving_chat(r.target_dir, rc.serving.enable_thinking),
+               "drafter_chat": ingest.trained_chat(r.drafter_dir)},
         warnings=p.warnings,
     )
     if engine_info is not None:

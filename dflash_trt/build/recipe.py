@@ -64,6 +64,7 @@ class ServingSpec(_Strict):
     enable_block_reuse: bool = Field(False, description="Prefix-cache reuse. Off by default: cache hits starve the drafter of hidden states unless context_recompute_tail is set.")
     cuda_graphs: bool = Field(True, description="Capture CUDA graphs for decode batch sizes.")
     disable_overlap_scheduler: bool = Field(False, description="Turn off TensorRT-LLM's overlap scheduler.")
+    enable_thinking: bool | None = Field(None, description="The chat template's thinking switch this deployment serves with (chat_template_kwargs.enable_thinking); None: the template's default. plan warns when it differs from what the drafter was trained with (its training.json).")
     host: str = Field("127.0.0.1", description="Serving address.")
     port: int = Field(8000, ge=1, le=65535, description="Serving port.")
 

@@ -122,6 +122,13 @@ class ServeInfo(_Section):
     pp_size: int | None = None
     gpus_per_node: int | None = None
     max_seq_len: int | None = None
+    # The chat template the target serves with (its sha256, whether it has a thinking switch),
+    # the switch the deployment sets (None: the template's default), and the chat settings the
+    # drafter was trained with where its training.json says (ingest.chat).
+    chat_template_sha256: str | None = None
+    thinking_switch: bool | None = None
+    enable_thinking: bool | None = None
+    drafter_chat: dict | None = None
 
 
 class Manifest(_Section):

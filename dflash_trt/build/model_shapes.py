@@ -89,6 +89,12 @@ class TargetShape:
         return (sum(g.bytes(tp, kv_bytes, tokens) for g in groups)
                 + sum(s.bytes(tp) for s in self.state_groups))
 
+    def sequence_bytes(self, tp: int, kv_cache: str, tokens: int) -> int:
+        """One sequence's target cache per GPU at ``tokens`` of context, KV cache dtype
+        ``kv_cache`` (auto: BF16, fp8). Every layer caching K/V for the whole context is only
+        the plain decoder's case; see :meth:`cache_bytes`."""
+        return self.cache_bytes(tp, 1 if kv_cache == "fp8" else 2, tokens)
+
     def attention_flops(self, tokens: int, ctx: int) -> int:
         """Score + value FLOPs of ``tokens`` new tokens over ``ctx`` cached ones (all ranks)."""
         groups = self.kv_groups or (KVGroup(self.layers, self.kv_heads, 2 * self.head_dim),)

@@ -26,10 +26,8 @@ Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU 
       2 x layers x ceil(n_kv / t) x head_dim x kv_bytes x max_seq_len x max_batch_size
 
   (kv_bytes 2 for auto/BF16, 1 for FP8; KV heads are split across ranks, replicated
-  when t > n_kv.) That is a plain decoder; ``sequence_cache_bytes`` counts the others:
-  sliding-window layers at most their window, MLA one ``kv_lora_rank + qk_rope_head_dim``
-  latent per token on every rank, Gated DeltaNet layers a conv + recurrent state per
-  sequence instead of K/V (``family_shapes``).
+  when t > n_kv.) ``TargetShape.sequence_bytes`` counts the other families: MLA's latent on
+  every rank, Gated DeltaNet states per sequence instead of K/V (``family_shapes``).
 * activations: ``max_num_tokens x (8 x hidden + 3 x ceil(intermediate / t)) x 2 B`` for
   the widest prefill step plus ``max_batch_size x B x vocab x 4 B`` of FP32 verification
   logits; and a fixed runtime reserve of 2 GiB (CUDA context, cuBLAS/NCCL workspaces,
@@ -156,14 +154,6 @@ def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
     return 2 * t.layers * math.ceil(t.kv_heads / tp) * t.head_dim * kvb
 
 
-def sequence_cache_bytes(t: TargetShape, tp: int, kv_cache: str, tokens: int) -> int:
-    """One sequence's target cache per GPU at ``tokens`` of context. Every layer caching K/V
-    for the whole context, ``kv_bytes_per_token x tokens``, is only the plain decoder's case:
-    sliding layers hold at most their window, MLA layers one latent replicated on every rank,
-    linear-attention layers a fixed state per sequence (``TargetShape.cache_bytes``)."""
-    return t.cache_bytes(tp, 1 if kv_cache == "fp8" else 2, tokens)
-
-
 def memory(dep: Deployment, tp: int, serving: ServingSpec) -> Memory:
     """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring)."""
     t, d = dep.target, dep.drafter
@@ -172,7 +162,7 @@ def memory(dep: Deployment, tp: int, serving: ServingSpec) -> Memory:
     embed = 2 * t.embed_params
     per_gpu = embed + (total - embed) // tp
     arena = 2 * (batch + 1) * d.layers * (seq + d.block_size) * d.kv_heads * d.head_dim * 2
-    kv = sequence_cache_bytes(t, tp, dep.kv_cache, seq) * batch
+    kv = t.sequence_bytes(tp, dep.kv_cache, seq) * batch
     act = tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
     act += batch * d.block_size * t.vocab * 4
     return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=arena, kv_cache=kv, activations=act,
@@ -235,7 +225,7 @@ class Roofline:
     def target(self, b: int, n: int) -> float:
         t, g = self.dep.target, self.dep.gpu
         tokens = b * n
-        bytes_ = self._weights_read(tokens) + b * sequence_cache_bytes(t, self.tp, self.dep.kv_cache, self.ctx)
+        bytes_ = self._weights_read(tokens) + b * t.sequence_bytes(self.tp, self.dep.kv_cache, self.ctx)
         lin = 2 * tokens * (t.active_linear_params + t.lm_head_params + (t.embed_params if not t.lm_head_params else 0))
         attn = t.attention_flops(tokens, self.ctx)
         compute = lin / self.tp / g.peak_flops(self.dep.precision) + attn / self.tp / g.peak_flops("bf16")

@@ -258,32 +258,25 @@ def _engine_outputs(engine_info: dict | None) -> dict:
 
 
 def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
-    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops)
-    and the target (tapped hidden states as extra outputs, KV cache in/out); engines where
-    TensorRT and a GPU are present. The ONNX graphs are exported in float32 from the
-    unquantized source target (quantized TensorRT engines are not built here)."""
+    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops), the
+    target (tapped hidden states as extra outputs, KV cache in/out) and the embedding, at the
+    shapes of the recipe's serving limits (recorded as the manifest's ``engine.profile``);
+    engines where TensorRT and a GPU are present. The ONNX graphs are exported in float32 from
+    the unquantized source target (quantized TensorRT engines are not built here)."""
     import torch
 
-    from dflash_trt.build import export as engine
+    from dflash_trt.build import engines, export
     from dflash_trt.model import load_target
 
-    say("exporting the drafter to ONNX (dflash::KVInjection, dflash::BlockDiffusionAttention)")
     drafter = ingest.load_drafter(tmp / "drafter", dtype=torch.float32)
     model = load_target(r.target_dir, dtype=torch.float32)
-    head = model.get_output_embeddings().weight.detach()
-    onnx_dir = tmp / "onnx"
-    d_path = engine.export_drafter_onnx(drafter, onnx_dir, head_weight=head)
-    parity = engine.check_drafter_onnx(drafter, d_path, head_weight=head)
-    if max(parity.values()) > engine.DRAFTER_ONNX_ATOL:
-        raise DFlashError(f"exported drafter ONNX disagrees with PyTorch (max error {max(parity.values()):.2e})")
-    say("exporting the target to ONNX (target_hidden + KV cache I/O)")
-    engine.export_target_onnx(model, drafter.cfg.target_layer_ids, onnx_dir)
-    ok, why = engine.engine_support()
-    info = {"onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")), "drafter_onnx_max_error": parity,
-            "engines_built": False, "engines_reason": why or None}
+    profile = engines.profile_for(r.recipe.serving, drafter.cfg.block_size)
+    info = export.export_graphs(drafter, model, tmp / "onnx", profile, say)
+    ok, why = engines.engine_support()
+    info.update(engines_built=False, engines_reason=why or None)
     if ok:
         say("building TensorRT engines with the DFlash plugins")
-        engine.build_engines(onnx_dir, tmp / "engines")
+        engines.build_engines(tmp / "onnx", tmp / "engines", profile)
         info["engines_built"] = True
     return info
 

@@ -1,4 +1,5 @@
-"""Runtime: the speculative loop (the executable specification) over a backend, sampling and
+"""Runtime: the speculative loop (the executable specification) over a backend (the PyTorch
+modules, ONNX Runtime over a bundle's onnx/, TensorRT over its engines/), sampling and
 acceptance, statistics, and pair loading.
 
 Other subpackages import from here, never from the modules inside.
@@ -10,9 +11,11 @@ from dflash_trt.runtime.stats import Stats
 from dflash_trt.runtime.backend import Backend, TorchBackend
 from dflash_trt.runtime.loop import Generation, block_size_for, generate
 from dflash_trt.runtime.dequantize import dequantize_state
-from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
+from dflash_trt.runtime.pair import (BACKENDS, Pair, load_bundle, load_pair, load_tokenizer, open_backend,
+                                    parse_dtype, stop_ids)
 
 __all__ = [
+    "BACKENDS",
     "Backend",
     "Generation",
     "Pair",
@@ -26,6 +29,7 @@ __all__ = [
     "load_bundle",
     "load_pair",
     "load_tokenizer",
+    "open_backend",
     "parse_dtype",
     "probs",
     "rejection_sample",

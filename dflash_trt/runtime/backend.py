@@ -17,7 +17,11 @@ The calls, per batch of ``b`` rows:
   ``[anchor, MASK x (B-1)]`` (the exported ``drafter.onnx`` is exactly this round).
 - ``keep_rows(target_cache, draft_cache, rows)``: rows leaving the batch.
 - ``compact(target_cache, col_valid)`` -> col_valid: drop cache columns that are holes in
-  every row (optional: holes are masked, so keeping them is correct, only slower).
+  every row, or move each row's valid columns together (the mask is explicit and keys carry
+  their RoPE, so column order is free); optional: holes are masked, so keeping them is
+  correct, only slower.
+- ``check_request(prompts, max_new_tokens, block_size)``: refuse, before any work, a request
+  outside the shapes this backend runs (optional: the exported graphs' engine profile).
 
 A step-level engine that batches continuously adds one call here for rows *joining* (merging
 two batches' caches, SGLang's ``merge_batch``); every other call already works per step on
@@ -72,6 +76,9 @@ class Backend(ABC):
     def compact(self, target_cache: object, col_valid: torch.Tensor) -> torch.Tensor:
         """Drop columns that are holes in every row; col_valid [b, S] -> [b, S'] (default: keep all)."""
         return col_valid
+
+    def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
+        """Raise DFlashError (one line) for a request this backend cannot run (default: any runs)."""
 
 
 class TorchBackend(Backend):

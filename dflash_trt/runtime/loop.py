@@ -228,6 +228,7 @@ def generate(
     """
     backend = backend or TorchBackend(target, drafter)
     B = _checked_block_size(backend, block_size, prompts, max_new_tokens)
+    backend.check_request(prompts, max_new_tokens, B)
     stats = Stats(block_size=B, prompt_tokens=sum(len(p) for p in prompts))
     out = Outputs(len(prompts), max_new_tokens, set(stop_token_ids), on_commit, should_stop)
     if max_new_tokens == 0:

@@ -2,7 +2,8 @@
 
 ``load_pair`` is the one place the commands that run models (generate, bench, serve) get
 their models from, whatever the user named: local directories, hub ids, a bundle
-directory, or the embedded default.
+directory, or the embedded default. ``open_backend`` gives a bundle's pair the backend that
+answers the loop's calls when it is not the PyTorch modules themselves (``--backend``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ import torch
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError, DFlashError
 from dflash_trt.model import Drafter, Target, load_target
+from dflash_trt.runtime.backend import Backend
 from dflash_trt.runtime.loop import block_size_for
+
+#: what ``--backend`` chooses: the PyTorch modules, ONNX Runtime over onnx/, TensorRT over engines/
+BACKENDS = ("torch", "onnx", "tensorrt")
 
 # The dtypes the reference runtime computes in (``ingest.RUNTIME_DTYPES``, the one dtype table's).
 DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
@@ -28,6 +33,8 @@ class Pair:
     tokenizer: object
     stop_token_ids: list[int] = field(default_factory=list)
     name: str = "model"
+    #: what answers the loop's model calls (``generate(..., backend=)``); None: the modules above
+    backend: Backend | None = None
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         tok = self.tokenizer
@@ -143,3 +150,33 @@ def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):
     if (tdir / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(str(tdir))
     return model.to(device).eval()
+
+
+def open_backend(kind: str, bundle: str | Path, pair: Pair, dtype: str = "auto") -> Backend | None:
+    """The backend ``--backend kind`` names for a loaded bundle (None for ``torch``: the pair's
+    own modules). ``onnx`` and ``tensorrt`` run the graphs of a bundle built with ``--engine
+    tensorrt`` at the shapes its manifest records; anything missing is one DFlashError line."""
+    if kind not in BACKENDS:
+        raise DFlashError(f"--backend {kind!r}: choose one of {', '.join(BACKENDS)}")
+    if kind == "torch":
+        return None
+    b = ingest.open_bundle(bundle)
+    engine = b.manifest.engine
+    if engine is None:
+        raise DFlashError(f"{b.root}: --backend {kind} runs the exported graphs of a bundle built with "
+                          "--engine tensorrt; this one has none (rebuild it so, or use --backend torch)")
+    if engine.profile is None or not (b.onnx / "embed.onnx").is_file():
+        raise DFlashError(f"{b.root}: its onnx/ predates the recorded engine profile; rebuild it with --engine tensorrt")
+    if dtype not in ("auto", "float32"):
+        raise DFlashError(f"--backend {kind} runs the float32 graphs the build exported; drop --dtype {dtype}")
+    mask = pair.drafter.cfg.mask_token_id
+    if kind == "onnx":
+        from dflash_trt.runtime.onnx_backend import OnnxBackend
+
+        return OnnxBackend(b.onnx, engine.profile, mask)
+    from dflash_trt.runtime.trt_backend import TensorRTBackend, tensorrt_problem
+
+    if tensorrt_problem() is None and not engine.engines_built:
+        raise DFlashError(f"{b.root}: no engines/ in this bundle (the build said: {engine.engines_reason}); "
+                          "rebuild it where TensorRT and a GPU are, or use --backend onnx")
+    return TensorRTBackend(b.engines, engine.profile, mask)

@@ -233,7 +233,7 @@ class Batcher:
             gen = generate(pair.target, drafter, [j.prompt for j in jobs],
                            max_new_tokens=max(j.max_tokens for j in jobs), sampling=jobs[0].sampling,
                            block_size=self.block_size, stop_token_ids=stops,
-                           on_commit=on_commit, should_stop=should_stop)
+                           on_commit=on_commit, should_stop=should_stop, backend=pair.backend)
         except Exception as exc:  # a runtime failure fails this batch, not the server
             for j in jobs:
                 j.finish_reason = "error"

@@ -90,14 +90,16 @@ def test_target_onnx_with_taps_and_kv_cache(tmp_path):
 
 
 def test_build_engines_explains_what_it_needs(tmp_path):
+    from dflash_trt.build import engines
+    from dflash_trt.build.recipe import ServingSpec
     from dflash_trt.errors import DFlashError
 
-    ok, why = engine.engine_support()
+    ok, why = engines.engine_support()
     if ok:
         pytest.skip("this machine can build engines")
     assert "tensorrt" in why and "GPU" in why
     with pytest.raises(DFlashError, match="tensorrt"):
-        engine.build_engines(tmp_path, tmp_path / "engines")
+        engines.build_engines(tmp_path, tmp_path / "engines", engines.profile_for(ServingSpec(), 8))
 
 
 def test_kernel_benchmark_script_imports_and_helps():

@@ -146,6 +146,8 @@ def _build_one(trt, logger, graph: str, path: Path, profile, fp16: bool):  # pra
     config = builder.create_builder_config()
     if fp16:
         config.set_flag(trt.BuilderFlag.FP16)
+    else:  # float32 means float32: TF32 matmuls (on by default from Ampere) could flip a greedy argmax
+        config.clear_flag(trt.BuilderFlag.TF32)
     opt_profile = builder.create_optimization_profile()
     for i in range(network.num_inputs):
         t = network.get_input(i)

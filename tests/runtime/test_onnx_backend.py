@@ -187,6 +187,30 @@ def test_generate_and_bench_cli_through_onnx(bundle, tmp_path, capsys):
         assert o[run_]["tokens_per_second"] > 0
 
 
+def test_the_embedded_server_answers_through_onnx(pair):
+    """The server's batches go through the pair's backend: concurrent greedy completions equal
+    the PyTorch backend's tokens."""
+    import asyncio
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from dflash_trt.serve.app import ServerThread, create_app
+
+    texts = ["import os\n", "def add(a, b):", "class Node:", "for i in range("]
+    want = {t: pair.decode(generate(pair.target, pair.drafter, [pair.encode(t)], max_new_tokens=16).token_ids[0])
+            for t in texts}
+
+    async def ask(url):
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            rs = await asyncio.gather(*(c.post("/v1/completions", json={
+                "model": "tiny", "prompt": t, "max_tokens": 16, "temperature": 0, "ignore_eos": True}) for t in texts))
+            return [(r.status_code, r.json()["choices"][0]["text"]) for r in rs]
+
+    with ServerThread(create_app(pair, "tiny", max_batch=4, max_queue=8)) as srv:
+        got = asyncio.run(ask(srv.url))
+    assert got == [(200, want[t]) for t in texts]
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["generate", "-p", "x", "--backend", "onnx"], "pass a bundle built with --engine tensorrt"),
     (["generate", "-p", "x", "--backend", "tvm"], "choose one of torch, onnx, tensorrt"),

@@ -136,6 +136,9 @@ class GraphBackend(Backend):
         packed = torch.arange(col_valid.shape[1], device=col_valid.device)[None] < counts[:, None]
         if target_cache.k is None or (width == col_valid.shape[1] and bool((packed == col_valid).all())):
             return col_valid
+        if bool((packed == col_valid).all()):      # holes only at the tail (always so at batch 1): a slice
+            target_cache.k, target_cache.v = target_cache.k[..., :width, :], target_cache.v[..., :width, :]
+            return packed[:, :width]
         order = torch.sort((~col_valid).to(torch.int8), dim=1, stable=True).indices[:, :width]  # [b, S']
         L, kvh, d = self._target_dims
         idx = order[None, :, None, :, None].expand(L, -1, kvh, -1, d)

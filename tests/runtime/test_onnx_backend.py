@@ -152,6 +152,10 @@ def test_compaction_moves_each_rows_valid_columns_to_the_front(pair):
     assert torch.equal(cache.k[:, 0, :, :2], k[:, 0, :, [0, 2]]) and torch.equal(cache.k[:, 1], k[:, 1, :, [1, 2, 3]])
     assert torch.equal(cache.v, -cache.k)
     assert be.compact(cache, packed) is packed                 # already packed: nothing moves
+    tail = torch.tensor([[True, True, False], [True, False, False]])
+    before = cache.k.clone()
+    assert be.compact(cache, tail).tolist() == [[True, True], [True, False]]
+    assert torch.equal(cache.k, before[..., :2, :])            # holes only at the tail: cut off
 
 
 def test_a_request_beyond_the_profile_is_one_line(bundle, pair, prompts, capsys):

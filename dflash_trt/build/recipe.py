@@ -82,7 +82,9 @@ class SpeculativeSpec(_Strict):
 
 
 class Recipe(_Strict):
-    name: str = Field(description="Recipe name; the default output directory is dflash-out/<name>.")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128,
+                      description="Recipe name (letters, digits, '.', '_', '-'); the default output directory "
+                                  "is dflash-out/<name>.")
     description: str = Field("", description="One line on what this recipe is for.")
     target: ModelRef
     drafter: ModelRef

@@ -14,7 +14,7 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest import files
 from dflash_trt.ingest.formats import flatten_rope
-from dflash_trt.ingest.resolve import open_dir, read_json
+from dflash_trt.ingest.resolve import open_dir, positive_int, read_json
 
 
 # Target architectures whose TensorRT-LLM PyTorch models capture hidden states for
@@ -139,19 +139,16 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
             raise CheckpointError(f"{where}: unknown model_type {model_type or '(none)'!r} for transformers "
                                   f"{transformers.__version__}; upgrade transformers or use another model")
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    try:
-        hidden, layers, heads = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["num_attention_heads"])
-        vocab = int(text.get("vocab_size") or raw["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{where}: missing or invalid {exc} (hidden_size, num_hidden_layers, "
-                              "num_attention_heads, vocab_size are required)") from exc
+    size = lambda key, default=None: positive_int(text, key, where, default)  # noqa: E731
+    hidden, layers, heads = size("hidden_size"), size("num_hidden_layers"), size("num_attention_heads")
+    vocab = positive_int(text if "vocab_size" in text else raw, "vocab_size", where)
+    kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", hidden // heads)
     theta, scaling = flatten_rope(text)
     ws = files.scan(path, require=require_weights, what="target")
     spec = TargetSpec(
         path=path, raw_config=raw, architecture=archs[0] if archs else "?", model_type=model_type,
         num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
-        head_dim=int(text.get("head_dim") or hidden // heads), vocab_size=vocab,
+        num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
         rope_theta=theta, rope_scaling=scaling,
         dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype"),
         quantization=target_quantization(path),
@@ -187,3 +184,39 @@ def _check_target_tensors(spec: TargetSpec) -> None:
     if found and max(found) + 1 < spec.num_layers:
         raise CheckpointError(f"{spec.path}: the weights hold decoder layers 0..{max(found)} but config.json says "
                               f"{spec.num_layers}; a shard is missing: download the checkpoint again")
+    if spec.quantization is None:
+        _check_unquantized(spec)
+
+
+def _check_unquantized(spec: TargetSpec) -> None:
+    """A target without a quantization config stores float weights, in the shapes its config implies."""
+    ints = sorted(n for n, t in spec.weights.tensors.items() if _LAYER.search(n) and t.dtype not in files.FLOAT_DTYPES)
+    if ints:
+        t = spec.weights.tensors[ints[0]]
+        raise CheckpointError(f"{spec.path / t.file}: {ints[0]} is {t.dtype} but the target has no quantization "
+                              "config (ModelOpt hf_quant_config.json, compressed-tensors or MXFP4 "
+                              "quantization_config); refusing to run integer weights as floats")
+    expected = _expected_shapes(spec)
+    for name, info in sorted(spec.weights.tensors.items()):
+        want = expected.get(name)
+        if want is not None and tuple(want) != tuple(info.shape):
+            raise CheckpointError(f"{spec.path / info.file}: {name} is {list(info.shape)} but config.json implies "
+                                  f"{list(want)}; config and weights do not match (a transposed or foreign tensor)")
+
+
+def _expected_shapes(spec: TargetSpec) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the config's architecture, built on the meta device (no memory, no weights)."""
+    import torch
+    import transformers
+
+    cls = getattr(transformers, spec.architecture, None)
+    if cls is None:
+        return {}
+    try:
+        cfg = transformers.AutoConfig.from_pretrained(str(spec.path), trust_remote_code=False)
+        with torch.device("meta"):
+            model = cls(cfg)
+    except Exception:  # noqa: BLE001 - a config transformers cannot build is refused where it is loaded
+        return {}
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+

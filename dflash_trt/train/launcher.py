@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.train.loop import train_drafter
+from dflash_trt.train.loop import preflight, train_drafter
 from dflash_trt.train.settings import Progress, Result, TrainSettings
 
 SHORT = {"target": "-t", "out": "-o", "block_size": "-b"}
@@ -120,6 +120,7 @@ def launch(settings: TrainSettings, nproc: int) -> Result:
 
     if nproc < 1:
         raise DFlashError("--nproc must be >= 1")
+    preflight(settings, nproc)             # a user error in a second, not after starting the ranks
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))  # as torchrun does
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0)

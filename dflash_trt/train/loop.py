@@ -91,6 +91,16 @@ def _check_numbers(s: TrainSettings, world: int) -> None:
         raise DFlashError("--regen-concurrency must be >= 1 and the feature shard size > 0")
 
 
+def preflight(settings: TrainSettings, world: int) -> None:
+    """The checks that need no target (OUT, the numbers, the data), for a launcher to make
+    before it starts ``world`` ranks."""
+    out = Path(settings.out).expanduser()
+    s = _prepare(settings, out, out / ".train")
+    _check_numbers(s, world)
+    if regen.cached_set(s, out / ".train") is None:
+        train_data.read_data(s.data)
+
+
 def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> Result:
     """Train a drafter for ``settings.target`` into ``settings.out`` (or resume one there).
 

@@ -19,6 +19,7 @@ regenerates prompts ``r, r + world, ...``; rank 0 then assembles ``regen.safeten
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -201,7 +202,9 @@ def cached_set(s: TrainSettings, work: Path) -> dict | None:
     if not ((work / "regen.safetensors").exists() and mpath.exists()):
         return None
     saved = json.loads(mpath.read_text())
-    return saved if saved.get("settings") == {k: getattr(s, k) for k in DATA_FIELDS} else None
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
+    made_with = {k: (saved.get("settings") or {}).get(k, defaults.get(k)) for k in DATA_FIELDS}  # older runs
+    return saved if made_with == {k: getattr(s, k) for k in DATA_FIELDS} else None
 
 
 def training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, stops: list[int], ranks: Ranks,

@@ -270,6 +270,16 @@ def test_python_m_dflash_trt_train_takes_the_train_drafter_flags():
     assert (s.target_layer_ids, s.thinking, s.feature_cache, s.steps, s.resume) == ([1, 3], False, "C", 7, False)
 
 
+def test_a_rank_reports_a_user_error_in_one_line(setup, tmp_path, capsys):
+    root, tdir, _ = setup
+    assert train_launch.main(["-t", str(tdir), "--data", str(tmp_path / "none"), "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"dflash_trt.train: error: --data {tmp_path / 'none'}: no such file or folder\n"
+    s = settings(root, tdir, tmp_path / "o", batch_size=1)
+    with pytest.raises(DFlashError, match="global batch: give at least one sequence to each of the 2 ranks"):
+        train_launch.launch(s, 2)                      # refused before any rank starts
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow
 def test_two_gloo_ranks_match_one_rank_and_resume_on_another_number(setup, tmp_path):
     """torchrun with 2 gloo ranks = 1 process at the same global batch; a 1-rank run resumed

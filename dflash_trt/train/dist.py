@@ -64,10 +64,14 @@ class Ranks:
         return t.tolist()
 
     def sum_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Replace every gradient by its sum over the ranks (one flat all-reduce)."""
-        if self.world == 1:
+        """Replace every gradient by its sum over the ranks (one flat all-reduce).
+
+        Every rank runs the same graph, so the parameters without a gradient are the same on
+        all of them; they stay without one, as in one process (AdamW skips them)."""
+        params = [p for p in params if p.grad is not None]
+        if self.world == 1 or not params:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         torch.distributed.all_reduce(flat)
         offset = 0

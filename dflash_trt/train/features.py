@@ -12,8 +12,8 @@ the shards (memory-mapped). The size is printed before the first shard is writte
 are split between the ranks and each is renamed into place when complete, so a full disk is
 a one-line error that leaves every finished shard, and the rerun writes only the others.
 
-The key covers what the features depend on: the target (its reference and config), the tapped
-layers, the dtype and the regenerated token ids. A folder holding a complete cache under
+The key covers what the features depend on (:func:`cache_key`): the target's config and
+weights, the tapped layers, the dtype and the regenerated token ids. A folder holding a complete cache under
 another key is refused, not overwritten.
 """
 
@@ -82,9 +82,14 @@ def _shard_name(k: int) -> str:
     return f"features-{k:05d}.safetensors"
 
 
-def cache_key(target_ref: str, target: Target, layer_ids: list[int], regen: Regenerated) -> str:
+def cache_key(target: Target, layer_ids: list[int], regen: Regenerated) -> str:
+    """What the features depend on: the target's config and weights (64 strided values of every
+    tensor: two fine-tunes of one base differ there), the taps, the dtype, the token ids."""
     h = hashlib.sha256()
-    h.update(json.dumps([target_ref, target.config.to_json_string(), list(layer_ids), str(target.dtype)]).encode())
+    h.update(json.dumps([target.config.to_json_string(), list(layer_ids), str(target.dtype)]).encode())
+    for p in target.model.parameters():
+        flat = p.detach().reshape(-1)
+        h.update(flat[:: max(1, flat.numel() // 64)][:64].float().cpu().numpy().tobytes())
     for t in (regen.tokens, regen.lengths):
         h.update(t.contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -140,7 +145,7 @@ def open_cache(folder: str | Path, target_ref: str, target: Target, layer_ids: l
                ranks: Ranks, progress: Progress, shard_mb: float = 1024.0) -> CachedFeatures:
     """The cache for this target and set in ``folder``, writing what is missing first."""
     folder = Path(folder).expanduser()
-    key = cache_key(target_ref, target, layer_ids, regen)
+    key = cache_key(target, layer_ids, regen)
     table_path = folder / "cache.json"
     if table_path.exists():
         table = json.loads(table_path.read_text())
@@ -160,7 +165,7 @@ def open_cache(folder: str | Path, target_ref: str, target: Target, layer_ids: l
             if lost:
                 raise DFlashError(f"--feature-cache {folder}: shard {lost[0]} is missing after every rank wrote "
                                   "its share; is the folder shared by every node?")
-            write_json(table_path, {"key": key, **plan})
+            write_json(table_path, {"key": key, "target": target_ref, **plan})
 
     ranks.together(seal)
     return CachedFeatures(folder, json.loads(table_path.read_text()))

@@ -121,14 +121,19 @@ def launch(settings: TrainSettings, nproc: int) -> Result:
     if nproc < 1:
         raise DFlashError("--nproc must be >= 1")
     preflight(settings, nproc)             # a user error in a second, not after starting the ranks
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))  # as torchrun does
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads is None:  # the ranks share the cores, as torchrun arranges
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     try:
         returned = elastic_launch(config, _worker)(settings)
     except ChildFailedError as exc:
         first = next(iter(exc.failures.values()))
         raise DFlashError(f"a training rank failed (exit code {first.exitcode}); its error is above") from None
+    finally:
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
     errors = [returned[r]["error"] for r in sorted(returned) if "error" in returned[r]]
     if errors:
         raise DFlashError(errors[0])

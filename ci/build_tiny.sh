@@ -11,13 +11,13 @@ WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
 DT="python -m dflash_trt"
 
-for recipe in $(python -c "from dflash_trt import recipe; print(' '.join(recipe.bundled()))"); do
+for recipe in $(python -c "from dflash_trt.build import recipe; print(' '.join(recipe.bundled()))"); do
   echo "== plan $recipe"
   $DT plan "$recipe" --json > "$WORK/plan-$recipe.json"
   $DT build "$recipe" --dry-run > /dev/null
 done
 
-python -c "import sys; from dflash_trt import recipe; sys.exit('tiny' not in recipe.bundled())" \
+python -c "import sys; from dflash_trt.build import recipe; sys.exit('tiny' not in recipe.bundled())" \
   || { echo "error: no bundled tiny recipe (dflash_trt/recipes/tiny.yaml)" >&2; exit 1; }
 for spec in "bf16 cpu" "fp8 h100" "nvfp4 b200"; do
   set -- $spec

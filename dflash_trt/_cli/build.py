@@ -22,32 +22,39 @@ KvOpt = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")]
 
 
-def recipe_from_flags(recipe: str | None, target: str | None, drafter: str | None, gpu: str | None,
-                      gpus: int | None, precision: str | None, kv: str | None, calib: str | None,
-                      sets: list[str] | None):
-    """A Recipe from a name/file plus flags; flags override the recipe (as ``--set`` would)."""
+# The recipe field each flag sets, as the typed value typer parsed (never re-read as YAML).
+FLAG_FIELDS = {"--gpu": "gpu.name", "--gpus": "gpu.count", "--precision": "precision.weights",
+               "--kv-cache-dtype": "precision.kv_cache", "--calib": "precision.calib", "--engine": "engine"}
+
+
+def flag_fields(target: str | None, drafter: str | None, flags: dict[str, object]) -> list:
+    """``recipe.FieldValue`` for each flag given: ``--target``/``--drafter`` replace the whole
+    model reference (its config directory and revision belong to the recipe's model)."""
+    from dflash_trt.build import recipe as R
+
+    fields = []
+    for flag, role, ref in (("--target", "target", target), ("--drafter", "drafter", drafter)):
+        if ref is not None:
+            fields += [R.FieldValue(f"{role}.id", ref, flag), R.FieldValue(f"{role}.config", None, flag),
+                       R.FieldValue(f"{role}.revision", None, flag)]
+    return fields + [R.FieldValue(FLAG_FIELDS[flag], value, flag) for flag, value in flags.items() if value is not None]
+
+
+def recipe_from_flags(recipe: str | None, target: str | None, drafter: str | None,
+                      flags: dict[str, object], sets: list[str] | None):
+    """A Recipe from a name/file plus flags (``{"--precision": "fp8", ...}``, keys of
+    :data:`FLAG_FIELDS`); the flags set their fields, then ``--set`` overrides apply."""
     from dflash_trt.build import recipe as R
     from dflash_trt.errors import RecipeError
 
-    overrides = list(sets or [])
-    flags = []
-    if target is not None:
-        flags += [f"target.id={target}", "target.config=null", "target.revision=null"]
-    if drafter is not None:
-        flags += [f"drafter.id={drafter}", "drafter.config=null", "drafter.revision=null"]
-    for key, value in (("gpu.name", gpu), ("gpu.count", gpus), ("precision.weights", precision),
-                       ("precision.kv_cache", kv), ("precision.calib", calib)):
-        if value is not None:
-            flags.append(f"{key}={value}")
+    fields = flag_fields(target, drafter, flags)
     if recipe is None and (target is not None or drafter is not None):
         if target is None or drafter is None:
             raise RecipeError("without a recipe, give both --target and --drafter")
-        name = f"{Path(target.rstrip('/')).name or 'target'}-{precision or 'bf16'}"
+        name = f"{Path(target.rstrip('/')).name or 'target'}-{flags.get('--precision') or 'bf16'}"
         base = {"name": name, "target": {"id": target}, "drafter": {"id": drafter}}
-        r = R.from_dict(base, where="command line", overrides=flags + overrides)
-        r.source = None
-        return r
-    return R.load(recipe or DEFAULT_RECIPE, flags + overrides)
+        return R.from_dict(base, where="command line", fields=fields, overrides=sets)
+    return R.load(recipe or DEFAULT_RECIPE, sets, fields=fields)
 
 
 def build(
@@ -69,8 +76,9 @@ def build(
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh."""
     from dflash_trt.build import pipeline
 
-    sets = list(set_ or []) + ([f"engine={engine}"] if engine is not None else [])
-    r = recipe_from_flags(recipe, target, drafter, gpu, gpus, precision, kv_cache_dtype, calib, sets)
+    flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype,
+             "--calib": calib, "--engine": engine}
+    r = recipe_from_flags(recipe, target, drafter, flags, set_)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(f"building {r.name}", total=None)
@@ -113,7 +121,8 @@ def plan(
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
     from dflash_trt.build import pipeline
 
-    r = recipe_from_flags(recipe, target, drafter, gpu, gpus, precision, kv_cache_dtype, None, set_)
+    flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
+    r = recipe_from_flags(recipe, target, drafter, flags, set_)
     p = pipeline.make_plan(pipeline.resolve(r))
     if as_json:
         print_json({"recipe": r.name, "plan": p.as_dict()})

@@ -95,7 +95,7 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
     require("fastapi", "serve", "the embedded server")
     require("uvicorn", "serve", "the embedded server")
     itemsize = parse_dtype(dtype).itemsize
-    check_fits_cpu(b.name, [b.root / "target", b.root / "drafter"], itemsize)
+    check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
     with err.status("loading models"):
         pair = load_bundle(b.root, dtype=dtype)
     if block_size is not None and block_size > 1 and pair.drafter is not None \
@@ -105,7 +105,7 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
         raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
     app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
                             block_size=block_size, torch_threads=threads,
-                            max_model_len=b.serve.get("max_seq_len"))
+                            max_model_len=b.serve.max_seq_len)
     err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime, "
               f"max batch {max_batch}, queue {max_queue})")
     return run_server(app, host, port)

@@ -65,12 +65,17 @@ def train_drafter(
         regen_concurrency=regen_concurrency, feature_cache=None if feature_cache is None else str(feature_cache),
         feature_shard_mb=feature_shard_mb,
     )
-    result = launch(settings, nproc) if nproc > 1 else _with_bars(settings)
-    _report(result, as_json)
+    result = launch(settings, nproc) if nproc > 1 else _run_with_bars(settings)
+    summary = _summary(result)
+    if as_json:
+        print_json(summary)
+        return
+    held = "n/a" if result.heldout_tau is None else f"{result.heldout_tau:.2f}"
+    out.print(f"drafter written to {result.out} (step {result.step}, loss {summary['loss']}, held-out τ {held})")
 
 
-def _with_bars(settings):
-    """Train in this process, phases and steps as rich progress bars on stderr."""
+def _run_with_bars(settings):
+    """Train, one progress bar per phase on stderr (loss, τ and the last held-out τ beside it)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dflash_trt.train import Progress, train_drafter as run
@@ -95,19 +100,15 @@ def _with_bars(settings):
         return run(settings, Progress(phase=phase, advance=advance, log=lambda line: bar.console.print(line)))
 
 
-def _report(result, as_json: bool) -> None:
+def _summary(result) -> dict:
+    """The --json object (NaN losses, e.g. before the first step, become null)."""
     def num(x, nd):
         return None if x is None or x != x else round(x, nd)
 
-    summary = {"out": str(result.out), "step": result.step, "loss": num(result.loss, 4),
-               "train_tau": num(result.train_tau, 3),
-               "heldout_tau": None if result.heldout_tau is None else round(result.heldout_tau, 3),
-               "seconds": round(result.seconds, 1), "history": result.history}
-    if as_json:
-        print_json(summary)
-        return
-    held = "n/a" if result.heldout_tau is None else f"{result.heldout_tau:.2f}"
-    out.print(f"drafter written to {result.out} (step {result.step}, loss {summary['loss']}, held-out τ {held})")
+    return {"out": str(result.out), "step": result.step, "loss": num(result.loss, 4),
+            "train_tau": num(result.train_tau, 3),
+            "heldout_tau": None if result.heldout_tau is None else round(result.heldout_tau, 3),
+            "seconds": round(result.seconds, 1), "history": result.history}
 
 
 def register(app: typer.Typer) -> None:

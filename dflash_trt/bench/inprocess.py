@@ -63,7 +63,7 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
         chat: bool = False, progress: Callable[[int], None] | None = None) -> dict:
     if pair.drafter is None:
         raise DFlashError("bench needs a drafter")
-    B = block_size or pair.drafter.cfg.block_size
+    B = pair.block_size(block_size)
     encoded = [pair.encode(p, chat=chat) for p in prompts]
     stops = pair.stop_token_ids
     # Warm-up both paths (allocator, kernels, first-call overheads).

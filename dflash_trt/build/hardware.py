@@ -1,16 +1,21 @@
 """GPU catalog and the precision / draft-attention rules that follow from it.
 
-Figures are datasheet values (FACTS §5): leads for planning, not measurements. Memory is
+Figures are NVIDIA's datasheet values (the B300, B200, GB200 NVL72, RTX PRO 6000 Blackwell,
+H200, H100, L40S and A100 datasheets): leads for planning, not measurements. Memory is
 the datasheet capacity in GB (10^9 bytes), which is slightly *below* what the driver
 reports (an "80 GB" H100 exposes ~85.5e9 bytes), so plans err on the safe side.
 
-Rules (FACTS §3, §4):
+Rules:
 
 * NVFP4 runs on Blackwell (SM100, SM103, SM120); FP8 on Hopper (SM90), Ada (SM89) and
-  Blackwell; Ampere (SM80) has neither. MXFP4 (gpt-oss as shipped) is served by
-  TensorRT-LLM on Hopper and Blackwell. An FP8 KV cache works from Ampere on.
-* DFlash draft attention backend: ``TRTLLM`` on SM100/SM103, ``FA4`` on SM90 (TensorRT-LLM
-  >= 1.3.0rc27), ``VANILLA`` (flash-attn) elsewhere.
+  Blackwell; Ampere (SM80) has neither; an FP8 KV cache works from Ampere on (TensorRT-LLM
+  ``docs/source/features/quantization.md``, "Hardware Support Matrix"). MXFP4 (gpt-oss as
+  shipped) is served on Blackwell and, with BF16 activations through the Triton MoE
+  backend, on Hopper (TensorRT-LLM ``docs/source/deployment-guide/deployment-guide-for-gpt-oss-on-trtllm.md``,
+  "MoE Backend Support Matrix").
+* DFlash draft attention backend (TensorRT-LLM ``tensorrt_llm/llmapi/llm_args.py``,
+  ``DFlashDecodingConfig.attention_backend``): ``TRTLLM`` on SM100/SM103, ``FA4`` on SM90
+  (TensorRT-LLM >= 1.3.0rc27), ``VANILLA`` (flash-attn) elsewhere.
 * Peak dense throughput: FP8 is taken as 2x and NVFP4 as 4x the BF16 figure (the
   Hopper/Blackwell tensor-core ratios); used only by the planner's roofline.
 """

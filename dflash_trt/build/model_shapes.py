@@ -13,15 +13,11 @@ and GPT-OSS (fused experts, attention sinks, MXFP4 experts as shipped).
 from __future__ import annotations
 
 import json
-import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError
-
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8}
 
 
 def read_config(path: Path, role: str = "target") -> dict:
@@ -36,17 +32,11 @@ def read_config(path: Path, role: str = "target") -> dict:
 
 
 def safetensors_bytes(path: Path) -> int | None:
-    """Tensor payload bytes of the ``*.safetensors`` files in ``path`` (headers only)."""
-    total, found = 0, False
-    for f in sorted(Path(path).glob("*.safetensors")):
-        found = True
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, info in header.items():
-            if name != "__metadata__":
-                total += _DTYPE_BYTES.get(info["dtype"], 2) * math.prod(info["shape"])
-    return total if found else None
+    """Tensor payload bytes of the ``*.safetensors`` files in ``path`` (headers only); None
+    when there are none."""
+    if not any(Path(path).glob("*.safetensors")):
+        return None
+    return sum(t.nbytes for t in ingest.read_headers(path).values())
 
 
 def read_sizes(path: Path) -> dict | None:

@@ -12,14 +12,14 @@ Stages, each a plain function called in order by :func:`build`:
    in z-lab form; ``trtllm/config.yaml`` + ``serve.sh``; ``manifest.json``. All into a
    temporary sibling directory renamed to OUT at the end; on any failure it is removed.
 
-Bundle layout: ``OUT/manifest.json``, ``OUT/target/``, ``OUT/drafter/``,
-``OUT/trtllm/config.yaml``, ``OUT/trtllm/serve.sh``.
+The bundle's layout, its typed manifest and the checks that need no TensorRT-LLM schema
+live in ``ingest`` (``ingest.Bundle``, ``ingest.Manifest``, ``ingest.check_bundle``): build
+writes through them, runtime / serve / bench read through them.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import shutil
@@ -34,11 +34,11 @@ from dflash_trt.build import hardware
 from dflash_trt.build import plan as planner
 
 from dflash_trt.build import trtllm
-from dflash_trt.errors import CompatibilityError, DFlashError
+from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
 from dflash_trt.build.recipe import Recipe
 from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision
 
-BUNDLE_FORMAT = "dflash-trt-bundle/1"
+BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
 
 
@@ -97,8 +97,9 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
 
 def make_plan(r: Resolved) -> planner.Plan:
     rc = r.recipe
-    p = planner.make(r.target, r.drafter, r.gpu, r.gpus, r.precision, rc.precision.kv_cache, rc.serving,
-                     rc.speculative, tp=rc.parallel.tp, ep=rc.parallel.ep)
+    dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
+                             kv_cache=rc.precision.kv_cache)
+    p = planner.make(dep, rc.serving, rc.speculative, rc.parallel)
     p.warnings = r.warnings + p.warnings
     return p
 
@@ -107,7 +108,7 @@ def make_plan(r: Resolved) -> planner.Plan:
 class BuildResult:
     plan: planner.Plan
     out: Path | None
-    manifest: dict | None
+    manifest: dict | None     # the JSON object written to manifest.json
     resolved: Resolved
 
 
@@ -142,13 +143,13 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     try:
         manifest = _write_bundle(r, p, tmp, say, progress, timings)
         timings["total"] = time.perf_counter() - t0
-        manifest["timings"] = {k: round(v, 3) for k, v in timings.items()}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest.timings = {k: round(v, 3) for k, v in timings.items()}
+        written = ingest.write_manifest(tmp, manifest)
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BuildResult(p, out, manifest, r)
+    return BuildResult(p, out, written, r)
 
 
 def _replace(tmp: Path, out: Path) -> None:
@@ -169,79 +170,91 @@ def _copy_checkpoint(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
-def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> dict:
-    rc = r.recipe
+def _timed(timings: dict[str, float], stage: str, fn, *args):
+    """``fn(*args)``, its wall time recorded as ``timings[stage]``."""
     t = time.perf_counter()
-    quant_info, verified = None, None
-    if r.quantize:
-        from dflash_trt.build import quantize
+    out = fn(*args)
+    timings[stage] = time.perf_counter() - t
+    return out
 
-        say(f"quantizing the target to {r.precision} with ModelOpt")
-        quant_info = quantize.quantize_target(
-            r.target_dir, tmp / "target", r.precision, rc.precision.kv_cache,
-            calib=rc.resolve_path(rc.precision.calib) if rc.precision.calib else None,
-            samples=rc.precision.calib_samples, seq_len=rc.precision.calib_seq_len, progress=progress)
-        verified = quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
-    else:
+
+def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, dict | None]:
+    """OUT/target: copied (bf16 / as shipped), or calibrated and exported by ModelOpt and verified.
+    Returns (quantization info, verification) for the manifest; (None, None) for a copy."""
+    if not r.quantize:
         say("copying the target")
         _copy_checkpoint(r.target_dir, tmp / "target")
-    timings["target"] = time.perf_counter() - t
+        return None, None
+    from dflash_trt.build import quantize
 
-    t = time.perf_counter()
+    rc = r.recipe
+    say(f"quantizing the target to {r.precision} with ModelOpt")
+    # The calibration file is relative to the recipe file; quantize_target gets the resolved path.
+    calib = str(rc.resolve_path(rc.precision.calib)) if rc.precision.calib else None
+    info = quantize.quantize_target(r.target_dir, tmp / "target", rc.precision.model_copy(update={"calib": calib}),
+                                    progress=progress)
+    return info, quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
+
+
+def _write_drafter(r: Resolved, tmp: Path, say) -> None:
     say("writing the drafter (z-lab form)")
     ingest.write_zlab(r.drafter_dir, tmp / "drafter")
-    timings["drafter"] = time.perf_counter() - t
 
-    cfg = trtllm.config(rc, p, r.drafter)
-    trtllm.write(tmp / "trtllm", cfg, rc.serving.host, rc.serving.port)
 
-    engine_info = None
-    if rc.engine == "tensorrt":
-        t = time.perf_counter()
-        engine_info = _tensorrt_path(r, tmp, say)
-        timings["engines"] = time.perf_counter() - t
+def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
+    rc = r.recipe
+    quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
+    _timed(timings, "drafter", _write_drafter, r, tmp, say)
+    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port)
+    engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
 
     t = time.perf_counter()
     say("hashing inputs")
-    manifest = {
-        "format": BUNDLE_FORMAT,
-        "name": rc.name,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "recipe": rc.model_dump(mode="json", exclude={"source"}),
-        "recipe_source": str(rc.source) if rc.source else None,
-        "inputs": {
-            "target": _input(rc.target, r.target_dir),
-            "drafter": _input(rc.drafter, r.drafter_dir),
-            "calibration": _calib_input(rc),
-        },
-        "tools": _versions(quantized=r.quantize),
-        "gpu": {"name": r.gpu.name, "sm": r.gpu.sm, "memory_gb": r.gpu.memory_gb, "count": r.gpus},
-        "precision": {
+    manifest = _manifest(r, p, quant_info, verified, engine_info)
+    timings["hash"] = time.perf_counter() - t
+    return manifest
+
+
+def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: dict | None,
+              engine_info: dict | None) -> ingest.Manifest:
+    """What the bundle was built from and how (``ingest.Manifest``; hashes every input file)."""
+    rc, L = r.recipe, ingest.Layout
+    manifest = ingest.Manifest(
+        format=BUNDLE_FORMAT,
+        name=rc.name,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        recipe=rc.model_dump(mode="json", exclude={"source"}),
+        recipe_source=str(rc.source) if rc.source else None,
+        inputs={"target": _input(rc.target, r.target_dir), "drafter": _input(rc.drafter, r.drafter_dir),
+                "calibration": _calib_input(rc)},
+        tools=_versions(quantized=r.quantize),
+        gpu={"name": r.gpu.name, "sm": r.gpu.sm, "memory_gb": r.gpu.memory_gb, "count": r.gpus},
+        precision={
             "weights": r.precision, "kv_cache": rc.precision.kv_cache,
             "quantized_by": "nvidia-modelopt" if r.quantize else ("as shipped" if r.shipped_quant else None),
             "quantization": quant_info, "verified": verified,
         },
-        "plan": p.as_dict(),
-        "reference_runtime": {
-            "target": "target", "drafter": "drafter",
-            "dequantize": r.quantize,
-            "source_target": str(r.target_dir.resolve()),
-        },
-        "outputs": {"target": "target", "drafter": "drafter", "trtllm_config": "trtllm/config.yaml",
-                    "serve": "trtllm/serve.sh"},
+        plan=p.as_dict(),
+        reference_runtime={"target": L.TARGET, "drafter": L.DRAFTER, "dequantize": r.quantize,
+                           "source_target": str(r.target_dir.resolve())},
+        outputs={"target": L.TARGET, "drafter": L.DRAFTER, "trtllm_config": L.TRTLLM_CONFIG, "serve": L.SERVE_SH,
+                 **_engine_outputs(engine_info)},
         # What `dflash-trt serve` reads: the multi-node launch files must match the plan's
         # parallelism, and the embedded server advertises the planned context length.
-        "serve": {"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,
-                  "max_seq_len": rc.serving.max_seq_len},
-        "warnings": p.warnings,
-    }
+        serve={"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,
+               "max_seq_len": rc.serving.max_seq_len},
+        warnings=p.warnings,
+    )
     if engine_info is not None:
-        manifest["engine"] = engine_info
-        manifest["outputs"]["onnx"] = "onnx"
-        if engine_info["engines_built"]:
-            manifest["outputs"]["engines"] = "engines"
-    timings["hash"] = time.perf_counter() - t
+        manifest.engine = engine_info
     return manifest
+
+
+def _engine_outputs(engine_info: dict | None) -> dict:
+    """The TensorRT path's entries of the manifest's ``outputs``: onnx/ always, engines/ when built."""
+    if engine_info is None:
+        return {}
+    return {"onnx": ingest.Layout.ONNX, **({"engines": ingest.Layout.ENGINES} if engine_info["engines_built"] else {})}
 
 
 def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
@@ -304,31 +317,20 @@ def _versions(quantized: bool) -> dict:
 
 
 def check_bundle(path: str | Path) -> dict:
-    """Check a bundle on disk (CI and tests): layout, manifest, config schema, quantized tensors."""
-    from dflash_trt.errors import CheckpointError
-
+    """Check a bundle on disk (CI and tests): ``ingest.check_bundle`` (layout, manifest,
+    serve.sh, drafter), then what only build knows: the TensorRT-LLM config against its
+    schema, the drafter it names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
-    for rel in ("manifest.json", "target/config.json", "drafter/config.json", "trtllm/config.yaml", "trtllm/serve.sh"):
-        if not (root / rel).is_file():
-            raise CheckpointError(f"{root}: bundle lacks {rel}")
-    manifest = json.loads((root / "manifest.json").read_text())
-    if manifest.get("format") != BUNDLE_FORMAT:
-        raise CheckpointError(f"{root}: manifest format {manifest.get('format')!r}, expected {BUNDLE_FORMAT}")
-    for key in ("inputs", "tools", "gpu", "precision", "plan", "timings"):
-        if key not in manifest:
-            raise CheckpointError(f"{root}: manifest lacks {key!r}")
-    if not os.access(root / "trtllm" / "serve.sh", os.X_OK):
-        raise CheckpointError(f"{root}: trtllm/serve.sh is not executable")
+    bundle = ingest.check_bundle(root)
     cfg = trtllm.load(root)
     spec_model = root / cfg.speculative_config.speculative_model
     if not (spec_model / "config.json").is_file():
         raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the bundle's drafter")
-    ingest.read_drafter(root / "drafter")
-    prec = manifest["precision"]
+    prec = bundle.manifest.precision
     verified = None
-    if prec.get("quantized_by") == "nvidia-modelopt":
+    if prec.quantized_by == "nvidia-modelopt":
         from dflash_trt.build import quantize
 
-        verified = quantize.verify_export(root / "target", prec["weights"], prec["kv_cache"])
-    return {"bundle": str(root), "precision": prec["weights"], "tp": cfg.tensor_parallel_size,
+        verified = quantize.verify_export(bundle.target, prec.weights, prec.kv_cache)
+    return {"bundle": str(root), "precision": prec.weights, "tp": cfg.tensor_parallel_size,
             "max_draft_len": cfg.speculative_config.max_draft_len, "quantized": verified}

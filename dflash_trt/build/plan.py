@@ -16,7 +16,8 @@ Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU 
   real byte count is used when known (safetensors headers, ``sizes.json``).
   Per GPU: ``embedding + (total - embedding) / t`` (the input embedding is replicated).
 * drafter: BF16 parameters, replicated on every rank (conservative).
-* drafter context arena (FACTS §3; allocated outside ``free_gpu_memory_fraction``)::
+* drafter context arena (TensorRT-LLM ``_torch/speculative/dflash.py``, ``DFlashWorker.
+  _lazy_init_ctx_buffers``: allocated after the KV cache pool, outside ``free_gpu_memory_fraction``)::
 
       2 x (max_batch_size + 1) x L_draft x (max_seq_len + B) x n_kv_draft x head_dim x 2 B
 
@@ -56,16 +57,16 @@ some token picked: expected fraction ``1 - (1 - k/E)^(b*n)``. Then::
 
 Acceptance: per-position acceptance ``alpha`` is geometric; ``alpha`` is fitted so that a
 full block gives the expected tau (recipe ``speculative.acceptance``, else a per-family
-estimate: Qwen3 6.5 at B=16 (paper), Llama-3.1 4.0, gpt-oss 4.5)::
+estimate: Qwen3 6.5 at B=16 (the DFlash paper, arXiv 2602.06036), Llama-3.1 4.0, gpt-oss 4.5)::
 
     tau(L) = 1 + alpha + ... + alpha^L = (1 - alpha^(L+1)) / (1 - alpha)
 
-``max_draft_len`` maximises speedup(1, L) over 1 <= L <= B - 1. For each batch size
-1, 2, 4, ... up to ``max_batch_size`` the best L <= max_draft_len is taken; where even
-the best gives speedup < 1.05 drafting is off. That curve becomes ``max_concurrency``
-(a plain cut-off) or, when the draft length shrinks before the cut-off, a
-(draft lengths within 1% of the best speedup count as equal; the longest is kept)
-``draft_len_schedule`` ({batch: draft_len}, 0 = off).
+``max_draft_len`` maximises speedup(1, L) over 1 <= L <= B - 1 (draft lengths within 1% of
+the best speedup count as equal; the longest is kept). For each batch size 1, 2, 4, ... up
+to ``max_batch_size`` the best L <= max_draft_len is taken; where even the best gives
+speedup < 1.05 drafting is off. That curve becomes ``max_concurrency`` (a plain cut-off)
+or, when the draft length shrinks before the cut-off, a ``draft_len_schedule``
+({batch: draft_len}, 0 = off).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ from dataclasses import asdict, dataclass, field
 from dflash_trt.errors import HardwareError, RecipeError
 from dflash_trt.build.hardware import GPU
 from dflash_trt.build.model_shapes import DraftShape, TargetShape
+from dflash_trt.build.recipe import ParallelSpec, ServingSpec, SpeculativeSpec
 
 GiB = 1 << 30
 RUNTIME_RESERVE = 2 * GiB
@@ -87,9 +89,19 @@ MIN_SPEEDUP = 1.05
 DEFAULT_TAU = {"qwen3": 6.5, "qwen3_moe": 6.5, "qwen3_5": 6.5, "qwen3_5_moe": 6.5, "llama": 4.0, "gpt_oss": 4.5}
 
 
-# ---------------------------------------------------------------------------------------
-# Memory
-# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Deployment:
+    """What the planner sizes: the pair's shapes, the GPUs, the precision the target runs at."""
+
+    target: TargetShape
+    drafter: DraftShape
+    gpu: GPU
+    gpus: int           # GPUs available in all (per node x nodes)
+    precision: str      # resolved: bf16 | fp8 | nvfp4 | mxfp4 (not the recipe's "auto")
+    kv_cache: str       # auto | fp8
+
+
+# --- Memory -----------------------------------------------------------------------------
 
 
 def weight_bytes(t: TargetShape, precision: str) -> int:
@@ -141,18 +153,19 @@ def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
     return 2 * t.layers * math.ceil(t.kv_heads / tp) * t.head_dim * kvb
 
 
-def memory(t: TargetShape, d: DraftShape, gpu: GPU, precision: str, kv_cache: str, tp: int,
-           max_batch_size: int, max_seq_len: int, max_num_tokens: int) -> Memory:
-    """Memory per GPU for one configuration (formulas in the module docstring)."""
-    total = weight_bytes(t, precision)
+def memory(dep: Deployment, tp: int, serving: ServingSpec) -> Memory:
+    """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring)."""
+    t, d = dep.target, dep.drafter
+    batch, seq, tokens = serving.max_batch_size, serving.max_seq_len, serving.max_num_tokens
+    total = weight_bytes(t, dep.precision)
     embed = 2 * t.embed_params
     per_gpu = embed + (total - embed) // tp
-    arena = 2 * (max_batch_size + 1) * d.layers * (max_seq_len + d.block_size) * d.kv_heads * d.head_dim * 2
-    kv = kv_bytes_per_token(t, tp, kv_cache) * max_seq_len * max_batch_size
-    act = max_num_tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
-    act += max_batch_size * d.block_size * t.vocab * 4
+    arena = 2 * (batch + 1) * d.layers * (seq + d.block_size) * d.kv_heads * d.head_dim * 2
+    kv = kv_bytes_per_token(t, tp, dep.kv_cache) * seq * batch
+    act = tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
+    act += batch * d.block_size * t.vocab * 4
     return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=arena, kv_cache=kv, activations=act,
-                  reserve=RUNTIME_RESERVE, capacity=gpu.memory_bytes)
+                  reserve=RUNTIME_RESERVE, capacity=dep.gpu.memory_bytes)
 
 
 def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
@@ -167,9 +180,7 @@ def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
     return out
 
 
-# ---------------------------------------------------------------------------------------
-# Roofline
-# ---------------------------------------------------------------------------------------
+# --- Roofline ---------------------------------------------------------------------------
 
 
 def fit_alpha(tau: float, block: int) -> float:
@@ -195,33 +206,32 @@ def _time(bytes_: float, compute_s: float, gpu: GPU) -> float:
 
 @dataclass
 class Roofline:
-    t: TargetShape
-    d: DraftShape
-    gpu: GPU
-    precision: str
-    kv_cache: str
+    """Step times of one deployment at tensor-parallel size ``tp`` and decode context ``ctx``."""
+
+    dep: Deployment
     tp: int
     ctx: int
 
     def _weights_read(self, tokens: int) -> float:
-        total = weight_bytes(self.t, self.precision) - 2 * self.t.embed_params
-        if self.t.experts:
-            share = self.t.expert_params / max(1, self.t.linear_params)
-            frac = 1 - (1 - self.t.experts_per_token / self.t.experts) ** tokens
+        t = self.dep.target
+        total = weight_bytes(t, self.dep.precision) - 2 * t.embed_params
+        if t.experts:
+            share = t.expert_params / max(1, t.linear_params)
+            frac = 1 - (1 - t.experts_per_token / t.experts) ** tokens
             total = total * (1 - share) + total * share * frac
         return total / self.tp
 
     def target(self, b: int, n: int) -> float:
-        t, g = self.t, self.gpu
+        t, g = self.dep.target, self.dep.gpu
         tokens = b * n
-        bytes_ = self._weights_read(tokens) + b * self.ctx * kv_bytes_per_token(t, self.tp, self.kv_cache)
+        bytes_ = self._weights_read(tokens) + b * self.ctx * kv_bytes_per_token(t, self.tp, self.dep.kv_cache)
         lin = 2 * tokens * (t.active_linear_params + t.lm_head_params + (t.embed_params if not t.lm_head_params else 0))
         attn = 4 * tokens * self.ctx * t.heads * t.head_dim * t.layers
-        compute = lin / self.tp / g.peak_flops(self.precision) + attn / self.tp / g.peak_flops("bf16")
+        compute = lin / self.tp / g.peak_flops(self.dep.precision) + attn / self.tp / g.peak_flops("bf16")
         return _time(bytes_, compute, g) + LAYER_OVERHEAD_S * t.layers
 
     def draft(self, b: int, draft_len: int) -> float:
-        d, t, g = self.d, self.t, self.gpu
+        d, t, g = self.dep.drafter, self.dep.target, self.dep.gpu
         n = draft_len + 1
         head = 2 * t.vocab * t.hidden  # the target's BF16 lm_head
         ctx_kv = b * self.ctx * 2 * d.layers * d.kv_heads * d.head_dim * 2
@@ -236,9 +246,7 @@ class Roofline:
         return expected_tau(alpha, draft_len) * self.target(b, 1) / step
 
 
-# ---------------------------------------------------------------------------------------
-# The plan
-# ---------------------------------------------------------------------------------------
+# --- The plan ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -275,29 +283,24 @@ def _best_len(roof: Roofline, b: int, longest: int, alpha: float) -> int:
 
 
 def batch_grid(max_batch_size: int) -> list[int]:
-    grid, b = [], 1
-    while b < max_batch_size:
-        grid.append(b)
-        b *= 2
-    return grid + [max_batch_size]
+    """1, 2, 4, ... below ``max_batch_size``, then ``max_batch_size``."""
+    return [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size] + [max_batch_size]
 
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def choose_tp(t: TargetShape, d: DraftShape, gpu: GPU, gpus: int, precision: str, kv_cache: str,
-              tp: int | str, ep: int, serving) -> tuple[int, Memory]:
+def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec) -> tuple[int, Memory]:
     """The smallest TP that fits, or a HardwareError saying how much is missing."""
-    mem = lambda n: memory(t, d, gpu, precision, kv_cache, n, serving.max_batch_size,  # noqa: E731
-                           serving.max_seq_len, serving.max_num_tokens)
+    t, gpu, gpus, tp, ep = dep.target, dep.gpu, dep.gpus, parallel.tp, parallel.ep
     if tp != "auto":
         if tp > gpus:
             raise HardwareError(f"parallel.tp={tp} needs {tp} GPUs; only {gpus} given (--gpus)")
         if tp not in tp_candidates(t, tp, ep):
             raise HardwareError(f"parallel.tp={tp} does not divide the target's {t.heads} heads / "
                                 f"{t.kv_heads} KV heads (or ep={ep})")
-        m = mem(tp)
+        m = memory(dep, tp, serving)
         if not m.fits:
             raise HardwareError(f"does not fit at tp={tp} on {gpu.name}: needs {_gib(m.total)} per GPU of "
                                 f"{_gib(m.capacity)}, {_gib(m.missing)} missing")
@@ -306,11 +309,11 @@ def choose_tp(t: TargetShape, d: DraftShape, gpu: GPU, gpus: int, precision: str
     if not cands:
         raise HardwareError(f"no tensor-parallel size <= {gpus} divides the target's heads (ep={ep})")
     for n in cands:
-        m = mem(n)
+        m = memory(dep, n, serving)
         if m.fits:
             return n, m
     n = cands[-1]
-    m = mem(n)
+    m = memory(dep, n, serving)
     raise HardwareError(
         f"does not fit on {gpus}x {gpu.name}: at tp={n} it needs {_gib(m.total)} per GPU of {_gib(m.capacity)} "
         f"({_gib(m.missing)} missing: weights {_gib(m.weights)}, KV cache {_gib(m.kv_cache)}, drafter arena "
@@ -318,31 +321,8 @@ def choose_tp(t: TargetShape, d: DraftShape, gpu: GPU, gpus: int, precision: str
     )
 
 
-def make(t: TargetShape, d: DraftShape, gpu: GPU, gpus: int, precision: str, kv_cache: str, serving,
-         spec, tp: int | str = "auto", ep: int = 1) -> Plan:
-    """Plan a deployment. ``serving``/``spec`` are the recipe's ServingSpec/SpeculativeSpec."""
-    warnings: list[str] = []
-    if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
-        warnings.append(f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
-                        f"{t.max_position_embeddings}")
-    tp_, mem = choose_tp(t, d, gpu, gpus, precision, kv_cache, tp, ep, serving)
-    block = spec.block_size or d.block_size
-    if block > d.block_size:
-        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size}")
-    if block < 2:
-        raise RecipeError("speculative.block_size must be >= 2 to draft anything")
-    tau = spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))
-    tau = min(float(tau), float(block))
-    alpha = fit_alpha(tau, block)
-    roof = Roofline(t, d, gpu, precision, kv_cache, tp_, ctx=max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)))
-
-    if spec.max_draft_len == "auto":
-        max_len = _best_len(roof, 1, block - 1, alpha)
-    else:
-        max_len = int(spec.max_draft_len)
-        if not 1 <= max_len <= block - 1:
-            raise RecipeError(f"speculative.max_draft_len {max_len} must be between 1 and block size - 1 ({block - 1})")
-
+def _curve(roof: Roofline, serving: ServingSpec, max_len: int, alpha: float) -> list[dict]:
+    """[{batch, draft_len, speedup}] over the batch grid; draft lengths only shrink, 0 = off."""
     curve, prev = [], max_len
     for b in batch_grid(serving.max_batch_size):
         best = _best_len(roof, b, max_len, alpha)
@@ -350,11 +330,11 @@ def make(t: TargetShape, d: DraftShape, gpu: GPU, gpus: int, precision: str, kv_
         n = min(best, prev) if s >= MIN_SPEEDUP else 0
         prev = n if n else prev
         curve.append({"batch": b, "draft_len": n, "speedup": round(roof.speedup(b, n, alpha) if n else 1.0, 3)})
-    if curve[0]["draft_len"] == 0:
-        warnings.append(f"the roofline predicts no gain from drafting even at batch 1 on {gpu.name} "
-                        f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
-        curve[0].update(draft_len=max_len, speedup=round(roof.speedup(1, max_len, alpha), 3))
+    return curve
 
+
+def _backoff(curve: list[dict], spec: SpeculativeSpec, max_len: int) -> tuple[str, int | None, dict | None]:
+    """(schedule, max_concurrency, draft_len_schedule) from the curve and the recipe's choice."""
     max_conc, sched, mode = None, None, spec.schedule
     computed = {1: max_len}
     for row in curve[1:]:
@@ -371,8 +351,39 @@ def make(t: TargetShape, d: DraftShape, gpu: GPU, gpus: int, precision: str, kv_
     elif mode == "draft_len_schedule":
         sched = dict(spec.draft_len_schedule) if spec.draft_len_schedule else computed
         check_schedule(sched, max_len)
-    return Plan(gpu=gpu.name, gpus=gpus, tp=tp_, ep=ep, precision=precision, kv_cache=kv_cache, memory=mem,
-                block_size=block, max_draft_len=max_len, acceptance=round(tau, 3), alpha=round(alpha, 4),
+    return mode, max_conc, sched
+
+
+def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None) -> Plan:
+    """Plan a deployment from the recipe's serving, speculative and parallel sections."""
+    t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
+    warnings: list[str] = []
+    if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
+        warnings.append(f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
+                        f"{t.max_position_embeddings}")
+    tp_, mem = choose_tp(dep, parallel, serving)
+    block = spec.block_size or d.block_size
+    if block > d.block_size:
+        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size}")
+    if block < 2:
+        raise RecipeError("speculative.block_size must be >= 2 to draft anything")
+    tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
+    alpha = fit_alpha(tau, block)
+    roof = Roofline(dep, tp_, ctx=max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)))
+    if spec.max_draft_len == "auto":
+        max_len = _best_len(roof, 1, block - 1, alpha)
+    else:
+        max_len = int(spec.max_draft_len)
+        if not 1 <= max_len <= block - 1:
+            raise RecipeError(f"speculative.max_draft_len {max_len} must be between 1 and block size - 1 ({block - 1})")
+    curve = _curve(roof, serving, max_len, alpha)
+    if curve[0]["draft_len"] == 0:
+        warnings.append(f"the roofline predicts no gain from drafting even at batch 1 on {gpu.name} "
+                        f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
+        curve[0].update(draft_len=max_len, speedup=round(roof.speedup(1, max_len, alpha), 3))
+    mode, max_conc, sched = _backoff(curve, spec, max_len)
+    return Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
+                memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3), alpha=round(alpha, 4),
                 attention_backend=(spec.attention_backend if spec.attention_backend != "auto"
                                    else gpu.draft_attention_backend),
                 schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched, curve=curve, warnings=warnings)

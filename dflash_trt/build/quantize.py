@@ -24,18 +24,17 @@ import copy
 import io
 import json
 import shutil
-import struct
 import time
 import warnings
 from pathlib import Path
 
 import torch
 
+from dflash_trt import ingest
+from dflash_trt.build.recipe import PrecisionSpec
 from dflash_trt.errors import CheckpointError, DFlashError, require
 
 ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json")
 
 BUILTIN_CALIBRATION = [
     "The quick brown fox jumps over the lazy dog while the farmer watches from the porch.",
@@ -104,10 +103,14 @@ def _quant_cfg(mtq, precision: str, kv_cache: str) -> dict:
     return cfg
 
 
-def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: str = "auto",
-                    calib: str | Path | None = None, samples: int = 64, seq_len: int = 256,
-                    progress=None) -> dict:
-    """Calibrate and export the target at ``precision`` (fp8 | nvfp4) into ``out_dir``."""
+def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progress=None) -> dict:
+    """Calibrate and export the target at ``spec.weights`` (fp8 | nvfp4) into ``out_dir``.
+
+    ``spec`` is the recipe's precision section: ``kv_cache`` (auto | fp8), ``calib`` (a text
+    file, already resolved against the recipe; None: built-in snippets), ``calib_samples``
+    sequences of at most ``calib_seq_len`` tokens. ``progress(done, total)`` per batch.
+    """
+    precision, kv_cache, calib = spec.weights, spec.kv_cache, spec.calib
     if precision not in ALGO:
         raise DFlashError(f"cannot quantize to {precision!r}; choose fp8 or nvfp4")
     mtq = require("modelopt.torch.quantization", "quant", "quantizing the target")
@@ -125,7 +128,7 @@ def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: s
         disable_progress_bars()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(Path(target_dir))
-    batches = calibration_batches(tokenizer, calibration_texts(calib), samples, seq_len)
+    batches = calibration_batches(tokenizer, calibration_texts(calib), spec.calib_samples, spec.calib_seq_len)
     model = load_target(target_dir, dtype=torch.bfloat16, device=device)
     if not getattr(model.config, "architectures", None):
         model.config.architectures = [type(model).__name__]
@@ -148,9 +151,8 @@ def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: s
             export.export_hf_checkpoint(model, export_dir=str(out_dir), dtype=torch.bfloat16)
     except (RuntimeError, AssertionError, ValueError) as exc:
         raise DFlashError(f"ModelOpt {precision} quantization failed on {device}: {str(exc).splitlines()[0]}") from exc
-    for name in TOKENIZER_FILES:
-        if (Path(target_dir) / name).exists():
-            shutil.copy2(Path(target_dir) / name, out_dir / name)
+    for name in ingest.tokenizer_files(Path(target_dir)):
+        shutil.copy2(Path(target_dir) / name, out_dir / name)
     return {"tool": "nvidia-modelopt", "algorithm": ALGO[precision], "kv_cache": kv_cache, "device": device,
             "calibration": {"source": str(calib) if calib else "built-in snippets", "samples": len(batches),
                             "tokens": sum(b.numel() for b in batches)},
@@ -162,17 +164,11 @@ def quantize_target(target_dir: Path, out_dir: Path, precision: str, kv_cache: s
 # ---------------------------------------------------------------------------------------
 
 
-def _headers(directory: Path) -> dict[str, dict]:
-    out = {}
-    for f in sorted(Path(directory).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            out.update({k: v for k, v in json.loads(fh.read(n)).items() if k != "__metadata__"})
-    return out
-
-
 def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> dict:
-    """Check a ModelOpt export by its safetensors headers and hf_quant_config.json (FACTS §4)."""
+    """Check a ModelOpt export by its safetensors headers and hf_quant_config.json: the format
+    ``modelopt.torch.export.export_hf_checkpoint`` writes (FP8: float8_e4m3fn ``weight`` + FP32
+    ``weight_scale``/``input_scale``; NVFP4: packed uint8 ``weight``, FP8 ``weight_scale`` per 16,
+    FP32 ``weight_scale_2``; ``lm_head`` excluded)."""
     directory = Path(directory)
     where = f"quantized target {directory}"
     try:
@@ -188,7 +184,7 @@ def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> di
         raise CheckpointError(f"{where}: NVFP4 group_size {q.get('group_size')}, expected 16")
     if not any("lm_head" in m for m in q.get("exclude_modules") or []):
         raise CheckpointError(f"{where}: lm_head is not excluded from quantization")
-    h = _headers(directory)
+    h = ingest.read_headers(directory)
     quantized = sorted(k[: -len(".weight_scale")] for k in h if k.endswith(".weight_scale"))
     if not quantized:
         raise CheckpointError(f"{where}: no quantized linear layers (no *.weight_scale tensors)")
@@ -197,17 +193,17 @@ def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> di
         if w is None or f"{m}.input_scale" not in h:
             raise CheckpointError(f"{where}: {m} lacks weight or input_scale")
         if precision == "fp8":
-            ok = w["dtype"] == "F8_E4M3" and s["dtype"] == "F32" and s["shape"] in ([], [1])
-        else:
+            ok = w.dtype == "F8_E4M3" and s.dtype == "F32" and s.shape in ((), (1,))
+        else:  # two e2m1 values per U8 byte, one F8_E4M3 scale per 16 values
             s2 = h.get(f"{m}.weight_scale_2")
-            ok = (w["dtype"] == "U8" and s["dtype"] == "F8_E4M3" and s2 is not None and s2["dtype"] == "F32"
-                  and len(w["shape"]) == 2 and s["shape"] == [w["shape"][0], w["shape"][1] * 2 // 16])
+            ok = (w.dtype == "U8" and s.dtype == "F8_E4M3" and s2 is not None and s2.dtype == "F32"
+                  and len(w.shape) == 2 and s.shape == (w.shape[0], w.shape[1] * 2 // 16))
         if not ok:
-            raise CheckpointError(f"{where}: {m} has unexpected {precision} tensors: weight {w['dtype']} "
-                                  f"{w['shape']}, weight_scale {s['dtype']} {s['shape']}")
+            raise CheckpointError(f"{where}: {m} has unexpected {precision} tensors: weight {w.dtype} "
+                                  f"{list(w.shape)}, weight_scale {s.dtype} {list(s.shape)}")
     for name in ("lm_head.weight", "model.embed_tokens.weight"):
-        if name in h and h[name]["dtype"] not in ("BF16", "F16", "F32"):
-            raise CheckpointError(f"{where}: {name} is {h[name]['dtype']}; it must stay unquantized")
+        if name in h and h[name].dtype not in ("BF16", "F16", "F32"):
+            raise CheckpointError(f"{where}: {name} is {h[name].dtype}; it must stay unquantized")
     kv_scales = sum(k.endswith((".k_scale", ".v_scale")) for k in h)
     if kv_cache == "fp8" and not kv_scales:
         raise CheckpointError(f"{where}: FP8 KV cache requested but no k_scale/v_scale tensors")

@@ -3,11 +3,15 @@
 A recipe is a user-editable YAML file (copy a bundled one with ``dflash-trt recipes
 copy``). Every field is documented here; the pydantic model rejects unknown keys and bad
 values with the file and key path. ``--set a.b=value`` overrides any field (the value is
-parsed as YAML, so ``--set serving.max_batch_size=32`` gives an int).
+parsed as YAML, so ``--set serving.max_batch_size=32`` gives an int). A command-line flag
+such as ``--precision`` sets its field as a Python value (:class:`FieldValue`): no YAML in
+between, validated by the same model, and an error names the flag.
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -118,6 +122,23 @@ def bundled() -> dict[str, Path]:
     return {p.stem: p for p in sorted(_bundled_dir().glob("*.yaml"))}
 
 
+@dataclass(frozen=True)
+class FieldValue:
+    """One recipe field set to a Python value (a command-line flag), never parsed as YAML.
+
+    ``path`` is the field's key path (``"precision.weights"``); ``origin`` is what the user
+    typed (``"--precision"``), named in the error when pydantic rejects ``value``.
+    """
+
+    path: str
+    value: Any
+    origin: str
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.path.split("."))
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise RecipeError(f"--set {item!r}: expected KEY=VALUE, e.g. --set serving.max_batch_size=32")
@@ -132,48 +153,68 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def _put(data: dict, path: list[str] | tuple[str, ...], value: Any, what: str) -> None:
+    """``data[path[0]]...[path[-1]] = value``, creating missing sections."""
+    node = data
+    for k in path[:-1]:
+        nxt = node.get(k)
+        if nxt is None:
+            nxt = node[k] = {}
+        if not isinstance(nxt, dict):
+            raise RecipeError(f"{what}: '{k}' is not a section")
+        node = nxt
+    node[path[-1]] = value
+
+
 def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
     for item in overrides or []:
         path, value = parse_override(item)
-        node = data
-        for k in path[:-1]:
-            nxt = node.get(k)
-            if nxt is None:
-                nxt = node[k] = {}
-            if not isinstance(nxt, dict):
-                raise RecipeError(f"--set {item}: '{k}' is not a section")
-            node = nxt
-        node[path[-1]] = value
+        _put(data, path, value, f"--set {item}")
     return data
 
 
-def _format_validation(err: ValidationError, where: str) -> str:
+def _format_validation(err: ValidationError, where: str, fields: list[FieldValue] = ()) -> str:
     first = err.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+    loc = tuple(str(x) for x in first["loc"])
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif first["type"] == "missing":
         msg = "required key is missing"
     more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{where}: {loc}: {msg}{more}"
+    flag = next((f for f in fields if loc[: len(f.keys)] == f.keys), None)
+    if flag is not None:
+        return f"{flag.origin} {flag.value!r}: {msg}{more}"
+    return f"{where}: {'.'.join(loc) or '(top level)'}: {msg}{more}"
+
+
+def _overlaps(a: tuple[str, ...], b: list[str]) -> bool:
+    n = min(len(a), len(b))
+    return tuple(a[:n]) == tuple(b[:n])
 
 
 def from_dict(data: dict, where: str = "recipe", source: Path | None = None,
-              overrides: list[str] | None = None) -> Recipe:
+              overrides: list[str] | None = None, fields: list[FieldValue] = ()) -> Recipe:
+    """Validate ``data`` after setting ``fields`` (typed values), then ``overrides`` (``--set``)."""
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: expected a mapping of keys at the top level")
-    data = apply_overrides(dict(data), overrides)
+    data = copy.deepcopy(data)
+    for f in fields:
+        _put(data, f.keys, f.value, f.origin)
+    data = apply_overrides(data, overrides)
+    # A --set given after a flag on the same key wins, and so owns any error on it.
+    set_keys = [parse_override(item)[0] for item in overrides or []]
+    owned = [f for f in fields if not any(_overlaps(f.keys, k) for k in set_keys)]
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_format_validation(exc, where)) from None
+        raise RecipeError(_format_validation(exc, where, owned)) from None
     recipe.source = source
     return recipe
 
 
-def load(name_or_path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Load a bundled recipe by name, or a YAML file by path, then apply ``--set`` overrides."""
+def load(name_or_path: str | Path, overrides: list[str] | None = None, fields: list[FieldValue] = ()) -> Recipe:
+    """Load a bundled recipe by name, or a YAML file by path, then set ``fields`` and ``--set`` overrides."""
     path = Path(name_or_path)
     if not path.is_file() and str(name_or_path) in bundled():  # names may contain dots (llama3.1-...)
         path = bundled()[str(name_or_path)]
@@ -186,4 +227,4 @@ def load(name_or_path: str | Path, overrides: list[str] | None = None) -> Recipe
         mark = getattr(exc, "problem_mark", None)
         at = f" line {mark.line + 1}" if mark else ""
         raise RecipeError(f"{path}:{at} invalid YAML: {getattr(exc, 'problem', exc)}") from None
-    return from_dict(data, where=str(path), source=path.resolve(), overrides=overrides)
+    return from_dict(data, where=str(path), source=path.resolve(), overrides=overrides, fields=fields)

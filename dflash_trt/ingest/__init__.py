@@ -3,38 +3,66 @@
 Stage order: ``resolve`` (embedded / local / hub) -> ``files`` (the one safetensors header
 reader, shard indexes, hashes) -> ``formats`` (every published drafter format normalised to
 z-lab) -> ``drafter`` / ``target`` (specs read from configs and headers; weights loaded only
-on request) -> ``compat`` (does a drafter belong to a target).
+on request) -> ``compat`` (does a drafter belong to a target) -> ``bundle`` (the layout, typed
+manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench`` read).
+
+``files`` also holds the tables every stage shares: the one dtype table (``DTYPES``, with
+``DTYPE_BITS`` / ``TORCH_NAMES`` / ``FLOAT_DTYPES`` / ``RUNTIME_DTYPES`` read from it) and the one
+list of tokenizer files (``TOKENIZER_FILES``).
 
 Other subpackages import from here, never from the modules inside.
 """
 from __future__ import annotations
 
 from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, read_json, resolve
-from dflash_trt.ingest.files import TensorInfo, WeightSet, read_header, scan, sha256_files
+from dflash_trt.ingest.files import (DTYPE_BITS, DTYPES, FLOAT_DTYPES, RUNTIME_DTYPES, TOKENIZER_FILES, TORCH_NAMES,
+                                     TensorInfo, WeightSet, read_header, read_headers, scan, sha256_files,
+                                     tokenizer_files, torch_dtype)
 from dflash_trt.ingest.drafter import DrafterSpec, check_pair_runtime, is_drafter, load_drafter, read_drafter, write_zlab
 from dflash_trt.ingest.target import TargetSpec, read_target, target_quantization
 from dflash_trt.ingest.compat import PairReport, validate_pair
+from dflash_trt.ingest.bundle import (BUNDLE_FORMAT, Bundle, Layout, Manifest, ServeInfo, check_bundle, check_format,
+                                      open_bundle, read_manifest, write_manifest)
 
 __all__ = [
+    "BUNDLE_FORMAT",
+    "Bundle",
+    "DTYPES",
+    "DTYPE_BITS",
     "DrafterSpec",
     "EMBEDDED_PREFIX",
+    "FLOAT_DTYPES",
+    "Layout",
+    "Manifest",
     "PairReport",
+    "RUNTIME_DTYPES",
+    "ServeInfo",
+    "TOKENIZER_FILES",
+    "TORCH_NAMES",
     "TargetSpec",
     "TensorInfo",
     "WeightSet",
+    "check_bundle",
+    "check_format",
     "check_pair_runtime",
     "embedded_dir",
     "is_drafter",
     "load_drafter",
+    "open_bundle",
     "open_dir",
     "read_drafter",
     "read_header",
+    "read_headers",
     "read_json",
+    "read_manifest",
     "read_target",
     "resolve",
     "scan",
     "sha256_files",
     "target_quantization",
+    "tokenizer_files",
+    "torch_dtype",
     "validate_pair",
+    "write_manifest",
     "write_zlab",
 ]

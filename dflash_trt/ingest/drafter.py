@@ -10,7 +10,6 @@ Formats and their differences are documented in ``formats.py``; on-disk checks i
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -23,10 +22,6 @@ from dflash_trt.ingest import files, formats
 from dflash_trt.ingest.resolve import open_dir, read_json
 from dflash_trt.errors import CheckpointError, CompatibilityError
 from dflash_trt.model import Drafter, DrafterConfig
-
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                "float64": torch.float64}
-
 
 def is_drafter(path: str | Path) -> bool:
     """Whether a directory's config.json describes a drafter (of any family) rather than a model."""
@@ -239,7 +234,7 @@ def write_zlab(drafter_dir: str | Path, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out}: exists and is not empty; choose another output directory")
-    drafter = Drafter.from_state(spec.config, load_state(spec), dtype=TORCH_DTYPES.get(spec.dtype))
+    drafter = Drafter.from_state(spec.config, load_state(spec), dtype=files.torch_dtype(spec.dtype))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

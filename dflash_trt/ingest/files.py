@@ -4,6 +4,9 @@ A safetensors file is ``u64 header length | JSON header | raw tensor bytes``. Re
 header costs a few kB whatever the model size, so every check here (truncated or corrupt
 files, missing shards, tensor shapes and dtypes) works on 120B checkpoints as well as on
 tiny ones, and never loads a tensor.
+
+Also the tables every stage shares: the one dtype table (safetensors name -> bits, torch
+name) and the one list of tokenizer files.
 """
 
 from __future__ import annotations
@@ -20,16 +23,44 @@ INDEX_NAME = "model.safetensors.index.json"
 PICKLED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit
 
-# safetensors dtype name -> bits per element
-DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+# The one dtype table: safetensors dtype -> (bits per element, torch dtype name or None).
+# The names are the safetensors format's own (huggingface/safetensors, ``Dtype`` in
+# safetensors/src/tensor.rs); F4 packs two elements per byte.
+DTYPES: dict[str, tuple[int, str | None]] = {
+    "F32": (32, "float32"), "BF16": (16, "bfloat16"), "F16": (16, "float16"), "F64": (64, "float64"),
+    "F8_E4M3": (8, "float8_e4m3fn"), "F8_E5M2": (8, "float8_e5m2"), "F8_E8M0": (8, None), "F4": (4, None),
+    "BOOL": (8, "bool"), "U8": (8, "uint8"), "I8": (8, "int8"), "I16": (16, "int16"), "U16": (16, None),
+    "I32": (32, "int32"), "U32": (32, None), "I64": (64, "int64"), "U64": (64, None),
 }
-TORCH_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
-               "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U8": "uint8", "I8": "int8",
-               "I32": "int32", "I64": "int64", "BOOL": "bool"}
-FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+# The torch dtypes the reference runtime computes in (``--dtype``), in the order the CLI lists them.
+RUNTIME_DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPE_BITS = {name: bits for name, (bits, _) in DTYPES.items()}
+TORCH_NAMES = {name: torch for name, (_, torch) in DTYPES.items() if torch}
+FLOAT_DTYPES = frozenset(name for name, torch in TORCH_NAMES.items() if torch in RUNTIME_DTYPES)
+
+# What a tokenizer is made of (Hugging Face tokenizers, sentencepiece, BPE vocab/merges, chat
+# template), plus any ``*.tiktoken``: the files listed for a target and copied into a bundle.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "spiece.model", "chat_template.jinja")
+TOKENIZER_SUFFIXES = (".tiktoken",)
+
+
+def torch_dtype(name: str | None):
+    """``torch.<name>`` for one of :data:`RUNTIME_DTYPES`; None for any other name (torch imported on use)."""
+    if name not in RUNTIME_DTYPES:
+        return None
+    import torch
+
+    return getattr(torch, name)
+
+
+def tokenizer_files(directory: Path) -> list[str]:
+    """The tokenizer files in ``directory`` (names, sorted); empty when it has no tokenizer."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p.name for p in directory.iterdir()
+                  if p.is_file() and (p.name in TOKENIZER_FILES or p.suffix in TOKENIZER_SUFFIXES))
 
 
 @dataclass(frozen=True)
@@ -121,6 +152,15 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     if end_max > data:
         raise CheckpointError(f"{path}: truncated safetensors file ({data} data bytes, tensors need "
                               f"{end_max}); download it again")
+    return tensors
+
+
+def read_headers(directory: Path) -> dict[str, TensorInfo]:
+    """Every tensor of the ``*.safetensors`` files directly in ``directory`` (file by file,
+    sorted; each checked by :func:`read_header`). Empty when there are none."""
+    tensors: dict[str, TensorInfo] = {}
+    for f in sorted(Path(directory).glob("*.safetensors")):
+        tensors.update(read_header(f))
     return tensors
 
 

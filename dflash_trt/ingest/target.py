@@ -27,9 +27,6 @@ CAPTURE_ARCHITECTURES = {
 }
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model")
-
-
 _LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
 
 
@@ -158,8 +155,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         rope_theta=theta, rope_scaling=scaling,
         dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype"),
         quantization=target_quantization(path),
-        tokenizer_files=sorted(p.name for p in path.iterdir()
-                               if p.name in TOKENIZER_FILES or p.suffix == ".tiktoken"),
+        tokenizer_files=files.tokenizer_files(path),
         weights=ws, warnings=list(ws.warnings),
     )
     if archs and not hasattr(transformers, archs[0]):

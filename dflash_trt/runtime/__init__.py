@@ -1,19 +1,26 @@
-"""Runtime: the speculative loop (the executable specification), sampling, and pair loading.
+"""Runtime: the speculative loop (the executable specification) over a backend, sampling and
+acceptance, statistics, and pair loading.
 
 Other subpackages import from here, never from the modules inside.
 """
 from __future__ import annotations
 
-from dflash_trt.runtime.sampling import SamplingParams, probs, rejection_sample
-from dflash_trt.runtime.loop import Generation, Stats, generate
+from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample
+from dflash_trt.runtime.stats import Stats
+from dflash_trt.runtime.backend import Backend, TorchBackend
+from dflash_trt.runtime.loop import Generation, block_size_for, generate
 from dflash_trt.runtime.dequantize import dequantize_state
 from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
 
 __all__ = [
+    "Backend",
     "Generation",
     "Pair",
     "SamplingParams",
     "Stats",
+    "TorchBackend",
+    "accept",
+    "block_size_for",
     "dequantize_state",
     "generate",
     "load_bundle",

@@ -1,24 +1,26 @@
-"""The speculative loop: prefill, draft, verify, accept. The executable specification.
+"""The speculative loop: prefill, draft, verify, accept, commit. The executable specification.
 
 Invariant between rounds, per sequence: the committed tokens are ``x_0 .. x_{n-1}``; the
-target's KV cache and the drafter's context cache hold ``x_0 .. x_{n-2}`` (all but the
-last); the last committed token ``x_{n-1}`` (the previous round's bonus token) is the next
-block's anchor, at position ``n - 1``.
+target's KV cache holds ``x_0 .. x_{n-2}`` (all but the last); the last committed token
+``x_{n-1}`` (the previous round's bonus token) is the next block's anchor, at position
+``n - 1``. The drafter's context cache holds the same tokens except the last commit's,
+whose target_hidden waits in the batch state and is injected at the start of the next
+drafter round (one drafter call per round, as the exported drafter graph runs it).
 
-One round, for the whole batch at once:
+One round, for the whole batch at once (gpt-fast's ``speculative_decode``, batched):
 
-1. draft:  the block ``[anchor, MASK x (B-1)]`` runs through the drafter in one forward;
-   positions 1..B-1 give B-1 draft tokens through the target's LM head.
+1. draft:  KV injection of the last commit, then the block ``[anchor, MASK x (B-1)]``
+   through the drafter in one forward; positions 1..B-1 give B-1 draft tokens.
 2. verify: the target runs once over ``[anchor, d_1 .. d_{B-1}]``.
 3. accept: the longest prefix that agrees with the target (greedy), or rejection
-   sampling (T > 0), then one bonus token from the target. Each sequence advances by
-   its own ``acc + 1``.
-4. commit: the target hidden states of the ``acc + 1`` verified inputs become drafter
-   context (KV injection). Rejected positions stay in the target's KV cache as holes
-   that the attention mask hides, so no sequence waits for another.
+   sampling (T > 0), then one bonus token from the target (``sampling.accept``).
+4. commit: each sequence advances by its own ``acc + 1``. Rejected positions stay in the
+   target's KV cache as holes that the attention mask hides, so no sequence waits for
+   another.
 
 Block size 1 is plain autoregressive decoding through the same code: no drafter, each
-"round" verifies just the anchor and emits its bonus token.
+"round" verifies just the anchor and emits its bonus token. Every model call goes through
+a :class:`~dflash_trt.runtime.backend.Backend`.
 """
 
 from __future__ import annotations
@@ -31,53 +33,9 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
-from dflash_trt.runtime.sampling import SamplingParams, probs, rejection_sample, draw, select
-
-
-@dataclass
-class Stats:
-    """Counters of one generate call, over all its sequences."""
-
-    block_size: int
-    rounds: int = 0                 # sequence-rounds: one per sequence per target forward
-    committed: int = 0              # tokens committed in those rounds (accepted + bonus)
-    target_forwards: int = 0        # batched target forwards, prefill included
-    accepted_at: list[int] = field(default_factory=list)  # per draft position k: rounds with acc >= k
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    draft_seconds: float = 0.0      # drafter: block forward + KV injection, rounds only
-    verify_seconds: float = 0.0     # target forwards in rounds (prefill excluded)
-
-    @property
-    def acceptance_length(self) -> float:
-        """τ: mean tokens committed per sequence per target forward (1 <= τ <= B)."""
-        return self.committed / self.rounds if self.rounds else 0.0
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        return [a / self.rounds if self.rounds else 0.0 for a in self.accepted_at]
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {
-            "block_size": self.block_size,
-            "acceptance_length": round(self.acceptance_length, 4),
-            "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
-            "target_forwards": self.target_forwards,
-            "rounds": self.rounds,
-            "prompt_tokens": self.prompt_tokens,
-            "new_tokens": self.new_tokens,
-            "seconds": round(self.seconds, 4),
-            "tokens_per_second": round(self.tokens_per_second, 3),
-            "prefill_seconds": round(self.prefill_seconds, 4),
-            "draft_seconds": round(self.draft_seconds, 4),
-            "verify_seconds": round(self.verify_seconds, 4),
-        }
+from dflash_trt.runtime.backend import Backend, TorchBackend
+from dflash_trt.runtime.sampling import SamplingParams, accept, draw, probs, select
+from dflash_trt.runtime.stats import Stats
 
 
 @dataclass
@@ -87,40 +45,168 @@ class Generation:
     stats: Stats
 
 
-def _new_target_cache(target: Target):
-    from transformers import DynamicCache
+def block_size_for(requested: int | None, trained: int | None) -> int:
+    """The draft block size to run: the one asked for, else the drafter's trained block,
+    else 1 (no drafter: autoregressive decoding)."""
+    return requested or trained or 1
 
-    return DynamicCache(config=target.config)
 
+@dataclass
+class Batch:
+    """The rows still generating, as one batch; row ``r`` of every tensor is prompt ``rows[r]``,
+    and between rounds every row holds the invariant in this module's docstring.
 
-def _drop_hole_columns(cache, col_valid: torch.Tensor) -> torch.Tensor:
-    """Remove cache columns that are holes in every row (all of them, at batch 1).
-
-    Holes are masked anyway; dropping them keeps attention and mask cost proportional
-    to committed tokens instead of B per round. Only plain (non-sliding) dynamic layers
-    are compacted; other cache types keep their holes, which is still correct.
+    col_valid [n, S]: which of the target cache's S columns are real (False: padding or a
+    rejected position). positions [n]: the anchor's position, i.e. the tokens committed
+    before it. last [n]: the anchor. target_hidden [n, T, n_tap*H] / n_new [n]: the last
+    commit, not yet injected into the drafter cache (None without a drafter).
     """
-    keep = col_valid.any(0)
-    if bool(keep.all()):
-        return col_valid
-    layers = getattr(cache, "layers", [])
-    if not all(hasattr(l, "keys") and not getattr(l, "is_sliding", False) for l in layers):
-        return col_valid
-    n_keep = int(keep.sum())
-    if bool(keep[:n_keep].all()):  # holes only at the tail (always so at batch 1): a view
-        pick = lambda t: t[..., :n_keep, :]  # noqa: E731
-    else:
-        idx = keep.nonzero().squeeze(1)
-        pick = lambda t: t.index_select(-2, idx)  # noqa: E731
-    for layer in layers:
-        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
-            layer.keys, layer.values = pick(layer.keys), pick(layer.values)
-    return col_valid[:, keep]
+
+    rows: list[int]
+    target_cache: object
+    draft_cache: object | None
+    col_valid: torch.Tensor
+    positions: torch.Tensor
+    last: torch.Tensor
+    target_hidden: torch.Tensor | None
+    n_new: torch.Tensor
+
+    def filter(self, backend: Backend, keep: list[int]) -> bool:
+        """Keep only rows ``keep`` (indices into this batch); False when none are left."""
+        if len(keep) == len(self.rows):
+            return True
+        self.rows = [self.rows[r] for r in keep]
+        if not self.rows:
+            return False
+        idx = torch.tensor(keep, dtype=torch.long, device=self.last.device)
+        backend.keep_rows(self.target_cache, self.draft_cache, idx)
+        self.col_valid, self.positions, self.last, self.n_new = (
+            self.col_valid[idx], self.positions[idx], self.last[idx], self.n_new[idx])
+        if self.target_hidden is not None:
+            self.target_hidden = self.target_hidden[idx]
+        return True
+
+
+@dataclass
+class Outputs:
+    """The tokens of every prompt and why it finished: the one place finishing is decided."""
+
+    prompts: int
+    max_new_tokens: int
+    stops: set[int]
+    on_commit: Callable[[int, list[int]], None] | None
+    should_stop: Callable[[int], bool] | None
+    token_ids: list[list[int]] = field(init=False)
+    reasons: list[str] = field(init=False)
+
+    def __post_init__(self):
+        self.token_ids = [[] for _ in range(self.prompts)]
+        self.reasons = ["length"] * self.prompts
+
+    def take(self, rows: list[int], new: list[list[int]]) -> tuple[list[int], list[int]]:
+        """Append ``new[r]`` to prompt ``rows[r]``, cut at the length limit and after a stop
+        token. Returns (tokens kept per row, the rows that go on)."""
+        kept, going = [], []
+        for r, (i, toks) in enumerate(zip(rows, new)):
+            toks = toks[: self.max_new_tokens - len(self.token_ids[i])]
+            for j, tok in enumerate(toks):
+                if tok in self.stops:
+                    toks = toks[: j + 1]
+                    self.reasons[i] = "stop"
+                    break
+            self.token_ids[i].extend(toks)
+            kept.append(len(toks))
+            if self.on_commit is not None:
+                self.on_commit(i, toks)
+            if self.reasons[i] == "stop" or len(self.token_ids[i]) >= self.max_new_tokens:
+                continue
+            if self.should_stop is not None and self.should_stop(i):
+                self.reasons[i] = "cancelled"
+                continue
+            going.append(r)
+        return kept, going
+
+
+def prefill(backend: Backend, prompts: list[list[int]], sampling: SamplingParams,
+            gen: torch.Generator | None, draft: bool) -> Batch:
+    """The right-padded prompts [b, T] through the target in one forward (padding columns are
+    holes from the start); each row's first token, drawn at its last prompt position, becomes
+    its anchor. With ``draft``, the prompts' target_hidden [b, T, n_tap*H] waits for the
+    first drafter round."""
+    dev = backend.device
+    lengths = torch.tensor([len(p) for p in prompts], device=dev)                # [b]
+    b, T = len(prompts), int(lengths.max())
+    ids = torch.zeros(b, T, dtype=torch.long, device=dev)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p, device=dev)
+    col_valid = torch.arange(T, device=dev)[None] < lengths[:, None]           # [b, T]
+    cache, dcache = backend.new_caches(b, draft)
+    logits, target_hidden = backend.target_forward(ids, torch.arange(T, device=dev).expand(b, T),
+                                                   col_valid, cache, capture=draft)
+    first = select(logits[torch.arange(b, device=dev), lengths - 1], sampling, gen)  # [b]
+    return Batch(list(range(b)), cache, dcache, col_valid, lengths, first, target_hidden, lengths)
+
+
+def draft(backend: Backend, batch: Batch, B: int, sampling: SamplingParams,
+          gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The block to verify, [n, B]: the anchor, then B-1 draft tokens; and q [n, B-1, V], the
+    warped draft distributions they were drawn from (None at temperature 0). B = 1 drafts
+    nothing: the block is the anchor alone."""
+    anchor = batch.last[:, None]                                                # [n, 1]
+    if B == 1:
+        return anchor, None
+    dlogits = backend.drafter_round(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache)
+    if sampling.greedy:
+        return torch.cat([anchor, dlogits.argmax(-1)], dim=1), None
+    q = probs(dlogits, sampling)                                                # [n, B-1, V]
+    return torch.cat([anchor, draw(q, gen)], dim=1), q
+
+
+def verify(backend: Backend, batch: Batch, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One target forward over block [n, B] at positions ``positions + 0..B-1``, attending
+    to the cache's valid columns. Returns logits [n, B, V] and target_hidden [n, B, n_tap*H]
+    (None without a drafter)."""
+    batch.col_valid = backend.compact(batch.target_cache, batch.col_valid)
+    n, B = block.shape
+    offsets = torch.arange(B, device=block.device)
+    attn = torch.cat([batch.col_valid, torch.ones(n, B, dtype=torch.bool, device=block.device)], dim=1)
+    return backend.target_forward(block, batch.positions[:, None] + offsets, attn, batch.target_cache,
+                                  capture=batch.draft_cache is not None)
+
+
+def commit(batch: Batch, block: torch.Tensor, acc: torch.Tensor, bonus: torch.Tensor,
+           target_hidden: torch.Tensor | None) -> None:
+    """Advance row r past the first ``acc[r] + 1`` inputs of the verified block [n, B]: they
+    become valid target cache columns (the rest are holes), their target_hidden the next
+    drafter round's context, and bonus [n] the next anchor."""
+    n_new = acc + 1                                                             # [n]
+    offsets = torch.arange(block.shape[1], device=block.device)
+    batch.col_valid = torch.cat([batch.col_valid, offsets[None] < n_new[:, None]], dim=1)
+    batch.positions = batch.positions + n_new
+    batch.last, batch.target_hidden, batch.n_new = bonus, target_hidden, n_new
+
+
+def _checked_block_size(backend: Backend, requested: int | None, prompts: list[list[int]],
+                        max_new_tokens: int) -> int:
+    """The block size to run, after checking it and the other arguments (DFlashError if wrong)."""
+    trained = backend.drafter_block_size
+    B = block_size_for(requested, trained)
+    if B < 1:
+        raise DFlashError(f"block size must be >= 1, got {B}")
+    if B > 1 and trained is None:
+        raise DFlashError("a block size above 1 needs a drafter")
+    if trained is not None and B > trained:
+        raise DFlashError(f"block size {B} exceeds the drafter's trained block size {trained}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise DFlashError("every prompt needs at least one token")
+    if max_new_tokens < 0:
+        raise DFlashError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    return B
 
 
 @torch.inference_mode()
 def generate(
-    target: Target,
+    target: Target | None,
     drafter: Drafter | None,
     prompts: list[list[int]],
     *,
@@ -130,156 +216,43 @@ def generate(
     stop_token_ids: list[int] | tuple[int, ...] = (),
     on_commit: Callable[[int, list[int]], None] | None = None,
     should_stop: Callable[[int], bool] | None = None,
+    backend: Backend | None = None,
 ) -> Generation:
     """Generate for a batch of tokenized prompts; block_size 1 (or no drafter) is autoregressive.
 
     ``on_commit(row, new_token_ids)`` is called after every commit with the prompt's index
     in ``prompts`` (for streaming). ``should_stop(row)`` is asked after every commit; when
     it says yes the row finishes as ``"cancelled"`` and leaves the batch (a client that
-    went away frees its slot).
+    went away frees its slot). ``backend`` answers every model call (default:
+    ``TorchBackend(target, drafter)``; when given, ``target`` and ``drafter`` are unused).
     """
-    B = block_size or (drafter.cfg.block_size if drafter is not None else 1)
-    if B < 1:
-        raise DFlashError(f"block size must be >= 1, got {B}")
-    if B > 1 and drafter is None:
-        raise DFlashError("a block size above 1 needs a drafter")
-    if drafter is not None and B > drafter.cfg.block_size:
-        raise DFlashError(f"block size {B} exceeds the drafter's trained block size {drafter.cfg.block_size}")
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise DFlashError("every prompt needs at least one token")
-    if max_new_tokens < 0:
-        raise DFlashError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-
-    b, dev = len(prompts), target.device
-    stats = Stats(block_size=B, accepted_at=[0] * (B - 1),
-                  prompt_tokens=sum(len(p) for p in prompts))
-    outputs: list[list[int]] = [[] for _ in range(b)]
-    reasons = ["length"] * b
+    backend = backend or TorchBackend(target, drafter)
+    B = _checked_block_size(backend, block_size, prompts, max_new_tokens)
+    stats = Stats(block_size=B, prompt_tokens=sum(len(p) for p in prompts))
+    out = Outputs(len(prompts), max_new_tokens, set(stop_token_ids), on_commit, should_stop)
     if max_new_tokens == 0:
-        return Generation(outputs, reasons, stats)
+        return Generation(out.token_ids, out.reasons, stats)
+    dev = backend.device
     gen = torch.Generator(device=dev).manual_seed(sampling.seed) if sampling.seed is not None else None
-    stops = set(stop_token_ids)
-    use_drafter = B > 1
     start = time.perf_counter()
-
-    # ---- prefill: right-padded prompts; padding columns are holes from the start ------
-    lengths = torch.tensor([len(p) for p in prompts], device=dev)
-    T = int(lengths.max())
-    ids = torch.zeros(b, T, dtype=torch.long, device=dev)
-    for i, p in enumerate(prompts):
-        ids[i, : len(p)] = torch.tensor(p, device=dev)
-    col_valid = torch.arange(T, device=dev)[None] < lengths[:, None]
-    positions = torch.arange(T, device=dev).expand(b, T)
-    cache = _new_target_cache(target)
-    logits, target_hidden = target.forward(ids, positions, col_valid.long(), cache, capture=use_drafter)
-    rows = torch.arange(b, device=dev)
-    last = select(logits[rows, lengths - 1], sampling, gen)
+    batch = prefill(backend, prompts, sampling, gen, draft=B > 1)
     stats.target_forwards += 1
-    dcache = None
-    if use_drafter:
-        dcache = drafter.new_cache(b, device=dev)
-        drafter.inject(target_hidden.to(drafter.dtype), lengths, dcache)
-    seq_pos = lengths.clone()             # position of the anchor == tokens already cached
-    live = list(range(b))                 # original index of each row still generating
-    done = []
-    for r, i in enumerate(live):
-        tok = int(last[r])
-        outputs[i].append(tok)
-        if on_commit is not None:
-            on_commit(i, [tok])
-        if tok in stops:
-            reasons[i] = "stop"
-            done.append(r)
-        elif max_new_tokens == 1:
-            done.append(r)
-        elif should_stop is not None and should_stop(i):
-            reasons[i] = "cancelled"
-            done.append(r)
+    _, going = out.take(batch.rows, [[t] for t in batch.last.tolist()])
     stats.prefill_seconds = time.perf_counter() - start
-
-    offsets = torch.arange(B, device=dev)
-    scale = drafter.cfg.input_embedding_scale if use_drafter else 1.0
-    while True:
-        # ---- retire finished rows from every batched structure -------------------------
-        if done:
-            keep = torch.tensor([r for r in range(len(live)) if r not in set(done)], device=dev, dtype=torch.long)
-            live = [live[r] for r in keep.tolist()]
-            if not live:
-                break
-            cache.batch_select_indices(keep)
-            col_valid, seq_pos, last = col_valid[keep], seq_pos[keep], last[keep]
-            if dcache is not None:
-                dcache.select(keep)
-            done = []
-        col_valid = _drop_hole_columns(cache, col_valid)
-        n = len(live)
-
-        # ---- draft: one drafter forward over [anchor, MASK ...] -----------------------
-        block = torch.full((n, B), drafter.cfg.mask_token_id if use_drafter else 0, dtype=torch.long, device=dev)
-        block[:, 0] = last
-        q = None
+    while batch.filter(backend, going):
         t0 = time.perf_counter()
-        if use_drafter:
-            hidden = drafter.draft(target.embed(block, scale).to(drafter.dtype), dcache)
-            dlogits = drafter.logits(hidden[:, 1:], target.head).float()
-            if sampling.greedy:
-                block[:, 1:] = dlogits.argmax(-1)
-            else:
-                q = probs(dlogits, sampling)
-                block[:, 1:] = draw(q, gen)
-
-        # ---- verify: one target forward over [anchor, d_1 .. d_{B-1}] -----------------
+        block, q = draft(backend, batch, B, sampling, gen)                      # [n, B]
         t1 = time.perf_counter()
-        attn = torch.cat([col_valid, torch.ones(n, B, dtype=torch.bool, device=dev)], dim=1)
-        logits, target_hidden = target.forward(block, seq_pos[:, None] + offsets, attn.long(), cache, capture=use_drafter)
-        stats.target_forwards += 1
+        logits, target_hidden = verify(backend, batch, block)                   # [n, B, V]
         t2 = time.perf_counter()
+        acc, bonus = accept(block[:, 1:], logits, q, sampling, gen)             # [n], [n]
+        acc_l, block_l = acc.tolist(), block.tolist()
+        new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist())]  # accepted + bonus
+        kept, going = out.take(batch.rows, new)
+        stats.observe(acc_l, kept)
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
-        r_ = torch.arange(n, device=dev)
-        if sampling.greedy or not use_drafter:
-            if sampling.greedy:
-                post = logits.argmax(-1)
-                acc = (block[:, 1:] == post[:, :-1]).long().cumprod(-1).sum(-1)
-                bonus = post[r_, acc]
-            else:
-                acc = torch.zeros(n, dtype=torch.long, device=dev)
-                bonus = draw(probs(logits[:, 0], sampling), gen)
-        else:
-            acc, bonus = rejection_sample(block[:, 1:], q, probs(logits, sampling), gen)
-
-        # ---- commit ---------------------------------------------------------------------
-        acc_l, block_l, bonus_l = acc.tolist(), block.tolist(), bonus.tolist()
-        for k in range(1, B):
-            stats.accepted_at[k - 1] += sum(a >= k for a in acc_l)
-        for r, i in enumerate(live):
-            new = block_l[r][1 : 1 + acc_l[r]] + [bonus_l[r]]
-            room = max_new_tokens - len(outputs[i])
-            produced = new[:room]
-            for j, tok in enumerate(produced):
-                if tok in stops:
-                    produced = produced[: j + 1]
-                    reasons[i] = "stop"
-                    break
-            outputs[i].extend(produced)
-            stats.rounds += 1
-            stats.committed += len(produced)
-            if on_commit is not None:
-                on_commit(i, produced)
-            if reasons[i] == "stop" or len(outputs[i]) >= max_new_tokens:
-                done.append(r)
-            elif should_stop is not None and should_stop(i):
-                reasons[i] = "cancelled"
-                done.append(r)
-        n_new = acc + 1
-        col_valid = torch.cat([col_valid, offsets[None] < n_new[:, None]], dim=1)
-        if use_drafter and len(done) < n:
-            t3 = time.perf_counter()
-            drafter.inject(target_hidden.to(drafter.dtype), n_new, dcache)
-            stats.draft_seconds += time.perf_counter() - t3
-        seq_pos = seq_pos + n_new
-        last = bonus
-
+        commit(batch, block, acc, bonus, target_hidden)
     stats.seconds = time.perf_counter() - start
-    stats.new_tokens = sum(len(o) for o in outputs)
-    return Generation(outputs, reasons, stats)
+    stats.new_tokens = sum(len(o) for o in out.token_ids)
+    return Generation(out.token_ids, out.reasons, stats)

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import torch
 
+from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError, DFlashError
 from dflash_trt.model import Drafter, Target, load_target
+from dflash_trt.runtime.loop import block_size_for
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
+# The dtypes the reference runtime computes in (``ingest.RUNTIME_DTYPES``, the one dtype table's).
+DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
 
 
 @dataclass
@@ -40,6 +42,10 @@ class Pair:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def block_size(self, requested: int | None = None) -> int:
+        """The draft block size to run on this pair (:func:`block_size_for`)."""
+        return block_size_for(requested, self.drafter.cfg.block_size if self.drafter is not None else None)
+
 
 def parse_dtype(name: str, device: str = "cpu") -> torch.dtype:
     if name == "auto":
@@ -52,7 +58,7 @@ def parse_dtype(name: str, device: str = "cpu") -> torch.dtype:
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")):
+    if not ingest.tokenizer_files(path):
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
@@ -74,8 +80,6 @@ def stop_ids(model, tokenizer) -> list[int]:
 def load_pair(target: str | Path, drafter: str | Path | None, *, dtype: str = "auto",
               device: str = "cpu") -> Pair:
     """Load a target and (optionally) a drafter in any supported format, validated as a pair first."""
-    from dflash_trt import ingest
-
     tdir = ingest.resolve(str(target), role="target")
     ddir = ingest.resolve(str(drafter), role="drafter") if drafter is not None else None
     # Configs + safetensors headers only: a mismatched or corrupt pair fails here, before any load.
@@ -103,27 +107,20 @@ def load_bundle(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -
     activations are not quantized), so acceptance reflects the quantized target. The
     manifest also records the unquantized source (``reference_runtime.source_target``).
     """
-    import json
-
-    from dflash_trt import ingest
-
-    root = Path(path)
-    try:
-        manifest = json.loads((root / "manifest.json").read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{root}: no manifest.json; is this a dflash-trt bundle (dflash-trt build -o DIR)?") from None
-    ref = manifest.get("reference_runtime") or {}
-    tdir, ddir = root / ref.get("target", "target"), root / ref.get("drafter", "drafter")
-    if not ref.get("dequantize"):
+    bundle = ingest.open_bundle(path)
+    ref = bundle.manifest.reference_runtime
+    tdir, ddir = bundle.root / ref.target, bundle.root / ref.drafter
+    if not ref.dequantize:
         pair = load_pair(tdir, ddir, dtype=dtype, device=device)
-        pair.name = root.name
+        pair.name = bundle.root.name
         return pair
     torch_dtype = parse_dtype(dtype, device)
     model = _load_dequantized(tdir, torch_dtype, device)
     tokenizer = load_tokenizer(tdir)
     d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
     ingest.check_pair_runtime(model, d, where=str(ddir))
-    return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=root.name)
+    return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer),
+                name=bundle.root.name)
 
 
 def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):

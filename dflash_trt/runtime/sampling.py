@@ -1,9 +1,10 @@
-"""Token selection: logit warping, sampling, and speculative rejection sampling.
+"""Token selection: logit warping, sampling, and acceptance of drafts.
 
 At temperature 0 everything is argmax. Otherwise the target's distribution is the warped
 softmax (temperature, then top-k, then top-p), and :func:`rejection_sample` accepts draft
 tokens so that every committed token is distributed exactly as the target's warped
-distribution (Leviathan et al. 2023; Chen et al. 2023).
+distribution (Leviathan et al. 2023; Chen et al. 2023). :func:`accept` is the one entry
+the loop calls, whatever the mode.
 """
 
 from __future__ import annotations
@@ -87,3 +88,34 @@ def rejection_sample(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     total = residual.sum(-1, keepdim=True)
     residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p_at)
     return acc, draw(residual, gen)
+
+
+def accept(draft: torch.Tensor, target_logits: torch.Tensor, q: torch.Tensor | None,
+           p: SamplingParams, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decide, per row, how much of a verified block to commit.
+
+    draft [b, K] the drafted tokens (K = B-1; K = 0 is autoregressive decoding); target_logits
+    [b, K+1, V] the target's logits at the anchor and at each draft (position j predicts the
+    token after input j); q [b, K, V] the drafter's warped distributions the drafts were drawn
+    from (None at temperature 0 or when K = 0).
+
+    Returns (acc [b], bonus [b]):
+
+    - **accepted** ``acc[r]``: the length of the draft prefix the target agrees with, 0..K;
+      the committed tokens are ``draft[r, :acc[r]]`` followed by the bonus.
+    - **bonus** ``bonus[r]``: the one token the target itself contributes after that
+      prefix, so every row advances by ``acc + 1``. After a rejection it is the corrected
+      token (vLLM's "recovered"); when all K are accepted, the target's next token.
+
+    Greedy (T = 0): a draft is accepted while it equals the target's argmax, and the
+    bonus is the argmax at the first disagreement (SGLang's ``matches.cumprod(1).sum(1)``).
+    Sampling: no drafts is one draw from the target; otherwise :func:`rejection_sample`.
+    """
+    if p.greedy:
+        post = target_logits.argmax(-1)                                # [b, K+1]
+        acc = (draft == post[:, :-1]).long().cumprod(-1).sum(-1)        # [b]
+        return acc, post.gather(1, acc[:, None])[:, 0]
+    if draft.shape[1] == 0:
+        return (torch.zeros(draft.shape[0], dtype=torch.long, device=draft.device),
+                draw(probs(target_logits[:, 0], p), gen))
+    return rejection_sample(draft, q, probs(target_logits, p), gen)

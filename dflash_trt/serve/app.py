@@ -48,7 +48,7 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     from dflash_trt.serve.metrics import ServerMetrics
 
     cfg = pair.target.config
-    B = block_size or (pair.drafter.cfg.block_size if pair.drafter is not None else 1)
+    B = pair.block_size(block_size)
     metrics = ServerMetrics(B)
     batcher = Batcher(pair, max_batch=max_batch, max_queue=max_queue, block_size=B, metrics=metrics,
                       batch_window_s=batch_window_s, torch_threads=torch_threads)

@@ -96,7 +96,7 @@ class Batcher:
             raise ValueError("max_batch must be >= 1 and max_queue >= 0")
         self.pair = pair
         self.max_batch, self.max_queue = max_batch, max_queue
-        self.block_size = block_size or (pair.drafter.cfg.block_size if pair.drafter is not None else 1)
+        self.block_size = pair.block_size(block_size)
         self.batch_window_s = batch_window_s
         self.metrics = metrics
         # torch threads for the worker: one core is left to the event loop (streaming,

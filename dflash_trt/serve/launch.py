@@ -9,9 +9,10 @@ What is read from a bundle (kept small so any build fits):
   value given, so the host and port from ``dflash-trt serve`` override the script's. The
   same values are also exported as ``DFLASH_HOST`` / ``DFLASH_PORT`` for scripts that
   prefer the environment.
-- ``OUT/manifest.json`` (optional): ``name`` (the bundle's name), and in ``serve`` the
-  optional ``tp_size``, ``pp_size`` and ``gpus_per_node`` the multi-node files use;
-  ``versions.tensorrt_llm`` picks the container tag.
+- ``OUT/manifest.json`` (optional; read and checked through ``ingest.Manifest`` when
+  present): ``name`` (the bundle's name), and in ``serve`` the optional ``tp_size``,
+  ``pp_size`` and ``gpus_per_node`` the multi-node files use; ``tools.tensorrt_llm``, where
+  recorded, picks the container tag.
 
 Multi-node launches go through TensorRT-LLM's own launcher: on Slurm,
 ``srun --mpi=pmix ... trtllm-llmapi-launch bash serve.sh`` (one task per GPU, the world
@@ -21,53 +22,26 @@ over the group's pods with ``trtllm-llmapi-launch`` and whose workers run ``sshd
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import CheckpointError, DFlashError
+from dflash_trt.ingest import Bundle, Layout, open_bundle
 
-SERVE_SH = Path("trtllm") / "serve.sh"
 DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release"
 
 
-@dataclass
-class Bundle:
-    root: Path
-    name: str
-    manifest: dict = field(default_factory=dict)
-
-    @property
-    def serve_sh(self) -> Path:
-        return self.root / SERVE_SH
-
-    @property
-    def serve(self) -> dict:
-        s = self.manifest.get("serve")
-        return s if isinstance(s, dict) else {}
-
-
 def read_bundle(out: str | Path) -> Bundle:
-    root = Path(out).resolve()
-    if not root.is_dir():
+    """The bundle at ``out`` (an absolute path: the launch files name it); its manifest, when
+    there is one, read and checked (``ingest.open_bundle``)."""
+    if not Path(out).is_dir():
         raise DFlashError(f"{out}: no such bundle directory (build one with 'dflash-trt build -o DIR')")
-    manifest: dict = {}
-    mpath = root / "manifest.json"
-    if mpath.is_file():
-        try:
-            manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{mpath}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(manifest, dict):
-            raise CheckpointError(f"{mpath}: expected a JSON object")
-    name = manifest.get("name") if isinstance(manifest.get("name"), str) else None
-    return Bundle(root, name or root.name, manifest)
+    return open_bundle(Path(out).resolve(), require_manifest=False)
 
 
 # ---- single node: trtllm-serve -----------------------------------------------------------
@@ -78,7 +52,7 @@ def find_trtllm_serve() -> str | None:
 def trtllm_argv(bundle: Bundle, host: str, port: int) -> list[str]:
     """The command ``serve`` runs on a machine with TensorRT-LLM."""
     if not bundle.serve_sh.is_file():
-        raise CheckpointError(f"{bundle.root}: no {SERVE_SH} (not built for TensorRT-LLM; rebuild with 'dflash-trt build')")
+        raise CheckpointError(f"{bundle.root}: no {Layout.SERVE_SH} (not built for TensorRT-LLM; rebuild with 'dflash-trt build')")
     return ["bash", str(bundle.serve_sh), "--host", host, "--port", str(port)]
 
 
@@ -120,14 +94,14 @@ def _world(bundle: Bundle, nodes: int, gpus_per_node: int | None) -> tuple[int, 
     """(gpus per node, world size, extra trtllm-serve args) for a multi-node launch."""
     if nodes < 1:
         raise DFlashError(f"--nodes must be >= 1, got {nodes}")
-    g = gpus_per_node or int(bundle.serve.get("gpus_per_node") or 8)
+    g = gpus_per_node or bundle.serve.gpus_per_node or 8
     if g < 1:
         raise DFlashError(f"--gpus-per-node must be >= 1, got {g}")
     world = nodes * g
-    tp, pp = bundle.serve.get("tp_size"), int(bundle.serve.get("pp_size") or 1)
+    tp, pp = bundle.serve.tp_size, bundle.serve.pp_size or 1
     if tp is not None:
-        if int(tp) * pp != world:
-            raise DFlashError(f"{bundle.name} was planned for tp_size {tp} x pp_size {pp} = {int(tp) * pp} GPUs, "
+        if tp * pp != world:
+            raise DFlashError(f"{bundle.name} was planned for tp_size {tp} x pp_size {pp} = {tp * pp} GPUs, "
                               f"but {nodes} node(s) x {g} GPUs = {world}; change --nodes/--gpus-per-node")
         return g, world, []
     return g, world, ["--tp_size", str(world)]
@@ -136,7 +110,7 @@ def _world(bundle: Bundle, nodes: int, gpus_per_node: int | None) -> tuple[int, 
 def image_for(bundle: Bundle, image: str | None) -> str:
     if image:
         return image
-    v = (bundle.manifest.get("versions") or {}).get("tensorrt_llm") if isinstance(bundle.manifest.get("versions"), dict) else None
+    v = ((bundle.manifest.tools if bundle.manifest else None) or {}).get("tensorrt_llm")
     return f"{DEFAULT_IMAGE}:{v or 'latest'}"
 
 

@@ -162,6 +162,23 @@ def test_flags_override_the_recipe(pair, tmp_path):
     assert pipeline.make_plan(pipeline.resolve(r)).attention_backend == "TRTLLM"
 
 
+def test_calibration_file_is_relative_to_the_recipe(pair, tmp_path):
+    """precision.calib in a recipe file is resolved against that file before ModelOpt reads it;
+    the precision section's sample count and length bound what is fed."""
+    tdir, ddir = pair
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "calib.txt").write_text("one two three four five six seven eight nine ten\n" * 8)
+    f = tmp_path / "recipes" / "r.yaml"
+    f.write_text(f"name: cal\ntarget: {{id: {tdir}}}\ndrafter: {{id: {ddir}}}\ngpu: {{name: h100}}\n"
+                 "precision: {weights: fp8, calib: calib.txt, calib_samples: 3, calib_seq_len: 8}\n"
+                 "serving: {max_seq_len: 256}\n")
+    assert run(["build", str(f), "-o", str(tmp_path / "o")]) == 0
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    cal = m["precision"]["quantization"]["calibration"]
+    assert cal["source"] == str(tmp_path / "recipes" / "calib.txt") and cal["samples"] == 3 and cal["tokens"] <= 24
+    assert m["inputs"]["calibration"]["path"] == cal["source"] and m["precision"]["verified"]["quantized_linears"]
+
+
 def test_existing_output_needs_force(bundles, pair, capsys):
     tdir, ddir = pair
     argv = ["build", "-t", str(tdir), "-d", str(ddir), "-o", str(bundles["bf16"]), "--set", "serving.max_seq_len=256"]
@@ -236,7 +253,7 @@ def test_serve_reads_what_build_writes(bundles, tmp_path, capsys):
     b = launch.read_bundle(bundles["bf16"])
     manifest = json.loads((bundles["bf16"] / "manifest.json").read_text())
     assert b.name == manifest["recipe"]["name"]
-    assert b.serve["tp_size"] == manifest["plan"]["tp"] == 1 and b.serve["max_seq_len"] == 256
+    assert b.serve.tp_size == manifest["plan"]["tp"] == 1 and b.serve.max_seq_len == 256
     assert run(["serve", str(bundles["bf16"]), "--emit", "slurm", "--nodes", "2", "-o", str(tmp_path / "job.sh")]) == 2
     assert "planned for tp_size 1" in capsys.readouterr().err
     assert not (tmp_path / "job.sh").exists()

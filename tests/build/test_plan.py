@@ -7,7 +7,6 @@ drafter (5 layers, same head layout, block 16), never by calling the code under 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,7 @@ from dflash_trt.build import plan as P
 
 from dflash_trt.build import recipe as R
 from dflash_trt.errors import HardwareError, RecipeError
-from dflash_trt.build.recipe import ServingSpec, SpeculativeSpec
+from dflash_trt.build.recipe import ParallelSpec, ServingSpec, SpeculativeSpec
 from dflash_trt.build.model_shapes import DraftShape, TargetShape
 
 CONFIGS = R._bundled_dir() / "configs"
@@ -29,13 +28,18 @@ def qwen():
     return TargetShape.from_dir(CONFIGS / "Qwen--Qwen3-8B"), DraftShape.from_dir(CONFIGS / "z-lab--Qwen3-8B-DFlash-b16")
 
 
+def on(t, d, gpu, precision, kv_cache="auto", gpus=1):
+    """The pair on ``gpus`` x ``gpu`` at ``precision``: what the planner sizes."""
+    return P.Deployment(target=t, drafter=d, gpu=hw.get(gpu), gpus=gpus, precision=precision, kv_cache=kv_cache)
+
+
 def test_qwen3_8b_parameter_split(qwen):
     t, d = qwen
     # per layer: q 4096*4096 + k,v 2*4096*1024 + o 4096*4096 + MLP 3*4096*12288 = 192,937,984
     assert t.linear_params == 36 * (4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 12288) == 6_945_767_424
     assert t.embed_params == t.lm_head_params == 151936 * 4096 == 622_329_856
     assert t.other_params == 36 * (2 * 4096 + 2 * 128) + 4096 == 308_224  # norms (+ q/k norms)
-    assert t.params == 8_190_735_360  # SIZES.json: the published parameter count
+    assert t.params == 8_190_735_360  # Qwen--Qwen3-8B/sizes.json: the published parameter count
     assert t.n_linear == 36 * 7
     # drafter: 5 layers of 192,946,432 (192,937,984 + norms 2*4096 + 2*128) + fc 5*4096*4096 + 2 norms
     assert d.params == 5 * 192_946_432 + 5 * 4096 * 4096 + 2 * 4096 == 1_048_626_432
@@ -45,14 +49,14 @@ def test_qwen3_8b_parameter_split(qwen):
 def test_weight_bytes_by_precision(qwen):
     t, _ = qwen
     bf16_rest = 2 * (622_329_856 * 2 + 308_224)                         # embed + lm_head + norms stay BF16
-    assert P.weight_bytes(t, "bf16") == 16_381_470_720                  # SIZES.json total_size
+    assert P.weight_bytes(t, "bf16") == 16_381_470_720                  # Qwen--Qwen3-8B/sizes.json total_size
     assert P.weight_bytes(t, "fp8") == 6_945_767_424 + 252 * 8 + bf16_rest == 9_435_705_312
     assert P.weight_bytes(t, "nvfp4") == (3_472_883_712 + 434_110_464 + 252 * 8 + bf16_rest) == 6_396_932_064
 
 
 def test_qwen3_8b_h100_fp8_memory_by_hand(qwen):
     t, d = qwen
-    m = P.memory(t, d, hw.get("h100"), "fp8", "auto", tp=1, max_batch_size=16, max_seq_len=8192, max_num_tokens=8192)
+    m = P.memory(on(t, d, "h100", "fp8"), tp=1, serving=ServingSpec(max_batch_size=16, max_seq_len=8192, max_num_tokens=8192))
     assert m.weights == 9_435_705_312
     assert m.drafter == 2_097_252_864
     assert m.drafter_arena == 2 * 17 * 5 * (8192 + 16) * 8 * 128 * 2 == 2_857_697_280
@@ -64,7 +68,7 @@ def test_qwen3_8b_h100_fp8_memory_by_hand(qwen):
 
 def test_qwen3_8b_b200_nvfp4_memory_by_hand(qwen):
     t, d = qwen
-    m = P.memory(t, d, hw.get("b200"), "nvfp4", "auto", tp=1, max_batch_size=64, max_seq_len=8192, max_num_tokens=8192)
+    m = P.memory(on(t, d, "b200", "nvfp4"), tp=1, serving=ServingSpec(max_batch_size=64, max_seq_len=8192, max_num_tokens=8192))
     assert m.weights == 6_396_932_064
     assert m.drafter_arena == 2 * 65 * 5 * 8208 * 8 * 128 * 2 == 10_926_489_600
     assert m.kv_cache == 2 * 36 * 8 * 128 * 2 * 8192 * 64 == 77_309_411_328
@@ -74,8 +78,9 @@ def test_qwen3_8b_b200_nvfp4_memory_by_hand(qwen):
 
 def test_fp8_kv_cache_halves_the_kv(qwen):
     t, d = qwen
-    a = P.memory(t, d, hw.get("h100"), "fp8", "auto", 1, 16, 8192, 8192)
-    b = P.memory(t, d, hw.get("h100"), "fp8", "fp8", 1, 16, 8192, 8192)
+    serving = ServingSpec(max_batch_size=16, max_seq_len=8192, max_num_tokens=8192)
+    a = P.memory(on(t, d, "h100", "fp8", "auto"), 1, serving)
+    b = P.memory(on(t, d, "h100", "fp8", "fp8"), 1, serving)
     assert 2 * b.kv_cache == a.kv_cache == 19_327_352_832
 
 
@@ -85,7 +90,7 @@ def test_smallest_tp_that_fits(qwen):
     # tp=1 on H100: 9.44 GB + 77.3 GB of KV alone exceed 80 GB. tp=2, by hand:
     # weights 2*622,329,856 + (9,435,705,312 - 1,244,659,712) / 2 = 5,340,182,512
     # KV 2*36*4*128*2*8192*64 = 38,654,705,664; activations 8192*(32768 + 3*6144)*2 + 64*16*151936*4
-    tp, m = P.choose_tp(t, d, hw.get("h100"), 8, "fp8", "auto", "auto", 1, serving)
+    tp, m = P.choose_tp(on(t, d, "h100", "fp8", gpus=8), ParallelSpec(), serving)
     assert tp == 2
     assert m.weights == 5_340_182_512 and m.kv_cache == 38_654_705_664
     assert m.activations == 8192 * (32768 + 3 * 6144) * 2 + 64 * 16 * 151936 * 4
@@ -95,15 +100,15 @@ def test_smallest_tp_that_fits(qwen):
 def test_does_not_fit_says_how_much_is_missing(qwen):
     t, d = qwen
     with pytest.raises(HardwareError, match=r"does not fit on 1x H100: at tp=1 .* GiB missing"):
-        P.choose_tp(t, d, hw.get("h100"), 1, "fp8", "auto", "auto", 1, ServingSpec(max_batch_size=64))
+        P.choose_tp(on(t, d, "h100", "fp8"), ParallelSpec(), ServingSpec(max_batch_size=64))
     with pytest.raises(HardwareError, match="parallel.tp=4 needs 4 GPUs"):
-        P.choose_tp(t, d, hw.get("h100"), 2, "fp8", "auto", 4, 1, ServingSpec())
+        P.choose_tp(on(t, d, "h100", "fp8", gpus=2), ParallelSpec(tp=4), ServingSpec())
 
 
 def test_gpt_oss_uses_the_shipped_mxfp4_bytes():
     t = TargetShape.from_dir(CONFIGS / "openai--gpt-oss-120b")
     assert t.shipped_precision == "mxfp4" and t.experts == 128 and t.experts_per_token == 4
-    assert P.weight_bytes(t, "mxfp4") == 65_248_815_744            # SIZES.json, ~65 GB as shipped
+    assert P.weight_bytes(t, "mxfp4") == 65_248_815_744            # openai--gpt-oss-120b/sizes.json, ~65 GB as shipped
     assert abs(t.params - 116_829_156_672) < 10_000                  # dequantized count (+ sinks)
 
 
@@ -116,13 +121,13 @@ def test_acceptance_model():
 
 def test_draft_length_and_backoff(qwen):
     t, d = qwen
-    p = P.make(t, d, hw.get("h100"), 1, "fp8", "auto", ServingSpec(max_batch_size=16), SpeculativeSpec())
+    p = P.make(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=16), SpeculativeSpec())
     assert 1 <= p.max_draft_len <= 15 and p.attention_backend == "FA4" and p.acceptance == 6.5
     assert p.curve[0]["batch"] == 1 and p.curve[0]["speedup"] > 3  # memory-bound batch 1: tau ~6.5
     # Huge batches of short sequences with a weak drafter: verification turns compute-bound
     # and drafting must stop paying at some batch size.
     weak = SpeculativeSpec(acceptance=1.6)
-    p = P.make(t, d, hw.get("b200"), 1, "nvfp4", "fp8", ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
+    p = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
     off = [r["batch"] for r in p.curve if r["draft_len"] == 0]
     assert off, p.curve
     assert p.schedule in ("max_concurrency", "draft_len_schedule")
@@ -132,7 +137,7 @@ def test_draft_length_and_backoff(qwen):
         assert p.draft_len_schedule[1] == p.max_draft_len and 0 in p.draft_len_schedule.values()
     lens = [r["draft_len"] for r in p.curve]
     assert lens == sorted(lens, reverse=True)  # drafting only backs off as batches grow
-    p2 = P.make(t, d, hw.get("b200"), 1, "nvfp4", "fp8", ServingSpec(max_batch_size=1024, max_seq_len=512),
+    p2 = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
                 SpeculativeSpec(acceptance=1.6, schedule="max_concurrency"))
     assert p2.max_concurrency is not None and p2.max_concurrency < off[0] and p2.draft_len_schedule is None
 
@@ -140,8 +145,8 @@ def test_draft_length_and_backoff(qwen):
 def test_explicit_draft_length_is_checked_against_the_block(qwen):
     t, d = qwen
     with pytest.raises(RecipeError, match="between 1 and block size - 1 \\(15\\)"):
-        P.make(t, d, hw.get("h100"), 1, "fp8", "auto", ServingSpec(max_batch_size=8), SpeculativeSpec(max_draft_len=16))
-    p = P.make(t, d, hw.get("h100"), 1, "fp8", "auto", ServingSpec(max_batch_size=8), SpeculativeSpec(max_draft_len=7))
+        P.make(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=8), SpeculativeSpec(max_draft_len=16))
+    p = P.make(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=8), SpeculativeSpec(max_draft_len=7))
     assert p.max_draft_len == 7
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -81,3 +83,40 @@ def test_recipes_cli(tmp_path, capsys):
     assert run(["recipes", "validate", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "enginee" in err
+
+
+# --- command-line flags: typed fields, never YAML ---------------------------------------
+
+
+def test_flags_land_in_typed_fields_without_yaml():
+    from dflash_trt._cli.build import recipe_from_flags
+
+    flags = {"--gpu": "100", "--gpus": 2, "--precision": "fp8", "--kv-cache-dtype": "fp8",
+             "--calib": "calib #1.txt", "--engine": "tensorrt"}
+    r = recipe_from_flags("qwen3-8b-h100-fp8", "org/t", None, flags, None)
+    # YAML would have read "100" as an int (refused for a name) and cut "calib #1.txt" at the comment.
+    assert r.gpu.name == "100" and r.gpu.count == 2 and isinstance(r.gpu.count, int)
+    assert (r.precision.weights, r.precision.kv_cache, r.precision.calib) == ("fp8", "fp8", "calib #1.txt")
+    assert r.engine == "tensorrt"
+    assert (r.target.id, r.target.config, r.target.revision) == ("org/t", None, None)  # the recipe's config dir goes
+    assert r.drafter == R.load("qwen3-8b-h100-fp8").drafter
+    # Without a recipe: named after the target and precision; --set still applies after the flags.
+    r = recipe_from_flags(None, "some/dir/my-target/", "org/d", {"--precision": "nvfp4"},
+                          ["precision.weights=bf16", "serving.max_batch_size=8"])
+    assert r.name == "my-target-nvfp4" and r.precision.weights == "bf16" and r.serving.max_batch_size == 8
+    assert r.source is None
+
+
+def test_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys):
+    p = write(tmp_path, BASE)
+    with pytest.raises(RecipeError, match=r"^--gpus 0: Input should be greater than or equal to 1$"):
+        R.load(p, fields=[R.FieldValue("gpu.count", 0, "--gpus")])
+    # A --set on the same key wins over the flag, so its error names the key, not the flag.
+    with pytest.raises(RecipeError, match=rf"^{re.escape(str(p))}: gpu.count: Input should be greater"):
+        R.load(p, ["gpu.count=-1"], fields=[R.FieldValue("gpu.count", 2, "--gpus")])
+    for argv, flag in ((["plan", "--precision", "fp16"], "--precision 'fp16'"),
+                       (["plan", "qwen3-8b-h100-fp8", "--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4'"),
+                       (["build", "--engine", "onnx", "--dry-run"], "--engine 'onnx'")):
+        assert run(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"error: {flag}: Input should be"), err

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 # Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
 

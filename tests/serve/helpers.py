@@ -1,9 +1,9 @@
 """A hand-made bundle for the serving tests: target + drafter (tests.helpers.save_pair), a chat
-template on the tokenizer, ``trtllm/serve.sh`` and a minimal ``manifest.json``."""
+template on the tokenizer, ``trtllm/serve.sh`` and a minimal ``manifest.json`` (through
+``ingest.Manifest``, as build writes it)."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_trt.ingest import Manifest, write_manifest
 from tests.helpers import save_pair
 
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -40,9 +41,9 @@ def make_bundle(root: Path, name: str = "tiny-bundle", manifest_extra: dict | No
     sh = root / "trtllm" / "serve.sh"
     sh.write_text(SERVE_SH)
     sh.chmod(sh.stat().st_mode | stat.S_IEXEC)
-    manifest = {"name": name, "target": "tests/tiny-qwen3", "serve": {"gpus_per_node": 8}}
+    manifest = {"name": name, "serve": {"gpus_per_node": 8}}
     manifest.update(manifest_extra or {})
-    (root / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(root, Manifest(**manifest))
     return root
 
 

@@ -1,0 +1,272 @@
+"""The bundle ``dflash-trt build`` writes: its layout, its typed manifest, and its check.
+
+Layout, relative to the bundle's root::
+
+    manifest.json        what was built from what (:class:`Manifest`): inputs (ids, revisions,
+                         sha256), tool versions, GPU, precision, the plan, timings
+    target/              the target checkpoint (as shipped, or exported by ModelOpt)
+    drafter/             the drafter in z-lab form (what TensorRT-LLM's DFlash loader reads)
+    trtllm/config.yaml   the TensorRT-LLM LLM-API config
+    trtllm/serve.sh      the ``trtllm-serve`` launch script
+    onnx/  engines/      the standalone TensorRT path (``engine: tensorrt`` recipes only)
+
+``build`` writes the manifest with :func:`write_manifest`; ``runtime``, ``serve`` and ``bench``
+read it with :func:`open_bundle` / :func:`read_manifest`. Both go through :class:`Manifest`,
+so its fields are the manifest's schema. The format version is :data:`BUNDLE_FORMAT`, checked
+in :func:`check_format` alone: a manifest of any other version is refused in one line that
+says to rebuild. A missing or malformed manifest is one line too (``CheckpointError``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest.drafter import read_drafter
+
+# Bump when a bundle written before can no longer be served or run as it is (the readers
+# then refuse it and say to rebuild).
+BUNDLE_FORMAT = "dflash-trt-bundle/1"
+
+
+class Layout:
+    """Where each part of a bundle lives, relative to its root (POSIX paths)."""
+
+    MANIFEST = "manifest.json"
+    TARGET = "target"
+    DRAFTER = "drafter"
+    TRTLLM = "trtllm"
+    TRTLLM_CONFIG = "trtllm/config.yaml"
+    SERVE_SH = "trtllm/serve.sh"
+    ONNX = "onnx"
+    ENGINES = "engines"
+
+
+# Files every built bundle has, and the manifest sections `build` always writes.
+REQUIRED_FILES = (Layout.MANIFEST, f"{Layout.TARGET}/config.json", f"{Layout.DRAFTER}/config.json",
+                  Layout.TRTLLM_CONFIG, Layout.SERVE_SH)
+BUILD_SECTIONS = ("inputs", "tools", "gpu", "precision", "plan", "timings")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Input(_Section):
+    """One input checkpoint: the reference the recipe named, where it was, what it held."""
+
+    id: str
+    revision: str | None = None
+    path: str
+    sha256: dict[str, str]          # relative POSIX path -> hex digest, every file
+
+
+class Calibration(_Section):
+    path: str
+    sha256: str | None = None       # None: the path was not a file
+
+
+class Inputs(_Section):
+    target: Input
+    drafter: Input
+    calibration: Calibration | None = None
+
+
+class GpuInfo(_Section):
+    """The GPU the bundle was planned for (``build.hardware``'s catalog entry) and how many."""
+
+    name: str
+    sm: int
+    memory_gb: int | float
+    count: int
+
+
+class Precision(_Section):
+    weights: str                    # bf16 | fp8 | nvfp4 | mxfp4 (effective, not requested)
+    kv_cache: str
+    quantized_by: str | None = None  # "nvidia-modelopt" | "as shipped" | None
+    quantization: dict[str, Any] | None = None
+    verified: dict[str, Any] | None = None
+
+
+class ReferenceRuntime(_Section):
+    """What the reference runtime loads: directories relative to the root, and whether the
+    target is a ModelOpt export to dequantize on load."""
+
+    target: str = Layout.TARGET
+    drafter: str = Layout.DRAFTER
+    dequantize: bool = False
+    source_target: str | None = None
+
+
+class Outputs(_Section):
+    target: str = Layout.TARGET
+    drafter: str = Layout.DRAFTER
+    trtllm_config: str = Layout.TRTLLM_CONFIG
+    serve: str = Layout.SERVE_SH
+    onnx: str | None = None
+    engines: str | None = None
+
+
+class ServeInfo(_Section):
+    """What ``dflash-trt serve`` reads: the planned parallelism (multi-node launch files must
+    match it) and the planned context length (the embedded server advertises it)."""
+
+    tp_size: int | None = None
+    pp_size: int | None = None
+    gpus_per_node: int | None = None
+    max_seq_len: int | None = None
+
+
+class Manifest(_Section):
+    """``manifest.json``. Written as given (unset fields left out), so a bundle's manifest
+    reads back field for field; ``format`` is always written."""
+
+    format: str = BUNDLE_FORMAT
+    name: str | None = None
+    created: str | None = None
+    recipe: dict[str, Any] | None = None
+    recipe_source: str | None = None
+    inputs: Inputs | None = None
+    tools: dict[str, str | None] | None = None
+    gpu: GpuInfo | None = None
+    precision: Precision | None = None
+    plan: dict[str, Any] | None = None
+    reference_runtime: ReferenceRuntime = Field(default_factory=ReferenceRuntime)
+    outputs: Outputs | None = None
+    serve: ServeInfo = Field(default_factory=ServeInfo)
+    warnings: list[str] = Field(default_factory=list)
+    engine: dict[str, Any] | None = None
+    timings: dict[str, float] | None = None
+
+    def model_post_init(self, _context: Any) -> None:
+        self.__pydantic_fields_set__.add("format")
+
+    def to_json(self) -> dict:
+        """The JSON object written to ``manifest.json``."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle directory: where each part lives, and its manifest once read (None: not read,
+    or a directory without one)."""
+
+    root: Path
+    manifest: Manifest | None = None
+
+    @property
+    def name(self) -> str:
+        return (self.manifest.name if self.manifest else None) or self.root.name
+
+    @property
+    def serve(self) -> ServeInfo:
+        return self.manifest.serve if self.manifest else ServeInfo()
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / Layout.MANIFEST
+
+    @property
+    def target(self) -> Path:
+        return self.root / Layout.TARGET
+
+    @property
+    def drafter(self) -> Path:
+        return self.root / Layout.DRAFTER
+
+    @property
+    def trtllm(self) -> Path:
+        return self.root / Layout.TRTLLM
+
+    @property
+    def trtllm_config(self) -> Path:
+        return self.root / Layout.TRTLLM_CONFIG
+
+    @property
+    def serve_sh(self) -> Path:
+        return self.root / Layout.SERVE_SH
+
+    @property
+    def onnx(self) -> Path:
+        return self.root / Layout.ONNX
+
+    @property
+    def engines(self) -> Path:
+        return self.root / Layout.ENGINES
+
+
+def check_format(where: str | Path, fmt: object) -> None:
+    """The one version check: refuse a manifest of any format but :data:`BUNDLE_FORMAT`."""
+    if fmt != BUNDLE_FORMAT:
+        raise CheckpointError(f"{where}: bundle format {fmt!r}, this dflash-trt reads {BUNDLE_FORMAT!r}; "
+                              "rebuild the bundle with 'dflash-trt build'")
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    """``root/manifest.json``, its format checked, then validated field by field."""
+    path = Path(root) / Layout.MANIFEST
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{root}: no {Layout.MANIFEST}; is this a dflash-trt bundle "
+                              "(dflash-trt build -o DIR)?") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    check_format(path, raw.get("format"))
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise CheckpointError(f"{path}: {loc}: {first['msg']}{more}; rebuild the bundle with "
+                              "'dflash-trt build'") from None
+
+
+def write_manifest(root: str | Path, manifest: Manifest) -> dict:
+    """Write ``root/manifest.json``; returns the JSON object written."""
+    data = manifest.to_json()
+    (Path(root) / Layout.MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
+def open_bundle(path: str | Path, require_manifest: bool = True) -> Bundle:
+    """A bundle directory and its manifest. ``require_manifest=False`` also opens a directory
+    without one (``serve`` of a hand-made TensorRT-LLM directory); a manifest present is
+    always read and checked."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{path}: no such bundle directory (build one with 'dflash-trt build -o DIR')")
+    if not require_manifest and not (root / Layout.MANIFEST).exists():
+        return Bundle(root)
+    return Bundle(root, read_manifest(root))
+
+
+def check_bundle(path: str | Path) -> Bundle:
+    """What can be checked of a bundle without TensorRT-LLM's schema: every file of the
+    layout, a manifest of this format with every section ``build`` writes, an executable
+    ``serve.sh``, a drafter that reads. (``build.check_bundle`` adds the TensorRT-LLM config
+    and the quantized tensors.)"""
+    root = Path(path)
+    for rel in REQUIRED_FILES:
+        if not (root / rel).is_file():
+            raise CheckpointError(f"{root}: bundle lacks {rel}")
+    bundle = open_bundle(root)
+    missing = [k for k in BUILD_SECTIONS if k not in bundle.manifest.model_fields_set]
+    if missing:
+        raise CheckpointError(f"{root}: manifest lacks {missing[0]!r}")
+    if not os.access(bundle.serve_sh, os.X_OK):
+        raise CheckpointError(f"{root}: {Layout.SERVE_SH} is not executable")
+    read_drafter(bundle.drafter)
+    return bundle

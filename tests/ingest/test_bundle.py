@@ -1,0 +1,150 @@
+"""The bundle module: the typed manifest round-trips what build writes, a malformed manifest or
+one of another format is one line, and the check passes a real tiny bundle and refuses broken ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dflash_trt import ingest
+from dflash_trt.build import check_bundle as build_check_bundle
+from dflash_trt.cli import run
+from dflash_trt.errors import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def built(tiny_pair_dir, tmp_path_factory):
+    """A bundle written by `dflash-trt build` from the tiny pair (bf16, CPU)."""
+    tdir, ddir = tiny_pair_dir
+    out = tmp_path_factory.mktemp("bundle") / "tiny"
+    assert run(["build", "-t", str(tdir), "-d", str(ddir), "-o", str(out), "--set", "serving.max_seq_len=256"]) == 0
+    return out
+
+
+@pytest.fixture
+def bundle(built, tmp_path):
+    """A copy of the built bundle to break."""
+    return shutil.copytree(built, tmp_path / "tiny")
+
+
+def _edit_manifest(root, edit) -> None:
+    path = root / ingest.Layout.MANIFEST
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def test_manifest_round_trips_what_build_wrote(built, tmp_path):
+    text = (built / "manifest.json").read_text()
+    m = ingest.read_manifest(built)
+    assert m.to_json() == json.loads(text)
+    assert list(m.to_json()) == list(json.loads(text))  # key order too
+    again = tmp_path / "again"
+    again.mkdir()
+    assert ingest.write_manifest(again, m) == json.loads(text)
+    assert (again / "manifest.json").read_text() == text  # byte for byte
+    # typed, with the values build planned
+    assert m.format == ingest.BUNDLE_FORMAT == "dflash-trt-bundle/1"
+    assert m.precision.weights == "bf16" and m.precision.quantized_by is None
+    assert m.gpu.name == "cpu" and m.gpu.count == 1 and m.serve.tp_size == m.plan["tp"] == 1
+    assert m.serve.max_seq_len == 256 and m.reference_runtime.dequantize is False
+    assert len(m.inputs.target.sha256["model.safetensors"]) == 64 and m.inputs.calibration is None
+    assert set(m.timings) >= {"plan", "target", "drafter", "total"}
+
+
+def test_the_layout_names_what_build_wrote(built):
+    b = ingest.open_bundle(built)
+    L = ingest.Layout
+    assert (b.target, b.drafter, b.trtllm_config, b.serve_sh) == (
+        built / L.TARGET, built / L.DRAFTER, built / L.TRTLLM_CONFIG, built / L.SERVE_SH)
+    assert b.manifest_path.is_file() and (b.target / "config.json").is_file() and b.trtllm_config.is_file()
+    outputs = b.manifest.outputs
+    for rel in (outputs.trtllm_config, outputs.serve):
+        assert (built / rel).is_file(), rel
+    assert outputs.onnx is None and "onnx" not in b.manifest.to_json()["outputs"]
+    assert not b.onnx.exists() and not b.engines.exists()  # no TensorRT path in this recipe
+    assert b.name == b.manifest.name == b.manifest.recipe["name"] != built.name  # the manifest names it
+
+
+def test_check_passes_a_real_bundle(built):
+    b = ingest.check_bundle(built)
+    assert b.manifest.precision.weights == "bf16"
+    report = build_check_bundle(built)
+    assert report == {"bundle": str(built), "precision": "bf16", "tp": 1, "max_draft_len": report["max_draft_len"],
+                      "quantized": None}
+    assert 1 <= report["max_draft_len"] <= 7
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{nope", "invalid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ("\xff\xfe", "cannot read"),
+])
+def test_malformed_manifest_is_one_line(bundle, content, needle):
+    (bundle / "manifest.json").write_text(content, encoding="latin-1")
+    with pytest.raises(CheckpointError, match=needle) as exc:
+        ingest.read_manifest(bundle)
+    msg = str(exc.value)
+    assert "manifest.json" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda m: m["serve"].update(tp_size="eight"), "serve.tp_size"),
+    (lambda m: m.update(surprise=1), "surprise"),
+    (lambda m: m["precision"].pop("weights"), "precision.weights"),
+])
+def test_manifest_fields_are_typed(bundle, edit, needle):
+    _edit_manifest(bundle, edit)
+    with pytest.raises(CheckpointError, match=needle) as exc:
+        ingest.read_manifest(bundle)
+    assert "\n" not in str(exc.value) and "rebuild" in str(exc.value)
+
+
+def test_missing_manifest_is_one_line(bundle, capsys):
+    (bundle / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="no manifest.json"):
+        ingest.open_bundle(bundle)
+    assert run(["generate", str(bundle), "-p", "hi", "-n", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no manifest.json" in err and "Traceback" not in err
+    # serve opens a directory without a manifest (a hand-made TensorRT-LLM bundle), named after it
+    assert ingest.open_bundle(bundle, require_manifest=False).name == "tiny"
+
+
+@pytest.mark.parametrize("fmt", ["dflash-trt-bundle/0", "dflash-trt-bundle/2", None])
+def test_other_format_versions_are_refused_in_one_line(bundle, fmt, capsys):
+    _edit_manifest(bundle, lambda m: m.update(format=fmt) if fmt else m.pop("format"))
+    with pytest.raises(CheckpointError, match="rebuild the bundle with 'dflash-trt build'") as exc:
+        ingest.read_manifest(bundle)
+    assert repr(fmt) in str(exc.value) and ingest.BUNDLE_FORMAT in str(exc.value)
+    for argv in (["generate", str(bundle), "-p", "hi", "-n", "2"], ["serve", str(bundle), "--dry-run"]):
+        assert run(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "rebuild" in err and "Traceback" not in err, argv
+    with pytest.raises(CheckpointError, match="rebuild"):
+        build_check_bundle(bundle)
+
+
+@pytest.mark.parametrize("breakage, needle", [
+    (lambda b: (b / "trtllm" / "config.yaml").unlink(), "bundle lacks trtllm/config.yaml"),
+    (lambda b: (b / "target" / "config.json").unlink(), "bundle lacks target/config.json"),
+    (lambda b: _edit_manifest(b, lambda m: m.pop("timings")), "manifest lacks 'timings'"),
+    (lambda b: (b / "trtllm" / "serve.sh").chmod(0o644), "trtllm/serve.sh is not executable"),
+    (lambda b: (b / "drafter" / "model.safetensors").write_bytes(b"\x00" * 4), "truncated"),
+])
+def test_check_refuses_a_broken_bundle(bundle, breakage, needle):
+    breakage(bundle)
+    with pytest.raises(CheckpointError, match=needle):
+        ingest.check_bundle(bundle)
+    with pytest.raises(CheckpointError, match=needle):
+        build_check_bundle(bundle)
+
+
+def test_a_written_manifest_carries_its_format(tmp_path):
+    data = ingest.write_manifest(tmp_path, ingest.Manifest(name="x", serve={"tp_size": 2}))
+    assert data == {"format": ingest.BUNDLE_FORMAT, "name": "x", "serve": {"tp_size": 2}}
+    b = ingest.open_bundle(tmp_path)
+    assert b.name == "x" and b.serve.tp_size == 2 and b.serve.pp_size is None
+    assert b.manifest.reference_runtime.target == ingest.Layout.TARGET  # the default layout

@@ -94,11 +94,14 @@ def test_the_old_inverted_schedules_are_gone():
 
 def test_a_schedule_for_max_batch_size_1024():
     r, p, spec = _plan("qwen3-8b-b200-nvfp4", ["serving.max_batch_size=1024", "serving.max_seq_len=512",
-                                                "speculative.acceptance=1.6"])
+                                                "speculative.acceptance=3.0"])
     _check_plan_against_trtllm(r, p, spec)
     planned = _expand(p.draft_lengths)
-    assert planned[-1] == 0 and planned[0] > 0          # backs off, and turns drafting off before 1024
-    assert p.schedule in ("draft_len_schedule", "max_concurrency")
+    assert p.schedule == "draft_len_schedule" and len(spec["draft_len_schedule"]) > 5
+    assert planned[0] == 15 and 0 < planned[200] < 15 and planned[-1] == 0   # backs off, then off before 1024
+    r, p, spec = _plan("qwen3-8b-b200-nvfp4", ["serving.max_batch_size=1024", "serving.max_seq_len=512",
+                                                "speculative.acceptance=1.6"])
+    _check_plan_against_trtllm(r, p, spec)   # a weak drafter: one length, then off (max_concurrency)
 
 
 def test_schedule_none_drafts_the_constant_length():

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.files import FLOAT_DTYPES, TensorInfo
+from dflash_trt.ingest.resolve import positive_int
 
 # Tensors some exports carry that DFlash takes from the target (or recomputes): dropped.
 TARGET_OWNED = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
@@ -198,8 +199,10 @@ def _zlab(cfg: dict, names: list[str], root: Path, fmt: str) -> Normalised:
             if key == "rope_theta" and z.get("rope_scaling") is None:
                 z["rope_scaling"] = base.get("rope_scaling")
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
-        if z.get(key) is None:
-            raise CheckpointError(f"{where}: {key} is missing")
+        positive_int(z, key, where)
+    for key in ("num_key_value_heads", "head_dim", "vocab_size"):
+        if z.get(key) is not None:
+            positive_int(z, key, where)
     if d.get("block_size") is None and cfg.get("block_size") is None:
         defaulted.append("block_size")
     n = int(z["num_hidden_layers"])

@@ -5,21 +5,27 @@ Modules: ``protocol`` (request models, OpenAI-style errors), ``batcher`` (queue 
 request checks and error answers in one place) and ``responses`` (OpenAI bodies, SSE chunks),
 both importing fastapi and imported on use, ``app`` (``create_app`` wiring, ``serve``,
 ``ServerThread``), ``memory`` (will the weights fit in RAM), ``launch`` (``trtllm-serve``
-through the bundle's script; Slurm and Kubernetes files).
+through the bundle's script; Slurm and Kubernetes files), ``client`` (an OpenAI completions
+client over token ids, for regeneration).
 Other subpackages import from here, never from inside.
 """
 from __future__ import annotations
 
 from dflash_trt.serve.batcher import Batcher, Job
 from dflash_trt.serve.app import ServerThread, create_app, serve
+from dflash_trt.serve.client import Completion, CompletionClient, complete_all, served_model
 from dflash_trt.serve.memory import check_fits_cpu
 
 __all__ = [
     "launch",
     "Batcher",
+    "Completion",
+    "CompletionClient",
     "Job",
     "ServerThread",
     "check_fits_cpu",
+    "complete_all",
     "create_app",
     "serve",
+    "served_model",
 ]

@@ -172,7 +172,10 @@ async def completions(request: Request, req: CompletionRequest):
     prompt = req.prompt_value()
     ids = prompt if isinstance(prompt, list) else server.pair.encode(prompt)
     job = make_job(server, req, ids, req.max_tokens, server.default_max_tokens)
-    return await respond(request, server, req, job, chat=False)
+    body = await respond(request, server, req, job, chat=False)
+    if req.return_token_ids and isinstance(body, dict):  # full responses only; regeneration reads them
+        body["choices"][0]["token_ids"] = list(job.tokens)
+    return body
 
 
 async def chat_completions(request: Request, req: ChatRequest):

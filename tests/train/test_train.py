@@ -244,3 +244,21 @@ def test_train_drafter_user_errors(train_setup, tmp_path, capsys):
                 "--out", str(tmp_path / "z"), "--target-layer-ids", "1,3"]) == 2
     assert "last layer (3)" in capsys.readouterr().err
     assert not (tmp_path / "y").exists() and not (tmp_path / "z" / "config.json").exists()
+
+
+def test_jsonl_messages_go_through_the_chat_template(tmp_path):
+    tok = char_tokenizer()
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<a>"
+    (tmp_path / "c.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"prompt": "yo"}\n')
+    prompts, texts = data.read_data(tmp_path / "c.jsonl")
+    assert prompts == [[{"role": "user", "content": "hi"}], "yo"] and texts == []
+    ids = data.build_prompts(tok, prompts, [], prompt_len=64, gen_len=4, max_samples=10, seed=0)
+    assert sorted(tok.decode(p) for p in ids) == ["<user>hi<a>", tok.decode(tok("yo")["input_ids"])]
+    record = data.chat_record(tok, prompts, chat_template=False, thinking=None)
+    assert record["chat_template_applied"] and record["enable_thinking"] is None
+    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user"}]}\n')
+    with pytest.raises(DFlashError, match="'messages' list"):
+        data.read_data(tmp_path / "bad.jsonl")
+    tok.chat_template = None
+    with pytest.raises(DFlashError, match="chat template, and it has none"):
+        data.build_prompts(tok, prompts, [], prompt_len=64, gen_len=4, max_samples=10, seed=0)

@@ -10,8 +10,9 @@ TensorRT engines (build/export.py documents those graphs' I/O, which these calls
 The calls, per batch of ``b`` rows:
 
 - ``new_caches(b, draft)`` -> (target cache, drafter cache or None): empty caches.
-- ``target_forward(ids, positions, attention_mask, cache, capture)`` -> (logits, target_hidden):
-  prefill and verify alike; appends ``T`` columns to the target cache.
+- ``target_forward(ids, positions, attention_mask, cache, capture, logits_at=None)`` -> (logits,
+  target_hidden): prefill and verify alike; appends ``T`` columns to the target cache
+  (``logits_at``: the one position per row whose logits prefill needs).
 - ``drafter_round(target_hidden, n_new, anchor, block_size, cache)`` -> draft logits: KV
   injection of the tokens committed since the last round, then one block forward over
   ``[anchor, MASK x (B-1)]`` (the exported ``drafter.onnx`` is exactly this round). Block
@@ -35,6 +36,7 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
+from dflash_trt.runtime.decoder import lean_forward
 from dflash_trt.plugins import PagedKVCache
 
 
@@ -52,12 +54,14 @@ class Backend(ABC):
 
     @abstractmethod
     def target_forward(self, ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
-                       cache: object, capture: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       cache: object, capture: bool, logits_at: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward that appends ``T`` columns to ``cache``.
 
         ids [b, T]; positions [b, T]; attention_mask [b, S+T] bool over the S cached columns
-        and the T new ones (False: a hole or padding). Returns logits [b, T, V] and, when
-        ``capture``, target_hidden [b, T, n_tap*H] (else None).
+        and the T new ones (False: a hole or padding). Returns logits [b, T, V] ([b, 1, V], the
+        logits at position ``logits_at[r]`` of each row, when given: a backend may compute only
+        those) and, when ``capture``, target_hidden [b, T, n_tap*H] (else None).
         """
 
     @abstractmethod
@@ -86,12 +90,17 @@ class Backend(ABC):
 
 class TorchBackend(Backend):
     """The PyTorch modules themselves: a transformers target with a DynamicCache, and the
-    drafter over its paged cache (the reference implementation of both custom ops)."""
+    drafter over its paged cache (the reference implementation of both custom ops).
 
-    def __init__(self, target: Target, drafter: Drafter | None):
+    A plain decoder target (Llama, Qwen2, Qwen3) runs through :mod:`~dflash_trt.runtime.decoder`'s
+    lean forward over the same weights and cache (``lean=False``: transformers' own forward).
+    """
+
+    def __init__(self, target: Target, drafter: Drafter | None, *, lean: bool = True):
         self.target, self.drafter = target, drafter
         self.device = target.device
         self.drafter_block_size = drafter.cfg.block_size if drafter is not None else None
+        self.lean = lean_forward(target.model) if lean else None
 
     def new_caches(self, batch: int, draft: bool):
         from transformers import DynamicCache
@@ -99,8 +108,14 @@ class TorchBackend(Backend):
         dcache = self.drafter.new_cache(batch, device=self.device) if draft else None
         return DynamicCache(config=self.target.config), dcache
 
-    def target_forward(self, ids, positions, attention_mask, cache, capture):
-        return self.target.forward(ids, positions, attention_mask.long(), cache, capture=capture)
+    def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):
+        if self.lean is not None:
+            return self.lean.forward(ids, positions, attention_mask, cache, self.target.layer_ids if capture else None,
+                                     logits_at)
+        logits, hidden = self.target.forward(ids, positions, attention_mask.long(), cache, capture=capture)
+        if logits_at is not None:
+            logits = logits[torch.arange(ids.shape[0], device=ids.device), logits_at][:, None]
+        return logits, hidden
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
         d, cfg = self.drafter, self.drafter.cfg

@@ -196,9 +196,8 @@ def prefill(backend: Backend, rows: list[Request], draft: bool) -> Batch:
     col_valid = torch.arange(T, device=dev)[None] < lengths[:, None]           # [b, T]
     cache, dcache = backend.new_caches(b, draft)
     logits, target_hidden = backend.target_forward(ids, torch.arange(T, device=dev).expand(b, T),
-                                                   col_valid, cache, capture=draft)
-    last = logits[torch.arange(b, device=dev), lengths - 1]                     # [b, V]
-    first = select_rows(last, *_sampling(rows), lengths.tolist())               # [b]
+                                                   col_valid, cache, capture=draft, logits_at=lengths - 1)
+    first = select_rows(logits[:, 0], *_sampling(rows), lengths.tolist())       # [b]
     return Batch(list(rows), cache, dcache, col_valid, lengths, first, target_hidden, lengths)
 
 

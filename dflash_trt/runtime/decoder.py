@@ -22,11 +22,27 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dflash_trt.plugins import rms_norm, rotate_half
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 FUSE_BYTES = 1 << 30   # models up to 1 GiB get fused q/k/v and gate/up matrices
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # RoPE types whose tables do not change with length
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm (float32 statistics, cast back, then the weight), one fused kernel
+    for the normalisation: the same numbers as the module's five operations."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` with rotate_half as one roll: ``sin_signed`` is sin with
+    its first half negated, so every product and sum is the module's own."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+
+
+def _signed(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], -1)
 
 
 @dataclass
@@ -87,19 +103,20 @@ class LeanDecoder:
         """cos/sin [P, d] of every position, once, from the model's rotary module, for RoPE types
         that do not depend on the sequence length (the per-position arithmetic is elementwise,
         so a lookup gives the same numbers as the module)."""
-        rope = self.inner.rotary_emb
+        rotary = self.inner.rotary_emb
         P = int(getattr(cfg, "max_position_embeddings", 0) or 0)
-        if getattr(rope, "rope_type", "default") not in STATIC_ROPE or not 0 < P <= 1 << 16:
+        if getattr(rotary, "rope_type", "default") not in STATIC_ROPE or not 0 < P <= 1 << 16:
             return None
         x = self.head[:1, None]
-        cos, sin = rope(x, torch.arange(P, device=x.device)[None])
-        return cos[0], sin[0]
+        cos, sin = rotary(x, torch.arange(P, device=x.device)[None])
+        return cos[0], _signed(sin[0])
 
-    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [b, T, d] at ``positions`` [b, T]."""
+    def cos_sin(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin (see :func:`rope`) [b, T, d] at ``positions`` [b, T]."""
         if self.rope_table is not None and int(positions.max()) < len(self.rope_table[0]):
             return self.rope_table[0][positions], self.rope_table[1][positions]
-        return self.inner.rotary_emb(x, positions)
+        cos, sin = self.inner.rotary_emb(x, positions)
+        return cos, _signed(sin)
 
     def _attention(self, L: _Layer, x, cos, sin, mask, cache, i):
         b, T, _ = x.shape
@@ -109,7 +126,7 @@ class LeanDecoder:
         if L.qk_norm is not None:                                # q_norm on q heads, k_norm on k heads
             qk = rms_norm(qk, L.qk_norm, self.eps)
         qk = qk.transpose(1, 2)                                  # [b, h+kvh, T, d]
-        qk = qk * cos + rotate_half(qk) * sin                    # RoPE on q and k at once
+        qk = rope(qk, cos, sin)                                  # on q and k at once
         k, v = cache.update(qk[:, h:], v.transpose(1, 2), i)     # [b, kvh, S+T, d]
         out = F.scaled_dot_product_attention(qk[:, :h], k, v, attn_mask=mask, scale=d ** -0.5, enable_gqa=h != kvh)
         return F.linear(out.transpose(1, 2).reshape(b, T, h * d), L.o, L.o_bias)
@@ -123,7 +140,7 @@ class LeanDecoder:
         b, T = ids.shape
         S = col_valid.shape[1] - T
         x = self.inner.embed_tokens(ids)
-        cos, sin = self.rope(x, positions)                                         # [b, T, d]
+        cos, sin = self.cos_sin(x, positions)                                      # [b, T, d]
         cos, sin = cos[:, None], sin[:, None]
         dev = ids.device
         causal = torch.arange(S + T, device=dev) <= S + torch.arange(T, device=dev)[:, None]  # [T, S+T]

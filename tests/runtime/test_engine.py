@@ -180,3 +180,42 @@ def test_paged_caches_merge_and_repack_without_moving_a_row():
     repack_paged(merged)
     assert merged.used_pages < before
     assert torch.equal(merged.gather(0)[0][0, :2], want[3])
+
+
+class _OracleBackend(TorchBackend):
+    """The torch backend over an oracle drafter whose rows are numbered in admission order, so
+    the numbers follow the rows through joins (merge_rows) and leaves (the oracle's select)."""
+
+    def __init__(self, target, oracle):
+        super().__init__(target, oracle)
+        self.next_row = 0
+
+    def new_caches(self, batch, draft):
+        cache, dcache = super().new_caches(batch, draft)
+        if dcache is not None:
+            dcache.row_ids = torch.arange(self.next_row, self.next_row + batch)
+            self.next_row += batch
+        return cache, dcache
+
+    def merge_rows(self, target_a, draft_a, target_b, draft_b):
+        ids = torch.cat([draft_a.row_ids, draft_b.row_ids])
+        target, draft = super().merge_rows(target_a, draft_a, target_b, draft_b)
+        draft.row_ids = ids
+        return target, draft
+
+
+def test_joined_rows_keep_drafting_from_the_right_context():
+    """An oracle drafter (the target's true continuation, read at its cache length) stays fully
+    accepted through joins and leaves: every merged drafter cache kept each row's length."""
+    model = tiny_target("llama")
+    ps = prompts(5, seed=8, lo=3, hi=30)
+    truth = [p + hf_greedy(model, p, MAX_NEW + 8) for p in ps]   # admitted in this order below
+    oracle = OracleDrafter(tiny_drafter_config(model, block_size=6), truth).to(model.dtype)
+    reqs = [Request(p, MAX_NEW if i != 1 else 7) for i, p in enumerate(ps)]
+    steps = run(Engine(_OracleBackend(wrap(model, oracle), oracle), max_batch=8),
+                {0: reqs[:2], 1: reqs[2:3], 3: reqs[3:]})
+    assert [r.token_ids for r in reqs] == [t[len(p):][: r.max_new_tokens] for p, t, r in zip(ps, truth, reqs)]
+    assert any(s.admitted and s.batch_size > len(s.admitted) for s in steps)   # rows did join
+    # Every round of every row accepted its whole block (6 tokens) but for each row's last.
+    rounds = sum(s.stats.rounds for s in steps)
+    assert rounds == sum(-(-(len(r.token_ids) - 1) // 6) for r in reqs)

@@ -19,6 +19,11 @@ class Runtime(str, Enum):
     reference = "reference"
 
 
+class Batching(str, Enum):
+    continuous = "continuous"
+    static = "static"
+
+
 class Emit(str, Enum):
     slurm = "slurm"
     k8s = "k8s"
@@ -42,7 +47,10 @@ def serve(
     pvc: Annotated[str, typer.Option(help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")] = "dflash-bundles",
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="Model id clients send "
                                                       "(default: the bundle's name).")] = None,
-    max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Embedded server: requests per runtime batch.")] = 8,
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Embedded server: requests per runtime "
+                                                     "batch (default: the bundle's planned max_batch_size, else 8).")] = None,
+    batching: Annotated[Batching, typer.Option(help="Embedded server: continuous (requests join the running batch "
+                                               "every round) or static (one batch at a time, for comparison).")] = Batching.continuous,
     max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
     block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
                                                       "size (1: autoregressive).")] = None,
@@ -87,11 +95,13 @@ def serve(
             exc.exit_code = code if code > 0 else 128 - code  # killed by a signal: 128 + signum
             raise exc
         return
-    serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend)
+    serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
+                    batching.value)
 
 
-def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int, max_queue: int,
-                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch") -> int:
+def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
+                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
+                    batching: str = "continuous") -> int:
     from dflash_trt.errors import DFlashError, require
     from dflash_trt.runtime import load_bundle, open_backend, parse_dtype
     from dflash_trt.serve import check_fits_cpu, create_app, serve as run_server
@@ -108,21 +118,24 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
         raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
     if pair.backend is not None:
         _check_profile(pair.backend, backend, max_batch, block_size)
+        if batching == "continuous":  # graph backends cannot merge rows into a running batch yet
+            err.print(f"the {backend} backend batches statically (rows join between batches)")
+            batching = "static"
     app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                            block_size=block_size, torch_threads=threads,
-                            max_model_len=b.serve.max_seq_len)
+                     block_size=block_size, torch_threads=threads, batching=batching,
+                     max_model_len=b.serve.max_seq_len)
     through = f", {backend} backend" if backend != "torch" else ""
-    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, "
-              f"max batch {max_batch}, queue {max_queue})")
+    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, {batching} "
+              f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")
     return run_server(app, host, port)
 
 
-def _check_profile(graphs, backend: str, max_batch: int, block_size: int | None) -> None:
+def _check_profile(graphs, backend: str, max_batch: int | None, block_size: int | None) -> None:
     """The server's batch and block size within the engines' profile, or one line now (not per request)."""
     from dflash_trt.errors import DFlashError
 
     p = graphs.profile
-    if max_batch > p.max_batch:
+    if max_batch is not None and max_batch > p.max_batch:
         raise DFlashError(f"--max-batch {max_batch} exceeds the engines' profile (batch <= {p.max_batch}) "
                           f"that --backend {backend} runs; lower it or rebuild with --set serving.max_batch_size=N")
     if block_size not in (None, 1, p.block_size):

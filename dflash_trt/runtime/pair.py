@@ -28,6 +28,10 @@ DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
 
 @dataclass
 class Pair:
+    """Models and tokenizer; from a bundle also its serving plan: ``max_batch_size`` and the
+    ``draft_len_schedule`` ({batch size: draft length}, TensorRT-LLM's lookup) of its
+    ``trtllm/config.yaml`` (None: not planned)."""
+
     target: Target
     drafter: Drafter | None
     tokenizer: object
@@ -35,6 +39,8 @@ class Pair:
     name: str = "model"
     #: what answers the loop's model calls (``generate(..., backend=)``); None: the modules above
     backend: Backend | None = None
+    max_batch_size: int | None = None
+    draft_len_schedule: dict[int, int] | None = None
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         tok = self.tokenizer
@@ -119,15 +125,39 @@ def load_bundle(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -
     tdir, ddir = bundle.root / ref.target, bundle.root / ref.drafter
     if not ref.dequantize:
         pair = load_pair(tdir, ddir, dtype=dtype, device=device)
-        pair.name = bundle.root.name
-        return pair
-    torch_dtype = parse_dtype(dtype, device)
-    model = _load_dequantized(tdir, torch_dtype, device)
-    tokenizer = load_tokenizer(tdir)
-    d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
-    ingest.check_pair_runtime(model, d, where=str(ddir))
-    return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer),
-                name=bundle.root.name)
+    else:
+        torch_dtype = parse_dtype(dtype, device)
+        model = _load_dequantized(tdir, torch_dtype, device)
+        tokenizer = load_tokenizer(tdir)
+        d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
+        ingest.check_pair_runtime(model, d, where=str(ddir))
+        pair = Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer))
+    pair.name = bundle.root.name
+    pair.max_batch_size, pair.draft_len_schedule = serving_plan(bundle.trtllm_config)
+    return pair
+
+
+def serving_plan(config_yaml: Path) -> tuple[int | None, dict[int, int] | None]:
+    """(max_batch_size, draft_len_schedule) from a TensorRT-LLM config; (None, None) without one.
+
+    ``speculative_config.max_concurrency: N`` is the schedule ``{N: max_draft_len}``, as
+    TensorRT-LLM translates it; ``draft_len_schedule`` is read as written (keys: batch sizes).
+    """
+    import yaml
+
+    if not config_yaml.is_file():
+        return None, None
+    try:
+        cfg = yaml.safe_load(config_yaml.read_text()) or {}
+        spec = cfg.get("speculative_config") or {}
+        batch = int(cfg["max_batch_size"]) if cfg.get("max_batch_size") else None
+        if spec.get("draft_len_schedule"):
+            return batch, {int(k): int(v) for k, v in spec["draft_len_schedule"].items()}
+        if spec.get("max_concurrency"):
+            return batch, {int(spec["max_concurrency"]): int(spec["max_draft_len"])}
+        return batch, None
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{config_yaml}: cannot read the serving plan: {exc}") from None
 
 
 def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):

@@ -15,6 +15,10 @@ The calls, per batch of ``b`` rows:
 - ``drafter_round(target_hidden, n_new, anchor, block_size, cache)`` -> draft logits: KV
   injection of the tokens committed since the last round, then one block forward over
   ``[anchor, MASK x (B-1)]`` (the exported ``drafter.onnx`` is exactly this round).
+- ``draft_block(target_hidden, n_new, anchor, block_size, cache, sampling, gen)`` -> (tokens, q):
+  the B-1 draft tokens and the distribution q they were drawn from (None at temperature 0).
+  Default: ``drafter_round``, then an argmax or an independent draw per position; a DFlash2
+  drafter instead walks its candidate selector left to right (``TorchBackend`` overrides it).
 - ``keep_rows(target_cache, draft_cache, rows)``: rows leaving the batch.
 - ``compact(target_cache, col_valid)`` -> col_valid: drop cache columns that are holes in
   every row (optional: holes are masked, so keeping them is correct, only slower).
@@ -30,7 +34,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from dflash_trt.model import Drafter, Target
+from dflash_trt.model import DFlash2Drafter, Drafter, Target
+from dflash_trt.runtime.sampling import SamplingParams, draw, probs
 
 
 class Backend(ABC):
@@ -65,6 +70,18 @@ class Backend(ABC):
         committed token, block position 0, at absolute position ``lengths + n_new``.
         """
 
+    def draft_block(self, target_hidden: torch.Tensor, n_new: torch.Tensor, anchor: torch.Tensor, block_size: int,
+                    cache: object, sampling: SamplingParams,
+                    gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One drafter round as tokens: (draft tokens [b, B-1], q [b, B-1, V] float32 or None at
+        temperature 0), q being the distribution each token was drawn from (what rejection
+        sampling must use). Default: each position independently from ``drafter_round``'s logits."""
+        dlogits = self.drafter_round(target_hidden, n_new, anchor, block_size, cache)
+        if sampling.greedy:
+            return dlogits.argmax(-1), None
+        q = probs(dlogits, sampling)                                                # [b, B-1, V]
+        return draw(q, gen), q
+
     @abstractmethod
     def keep_rows(self, target_cache: object, draft_cache: object | None, rows: torch.Tensor) -> None:
         """Keep only ``rows`` [n] (indices into the current batch, in order) in both caches."""
@@ -93,12 +110,24 @@ class TorchBackend(Backend):
         return self.target.forward(ids, positions, attention_mask.long(), cache, capture=capture)
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
+        return self._draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)[1]
+
+    def _draft_hidden_logits(self, target_hidden, n_new, anchor, block_size, cache):
+        """Inject, draft one block: (hidden [b, B-1, H], draft logits [b, B-1, V] float32)."""
         d, cfg = self.drafter, self.drafter.cfg
         d.inject(target_hidden.to(d.dtype), n_new, cache)
         block = anchor.new_full((anchor.shape[0], block_size), cfg.mask_token_id)   # [b, B]
         block[:, 0] = anchor
-        hidden = d.draft(self.target.embed(block, cfg.input_embedding_scale).to(d.dtype), cache)
-        return d.logits(hidden[:, 1:], self.target.head).float()
+        hidden = d.draft(self.target.embed(block, cfg.input_embedding_scale).to(d.dtype), cache)[:, 1:]
+        return hidden, d.logits(hidden, self.target.head).float()
+
+    def draft_block(self, target_hidden, n_new, anchor, block_size, cache, sampling, gen):
+        """A DFlash2 drafter walks its candidate selector (``DFlash2Drafter.propose``); q is the
+        walk's distribution over each position's candidates. Others: ``Backend.draft_block``."""
+        if not isinstance(self.drafter, DFlash2Drafter):
+            return super().draft_block(target_hidden, n_new, anchor, block_size, cache, sampling, gen)
+        hidden, dlogits = self._draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)
+        return self.drafter.propose(hidden, dlogits, anchor, sampling.temperature, gen)
 
     def keep_rows(self, target_cache, draft_cache, rows):
         target_cache.batch_select_indices(rows)

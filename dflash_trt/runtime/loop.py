@@ -34,7 +34,7 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
 from dflash_trt.runtime.backend import Backend, TorchBackend
-from dflash_trt.runtime.sampling import SamplingParams, accept, draw, probs, select
+from dflash_trt.runtime.sampling import SamplingParams, accept, select
 from dflash_trt.runtime.stats import Stats
 
 
@@ -150,16 +150,14 @@ def prefill(backend: Backend, prompts: list[list[int]], sampling: SamplingParams
 def draft(backend: Backend, batch: Batch, B: int, sampling: SamplingParams,
           gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The block to verify, [n, B]: the anchor, then B-1 draft tokens; and q [n, B-1, V], the
-    warped draft distributions they were drawn from (None at temperature 0). B = 1 drafts
-    nothing: the block is the anchor alone."""
+    draft distributions they were drawn from (None at temperature 0; ``Backend.draft_block``).
+    B = 1 drafts nothing: the block is the anchor alone."""
     anchor = batch.last[:, None]                                                # [n, 1]
     if B == 1:
         return anchor, None
-    dlogits = backend.drafter_round(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache)
-    if sampling.greedy:
-        return torch.cat([anchor, dlogits.argmax(-1)], dim=1), None
-    q = probs(dlogits, sampling)                                                # [n, B-1, V]
-    return torch.cat([anchor, draw(q, gen)], dim=1), q
+    tokens, q = backend.draft_block(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache,
+                                    sampling, gen)                              # [n, B-1], [n, B-1, V]
+    return torch.cat([anchor, tokens], dim=1), q
 
 
 def verify(backend: Backend, batch: Batch, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

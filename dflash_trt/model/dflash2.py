@@ -42,6 +42,7 @@ class DynamicConv(nn.Module):
         base[:, 0] = 1.0
         self.base_kernel = nn.Parameter(base)
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * groups, bias=False)
+        nn.init.zeros_(self.kernel_projection.weight)
 
     def prepare(self, h: torch.Tensor, block_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """h [b, L, H] (the sublayer's normed input) -> (conv_in(h) [b, L, H], the output side's

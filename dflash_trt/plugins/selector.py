@@ -50,6 +50,29 @@ def walk(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, pr
     return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
 
 
+def walk_graph(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
+               successor: torch.Tensor, anchor: torch.Tensor, temperature: torch.Tensor,
+               uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`walk` with the temperature a tensor [1] (0: greedy) and no Python branch on it, so
+    one exported graph serves both modes. Returns tokens [b, K] and q [b, K, k] (at temperature
+    0 the softmax at temperature 1, which a greedy verifier ignores); equal to :func:`walk`'s."""
+    K, k = unary.shape[1], unary.shape[2]
+    sampling = temperature > 0
+    scale = torch.where(sampling, temperature, torch.ones_like(temperature))
+    prev = anchor
+    tokens, qs = [], []
+    for t in range(K):
+        context = predecessor[prev].float() * hidden[:, t].float()
+        scores = unary[:, t] + torch.einsum("br,bkr->bk", context, successor[candidates[:, t]].float())
+        q = torch.softmax(scores / scale, dim=-1)
+        drawn = (q.cumsum(-1) <= uniforms[:, t, None]).sum(-1).clamp_max(k - 1)
+        index = torch.where(sampling, drawn, scores.argmax(-1))
+        prev = candidates[:, t].gather(1, index[:, None])[:, 0]
+        tokens.append(prev)
+        qs.append(q)
+    return torch.stack(tokens, 1), torch.stack(qs, 1)
+
+
 def edge_scores(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
                 successor: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
     """Every transition's score at once, [b, K, k_prev, k] (a dense rewrite of the formula, for tests).

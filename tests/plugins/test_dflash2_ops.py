@@ -107,3 +107,14 @@ def test_sampled_walk_is_the_inverse_cdf_of_q():
     tokens, q = selector.walk(**c, temperature=0.7, uniforms=u)
     assert torch.equal(tokens, _walk_dense(c, 0.7, u))
     torch.testing.assert_close(q.sum(-1), torch.ones(3, 5))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_the_exported_walk_is_the_walk(temperature):
+    c = _selector_case(seed=6)
+    u = torch.rand(3, 5, generator=torch.Generator().manual_seed(7))
+    tokens, q = selector.walk(**c, temperature=temperature, uniforms=u)
+    g_tokens, g_q = selector.walk_graph(**c, temperature=torch.tensor([temperature]), uniforms=u)
+    assert torch.equal(tokens, g_tokens)
+    if q is not None:
+        torch.testing.assert_close(q, g_q)

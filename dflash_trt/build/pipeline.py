@@ -9,7 +9,8 @@ Stages, each a plain function called in order by :func:`build`:
 2. :func:`dflash_trt.build.plan.make` -- memory, TP size, draft length and back-off.
 3. (not ``--dry-run``) the weights: the target copied (bf16 / as shipped) or calibrated
    and exported by ModelOpt (fp8 / nvfp4) and verified from its safetensors; the drafter
-   in z-lab form; ``trtllm/config.yaml`` + ``serve.sh``; ``manifest.json``. All into a
+   in z-lab form (BF16, ascending target layers: ``bundle_drafter``); ``trtllm/config.yaml`` +
+   ``serve.sh`` (which checks the TensorRT-LLM version and the GPUs); ``manifest.json``. All into a
    temporary sibling directory renamed to OUT at the end; on any failure it is removed.
 
 The bundle's layout, its typed manifest and the checks that need no TensorRT-LLM schema
@@ -20,7 +21,6 @@ writes through them, runtime / serve / bench read through them.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import shutil
 import time
@@ -28,15 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt import ingest
-
-from dflash_trt.build import hardware
-
+from dflash_trt.build import (
+    bundle_drafter,
+    hardware,
+    output,
+    serve_sh,
+    trtllm,
+    trtllm_releases,
+    trtllm_rules,
+)
 from dflash_trt.build import plan as planner
-
-from dflash_trt.build import trtllm
-from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
-from dflash_trt.build.recipe import Recipe
 from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision
+from dflash_trt.build.recipe import Recipe
+from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
@@ -89,17 +93,21 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     precision = shipped or ("bf16" if requested == "auto" else requested)
     hardware.check_precision(gpu, precision, kv)
     report = ingest.validate_pair(tdir, ddir, require_weights=weights)
+    warnings = list(getattr(report, "warnings", []) or [])
+    ignored = trtllm_rules.ignored_drafter_keys(ingest.read_drafter(ddir, require_weights=False).config)
+    if ignored:
+        warnings.append(ignored)
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
-                    shipped_quant=shipped_q, warnings=list(getattr(report, "warnings", []) or []))
+                    shipped_quant=shipped_q, warnings=warnings)
 
 
 def make_plan(r: Resolved) -> planner.Plan:
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
-    p = planner.make(dep, rc.serving, rc.speculative, rc.parallel)
+    p = planner.make(dep, rc.serving, rc.speculative, rc.parallel, rc.trtllm)
     p.warnings = r.warnings + p.warnings
     return p
 
@@ -124,95 +132,30 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     t0 = time.perf_counter()
     out = Path(out) if out is not None else default_out(recipe)
     if not dry_run:
-        _check_output(out, force)
+        output.check_output(out, force)
     r = resolve(recipe, weights=False)
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:
+        trtllm.config(recipe, p, r.drafter)  # what build would write passes the release's schema
         return BuildResult(p, None, None, r)
 
     say("resolving checkpoints")
     w = resolve(recipe, weights=True)
     if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
         r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
-    tmp = _start_partial(out)
+    tmp = output.start_partial(out)
     try:
         manifest = _write_bundle(r, p, tmp, say, progress, timings)
         timings["total"] = time.perf_counter() - t0
         manifest.timings = {k: round(v, 3) for k, v in timings.items()}
         written = ingest.write_manifest(tmp, manifest)
-        _share(tmp)
-        _replace(tmp, out)
+        output.share(tmp)
+        output.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return BuildResult(p, out, written, r)
-
-
-def _check_output(out: Path, force: bool) -> None:
-    """``-o`` may name a new path, an empty directory, or (with --force) an existing bundle; never
-    a file or a directory of the user's, which --force would otherwise delete."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise DFlashError(f"-o {out}: exists and is not a directory; choose another -o")
-    if out.is_dir() and any(out.iterdir()):
-        if not (out / ingest.Layout.MANIFEST).is_file():
-            raise DFlashError(f"-o {out}: a directory that is not a dflash-trt bundle (no {ingest.Layout.MANIFEST}); "
-                              "--force only replaces bundles: choose another -o")
-        if not force:
-            raise DFlashError(f"{out} exists; pass --force to replace it, or choose another -o")
-    parent = next((p for p in (out.parent, *out.parent.parents) if p.exists()), Path("."))
-    if not parent.is_dir():
-        raise DFlashError(f"-o {out}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise DFlashError(f"-o {out}: {parent} is not writable")
-
-
-def _start_partial(out: Path) -> Path:
-    """A fresh ``.NAME.partial-PID`` beside ``out``; partial builds of the same output left by a
-    killed build (their process is gone) are removed first: they are model-sized."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        for stale in out.parent.glob(f".{out.name}.partial-*"):
-            pid = stale.name.rsplit("-", 1)[-1]
-            if stale.is_dir() and not (pid.isdigit() and _alive(int(pid))):
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    except OSError as exc:
-        raise DFlashError(f"-o {out}: cannot write there ({exc.strerror or exc})") from None
-    return tmp
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def _share(root: Path) -> None:
-    """Bundle files readable by other users and containers: temporary directories and some writers
-    create 0700/0600 entries; directories become 0755, files 0644 (0755 if executable)."""
-    for p in [root, *root.rglob("*")]:
-        if p.is_symlink():
-            continue
-        mode = p.stat().st_mode
-        p.chmod(0o755 if p.is_dir() or mode & 0o100 else 0o644)
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _copy_checkpoint(src: Path, dst: Path) -> None:
@@ -249,21 +192,29 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
     return info, quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
 
 
-def _write_drafter(r: Resolved, tmp: Path, say) -> None:
-    say("writing the drafter (z-lab form)")
-    ingest.write_zlab(r.drafter_dir, tmp / "drafter")
+def _write_drafter(r: Resolved, tmp: Path, say) -> dict:
+    say("writing the drafter (z-lab form, BF16)")
+    return bundle_drafter.write_drafter(r.drafter_dir, tmp / ingest.Layout.DRAFTER)
+
+
+def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
+    """What the bundle's serve.sh checks: the release, and the GPUs this node serves with."""
+    return serve_sh.ServeCheck(release=p.trtllm_release, gpu=r.gpu.name, sm=r.gpu.sm, memory_gb=r.gpu.memory_gb,
+                               gpus=min(r.recipe.gpu.count, p.tp))
 
 
 def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
-    _timed(timings, "drafter", _write_drafter, r, tmp, say)
-    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port)
+    drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
+    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port,
+                 serve_check(r, p))
     engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
 
     t = time.perf_counter()
     say("hashing inputs")
     manifest = _manifest(r, p, quant_info, verified, engine_info)
+    manifest.drafter = ingest.DrafterInfo(**drafter_info)
     timings["hash"] = time.perf_counter() - t
     return manifest
 
@@ -281,6 +232,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         inputs={"target": _input(rc.target, r.target_dir), "drafter": _input(rc.drafter, r.drafter_dir),
                 "calibration": _calib_input(rc)},
         tools=_versions(quantized=r.quantize),
+        trtllm={"release": p.trtllm_release, "image": trtllm_releases.get(p.trtllm_release).image},
         gpu={"name": r.gpu.name, "sm": r.gpu.sm, "memory_gb": r.gpu.memory_gb, "count": r.gpus},
         precision={
             "weights": r.precision, "kv_cache": rc.precision.kv_cache,
@@ -375,7 +327,7 @@ def check_bundle(path: str | Path) -> dict:
     schema, the drafter it names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
     bundle = ingest.check_bundle(root)
-    cfg = trtllm.load(root)
+    cfg = trtllm.load(root, bundle.manifest.trtllm.release)
     spec_model = root / cfg.speculative_config.speculative_model
     if not (spec_model / "config.json").is_file():
         raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the bundle's drafter")

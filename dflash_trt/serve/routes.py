@@ -19,6 +19,7 @@ import asyncio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_trt.runtime import SamplingParams
 from dflash_trt.serve.batcher import Draining, Job, QueueFull
@@ -41,6 +42,14 @@ def error(server: ServerState, status: int, message: str, type_: str = "invalid_
 
 async def api_error(request: Request, exc: APIError) -> JSONResponse:
     return error(server_of(request), exc.status, exc.message, exc.type, exc.param, exc.code)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Unknown routes (404), wrong methods (405) and the like, as OpenAI error objects too."""
+    kind = {404: "NotFoundError", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+    message = {404: f"No route {request.method} {request.url.path} on this server.",
+               405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, str(exc.detail))
+    return error(server_of(request), exc.status_code, message, kind)
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -192,7 +201,8 @@ ROUTES = (
     ("POST", "/v1/completions", completions),
     ("POST", "/v1/chat/completions", chat_completions),
 )
-ERROR_HANDLERS = ((APIError, api_error), (RequestValidationError, invalid_request))
+ERROR_HANDLERS = ((APIError, api_error), (RequestValidationError, invalid_request),
+                  (StarletteHTTPException, http_error))
 
 
 def install(app: FastAPI) -> None:

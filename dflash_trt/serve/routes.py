@@ -140,14 +140,21 @@ def respond_stream(server: ServerState, req, job: Job, events: asyncio.Queue, ch
 
 async def respond_full(request: Request, server: ServerState, job: Job, events: asyncio.Queue, chat: bool):
     reply = Reply.new(chat, server.model_name)
+    loop = asyncio.get_running_loop()
+    checked = loop.time()
     while True:  # non-streaming: wait for the end, noticing a client that goes away
         try:
             kind, payload = await asyncio.wait_for(events.get(), timeout=0.5)
         except asyncio.TimeoutError:
+            kind = None
+        # at least every 0.5 s, also while tokens keep coming: a busy job is cancelled too
+        if kind is None or loop.time() - checked >= 0.5:
+            checked = loop.time()
             if await request.is_disconnected():
                 job.cancel()
                 server.metrics.request_done(499)
                 return Response(status_code=499)
+        if kind is None:
             continue
         if kind == "error":
             raise APIError(500, str(payload), "server_error")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Engine-build checks CI runs on the CPU (no GPU, no network):
 #   1. every complete bundled recipe validates and plans from its shipped configs (plan + build
-#      --dry-run); every incomplete one (configs only partly published) refuses in one line;
+#      --dry-run), every one marked incomplete refuses in one line,
+#      and a Hopper recipe plans for every TensorRT-LLM release the project knows;
 #   2. the tiny recipe builds at bf16, fp8 and nvfp4 (ModelOpt calibrates on the CPU) and each
 #      bundle is checked (build.check_bundle): layout, manifest, trtllm config against the
 #      schema, serve.sh, quantized tensors' dtypes and shapes.
@@ -12,22 +13,23 @@ WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
 DT="python -m dflash_trt"
 
-LIST='from dflash_trt.build import recipe as R; import sys
-want = sys.argv[1] == "incomplete"
-print(" ".join(n for n, p in R.bundled().items() if bool(R.load(p).incomplete) == want))'
+LIST="from dflash_trt.build import recipe as R; import sys; want = sys.argv[1] == 'incomplete'
+print(' '.join(n for n in R.bundled() if bool(R.load(n).incomplete) == want))"
 for recipe in $(python -c "$LIST" complete); do
   echo "== plan $recipe"
   $DT plan "$recipe" --json > "$WORK/plan-$recipe.json"
   $DT build "$recipe" --dry-run > /dev/null
 done
-# Recipes whose configs are only partly published: plan must refuse each in one line (exit 2).
-for recipe in $(python -c "$LIST" incomplete); do
-  echo "== refuses $recipe"
-  rc=0; $DT plan "$recipe" > /dev/null 2> "$WORK/refuse-$recipe.txt" || rc=$?
-  lines=$(wc -l < "$WORK/refuse-$recipe.txt")
-  if [ "$rc" != 2 ] || [ "$lines" != 1 ] || ! grep -q "is incomplete" "$WORK/refuse-$recipe.txt"; then
-    echo "error: plan $recipe should refuse in one line (rc $rc, $lines lines)" >&2; cat "$WORK/refuse-$recipe.txt" >&2; exit 1
-  fi
+for recipe in $(python -c "$LIST" incomplete); do   # marked incomplete: refused in one line, exit 2
+  echo "== plan $recipe (incomplete: must refuse)"
+  code=0; $DT plan "$recipe" 2> "$WORK/refuse-$recipe.txt" > /dev/null || code=$?
+  [ "$code" = 2 ] && [ "$(wc -l < "$WORK/refuse-$recipe.txt")" -le 1 ] && grep -q incomplete "$WORK/refuse-$recipe.txt" \
+    || { echo "error: incomplete recipe $recipe did not refuse in one line" >&2; cat "$WORK/refuse-$recipe.txt" >&2; exit 1; }
+done
+
+for release in $(python -c "from dflash_trt.build import trtllm_releases as t; print(' '.join(t.KNOWN))"); do
+  echo "== plan qwen3-8b-h100-fp8 for TensorRT-LLM $release"
+  $DT build qwen3-8b-h100-fp8 --dry-run --set trtllm.release="$release" > /dev/null
 done
 
 python -c "import sys; from dflash_trt.build import recipe; sys.exit('tiny' not in recipe.bundled())" \

@@ -42,12 +42,61 @@ def version() -> None:
     print(__version__)
 
 
+class _HeldLibraryOutput:
+    """Python warnings and library loggers (transformers, ModelOpt, ...) held during a command.
+
+    A command that succeeds shows them afterwards; one that fails with a user error drops them, so
+    a refusal stays one line on stderr however chatty the libraries were on the way to it.
+    """
+
+    LOGGERS = ("transformers", "modelopt", "torch", "huggingface_hub", "onnxscript", "onnx_ir")
+    KEEP = 200  # a long command keeps at most this many records
+
+    def __init__(self, argv: list[str] | None):
+        # the server runs until stopped: its warnings are shown as they come
+        self.active = not (argv or sys.argv[1:])[:1] == ["serve"]
+        self.release = lambda: None
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        import logging
+        import warnings
+
+        self._warnings = warnings.catch_warnings(record=True)
+        self.caught = self._warnings.__enter__()
+        warnings.simplefilter("default")
+        self.records: list[logging.LogRecord] = []
+        self._handler = logging.Handler(logging.WARNING)
+        self._handler.emit = lambda r: len(self.records) < self.KEEP and self.records.append(r)
+        self._saved = []
+        for name in self.LOGGERS:
+            lg = logging.getLogger(name)
+            self._saved.append((lg, lg.handlers[:], lg.propagate))
+            lg.handlers, lg.propagate = [self._handler], False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import warnings
+
+        if not self.active:
+            return
+        for lg, handlers, propagate in self._saved:
+            lg.handlers, lg.propagate = handlers, propagate
+        self._warnings.__exit__(*exc)
+        self.release = lambda: ([warnings.showwarning(w.message, w.category, w.filename, w.lineno) for w in self.caught],
+                                [print(r.getMessage(), file=sys.stderr) for r in self.records])
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (what tests call in-process)."""
     from dflash_trt.errors import DFlashError
 
+    held = _HeldLibraryOutput(argv)
     try:
-        rv = app(args=argv, prog_name="dflash-trt", standalone_mode=False)
+        with held:
+            rv = app(args=argv, prog_name="dflash-trt", standalone_mode=False)
+        held.release()
     except DFlashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -59,13 +108,16 @@ def run(argv: list[str] | None = None) -> int:
         return 2
     except _EXIT as exc:
         return exc.exit_code
-    except _ABORT:
-        print("aborted", file=sys.stderr)
+    except _ABORT:  # click turns Ctrl-C into Abort
+        print("interrupted", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    # Without standalone mode, typer.Exit(code) comes back as the return value.
+    # Without standalone mode, typer.Exit(code) comes back as the return value; typer turns
+    # Ctrl-C (KeyboardInterrupt) inside a command into 130 the same way.
+    if rv == 130:
+        print("interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0
 
 

@@ -91,3 +91,37 @@ def test_triton_kernels_give_the_same_tokens_as_reference(tiny_pair_dir, capsys)
         runs[kernels] = json.loads(capsys.readouterr().out)
     assert runs["triton"]["token_ids"] == runs["reference"]["token_ids"]
     assert runs["triton"]["per_position_acceptance"] == runs["reference"]["per_position_acceptance"]
+
+
+def test_library_warnings_never_push_a_refusal_past_one_line(monkeypatch, capsys):
+    """A command that warns through transformers' logger and Python warnings, then refuses."""
+    import logging
+    import warnings
+
+    from dflash_trt._cli import inspect as inspect_cmd
+    from dflash_trt.errors import CheckpointError
+
+    def chatty(*a, **k):
+        logging.getLogger("transformers.modeling_utils").warning("some library warning")
+        warnings.warn("modelopt: transformers version untested", UserWarning)
+        raise CheckpointError("the one line")
+
+    monkeypatch.setattr(inspect_cmd, "inspect", chatty, raising=False)
+    monkeypatch.setattr("dflash_trt.ingest.read_drafter", chatty)
+    monkeypatch.setattr("dflash_trt.ingest.is_drafter", lambda p: True)
+    code = run(["inspect", "."])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.splitlines() == ["error: the one line"], err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    from dflash_trt._cli import recipes as recipes_cmd
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("dflash_trt.build.recipe.bundled", interrupted)
+    code = run(["recipes", "list"])
+    err = capsys.readouterr().err.strip()
+    assert code == 130 and err == "interrupted", err
+    assert recipes_cmd  # the command module the patch reaches

@@ -33,7 +33,7 @@ def train_drafter(
     target_layer_ids: Annotated[Optional[str], typer.Option("--target-layer-ids", help="Tapped target layers, e.g. 1,9,17,25,33 (z-lab ids: output of layer i). Default: spread from 1 to depth-3.")] = None,
     mask_token_id: Annotated[Optional[int], typer.Option("--mask-token-id", min=0, help="Embedding row used as MASK. Default: the tokenizer's mask token, else the first spare row.")] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Total optimizer steps (with --resume: continue up to this).")] = 1000,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step.")] = 8,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step (the global batch, over all ranks).")] = 8,
     anchors: Annotated[int, typer.Option("--anchors", min=1, help="Random anchor positions (blocks) per sequence.")] = 16,
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="AdamW peak learning rate (linear warm-up, cosine decay to 10%).")] = 6e-4,
     prompt_len: Annotated[int, typer.Option("--prompt-len", min=2, help="Prompt tokens per training sequence.")] = 64,
@@ -43,18 +43,29 @@ def train_drafter(
     save_every: Annotated[int, typer.Option("--save-every", min=1, help="Steps between checkpoints.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seed for data order, anchors and initialisation.")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run saved in --out.")] = False,
+    chat_template: Annotated[bool, typer.Option("--chat-template", help="Format JSONL prompts with the target's chat template (lines with 'messages' always are).")] = False,
+    thinking: Annotated[Optional[bool], typer.Option("--thinking/--no-thinking", help="The chat template's enable_thinking (Qwen3); recorded in training.json. Default: the template's own.")] = None,
+    regen_endpoint: Annotated[Optional[str], typer.Option("--regen-endpoint", help="OpenAI-compatible server (trtllm-serve, vLLM, SGLang, dflash-trt serve) that regenerates the responses. Default: the reference runtime in this process.")] = None,
+    regen_model: Annotated[Optional[str], typer.Option("--regen-model", help="Model name to ask --regen-endpoint for. Default: the first it lists.")] = None,
+    regen_concurrency: Annotated[int, typer.Option("--regen-concurrency", min=1, help="Requests in flight to --regen-endpoint, per rank.")] = 32,
+    feature_cache: Annotated[Optional[Path], typer.Option("--feature-cache", help="Folder for the target's hidden states as safetensors shards, written once and read by every step and rank. Default: computed online.")] = None,
+    feature_shard_mb: Annotated[float, typer.Option("--feature-shard-mb", min=0.001, help="Size of one --feature-cache shard, in MB.")] = 1024.0,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel ranks on this machine, started with torch's launcher (torchrun). The batch is global.")] = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a DFlash drafter: target-regenerated responses, random anchors, block masks, decayed loss."""
-    from dflash_trt.train import TrainSettings
+    from dflash_trt.train import TrainSettings, launch
 
     settings = TrainSettings(
         target=target, data=data, out=str(out_dir), block_size=block_size, layers=layers,
         target_layer_ids=_layer_ids(target_layer_ids), mask_token_id=mask_token_id, steps=steps,
         batch_size=batch_size, anchors=anchors, lr=lr, prompt_len=prompt_len, gen_len=gen_len,
         samples=samples, eval_every=eval_every, save_every=save_every, seed=seed, resume=resume,
+        chat_template=chat_template, thinking=thinking, regen_endpoint=regen_endpoint, regen_model=regen_model,
+        regen_concurrency=regen_concurrency, feature_cache=None if feature_cache is None else str(feature_cache),
+        feature_shard_mb=feature_shard_mb,
     )
-    result = _run_with_bars(settings)
+    result = launch(settings, nproc) if nproc > 1 else _run_with_bars(settings)
     summary = _summary(result)
     if as_json:
         print_json(summary)

@@ -3,8 +3,8 @@
 Modules: ``recipe`` (the typed YAML), ``hardware`` (the GPU catalog and precision rules),
 ``model_shapes`` (parameter counts from configs), ``plan`` (memory, TP, draft lengths),
 ``quantize`` (ModelOpt), ``trtllm`` (the LLM-API config and launch script), ``export``
-(ONNX graphs and TensorRT engines for the standalone path), ``pipeline`` (the stages in
-order, written atomically). Other subpackages import from here, never from inside.
+(the standalone path's ONNX graphs), ``engines`` (their TensorRT engines and the shapes they
+are built for), ``pipeline`` (the stages in order, written atomically). Other subpackages import from here, never from inside.
 """
 from __future__ import annotations
 

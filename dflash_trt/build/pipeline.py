@@ -9,7 +9,8 @@ Stages, each a plain function called in order by :func:`build`:
 2. :func:`dflash_trt.build.plan.make` -- memory, TP size, draft length and back-off.
 3. (not ``--dry-run``) the weights: the target copied (bf16 / as shipped) or calibrated
    and exported by ModelOpt (fp8 / nvfp4) and verified from its safetensors; the drafter
-   in z-lab form; ``trtllm/config.yaml`` + ``serve.sh``; ``manifest.json``. All into a
+   in z-lab form (BF16, ascending target layers: ``bundle_drafter``); ``trtllm/config.yaml`` +
+   ``serve.sh`` (which checks the TensorRT-LLM version and the GPUs); ``manifest.json``. All into a
    temporary sibling directory renamed to OUT at the end; on any failure it is removed.
 
 The bundle's layout, its typed manifest and the checks that need no TensorRT-LLM schema
@@ -20,7 +21,6 @@ writes through them, runtime / serve / bench read through them.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import shutil
 import time
@@ -28,17 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt import ingest
-
-from dflash_trt.build import hardware
-
+from dflash_trt.build import (
+    bundle_drafter,
+    hardware,
+    output,
+    serve_sh,
+    trtllm,
+    trtllm_dflash2,
+    trtllm_releases,
+    trtllm_rules,
+)
 from dflash_trt.build import plan as planner
-
-from dflash_trt.build import published
-
-from dflash_trt.build import trtllm
-from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
-from dflash_trt.build.recipe import Recipe
 from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
+from dflash_trt.build.recipe import Recipe
+from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, RecipeError
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
@@ -57,6 +60,7 @@ class Resolved:
     drafter: DraftShape
     shipped_quant: dict | None
     warnings: list[str] = field(default_factory=list)
+    drafter_config: object | None = None   # the DrafterConfig (DFlash2's TensorRT-LLM rules read it)
 
 
 def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
@@ -79,7 +83,9 @@ def _expected_bytes(recipe: Recipe, ref) -> int | None:
 
 def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     """Everything the plan needs, from configs; ``weights=True`` resolves the checkpoints."""
-    published.refuse_incomplete(recipe)
+    if recipe.incomplete:
+        raise RecipeError(f"recipe {recipe.name} is incomplete: {'; '.join(recipe.incomplete)}; it cannot be planned "
+                          "until those configs are published (the drafter alone still runs with inspect)")
     gpu = hardware.get(recipe.gpu.name)
     gpus = recipe.gpu.count * recipe.gpu.nodes
     requested, kv = recipe.precision.weights, recipe.precision.kv_cache
@@ -99,11 +105,19 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     precision = shipped or ("bf16" if requested == "auto" else requested)
     hardware.check_precision(gpu, precision, kv)
     report = ingest.validate_pair(tdir, ddir, require_weights=weights)
+    warnings = list(getattr(report, "warnings", []) or [])
     chat = ingest.chat_mismatch(ingest.trained_chat(ddir), ingest.serving_chat(tdir, recipe.serving.enable_thinking))
+    if chat:
+        warnings.append(chat)
+    dcfg = ingest.read_drafter(ddir, require_weights=False).config
+    ignored = trtllm_rules.ignored_drafter_keys(dcfg)
+    if ignored:
+        warnings.append(ignored)
+    trtllm_dflash2.check(dcfg, recipe.trtllm.release)
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
-                    shipped_quant=shipped_q, warnings=list(getattr(report, "warnings", []) or []) + ([chat] if chat else []))
+                    shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg)
 
 
 def _refuse_engine(r: Resolved) -> None:
@@ -122,7 +136,12 @@ def make_plan(r: Resolved) -> planner.Plan:
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
-    p = planner.make(dep, rc.serving, rc.speculative, rc.parallel)
+    spec = rc.speculative
+    if r.drafter_config is not None:   # a DFlash2 drafter's windows rule out the TRTLLM draft attention
+        backend = trtllm_dflash2.attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
+                                                   trtllm_releases.get(rc.trtllm.release).attention_backends)
+        spec = spec.model_copy(update={"attention_backend": backend})
+    p = planner.make(dep, rc.serving, spec, rc.parallel, rc.trtllm)
     p.warnings = r.warnings + p.warnings
     return p
 
@@ -146,44 +165,32 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     out = Path(out) if out is not None else default_out(recipe)
-    if not dry_run and out.exists() and not force:
-        raise DFlashError(f"{out} exists; pass --force to replace it, or choose another -o")
+    if not dry_run:
+        output.check_output(out, force)
     r = resolve(recipe, weights=False)
     _refuse_engine(r)
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:
+        trtllm.config(recipe, p, r.drafter)  # what build would write passes the release's schema
         return BuildResult(p, None, None, r)
 
     say("resolving checkpoints")
     w = resolve(recipe, weights=True)
     if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
         r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = output.start_partial(out)
     try:
         manifest = _write_bundle(r, p, tmp, say, progress, timings)
         timings["total"] = time.perf_counter() - t0
         manifest.timings = {k: round(v, 3) for k, v in timings.items()}
         written = ingest.write_manifest(tmp, manifest)
-        _replace(tmp, out)
+        output.share(tmp)
+        output.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return BuildResult(p, out, written, r)
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _copy_checkpoint(src: Path, dst: Path) -> None:
@@ -220,21 +227,29 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
     return info, quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
 
 
-def _write_drafter(r: Resolved, tmp: Path, say) -> None:
-    say("writing the drafter (z-lab form)")
-    ingest.write_zlab(r.drafter_dir, tmp / "drafter")
+def _write_drafter(r: Resolved, tmp: Path, say) -> dict:
+    say("writing the drafter (z-lab form, BF16)")
+    return bundle_drafter.write_drafter(r.drafter_dir, tmp / ingest.Layout.DRAFTER)
+
+
+def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
+    """What the bundle's serve.sh checks: the release, and the GPUs this node serves with."""
+    return serve_sh.ServeCheck(release=p.trtllm_release, gpu=r.gpu.name, sm=r.gpu.sm, memory_gb=r.gpu.memory_gb,
+                               gpus=min(r.recipe.gpu.count, p.tp))
 
 
 def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
-    _timed(timings, "drafter", _write_drafter, r, tmp, say)
-    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port)
+    drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
+    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port,
+                 serve_check(r, p))
     engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
 
     t = time.perf_counter()
     say("hashing inputs")
     manifest = _manifest(r, p, quant_info, verified, engine_info)
+    manifest.drafter = ingest.DrafterInfo(**drafter_info)
     timings["hash"] = time.perf_counter() - t
     return manifest
 
@@ -247,11 +262,12 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         format=BUNDLE_FORMAT,
         name=rc.name,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        recipe=rc.model_dump(mode="json", exclude={"source"}),
+        recipe=rc.model_dump(mode="json", exclude={"source", "incomplete"}),   # only complete recipes build
         recipe_source=str(rc.source) if rc.source else None,
         inputs={"target": _input(rc.target, r.target_dir), "drafter": _input(rc.drafter, r.drafter_dir),
                 "calibration": _calib_input(rc)},
         tools=_versions(quantized=r.quantize),
+        trtllm={"release": p.trtllm_release, "image": trtllm_releases.get(p.trtllm_release).image},
         gpu={"name": r.gpu.name, "sm": r.gpu.sm, "memory_gb": r.gpu.memory_gb, "count": r.gpus},
         precision={
             "weights": r.precision, "kv_cache": rc.precision.kv_cache,
@@ -284,32 +300,25 @@ def _engine_outputs(engine_info: dict | None) -> dict:
 
 
 def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
-    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops)
-    and the target (tapped hidden states as extra outputs, KV cache in/out); engines where
-    TensorRT and a GPU are present. The ONNX graphs are exported in float32 from the
-    unquantized source target (quantized TensorRT engines are not built here)."""
+    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops), the
+    target (tapped hidden states as extra outputs, KV cache in/out) and the embedding, at the
+    shapes of the recipe's serving limits (recorded as the manifest's ``engine.profile``);
+    engines where TensorRT and a GPU are present. The ONNX graphs are exported in float32 from
+    the unquantized source target (quantized TensorRT engines are not built here)."""
     import torch
 
-    from dflash_trt.build import export as engine
+    from dflash_trt.build import engines, export
     from dflash_trt.model import load_target
 
-    say("exporting the drafter to ONNX (dflash::KVInjection, dflash::BlockDiffusionAttention)")
     drafter = ingest.load_drafter(tmp / "drafter", dtype=torch.float32)
     model = load_target(r.target_dir, dtype=torch.float32)
-    head = model.get_output_embeddings().weight.detach()
-    onnx_dir = tmp / "onnx"
-    d_path = engine.export_drafter_onnx(drafter, onnx_dir, head_weight=head)
-    parity = engine.check_drafter_onnx(drafter, d_path, head_weight=head)
-    if max(parity.values()) > engine.DRAFTER_ONNX_ATOL:
-        raise DFlashError(f"exported drafter ONNX disagrees with PyTorch (max error {max(parity.values()):.2e})")
-    say("exporting the target to ONNX (target_hidden + KV cache I/O)")
-    engine.export_target_onnx(model, drafter.cfg.target_layer_ids, onnx_dir)
-    ok, why = engine.engine_support()
-    info = {"onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")), "drafter_onnx_max_error": parity,
-            "engines_built": False, "engines_reason": why or None}
+    profile = engines.profile_for(r.recipe.serving, drafter.cfg.block_size)
+    info = export.export_graphs(drafter, model, tmp / "onnx", profile, say)
+    ok, why = engines.engine_support()
+    info.update(engines_built=False, engines_reason=why or None)
     if ok:
         say("building TensorRT engines with the DFlash plugins")
-        engine.build_engines(onnx_dir, tmp / "engines")
+        engines.build_engines(tmp / "onnx", tmp / "engines", profile)
         info["engines_built"] = True
     return info
 
@@ -348,7 +357,7 @@ def check_bundle(path: str | Path) -> dict:
     schema, the drafter it names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
     bundle = ingest.check_bundle(root)
-    cfg = trtllm.load(root)
+    cfg = trtllm.load(root, bundle.manifest.trtllm.release)
     spec_model = root / cfg.speculative_config.speculative_model
     if not (spec_model / "config.json").is_file():
         raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the bundle's drafter")

@@ -4,8 +4,9 @@ Many published checkpoints are known only in part: a config copied from a model 
 converter test, a gated repository nobody could read (``config.partial.json``, or only a
 ``NOT_FOUND.md``, in ``recipes/configs/``). A recipe built on such configs is marked
 ``incomplete`` (``recipe.Recipe.incomplete``): ``plan`` and ``build`` refuse it in one line
-naming the missing fields rather than guess them. :func:`missing` recomputes that list from
-the configs, so CI checks every mark against the files (``tests/build/test_published.py``).
+naming the missing fields rather than guess them (``pipeline.resolve``). :func:`missing`
+recomputes that list from the configs, so the tests check every mark against the files
+(``tests/build/test_published.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 from pathlib import Path
 
 from dflash_trt.build.family_shapes import required_target_fields
-from dflash_trt.errors import RecipeError
 
 # What DraftShape reads (block_size: top level or in dflash_config; the ids in dflash_config).
 # head_dim is not among them: a z-lab drafter without it has Qwen3Config's default, as its
@@ -72,12 +72,3 @@ def missing(recipe) -> list[str]:
             continue
         found += fn(path)
     return found
-
-
-def refuse_incomplete(recipe) -> None:
-    """One line naming what an incomplete recipe lacks (RecipeError), else nothing."""
-    if recipe.incomplete:
-        raise RecipeError(
-            f"recipe {recipe.name} is incomplete: its published configs do not give "
-            f"{', '.join(recipe.incomplete)}; plan and build refuse rather than guess "
-            "(fill them in a copy: dflash-trt recipes copy, then empty its incomplete list)")

@@ -3,9 +3,10 @@
 Layout, relative to the bundle's root::
 
     manifest.json        what was built from what (:class:`Manifest`): inputs (ids, revisions,
-                         sha256), tool versions, GPU, precision, the plan, timings
+                         sha256), tool versions, the TensorRT-LLM release, GPU, precision, the
+                         plan, what was changed in the drafter, timings
     target/              the target checkpoint (as shipped, or exported by ModelOpt)
-    drafter/             the drafter in z-lab form (what TensorRT-LLM's DFlash loader reads)
+    drafter/             the drafter in z-lab form, BF16 (what TensorRT-LLM's DFlash loader reads)
     trtllm/config.yaml   the TensorRT-LLM LLM-API config
     trtllm/serve.sh      the ``trtllm-serve`` launch script
     onnx/  engines/      the standalone TensorRT path (``engine: tensorrt`` recipes only)
@@ -31,8 +32,11 @@ from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.drafter import read_drafter
 
 # Bump when a bundle written before can no longer be served or run as it is (the readers
-# then refuse it and say to rebuild).
-BUNDLE_FORMAT = "dflash-trt-bundle/1"
+# then refuse it and say to rebuild). 2: draft_len_schedule keys are upper bounds, as
+# TensorRT-LLM's one-model DFlash path reads them (format 1 wrote them inverted); the
+# targeted TensorRT-LLM release is recorded; the drafter is BF16 with ascending layers.
+BUNDLE_FORMAT = "dflash-trt-bundle/2"
+WHY_REBUILD = {"dflash-trt-bundle/1": "its draft_len_schedule is read inverted by TensorRT-LLM"}
 
 
 class Layout:
@@ -51,7 +55,7 @@ class Layout:
 # Files every built bundle has, and the manifest sections `build` always writes.
 REQUIRED_FILES = (Layout.MANIFEST, f"{Layout.TARGET}/config.json", f"{Layout.DRAFTER}/config.json",
                   Layout.TRTLLM_CONFIG, Layout.SERVE_SH)
-BUILD_SECTIONS = ("inputs", "tools", "gpu", "precision", "plan", "timings")
+BUILD_SECTIONS = ("inputs", "tools", "trtllm", "gpu", "precision", "plan", "drafter", "timings")
 
 
 class _Section(BaseModel):
@@ -95,6 +99,24 @@ class Precision(_Section):
     verified: dict[str, Any] | None = None
 
 
+class TrtllmInfo(_Section):
+    """The TensorRT-LLM release the bundle was built for, and its container image."""
+
+    release: str
+    image: str | None = None
+
+
+class DrafterInfo(_Section):
+    """How the bundle's drafter differs from the input drafter (``notes``: one line per change)."""
+
+    dtype: str
+    source_dtype: str
+    target_layer_ids: list[int]
+    source_target_layer_ids: list[int]
+    block_size: int
+    notes: list[str] = Field(default_factory=list)
+
+
 class ReferenceRuntime(_Section):
     """What the reference runtime loads: directories relative to the root, and whether the
     target is a ModelOpt export to dequantize on load."""
@@ -131,6 +153,33 @@ class ServeInfo(_Section):
     drafter_chat: dict | None = None
 
 
+class EngineProfile(_Section):
+    """The shapes the standalone graphs are run at and the TensorRT engines were built for (each
+    dynamic axis's optimisation-profile maximum; ``build.export.DYNAMIC_AXES`` names which axis is
+    which). The runtimes that run ``onnx/`` or ``engines/`` refuse a request outside them."""
+
+    max_batch: int = Field(ge=1, description="Rows in one call (target, drafter, embedding).")
+    max_tokens: int = Field(ge=1, description="Tokens per row in one target forward: a prompt's prefill, or the verify block.")
+    max_seq_len: int = Field(ge=1, description="Target KV-cache columns plus the forward's own tokens.")
+    block_size: int = Field(ge=1, description="The drafter block B the drafter graph was exported for.")
+    page_size: int = Field(ge=1, description="Drafter context-cache slots per page (a custom-op attribute).")
+    max_pages: int = Field(ge=1, description="Pages in the drafter's cache pool, all rows together.")
+    max_pages_per_seq: int = Field(ge=1, description="Width of the drafter's page table.")
+
+
+class EngineInfo(_Section):
+    """The standalone TensorRT path of an ``engine: tensorrt`` bundle: the graphs exported into
+    ``onnx/``, their parity with PyTorch, whether ``engines/`` was built, and the profile (bundles
+    written before the profile was recorded have none; the graph runtimes then refuse them)."""
+
+    onnx: list[str]
+    drafter_onnx_max_error: dict[str, float]
+    target_onnx_max_error: dict[str, float] | None = None
+    engines_built: bool
+    engines_reason: str | None = None
+    profile: EngineProfile | None = None
+
+
 class Manifest(_Section):
     """``manifest.json``. Written as given (unset fields left out), so a bundle's manifest
     reads back field for field; ``format`` is always written."""
@@ -142,14 +191,16 @@ class Manifest(_Section):
     recipe_source: str | None = None
     inputs: Inputs | None = None
     tools: dict[str, str | None] | None = None
+    trtllm: TrtllmInfo | None = None
     gpu: GpuInfo | None = None
     precision: Precision | None = None
     plan: dict[str, Any] | None = None
+    drafter: DrafterInfo | None = None
     reference_runtime: ReferenceRuntime = Field(default_factory=ReferenceRuntime)
     outputs: Outputs | None = None
     serve: ServeInfo = Field(default_factory=ServeInfo)
     warnings: list[str] = Field(default_factory=list)
-    engine: dict[str, Any] | None = None
+    engine: EngineInfo | None = None
     timings: dict[str, float] | None = None
 
     def model_post_init(self, _context: Any) -> None:
@@ -212,7 +263,8 @@ class Bundle:
 def check_format(where: str | Path, fmt: object) -> None:
     """The one version check: refuse a manifest of any format but :data:`BUNDLE_FORMAT`."""
     if fmt != BUNDLE_FORMAT:
-        raise CheckpointError(f"{where}: bundle format {fmt!r}, this dflash-trt reads {BUNDLE_FORMAT!r}; "
+        why = f" ({WHY_REBUILD[fmt]})" if fmt in WHY_REBUILD else ""
+        raise CheckpointError(f"{where}: bundle format {fmt!r}{why}, this dflash-trt reads {BUNDLE_FORMAT!r}; "
                               "rebuild the bundle with 'dflash-trt build'")
 
 

@@ -127,19 +127,15 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         header = json.loads(raw.decode("utf-8"))
         if not isinstance(header, dict):
             raise ValueError("header is not a JSON object")
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{path}: corrupt safetensors header ({exc}); download it again") from exc
     header.pop("__metadata__", None)
     data = size - 8 - n
     tensors: dict[str, TensorInfo] = {}
     end_max = 0
+    spans = []
     for tname, info in header.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: corrupt safetensors header entry for {tname!r}") from exc
-        if dtype not in DTYPE_BITS:
-            raise CheckpointError(f"{path}: tensor {tname} has unknown dtype {dtype!r}")
+        dtype, shape, begin, end = _entry(path, tname, info)
         numel = 1
         for d in shape:
             numel *= d
@@ -148,11 +144,36 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             raise CheckpointError(f"{path}: tensor {tname} {dtype}{list(shape)} should take {want} bytes, "
                                   f"the header gives {end - begin}; the file is corrupt")
         end_max = max(end_max, end)
+        spans.append((begin, end, tname))
         tensors[tname] = TensorInfo(dtype, shape, name, end - begin)
+    _check_disjoint(path, spans)
     if end_max > data:
         raise CheckpointError(f"{path}: truncated safetensors file ({data} data bytes, tensors need "
                               f"{end_max}); download it again")
     return tensors
+
+
+def _entry(path: Path, tname: str, info) -> tuple[str, tuple[int, ...], int, int]:
+    """One header entry's (dtype, shape, begin, end), each of the type the format defines."""
+    ok = isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list) \
+        and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
+    ints = lambda xs: all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs)  # noqa: E731
+    if not ok or not ints(info["shape"]) or not ints(info["data_offsets"]):
+        raise CheckpointError(f"{path}: corrupt safetensors header entry for {tname!r} (dtype, shape and "
+                              "data_offsets must be a string, a list of sizes and two byte offsets)")
+    if info["dtype"] not in DTYPE_BITS:
+        raise CheckpointError(f"{path}: tensor {tname} has unknown dtype {info['dtype']!r}")
+    begin, end = info["data_offsets"]
+    return info["dtype"], tuple(info["shape"]), begin, end
+
+
+def _check_disjoint(path: Path, spans: list[tuple[int, int, str]]) -> None:
+    """No two tensors share bytes (the format requires disjoint data_offsets)."""
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0 and e1 > b1:
+            raise CheckpointError(f"{path}: tensors {n0} and {n1} overlap in the file (bytes {b1}..{min(e0, e1)}); "
+                                  "the file is corrupt")
 
 
 def read_headers(directory: Path) -> dict[str, TensorInfo]:
@@ -162,6 +183,18 @@ def read_headers(directory: Path) -> dict[str, TensorInfo]:
     for f in sorted(Path(directory).glob("*.safetensors")):
         tensors.update(read_header(f))
     return tensors
+
+
+def _shard_names(index_path: Path, weight_map: dict) -> list[str]:
+    """The index's shard file names: plain names of files beside the index, nothing else."""
+    names = list(weight_map.values())
+    bad = next((s for s in names if not isinstance(s, str)), None)
+    if bad is not None:
+        raise CheckpointError(f"{index_path}: corrupt shard index (weight_map value {bad!r} is not a file name)")
+    outside = next((s for s in names if Path(s).name != s or s in ("", ".", "..")), None)
+    if outside is not None:
+        raise CheckpointError(f"{index_path}: shard {outside!r} points outside the checkpoint directory; refused")
+    return names
 
 
 def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSet:
@@ -180,9 +213,9 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
             weight_map = index["weight_map"]
             if not isinstance(weight_map, dict):
                 raise TypeError
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CheckpointError(f"{index_path}: corrupt shard index (no weight_map); download it again") from exc
-        shards = sorted(set(weight_map.values()))
+        shards = sorted(set(_shard_names(index_path, weight_map)))
         missing = [s for s in shards if not (root / s).is_file()]
         if missing and (require or len(missing) < len(shards)):
             raise CheckpointError(f"{root}: shard {missing[0]} listed in {INDEX_NAME} is missing "
@@ -214,7 +247,8 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
             if got is None or got.file != Path(shard).name:
                 raise CheckpointError(f"{root}: {INDEX_NAME} puts {tname} in {shard}, which does not hold it; "
                                       "the shards are from different revisions: download again")
-        total = (index.get("metadata") or {}).get("total_size")
+        meta = index.get("metadata")
+        total = meta.get("total_size") if isinstance(meta, dict) else None
         have = sum(t.nbytes for t in ws.tensors.values())
         if isinstance(total, int) and total != have:
             ws.warnings.append(f"{what}: {INDEX_NAME} total_size {total} != {have} bytes of tensors found")

@@ -107,10 +107,9 @@ def download(repo_id: str, revision: str | None, role: str, expected_bytes: int 
                                   f"terms at {terms} if the repository is gated") from exc
         raise CheckpointError(f"{role} {ref!r}: hub error: {str(exc).splitlines()[0]}") from exc
     except (OSError, ValueError) as exc:
-        raise CheckpointError(
-            f"{role} {ref!r}: cannot fetch from the hub ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-            "set HF_HUB_OFFLINE=1 to use the cache only"
-        ) from exc
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = "" if _offline() else "; set HF_HUB_OFFLINE=1 to use the cache only"
+        raise CheckpointError(f"{role} {ref!r}: cannot fetch from the hub ({why}){hint}") from exc
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{role} {ref!r}: the snapshot has no config.json; is this a model repository?")

@@ -36,7 +36,10 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
         if not (path / "config.json").exists():
             raise CheckpointError(f"{role} {ref!r}: no such embedded model in this installation")
         return path
-    path = Path(ref).expanduser()
+    try:
+        path = Path(ref).expanduser()
+    except RuntimeError:  # "~nosuchuser/x": no such user's home
+        raise CheckpointError(f"{role} {ref!r}: no such directory (cannot expand {ref.split('/')[0]!r})") from None
     if path.is_dir():
         return path
     if path.exists():
@@ -61,9 +64,25 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"{path}: missing") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc}); download it again") from exc
+    except RecursionError:
+        raise CheckpointError(f"{path}: JSON nested too deeply to be a model config") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return data
+
+
+def positive_int(cfg: dict, key: str, where, default: int | None = None) -> int:
+    """``cfg[key]`` as a positive integer (``default`` when absent or null), else one line naming it."""
+    value = cfg.get(key)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise CheckpointError(f"{where}: {key} is missing; a model config needs it")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CheckpointError(f"{where}: {key} is {value!r}; it must be a positive integer")
+    return value
 
 
 def open_dir(path: str | Path, what: str) -> Path:

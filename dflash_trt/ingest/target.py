@@ -14,7 +14,7 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest import files
 from dflash_trt.ingest.formats import flatten_rope
-from dflash_trt.ingest.resolve import open_dir, read_json
+from dflash_trt.ingest.resolve import open_dir, positive_int, read_json
 
 
 # Target architectures whose TensorRT-LLM PyTorch models capture hidden states for
@@ -46,17 +46,61 @@ _LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
 _SCALE_SUFFIXES = ("_scale", "_scale_2", "_scales", "input_scale", "weight_scale")
 
 
+_KV_SCHEME = {("float", 8): "FP8", ("float", 4): "NVFP4", ("int", 8): "INT8"}
+
+
+def _kv_scheme_algo(scheme) -> str | None:
+    """ModelOpt 1.x ``kv_cache_scheme`` ({"type": "float", "num_bits": 8} or "FP8") -> algo name."""
+    if isinstance(scheme, str):
+        return scheme.upper() if scheme.upper() in ("FP8", "NVFP4", "INT8") else None
+    if isinstance(scheme, dict):
+        return _KV_SCHEME.get((scheme.get("type"), scheme.get("num_bits")))
+    return None
+
+
+def _is_modelopt(raw: dict) -> bool:
+    return (str(raw.get("quant_method", "")).lower().startswith("modelopt")
+            or (raw.get("producer") or {}).get("name") == "modelopt")
+
+
+def read_modelopt_quant_config(raw: dict) -> dict | None:
+    """Either ModelOpt ``hf_quant_config.json`` shape as the nested ``quantization`` dict
+    (``quant_algo``, ``kv_cache_quant_algo``, ``group_size``, ``exclude_modules``), or None
+    when ``raw`` is neither. The nested shape (ModelOpt 0.x) is ``{producer, quantization: {...}}``;
+    ModelOpt >= 1.0 writes it flat: ``{producer, quant_method: modelopt, quant_algo, kv_cache_scheme,
+    ignore, config_groups}``. Normalised as TensorRT-LLM does
+    (``tensorrt_llm/quantization/modelopt_config.py::read_modelopt_quant_config``); a group size
+    only in ``config_groups`` is taken from there."""
+    if not isinstance(raw, dict):
+        return None
+    if isinstance(raw.get("quantization"), dict):
+        return dict(raw["quantization"])
+    if not _is_modelopt(raw):
+        return None
+    out = {k: v for k, v in raw.items() if k not in ("producer", "quant_method", "ignore", "kv_cache_scheme",
+                                                         "config_groups")}
+    if "ignore" in raw:
+        out["exclude_modules"] = raw["ignore"]
+    out["kv_cache_quant_algo"] = _kv_scheme_algo(raw.get("kv_cache_scheme"))
+    if out.get("group_size") is None:
+        groups = [g for g in (raw.get("config_groups") or {}).values() if isinstance(g, dict)]
+        sizes = {(g.get("weights") or {}).get("group_size") for g in groups} - {None}
+        if len(sizes) == 1:
+            out["group_size"] = sizes.pop()
+    return out
+
+
 def target_quantization(target_dir: str | Path) -> dict | None:
     """The quantization of a pre-quantized target, or None for plain BF16/FP16 weights.
 
-    Reads ModelOpt's ``hf_quant_config.json`` first, then ``config.json``'s
+    Reads ModelOpt's ``hf_quant_config.json`` first (either shape), then ``config.json``'s
     ``quantization_config`` (ModelOpt, MXFP4 as in gpt-oss, FP8, ...).
     """
     root = Path(target_dir)
     hq = root / "hf_quant_config.json"
     if hq.exists():
         data = read_json(hq)
-        q = data.get("quantization") or {}
+        q = read_modelopt_quant_config(data) or {}
         if q.get("quant_algo") or q.get("kv_cache_quant_algo"):
             return {"method": "modelopt", "quant_algo": q.get("quant_algo"),
                     "kv_cache_quant_algo": q.get("kv_cache_quant_algo"), "group_size": q.get("group_size"),
@@ -67,7 +111,7 @@ def target_quantization(target_dir: str | Path) -> dict | None:
     if isinstance(qc, dict) and qc:
         method = qc.get("quant_method")
         algo = qc.get("quant_algo") or {"mxfp4": "MXFP4", "fp8": "FP8"}.get(str(method), method)
-        kv = qc.get("kv_cache_quant_algo") or qc.get("kv_cache_scheme")
+        kv = qc.get("kv_cache_quant_algo") or _kv_scheme_algo(qc.get("kv_cache_scheme")) or qc.get("kv_cache_scheme")
         return {"method": method, "quant_algo": str(algo).upper() if algo else None, "kv_cache_quant_algo": kv,
                 "group_size": qc.get("group_size"),
                 "exclude_modules": qc.get("exclude_modules") or qc.get("ignore") or qc.get("modules_to_not_convert"),
@@ -157,19 +201,16 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
             raise CheckpointError(f"{where}: unknown model_type {model_type or '(none)'!r} for transformers "
                                   f"{transformers.__version__}; upgrade transformers or use another model")
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    try:
-        hidden, layers, heads = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["num_attention_heads"])
-        vocab = int(text.get("vocab_size") or raw["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{where}: missing or invalid {exc} (hidden_size, num_hidden_layers, "
-                              "num_attention_heads, vocab_size are required)") from exc
+    size = lambda key, default=None: positive_int(text, key, where, default)  # noqa: E731
+    hidden, layers, heads = size("hidden_size"), size("num_hidden_layers"), size("num_attention_heads")
+    vocab = positive_int(text if "vocab_size" in text else raw, "vocab_size", where)
+    kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", hidden // heads)
     theta, scaling = flatten_rope(text)
     ws = files.scan(path, require=require_weights, what="target")
     spec = TargetSpec(
         path=path, raw_config=raw, architecture=archs[0] if archs else "?", model_type=model_type,
         num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
-        head_dim=int(text.get("head_dim") or hidden // heads), vocab_size=vocab,
+        num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
         rope_theta=theta, rope_scaling=scaling,
         dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype"),
         quantization=target_quantization(path),
@@ -205,3 +246,39 @@ def _check_target_tensors(spec: TargetSpec) -> None:
     if found and max(found) + 1 < spec.num_layers:
         raise CheckpointError(f"{spec.path}: the weights hold decoder layers 0..{max(found)} but config.json says "
                               f"{spec.num_layers}; a shard is missing: download the checkpoint again")
+    if spec.quantization is None:
+        _check_unquantized(spec)
+
+
+def _check_unquantized(spec: TargetSpec) -> None:
+    """A target without a quantization config stores float weights, in the shapes its config implies."""
+    ints = sorted(n for n, t in spec.weights.tensors.items() if _LAYER.search(n) and t.dtype not in files.FLOAT_DTYPES)
+    if ints:
+        t = spec.weights.tensors[ints[0]]
+        raise CheckpointError(f"{spec.path / t.file}: {ints[0]} is {t.dtype} but the target has no quantization "
+                              "config (ModelOpt hf_quant_config.json, compressed-tensors or MXFP4 "
+                              "quantization_config); refusing to run integer weights as floats")
+    expected = _expected_shapes(spec)
+    for name, info in sorted(spec.weights.tensors.items()):
+        want = expected.get(name)
+        if want is not None and tuple(want) != tuple(info.shape):
+            raise CheckpointError(f"{spec.path / info.file}: {name} is {list(info.shape)} but config.json implies "
+                                  f"{list(want)}; config and weights do not match (a transposed or foreign tensor)")
+
+
+def _expected_shapes(spec: TargetSpec) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the config's architecture, built on the meta device (no memory, no weights)."""
+    import torch
+    import transformers
+
+    cls = getattr(transformers, spec.architecture, None)
+    if cls is None:
+        return {}
+    try:
+        cfg = transformers.AutoConfig.from_pretrained(str(spec.path), trust_remote_code=False)
+        with torch.device("meta"):
+            model = cls(cfg)
+    except Exception:  # noqa: BLE001 - a config transformers cannot build is refused where it is loaded
+        return {}
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+

@@ -69,15 +69,16 @@ class CachePolicy:
         """An empty cache for ``batch`` rows (a ``TargetCache``, see ``_cache_class``)."""
         return _cache_class()(self.config, self.sliding, batch, self.device)
 
-    def forward(self, target, ids, positions, attention_mask, cache, capture):
-        """One target forward (``Backend.target_forward``): attention_mask [b, S+T] bool."""
+    def forward(self, run, ids, positions, attention_mask, cache):
+        """One target forward (``Backend.target_forward``): attention_mask [b, S+T] bool;
+        ``run(model_mask)`` calls the model with the mask this policy builds for it."""
         if cache.pending is not None:  # a forward nobody committed: all its valid columns stay
             self._settle(cache, cache.pending.sum(1))
         T = ids.shape[1]
         fresh = attention_mask.shape[1] == T
         mask = self._model_mask(cache, positions, attention_mask)
         with self.recurrent.capture(cache) if self.recurrent else nullcontext():
-            logits, hidden = target.forward(ids, positions, mask, cache, capture=capture)
+            logits, hidden = run(mask)
         cache.pending, cache.pending_pos = attention_mask[:, -T:], positions
         if fresh:
             self._settle(cache, cache.pending.sum(1))
@@ -117,16 +118,17 @@ class CachePolicy:
             self.recurrent.keep_rows(cache, rows)
         cache.win_valid, cache.win_pos = cache.win_valid[rows], cache.win_pos[rows]
 
-    def merge(self, caches: list, col_valids: list[torch.Tensor]):
-        """Concatenate settled caches along the batch (rows joining a running batch). Columns
-        are right-padded with holes to the longest; returns (cache, col_valid [sum b, S])."""
+    def merge(self, a, b):
+        """A cache of a's rows then b's (rows joining a running batch; both settled first).
+        Full-attention columns are right-padded with holes to the wider cache (the loop pads
+        its column mask the same way), sliding windows and recurrent states concatenated."""
+        caches = [a, b]
         for c in caches:
             if c.pending is not None:
                 self._settle(c, c.pending.sum(1))
-        S = max(v.shape[1] for v in col_valids)
-        col_valid = torch.cat([_pad_cols(v, S, False) for v in col_valids])
-        out = self.new_cache(int(col_valid.shape[0]))
-        batches = [int(v.shape[0]) for v in col_valids]
+        batches = [int(c.win_valid.shape[0]) for c in caches]
+        out = self.new_cache(sum(batches))
+        S = max((c.layers[i].keys.shape[-2] for c in caches for i in self.full if _has_kv(c.layers[i])), default=0)
         for i in self.full:
             _merge_kv(out.layers[i], [c.layers[i] for c in caches], batches, S)
         L = max(c.win_valid.shape[1] for c in caches)
@@ -136,7 +138,7 @@ class CachePolicy:
         out.win_pos = torch.cat([_pad_cols(c.win_pos, L, 0) for c in caches])
         if self.recurrent:
             self.recurrent.merge(out, caches)
-        return out, col_valid
+        return out
 
     # -- masks -------------------------------------------------------------------------
     def _model_mask(self, cache, positions, attention_mask):
@@ -227,17 +229,21 @@ def _pad_cols(t: torch.Tensor, width: int, value) -> torch.Tensor:
     return torch.cat([t, pad], dim=1)
 
 
+def _has_kv(layer) -> bool:
+    return getattr(layer, "keys", None) is not None and layer.keys.numel() > 0
+
+
 def _merge_kv(out, layers, batches: list[int], width: int) -> None:
     """Concatenate attention layers along the batch, right-padding each to ``width`` columns
     (a layer holding no tensors yet contributes zeros for its ``batches[i]`` rows: holes)."""
-    ref = next((l for l in layers if l.keys is not None and l.keys.numel()), None)
+    ref = next((l for l in layers if _has_kv(l)), None)
     if ref is None:
         return
     pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[-2]))  # noqa: E731
     parts_k, parts_v = [], []
     for layer, b in zip(layers, batches):
         k, v = layer.keys, layer.values
-        if k is None or not k.numel():
+        if not _has_kv(layer):
             k = ref.keys.new_zeros((b, ref.keys.shape[1], 0, ref.keys.shape[-1]))
             v = ref.values.new_zeros((b, ref.values.shape[1], 0, ref.values.shape[-1]))
         parts_k.append(pad(k))

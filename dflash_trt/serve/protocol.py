@@ -47,6 +47,7 @@ class CompletionRequest(_Common):
     echo: bool = False
     logprobs: Optional[int] = None
     best_of: Optional[int] = None
+    return_token_ids: bool = False  # vLLM's extension: the response ids in choices[0].token_ids
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -1,15 +1,22 @@
-"""Train: the DFlash drafter's training objective, data regeneration and loop.
+"""Train: the DFlash drafter's training objective, data regeneration and loop, on one rank or many.
 
-Modules: ``objective`` (the block mask, inputs and loss), ``data`` (prompts and target
-regeneration), ``loop`` (optimiser, evaluation, checkpoints, resume).
+Modules: ``settings`` (what a run takes and returns), ``objective`` (the block mask, inputs
+and loss), ``data`` (prompts, chat formatting, anchors), ``regen`` (regeneration by the
+reference runtime or an OpenAI-compatible server, journalled), ``features`` (target features
+online or cached in shards), ``dist`` (ranks: torchrun's process group, what they share),
+``checkpoint`` (state, the z-lab drafter, training metadata), ``loop`` (optimiser,
+evaluation, resume), ``launcher`` (``python -m dflash_trt.train`` under torchrun; ``--nproc``).
 """
 from __future__ import annotations
 
-from dflash_trt.train.loop import Progress, Result, TrainSettings, train_drafter
+from dflash_trt.train.settings import Progress, Result, TrainSettings
+from dflash_trt.train.loop import train_drafter
+from dflash_trt.train.launcher import launch
 
 __all__ = [
     "Progress",
     "Result",
     "TrainSettings",
+    "launch",
     "train_drafter",
 ]

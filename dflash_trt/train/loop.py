@@ -1,15 +1,22 @@
 """The drafter training loop: regenerate, train, evaluate held-out tau, checkpoint, resume.
 
-``train_drafter(settings)`` is what ``dflash-trt train-drafter`` calls. Output directory:
+``train_drafter(settings)`` is what ``dflash-trt train-drafter`` calls, in one process or in
+each of the processes torchrun starts (``python -m dflash_trt.train``). Output directory:
 
     OUT/config.json, OUT/model.safetensors   the drafter, z-lab format (rewritten at each checkpoint)
+    OUT/training.json                        how it was trained (regeneration, chat template, ranks)
     OUT/.train/settings.json                 what the run was started with
     OUT/.train/regen.safetensors             the target-regenerated training set (+ regen.json)
-    OUT/.train/state.safetensors             fp32 drafter weights + AdamW moments (+ state.json: step)
+    OUT/.train/state.safetensors             fp32 drafter weights + AdamW moments + step (+ state.json)
+    OUT/.train/result.json                   the summary of the last invocation
 
 Every file is written to a temporary name and renamed, so an interrupted run leaves the
 last complete checkpoint. Batches are drawn from a generator seeded by (seed, step), so a
-resumed run sees the same batches as an uninterrupted one.
+resumed run sees the same batches as an uninterrupted one, on any number of ranks: each
+rank trains its rows of the step's global batch (:mod:`dflash_trt.train.dist`), and rank 0
+alone writes. The target's features come online or from a cache
+(:mod:`dflash_trt.train.features`); the training set from the reference runtime or a server
+(:mod:`dflash_trt.train.regen`).
 """
 
 from __future__ import annotations
@@ -17,74 +24,19 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 
-from dflash_trt.train import data as train_data
-from dflash_trt.train import objective
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
-
-SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id")
-DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "samples", "eval_prompts", "seed")
-
-
-@dataclass
-class TrainSettings:
-    target: str
-    data: str
-    out: str
-    block_size: Optional[int] = None          # default 8
-    layers: Optional[int] = None              # default 1
-    target_layer_ids: Optional[list[int]] = None
-    mask_token_id: Optional[int] = None       # default: the tokenizer's mask token, else a spare row
-    steps: int = 1000
-    batch_size: int = 8
-    anchors: int = 16
-    lr: float = 6e-4
-    warmup: float = 0.04
-    weight_decay: float = 0.01
-    prompt_len: int = 64
-    gen_len: int = 128
-    samples: int = 1024
-    eval_prompts: int = 8
-    eval_every: int = 100
-    eval_tokens: int = 64
-    save_every: int = 100
-    seed: int = 0
-    save_dtype: str = "bfloat16"
-    resume: bool = False
-
-
-@dataclass
-class Progress:
-    """Callbacks the CLI turns into progress bars (all optional)."""
-
-    phase: Callable[[str, int], None] = lambda name, total: None
-    advance: Callable[[int, dict], None] = lambda done, info: None
-    log: Callable[[str], None] = lambda line: None
-
-
-@dataclass
-class Result:
-    out: Path
-    step: int
-    loss: float
-    train_tau: float
-    heldout_tau: float | None
-    seconds: float
-    history: list[dict] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)   # every step of this invocation
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    tmp.replace(path)
-
+from dflash_trt.train import data as train_data
+from dflash_trt.train import features as train_features
+from dflash_trt.train import objective, regen
+from dflash_trt.train.checkpoint import load_state, save_state, saved_step, write_drafter, write_json
+from dflash_trt.train.dist import Ranks, init_ranks
+from dflash_trt.train.settings import RESUMABLE_FIELDS, SHAPE_FIELDS, Progress, Result, TrainSettings
 
 def pick_mask_token(tokenizer, vocab_rows: int) -> int:
     mid = getattr(tokenizer, "mask_token_id", None)
@@ -104,131 +56,133 @@ def lr_at(step: int, s: TrainSettings) -> float:
 
 
 # ---------------------------------------------------------------------------------------
-# Checkpoints (safetensors + JSON; nothing pickled)
-# ---------------------------------------------------------------------------------------
-
-
-def save_state(work: Path, drafter: Drafter, opt: torch.optim.Optimizer, step: int, history: list) -> None:
-    from safetensors.torch import save_file
-
-    tensors = {f"model.{k}": v.detach().contiguous() for k, v in drafter.state_dict().items()}
-    sd = opt.state_dict()
-    for idx, st in sd["state"].items():
-        for name, t in st.items():
-            tensors[f"opt.{idx}.{name}"] = t.detach().reshape(-1).contiguous()
-    tmp = work / "state.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    tmp.replace(work / "state.safetensors")
-    _write_json(work / "state.json", {"step": step, "param_groups": sd["param_groups"], "history": history})
-
-
-def load_state(work: Path, drafter: Drafter, opt: torch.optim.Optimizer) -> tuple[int, list]:
-    from safetensors.torch import load_file
-
-    meta = json.loads((work / "state.json").read_text())
-    tensors = load_file(str(work / "state.safetensors"))
-    drafter.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    state: dict = {}
-    for k, v in tensors.items():
-        if k.startswith("opt."):
-            _, idx, name = k.split(".", 2)
-            state.setdefault(int(idx), {})[name] = v.reshape(()) if name == "step" else v
-    params = [p for group in opt.param_groups for p in group["params"]]
-    for idx, st in state.items():
-        if idx >= len(params):
-            raise DFlashError(f"{work}: the saved optimizer state does not match this drafter")
-        for name in ("exp_avg", "exp_avg_sq"):
-            if name in st:
-                st[name] = st[name].view(params[idx].shape)
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    return int(meta["step"]), list(meta.get("history", []))
-
-
-def write_drafter(drafter: Drafter, out: Path, dtype: str) -> None:
-    """z-lab config.json + model.safetensors into OUT, each renamed into place."""
-    import copy
-
-    tmp = out / ".train" / "export.tmp"
-    if tmp.exists():
-        for f in tmp.iterdir():
-            f.unlink()
-    d = copy.deepcopy(drafter).to(getattr(torch, dtype))
-    d.save(tmp)
-    for name in ("config.json", "model.safetensors"):
-        (tmp / name).replace(out / name)
-
-
-# ---------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------
 
 
 def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
     """Validate OUT for a fresh run or a resume; returns the settings to run with."""
-    state = work / "state.json"
     if s.resume:
         if not (work / "settings.json").exists():
             raise DFlashError(f"--resume: {out} holds no training run to resume")
         saved = json.loads((work / "settings.json").read_text())
-        for name in SHAPE_FIELDS + DATA_FIELDS:
+        for name in SHAPE_FIELDS:
             mine = getattr(s, name)
-            if name in SHAPE_FIELDS and mine is not None and mine != saved[name]:
+            if mine is not None and mine != saved[name]:
                 raise DFlashError(f"--resume: --{name.replace('_', '-')} {mine} differs from the run's {saved[name]}")
-        # A resumed run is the same run: everything but its length and cadence comes from OUT.
-        cadence = {k: getattr(s, k) for k in ("steps", "eval_every", "save_every")}
-        return TrainSettings(**{**saved, **cadence, "resume": True})
-    if state.exists():
-        step = json.loads(state.read_text())["step"]
+        # A resumed run is the same run: everything but its length, cadence and place comes from OUT.
+        here = {k: getattr(s, k) for k in RESUMABLE_FIELDS}
+        return TrainSettings(**{**saved, **here, "resume": True})
+    step = saved_step(work)
+    if step is not None:
         raise DFlashError(f"{out} already holds a training run at step {step}: pass --resume, or another --out")
     if out.exists() and any(p.name != ".train" for p in out.iterdir()):
         raise DFlashError(f"{out} exists and is not empty: choose another --out")
     return s
 
 
-def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> Result:
-    """Train a drafter for ``settings.target`` into ``settings.out`` (or resume one there)."""
-    out = Path(settings.out).expanduser()
-    work = out / ".train"
-    s = _prepare(settings, out, work)
+def _check_numbers(s: TrainSettings, world: int) -> None:
     if s.steps < 1 or s.batch_size < 1 or s.anchors < 1 or s.prompt_len < 2 or s.gen_len < 1:
         raise DFlashError("--steps, --batch-size, --anchors, --gen-len must be >= 1 and --prompt-len >= 2")
-    model, tokenizer, stops = _frozen_target(s)
-    cfg = _drafter_config(s, model, tokenizer)
-    data = None if _cached_regen(s, work) else train_data.read_data(s.data)   # bad --data fails before any write
-    work.mkdir(parents=True, exist_ok=True)
-    if not s.resume:
-        _write_json(work / "settings.json", asdict(s))
+    if s.batch_size < world:
+        raise DFlashError(f"--batch-size {s.batch_size} is the global batch: give at least one sequence "
+                          f"to each of the {world} ranks")
+    if s.regen_concurrency < 1 or s.feature_shard_mb <= 0:
+        raise DFlashError("--regen-concurrency must be >= 1 and the feature shard size > 0")
 
+
+def preflight(settings: TrainSettings, world: int) -> None:
+    """The checks that need no target (OUT, the numbers, the data), for a launcher to make
+    before it starts ``world`` ranks."""
+    out = Path(settings.out).expanduser()
+    s = _prepare(settings, out, out / ".train")
+    _check_numbers(s, world)
+    if regen.cached_set(s, out / ".train") is None:
+        train_data.read_data(s.data)
+
+
+def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> Result:
+    """Train a drafter for ``settings.target`` into ``settings.out`` (or resume one there).
+
+    Under torchrun every rank calls this with the same settings; ``progress`` is reported by
+    rank 0 only.
+    """
+    ranks = init_ranks(settings.device)
+    try:
+        return _train(settings, ranks, progress if ranks.main else Progress())
+    finally:
+        ranks.close()
+
+
+def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
+    out = Path(settings.out).expanduser()
+    work = out / ".train"
+
+    def setup():
+        """Every rank checks OUT, the numbers, the target and the data before rank 0 writes."""
+        s = _prepare(settings, out, work)
+        _check_numbers(s, ranks.world)
+        model, tokenizer, stops = _frozen_target(s, ranks.device)
+        cfg = _drafter_config(s, model, tokenizer)
+        data = None if regen.cached_set(s, work) else train_data.read_data(s.data)   # bad --data fails first
+        return s, model, tokenizer, stops, cfg, data
+
+    s, model, tokenizer, stops, cfg, data = ranks.together(setup)
+    work.mkdir(parents=True, exist_ok=True)
+    if ranks.main and not s.resume:
+        write_json(work / "settings.json", asdict(s))
     target = Target(model, cfg.target_layer_ids)
-    regen, eval_ids = _training_set(s, work, data, tokenizer, target, stops, progress)
-    run = _Run(s, out, work, target, regen, eval_ids, stops, progress)
-    drafter = objective.init_drafter(cfg, seed=s.seed)
+    regen_set, regen_meta = regen.training_set(s, work, data, tokenizer, target, stops, ranks, progress)
+    if s.feature_cache is None:
+        features = train_features.OnlineFeatures(target, cfg.target_layer_ids)
+    else:
+        features = train_features.open_cache(s.feature_cache, s.target, target, cfg.target_layer_ids, regen_set,
+                                             ranks, progress, s.feature_shard_mb)
+    run = _Run(s, out, work, target, regen_set, regen_meta, stops, progress, ranks, features)
+    drafter = objective.init_drafter(cfg, seed=s.seed).to(ranks.device)
     return _optimise(run, drafter, _optimizer(drafter, s))
 
 
 @dataclass
 class _Run:
     """What stays fixed while one run trains: its settings (shape fields filled in), where it
-    writes, the frozen target, the regenerated training set and the held-out prompts."""
+    writes, the frozen target, the regenerated training set and its metadata (held-out
+    prompts, how it was made), the ranks, and where ``target_hidden`` comes from."""
 
     s: TrainSettings
     out: Path
     work: Path
     target: Target
     regen: train_data.Regenerated
-    eval_ids: list[list[int]]
+    regen_meta: dict
     stops: list[int]
     progress: Progress
+    ranks: Ranks
+    features: object         # OnlineFeatures | CachedFeatures: (idx, tokens, lengths) -> target_hidden
+
+    @property
+    def eval_ids(self) -> list[list[int]]:
+        return self.regen_meta["eval_prompts"]
+
+    def metadata(self, step: int) -> dict:
+        """training.json: how the drafter in OUT was trained."""
+        s = self.s
+        return {"target": s.target, "data": s.data, "step": step, "steps": s.steps,
+                "global_batch_size": s.batch_size, "ranks": self.ranks.world, "block_size": s.block_size,
+                "target_layer_ids": s.target_layer_ids, "mask_token_id": s.mask_token_id,
+                "prompt_len": s.prompt_len, "gen_len": s.gen_len, "sequences": len(self.regen),
+                "regeneration": self.regen_meta.get("regeneration", {"sources": ["unknown (an older run)"]}),
+                "features": "online" if s.feature_cache is None else f"cached in {s.feature_cache}"}
 
 
-def _frozen_target(s: TrainSettings):
+def _frozen_target(s: TrainSettings, device: torch.device):
     """(target model in float32 without gradients, its tokenizer, its stop token ids)."""
     from dflash_trt import ingest
     from dflash_trt.model import load_target
     from dflash_trt.runtime import load_tokenizer, stop_ids
 
     tdir = ingest.resolve(s.target, role="target")
-    model = load_target(tdir, dtype=torch.float32)
+    model = load_target(tdir, dtype=torch.float32, device=str(device))
     for p in model.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(tdir)
@@ -243,7 +197,7 @@ def _drafter_config(s: TrainSettings, model, tokenizer):
     mask_id = s.mask_token_id if s.mask_token_id is not None else pick_mask_token(
         tokenizer, model.get_input_embeddings().weight.shape[0])
     cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
-                               target_layer_ids=s.target_layer_ids, mask_token_id=mask_id)
+                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id)
     s.block_size, s.layers, s.target_layer_ids, s.mask_token_id = B, cfg.num_hidden_layers, cfg.target_layer_ids, mask_id
     return cfg
 
@@ -260,9 +214,9 @@ def _optimise(run: _Run, drafter: Drafter, opt: torch.optim.Optimizer) -> Result
     """Steps from the saved one (0 when fresh) to ``s.steps``: update, evaluate, checkpoint."""
     s, progress = run.s, run.progress
     step, history = 0, []
-    if s.resume and (run.work / "state.json").exists():
+    if s.resume and (run.work / "state.safetensors").exists():
         step, history = load_state(run.work, drafter, opt)
-        progress.log(f"resuming at step {step}")
+        progress.log(f"resuming at step {step}" + (f" on {run.ranks.world} ranks" if run.ranks.world > 1 else ""))
     gamma = objective.loss_gamma(s.block_size)
     progress.phase("training", s.steps)
     progress.advance(step, {})
@@ -278,95 +232,87 @@ def _optimise(run: _Run, drafter: Drafter, opt: torch.optim.Optimizer) -> Result
             heldout = _evaluate(run, drafter, step, loss_v, tau_v, history)
             info["heldout_tau"] = heldout
         progress.advance(step, info)
-        if step % s.save_every == 0 or step == s.steps:
+        if run.ranks.main and (step % s.save_every == 0 or step == s.steps):
             save_state(run.work, drafter, opt, step, history)
-            write_drafter(drafter, run.out, s.save_dtype)
+            write_drafter(drafter, run.out, s.save_dtype, run.metadata(step))
     if not losses and history:            # resumed a finished run: report where it stands
         loss_v, tau_v, heldout = history[-1]["loss"], history[-1]["train_tau"], history[-1]["heldout_tau"]
-    return Result(run.out, step, loss_v, tau_v, heldout, time.time() - start, history, losses)
+    result = Result(run.out, step, loss_v, tau_v, heldout, time.time() - start, history, losses)
+    if run.ranks.main:
+        write_json(run.work / "result.json", {**asdict(result), "out": str(run.out)})
+    return result
 
 
 def _update(run: _Run, drafter: Drafter, opt: torch.optim.Optimizer, step: int, gamma: float) -> tuple[float, float]:
     """One optimiser step on the batch drawn for ``step`` (seeded by (seed, step)); (loss, train τ)."""
     s = run.s
     g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
-    loss, m = train_step(drafter, run.target, run.regen, s.block_size, s.mask_token_id, s, gamma, g)
+    loss, m = train_step(drafter, run.target, run.regen, run.features, s, gamma, g, run.ranks)
     for group in opt.param_groups:
         group["lr"] = lr_at(step, s)
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    run.ranks.sum_grads(list(drafter.parameters()))
     torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
     opt.step()
-    return loss.item(), m["tau"]
+    return m["loss"], m["tau"]
 
 
 def _evaluate(run: _Run, drafter: Drafter, step: int, loss_v: float, tau_v: float, history: list) -> float:
-    """Held-out τ after ``step``, appended to ``history`` and logged."""
-    heldout = heldout_tau(run.target, drafter, run.eval_ids, run.s.block_size, run.s.eval_tokens, run.stops)
+    """Held-out τ after ``step`` (every rank takes its share of the prompts), appended to ``history``."""
+    heldout = heldout_tau(run.target, drafter, run.eval_ids, run.s.block_size, run.s.eval_tokens, run.stops,
+                          run.ranks)
     history.append({"step": step, "loss": round(loss_v, 4), "train_tau": round(tau_v, 3),
                     "heldout_tau": round(heldout, 3)})
     run.progress.log(f"step {step}: loss {loss_v:.3f}, train τ {tau_v:.2f}, held-out τ {heldout:.2f}")
     return heldout
 
 
-def _cached_regen(s: TrainSettings, work: Path) -> dict | None:
-    mpath = work / "regen.json"
-    if not ((work / "regen.safetensors").exists() and mpath.exists()):
-        return None
-    saved = json.loads(mpath.read_text())
-    return saved if saved.get("settings") == {k: getattr(s, k) for k in DATA_FIELDS} else None
+def train_step(drafter: Drafter, target: Target, regen_set: train_data.Regenerated, features, s: TrainSettings,
+               gamma: float, g: torch.Generator, ranks: Ranks = Ranks()):
+    """This rank's loss on its rows of one global batch, and the batch's (loss, τ) over all ranks.
 
-
-def _training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, stops, progress: Progress):
-    path = work / "regen.safetensors"
-    saved = _cached_regen(s, work)
-    if saved is not None:
-        progress.log(f"reusing {saved['sequences']} regenerated sequences from {path}")
-        return train_data.Regenerated.load(path), saved["eval_prompts"]
-    prompts_text, texts = data
-    prompts = train_data.build_prompts(tokenizer, prompts_text, texts, prompt_len=s.prompt_len, gen_len=s.gen_len,
-                              max_samples=s.samples + s.eval_prompts, seed=s.seed)
-    n_eval = min(s.eval_prompts, len(prompts) // 2)
-    eval_ids, train_prompts = prompts[:n_eval], prompts[n_eval:]
-    progress.phase("regenerating responses with the target", len(train_prompts))
-    regen = train_data.regenerate(target, train_prompts, gen_len=s.gen_len, stop_token_ids=stops,
-                         progress=lambda k: progress.advance(k, {}))
-    regen.save(path)
-    meta = {k: getattr(s, k) for k in DATA_FIELDS}
-    _write_json(work / "regen.json", {"settings": meta, "sequences": len(regen), "eval_prompts": eval_ids})
-    return regen, eval_ids
-
-
-def train_step(drafter: Drafter, target: Target, regen: train_data.Regenerated, B: int, mask_id: int,
-               s: TrainSettings, gamma: float, g: torch.Generator):
-    """Loss of one batch: target_hidden from the frozen target, K anchored blocks per sequence."""
-    idx = torch.randperm(len(regen), generator=g)[: s.batch_size]
-    lengths, plens = regen.lengths[idx], regen.prompt_lengths[idx]
-    Tmax = int(lengths.max())
-    tokens = regen.tokens[idx, :Tmax]
+    The global batch (``s.batch_size`` sequences) and its anchors are drawn from ``g`` on
+    every rank alike; this rank takes rows ``rank, rank + world, ...``. Its loss is divided by
+    the global batch's weight, so the ranks' losses (and gradients) add up to the one-process
+    ones. ``features(idx, tokens, lengths)`` gives ``target_hidden`` [b, T, n_tap*H].
+    """
+    B, mask_id, dev = s.block_size, s.mask_token_id, ranks.device
+    idx = torch.randperm(len(regen_set), generator=g)[: s.batch_size]
+    anchors, valid = train_data.sample_anchors(regen_set.lengths[idx], regen_set.prompt_lengths[idx], s.anchors, g)
+    rows = torch.tensor(ranks.mine(range(len(idx))), dtype=torch.long)
+    idx, anchors, valid = idx[rows], anchors[rows].to(dev), valid[rows].to(dev)
+    lengths = regen_set.lengths[idx]
+    tokens = regen_set.tokens[idx, : int(lengths.max())].to(dev)
+    lengths = lengths.to(dev)
+    hidden_in = features(idx, tokens, lengths)
     with torch.no_grad():
-        attn = (torch.arange(Tmax)[None] < lengths[:, None]).long()
-        out = target.model(input_ids=tokens, attention_mask=attn, output_hidden_states=True, use_cache=False)
-        target_hidden = torch.cat([out.hidden_states[i + 1] for i in drafter.cfg.target_layer_ids], dim=-1)
-        anchors, valid = train_data.sample_anchors(lengths, plens, s.anchors, g)
         block, labels = objective.block_inputs(tokens, anchors, B, mask_id, lengths)
         labels = torch.where(valid[..., None], labels, -100)
         b, K = anchors.shape
         embeds = target.embed(block.view(b, K * B), drafter.cfg.input_embedding_scale).view(b, K, B, -1)
-    hidden = objective.train_forward(drafter, target_hidden.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
+    (total,) = ranks.sum([objective.loss_weights(labels, gamma).sum().item()])
+    hidden = objective.train_forward(drafter, hidden_in.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
     logits = drafter.logits(hidden[:, :, 1:], target.head)
-    return objective.block_loss(logits, labels, gamma)
+    loss, m = objective.block_loss(logits, labels, gamma, normaliser=total)
+    loss_all, tau_sum, blocks = ranks.sum([loss.item(), m["tau_sum"], m["blocks"]])
+    return loss, {"loss": loss_all, "tau": tau_sum / blocks if blocks else math.nan}
 
 
 def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: int, n_tokens: int,
-                stops) -> float:
-    """τ of the drafter on prompts it never trained on (greedy, the reference runtime)."""
+                stops, ranks: Ranks = Ranks()) -> float:
+    """τ of the drafter on prompts it never trained on (greedy, the reference runtime), over all ranks."""
     from dflash_trt.runtime import generate
 
-    was = drafter.training
-    drafter.eval()
-    try:
-        res = generate(target, drafter, prompts, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops)
-    finally:
-        drafter.train(was)
-    return res.stats.acceptance_length
+    mine = ranks.mine(prompts)
+    committed = rounds = 0
+    if mine:
+        was = drafter.training
+        drafter.eval()
+        try:
+            stats = generate(target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops).stats
+        finally:
+            drafter.train(was)
+        committed, rounds = stats.committed, stats.rounds
+    committed, rounds = ranks.sum([committed, rounds])
+    return committed / rounds if rounds else 0.0

@@ -174,7 +174,7 @@ def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: t
                                            scale=hd ** -0.5)
         return o.transpose(1, 2)
 
-    x = drafter.block_forward(block_embeds.reshape(b, K * B, H), q_pos, attend)
+    x = drafter.block_forward(block_embeds.reshape(b, K * B, H), q_pos, attend, block_len=B)  # DFlash2: per block
     return x.view(b, K, B, H)
 
 
@@ -190,22 +190,33 @@ def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, B: int, mask_id: i
     return block, torch.where(inside, labels, -100)
 
 
-def block_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float) -> tuple[torch.Tensor, dict]:
+def loss_weights(labels: torch.Tensor, gamma: float) -> torch.Tensor:
+    """[b, K, B-1]: ``exp(-(k-1)/gamma)`` at block position k, 0 where there is no label."""
+    k = torch.arange(labels.shape[-1], device=labels.device, dtype=torch.float32)
+    return torch.exp(-k / gamma) * (labels >= 0)
+
+
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float,
+               normaliser: float | None = None) -> tuple[torch.Tensor, dict]:
     """Decay-weighted CE over block positions 1..B-1. logits [b, K, B-1, V]; labels [b, K, B-1].
 
-    Also returns the batch's greedy agreement: per-position accuracy and the acceptance
-    length tau a greedy verifier would see on these blocks (1 + accepted prefix).
+    The weighted sum is divided by ``normaliser`` (default: this batch's total weight); data
+    parallel ranks pass the global batch's, so their losses add up to the global loss.
+    Also returns the batch's greedy agreement: per-position accuracy, the acceptance length
+    tau a greedy verifier would see on these blocks (1 + accepted prefix), and its sum over
+    the ``blocks`` it is the mean of (``tau_sum``, for averaging across ranks).
     """
     Bm1 = labels.shape[-1]
-    w = torch.exp(-torch.arange(Bm1, device=logits.device, dtype=torch.float32) / gamma)
     valid = labels >= 0
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.clamp_min(0).reshape(-1),
                          reduction="none").view_as(labels)
-    weights = w * valid
-    loss = (ce * weights).sum() / weights.sum().clamp_min(1e-9)
+    weights = loss_weights(labels, gamma)
+    total = weights.sum() if normaliser is None else torch.tensor(normaliser, dtype=torch.float32)
+    loss = (ce * weights).sum() / total.to(ce.device).clamp_min(1e-9)
     with torch.no_grad():
         hit = (logits.argmax(-1) == labels) & valid
         full = valid.all(-1)                       # blocks whose labels are all inside the sequence
-        tau = 1.0 + hit[full].long().cumprod(-1).sum(-1).float().mean().item() if full.any() else math.nan
+        taus = 1.0 + hit[full].long().cumprod(-1).sum(-1).float()
+        tau = taus.mean().item() if full.any() else math.nan
         acc = [(hit[..., k].sum() / valid[..., k].sum().clamp_min(1)).item() for k in range(Bm1)]
-    return loss, {"tau": tau, "acc": acc}
+    return loss, {"tau": tau, "acc": acc, "tau_sum": taus.sum().item(), "blocks": int(full.sum())}

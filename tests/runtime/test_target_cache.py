@@ -7,8 +7,7 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.backend import TorchBackend
-from dflash_trt.runtime.loop import Batch, commit, generate, prefill, verify
-from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.loop import Batch, Request, commit, generate, prefill, verify
 from tests.families import family_drafter, family_target
 from tests.helpers import hf_greedy, prompts, wrap
 
@@ -49,20 +48,18 @@ def _decode_greedy(backend, batch: Batch, steps: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_next", "gpt_oss"])
 def test_batches_prefilled_apart_merge_into_one(family):
-    """Two batches prefilled (and decoded) apart, then merged: the merged batch decodes what
-    each prompt decodes alone (full-attention columns padded, windows and states concatenated)."""
+    """Two batches prefilled (and decoded) apart, then merged (``Batch.merge`` through
+    ``TorchBackend.merge_rows``): the merged batch decodes what each prompt decodes alone
+    (full-attention columns padded, sliding windows and recurrent states concatenated)."""
     model = family_target(family)
-    backend = TorchBackend(wrap(model), None)
+    backend = TorchBackend(wrap(model), None)  # the lean forward where the family has one (qwen3)
     ps = prompts(3, seed=8, lo=3, hi=24)
     truth = [hf_greedy(model, p, MAX_NEW) for p in ps]
-    greedy = SamplingParams()
-    a = prefill(backend, ps[:2], greedy, None, draft=False)
+    a = prefill(backend, [Request(p, MAX_NEW) for p in ps[:2]], draft=False)
     got_a = _decode_greedy(backend, a, 4)                  # a is 3 commits ahead of b
-    b = prefill(backend, ps[2:], greedy, None, draft=False)
-    cache, col_valid = backend.caches.merge([a.target_cache, b.target_cache], [a.col_valid, b.col_valid])
-    merged = Batch([0, 1, 2], cache, None, col_valid, torch.cat([a.positions, b.positions]),
-                   torch.cat([a.last, b.last]), None, torch.cat([a.n_new, b.n_new]))
-    rest = _decode_greedy(backend, merged, MAX_NEW - 3)
+    b = prefill(backend, [Request(p, MAX_NEW) for p in ps[2:]], draft=False)
+    a.merge(backend, b)
+    rest = _decode_greedy(backend, a, MAX_NEW - 3)
     assert [g[:-1] + r for g, r in zip(got_a, rest[:2])] == truth[:2]
     assert rest[2] == truth[2][: MAX_NEW - 3]
 

@@ -9,7 +9,7 @@ import torch
 
 # Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
 
-from tests.helpers import char_tokenizer, save_pair, tiny_drafter, tiny_target, wrap
+from tests.helpers import char_tokenizer, save_pair, tiny_dflash2_drafter, tiny_drafter, tiny_target, wrap
 
 from dflash_trt.train import objective
 from dflash_trt.train import data
@@ -55,12 +55,16 @@ def _target_hidden(model, drafter, ids):
     return torch.cat([out.hidden_states[i + 1] for i in drafter.cfg.target_layer_ids], -1)
 
 
-@pytest.mark.parametrize("kind", ["full", "sliding"])
+@pytest.mark.parametrize("kind", ["full", "sliding", "dflash2"])
 def test_training_forward_equals_inject_then_draft(kind):
-    """The guarantee that training optimises what inference runs: same hidden states."""
+    """The guarantee that training optimises what inference runs: same hidden states (DFlash2: its
+    convolutions stay inside each of the blocks training lays back to back)."""
     model = tiny_target(layers=4)
     extra = {} if kind == "full" else dict(layer_types=["sliding_attention", "full_attention"], sliding_window=6)
-    drafter = tiny_drafter(model, block_size=8, layers=2, **extra)
+    if kind == "dflash2":
+        drafter = tiny_dflash2_drafter(model, block_size=8, layers=2, causal=False, **extra)
+    else:
+        drafter = tiny_drafter(model, block_size=8, layers=2, **extra)
     target = wrap(model, drafter)
     L = 30
     ids = torch.randint(3, 90, (2, L), generator=torch.Generator().manual_seed(0))
@@ -244,3 +248,21 @@ def test_train_drafter_user_errors(train_setup, tmp_path, capsys):
                 "--out", str(tmp_path / "z"), "--target-layer-ids", "1,3"]) == 2
     assert "last layer (3)" in capsys.readouterr().err
     assert not (tmp_path / "y").exists() and not (tmp_path / "z" / "config.json").exists()
+
+
+def test_jsonl_messages_go_through_the_chat_template(tmp_path):
+    tok = char_tokenizer()
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<a>"
+    (tmp_path / "c.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{"prompt": "yo"}\n')
+    prompts, texts = data.read_data(tmp_path / "c.jsonl")
+    assert prompts == [[{"role": "user", "content": "hi"}], "yo"] and texts == []
+    ids = data.build_prompts(tok, prompts, [], prompt_len=64, gen_len=4, max_samples=10, seed=0)
+    assert sorted(tok.decode(p) for p in ids) == ["<user>hi<a>", tok.decode(tok("yo")["input_ids"])]
+    record = data.chat_record(tok, prompts, chat_template=False, thinking=None)
+    assert record["chat_template_applied"] and record["enable_thinking"] is None
+    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user"}]}\n')
+    with pytest.raises(DFlashError, match="'messages' list"):
+        data.read_data(tmp_path / "bad.jsonl")
+    tok.chat_template = None
+    with pytest.raises(DFlashError, match="chat template, and it has none"):
+        data.build_prompts(tok, prompts, [], prompt_len=64, gen_len=4, max_samples=10, seed=0)

@@ -1,0 +1,214 @@
+"""Target features (``target_hidden``): computed online at every step, or cached once in shards.
+
+Online (the default): each rank runs the frozen target over its rows of the batch, as the
+paper's recipe must at scale (its cache would take tens of TB).
+
+Cached (``feature_cache``): the tapped hidden states of every regenerated sequence are
+written once as safetensors shards, ``features-<k>.safetensors`` (``hidden``: the real
+tokens of its sequences back to back, [tokens, n_tap*H]; ``offsets``: where each sequence
+starts, [n + 1]; metadata: the cache key and its rows), then ``cache.json`` (the key and the
+shard table), which marks the cache complete. Every step of every rank reads its rows from
+the shards (memory-mapped). The size is printed before the first shard is written; shards
+are split between the ranks and each is renamed into place when complete, so a full disk is
+a one-line error that leaves every finished shard, and the rerun writes only the others.
+
+The key covers what the features depend on (:func:`cache_key`): the target's config and
+weights, the tapped layers, the dtype and the regenerated token ids. A folder holding a complete cache under
+another key is refused, not overwritten.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from dflash_trt.errors import DFlashError
+from dflash_trt.model import Target
+from dflash_trt.train.checkpoint import write_json
+from dflash_trt.train.data import Regenerated
+from dflash_trt.train.dist import Ranks
+from dflash_trt.train.settings import Progress
+
+FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def target_hidden(target: Target, layer_ids: list[int], tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[b, T, n_tap*H]: the target's tapped hidden states over right-padded ``tokens`` [b, T]."""
+    with torch.no_grad():
+        attn = (torch.arange(tokens.shape[1], device=tokens.device)[None] < lengths[:, None]).long()
+        out = target.model(input_ids=tokens, attention_mask=attn, output_hidden_states=True, use_cache=False)
+        return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+class OnlineFeatures:
+    """``target_hidden`` of a batch, from the target itself."""
+
+    def __init__(self, target: Target, layer_ids: list[int]):
+        self.target, self.layer_ids = target, list(layer_ids)
+
+    def __call__(self, idx: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return target_hidden(self.target, self.layer_ids, tokens, lengths)
+
+
+class CachedFeatures:
+    """``target_hidden`` of a batch, read from a complete cache folder."""
+
+    def __init__(self, folder: Path, table: dict):
+        from safetensors import safe_open
+
+        self.folder, self.starts = folder, [a for a, _ in table["shards"]]
+        self.files = [safe_open(str(folder / _shard_name(k)), "pt") for k in range(len(self.starts))]
+        self.offsets = [f.get_tensor("offsets").tolist() for f in self.files]
+        self.dim, self.dtype = int(table["dim"]), getattr(torch, table["dtype"])
+
+    def __call__(self, idx: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(len(idx), tokens.shape[1], self.dim, dtype=self.dtype)
+        for row, i in enumerate(idx.tolist()):
+            k = bisect.bisect_right(self.starts, i) - 1
+            j = i - self.starts[k]
+            a, b = self.offsets[k][j], self.offsets[k][j + 1]
+            out[row, : b - a] = self.files[k].get_slice("hidden")[a:b]
+        return out.to(tokens.device)
+
+
+def _shard_name(k: int) -> str:
+    return f"features-{k:05d}.safetensors"
+
+
+def cache_key(target: Target, layer_ids: list[int], regen: Regenerated) -> str:
+    """What the features depend on: the target's config and weights (64 strided values of every
+    tensor: two fine-tunes of one base differ there), the taps, the dtype, the token ids."""
+    h = hashlib.sha256()
+    h.update(json.dumps([target.config.to_json_string(), list(layer_ids), str(target.dtype)]).encode())
+    for p in target.model.parameters():
+        flat = p.detach().reshape(-1)
+        h.update(flat[:: max(1, flat.numel() // 64)][:64].float().cpu().numpy().tobytes())
+    for t in (regen.tokens, regen.lengths):
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def plan_shards(lengths: list[int], token_bytes: int, shard_mb: float) -> list[tuple[int, int]]:
+    """Consecutive row ranges [a, b) of about ``shard_mb`` each (at least one sequence)."""
+    limit, shards, start, size = shard_mb * 2 ** 20, [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and size + n * token_bytes > limit:
+            shards.append((start, i))
+            start, size = i, 0
+        size += n * token_bytes
+    shards.append((start, len(lengths)))
+    return shards
+
+
+def _finished(path: Path, key: str) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return (f.metadata() or {}).get("key") == key
+    except Exception:  # noqa: BLE001 - a torn or foreign file is simply not finished
+        return False
+
+
+def _write_shard(folder: Path, k: int, rows: tuple[int, int], target: Target, layer_ids: list[int],
+                 regen: Regenerated, key: str, done_before: int, total: int, batch: int = 8) -> None:
+    """Compute and write shard ``k`` (rows [a, b)) under a temporary name, then rename it."""
+    a, b = rows
+    parts, offsets = [], [0]
+    for s in range(a, b, batch):
+        lengths = regen.lengths[s: min(b, s + batch)]
+        tokens = regen.tokens[s: s + len(lengths), : int(lengths.max())].to(target.device)
+        hidden = target_hidden(target, layer_ids, tokens, lengths.to(target.device)).cpu()
+        for h, n in zip(hidden, lengths.tolist()):
+            parts.append(h[:n])
+            offsets.append(offsets[-1] + n)
+    tensors = {"hidden": torch.cat(parts).contiguous(), "offsets": torch.tensor(offsets)}
+    path, tmp = folder / _shard_name(k), folder / (_shard_name(k) + ".tmp")
+    try:
+        save_file(tensors, str(tmp), metadata={"key": key, "rows": f"{a}:{b}"})
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        why = "the disk is full" if exc.errno in FULL else f"cannot write {path.name} ({exc.strerror or exc})"
+        raise DFlashError(f"--feature-cache {folder}: {why} after {done_before} of {total} shards; the finished "
+                          "shards stay: free space (or choose another folder) and rerun to write the rest") from None
+
+
+def open_cache(folder: str | Path, target_ref: str, target: Target, layer_ids: list[int], regen: Regenerated,
+               ranks: Ranks, progress: Progress, shard_mb: float = 1024.0) -> CachedFeatures:
+    """The cache for this target and set in ``folder``, writing what is missing first."""
+    folder = Path(folder).expanduser()
+    key = cache_key(target, layer_ids, regen)
+    table_path = folder / "cache.json"
+    if table_path.exists():
+        table = json.loads(table_path.read_text())
+        if table.get("key") == key:
+            progress.log(f"reusing the feature cache in {folder} ({_human(table['bytes'])}, "
+                         f"{len(table['shards'])} shards)")
+            return CachedFeatures(folder, table)
+        raise DFlashError(f"--feature-cache {folder} holds the features of another target or data set: "
+                          "choose another folder, or empty this one")
+    plan = ranks.together(lambda: _plan(folder, key, target, layer_ids, regen, ranks, progress, shard_mb))
+    todo = plan.pop("todo")
+    ranks.together(lambda: _write_mine(folder, key, target, layer_ids, regen, ranks, progress, plan, todo))
+
+    def seal() -> None:
+        if ranks.main:
+            lost = [k for k in range(len(plan["shards"])) if not _finished(folder / _shard_name(k), key)]
+            if lost:
+                raise DFlashError(f"--feature-cache {folder}: shard {lost[0]} is missing after every rank wrote "
+                                  "its share; is the folder shared by every node?")
+            write_json(table_path, {"key": key, "target": target_ref, **plan})
+
+    ranks.together(seal)
+    return CachedFeatures(folder, json.loads(table_path.read_text()))
+
+
+def _plan(folder: Path, key: str, target: Target, layer_ids: list[int], regen: Regenerated, ranks: Ranks,
+          progress: Progress, shard_mb: float) -> dict:
+    """The shard table of the cache (what cache.json will hold), the folder created, its size said."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DFlashError(f"--feature-cache {folder}: cannot create it ({exc.strerror or exc})") from None
+    dim = len(layer_ids) * int(target.model.get_input_embeddings().weight.shape[1])
+    token_bytes = dim * target.dtype.itemsize
+    shards = plan_shards(regen.lengths.tolist(), token_bytes, shard_mb)
+    total = int(regen.lengths.sum()) * token_bytes
+    # Decided before any rank writes (together() returns only when every rank planned), so
+    # every rank splits the same list.
+    todo = [k for k in range(len(shards)) if not _finished(folder / _shard_name(k), key)]
+    if ranks.main:
+        progress.log(f"feature cache: {_human(total)} in {len(shards)} shards to {folder} "
+                     f"({len(shards) - len(todo)} already written; {_human(shutil.disk_usage(folder).free)} free)")
+    return {"shards": shards, "dim": dim, "dtype": str(target.dtype).removeprefix("torch."), "bytes": total,
+            "sequences": len(regen), "todo": todo}
+
+
+def _write_mine(folder: Path, key: str, target: Target, layer_ids: list[int], regen: Regenerated, ranks: Ranks,
+                progress: Progress, plan: dict, todo: list[int]) -> None:
+    """This rank's share of the shards not written yet."""
+    shards = plan["shards"]
+    if ranks.main:
+        progress.phase("caching target features", len(shards))
+        progress.advance(len(shards) - len(todo), {})
+    for n, k in enumerate(ranks.mine(todo)):
+        _write_shard(folder, k, tuple(shards[k]), target, layer_ids, regen, key, len(shards) - len(todo) + n,
+                     len(shards))
+        if ranks.main:
+            progress.advance(min(len(shards), len(shards) - len(todo) + (n + 1) * ranks.world), {})
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"

@@ -1,0 +1,80 @@
+"""What a training run is started with (:class:`TrainSettings`), what it reports while it runs
+(:class:`Progress`) and what it returns (:class:`Result`).
+
+The fields fall in three groups, which decide what ``--resume`` may change:
+
+* ``SHAPE_FIELDS`` fix the drafter's shape; a resume that names another value is refused;
+* ``DATA_FIELDS`` fix the regenerated training set (a change means a new set);
+* ``RESUMABLE_FIELDS`` say how long, how often and where the work happens, not what it
+  computes: a resumed run takes them from its command line (another number of steps, another
+  regeneration server after a crash, another feature-cache folder, another device), and
+  everything else from the run's saved settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id")
+DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "samples", "eval_prompts", "seed",
+               "chat_template", "thinking")
+RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "regen_endpoint", "regen_model", "regen_concurrency",
+                    "feature_cache", "feature_shard_mb", "device")
+
+
+@dataclass
+class TrainSettings:
+    target: str
+    data: str
+    out: str
+    block_size: Optional[int] = None          # default 8
+    layers: Optional[int] = None              # default 1
+    target_layer_ids: Optional[list[int]] = None
+    mask_token_id: Optional[int] = None       # default: the tokenizer's mask token, else a spare row
+    steps: int = 1000
+    batch_size: int = 8                       # the global batch: sequences per step over all ranks
+    anchors: int = 16
+    lr: float = 6e-4
+    warmup: float = 0.04
+    weight_decay: float = 0.01
+    prompt_len: int = 64
+    gen_len: int = 128
+    samples: int = 1024
+    eval_prompts: int = 8
+    eval_every: int = 100
+    eval_tokens: int = 64
+    save_every: int = 100
+    seed: int = 0
+    save_dtype: str = "bfloat16"
+    resume: bool = False
+    chat_template: bool = False               # JSONL prompts through the target's chat template
+    thinking: Optional[bool] = None           # the template's enable_thinking (None: its default)
+    regen_endpoint: Optional[str] = None      # OpenAI-compatible server URL; None: the reference runtime
+    regen_model: Optional[str] = None         # the model the server serves (None: the first it lists)
+    regen_concurrency: int = 32
+    feature_cache: Optional[str] = None       # folder of target_hidden shards; None: computed online
+    feature_shard_mb: float = 1024.0
+    device: str = "auto"                      # auto: cuda:LOCAL_RANK when CUDA is available, else cpu
+
+
+@dataclass
+class Progress:
+    """Callbacks the CLI turns into progress bars (all optional)."""
+
+    phase: Callable[[str, int], None] = lambda name, total: None
+    advance: Callable[[int, dict], None] = lambda done, info: None
+    log: Callable[[str], None] = lambda line: None
+
+
+@dataclass
+class Result:
+    out: Path
+    step: int
+    loss: float
+    train_tau: float
+    heldout_tau: float | None
+    seconds: float
+    history: list[dict] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)   # every step of this invocation

@@ -1,0 +1,332 @@
+"""train-drafter beyond one process: regeneration through a server, cached features, gloo ranks,
+resume after a kill and across a changed number of ranks."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dflash_trt.cli import run
+from dflash_trt.errors import DFlashError
+from dflash_trt.train import TrainSettings, train_drafter
+from dflash_trt.train import features as train_features
+from dflash_trt.train import launcher as train_launch
+from dflash_trt.train import regen as train_regen
+from tests.helpers import save_pair
+from tests.serve.helpers import subprocess_env
+
+# Reads enable_thinking as Qwen3's template does: thinking off adds an empty think block.
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>"
+                 "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("scale")
+    tdir, ddir = save_pair(root)
+    tok = AutoTokenizer.from_pretrained(tdir)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(tdir)
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(200))
+    (root / "data.txt").write_text(text)
+    lines = [json.dumps({"prompt": f"write f{i}"}) for i in range(10)]
+    lines.append(json.dumps({"messages": [{"role": "system", "content": "be brief"},
+                                          {"role": "user", "content": "hi"}]}))
+    (root / "chat.jsonl").write_text("\n".join(lines) + "\n")
+    return root, tdir, ddir
+
+
+def settings(root, tdir, out, **kw) -> TrainSettings:
+    base = dict(target=str(tdir), data=str(root / "data.txt"), out=str(out), block_size=4, layers=1, steps=4,
+                batch_size=4, anchors=4, prompt_len=12, gen_len=8, samples=12, eval_prompts=2, eval_every=100,
+                save_every=2, lr=3e-3)
+    return TrainSettings(**{**base, **kw})
+
+
+def argv(s: TrainSettings, *more: str) -> list[str]:
+    """The same settings as flags of train-drafter (``more``: fields only python -m dflash_trt.train takes)."""
+    out = []
+    for k in ("target", "data", "out", "block_size", "layers", "steps", "batch_size", "anchors", "prompt_len",
+              "gen_len", "samples", "eval_every", "save_every", "lr", *more):
+        out += [f"--{k.replace('_', '-')}", str(getattr(s, k))]
+    return out
+
+
+def assert_same_state(a, b, atol=1e-5):
+    wa, wb = load_file(str(a / ".train" / "state.safetensors")), load_file(str(b / ".train" / "state.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=atol, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------
+# Regeneration through a server
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(setup):
+    from dflash_trt.runtime import load_pair
+    from dflash_trt.serve import ServerThread, create_app
+
+    _, tdir, ddir = setup
+    pair = load_pair(tdir, ddir, dtype="float32")   # the dtype training regenerates in
+    with ServerThread(create_app(pair, "tiny", max_batch=8, max_queue=64)) as srv:
+        yield srv
+
+
+def test_regeneration_through_the_embedded_server_equals_in_process(setup, server, tmp_path, monkeypatch):
+    """Same response token ids at temperature 0, chat template and thinking setting recorded;
+    a crash mid-regeneration loses only what was in flight."""
+    root, tdir, _ = setup
+    common = dict(data=str(root / "chat.jsonl"), chat_template=True, thinking=False, steps=1, samples=10,
+                  eval_prompts=1, gen_len=10)
+    local = train_drafter(settings(root, tdir, tmp_path / "local", **common))
+    assert local.step == 1
+
+    class Crash(Exception):
+        pass
+
+    seen = []
+
+    def advance(done, info):
+        seen.append(done)
+        if len(seen) == 4:
+            raise Crash()
+
+    from dflash_trt.train import Progress
+
+    remote = settings(root, tdir, tmp_path / "remote", regen_endpoint=server.url, regen_concurrency=2, **common)
+    with pytest.raises(Crash):
+        train_drafter(remote, Progress(advance=advance))
+    journal = (tmp_path / "remote" / ".train" / "regen-0.jsonl").read_text().splitlines()
+    done = len(journal) - 1                               # header + what finished before the crash
+    assert done >= 4
+    sent, lines = [], []
+    real = train_regen.regenerate_endpoint
+
+    def counted(url, prompts, **kw):
+        sent.extend(prompts)
+        return real(url, prompts, **kw)
+
+    monkeypatch.setattr(train_regen, "regenerate_endpoint", counted)
+    train_drafter(remote, Progress(log=lines.append))     # the rerun sends only the missing prompts
+    assert len(sent) == 10 - done and f"regeneration: {done} of 10 responses already done, resuming" in lines
+
+    a = load_file(str(tmp_path / "local" / ".train" / "regen.safetensors"))
+    b = load_file(str(tmp_path / "remote" / ".train" / "regen.safetensors"))
+    for k in ("tokens", "lengths", "prompt_lengths"):
+        assert torch.equal(a[k], b[k]), k
+    assert int((a["lengths"] - a["prompt_lengths"]).sum()) > 10 * 5     # real responses, not empty ones
+    meta = json.loads((tmp_path / "remote" / "training.json").read_text())["regeneration"]
+    assert meta["sources"] == [f"{server.url} (model tiny)"] and meta["retokenized_responses"] == 0
+    assert meta["chat"]["chat_template_applied"] and meta["chat"]["enable_thinking"] is False
+    assert meta["chat"]["template_reads_enable_thinking"] and len(meta["chat"]["chat_template_sha256"]) == 64
+    assert json.loads((tmp_path / "local" / "training.json").read_text())["regeneration"]["sources"] == [
+        "reference runtime"]
+
+
+def test_the_thinking_switch_changes_the_prompts(setup):
+    from transformers import AutoTokenizer
+
+    from dflash_trt.train import data
+
+    _, tdir, _ = setup
+    tok = AutoTokenizer.from_pretrained(tdir)
+    off = data.encode_prompt(tok, "hi", chat_template=True, thinking=False)
+    on = data.encode_prompt(tok, "hi", chat_template=True, thinking=True)
+    assert tok.decode(off).endswith("<assistant><think></think>") and tok.decode(on).endswith("<assistant>")
+    with pytest.raises(DFlashError, match="--chat-template"):
+        data.chat_record(tok, ["hi"], chat_template=False, thinking=True)
+
+
+def test_a_server_that_sends_text_only_is_retokenized(setup):
+    from transformers import AutoTokenizer
+
+    from dflash_trt.serve import Completion
+
+    _, tdir, _ = setup
+    tok = AutoTokenizer.from_pretrained(tdir)
+    ids = tok("abc", add_special_tokens=False)["input_ids"]
+    assert train_regen.response_ids(Completion(None, "abc", "stop"), tok, [2]) == (ids + [2], True)
+    assert train_regen.response_ids(Completion(ids + [2, 5], "", "stop"), tok, [2]) == (ids + [2], False)
+    assert train_regen.response_ids(Completion(ids, "abc", "length"), tok, [2]) == (ids, False)
+
+
+def test_server_errors_are_one_line(server):
+    from dflash_trt.serve import complete_all
+
+    with pytest.raises(DFlashError, match=r"answered 400: prompt token ids must be in \[0, 96\)"):
+        complete_all(server.url, {0: [5, 999]}, 4, on_done=lambda i, c: None)
+    with pytest.raises(DFlashError, match="serves tiny, not other"):
+        complete_all(server.url, {0: [5]}, 4, on_done=lambda i, c: None, model="other")
+
+
+def test_a_torn_journal_line_is_skipped(tmp_path):
+    j = train_regen.Journal(tmp_path, 0, "abc")
+    j.add(3, [1, 2], "x")
+    j.close()
+    with (tmp_path / "regen-0.jsonl").open("a") as f:
+        f.write('{"i": 4, "resp')                       # a run killed mid-line
+    assert list(train_regen.Journal.read_all(tmp_path, "abc")) == [3]
+    assert train_regen.Journal.read_all(tmp_path, "other prompts") == {}
+
+
+# ---------------------------------------------------------------------------------------
+# The feature cache
+# ---------------------------------------------------------------------------------------
+
+
+def shard_files(folder):
+    return sorted(folder.glob("features-*.safetensors"))
+
+
+def test_feature_cache_is_written_once_and_reused(setup, tmp_path, monkeypatch):
+    root, tdir, _ = setup
+    online = train_drafter(settings(root, tdir, tmp_path / "online"))
+    cache = tmp_path / "cache"
+    lines = []
+    from dflash_trt.train import Progress
+
+    first = train_drafter(settings(root, tdir, tmp_path / "c1", feature_cache=str(cache), feature_shard_mb=0.02),
+                          Progress(log=lines.append))
+    shards = shard_files(cache)
+    assert len(shards) > 2 and (cache / "cache.json").exists()
+    assert any(line.startswith("feature cache: ") and f"in {len(shards)} shards" in line for line in lines)
+    torch.testing.assert_close(torch.tensor(first.losses), torch.tensor(online.losses), atol=1e-5, rtol=1e-5)
+    assert_same_state(tmp_path / "online", tmp_path / "c1")
+
+    stamps = [p.stat().st_mtime_ns for p in shards]
+    monkeypatch.setattr(train_features, "save_file", lambda *a, **k: pytest.fail("the cache was written again"))
+    again = train_drafter(settings(root, tdir, tmp_path / "c2", feature_cache=str(cache), feature_shard_mb=0.02))
+    assert again.losses == first.losses
+    assert [p.stat().st_mtime_ns for p in shard_files(cache)] == stamps
+    # another data set is refused, not mixed in
+    with pytest.raises(DFlashError, match="another target or data set"):
+        train_drafter(settings(root, tdir, tmp_path / "c3", feature_cache=str(cache), samples=10))
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_finished_shards(setup, tmp_path, monkeypatch, capsys):
+    root, tdir, _ = setup
+    real = train_features.save_file
+    calls = []
+
+    def quota(tensors, path, metadata=None):
+        """A disk with room for two shards: the third write fails half-way."""
+        calls.append(path)
+        if len(calls) == 3:
+            with open(path, "wb") as f:
+                f.write(b"\0" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(train_features, "save_file", quota)
+    cache = tmp_path / "cache"
+    s = settings(root, tdir, tmp_path / "out", feature_cache=str(cache), feature_shard_mb=0.02)
+    args = ["train-drafter", *argv(s), "--feature-cache", str(cache), "--feature-shard-mb", "0.02"]
+    assert run(args) == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: --feature-cache ")       # one line, no traceback
+    assert "disk is full after 2 of 3 shards" in errors[0] and "finished shards stay" in errors[0]
+    assert len(shard_files(cache)) == 2 and not list(cache.glob("*.tmp")) and not (cache / "cache.json").exists()
+
+    monkeypatch.setattr(train_features, "save_file", real)
+    written = []
+    monkeypatch.setattr(train_features, "save_file", lambda t, p, metadata=None: (written.append(p),
+                                                                                   real(t, p, metadata=metadata)))
+    assert run(args) == 0                                   # the rerun writes only the missing shards
+    total = len(shard_files(cache))
+    assert len(written) == total - 2 and (cache / "cache.json").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Ranks
+# ---------------------------------------------------------------------------------------
+
+
+def test_python_m_dflash_trt_train_takes_the_train_drafter_flags():
+    import typer.main
+
+    from dflash_trt.cli import app
+
+    cmd = next(c for c in typer.main.get_command(app).commands.values() if c.name == "train-drafter")
+    cli_flags = {o for p in cmd.params for o in p.opts if o.startswith("--")} - {"--nproc", "--json", "--help"}
+    ours = {o for a in train_launch.parser()._actions for o in a.option_strings}
+    assert cli_flags <= ours, cli_flags - ours
+    s = train_launch.settings_from_argv(["-t", "T", "--data", "D", "-o", "O", "--target-layer-ids", "1,3",
+                                         "--no-thinking", "--feature-cache", "C", "--steps", "7"])
+    assert (s.target_layer_ids, s.thinking, s.feature_cache, s.steps, s.resume) == ([1, 3], False, "C", 7, False)
+
+
+def test_a_rank_reports_a_user_error_in_one_line(setup, tmp_path, capsys):
+    root, tdir, _ = setup
+    assert train_launch.main(["-t", str(tdir), "--data", str(tmp_path / "none"), "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"dflash_trt.train: error: --data {tmp_path / 'none'}: no such file or folder\n"
+    s = settings(root, tdir, tmp_path / "o", batch_size=1)
+    with pytest.raises(DFlashError, match="global batch: give at least one sequence to each of the 2 ranks"):
+        train_launch.launch(s, 2)                      # refused before any rank starts
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_match_one_rank_and_resume_on_another_number(setup, tmp_path):
+    """torchrun with 2 gloo ranks = 1 process at the same global batch; a 1-rank run resumed
+    with --nproc 2 = an uninterrupted 1-rank run (up to float noise)."""
+    root, tdir, _ = setup
+    one = settings(root, tdir, tmp_path / "one", steps=4, eval_every=2)
+    ref = train_drafter(one)
+    two = settings(root, tdir, tmp_path / "two", steps=4, eval_every=2, feature_cache=str(tmp_path / "cache"),
+                   feature_shard_mb=0.02)
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "dflash_trt.train", *argv(two, "eval_prompts"), "--feature-cache", two.feature_cache,
+                           "--feature-shard-mb", "0.02"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "drafter written to" in proc.stdout and proc.stdout.count("drafter written") == 1  # rank 0 only
+    assert_same_state(tmp_path / "one", tmp_path / "two")
+    got = json.loads((tmp_path / "two" / ".train" / "result.json").read_text())
+    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref.losses), atol=1e-5, rtol=1e-5)
+    assert [h["heldout_tau"] for h in got["history"]] == [h["heldout_tau"] for h in ref.history]
+    assert json.loads((tmp_path / "two" / "training.json").read_text())["ranks"] == 2
+    assert len(shard_files(tmp_path / "cache")) > 2          # the two ranks wrote the shards between them
+
+    half = settings(root, tdir, tmp_path / "half", steps=2, eval_every=2)
+    train_drafter(half)
+    assert run(["train-drafter", *argv(half), "--steps", "4", "--resume", "--nproc", "2", "--json"]) == 0
+    assert_same_state(tmp_path / "one", tmp_path / "half")
+
+
+@pytest.mark.slow
+def test_resume_after_a_killed_run(setup, tmp_path):
+    """SIGKILL mid-training, then --resume: the result equals an uninterrupted run."""
+    root, tdir, _ = setup
+    s = settings(root, tdir, tmp_path / "killed", steps=40, save_every=1)
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt.train", *argv(s, "eval_prompts")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = tmp_path / "killed" / ".train" / "state.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if state.exists() and json.loads(state.read_text() or '{"step": 0}')["step"] >= 3:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = json.loads(state.read_text())["step"]
+    assert 3 <= killed_at < 40, "the run was not killed mid-training"
+    resumed = train_drafter(settings(root, tdir, tmp_path / "killed", steps=40, save_every=1, resume=True))
+    assert resumed.step == 40 and len(resumed.losses) <= 40 - killed_at + 1
+    train_drafter(settings(root, tdir, tmp_path / "whole", steps=40, save_every=40))
+    assert_same_state(tmp_path / "killed", tmp_path / "whole", atol=1e-6)

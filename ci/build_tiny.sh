@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Engine-build checks CI runs on the CPU (no GPU, no network):
-#   1. every bundled recipe validates and plans from its shipped configs (plan + build --dry-run);
+#   1. every bundled recipe validates and plans from its shipped configs (plan + build --dry-run),
+#      and a Hopper recipe plans for every TensorRT-LLM release the project knows;
 #   2. the tiny recipe builds at bf16, fp8 and nvfp4 (ModelOpt calibrates on the CPU) and each
 #      bundle is checked (build.check_bundle): layout, manifest, trtllm config against the
 #      schema, serve.sh, quantized tensors' dtypes and shapes.
@@ -15,6 +16,11 @@ for recipe in $(python -c "from dflash_trt.build import recipe; print(' '.join(r
   echo "== plan $recipe"
   $DT plan "$recipe" --json > "$WORK/plan-$recipe.json"
   $DT build "$recipe" --dry-run > /dev/null
+done
+
+for release in $(python -c "from dflash_trt.build import trtllm_releases as t; print(' '.join(t.KNOWN))"); do
+  echo "== plan qwen3-8b-h100-fp8 for TensorRT-LLM $release"
+  $DT build qwen3-8b-h100-fp8 --dry-run --set trtllm.release="$release" > /dev/null
 done
 
 python -c "import sys; from dflash_trt.build import recipe; sys.exit('tiny' not in recipe.bundled())" \

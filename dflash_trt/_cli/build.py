@@ -140,8 +140,8 @@ def show_plan(p, r) -> None:
               + (f", ep={p.ep}" if p.ep > 1 else ""))
     t.add_column("memory per GPU")
     t.add_column("", justify="right")
-    for label, value in (("target weights", m.weights), ("drafter (bf16)", m.drafter),
-                         ("drafter context arena", m.drafter_arena),
+    arena = "drafter context arena" + (" (in the KV pool)" if m.arena_in_kv_pool else "")
+    for label, value in (("target weights", m.weights), ("drafter (bf16)", m.drafter), (arena, m.drafter_arena),
                          (f"KV cache ({r.serving.max_batch_size} x {r.serving.max_seq_len} tokens)", m.kv_cache),
                          ("activations", m.activations), ("runtime reserve", m.reserve)):
         t.add_row(label, _gib(value))
@@ -160,6 +160,7 @@ def show_plan(p, r) -> None:
         out.print(f"back-off: draft_len_schedule {p.draft_len_schedule}")
     else:
         out.print("back-off: none (drafting pays at every planned batch size)")
+    out.print(f"TensorRT-LLM {p.trtllm_release} drafts, by batch size: {p.describe_draft_lengths()}", markup=False)
     for w in p.warnings:
         err.print(f"[yellow]warning:[/yellow] {w}")
 

@@ -157,6 +157,7 @@ class DraftShape:
     target_layer_ids: tuple[int, ...]
     params: int
     shipped_bytes: int | None = None
+    max_position_embeddings: int | None = None  # caps TensorRT-LLM's drafter context buffer
 
     @property
     def bytes(self) -> int:
@@ -188,4 +189,5 @@ class DraftShape:
         return cls(layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=I,
                    block_size=int(dcfg.get("block_size", cfg.get("block_size", 16))), n_taps=len(ids),
                    mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
-                   target_layer_ids=tuple(ids), params=params, shipped_bytes=shipped_bytes)
+                   target_layer_ids=tuple(ids), params=params, shipped_bytes=shipped_bytes,
+                   max_position_embeddings=cfg.get("max_position_embeddings"))

@@ -9,7 +9,8 @@ Stages, each a plain function called in order by :func:`build`:
 2. :func:`dflash_trt.build.plan.make` -- memory, TP size, draft length and back-off.
 3. (not ``--dry-run``) the weights: the target copied (bf16 / as shipped) or calibrated
    and exported by ModelOpt (fp8 / nvfp4) and verified from its safetensors; the drafter
-   in z-lab form; ``trtllm/config.yaml`` + ``serve.sh``; ``manifest.json``. All into a
+   in z-lab form (BF16, ascending target layers: ``bundle_drafter``); ``trtllm/config.yaml`` +
+   ``serve.sh`` (which checks the TensorRT-LLM version and the GPUs); ``manifest.json``. All into a
    temporary sibling directory renamed to OUT at the end; on any failure it is removed.
 
 The bundle's layout, its typed manifest and the checks that need no TensorRT-LLM schema
@@ -33,7 +34,7 @@ from dflash_trt.build import hardware
 
 from dflash_trt.build import plan as planner
 
-from dflash_trt.build import trtllm
+from dflash_trt.build import bundle_drafter, serve_sh, trtllm, trtllm_releases, trtllm_rules
 from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
 from dflash_trt.build.recipe import Recipe
 from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision
@@ -89,17 +90,21 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     precision = shipped or ("bf16" if requested == "auto" else requested)
     hardware.check_precision(gpu, precision, kv)
     report = ingest.validate_pair(tdir, ddir, require_weights=weights)
+    warnings = list(getattr(report, "warnings", []) or [])
+    ignored = trtllm_rules.ignored_drafter_keys(ingest.read_drafter(ddir, require_weights=False).config)
+    if ignored:
+        warnings.append(ignored)
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
-                    shipped_quant=shipped_q, warnings=list(getattr(report, "warnings", []) or []))
+                    shipped_quant=shipped_q, warnings=warnings)
 
 
 def make_plan(r: Resolved) -> planner.Plan:
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
-    p = planner.make(dep, rc.serving, rc.speculative, rc.parallel)
+    p = planner.make(dep, rc.serving, rc.speculative, rc.parallel, rc.trtllm)
     p.warnings = r.warnings + p.warnings
     return p
 
@@ -129,6 +134,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:
+        trtllm.config(recipe, p, r.drafter)  # what build would write passes the release's schema
         return BuildResult(p, None, None, r)
 
     say("resolving checkpoints")
@@ -249,21 +255,29 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
     return info, quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
 
 
-def _write_drafter(r: Resolved, tmp: Path, say) -> None:
-    say("writing the drafter (z-lab form)")
-    ingest.write_zlab(r.drafter_dir, tmp / "drafter")
+def _write_drafter(r: Resolved, tmp: Path, say) -> dict:
+    say("writing the drafter (z-lab form, BF16)")
+    return bundle_drafter.write_drafter(r.drafter_dir, tmp / ingest.Layout.DRAFTER)
+
+
+def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
+    """What the bundle's serve.sh checks: the release, and the GPUs this node serves with."""
+    return serve_sh.ServeCheck(release=p.trtllm_release, gpu=r.gpu.name, sm=r.gpu.sm, memory_gb=r.gpu.memory_gb,
+                               gpus=min(r.recipe.gpu.count, p.tp))
 
 
 def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
-    _timed(timings, "drafter", _write_drafter, r, tmp, say)
-    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port)
+    drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
+    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port,
+                 serve_check(r, p))
     engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
 
     t = time.perf_counter()
     say("hashing inputs")
     manifest = _manifest(r, p, quant_info, verified, engine_info)
+    manifest.drafter = ingest.DrafterInfo(**drafter_info)
     timings["hash"] = time.perf_counter() - t
     return manifest
 
@@ -281,6 +295,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         inputs={"target": _input(rc.target, r.target_dir), "drafter": _input(rc.drafter, r.drafter_dir),
                 "calibration": _calib_input(rc)},
         tools=_versions(quantized=r.quantize),
+        trtllm={"release": p.trtllm_release, "image": trtllm_releases.get(p.trtllm_release).image},
         gpu={"name": r.gpu.name, "sm": r.gpu.sm, "memory_gb": r.gpu.memory_gb, "count": r.gpus},
         precision={
             "weights": r.precision, "kv_cache": rc.precision.kv_cache,
@@ -375,7 +390,7 @@ def check_bundle(path: str | Path) -> dict:
     schema, the drafter it names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
     bundle = ingest.check_bundle(root)
-    cfg = trtllm.load(root)
+    cfg = trtllm.load(root, bundle.manifest.trtllm.release)
     spec_model = root / cfg.speculative_config.speculative_model
     if not (spec_model / "config.json").is_file():
         raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the bundle's drafter")

@@ -16,11 +16,15 @@ Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU 
   real byte count is used when known (safetensors headers, ``sizes.json``).
   Per GPU: ``embedding + (total - embedding) / t`` (the input embedding is replicated).
 * drafter: BF16 parameters, replicated on every rank (conservative).
-* drafter context arena (TensorRT-LLM ``_torch/speculative/dflash.py``, ``DFlashWorker.
-  _lazy_init_ctx_buffers``: allocated after the KV cache pool, outside ``free_gpu_memory_fraction``)::
+* drafter context arena (TensorRT-LLM ``_torch/speculative/dflash.py``,
+  ``compute_dflash_ctx_buffer_bytes``), per rank, with L = max_draft_len::
 
-      2 x (max_batch_size + 1) x L_draft x (max_seq_len + B) x n_kv_draft x head_dim x 2 B
+      2 x (max_batch_size + 1) x L_draft x (min(max_seq_len, drafter max_position_embeddings) + L + 1)
+        x ceil(n_kv_draft / t) x head_dim x 2 B
 
+  (the TRTLLM draft attention backend rounds each slot up to 32-token pages and keeps the
+  arena inside the draft KV-cache pool; VANILLA and FA4 allocate it beside the pool).
+  Before the draft length is chosen the trained block's ``B - 1`` bounds L.
 * KV cache for the worst case, every sequence at ``max_seq_len``::
 
       2 x layers x ceil(n_kv / t) x head_dim x kv_bytes x max_seq_len x max_batch_size
@@ -28,9 +32,9 @@ Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU 
   (kv_bytes 2 for auto/BF16, 1 for FP8; KV heads are split across ranks, replicated
   when t > n_kv.)
 * activations: ``max_num_tokens x (8 x hidden + 3 x ceil(intermediate / t)) x 2 B`` for
-  the widest prefill step plus ``max_batch_size x B x vocab x 4 B`` of FP32 verification
-  logits; and a fixed runtime reserve of 2 GiB (CUDA context, cuBLAS/NCCL workspaces,
-  CUDA graphs).
+  the widest prefill step plus ``max_batch_size x (L + 1) x vocab x 4 B`` of FP32 verification
+  logits (DFlash verifies the K drafts + the bonus, ``dflash.py`` ``_draft_tokens_per_req``);
+  and a fixed runtime reserve of 2 GiB (CUDA context, cuBLAS/NCCL workspaces, CUDA graphs).
 
 Roofline for draft length and back-off (one decode step, per GPU, communication ignored)
 -----------------------------------------------------------------------------------------
@@ -62,11 +66,12 @@ estimate: Qwen3 6.5 at B=16 (the DFlash paper, arXiv 2602.06036), Llama-3.1 4.0,
     tau(L) = 1 + alpha + ... + alpha^L = (1 - alpha^(L+1)) / (1 - alpha)
 
 ``max_draft_len`` maximises speedup(1, L) over 1 <= L <= B - 1 (draft lengths within 1% of
-the best speedup count as equal; the longest is kept). For each batch size 1, 2, 4, ... up
-to ``max_batch_size`` the best L <= max_draft_len is taken; where even the best gives
-speedup < 1.05 drafting is off. That curve becomes ``max_concurrency`` (a plain cut-off)
-or, when the draft length shrinks before the cut-off, a ``draft_len_schedule``
-({batch: draft_len}, 0 = off).
+the best speedup count as equal; the longest is kept). For EVERY batch size 1 ..
+``max_batch_size`` the best L <= the previous batch size's is taken; from the first batch
+size where even the best gives speedup < 1.05 drafting is off. Those per-batch lengths,
+as runs (:mod:`dflash_trt.build.schedule`), become ``max_concurrency`` (one length, then
+off) or a ``draft_len_schedule`` written for the targeted TensorRT-LLM release's lookup;
+what the plan reports is what that release drafts at each batch size.
 """
 
 from __future__ import annotations
@@ -75,9 +80,13 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.build import schedule as sched_mod
+from dflash_trt.build.acceptance import expected_tau, fit_alpha
+from dflash_trt.build import trtllm_releases
+from dflash_trt.build import trtllm_rules as rules
 from dflash_trt.build.hardware import GPU
 from dflash_trt.build.model_shapes import DraftShape, TargetShape
-from dflash_trt.build.recipe import ParallelSpec, ServingSpec, SpeculativeSpec
+from dflash_trt.build.recipe import ParallelSpec, ServingSpec, SpeculativeSpec, TrtllmSpec
 
 GiB = 1 << 30
 RUNTIME_RESERVE = 2 * GiB
@@ -131,6 +140,7 @@ class Memory:
     activations: int
     reserve: int
     capacity: int
+    arena_in_kv_pool: bool = False   # TRTLLM draft attention: the arena lives in the draft KV pool
 
     @property
     def total(self) -> int:
@@ -153,19 +163,31 @@ def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
     return 2 * t.layers * math.ceil(t.kv_heads / tp) * t.head_dim * kvb
 
 
-def memory(dep: Deployment, tp: int, serving: ServingSpec) -> Memory:
-    """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring)."""
+def drafter_arena(d: DraftShape, tp: int, serving: ServingSpec, draft_len: int, backend: str = "VANILLA") -> int:
+    """The drafter's context K/V buffers per rank: TensorRT-LLM ``_torch/speculative/dflash.py``,
+    ``compute_dflash_ctx_buffer_bytes`` (slots = max_batch_size + 1, one for padding)."""
+    capacity = min(serving.max_seq_len, d.max_position_embeddings or serving.max_seq_len) + draft_len + 1
+    if backend == "TRTLLM":  # paged: whole 32-token pages per slot
+        capacity = math.ceil(capacity / 32) * 32
+    return 2 * (serving.max_batch_size + 1) * d.layers * capacity * math.ceil(d.kv_heads / tp) * d.head_dim * 2
+
+
+def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None = None,
+           backend: str = "VANILLA") -> Memory:
+    """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring);
+    ``draft_len`` None: the trained block's ``B - 1``, an upper bound."""
     t, d = dep.target, dep.drafter
     batch, seq, tokens = serving.max_batch_size, serving.max_seq_len, serving.max_num_tokens
+    L = d.block_size - 1 if draft_len is None else draft_len
     total = weight_bytes(t, dep.precision)
     embed = 2 * t.embed_params
     per_gpu = embed + (total - embed) // tp
-    arena = 2 * (batch + 1) * d.layers * (seq + d.block_size) * d.kv_heads * d.head_dim * 2
     kv = kv_bytes_per_token(t, tp, dep.kv_cache) * seq * batch
     act = tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
-    act += batch * d.block_size * t.vocab * 4
-    return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=arena, kv_cache=kv, activations=act,
-                  reserve=RUNTIME_RESERVE, capacity=dep.gpu.memory_bytes)
+    act += batch * (L + 1) * t.vocab * 4
+    return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=drafter_arena(d, tp, serving, L, backend),
+                  kv_cache=kv, activations=act, reserve=RUNTIME_RESERVE, capacity=dep.gpu.memory_bytes,
+                  arena_in_kv_pool=backend == "TRTLLM")
 
 
 def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
@@ -181,23 +203,6 @@ def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
 
 
 # --- Roofline ---------------------------------------------------------------------------
-
-
-def fit_alpha(tau: float, block: int) -> float:
-    """Per-position acceptance alpha with 1 + alpha + ... + alpha^(block-1) = tau."""
-    if tau >= block:
-        return 0.9999
-    if tau <= 1:
-        return 0.0
-    lo, hi = 0.0, 0.9999
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected_tau(mid, block - 1) < tau else (lo, mid)
-    return (lo + hi) / 2
-
-
-def expected_tau(alpha: float, draft_len: int) -> float:
-    return sum(alpha**k for k in range(draft_len + 1))
 
 
 def _time(bytes_: float, compute_s: float, gpu: GPU) -> float:
@@ -266,13 +271,25 @@ class Plan:
     schedule: str                      # max_concurrency | draft_len_schedule | none
     max_concurrency: int | None = None
     draft_len_schedule: dict[int, int] | None = None
-    curve: list[dict] = field(default_factory=list)  # [{batch, draft_len, speedup}]
+    curve: list[dict] = field(default_factory=list)  # [{batch, draft_len, speedup}] at 1, 2, 4, ..., max
     warnings: list[str] = field(default_factory=list)
+    # What the targeted TensorRT-LLM release drafts at EVERY batch size: [{batch_from, batch_to, draft_len}]
+    draft_lengths: list[dict] = field(default_factory=list)
+    trtllm_release: str = trtllm_releases.DEFAULT_RELEASE
+    max_num_tokens: int = 0            # after the token budget (may be raised over the recipe's)
+    enable_chunked_prefill: bool = False
+    context_recompute_tail: int | None = None
+    moe_backend: str | None = None     # moe_config.backend pinned for the release, None: AUTO
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["memory"] = self.memory.as_dict()
         return d
+
+    def describe_draft_lengths(self) -> str:
+        """``1-16: 15, 17-64: 12`` (what TensorRT-LLM drafts, by batch size)."""
+        return sched_mod.describe([sched_mod.Run(r["batch_from"], r["batch_to"], r["draft_len"])
+                                   for r in self.draft_lengths])
 
 
 def _best_len(roof: Roofline, b: int, longest: int, alpha: float) -> int:
@@ -282,16 +299,12 @@ def _best_len(roof: Roofline, b: int, longest: int, alpha: float) -> int:
     return max(n for n, v in speed.items() if v >= 0.99 * top)
 
 
-def batch_grid(max_batch_size: int) -> list[int]:
-    """1, 2, 4, ... below ``max_batch_size``, then ``max_batch_size``."""
-    return [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size] + [max_batch_size]
-
-
 def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec) -> tuple[int, Memory]:
+def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec,
+              backend: str = "VANILLA") -> tuple[int, Memory]:
     """The smallest TP that fits, or a HardwareError saying how much is missing."""
     t, gpu, gpus, tp, ep = dep.target, dep.gpu, dep.gpus, parallel.tp, parallel.ep
     if tp != "auto":
@@ -300,7 +313,7 @@ def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec) -> 
         if tp not in tp_candidates(t, tp, ep):
             raise HardwareError(f"parallel.tp={tp} does not divide the target's {t.heads} heads / "
                                 f"{t.kv_heads} KV heads (or ep={ep})")
-        m = memory(dep, tp, serving)
+        m = memory(dep, tp, serving, backend=backend)
         if not m.fits:
             raise HardwareError(f"does not fit at tp={tp} on {gpu.name}: needs {_gib(m.total)} per GPU of "
                                 f"{_gib(m.capacity)}, {_gib(m.missing)} missing")
@@ -309,11 +322,11 @@ def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec) -> 
     if not cands:
         raise HardwareError(f"no tensor-parallel size <= {gpus} divides the target's heads (ep={ep})")
     for n in cands:
-        m = memory(dep, n, serving)
+        m = memory(dep, n, serving, backend=backend)
         if m.fits:
             return n, m
     n = cands[-1]
-    m = memory(dep, n, serving)
+    m = memory(dep, n, serving, backend=backend)
     raise HardwareError(
         f"does not fit on {gpus}x {gpu.name}: at tp={n} it needs {_gib(m.total)} per GPU of {_gib(m.capacity)} "
         f"({_gib(m.missing)} missing: weights {_gib(m.weights)}, KV cache {_gib(m.kv_cache)}, drafter arena "
@@ -321,47 +334,38 @@ def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec) -> 
     )
 
 
-def _curve(roof: Roofline, serving: ServingSpec, max_len: int, alpha: float) -> list[dict]:
-    """[{batch, draft_len, speedup}] over the batch grid; draft lengths only shrink, 0 = off."""
-    curve, prev = [], max_len
-    for b in batch_grid(serving.max_batch_size):
-        best = _best_len(roof, b, max_len, alpha)
-        s = roof.speedup(b, best, alpha)
-        n = min(best, prev) if s >= MIN_SPEEDUP else 0
-        prev = n if n else prev
-        curve.append({"batch": b, "draft_len": n, "speedup": round(roof.speedup(b, n, alpha) if n else 1.0, 3)})
-    return curve
+def _wanted(roof: Roofline, max_batch_size: int, max_len: int, alpha: float) -> list[int]:
+    """The roofline's draft length at every batch size 1..max_batch_size: non-increasing, and
+    off (0) from the first batch size where the best length stops paying (batch 1 always drafts)."""
+    out, prev = [max_len], max_len
+    for b in range(2, max_batch_size + 1):
+        if prev:
+            best = _best_len(roof, b, prev, alpha)
+            prev = best if roof.speedup(b, best, alpha) >= MIN_SPEEDUP else 0
+        out.append(prev)
+    return out
 
 
-def _backoff(curve: list[dict], spec: SpeculativeSpec, max_len: int) -> tuple[str, int | None, dict | None]:
-    """(schedule, max_concurrency, draft_len_schedule) from the curve and the recipe's choice."""
-    max_conc, sched, mode = None, None, spec.schedule
-    computed = {1: max_len}
-    for row in curve[1:]:
-        if row["draft_len"] != list(computed.values())[-1]:
-            computed[row["batch"]] = row["draft_len"]
-    off = [b for b, n in computed.items() if n == 0]
-    cutoff = max((r["batch"] for r in curve if r["batch"] < off[0]), default=None) if off else None
-    if mode == "auto":
-        mode = "draft_len_schedule" if len([n for n in computed.values() if n]) > 1 else "max_concurrency"
-    if mode == "max_concurrency":
-        max_conc = spec.max_concurrency or cutoff
-        if max_conc is None:
-            mode = "none"
-    elif mode == "draft_len_schedule":
-        sched = dict(spec.draft_len_schedule) if spec.draft_len_schedule else computed
-        check_schedule(sched, max_len)
-    return mode, max_conc, sched
+def _curve(roof: Roofline, lengths: list[int], alpha: float) -> list[dict]:
+    """[{batch, draft_len, speedup}] at 1, 2, 4, ..., max_batch_size, for the lengths TensorRT-LLM drafts."""
+    rows = []
+    for b in sched_mod.batch_grid(len(lengths)):
+        n = lengths[b - 1]
+        rows.append({"batch": b, "draft_len": n, "speedup": round(roof.speedup(b, n, alpha) if n else 1.0, 3)})
+    return rows
 
 
-def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None) -> Plan:
-    """Plan a deployment from the recipe's serving, speculative and parallel sections."""
+def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
+         trtllm: TrtllmSpec | None = None) -> Plan:
+    """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
+    release = trtllm_releases.get((trtllm or TrtllmSpec()).release)
     warnings: list[str] = []
     if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
         warnings.append(f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
                         f"{t.max_position_embeddings}")
-    tp_, mem = choose_tp(dep, parallel, serving)
+    backend = rules.attention_backend(spec.attention_backend, gpu, release, warnings)
+    tp_, _ = choose_tp(dep, parallel, serving, backend)
     block = spec.block_size or d.block_size
     if block > d.block_size:
         raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size}")
@@ -376,24 +380,19 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
         max_len = int(spec.max_draft_len)
         if not 1 <= max_len <= block - 1:
             raise RecipeError(f"speculative.max_draft_len {max_len} must be between 1 and block size - 1 ({block - 1})")
-    curve = _curve(roof, serving, max_len, alpha)
-    if curve[0]["draft_len"] == 0:
+    if roof.speedup(1, max_len, alpha) < MIN_SPEEDUP:
         warnings.append(f"the roofline predicts no gain from drafting even at batch 1 on {gpu.name} "
                         f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
-        curve[0].update(draft_len=max_len, speedup=round(roof.speedup(1, max_len, alpha), 3))
-    mode, max_conc, sched = _backoff(curve, spec, max_len)
+    serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend), serving, max_len, gpu.name, warnings)
+    mem = memory(dep, tp_, serving, max_len, backend)
+    mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, alpha), spec,
+                                              max_len, release)
+    tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     return Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
                 memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3), alpha=round(alpha, 4),
-                attention_backend=(spec.attention_backend if spec.attention_backend != "auto"
-                                   else gpu.draft_attention_backend),
-                schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched, curve=curve, warnings=warnings)
-
-
-def check_schedule(sched: dict[int, int], max_draft_len: int) -> None:
-    """TensorRT-LLM's rules for ``draft_len_schedule`` (DecodingBaseConfig validator)."""
-    if sched.get(1) != max_draft_len:
-        raise RecipeError(f"speculative.draft_len_schedule must map batch 1 to max_draft_len ({max_draft_len})")
-    for b, n in sched.items():
-        if b < 1 or not 0 <= n <= max_draft_len:
-            raise RecipeError(f"speculative.draft_len_schedule {{{b}: {n}}}: batch >= 1, 0 <= draft_len <= "
-                              f"{max_draft_len}")
+                attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
+                curve=_curve(roof, lengths, alpha), warnings=warnings,
+                draft_lengths=[r.as_dict() for r in sched_mod.runs(lengths)], trtllm_release=release.version,
+                max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
+                enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
+                moe_backend=rules.moe_backend(t.model_type, gpu, release))

@@ -165,15 +165,18 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
 
 
 def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> dict:
-    """Check a ModelOpt export by its safetensors headers and hf_quant_config.json: the format
+    """Check a ModelOpt export by its safetensors headers and hf_quant_config.json (nested, or
+    ModelOpt >= 1.0's flat shape: ``ingest.read_modelopt_quant_config``): the format
     ``modelopt.torch.export.export_hf_checkpoint`` writes (FP8: float8_e4m3fn ``weight`` + FP32
     ``weight_scale``/``input_scale``; NVFP4: packed uint8 ``weight``, FP8 ``weight_scale`` per 16,
     FP32 ``weight_scale_2``; ``lm_head`` excluded)."""
     directory = Path(directory)
     where = f"quantized target {directory}"
-    try:
-        q = json.loads((directory / "hf_quant_config.json").read_text())["quantization"]
-    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+    try:  # the nested (ModelOpt 0.x) or flat (ModelOpt >= 1.0) shape
+        q = ingest.read_modelopt_quant_config(json.loads((directory / "hf_quant_config.json").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        q = None
+    if q is None:
         raise CheckpointError(f"{where}: no readable hf_quant_config.json") from None
     if q.get("quant_algo") != ALGO[precision]:
         raise CheckpointError(f"{where}: quant_algo {q.get('quant_algo')!r}, expected {ALGO[precision]!r}")

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from dflash_trt.build import trtllm_releases
 from dflash_trt.errors import RecipeError
 
 Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
@@ -62,7 +63,8 @@ class ServingSpec(_Strict):
     max_num_tokens: int = Field(8192, ge=16, description="Tokens per scheduler step (prefill chunk budget).")
     kv_cache_free_gpu_memory_fraction: float = Field(0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache after weights load.")
     enable_block_reuse: bool = Field(False, description="Prefix-cache reuse. Off by default: cache hits starve the drafter of hidden states unless context_recompute_tail is set.")
-    cuda_graphs: bool = Field(True, description="Capture CUDA graphs for decode batch sizes.")
+    cuda_graphs: bool = Field(True, description="Capture CUDA graphs for decode batch sizes (off: the config says cuda_graph_config: null).")
+    enable_chunked_prefill: bool | None = Field(None, description="Chunked prefill; None: on where max_seq_len > max_num_tokens or context_recompute_tail is set.")
     disable_overlap_scheduler: bool = Field(False, description="Turn off TensorRT-LLM's overlap scheduler.")
     host: str = Field("127.0.0.1", description="Serving address.")
     port: int = Field(8000, ge=1, le=65535, description="Serving port.")
@@ -74,11 +76,25 @@ class SpeculativeSpec(_Strict):
     schedule: Literal["auto", "max_concurrency", "draft_len_schedule", "none"] = Field(
         "auto", description="How drafting backs off as batches grow: a hard cut-off, a per-batch-size draft length, or never.")
     max_concurrency: int | None = Field(None, ge=1, description="Turn drafting off above this batch size (schedule=max_concurrency).")
-    draft_len_schedule: dict[int, int] | None = Field(None, description="{batch size: draft length} (schedule=draft_len_schedule).")
+    draft_len_schedule: dict[int, int] | None = Field(None, description="{batch size: draft length} (schedule=draft_len_schedule), read as the targeted TensorRT-LLM release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 -> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.")
     acceptance: float | None = Field(None, gt=0, description="Expected acceptance length tau for planning (default: per-family estimate).")
     attention_backend: Literal["auto", "TRTLLM", "FA4", "VANILLA"] = Field("auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere.")
     use_rejection_sampling: bool = Field(True, description="Rejection sampling at temperature > 0 (keeps the target's distribution).")
-    context_recompute_tail: int | None = Field(None, ge=0, description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states (TensorRT-LLM >= 1.4).")
+    context_recompute_tail: int | None = Field(None, ge=-1, description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states; -1: the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when enable_block_reuse is on.")
+
+
+class TrtllmSpec(_Strict):
+    release: str = Field(trtllm_releases.DEFAULT_RELEASE, description="The TensorRT-LLM release the bundle is for "
+                         f"({', '.join(trtllm_releases.KNOWN)}): which config keys exist, how draft_len_schedule is read, "
+                         "the container image, the version serve.sh requires.")
+
+    @field_validator("release", mode="before")
+    @classmethod
+    def _known(cls, v):
+        v = str(v)
+        if v not in trtllm_releases.KNOWN:
+            raise ValueError(f"unknown TensorRT-LLM release {v!r}; known: {', '.join(trtllm_releases.KNOWN)}")
+        return v
 
 
 class Recipe(_Strict):
@@ -93,6 +109,7 @@ class Recipe(_Strict):
     parallel: ParallelSpec = ParallelSpec()
     serving: ServingSpec = ServingSpec()
     speculative: SpeculativeSpec = SpeculativeSpec()
+    trtllm: TrtllmSpec = TrtllmSpec()
     engine: Literal["trtllm", "tensorrt"] = Field("trtllm", description="trtllm: TensorRT-LLM PyTorch backend; tensorrt: also export ONNX/engines with the DFlash plugins.")
 
     source: Path | None = Field(None, exclude=True, description="Where the recipe was loaded from (not a YAML key).")

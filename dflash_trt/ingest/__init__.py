@@ -19,16 +19,17 @@ from dflash_trt.ingest.files import (DTYPE_BITS, DTYPES, FLOAT_DTYPES, RUNTIME_D
                                      TensorInfo, WeightSet, read_header, read_headers, scan, sha256_files,
                                      tokenizer_files, torch_dtype)
 from dflash_trt.ingest.drafter import DrafterSpec, check_pair_runtime, is_drafter, load_drafter, read_drafter, write_zlab
-from dflash_trt.ingest.target import TargetSpec, read_target, target_quantization
+from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
 from dflash_trt.ingest.compat import PairReport, validate_pair
-from dflash_trt.ingest.bundle import (BUNDLE_FORMAT, Bundle, Layout, Manifest, ServeInfo, check_bundle, check_format,
-                                      open_bundle, read_manifest, write_manifest)
+from dflash_trt.ingest.bundle import (BUNDLE_FORMAT, Bundle, DrafterInfo, Layout, Manifest, ServeInfo, TrtllmInfo,
+                                      check_bundle, check_format, open_bundle, read_manifest, write_manifest)
 
 __all__ = [
     "BUNDLE_FORMAT",
     "Bundle",
     "DTYPES",
     "DTYPE_BITS",
+    "DrafterInfo",
     "DrafterSpec",
     "EMBEDDED_PREFIX",
     "FLOAT_DTYPES",
@@ -41,6 +42,7 @@ __all__ = [
     "TORCH_NAMES",
     "TargetSpec",
     "TensorInfo",
+    "TrtllmInfo",
     "WeightSet",
     "check_bundle",
     "check_format",
@@ -55,6 +57,7 @@ __all__ = [
     "read_headers",
     "read_json",
     "read_manifest",
+    "read_modelopt_quant_config",
     "read_target",
     "resolve",
     "scan",

@@ -3,9 +3,10 @@
 Layout, relative to the bundle's root::
 
     manifest.json        what was built from what (:class:`Manifest`): inputs (ids, revisions,
-                         sha256), tool versions, GPU, precision, the plan, timings
+                         sha256), tool versions, the TensorRT-LLM release, GPU, precision, the
+                         plan, what was changed in the drafter, timings
     target/              the target checkpoint (as shipped, or exported by ModelOpt)
-    drafter/             the drafter in z-lab form (what TensorRT-LLM's DFlash loader reads)
+    drafter/             the drafter in z-lab form, BF16 (what TensorRT-LLM's DFlash loader reads)
     trtllm/config.yaml   the TensorRT-LLM LLM-API config
     trtllm/serve.sh      the ``trtllm-serve`` launch script
     onnx/  engines/      the standalone TensorRT path (``engine: tensorrt`` recipes only)
@@ -31,8 +32,11 @@ from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.drafter import read_drafter
 
 # Bump when a bundle written before can no longer be served or run as it is (the readers
-# then refuse it and say to rebuild).
-BUNDLE_FORMAT = "dflash-trt-bundle/1"
+# then refuse it and say to rebuild). 2: draft_len_schedule keys are upper bounds, as
+# TensorRT-LLM's one-model DFlash path reads them (format 1 wrote them inverted); the
+# targeted TensorRT-LLM release is recorded; the drafter is BF16 with ascending layers.
+BUNDLE_FORMAT = "dflash-trt-bundle/2"
+WHY_REBUILD = {"dflash-trt-bundle/1": "its draft_len_schedule is read inverted by TensorRT-LLM"}
 
 
 class Layout:
@@ -51,7 +55,7 @@ class Layout:
 # Files every built bundle has, and the manifest sections `build` always writes.
 REQUIRED_FILES = (Layout.MANIFEST, f"{Layout.TARGET}/config.json", f"{Layout.DRAFTER}/config.json",
                   Layout.TRTLLM_CONFIG, Layout.SERVE_SH)
-BUILD_SECTIONS = ("inputs", "tools", "gpu", "precision", "plan", "timings")
+BUILD_SECTIONS = ("inputs", "tools", "trtllm", "gpu", "precision", "plan", "drafter", "timings")
 
 
 class _Section(BaseModel):
@@ -95,6 +99,24 @@ class Precision(_Section):
     verified: dict[str, Any] | None = None
 
 
+class TrtllmInfo(_Section):
+    """The TensorRT-LLM release the bundle was built for, and its container image."""
+
+    release: str
+    image: str | None = None
+
+
+class DrafterInfo(_Section):
+    """How the bundle's drafter differs from the input drafter (``notes``: one line per change)."""
+
+    dtype: str
+    source_dtype: str
+    target_layer_ids: list[int]
+    source_target_layer_ids: list[int]
+    block_size: int
+    notes: list[str] = Field(default_factory=list)
+
+
 class ReferenceRuntime(_Section):
     """What the reference runtime loads: directories relative to the root, and whether the
     target is a ModelOpt export to dequantize on load."""
@@ -135,9 +157,11 @@ class Manifest(_Section):
     recipe_source: str | None = None
     inputs: Inputs | None = None
     tools: dict[str, str | None] | None = None
+    trtllm: TrtllmInfo | None = None
     gpu: GpuInfo | None = None
     precision: Precision | None = None
     plan: dict[str, Any] | None = None
+    drafter: DrafterInfo | None = None
     reference_runtime: ReferenceRuntime = Field(default_factory=ReferenceRuntime)
     outputs: Outputs | None = None
     serve: ServeInfo = Field(default_factory=ServeInfo)
@@ -205,7 +229,8 @@ class Bundle:
 def check_format(where: str | Path, fmt: object) -> None:
     """The one version check: refuse a manifest of any format but :data:`BUNDLE_FORMAT`."""
     if fmt != BUNDLE_FORMAT:
-        raise CheckpointError(f"{where}: bundle format {fmt!r}, this dflash-trt reads {BUNDLE_FORMAT!r}; "
+        why = f" ({WHY_REBUILD[fmt]})" if fmt in WHY_REBUILD else ""
+        raise CheckpointError(f"{where}: bundle format {fmt!r}{why}, this dflash-trt reads {BUNDLE_FORMAT!r}; "
                               "rebuild the bundle with 'dflash-trt build'")
 
 

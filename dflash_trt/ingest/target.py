@@ -33,17 +33,61 @@ _LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
 _SCALE_SUFFIXES = ("_scale", "_scale_2", "_scales", "input_scale", "weight_scale")
 
 
+_KV_SCHEME = {("float", 8): "FP8", ("float", 4): "NVFP4", ("int", 8): "INT8"}
+
+
+def _kv_scheme_algo(scheme) -> str | None:
+    """ModelOpt 1.x ``kv_cache_scheme`` ({"type": "float", "num_bits": 8} or "FP8") -> algo name."""
+    if isinstance(scheme, str):
+        return scheme.upper() if scheme.upper() in ("FP8", "NVFP4", "INT8") else None
+    if isinstance(scheme, dict):
+        return _KV_SCHEME.get((scheme.get("type"), scheme.get("num_bits")))
+    return None
+
+
+def _is_modelopt(raw: dict) -> bool:
+    return (str(raw.get("quant_method", "")).lower().startswith("modelopt")
+            or (raw.get("producer") or {}).get("name") == "modelopt")
+
+
+def read_modelopt_quant_config(raw: dict) -> dict | None:
+    """Either ModelOpt ``hf_quant_config.json`` shape as the nested ``quantization`` dict
+    (``quant_algo``, ``kv_cache_quant_algo``, ``group_size``, ``exclude_modules``), or None
+    when ``raw`` is neither. The nested shape (ModelOpt 0.x) is ``{producer, quantization: {...}}``;
+    ModelOpt >= 1.0 writes it flat: ``{producer, quant_method: modelopt, quant_algo, kv_cache_scheme,
+    ignore, config_groups}``. Normalised as TensorRT-LLM does
+    (``tensorrt_llm/quantization/modelopt_config.py::read_modelopt_quant_config``); a group size
+    only in ``config_groups`` is taken from there."""
+    if not isinstance(raw, dict):
+        return None
+    if isinstance(raw.get("quantization"), dict):
+        return dict(raw["quantization"])
+    if not _is_modelopt(raw):
+        return None
+    out = {k: v for k, v in raw.items() if k not in ("producer", "quant_method", "ignore", "kv_cache_scheme",
+                                                         "config_groups")}
+    if "ignore" in raw:
+        out["exclude_modules"] = raw["ignore"]
+    out["kv_cache_quant_algo"] = _kv_scheme_algo(raw.get("kv_cache_scheme"))
+    if out.get("group_size") is None:
+        groups = [g for g in (raw.get("config_groups") or {}).values() if isinstance(g, dict)]
+        sizes = {(g.get("weights") or {}).get("group_size") for g in groups} - {None}
+        if len(sizes) == 1:
+            out["group_size"] = sizes.pop()
+    return out
+
+
 def target_quantization(target_dir: str | Path) -> dict | None:
     """The quantization of a pre-quantized target, or None for plain BF16/FP16 weights.
 
-    Reads ModelOpt's ``hf_quant_config.json`` first, then ``config.json``'s
+    Reads ModelOpt's ``hf_quant_config.json`` first (either shape), then ``config.json``'s
     ``quantization_config`` (ModelOpt, MXFP4 as in gpt-oss, FP8, ...).
     """
     root = Path(target_dir)
     hq = root / "hf_quant_config.json"
     if hq.exists():
         data = read_json(hq)
-        q = data.get("quantization") or {}
+        q = read_modelopt_quant_config(data) or {}
         if q.get("quant_algo") or q.get("kv_cache_quant_algo"):
             return {"method": "modelopt", "quant_algo": q.get("quant_algo"),
                     "kv_cache_quant_algo": q.get("kv_cache_quant_algo"), "group_size": q.get("group_size"),
@@ -54,7 +98,7 @@ def target_quantization(target_dir: str | Path) -> dict | None:
     if isinstance(qc, dict) and qc:
         method = qc.get("quant_method")
         algo = qc.get("quant_algo") or {"mxfp4": "MXFP4", "fp8": "FP8"}.get(str(method), method)
-        kv = qc.get("kv_cache_quant_algo") or qc.get("kv_cache_scheme")
+        kv = qc.get("kv_cache_quant_algo") or _kv_scheme_algo(qc.get("kv_cache_scheme")) or qc.get("kv_cache_scheme")
         return {"method": method, "quant_algo": str(algo).upper() if algo else None, "kv_cache_quant_algo": kv,
                 "group_size": qc.get("group_size"),
                 "exclude_modules": qc.get("exclude_modules") or qc.get("ignore") or qc.get("modules_to_not_convert"),

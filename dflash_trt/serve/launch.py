@@ -11,13 +11,19 @@ What is read from a bundle (kept small so any build fits):
   prefer the environment.
 - ``OUT/manifest.json`` (optional; read and checked through ``ingest.Manifest`` when
   present): ``name`` (the bundle's name), and in ``serve`` the optional ``tp_size``,
-  ``pp_size`` and ``gpus_per_node`` the multi-node files use; ``tools.tensorrt_llm``, where
-  recorded, picks the container tag.
+  ``pp_size`` and ``gpus_per_node`` the multi-node files use; ``trtllm.image`` (the
+  targeted release's container, ``nvcr.io/nvidia/tensorrt-llm/release:<release>``) is the
+  default image.
 
 Multi-node launches go through TensorRT-LLM's own launcher: on Slurm,
 ``srun --mpi=pmix ... trtllm-llmapi-launch bash serve.sh`` (one task per GPU, the world
 size equal to tp x pp); on Kubernetes, a LeaderWorkerSet whose leader runs ``mpirun``
 over the group's pods with ``trtllm-llmapi-launch`` and whose workers run ``sshd``.
+``tensorrt_llm/llmapi/trtllm-llmapi-launch`` runs the serve command on rank 0 only; every
+other rank runs ``mgmn_worker_node`` where it was started and loads the weights from the
+paths rank 0 sends, which the bundle keeps relative (``./target``, ``./drafter``). So every
+rank starts IN the bundle: ``srun --chdir`` (and pyxis' ``--container-workdir``) on Slurm,
+``mpirun -wdir`` at the in-pod mount path on Kubernetes; the bundle itself stays relocatable.
 """
 
 from __future__ import annotations
@@ -108,10 +114,14 @@ def _world(bundle: Bundle, nodes: int, gpus_per_node: int | None) -> tuple[int, 
 
 
 def image_for(bundle: Bundle, image: str | None) -> str:
+    """``image``, else the container of the release the bundle was built for (a directory
+    without a manifest: the latest release image)."""
     if image:
         return image
-    v = ((bundle.manifest.tools if bundle.manifest else None) or {}).get("tensorrt_llm")
-    return f"{DEFAULT_IMAGE}:{v or 'latest'}"
+    info = bundle.manifest.trtllm if bundle.manifest else None
+    if info is not None:
+        return info.image or f"{DEFAULT_IMAGE}:{info.release}"
+    return f"{DEFAULT_IMAGE}:latest"
 
 
 def slurm_script(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, port: int = 8000,
@@ -137,8 +147,9 @@ CONTAINER_IMAGE="${{CONTAINER_IMAGE:-{image_for(bundle, image)}}}"   # empty: no
 CONTAINER_MOUNTS="${{CONTAINER_MOUNTS:-$BUNDLE:$BUNDLE}}"
 
 echo "serving on http://$(hostname):$PORT (first node)"
-srun -l --mpi=pmix \\
-    ${{CONTAINER_IMAGE:+--container-image="$CONTAINER_IMAGE" --container-mounts="$CONTAINER_MOUNTS"}} \\
+# Every rank starts in the bundle: the ranks other than 0 load ./target and ./drafter from there.
+srun -l --mpi=pmix --chdir="$BUNDLE" \\
+    ${{CONTAINER_IMAGE:+--container-image="$CONTAINER_IMAGE" --container-mounts="$CONTAINER_MOUNTS" --container-workdir="$BUNDLE"}} \\
     trtllm-llmapi-launch bash "$BUNDLE/trtllm/serve.sh" {serve.strip()}
 """
 
@@ -165,7 +176,9 @@ def k8s_manifests(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, 
         'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do',
         f'  echo "${{LWS_LEADER_ADDRESS%%.*}}-$i.${{LWS_LEADER_ADDRESS#*.}} slots={g}" >> /tmp/hostfile',
         "done",
-        f"exec mpirun --allow-run-as-root --hostfile /tmp/hostfile -np {world} --bind-to none {serve}",
+        "# every rank starts in the bundle: the ranks other than 0 load ./target and ./drafter from there",
+        f"exec mpirun --allow-run-as-root --hostfile /tmp/hostfile -np {world} --bind-to none "
+        f"-wdir {shlex.quote(bundle_path)} {serve}",
     ])
     worker_script = "mkdir -p /run/sshd && exec /usr/sbin/sshd -D"
     img = image_for(bundle, image)
@@ -174,7 +187,7 @@ def k8s_manifests(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, 
     mounts = [{"name": "bundles", "mountPath": mount, "readOnly": True}, {"name": "dshm", "mountPath": "/dev/shm"}]
 
     def pod(role: str, script: str, probe: bool) -> dict:
-        c = {"name": role, "image": img, "command": ["bash", "-c", script],
+        c = {"name": role, "image": img, "command": ["bash", "-c", script], "workingDir": bundle_path,
              "resources": {"limits": {"nvidia.com/gpu": g}}, "volumeMounts": mounts}
         if probe:
             c["ports"] = [{"containerPort": port, "name": "http"}]

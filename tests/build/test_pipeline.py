@@ -140,6 +140,35 @@ def test_bench_accepts_a_bundle(bundles, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["lossless"] is True
 
 
+def _flat_quant_config(target_dir) -> None:
+    """Rewrite a ModelOpt 0.x export's hf_quant_config.json in ModelOpt >= 1.0's flat shape."""
+    path = target_dir / "hf_quant_config.json"
+    old = json.loads(path.read_text())
+    q = old["quantization"]
+    path.write_text(json.dumps({"producer": {"name": "modelopt", "version": "1.0.0"}, "quant_method": "modelopt",
+                                "quant_algo": q["quant_algo"], "kv_cache_scheme": None,
+                                "ignore": q["exclude_modules"], "config_groups": {}}))
+
+
+def test_flat_modelopt_1_export_is_verified_built_and_inspected(bundles, pair, tmp_path, capsys):
+    import shutil
+
+    from dflash_trt.build import quantize
+
+    flat = shutil.copytree(bundles["fp8"] / "target", tmp_path / "flat")
+    _flat_quant_config(flat)
+    nested = quantize.verify_export(bundles["fp8"] / "target", "fp8")
+    assert quantize.verify_export(flat, "fp8") == nested and nested["quant_algo"] == "FP8"
+    out = tmp_path / "from-flat"
+    assert run(["build", "-t", str(flat), "-d", str(pair[1]), "--gpu", "h200", "--precision", "auto",
+                "-o", str(out), "--set", "serving.max_seq_len=256"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["precision"]["weights"] == "fp8" and m["precision"]["quantized_by"] == "as shipped"
+    capsys.readouterr()
+    assert run(["inspect", str(flat), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["quantization"]["quant_algo"] == "FP8"
+
+
 def test_prequantized_target_is_used_as_is(bundles, pair, tmp_path):
     fp8_target = bundles["fp8"] / "target"
     out = tmp_path / "again"

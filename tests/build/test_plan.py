@@ -90,11 +90,13 @@ def test_smallest_tp_that_fits(qwen):
     # tp=1 on H100: 9.44 GB + 77.3 GB of KV alone exceed 80 GB. tp=2, by hand:
     # weights 2*622,329,856 + (9,435,705,312 - 1,244,659,712) / 2 = 5,340,182,512
     # KV 2*36*4*128*2*8192*64 = 38,654,705,664; activations 8192*(32768 + 3*6144)*2 + 64*16*151936*4
+    # drafter arena per rank: 8 KV heads / 2 ranks: 2*65*5*(8192 + 15 + 1)*4*128*2 = 5,463,244,800
     tp, m = P.choose_tp(on(t, d, "h100", "fp8", gpus=8), ParallelSpec(), serving)
     assert tp == 2
     assert m.weights == 5_340_182_512 and m.kv_cache == 38_654_705_664
+    assert m.drafter_arena == 5_463_244_800
     assert m.activations == 8192 * (32768 + 3 * 6144) * 2 + 64 * 16 * 151936 * 4
-    assert m.total == 60_627_304_944
+    assert m.total == 55_164_060_144
 
 
 def test_does_not_fit_says_how_much_is_missing(qwen):

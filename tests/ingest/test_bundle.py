@@ -46,7 +46,9 @@ def test_manifest_round_trips_what_build_wrote(built, tmp_path):
     assert ingest.write_manifest(again, m) == json.loads(text)
     assert (again / "manifest.json").read_text() == text  # byte for byte
     # typed, with the values build planned
-    assert m.format == ingest.BUNDLE_FORMAT == "dflash-trt-bundle/1"
+    assert m.format == ingest.BUNDLE_FORMAT == "dflash-trt-bundle/2"
+    assert m.trtllm.release == m.plan["trtllm_release"] and m.trtllm.image.endswith(":" + m.trtllm.release)
+    assert m.drafter.dtype == "bfloat16" and m.drafter.target_layer_ids == sorted(m.drafter.target_layer_ids)
     assert m.precision.weights == "bf16" and m.precision.quantized_by is None
     assert m.gpu.name == "cpu" and m.gpu.count == 1 and m.serve.tp_size == m.plan["tp"] == 1
     assert m.serve.max_seq_len == 256 and m.reference_runtime.dequantize is False
@@ -113,7 +115,7 @@ def test_missing_manifest_is_one_line(bundle, capsys):
     assert ingest.open_bundle(bundle, require_manifest=False).name == "tiny"
 
 
-@pytest.mark.parametrize("fmt", ["dflash-trt-bundle/0", "dflash-trt-bundle/2", None])
+@pytest.mark.parametrize("fmt", ["dflash-trt-bundle/0", "dflash-trt-bundle/1", "dflash-trt-bundle/3", None])
 def test_other_format_versions_are_refused_in_one_line(bundle, fmt, capsys):
     _edit_manifest(bundle, lambda m: m.update(format=fmt) if fmt else m.pop("format"))
     with pytest.raises(CheckpointError, match="rebuild the bundle with 'dflash-trt build'") as exc:
@@ -125,6 +127,15 @@ def test_other_format_versions_are_refused_in_one_line(bundle, fmt, capsys):
         assert len(err.splitlines()) == 1 and "rebuild" in err and "Traceback" not in err, argv
     with pytest.raises(CheckpointError, match="rebuild"):
         build_check_bundle(bundle)
+
+
+def test_a_format_1_bundle_is_refused_saying_why(bundle, capsys):
+    """Format 1 wrote draft_len_schedule keys inverted: serving it would draft the wrong lengths."""
+    _edit_manifest(bundle, lambda m: m.update(format="dflash-trt-bundle/1"))
+    for argv in (["generate", str(bundle), "-p", "hi", "-n", "2"], ["serve", str(bundle), "--dry-run"]):
+        assert run(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "inverted" in err and "rebuild the bundle" in err, argv
 
 
 @pytest.mark.parametrize("breakage, needle", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -137,3 +138,83 @@ def test_manifest_that_is_not_json_is_refused(tmp_path, capsys):
     (b / "manifest.json").write_text("{nope")
     assert run(["serve", str(b), "--dry-run"]) == 2
     assert "manifest.json" in capsys.readouterr().err
+
+
+FAKE_LAUNCH = """#!/usr/bin/env bash
+# trtllm-llmapi-launch as TensorRT-LLM's runs it: rank 0 runs the command, the others stay
+# where they were started (mgmn_worker_node) and load the paths rank 0 sends.
+rank=${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-0}}
+echo "rank $rank $PWD" >> "$RECORD"
+if [ "$rank" = 0 ]; then exec "$@"; fi
+"""
+FAKE_SRUN = """#!/usr/bin/env bash
+# srun: --chdir=DIR is where every task starts (else srun's own directory); FAKE_NTASKS tasks.
+dir=$PWD
+while [[ "$1" == -* ]]; do case "$1" in --chdir=*) dir="${1#--chdir=}";; esac; shift; done
+for ((r = 0; r < FAKE_NTASKS; r++)); do (cd "$dir" && SLURM_PROCID=$r "$@"); done
+"""
+FAKE_MPIRUN = """#!/usr/bin/env bash
+# mpirun: -np N ranks, each started in -wdir DIR (else mpirun's own directory).
+dir=$PWD np=1
+while [[ "$1" == -* ]]; do
+  case "$1" in -np) np=$2; shift;; -wdir) dir=$2; shift;; --hostfile|--bind-to) shift;; esac; shift
+done
+for ((r = 0; r < np; r++)); do (cd "$dir" && OMPI_COMM_WORLD_RANK=$r "$@"); done
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """srun, mpirun, trtllm-llmapi-launch and trtllm-serve fakes on PATH; ranks report to RECORD."""
+    bindir = tmp_path / "cluster-bin"
+    bindir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("mpirun", FAKE_MPIRUN), ("trtllm-llmapi-launch", FAKE_LAUNCH),
+                       ("trtllm-serve", '#!/usr/bin/env bash\necho "serve $PWD" >> "$RECORD"\n')):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    record = tmp_path / "ranks.txt"
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setenv("RECORD", str(record))
+    return record
+
+
+def test_every_slurm_rank_starts_in_the_bundle(bundle, tmp_path, cluster):
+    out = tmp_path / "job.sh"
+    assert run(["serve", str(bundle), "--emit", "slurm", "--nodes", "2", "--gpus-per-node", "2", "-o", str(out)]) == 0
+    elsewhere = tmp_path / "submitted-from"
+    elsewhere.mkdir()
+    env = {**os.environ, "FAKE_NTASKS": "4", "CONTAINER_IMAGE": ""}
+    subprocess.run(["bash", str(out)], cwd=elsewhere, env=env, check=True, capture_output=True)
+    lines = cluster.read_text().splitlines()
+    ranks = {line.split()[1]: line.split(maxsplit=2)[2] for line in lines if line.startswith("rank ")}
+    assert set(ranks) == {"0", "1", "2", "3"}
+    assert set(ranks.values()) == {str(bundle.resolve())}, lines       # every rank, not only rank 0
+    assert f"serve {bundle.resolve()}" in lines
+    assert '--container-workdir="$BUNDLE"' in out.read_text()          # and inside a pyxis container
+
+
+def test_every_leaderworkerset_rank_starts_in_the_bundle(bundle, tmp_path, cluster):
+    from dflash_trt.serve import launch
+
+    b = launch.read_bundle(bundle)
+    lws = launch.k8s_manifests(b, nodes=2, gpus_per_node=2, mount=str(bundle.resolve().parent))[0]
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert leader["workingDir"] == str(bundle.resolve())
+    mpirun = next(x for x in leader["command"][-1].splitlines() if x.startswith("exec mpirun"))
+    elsewhere = tmp_path / "pod-home"
+    elsewhere.mkdir()
+    subprocess.run(["bash", "-c", mpirun], cwd=elsewhere, env=dict(os.environ), check=True, capture_output=True)
+    lines = cluster.read_text().splitlines()
+    ranks = [line for line in lines if line.startswith("rank ")]
+    assert len(ranks) == 4 and {r.split(maxsplit=2)[2] for r in ranks} == {str(bundle.resolve())}, lines
+
+
+def test_the_image_tag_is_the_bundles_release(tmp_path):
+    image = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc27"
+    b = make_bundle(tmp_path / "rel", manifest_extra={"trtllm": {"release": "1.3.0rc27", "image": image}})
+    slurm, k8s = tmp_path / "job.sh", tmp_path / "lws.yaml"
+    assert run(["serve", str(b), "--emit", "slurm", "--nodes", "1", "-o", str(slurm)]) == 0
+    assert f'CONTAINER_IMAGE="${{CONTAINER_IMAGE:-{image}}}"' in slurm.read_text()
+    assert run(["serve", str(b), "--emit", "k8s", "--nodes", "2", "-o", str(k8s)]) == 0
+    lws = next(d for d in yaml.safe_load_all(k8s.read_text()) if d["kind"] == "LeaderWorkerSet")
+    assert lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["image"] == image

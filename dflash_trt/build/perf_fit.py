@@ -280,12 +280,14 @@ def _levenberg_marquardt(fun, x0: np.ndarray, iters: int = 60) -> np.ndarray:
 
 
 def fit(cases: list[Case], *, start: Calibration | None = None, source: str = "fit",
-        engines: tuple[str, ...] = (), prior_weight: float = PRIOR_POOLED) -> Calibration:
+        engines: tuple[str, ...] = (), prior_weight: float = PRIOR_POOLED, fit_shared: bool = True) -> Calibration:
     """Constants per engine from ``cases`` (see the module docstring). ``start`` gives the prior
     and the first guess (default: ``EngineConstants()``); ``engines`` adds engines without rows
-    (they get their pool's values)."""
+    (they get their pool's values); ``fit_shared=False`` keeps ``start``'s shared constants."""
     start = start or Calibration({})
     layout = Layout.of(cases, tuple(engines) + tuple(start.engines))
+    if not fit_shared:
+        layout.shared = []
     prior = {p: _pool_prior(start, layout, p) for p in {p for p, _ in layout.pooled}}
     x = _levenberg_marquardt(lambda v: _residuals(v, layout, cases, start.shared, prior, prior_weight),
                              layout.start(prior, start.shared))
@@ -339,3 +341,4 @@ def trends(cases: list[Case], predicted: dict[str, dict[str, float]], flat: floa
         out.append({"engine": key[0], "gpu": key[1], "target": key[2], "concurrency": (lo.row.concurrency, hi.row.concurrency),
                     "measured": measured, "predicted": model, "right": measured == model})
     return out
+

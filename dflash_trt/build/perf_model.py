@@ -226,6 +226,8 @@ class StepModel:
         dequant = self.shared.dequant_efficiency if self._dequantizes(precision) else 1.0
         if grouped:  # a few rows per expert: the fused kernels' rate, whatever the rows
             eff = self.k.compute_share * self.shared.moe_gemm_efficiency
+        elif self.gpu.kind == "cpu":  # CPU GEMMs (oneDNN/MKL) have no tensor-core tile to fill
+            eff = self.k.compute_share
         else:
             eff = self.k.compute_share * tokens / (max(tokens, self.shared.gemm_tile_rows) + self.shared.gemm_tail_rows)
         return flops / (eff * dequant * self.gpu.peak_flops(precision))
@@ -275,7 +277,8 @@ class StepModel:
         kv = b * ctx * 2 * layers * math.ceil(kv_heads / self.tp) * head_dim * kv_bytes
         flops = 4 * b * n * ctx * heads * head_dim * layers / self.tp
         rows = n * heads / max(1, kv_heads)
-        eff = self.k.compute_share * rows / (max(rows, self.shared.gemm_tile_rows) + self.shared.gemm_tail_rows)
+        eff = self.k.compute_share * (1.0 if self.gpu.kind == "cpu" else
+                                      rows / (max(rows, self.shared.gemm_tile_rows) + self.shared.gemm_tail_rows))
         return max(kv / self._bandwidth(), flops / (eff * self.gpu.peak_flops("bf16")))
 
     def target_forward(self, b: int, n: int) -> float:

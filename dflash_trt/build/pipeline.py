@@ -33,6 +33,7 @@ from dflash_trt import ingest
 from dflash_trt.build import hardware
 
 from dflash_trt.build import plan as planner
+from dflash_trt.build import calibrate, perf_model
 
 from dflash_trt.build import bundle_drafter, serve_sh, trtllm, trtllm_releases, trtllm_rules
 from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
@@ -100,11 +101,19 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
                     shipped_quant=shipped_q, warnings=warnings)
 
 
-def make_plan(r: Resolved) -> planner.Plan:
+def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Plan:
+    """The plan; with ``calibration`` (``bench --endpoint --json`` files) the step model's constants
+    are first refitted on those measurements (:mod:`dflash_trt.build.calibrate`)."""
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
     p = planner.make(dep, rc.serving, rc.speculative, rc.parallel, rc.trtllm)
+    if calibration:
+        cal, tau = calibrate.from_files(list(calibration), dep, p, perf_model.shipped(), perf_model.engine_for(r.gpu))
+        spec = rc.speculative
+        if tau is not None and spec.acceptance is None:
+            spec = spec.model_copy(update={"acceptance": tau})
+        p = planner.make(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal)
     p.warnings = r.warnings + p.warnings
     return p
 

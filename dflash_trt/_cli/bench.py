@@ -9,8 +9,8 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from dflash_trt._cli.common import (BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt,
-                                    default_prompts, err, load_pair_from, out, print_json)
+from dflash_trt._cli.common import (BackendOpt, BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt,
+                                    TargetOpt, default_prompts, err, load_pair_from, out, print_json)
 
 
 def bench(
@@ -24,6 +24,7 @@ def bench(
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",
+    backend: BackendOpt = "torch",
     as_json: JsonOpt = False,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Benchmark this OpenAI-compatible server "
                                                     "(URL) instead of running models in-process.")] = None,
@@ -50,6 +51,8 @@ def bench(
     from dflash_trt.bench import inprocess
     from dflash_trt.errors import DFlashError
 
+    if endpoint is not None and backend != "torch":
+        raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
     if endpoint is not None:
         bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_new_tokens, temperature,
                        chat, ignore_eos, plot, as_json, bundle=bundle or bundle_opt)
@@ -61,7 +64,8 @@ def bench(
             raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
         prompts = default_prompts()          # the embedded pair's held-out standard-library prompts
     texts = inprocess.read_prompts(prompts)
-    pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels)
+    pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels,
+                          backend=backend)
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("prompts", total=len(texts))
         report = inprocess.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
@@ -73,7 +77,8 @@ def bench(
 
 
 def show(r: dict) -> None:
-    t = Table(title=f"DFlash vs autoregressive — {r['prompts']} prompts, B={r['block_size']}, greedy")
+    through = f", {r['backend']} backend" if r.get("backend", "torch") != "torch" else ""
+    t = Table(title=f"DFlash vs autoregressive — {r['prompts']} prompts, B={r['block_size']}, greedy{through}")
     t.add_column("")
     t.add_column("DFlash", justify="right")
     t.add_column("autoregressive", justify="right")

@@ -19,6 +19,7 @@ KernelsOpt = Annotated[str, typer.Option("--kernels", help="DFlash op implementa
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 BundleArg = Annotated[Optional[str], typer.Argument(help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
 BundleOpt = Annotated[Optional[str], typer.Option("--bundle", help="A bundle directory from `dflash-trt build`.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle built with --engine tensorrt.")]
 
 
 def print_json(obj) -> None:
@@ -48,17 +49,28 @@ SMALL_MODEL_PARAMS = 50_000_000
 
 
 def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
-                   bundle: str | None = None, bundle_opt: str | None = None, kernels: str = "reference"):
-    """The pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair."""
+                   bundle: str | None = None, bundle_opt: str | None = None, kernels: str = "reference",
+                   backend: str = "torch"):
+    """The pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair; with
+    ``backend`` onnx or tensorrt, a bundle's, answered by its exported graphs (``pair.backend``)."""
     from dflash_trt.errors import DFlashError
     from dflash_trt.plugins import KERNELS
+    from dflash_trt.runtime import BACKENDS, open_backend
 
     if kernels not in KERNELS:
         raise DFlashError(f"--kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
+    if backend not in BACKENDS:
+        raise DFlashError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend != "torch" and (bundle or bundle_opt) is None:
+        raise DFlashError(f"--backend {backend} runs a bundle's exported graphs: pass a bundle built with "
+                          "--engine tensorrt")
     pair = _load(target, drafter, dtype, need_drafter, bundle, bundle_opt)
     _threads_for(pair)
     if pair.drafter is not None:
         pair.drafter.kernels = kernels
+    if backend != "torch":
+        with err.status(f"opening the {backend} backend"):
+            pair.backend = open_backend(backend, bundle or bundle_opt, pair, dtype)
     return pair
 
 

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from dflash_trt._cli.common import BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt, err, load_pair_from, out, print_json
+from dflash_trt._cli.common import (BackendOpt, BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt,
+                                    err, load_pair_from, out, print_json)
 
 
 def generate(
@@ -24,6 +25,7 @@ def generate(
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",
+    backend: BackendOpt = "torch",
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text with DFlash speculative decoding and print acceptance statistics."""
@@ -32,11 +34,11 @@ def generate(
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle,
-                          bundle_opt=bundle_opt, kernels=kernels)
+                          bundle_opt=bundle_opt, kernels=kernels, backend=backend)
     ids = pair.encode(prompt, chat=chat)
     drafter_model = pair.drafter if block_size != 1 else None
     res = run(pair.target, drafter_model, [ids], max_new_tokens=max_new_tokens, sampling=params,
-              block_size=block_size, stop_token_ids=pair.stop_token_ids)
+              block_size=block_size, stop_token_ids=pair.stop_token_ids, backend=pair.backend)
     tokens = res.token_ids[0]
     text = pair.decode(tokens)
     s = res.stats

@@ -10,13 +10,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from dflash_trt._cli.common import DtypeOpt, err, out
+from dflash_trt._cli.common import BackendOpt, DtypeOpt, err, out
 
 
 class Runtime(str, Enum):
     auto = "auto"
     trtllm = "trtllm"
     reference = "reference"
+
+
+class Batching(str, Enum):
+    continuous = "continuous"
+    static = "static"
 
 
 class Emit(str, Enum):
@@ -42,13 +47,17 @@ def serve(
     pvc: Annotated[str, typer.Option(help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")] = "dflash-bundles",
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="Model id clients send "
                                                       "(default: the bundle's name).")] = None,
-    max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Embedded server: requests per runtime batch.")] = 8,
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Embedded server: requests per runtime "
+                                                     "batch (default: the bundle's planned max_batch_size, else 8).")] = None,
+    batching: Annotated[Batching, typer.Option(help="Embedded server: continuous (requests join the running batch "
+                                               "every round) or static (one batch at a time, for comparison).")] = Batching.continuous,
     max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
     block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
                                                       "size (1: autoregressive).")] = None,
     threads: Annotated[Optional[int], typer.Option(min=1, help="Embedded server: torch threads for generation "
                                                    "(default: all cores but one, left to the event loop).")] = None,
     dtype: DtypeOpt = "auto",
+    backend: BackendOpt = "torch",
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from dflash_trt.serve import launch
@@ -71,7 +80,10 @@ def serve(
             out.print("# trtllm-serve is not on PATH here: 'serve' would use the embedded server "
                       "on the reference runtime", markup=False)
         return
-    if runtime is Runtime.trtllm or (runtime is Runtime.auto and trtllm is not None):
+    if backend != "torch" and runtime is Runtime.trtllm:
+        raise DFlashError(f"--backend {backend} answers the embedded server's model calls; --runtime trtllm "
+                          "serves with trtllm-serve: use --runtime reference (or auto)")
+    if runtime is Runtime.trtllm or (runtime is Runtime.auto and trtllm is not None and backend == "torch"):
         if trtllm is None:
             raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
                               "or use --runtime reference")
@@ -83,13 +95,15 @@ def serve(
             exc.exit_code = code if code > 0 else 128 - code  # killed by a signal: 128 + signum
             raise exc
         return
-    serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads)
+    serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
+                    batching.value)
 
 
-def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int, max_queue: int,
-                    block_size: int | None, dtype: str, threads: int | None = None) -> int:
-    from dflash_trt.errors import require
-    from dflash_trt.runtime import load_bundle, parse_dtype
+def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
+                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
+                    batching: str = "continuous") -> int:
+    from dflash_trt.errors import DFlashError, require
+    from dflash_trt.runtime import load_bundle, open_backend, parse_dtype
     from dflash_trt.serve import check_fits_cpu, create_app, serve as run_server
 
     require("fastapi", "serve", "the embedded server")
@@ -98,17 +112,35 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
     with err.status("loading models"):
         pair = load_bundle(b.root, dtype=dtype)
+        pair.backend = open_backend(backend, b.root, pair, dtype)
     if block_size is not None and block_size > 1 and pair.drafter is not None \
             and block_size > pair.drafter.cfg.block_size:
-        from dflash_trt.errors import DFlashError
-
         raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
+    if pair.backend is not None:
+        _check_profile(pair.backend, backend, max_batch, block_size)
+        if batching == "continuous":  # graph backends cannot merge rows into a running batch yet
+            err.print(f"the {backend} backend batches statically (rows join between batches)")
+            batching = "static"
     app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                            block_size=block_size, torch_threads=threads,
-                            max_model_len=b.serve.max_seq_len)
-    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime, "
-              f"max batch {max_batch}, queue {max_queue})")
+                     block_size=block_size, torch_threads=threads, batching=batching,
+                     max_model_len=b.serve.max_seq_len)
+    through = f", {backend} backend" if backend != "torch" else ""
+    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, {batching} "
+              f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")
     return run_server(app, host, port)
+
+
+def _check_profile(graphs, backend: str, max_batch: int | None, block_size: int | None) -> None:
+    """The server's batch and block size within the engines' profile, or one line now (not per request)."""
+    from dflash_trt.errors import DFlashError
+
+    p = graphs.profile
+    if max_batch is not None and max_batch > p.max_batch:
+        raise DFlashError(f"--max-batch {max_batch} exceeds the engines' profile (batch <= {p.max_batch}) "
+                          f"that --backend {backend} runs; lower it or rebuild with --set serving.max_batch_size=N")
+    if block_size not in (None, 1, p.block_size):
+        raise DFlashError(f"--block-size {block_size}: --backend {backend} runs the drafter graph at block "
+                          f"size {p.block_size} (or 1)")
 
 
 def register(app: typer.Typer) -> None:

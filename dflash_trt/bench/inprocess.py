@@ -1,7 +1,8 @@
 """In-process benchmark: DFlash against plain autoregressive decoding, same process, same prompts.
 
 Both runs go through :func:`dflash_trt.runtime.generate` (block size B vs 1), greedy, one
-prompt at a time, after a warm-up of each. Reported: τ and per-position acceptance,
+prompt at a time, after a warm-up of each, and through the same backend (the pair's: the
+PyTorch modules, or a bundle's graphs under ONNX Runtime or TensorRT). Reported: τ and per-position acceptance,
 tokens/s of each and their ratio (``speedup``), ``lossless`` (every DFlash output equals
 the autoregressive one), and where a DFlash step's time goes (``step_cost_ratio``: one
 draft + verify step over one target forward on the same block).
@@ -66,13 +67,17 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
     B = pair.block_size(block_size)
     encoded = [pair.encode(p, chat=chat) for p in prompts]
     stops = pair.stop_token_ids
-    # Warm-up both paths (allocator, kernels, first-call overheads).
-    generate(pair.target, pair.drafter, [encoded[0]], max_new_tokens=8, block_size=B, stop_token_ids=stops)
-    generate(pair.target, None, [encoded[0]], max_new_tokens=8, block_size=1, stop_token_ids=stops)
+    # Warm-up both paths (allocator, kernels, first-call overheads). Both run through the pair's
+    # backend (None: the PyTorch modules), so the speedup compares like with like.
+    be = pair.backend
+    generate(pair.target, pair.drafter, [encoded[0]], max_new_tokens=8, block_size=B, stop_token_ids=stops, backend=be)
+    generate(pair.target, None, [encoded[0]], max_new_tokens=8, block_size=1, stop_token_ids=stops, backend=be)
     ds, ars, lossless, mismatches = [], [], True, []
     for k, ids in enumerate(encoded):
-        d = generate(pair.target, pair.drafter, [ids], max_new_tokens=max_new_tokens, block_size=B, stop_token_ids=stops)
-        a = generate(pair.target, None, [ids], max_new_tokens=max_new_tokens, block_size=1, stop_token_ids=stops)
+        d = generate(pair.target, pair.drafter, [ids], max_new_tokens=max_new_tokens, block_size=B, stop_token_ids=stops,
+                     backend=be)
+        a = generate(pair.target, None, [ids], max_new_tokens=max_new_tokens, block_size=1, stop_token_ids=stops,
+                     backend=be)
         ds.append(d.stats)
         ars.append(a.stats)
         if d.token_ids != a.token_ids:
@@ -85,6 +90,7 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
     verify = dflash["verify_seconds"] / max(1, dflash["rounds"])
     draft = dflash["draft_seconds"] / max(1, dflash["rounds"])
     return {
+        "backend": getattr(be, "name", "torch"),
         "prompts": len(prompts),
         "block_size": B,
         "max_new_tokens": max_new_tokens,

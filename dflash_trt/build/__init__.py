@@ -3,10 +3,11 @@
 Modules: ``recipe`` (the typed YAML), ``hardware`` (the GPU catalog and precision rules),
 ``model_shapes`` (parameter counts from configs), ``plan`` (memory, TP, draft lengths),
 ``quantize`` (ModelOpt), ``trtllm`` (the LLM-API config and launch script), ``export``
-(ONNX graphs and TensorRT engines for the standalone path), ``pipeline`` (the stages in
-order, written atomically), ``perf_model`` (the step model the plan's speedups come from),
-``perf_fit`` (its constants fitted on measurements), ``calibrate`` (refitted on yours),
-``schedule`` (draft lengths as TensorRT-LLM reads them). Other subpackages import from here, never from inside.
+(the standalone path's ONNX graphs), ``engines`` (their TensorRT engines and the shapes they
+are built for), ``pipeline`` (the stages in order, written atomically), ``perf_model`` (the
+step model the plan's speedups come from), ``perf_fit`` (its constants fitted on measurements),
+``calibrate`` (refitted on yours), ``schedule`` (draft lengths as TensorRT-LLM reads them).
+Other subpackages import from here, never from inside.
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""ONNX export of the drafter (with the two DFlash custom ops) and of the target, an
-onnxruntime parity check, and the TensorRT engine build (optional imports throughout).
+"""ONNX export of the three graphs the standalone path runs (the drafter round with the two
+DFlash custom ops, the target with its KV cache as I/O, the token embedding), their
+onnxruntime parity checks, and the shapes they are run at (optional imports throughout;
+TensorRT engines are built from them in ``engines.py``).
 
 Drafter graph (``drafter.onnx``): one speculative round of the drafter, exactly
 ``Drafter.inject(target_hidden, n_new, cache)`` followed by ``Drafter.draft(block_embeds, cache)``:
@@ -15,33 +17,67 @@ Drafter graph (``drafter.onnx``): one speculative round of the drafter, exactly
 fc -> hidden_norm -> the one fused K/V GEMM are plain ONNX nodes; ``dflash::KVInjection``
 does k_norm + RoPE + paged scatter for all layers; every layer's attention is one
 ``dflash::BlockDiffusionAttention`` node reading the whole cache tensors (``layer``
-attribute, no per-layer copies). Dims b, T, pages and max_pages are dynamic.
+attribute, no per-layer copies). Dims b, T, pages and max_pages are dynamic; B and
+page_size are fixed at export (custom-op attributes).
 
 Target graph (``target.onnx``): a transformers causal LM with the DFlash target_hidden
 (``output_hidden_states[i + 1]`` for each layer id, concatenated) as an extra output and
 its KV cache as stacked tensors:
 
     inputs : input_ids [b, T], attention_mask [b, P+T], position_ids [b, T],
-             past_k, past_v [layers, b, kvh, P, head_dim]
+             past_k, past_v [layers, b, kvh, P, head_dim]   (P may be 0)
     outputs: logits [b, T, V], target_hidden [b, T, n_tap*H], present_k, present_v [layers, b, kvh, P+T, hd]
+
+Only targets whose every layer keeps a plain full-attention K/V cache of one shape export
+this way (:func:`target_export_problem` says why another does not).
+
+Embedding graph (``embed.onnx``): input_ids [b, T] -> embeds [b, T, H], the target's embedding
+rows times the drafter's ``input_embedding_scale``: the drafter block's input.
+
+:data:`DYNAMIC_AXES` names every dynamic axis by the profile dimension it is
+(``ingest.EngineProfile``): the TensorRT optimisation profile and the runtimes' checks read it.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from pathlib import Path
+
+import numpy as np
 
 import torch
 from torch import nn
 
-from dflash_trt.errors import DFlashError, HardwareError, require
+from dflash_trt.errors import DFlashError, require
 from dflash_trt import plugins
 
 DRAFTER_INPUTS = ["target_hidden", "n_new", "block_embeds", "k_cache", "v_cache", "page_table", "lengths"]
 TARGET_INPUTS = ["input_ids", "attention_mask", "position_ids", "past_k", "past_v"]
+TARGET_OUTPUTS = ["logits", "target_hidden", "present_k", "present_v"]
+#: the graphs of a bundle's ``onnx/``, by role
+GRAPHS = {"drafter": "drafter.onnx", "target": "target.onnx", "embed": "embed.onnx"}
 
-#: fp32 parity bound the export is held to (ONNX Runtime vs ``Drafter.inject`` + ``draft``).
+#: Every dynamic axis of every graph, named by the ``ingest.EngineProfile`` dimension it is
+#: bounded by: batch, tokens (per row in one call), seq (cached + new columns), past (cached
+#: columns, 0 at prefill), pages (the drafter's pool), pages_per_seq (its page table's width).
+DYNAMIC_AXES = {
+    "drafter": {"target_hidden": {0: "batch", 1: "tokens"}, "n_new": {0: "batch"}, "block_embeds": {0: "batch"},
+                "k_cache": {1: "pages"}, "v_cache": {1: "pages"}, "page_table": {0: "batch", 1: "pages_per_seq"},
+                "lengths": {0: "batch"}},
+    "target": {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "seq"},
+               "position_ids": {0: "batch", 1: "tokens"}, "past_k": {1: "batch", 3: "past"},
+               "past_v": {1: "batch", 3: "past"}},
+    "embed": {"input_ids": {0: "batch", 1: "tokens"}},
+}
+
+#: Drafter cache slots per page in the exported graphs (a custom-op attribute; 16 as ``PagedKVCache``).
+PAGE_SIZE = 16
+
+#: fp32 parity bounds the export is held to (ONNX Runtime vs ``Drafter.inject`` + ``draft``; vs
+#: the transformers forward, whose logits are larger).
 DRAFTER_ONNX_ATOL = 1e-4
+TARGET_ONNX_ATOL = 1e-3
 
 
 class DrafterRound(nn.Module):
@@ -129,9 +165,8 @@ def export_drafter_onnx(drafter, out_dir, *, head_weight: torch.Tensor | None = 
         page_size=page_size, rope_theta=cfg.rope_theta)
     dyn = None
     if dynamic:
-        b, T, P, M = Dim("batch"), Dim("new_tokens"), Dim("pages"), Dim("max_pages")
-        dyn = {"target_hidden": {0: b, 1: T}, "n_new": {0: b}, "block_embeds": {0: b}, "k_cache": {1: P},
-               "v_cache": {1: P}, "page_table": {0: b, 1: M}, "lengths": {0: b}}
+        dims = {n: Dim(n) for n in ("batch", "tokens", "pages", "pages_per_seq")}
+        dyn = {name: {axis: dims[d] for axis, d in axes.items()} for name, axes in DYNAMIC_AXES["drafter"].items()}
     path = out / filename
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -181,6 +216,28 @@ def check_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor | None =
 # ---------------------------------------------------------------------------------------
 
 
+def target_export_problem(config) -> str | None:
+    """Why a target's graph cannot carry its cache as two stacked tensors (None: it can).
+
+    ``target.onnx`` stacks every layer's K and V into ``past_k`` / ``past_v`` [layers, b, kvh, P, d]:
+    that needs one plain full-attention cache per layer, all of one shape. transformers builds a
+    sliding-window layer (kept to the window) or a linear-attention layer (a recurrent and a conv
+    state, which a rejected draft token must not enter) for other layer types."""
+    from transformers import DynamicCache
+
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers} - {"DynamicLayer"})
+    if kinds:
+        what = "recurrent/conv state (hybrid)" if any("Linear" in k or "Mamba" in k for k in kinds) else "sliding-window"
+        return f"its cache has {what} layers ({', '.join(kinds)}), which the stacked past_k/past_v cannot carry"
+    if getattr(cfg, "kv_lora_rank", None):
+        return "its attention is MLA (compressed K/V of a different width than V), which past_k/past_v do not carry"
+    head_dims = {getattr(cfg, n) for n in ("head_dim", "v_head_dim") if getattr(cfg, n, None)}
+    if len(head_dims) > 1:
+        return f"its K and V head sizes differ ({sorted(head_dims)})"
+    return None
+
+
 class TargetWithTaps(nn.Module):
     """A causal LM forward with stacked KV-cache tensors in and out, plus the DFlash target_hidden."""
 
@@ -190,6 +247,8 @@ class TargetWithTaps(nn.Module):
         self.layer_ids = list(layer_ids)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.num_layers = int(cfg.num_hidden_layers)
+        # transformers 5.x renamed past_key_values to cache (as model.Target does)
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def forward(self, input_ids, attention_mask, position_ids, past_k, past_v):
         from transformers import DynamicCache
@@ -198,23 +257,29 @@ class TargetWithTaps(nn.Module):
         for i in range(self.num_layers):
             cache.update(past_k[i], past_v[i], i)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, output_hidden_states=True)
+                         use_cache=True, output_hidden_states=True, **{self._cache_kw: cache})
         target_hidden = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        layers = out.past_key_values.layers
+        layers = cache.layers
         return (out.logits, target_hidden, torch.stack([layers[i].keys for i in range(self.num_layers)]),
                 torch.stack([layers[i].values for i in range(self.num_layers)]))
 
 
 def target_example_inputs(model: nn.Module, batch: int = 2, past: int = 5, T: int = 3, seed: int = 0) -> dict:
+    """Random inputs with holes in the cached columns (rejected drafts and padding, as the loop
+    leaves them): the exported mask path must not assume a dense cache."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     gen = torch.Generator().manual_seed(seed)
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kvh = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     L = int(cfg.num_hidden_layers)
     dtype = model.get_input_embeddings().weight.dtype
+    mask = torch.ones(batch, past + T, dtype=torch.long)
+    if past > 1:
+        mask[0, 1] = 0
+        mask[batch - 1, past - 1] = 0
     return dict(
         input_ids=torch.randint(0, cfg.vocab_size, (batch, T), generator=gen),
-        attention_mask=torch.ones(batch, past + T, dtype=torch.long),
+        attention_mask=mask,
         position_ids=torch.arange(past, past + T)[None].expand(batch, -1).contiguous(),
         past_k=torch.randn(L, batch, kvh, past, hd, generator=gen).to(dtype),
         past_v=torch.randn(L, batch, kvh, past, hd, generator=gen).to(dtype),
@@ -222,31 +287,40 @@ def target_example_inputs(model: nn.Module, batch: int = 2, past: int = 5, T: in
 
 
 def export_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *, filename: str = "target.onnx") -> Path:
-    """Export a transformers causal LM (Llama/Qwen3-style) with target_hidden and KV-cache I/O."""
+    """Export a transformers causal LM with target_hidden and KV-cache I/O. A target whose cache
+    does not stack (:func:`target_export_problem`) or that does not trace is one DFlashError line."""
     onnx = require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")
     from torch.export import Dim
 
+    kind = getattr(hf_model.config, "model_type", "?")
+    problem = target_export_problem(hf_model.config)
+    if problem:
+        raise DFlashError(f"target {kind} does not export to target.onnx: {problem}; build it with --engine trtllm")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     module = TargetWithTaps(hf_model, layer_ids)
     inputs = target_example_inputs(hf_model)
-    D = Dim.DYNAMIC
-    dyn = {"input_ids": {0: D, 1: D}, "attention_mask": {0: D, 1: D}, "position_ids": {0: D, 1: D},
-           "past_k": {1: D, 3: D}, "past_v": {1: D, 3: D}}
+    D = Dim.DYNAMIC  # torch.export infers the relations (P + T, one batch); DYNAMIC_AXES names them
+    dyn = {name: {axis: D for axis in axes} for name, axes in DYNAMIC_AXES["target"].items()}
     path = out / filename
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        prog = torch.onnx.export(module, tuple(inputs[n] for n in TARGET_INPUTS), dynamo=True,
-                                 dynamic_shapes=dyn, input_names=TARGET_INPUTS,
-                                 output_names=["logits", "target_hidden", "present_k", "present_v"], verbose=False)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            prog = torch.onnx.export(module, tuple(inputs[n] for n in TARGET_INPUTS), dynamo=True,
+                                     dynamic_shapes=dyn, input_names=TARGET_INPUTS, output_names=TARGET_OUTPUTS,
+                                     verbose=False)
+    except Exception as exc:  # noqa: BLE001 - torch.export's errors are pages long; one line says which
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise DFlashError(f"target {kind} does not export to target.onnx ({type(exc).__name__}: {first}); "
+                          "build it with --engine trtllm") from None
     onnx.checker.check_model(prog.model_proto)
     prog.save(str(path))
     return path
 
 
 def check_target_onnx(hf_model: nn.Module, layer_ids: list[int], onnx_path, **shape) -> dict:
-    """onnxruntime vs the transformers forward; max abs error per output."""
+    """onnxruntime vs the transformers forward, on a cache with holes; max abs error per output."""
     import numpy as np
     import onnxruntime as ort
 
@@ -255,106 +329,63 @@ def check_target_onnx(hf_model: nn.Module, layer_ids: list[int], onnx_path, **sh
     got = sess.run(None, {k: v.numpy() for k, v in inputs.items()})
     with torch.no_grad():
         want = TargetWithTaps(hf_model, layer_ids)(*(inputs[n] for n in TARGET_INPUTS))
-    return {n: float(np.abs(g - w.numpy()).max())
-            for n, g, w in zip(["logits", "target_hidden", "present_k", "present_v"], got, want)}
+    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(TARGET_OUTPUTS, got, want)}
 
 
 # ---------------------------------------------------------------------------------------
-# TensorRT engines
+# embedding
 # ---------------------------------------------------------------------------------------
 
-ENGINE_REQUIREMENTS = (
-    "building TensorRT engines needs: the 'tensorrt' Python package >= 10.8 with the "
-    "'tensorrt.plugin' module (Python/AOT plugins), a CUDA GPU visible to torch, and "
-    "triton (to compile the plugin kernels to PTX ahead of time)"
-)
+
+def export_embed_onnx(weight: torch.Tensor, scale: float, out_dir, *, filename: str = "embed.onnx") -> Path:
+    """``embeds = weight[input_ids] * scale`` as a two-node graph (Gather, Mul): the drafter
+    block's embedding (``model.Target.embed``) without the target's torch module."""
+    onnx = require("onnx", "onnx", "ONNX export")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = weight.detach().float().cpu().numpy()
+    nodes = [helper.make_node("Gather", ["weight", "input_ids"], ["rows"], axis=0),
+             helper.make_node("Mul", ["rows", "scale"], ["embeds"])]
+    graph = helper.make_graph(
+        nodes, "dflash_embed",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"])],
+        [helper.make_tensor_value_info("embeds", TensorProto.FLOAT, ["batch", "tokens", w.shape[1]])],
+        initializer=[numpy_helper.from_array(w, "weight"),
+                     numpy_helper.from_array(np.array(scale, dtype=np.float32), "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / filename
+    onnx.save(model, str(path))
+    return path
 
 
-def engine_support() -> tuple[bool, str]:
-    """(True, "") when engines can be built here, else (False, what is missing)."""
-    try:
-        import tensorrt  # noqa: F401
-        import tensorrt.plugin  # noqa: F401
-    except ImportError as exc:
-        return False, f"{ENGINE_REQUIREMENTS}; tensorrt is not importable ({exc})"
-    if not torch.cuda.is_available():
-        return False, f"{ENGINE_REQUIREMENTS}; no CUDA GPU is available"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False, f"{ENGINE_REQUIREMENTS}; triton is not installed"
-    return True, ""
+# ---------------------------------------------------------------------------------------
+# the three graphs of a bundle, and the shapes they run at
+# ---------------------------------------------------------------------------------------
 
 
-def _onnx_for_tensorrt(model):
-    """TensorRT's ONNX parser finds a plugin by node op_type plus the ``plugin_namespace``
-    and ``plugin_version`` attributes: add them to a copy of the dflash nodes."""
-    import onnx
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for node in m.graph.node:
-        if node.domain == "dflash":
-            names = {a.name for a in node.attribute}
-            if "plugin_namespace" not in names:
-                node.attribute.append(onnx.helper.make_attribute("plugin_namespace", "dflash"))
-            if "plugin_version" not in names:
-                node.attribute.append(onnx.helper.make_attribute("plugin_version", "1"))
-    return m
-
-
-def build_engines(onnx_dir, engines_dir, *, fp16: bool = False, max_batch: int = 64,
-                  max_new_tokens: int = 16, max_pages: int = 4096, max_pages_per_seq: int = 2048) -> list[Path]:
-    """Build a TensorRT engine for every ``*.onnx`` in ``onnx_dir`` (the drafter with the
-    dflash plugins). Raises :class:`DFlashError` saying what is missing when it cannot."""
-    ok, why = engine_support()
-    if not ok:
-        if "GPU" in why and "not importable" not in why:
-            raise HardwareError(why)
-        raise DFlashError(why)
-    import onnx
-    import tensorrt as trt
-
-    from dflash_trt.plugins import trt as dflash_trt_plugins
-
-    registered, reason = dflash_trt_plugins.register_trt_plugins()
-    if not registered:
-        raise DFlashError(f"cannot register the dflash TensorRT plugins: {reason}")
-    onnx_dir, engines_dir = Path(onnx_dir), Path(engines_dir)
-    engines_dir.mkdir(parents=True, exist_ok=True)
-    logger = trt.Logger(trt.Logger.WARNING)
-    built = []
-    for path in sorted(onnx_dir.glob("*.onnx")):
-        builder = trt.Builder(logger)
-        network = builder.create_network(0)
-        parser = trt.OnnxParser(network, logger)
-        model = _onnx_for_tensorrt(onnx.load(str(path)))
-        if not parser.parse(model.SerializeToString(), path=str(path)):
-            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise DFlashError(f"TensorRT cannot parse {path.name}: {errors}")
-        config = builder.create_builder_config()
-        if fp16:
-            config.set_flag(trt.BuilderFlag.FP16)
-        profile = builder.create_optimization_profile()
-        for i in range(network.num_inputs):
-            t = network.get_input(i)
-            shape = list(t.shape)
-            lo, opt, hi = [], [], []
-            for axis, dim in enumerate(shape):
-                if dim >= 0:
-                    lo.append(dim), opt.append(dim), hi.append(dim)
-                    continue
-                cap = {"k_cache": max_pages, "v_cache": max_pages}.get(t.name)
-                if cap is None:
-                    cap = max_pages_per_seq if (t.name == "page_table" and axis == 1) else (
-                        max_new_tokens if axis == 1 else max_batch)
-                lo.append(1), opt.append(max(1, cap // 2)), hi.append(cap)
-            profile.set_shape(t.name, lo, opt, hi)
-        config.add_optimization_profile(profile)
-        blob = builder.build_serialized_network(network, config)
-        if blob is None:
-            raise DFlashError(f"TensorRT failed to build an engine for {path.name}")
-        dst = engines_dir / (path.stem + ".engine")
-        dst.write_bytes(bytes(blob))
-        built.append(dst)
-    return built
+def export_graphs(drafter, hf_model, onnx_dir, profile, say=lambda msg: None) -> dict:
+    """``onnx/``: the drafter round (logits through the target's head), the target and the
+    embedding, each checked against PyTorch. Returns the manifest's ``engine`` section (without
+    the engine build's outcome). A graph that disagrees is one DFlashError line."""
+    problem = target_export_problem(hf_model.config)
+    if problem:  # before the (slow) drafter export
+        raise DFlashError(f"target {getattr(hf_model.config, 'model_type', '?')} does not export to target.onnx: "
+                          f"{problem}; build it with --engine trtllm")
+    onnx_dir = Path(onnx_dir)
+    head = hf_model.get_output_embeddings().weight.detach()
+    say("exporting the drafter to ONNX (dflash::KVInjection, dflash::BlockDiffusionAttention)")
+    d_path = export_drafter_onnx(drafter, onnx_dir, head_weight=head, page_size=profile.page_size)
+    d_err = check_drafter_onnx(drafter, d_path, head_weight=head, page_size=profile.page_size)
+    if max(d_err.values()) > DRAFTER_ONNX_ATOL:
+        raise DFlashError(f"exported drafter ONNX disagrees with PyTorch (max error {max(d_err.values()):.2e})")
+    say("exporting the target to ONNX (target_hidden + KV cache I/O)")
+    t_path = export_target_onnx(hf_model, drafter.cfg.target_layer_ids, onnx_dir)
+    t_err = check_target_onnx(hf_model, drafter.cfg.target_layer_ids, t_path, batch=3, past=9, T=4)
+    if max(t_err.values()) > TARGET_ONNX_ATOL:
+        raise DFlashError(f"exported target ONNX disagrees with PyTorch (max error {max(t_err.values()):.2e})")
+    export_embed_onnx(hf_model.get_input_embeddings().weight, drafter.cfg.input_embedding_scale, onnx_dir)
+    return {"onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")), "drafter_onnx_max_error": d_err,
+            "target_onnx_max_error": t_err, "profile": profile.model_dump()}

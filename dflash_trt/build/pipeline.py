@@ -21,7 +21,6 @@ writes through them, runtime / serve / bench read through them.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import shutil
 import time
@@ -29,16 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt import ingest
-
-from dflash_trt.build import hardware
-
+from dflash_trt.build import (
+    bundle_drafter,
+    hardware,
+    output,
+    serve_sh,
+    trtllm,
+    trtllm_releases,
+    trtllm_rules,
+)
 from dflash_trt.build import plan as planner
 from dflash_trt.build import calibrate, perf_model
-
-from dflash_trt.build import bundle_drafter, serve_sh, trtllm, trtllm_releases, trtllm_rules
-from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
-from dflash_trt.build.recipe import Recipe
 from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision
+from dflash_trt.build.recipe import Recipe
+from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
@@ -138,7 +141,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     t0 = time.perf_counter()
     out = Path(out) if out is not None else default_out(recipe)
     if not dry_run:
-        _check_output(out, force)
+        output.check_output(out, force)
     r = resolve(recipe, weights=False)
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
@@ -150,84 +153,18 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     w = resolve(recipe, weights=True)
     if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
         r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
-    tmp = _start_partial(out)
+    tmp = output.start_partial(out)
     try:
         manifest = _write_bundle(r, p, tmp, say, progress, timings)
         timings["total"] = time.perf_counter() - t0
         manifest.timings = {k: round(v, 3) for k, v in timings.items()}
         written = ingest.write_manifest(tmp, manifest)
-        _share(tmp)
-        _replace(tmp, out)
+        output.share(tmp)
+        output.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return BuildResult(p, out, written, r)
-
-
-def _check_output(out: Path, force: bool) -> None:
-    """``-o`` may name a new path, an empty directory, or (with --force) an existing bundle; never
-    a file or a directory of the user's, which --force would otherwise delete."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise DFlashError(f"-o {out}: exists and is not a directory; choose another -o")
-    if out.is_dir() and any(out.iterdir()):
-        if not (out / ingest.Layout.MANIFEST).is_file():
-            raise DFlashError(f"-o {out}: a directory that is not a dflash-trt bundle (no {ingest.Layout.MANIFEST}); "
-                              "--force only replaces bundles: choose another -o")
-        if not force:
-            raise DFlashError(f"{out} exists; pass --force to replace it, or choose another -o")
-    parent = next((p for p in (out.parent, *out.parent.parents) if p.exists()), Path("."))
-    if not parent.is_dir():
-        raise DFlashError(f"-o {out}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise DFlashError(f"-o {out}: {parent} is not writable")
-
-
-def _start_partial(out: Path) -> Path:
-    """A fresh ``.NAME.partial-PID`` beside ``out``; partial builds of the same output left by a
-    killed build (their process is gone) are removed first: they are model-sized."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        for stale in out.parent.glob(f".{out.name}.partial-*"):
-            pid = stale.name.rsplit("-", 1)[-1]
-            if stale.is_dir() and not (pid.isdigit() and _alive(int(pid))):
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    except OSError as exc:
-        raise DFlashError(f"-o {out}: cannot write there ({exc.strerror or exc})") from None
-    return tmp
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def _share(root: Path) -> None:
-    """Bundle files readable by other users and containers: temporary directories and some writers
-    create 0700/0600 entries; directories become 0755, files 0644 (0755 if executable)."""
-    for p in [root, *root.rglob("*")]:
-        if p.is_symlink():
-            continue
-        mode = p.stat().st_mode
-        p.chmod(0o755 if p.is_dir() or mode & 0o100 else 0o644)
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _copy_checkpoint(src: Path, dst: Path) -> None:
@@ -335,32 +272,25 @@ def _engine_outputs(engine_info: dict | None) -> dict:
 
 
 def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
-    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops)
-    and the target (tapped hidden states as extra outputs, KV cache in/out); engines where
-    TensorRT and a GPU are present. The ONNX graphs are exported in float32 from the
-    unquantized source target (quantized TensorRT engines are not built here)."""
+    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops), the
+    target (tapped hidden states as extra outputs, KV cache in/out) and the embedding, at the
+    shapes of the recipe's serving limits (recorded as the manifest's ``engine.profile``);
+    engines where TensorRT and a GPU are present. The ONNX graphs are exported in float32 from
+    the unquantized source target (quantized TensorRT engines are not built here)."""
     import torch
 
-    from dflash_trt.build import export as engine
+    from dflash_trt.build import engines, export
     from dflash_trt.model import load_target
 
-    say("exporting the drafter to ONNX (dflash::KVInjection, dflash::BlockDiffusionAttention)")
     drafter = ingest.load_drafter(tmp / "drafter", dtype=torch.float32)
     model = load_target(r.target_dir, dtype=torch.float32)
-    head = model.get_output_embeddings().weight.detach()
-    onnx_dir = tmp / "onnx"
-    d_path = engine.export_drafter_onnx(drafter, onnx_dir, head_weight=head)
-    parity = engine.check_drafter_onnx(drafter, d_path, head_weight=head)
-    if max(parity.values()) > engine.DRAFTER_ONNX_ATOL:
-        raise DFlashError(f"exported drafter ONNX disagrees with PyTorch (max error {max(parity.values()):.2e})")
-    say("exporting the target to ONNX (target_hidden + KV cache I/O)")
-    engine.export_target_onnx(model, drafter.cfg.target_layer_ids, onnx_dir)
-    ok, why = engine.engine_support()
-    info = {"onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")), "drafter_onnx_max_error": parity,
-            "engines_built": False, "engines_reason": why or None}
+    profile = engines.profile_for(r.recipe.serving, drafter.cfg.block_size)
+    info = export.export_graphs(drafter, model, tmp / "onnx", profile, say)
+    ok, why = engines.engine_support()
+    info.update(engines_built=False, engines_reason=why or None)
     if ok:
         say("building TensorRT engines with the DFlash plugins")
-        engine.build_engines(onnx_dir, tmp / "engines")
+        engines.build_engines(tmp / "onnx", tmp / "engines", profile)
         info["engines_built"] = True
     return info
 

@@ -21,8 +21,9 @@ from dflash_trt.ingest.files import (DTYPE_BITS, DTYPES, FLOAT_DTYPES, RUNTIME_D
 from dflash_trt.ingest.drafter import DrafterSpec, check_pair_runtime, is_drafter, load_drafter, read_drafter, write_zlab
 from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
 from dflash_trt.ingest.compat import PairReport, validate_pair
-from dflash_trt.ingest.bundle import (BUNDLE_FORMAT, Bundle, DrafterInfo, Layout, Manifest, ServeInfo, TrtllmInfo,
-                                      check_bundle, check_format, open_bundle, read_manifest, write_manifest)
+from dflash_trt.ingest.bundle import (BUNDLE_FORMAT, Bundle, DrafterInfo, EngineInfo, EngineProfile, Layout, Manifest,
+                                      ServeInfo, TrtllmInfo, check_bundle, check_format, open_bundle, read_manifest,
+                                      write_manifest)
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -31,6 +32,8 @@ __all__ = [
     "DTYPE_BITS",
     "DrafterInfo",
     "DrafterSpec",
+    "EngineInfo",
+    "EngineProfile",
     "EMBEDDED_PREFIX",
     "FLOAT_DTYPES",
     "Layout",

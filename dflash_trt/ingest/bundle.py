@@ -146,6 +146,33 @@ class ServeInfo(_Section):
     max_seq_len: int | None = None
 
 
+class EngineProfile(_Section):
+    """The shapes the standalone graphs are run at and the TensorRT engines were built for (each
+    dynamic axis's optimisation-profile maximum; ``build.export.DYNAMIC_AXES`` names which axis is
+    which). The runtimes that run ``onnx/`` or ``engines/`` refuse a request outside them."""
+
+    max_batch: int = Field(ge=1, description="Rows in one call (target, drafter, embedding).")
+    max_tokens: int = Field(ge=1, description="Tokens per row in one target forward: a prompt's prefill, or the verify block.")
+    max_seq_len: int = Field(ge=1, description="Target KV-cache columns plus the forward's own tokens.")
+    block_size: int = Field(ge=1, description="The drafter block B the drafter graph was exported for.")
+    page_size: int = Field(ge=1, description="Drafter context-cache slots per page (a custom-op attribute).")
+    max_pages: int = Field(ge=1, description="Pages in the drafter's cache pool, all rows together.")
+    max_pages_per_seq: int = Field(ge=1, description="Width of the drafter's page table.")
+
+
+class EngineInfo(_Section):
+    """The standalone TensorRT path of an ``engine: tensorrt`` bundle: the graphs exported into
+    ``onnx/``, their parity with PyTorch, whether ``engines/`` was built, and the profile (bundles
+    written before the profile was recorded have none; the graph runtimes then refuse them)."""
+
+    onnx: list[str]
+    drafter_onnx_max_error: dict[str, float]
+    target_onnx_max_error: dict[str, float] | None = None
+    engines_built: bool
+    engines_reason: str | None = None
+    profile: EngineProfile | None = None
+
+
 class Manifest(_Section):
     """``manifest.json``. Written as given (unset fields left out), so a bundle's manifest
     reads back field for field; ``format`` is always written."""
@@ -166,7 +193,7 @@ class Manifest(_Section):
     outputs: Outputs | None = None
     serve: ServeInfo = Field(default_factory=ServeInfo)
     warnings: list[str] = Field(default_factory=list)
-    engine: dict[str, Any] | None = None
+    engine: EngineInfo | None = None
     timings: dict[str, float] | None = None
 
     def model_post_init(self, _context: Any) -> None:

@@ -197,8 +197,9 @@ def to_ort_model(model):
     return m
 
 
-def ort_session(model):
-    """An onnxruntime session for a dflash-domain model (ModelProto or path), CPU."""
+def ort_session(model, threads: int | None = None):
+    """An onnxruntime session for a dflash-domain model (ModelProto or path), CPU; ``threads``:
+    onnxruntime's intra-op threads (None: its default, one per core)."""
     import onnx
     import onnxruntime as ort
     from onnxruntime_extensions import get_library_path
@@ -207,6 +208,8 @@ def ort_session(model):
         model = onnx.load(str(model))
     register_ort_ops()
     so = ort.SessionOptions()
+    if threads is not None:
+        so.intra_op_num_threads = so.inter_op_num_threads = threads
     so.register_custom_ops_library(get_library_path())
     return ort.InferenceSession(to_ort_model(model).SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])

@@ -1,5 +1,6 @@
-"""Runtime: the speculative loop (the executable specification) over a backend, sampling and
-acceptance, statistics, and pair loading.
+"""Runtime: the speculative loop (the executable specification) over a backend (the PyTorch
+modules, ONNX Runtime over a bundle's onnx/, TensorRT over its engines/), sampling and
+acceptance, statistics, the step-level engine that batches continuously, and pair loading.
 
 Other subpackages import from here, never from the modules inside.
 """
@@ -8,24 +9,32 @@ from __future__ import annotations
 from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample
 from dflash_trt.runtime.stats import Stats
 from dflash_trt.runtime.backend import Backend, TorchBackend
-from dflash_trt.runtime.loop import Generation, block_size_for, generate
+from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
+from dflash_trt.runtime.engine import Engine, Step, draft_len_for_batch_size
 from dflash_trt.runtime.dequantize import dequantize_state
-from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
+from dflash_trt.runtime.pair import (BACKENDS, Pair, load_bundle, load_pair, load_tokenizer, open_backend,
+                                    parse_dtype, stop_ids)
 
 __all__ = [
+    "BACKENDS",
     "Backend",
+    "Engine",
     "Generation",
     "Pair",
+    "Request",
     "SamplingParams",
     "Stats",
+    "Step",
     "TorchBackend",
     "accept",
     "block_size_for",
     "dequantize_state",
+    "draft_len_for_batch_size",
     "generate",
     "load_bundle",
     "load_pair",
     "load_tokenizer",
+    "open_backend",
     "parse_dtype",
     "probs",
     "rejection_sample",

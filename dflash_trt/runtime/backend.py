@@ -10,18 +10,26 @@ TensorRT engines (build/export.py documents those graphs' I/O, which these calls
 The calls, per batch of ``b`` rows:
 
 - ``new_caches(b, draft)`` -> (target cache, drafter cache or None): empty caches.
-- ``target_forward(ids, positions, attention_mask, cache, capture)`` -> (logits, target_hidden):
-  prefill and verify alike; appends ``T`` columns to the target cache.
+- ``target_forward(ids, positions, attention_mask, cache, capture, logits_at=None)`` -> (logits,
+  target_hidden): prefill and verify alike; appends ``T`` columns to the target cache
+  (``logits_at``: the one position per row whose logits prefill needs).
 - ``drafter_round(target_hidden, n_new, anchor, block_size, cache)`` -> draft logits: KV
   injection of the tokens committed since the last round, then one block forward over
-  ``[anchor, MASK x (B-1)]`` (the exported ``drafter.onnx`` is exactly this round).
+  ``[anchor, MASK x (B-1)]`` (the exported ``drafter.onnx`` is exactly this round). Block
+  size 1 (a round the engine's draft-length schedule turns drafting off for) only injects.
 - ``keep_rows(target_cache, draft_cache, rows)``: rows leaving the batch.
+- ``merge_rows(target_a, draft_a, target_b, draft_b)`` -> (target cache, drafter cache): rows
+  joining, b's after a's (SGLang's ``merge_batch``); target caches of S_a and S_b columns
+  become max(S_a, S_b) columns, the shorter padded on the right (padding columns are holes).
 - ``compact(target_cache, col_valid)`` -> col_valid: drop cache columns that are holes in
-  every row (optional: holes are masked, so keeping them is correct, only slower).
+  every row, or move each row's valid columns together (the mask is explicit and keys carry
+  their RoPE, so column order is free); optional: holes are masked, so keeping them is
+  correct, only slower.
+- ``check_request(prompts, max_new_tokens, block_size)``: refuse, before any work, a request
+  outside the shapes this backend runs (optional: the exported graphs' engine profile).
 
-A step-level engine that batches continuously adds one call here for rows *joining* (merging
-two batches' caches, SGLang's ``merge_batch``); every other call already works per step on
-whatever rows are live, with the block size given per call.
+Every call works per step on whatever rows are live, with the block size given per call, so
+the step-level engine batches continuously through this interface alone.
 """
 
 from __future__ import annotations
@@ -30,7 +38,10 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
+from dflash_trt.runtime.decoder import lean_forward
+from dflash_trt.plugins import PagedKVCache
 
 
 class Backend(ABC):
@@ -47,12 +58,14 @@ class Backend(ABC):
 
     @abstractmethod
     def target_forward(self, ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
-                       cache: object, capture: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       cache: object, capture: bool, logits_at: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward that appends ``T`` columns to ``cache``.
 
         ids [b, T]; positions [b, T]; attention_mask [b, S+T] bool over the S cached columns
-        and the T new ones (False: a hole or padding). Returns logits [b, T, V] and, when
-        ``capture``, target_hidden [b, T, n_tap*H] (else None).
+        and the T new ones (False: a hole or padding). Returns logits [b, T, V] ([b, 1, V], the
+        logits at position ``logits_at[r]`` of each row, when given: a backend may compute only
+        those) and, when ``capture``, target_hidden [b, T, n_tap*H] (else None).
         """
 
     @abstractmethod
@@ -69,19 +82,32 @@ class Backend(ABC):
     def keep_rows(self, target_cache: object, draft_cache: object | None, rows: torch.Tensor) -> None:
         """Keep only ``rows`` [n] (indices into the current batch, in order) in both caches."""
 
+    def merge_rows(self, target_a: object, draft_a: object | None, target_b: object,
+                   draft_b: object | None) -> tuple[object, object | None]:
+        """Caches holding a's rows then b's; S columns become max(S_a, S_b), padded on the right."""
+        raise DFlashError(f"{type(self).__name__} cannot merge batches: serve with --batching static")
+
     def compact(self, target_cache: object, col_valid: torch.Tensor) -> torch.Tensor:
         """Drop columns that are holes in every row; col_valid [b, S] -> [b, S'] (default: keep all)."""
         return col_valid
 
+    def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
+        """Raise DFlashError (one line) for a request this backend cannot run (default: any runs)."""
+
 
 class TorchBackend(Backend):
     """The PyTorch modules themselves: a transformers target with a DynamicCache, and the
-    drafter over its paged cache (the reference implementation of both custom ops)."""
+    drafter over its paged cache (the reference implementation of both custom ops).
 
-    def __init__(self, target: Target, drafter: Drafter | None):
+    A plain decoder target (Llama, Qwen2, Qwen3) runs through :mod:`~dflash_trt.runtime.decoder`'s
+    lean forward over the same weights and cache (``lean=False``: transformers' own forward).
+    """
+
+    def __init__(self, target: Target, drafter: Drafter | None, *, lean: bool = True):
         self.target, self.drafter = target, drafter
         self.device = target.device
         self.drafter_block_size = drafter.cfg.block_size if drafter is not None else None
+        self.lean = lean_forward(target.model) if lean else None
 
     def new_caches(self, batch: int, draft: bool):
         from transformers import DynamicCache
@@ -89,12 +115,20 @@ class TorchBackend(Backend):
         dcache = self.drafter.new_cache(batch, device=self.device) if draft else None
         return DynamicCache(config=self.target.config), dcache
 
-    def target_forward(self, ids, positions, attention_mask, cache, capture):
-        return self.target.forward(ids, positions, attention_mask.long(), cache, capture=capture)
+    def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):
+        if self.lean is not None:
+            return self.lean.forward(ids, positions, attention_mask, cache, self.target.layer_ids if capture else None,
+                                     logits_at)
+        logits, hidden = self.target.forward(ids, positions, attention_mask.long(), cache, capture=capture)
+        if logits_at is not None:
+            logits = logits[torch.arange(ids.shape[0], device=ids.device), logits_at][:, None]
+        return logits, hidden
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
         d, cfg = self.drafter, self.drafter.cfg
         d.inject(target_hidden.to(d.dtype), n_new, cache)
+        if block_size == 1:
+            return anchor.new_zeros(anchor.shape[0], 0, cfg.vocab_size, dtype=torch.float32)
         block = anchor.new_full((anchor.shape[0], block_size), cfg.mask_token_id)   # [b, B]
         block[:, 0] = anchor
         hidden = d.draft(self.target.embed(block, cfg.input_embedding_scale).to(d.dtype), cache)
@@ -104,6 +138,17 @@ class TorchBackend(Backend):
         target_cache.batch_select_indices(rows)
         if draft_cache is not None:
             draft_cache.select(rows)
+            repack_paged(draft_cache)
+
+    def merge_rows(self, target_a, draft_a, target_b, draft_b):
+        layers_a, layers_b = getattr(target_a, "layers", None), getattr(target_b, "layers", None)
+        if layers_a is None or len(layers_a) != len(layers_b) or not all(map(_plain_layer, layers_a + layers_b)):
+            raise DFlashError("this target's cache cannot merge batches yet: serve with --batching static")
+        S = max(layers_a[0].keys.shape[-2], layers_b[0].keys.shape[-2])
+        for la, lb in zip(layers_a, layers_b):
+            la.keys = torch.cat([_pad_columns(la.keys, S), _pad_columns(lb.keys, S)])
+            la.values = torch.cat([_pad_columns(la.values, S), _pad_columns(lb.values, S)])
+        return target_a, (merge_paged(draft_a, draft_b) if draft_a is not None else None)
 
     def compact(self, target_cache, col_valid):
         """Holes are masked anyway; dropping them keeps attention and mask cost proportional
@@ -125,3 +170,52 @@ class TorchBackend(Backend):
             if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.numel():
                 layer.keys, layer.values = pick(layer.keys), pick(layer.values)
         return col_valid[:, keep]
+
+
+# ---- cache surgery shared by backends -----------------------------------------------------
+def _plain_layer(layer) -> bool:
+    """A transformers cache layer of full attention whose keys/values are [b, kvh, S, d] tensors."""
+    return (getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None
+            and not getattr(layer, "is_sliding", False) and type(layer).__name__ == "DynamicLayer")
+
+
+def _pad_columns(t: torch.Tensor, S: int) -> torch.Tensor:
+    """[b, kvh, s, d] zero-padded to [b, kvh, S, d]."""
+    if t.shape[-2] == S:
+        return t
+    return torch.cat([t, t.new_zeros(*t.shape[:-2], S - t.shape[-2], t.shape[-1])], dim=-2)
+
+
+def merge_paged(a: PagedKVCache, b: PagedKVCache) -> PagedKVCache:
+    """``a`` with ``b``'s sequences appended: b's used pages are copied after a's, its page table
+    renumbered, both tables padded to the wider one with -1."""
+    n = b.used_pages
+    if a.used_pages + n > a.k.shape[1]:  # grow the pool (doubling, as reserve does)
+        extra = max(a.used_pages + n, 2 * a.k.shape[1]) - a.k.shape[1]
+        a.k, a.v = (torch.cat([t, t.new_zeros(t.shape[0], extra, *t.shape[2:])], dim=1) for t in (a.k, a.v))
+    a.k[:, a.used_pages : a.used_pages + n] = b.k[:, :n]
+    a.v[:, a.used_pages : a.used_pages + n] = b.v[:, :n]
+    table_b = torch.where(b.page_table >= 0, b.page_table + a.used_pages, b.page_table)
+    width = max(a.page_table.shape[1], table_b.shape[1])
+    pad = lambda t: torch.cat([t, t.new_full((t.shape[0], width - t.shape[1]), -1)], 1)  # noqa: E731
+    a.page_table = torch.cat([pad(a.page_table), pad(table_b)])
+    a.lengths = torch.cat([a.lengths, b.lengths])
+    a.used_pages += n
+    return a
+
+
+def repack_paged(cache: PagedKVCache) -> None:
+    """Free the pages of sequences that left (``select`` keeps them allocated): once fewer than
+    half the allocated pages are still in some page table, copy the live ones to the front of
+    the pool and renumber the tables (a continuously batching engine would grow forever else)."""
+    live = cache.page_table[cache.page_table >= 0]
+    if 2 * live.numel() >= cache.used_pages:
+        return
+    order = live.long().sort().values                                          # old ids, ascending
+    remap = torch.full((cache.used_pages,), -1, dtype=cache.page_table.dtype, device=order.device)
+    remap[order] = torch.arange(order.numel(), dtype=cache.page_table.dtype, device=order.device)
+    cache.k[:, : order.numel()] = cache.k[:, order]
+    cache.v[:, : order.numel()] = cache.v[:, order]
+    cache.page_table = torch.where(cache.page_table >= 0, remap[cache.page_table.long().clamp_min(0)],
+                                   cache.page_table)
+    cache.used_pages = order.numel()

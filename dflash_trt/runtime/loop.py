@@ -21,6 +21,13 @@ One round, for the whole batch at once (gpt-fast's ``speculative_decode``, batch
 Block size 1 is plain autoregressive decoding through the same code: no drafter, each
 "round" verifies just the anchor and emits its bonus token. Every model call goes through
 a :class:`~dflash_trt.runtime.backend.Backend`.
+
+Rows are :class:`Request` objects, each with its own limits and sampling parameters. A batch
+changes between rounds: :meth:`Batch.filter` lets rows leave, :meth:`Batch.merge` lets rows
+that :func:`admit` just prefilled join (SGLang's ``filter_batch`` / ``merge_batch``), each
+through the backend, so a row's tokens never depend on what shares its batch.
+:func:`generate` admits every prompt at once and runs rounds until none is left; the
+step-level engine (``engine.py``) admits and rounds step by step with the same functions.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
 from dflash_trt.runtime.backend import Backend, TorchBackend
-from dflash_trt.runtime.sampling import SamplingParams, accept, draw, probs, select
+from dflash_trt.runtime.sampling import SamplingParams, accept_rows, noise_key, propose, select_rows
 from dflash_trt.runtime.stats import Stats
 
 
@@ -51,10 +58,69 @@ def block_size_for(requested: int | None, trained: int | None) -> int:
     return requested or trained or 1
 
 
+@dataclass(eq=False)
+class Request:
+    """One prompt's generation: what it asks for, and what it has got so far.
+
+    ``stream`` numbers a seeded row's noise (``sampling.noise_key(seed, stream)``): a prompt's
+    index in one ``generate`` call, 0 for a request of its own, so a request with a seed gives
+    the same tokens as ``generate([prompt], sampling=...)`` with that seed. ``on_commit(new)``
+    gets the tokens kept after every commit (streaming); ``should_stop()`` is asked after every
+    commit, and yes finishes the row as ``"cancelled"`` (a client that went away).
+    """
+
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_token_ids: frozenset[int] = frozenset()
+    stream: int = 0
+    on_commit: Callable[[list[int]], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length" or "cancelled" once finished
+    rounds: int = 0                   # rounds this row went through (prefill excluded)
+    committed: int = 0                # tokens those rounds committed (accepted + bonus, as kept)
+
+    @property
+    def noise_key(self) -> int | None:
+        s = self.sampling
+        return None if s.greedy or s.seed is None else noise_key(s.seed, self.stream)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """This row's τ: tokens committed per round."""
+        return self.committed / self.rounds if self.rounds else None
+
+
+def take(rows: list[Request], new: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The one place finishing is decided: append ``new[r]`` to row r, cut at its length limit
+    and after a stop token, then ask whether it goes on. Returns (tokens kept per row, the
+    indices of the rows that go on)."""
+    kept, going = [], []
+    for r, (req, toks) in enumerate(zip(rows, new)):
+        toks = toks[: req.max_new_tokens - len(req.token_ids)]
+        for j, tok in enumerate(toks):
+            if tok in req.stop_token_ids:
+                toks = toks[: j + 1]
+                req.finish_reason = "stop"
+                break
+        req.token_ids.extend(toks)
+        kept.append(len(toks))
+        if req.on_commit is not None:
+            req.on_commit(toks)
+        if req.finish_reason is None and len(req.token_ids) >= req.max_new_tokens:
+            req.finish_reason = "length"
+        if req.finish_reason is None and req.should_stop is not None and req.should_stop():
+            req.finish_reason = "cancelled"
+        if req.finish_reason is None:
+            going.append(r)
+    return kept, going
+
+
 @dataclass
 class Batch:
-    """The rows still generating, as one batch; row ``r`` of every tensor is prompt ``rows[r]``,
-    and between rounds every row holds the invariant in this module's docstring.
+    """The rows still generating, as one batch; row ``r`` of every tensor is ``rows[r]``, and
+    between rounds every row holds the invariant in this module's docstring.
 
     col_valid [n, S]: which of the target cache's S columns are real (False: padding or a
     rejected position). positions [n]: the anchor's position, i.e. the tokens committed
@@ -62,7 +128,7 @@ class Batch:
     commit, not yet injected into the drafter cache (None without a drafter).
     """
 
-    rows: list[int]
+    rows: list[Request]
     target_cache: object
     draft_cache: object | None
     col_valid: torch.Tensor
@@ -86,80 +152,67 @@ class Batch:
             self.target_hidden = self.target_hidden[idx]
         return True
 
-
-@dataclass
-class Outputs:
-    """The tokens of every prompt and why it finished: the one place finishing is decided."""
-
-    prompts: int
-    max_new_tokens: int
-    stops: set[int]
-    on_commit: Callable[[int, list[int]], None] | None
-    should_stop: Callable[[int], bool] | None
-    token_ids: list[list[int]] = field(init=False)
-    reasons: list[str] = field(init=False)
-
-    def __post_init__(self):
-        self.token_ids = [[] for _ in range(self.prompts)]
-        self.reasons = ["length"] * self.prompts
-
-    def take(self, rows: list[int], new: list[list[int]]) -> tuple[list[int], list[int]]:
-        """Append ``new[r]`` to prompt ``rows[r]``, cut at the length limit and after a stop
-        token. Returns (tokens kept per row, the rows that go on)."""
-        kept, going = [], []
-        for r, (i, toks) in enumerate(zip(rows, new)):
-            toks = toks[: self.max_new_tokens - len(self.token_ids[i])]
-            for j, tok in enumerate(toks):
-                if tok in self.stops:
-                    toks = toks[: j + 1]
-                    self.reasons[i] = "stop"
-                    break
-            self.token_ids[i].extend(toks)
-            kept.append(len(toks))
-            if self.on_commit is not None:
-                self.on_commit(i, toks)
-            if self.reasons[i] == "stop" or len(self.token_ids[i]) >= self.max_new_tokens:
-                continue
-            if self.should_stop is not None and self.should_stop(i):
-                self.reasons[i] = "cancelled"
-                continue
-            going.append(r)
-        return kept, going
+    def merge(self, backend: Backend, other: "Batch") -> None:
+        """Append ``other``'s rows after this batch's (both between rounds). The target caches'
+        column counts are padded on the right to the larger one, the padding columns holes."""
+        S = max(self.col_valid.shape[1], other.col_valid.shape[1])
+        self.target_cache, self.draft_cache = backend.merge_rows(
+            self.target_cache, self.draft_cache, other.target_cache, other.draft_cache)
+        self.col_valid = torch.cat([_pad(self.col_valid, 1, S), _pad(other.col_valid, 1, S)])
+        self.rows = self.rows + other.rows
+        self.positions = torch.cat([self.positions, other.positions])
+        self.last = torch.cat([self.last, other.last])
+        self.n_new = torch.cat([self.n_new, other.n_new])
+        if self.target_hidden is not None:
+            T = max(self.target_hidden.shape[1], other.target_hidden.shape[1])
+            self.target_hidden = torch.cat([_pad(self.target_hidden, 1, T), _pad(other.target_hidden, 1, T)])
 
 
-def prefill(backend: Backend, prompts: list[list[int]], sampling: SamplingParams,
-            gen: torch.Generator | None, draft: bool) -> Batch:
+def _pad(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """``x`` zero- (False-) padded at the end of ``dim`` to ``size``."""
+    extra = size - x.shape[dim]
+    if extra == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def _sampling(batch_rows: list[Request]) -> tuple[list[SamplingParams], list[int | None]]:
+    return [r.sampling for r in batch_rows], [r.noise_key for r in batch_rows]
+
+
+def prefill(backend: Backend, rows: list[Request], draft: bool) -> Batch:
     """The right-padded prompts [b, T] through the target in one forward (padding columns are
     holes from the start); each row's first token, drawn at its last prompt position, becomes
     its anchor. With ``draft``, the prompts' target_hidden [b, T, n_tap*H] waits for the
     first drafter round."""
     dev = backend.device
-    lengths = torch.tensor([len(p) for p in prompts], device=dev)                # [b]
-    b, T = len(prompts), int(lengths.max())
+    lengths = torch.tensor([len(r.prompt) for r in rows], device=dev)            # [b]
+    b, T = len(rows), int(lengths.max())
     ids = torch.zeros(b, T, dtype=torch.long, device=dev)
-    for i, p in enumerate(prompts):
-        ids[i, : len(p)] = torch.tensor(p, device=dev)
+    for i, r in enumerate(rows):
+        ids[i, : len(r.prompt)] = torch.tensor(r.prompt, device=dev)
     col_valid = torch.arange(T, device=dev)[None] < lengths[:, None]           # [b, T]
     cache, dcache = backend.new_caches(b, draft)
     logits, target_hidden = backend.target_forward(ids, torch.arange(T, device=dev).expand(b, T),
-                                                   col_valid, cache, capture=draft)
-    first = select(logits[torch.arange(b, device=dev), lengths - 1], sampling, gen)  # [b]
-    return Batch(list(range(b)), cache, dcache, col_valid, lengths, first, target_hidden, lengths)
+                                                   col_valid, cache, capture=draft, logits_at=lengths - 1)
+    first = select_rows(logits[:, 0], *_sampling(rows), lengths.tolist())       # [b]
+    return Batch(list(rows), cache, dcache, col_valid, lengths, first, target_hidden, lengths)
 
 
-def draft(backend: Backend, batch: Batch, B: int, sampling: SamplingParams,
-          gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def draft(backend: Backend, batch: Batch, B: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The block to verify, [n, B]: the anchor, then B-1 draft tokens; and q [n, B-1, V], the
-    warped draft distributions they were drawn from (None at temperature 0). B = 1 drafts
-    nothing: the block is the anchor alone."""
+    warped draft distributions of the unseeded sampled rows (None when there are none). B = 1
+    drafts nothing: the block is the anchor alone (a drafter still takes in the last commit)."""
     anchor = batch.last[:, None]                                                # [n, 1]
-    if B == 1:
+    if batch.draft_cache is None:
         return anchor, None
     dlogits = backend.drafter_round(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache)
-    if sampling.greedy:
-        return torch.cat([anchor, dlogits.argmax(-1)], dim=1), None
-    q = probs(dlogits, sampling)                                                # [n, B-1, V]
-    return torch.cat([anchor, draw(q, gen)], dim=1), q
+    if B == 1:
+        return anchor, None
+    tokens, q = propose(dlogits, *_sampling(batch.rows), (batch.positions + 1).tolist())
+    return torch.cat([anchor, tokens], dim=1), q
 
 
 def verify(backend: Backend, batch: Batch, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -184,6 +237,39 @@ def commit(batch: Batch, block: torch.Tensor, acc: torch.Tensor, bonus: torch.Te
     batch.col_valid = torch.cat([batch.col_valid, offsets[None] < n_new[:, None]], dim=1)
     batch.positions = batch.positions + n_new
     batch.last, batch.target_hidden, batch.n_new = bonus, target_hidden, n_new
+
+
+def admit(backend: Backend, rows: list[Request], draft: bool, stats: Stats) -> Batch | None:
+    """Prefill ``rows`` and take their first tokens; returns the batch of those that go on
+    (None when every one finished at its first token)."""
+    batch = prefill(backend, rows, draft)
+    stats.target_forwards += 1
+    stats.prompt_tokens += sum(len(r.prompt) for r in rows)
+    _, going = take(batch.rows, [[t] for t in batch.last.tolist()])
+    return batch if batch.filter(backend, going) else None
+
+
+def run_round(backend: Backend, batch: Batch, B: int, stats: Stats) -> bool:
+    """One round for the whole batch with block size B: draft, verify, accept, commit; rows
+    that finish leave. Returns False when no row is left."""
+    t0 = time.perf_counter()
+    block, q = draft(backend, batch, B)                                         # [n, B]
+    t1 = time.perf_counter()
+    logits, target_hidden = verify(backend, batch, block)                       # [n, B, V]
+    t2 = time.perf_counter()
+    acc, bonus = accept_rows(block[:, 1:], logits, q, *_sampling(batch.rows),
+                             (batch.positions + 1).tolist())                    # [n], [n]
+    acc_l, block_l = acc.tolist(), block.tolist()
+    new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist())]  # accepted + bonus
+    kept, going = take(batch.rows, new)
+    for req, k in zip(batch.rows, kept):
+        req.rounds += 1
+        req.committed += k
+    stats.observe(acc_l, kept)
+    stats.draft_seconds += t1 - t0
+    stats.verify_seconds += t2 - t1
+    commit(batch, block, acc, bonus, target_hidden)
+    return batch.filter(backend, going)
 
 
 def _checked_block_size(backend: Backend, requested: int | None, prompts: list[list[int]],
@@ -220,39 +306,32 @@ def generate(
 ) -> Generation:
     """Generate for a batch of tokenized prompts; block_size 1 (or no drafter) is autoregressive.
 
+    Every prompt is admitted at once (one prefill), then rounds run until none is left.
     ``on_commit(row, new_token_ids)`` is called after every commit with the prompt's index
     in ``prompts`` (for streaming). ``should_stop(row)`` is asked after every commit; when
     it says yes the row finishes as ``"cancelled"`` and leaves the batch (a client that
-    went away frees its slot). ``backend`` answers every model call (default:
-    ``TorchBackend(target, drafter)``; when given, ``target`` and ``drafter`` are unused).
+    went away frees its slot). With ``sampling.seed``, prompt i draws the noise stream
+    ``(seed, i)``: the call reproduces, and equal prompts still sample independently.
+    ``backend`` answers every model call (default: ``TorchBackend(target, drafter)``; when
+    given, ``target`` and ``drafter`` are unused).
     """
     backend = backend or TorchBackend(target, drafter)
     B = _checked_block_size(backend, block_size, prompts, max_new_tokens)
-    stats = Stats(block_size=B, prompt_tokens=sum(len(p) for p in prompts))
-    out = Outputs(len(prompts), max_new_tokens, set(stop_token_ids), on_commit, should_stop)
+    backend.check_request(prompts, max_new_tokens, B)
+    stops = frozenset(stop_token_ids)
+    rows = [Request(p, max_new_tokens, sampling, stops, stream=i,
+                    on_commit=(lambda toks, i=i: on_commit(i, toks)) if on_commit else None,
+                    should_stop=(lambda i=i: should_stop(i)) if should_stop else None)
+            for i, p in enumerate(prompts)]
+    stats = Stats(block_size=B)
     if max_new_tokens == 0:
-        return Generation(out.token_ids, out.reasons, stats)
-    dev = backend.device
-    gen = torch.Generator(device=dev).manual_seed(sampling.seed) if sampling.seed is not None else None
+        stats.prompt_tokens = sum(len(p) for p in prompts)
+        return Generation([[] for _ in rows], ["length"] * len(rows), stats)
     start = time.perf_counter()
-    batch = prefill(backend, prompts, sampling, gen, draft=B > 1)
-    stats.target_forwards += 1
-    _, going = out.take(batch.rows, [[t] for t in batch.last.tolist()])
+    batch = admit(backend, rows, B > 1, stats)
     stats.prefill_seconds = time.perf_counter() - start
-    while batch.filter(backend, going):
-        t0 = time.perf_counter()
-        block, q = draft(backend, batch, B, sampling, gen)                      # [n, B]
-        t1 = time.perf_counter()
-        logits, target_hidden = verify(backend, batch, block)                   # [n, B, V]
-        t2 = time.perf_counter()
-        acc, bonus = accept(block[:, 1:], logits, q, sampling, gen)             # [n], [n]
-        acc_l, block_l = acc.tolist(), block.tolist()
-        new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist())]  # accepted + bonus
-        kept, going = out.take(batch.rows, new)
-        stats.observe(acc_l, kept)
-        stats.draft_seconds += t1 - t0
-        stats.verify_seconds += t2 - t1
-        commit(batch, block, acc, bonus, target_hidden)
+    while batch is not None and run_round(backend, batch, B, stats):
+        pass
     stats.seconds = time.perf_counter() - start
-    stats.new_tokens = sum(len(o) for o in out.token_ids)
-    return Generation(out.token_ids, out.reasons, stats)
+    stats.new_tokens = sum(len(r.token_ids) for r in rows)
+    return Generation([r.token_ids for r in rows], [r.finish_reason for r in rows], stats)

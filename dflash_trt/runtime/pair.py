@@ -2,7 +2,8 @@
 
 ``load_pair`` is the one place the commands that run models (generate, bench, serve) get
 their models from, whatever the user named: local directories, hub ids, a bundle
-directory, or the embedded default.
+directory, or the embedded default. ``open_backend`` gives a bundle's pair the backend that
+answers the loop's calls when it is not the PyTorch modules themselves (``--backend``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ import torch
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError, DFlashError
 from dflash_trt.model import Drafter, Target, load_target
+from dflash_trt.runtime.backend import Backend
 from dflash_trt.runtime.loop import block_size_for
+
+#: what ``--backend`` chooses: the PyTorch modules, ONNX Runtime over onnx/, TensorRT over engines/
+BACKENDS = ("torch", "onnx", "tensorrt")
 
 # The dtypes the reference runtime computes in (``ingest.RUNTIME_DTYPES``, the one dtype table's).
 DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
@@ -23,11 +28,19 @@ DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
 
 @dataclass
 class Pair:
+    """Models and tokenizer; from a bundle also its serving plan: ``max_batch_size`` and the
+    ``draft_len_schedule`` ({batch size: draft length}, TensorRT-LLM's lookup) of its
+    ``trtllm/config.yaml`` (None: not planned)."""
+
     target: Target
     drafter: Drafter | None
     tokenizer: object
     stop_token_ids: list[int] = field(default_factory=list)
     name: str = "model"
+    #: what answers the loop's model calls (``generate(..., backend=)``); None: the modules above
+    backend: Backend | None = None
+    max_batch_size: int | None = None
+    draft_len_schedule: dict[int, int] | None = None
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         tok = self.tokenizer
@@ -112,15 +125,39 @@ def load_bundle(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -
     tdir, ddir = bundle.root / ref.target, bundle.root / ref.drafter
     if not ref.dequantize:
         pair = load_pair(tdir, ddir, dtype=dtype, device=device)
-        pair.name = bundle.root.name
-        return pair
-    torch_dtype = parse_dtype(dtype, device)
-    model = _load_dequantized(tdir, torch_dtype, device)
-    tokenizer = load_tokenizer(tdir)
-    d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
-    ingest.check_pair_runtime(model, d, where=str(ddir))
-    return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer),
-                name=bundle.root.name)
+    else:
+        torch_dtype = parse_dtype(dtype, device)
+        model = _load_dequantized(tdir, torch_dtype, device)
+        tokenizer = load_tokenizer(tdir)
+        d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
+        ingest.check_pair_runtime(model, d, where=str(ddir))
+        pair = Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer))
+    pair.name = bundle.root.name
+    pair.max_batch_size, pair.draft_len_schedule = serving_plan(bundle.trtllm_config)
+    return pair
+
+
+def serving_plan(config_yaml: Path) -> tuple[int | None, dict[int, int] | None]:
+    """(max_batch_size, draft_len_schedule) from a TensorRT-LLM config; (None, None) without one.
+
+    ``speculative_config.max_concurrency: N`` is the schedule ``{N: max_draft_len}``, as
+    TensorRT-LLM translates it; ``draft_len_schedule`` is read as written (keys: batch sizes).
+    """
+    import yaml
+
+    if not config_yaml.is_file():
+        return None, None
+    try:
+        cfg = yaml.safe_load(config_yaml.read_text()) or {}
+        spec = cfg.get("speculative_config") or {}
+        batch = int(cfg["max_batch_size"]) if cfg.get("max_batch_size") else None
+        if spec.get("draft_len_schedule"):
+            return batch, {int(k): int(v) for k, v in spec["draft_len_schedule"].items()}
+        if spec.get("max_concurrency"):
+            return batch, {int(spec["max_concurrency"]): int(spec["max_draft_len"])}
+        return batch, None
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{config_yaml}: cannot read the serving plan: {exc}") from None
 
 
 def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):
@@ -143,3 +180,33 @@ def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):
     if (tdir / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(str(tdir))
     return model.to(device).eval()
+
+
+def open_backend(kind: str, bundle: str | Path, pair: Pair, dtype: str = "auto") -> Backend | None:
+    """The backend ``--backend kind`` names for a loaded bundle (None for ``torch``: the pair's
+    own modules). ``onnx`` and ``tensorrt`` run the graphs of a bundle built with ``--engine
+    tensorrt`` at the shapes its manifest records; anything missing is one DFlashError line."""
+    if kind not in BACKENDS:
+        raise DFlashError(f"--backend {kind!r}: choose one of {', '.join(BACKENDS)}")
+    if kind == "torch":
+        return None
+    b = ingest.open_bundle(bundle)
+    engine = b.manifest.engine
+    if engine is None:
+        raise DFlashError(f"{b.root}: --backend {kind} runs the exported graphs of a bundle built with "
+                          "--engine tensorrt; this one has none (rebuild it so, or use --backend torch)")
+    if engine.profile is None or not (b.onnx / "embed.onnx").is_file():
+        raise DFlashError(f"{b.root}: its onnx/ predates the recorded engine profile; rebuild it with --engine tensorrt")
+    if dtype not in ("auto", "float32"):
+        raise DFlashError(f"--backend {kind} runs the float32 graphs the build exported; drop --dtype {dtype}")
+    mask = pair.drafter.cfg.mask_token_id
+    if kind == "onnx":
+        from dflash_trt.runtime.onnx_backend import OnnxBackend
+
+        return OnnxBackend(b.onnx, engine.profile, mask)
+    from dflash_trt.runtime.trt_backend import TensorRTBackend, tensorrt_problem
+
+    if tensorrt_problem() is None and not engine.engines_built:
+        raise DFlashError(f"{b.root}: no engines/ in this bundle (the build said: {engine.engines_reason}); "
+                          "rebuild it where TensorRT and a GPU are, or use --backend onnx")
+    return TensorRTBackend(b.engines, engine.profile, mask)

@@ -1,15 +1,28 @@
 """Token selection: logit warping, sampling, and acceptance of drafts.
 
 At temperature 0 everything is argmax. Otherwise the target's distribution is the warped
-softmax (temperature, then top-k, then top-p), and :func:`rejection_sample` accepts draft
-tokens so that every committed token is distributed exactly as the target's warped
-distribution (Leviathan et al. 2023; Chen et al. 2023). :func:`accept` is the one entry
-the loop calls, whatever the mode.
+softmax (temperature, then top-k, then top-p), and every committed token is distributed
+exactly as that warped distribution, in one of two ways:
+
+- **unseeded rows**: :func:`rejection_sample` accepts draft tokens (Leviathan et al. 2023;
+  Chen et al. 2023), the optimal coupling (the most drafts accepted);
+- **seeded rows**: one Gumbel noise vector per *absolute token index*, drawn from the row's
+  seed (:func:`gumbel`). The drafter's token at index i and the target's are both the argmax
+  of their warped log-probabilities plus that index's noise (the Gumbel-max trick), and a
+  draft is accepted while it equals the target's (the greedy rule on perturbed scores). Every
+  committed token is then the target's own Gumbel-max sample at its index: exactly the
+  target's distribution, and the same tokens whatever shares the batch, whatever the draft
+  length or the round boundaries (the reproducibility a seed promises). It accepts somewhat
+  fewer drafts than rejection sampling: a seed costs a little acceptance.
+
+:func:`accept` is the rule for one set of parameters; :func:`accept_rows`, :func:`propose`
+and :func:`select_rows` apply each row's own parameters in one batch (what the loop calls).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -119,3 +132,107 @@ def accept(draft: torch.Tensor, target_logits: torch.Tensor, q: torch.Tensor | N
         return (torch.zeros(draft.shape[0], dtype=torch.long, device=draft.device),
                 draw(probs(target_logits[:, 0], p), gen))
     return rejection_sample(draft, q, probs(target_logits, p), gen)
+
+
+# ---- per-row sampling: each row of a batch with its own parameters ------------------------
+_MASK64 = (1 << 64) - 1
+
+
+def noise_key(seed: int, stream: int = 0) -> int:
+    """The noise stream of a seeded row: ``seed`` (any int) and a stream number (a prompt's index
+    in one ``generate`` call; 0 for a request of its own), mixed into one 63-bit key."""
+    return _mix(seed & _MASK64, stream & _MASK64)
+
+
+def _mix(*parts: int) -> int:
+    """splitmix64's finaliser over each part: nearby inputs give unrelated 63-bit seeds."""
+    h = 0x9E3779B97F4A7C15
+    for x in parts:
+        h = ((h ^ x) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h >> 1
+
+
+def gumbel(key: int, first: int, count: int, vocab: int, device) -> torch.Tensor:
+    """Gumbel noise [count, V] for token indices ``first .. first + count - 1`` of stream ``key``:
+    index i's noise depends on (key, i) alone, so it is the same in any batch and any round."""
+    out = torch.empty(count, vocab, device=device)
+    for j in range(count):
+        gen = torch.Generator(device=device).manual_seed(_mix(key, first + j))
+        out[j].exponential_(generator=gen)       # E ~ Exp(1); -log E ~ Gumbel(0, 1)
+    return -out.log()
+
+
+def _perturbed(logits: torch.Tensor, p: SamplingParams, key: int, first: int) -> torch.Tensor:
+    """Scores [K, V] whose argmax is a Gumbel-max sample of the warped distribution of each of
+    the K positions (indices ``first ..``)."""
+    return probs(logits, p).log() + gumbel(key, first, logits.shape[0], logits.shape[-1], logits.device)
+
+
+def _argmax_rows(params: Sequence[SamplingParams], keys: Sequence[int | None]) -> list[int]:
+    """Rows decided by argmax: greedy ones, and seeded ones (argmax of perturbed scores)."""
+    return [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]
+
+
+def _sampled_groups(params, keys) -> dict[SamplingParams, list[int]]:
+    """Unseeded sampled rows, grouped by parameters (one warp per group)."""
+    groups: dict[SamplingParams, list[int]] = {}
+    for r, (p, k) in enumerate(zip(params, keys)):
+        if not p.greedy and k is None:
+            groups.setdefault(p, []).append(r)
+    return groups
+
+
+def _scores(logits: torch.Tensor, rows: list[int], params, keys, first: list[int]) -> torch.Tensor:
+    """logits [n, K, V] of the argmax rows -> their scores: logits (greedy) or perturbed (seeded)."""
+    out = logits[rows]
+    for i, r in enumerate(rows):
+        if keys[r] is not None and not params[r].greedy:
+            out[i] = _perturbed(logits[r], params[r], keys[r], first[r])
+    return out
+
+
+def propose(draft_logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[int | None],
+            first: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's draft tokens [n, K] from the drafter's logits [n, K, V] (position j drafts token
+    index ``first[r] + j``), and q [n, K, V]: the warped draft distributions of the unseeded
+    sampled rows (None when there are none; other rows' entries unused)."""
+    if all(p.greedy for p in params):
+        return draft_logits.argmax(-1), None
+    tokens = torch.empty(draft_logits.shape[:2], dtype=torch.long, device=draft_logits.device)
+    rows = _argmax_rows(params, keys)
+    if rows:
+        tokens[rows] = _scores(draft_logits, rows, params, keys, first).argmax(-1)
+    groups = _sampled_groups(params, keys)
+    q = torch.zeros_like(draft_logits, dtype=torch.float32) if groups else None
+    for p, rows in groups.items():
+        q[rows] = probs(draft_logits[rows], p)
+        tokens[rows] = draw(q[rows], None)
+    return tokens, q
+
+
+def accept_rows(draft: torch.Tensor, target_logits: torch.Tensor, q: torch.Tensor | None,
+                params: Sequence[SamplingParams], keys: Sequence[int | None],
+                first: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`accept` with each row's own parameters: (acc [n], bonus [n]). ``first[r]``: the token
+    index that target_logits[r, 0] predicts (seeded rows draw that index's noise)."""
+    if all(p.greedy for p in params):
+        return accept(draft, target_logits, None, SamplingParams(), None)
+    n = draft.shape[0]
+    acc = torch.zeros(n, dtype=torch.long, device=draft.device)
+    bonus = torch.zeros(n, dtype=torch.long, device=draft.device)
+    rows = _argmax_rows(params, keys)
+    if rows:
+        scores = _scores(target_logits, rows, params, keys, first)
+        acc[rows], bonus[rows] = accept(draft[rows], scores, None, SamplingParams(), None)
+    for p, rows in _sampled_groups(params, keys).items():
+        acc[rows], bonus[rows] = accept(draft[rows], target_logits[rows], q[rows] if q is not None else None, p, None)
+    return acc, bonus
+
+
+def select_rows(logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[int | None],
+                first: list[int]) -> torch.Tensor:
+    """One token per row from logits [n, V] that predict token index ``first[r]``: [n]."""
+    none = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
+    return accept_rows(none, logits[:, None], None, params, keys, first)[1]

@@ -7,10 +7,13 @@ template), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus, see
 
 Behaviour a client can rely on:
 
-- concurrent requests are batched through the runtime's batch > 1 path
-  (:mod:`dflash_trt.serve.batcher`); at temperature 0 every completion equals the target's own
-  greedy decoding, whatever else shares its batch;
-- the wait queue is bounded: a request that finds it full gets 429 and nothing else changes;
+- concurrent requests are batched continuously (:mod:`dflash_trt.serve.continuous`): a request
+  joins the running batch at the next round and leaves it when done (``batching="static"``
+  keeps the older one-batch-at-a-time policy, :mod:`dflash_trt.serve.batcher`); at
+  temperature 0 every completion equals the target's own greedy decoding, and a request with
+  a seed gives the same tokens, whatever else shares its batch;
+- admission is first come first served; the wait queue is bounded: a request that finds it
+  full gets 429 and nothing else changes, and an idle server never answers 429;
 - a bad request gets an OpenAI-style error body (``{"error": {"message", "type",
   "param", "code"}}``), 400 (404 for an unknown model, as OpenAI does), and the server
   keeps serving;
@@ -33,16 +36,32 @@ import threading
 import time
 from contextlib import asynccontextmanager
 
-from dflash_trt.errors import require
+from dflash_trt.errors import DFlashError, require
 from dflash_trt.runtime import Pair
-from dflash_trt.serve.batcher import Batcher
+from dflash_trt.serve.batcher import Batcher, StaticBatcher
+from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.state import ServerState
 
+BATCHING = ("continuous", "static")
 
-def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int = 8,
-               block_size: int | None = None, max_model_len: int | None = None,
+
+def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, block_size: int, metrics,
+                 batch_window_s: float, torch_threads: int | None) -> Batcher:
+    """The worker for ``batching``: the step-level engine, or one static batch at a time."""
+    common = dict(max_batch=max_batch, max_queue=max_queue, block_size=block_size, metrics=metrics,
+                  torch_threads=torch_threads)
+    if batching == "continuous":
+        return ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule, **common)
+    if batching == "static":
+        return StaticBatcher(pair, batch_window_s=batch_window_s, **common)
+    raise DFlashError(f"unknown batching {batching!r}; choose one of {', '.join(BATCHING)}")
+
+
+def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int | None = None,
+               block_size: int | None = None, max_model_len: int | None = None, batching: str = "continuous",
                default_max_tokens: int = 16, batch_window_s: float = 0.005, torch_threads: int | None = None):
-    """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan."""
+    """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan.
+    ``max_batch`` defaults to the bundle's planned ``max_batch_size`` (else 8)."""
     fastapi = require("fastapi", "serve", "the embedded server")
     from dflash_trt.serve import routes  # imports fastapi
     from dflash_trt.serve.metrics import ServerMetrics
@@ -50,8 +69,9 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     cfg = pair.target.config
     B = pair.block_size(block_size)
     metrics = ServerMetrics(B)
-    batcher = Batcher(pair, max_batch=max_batch, max_queue=max_queue, block_size=B, metrics=metrics,
-                      batch_window_s=batch_window_s, torch_threads=torch_threads)
+    batcher = make_batcher(pair, batching, max_batch=max_batch or pair.max_batch_size or 8, max_queue=max_queue,
+                           block_size=B, metrics=metrics, batch_window_s=batch_window_s,
+                           torch_threads=torch_threads)
     server = ServerState(pair, model_name or pair.name,
                          context_len=max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),
                          block_size=B, default_max_tokens=default_max_tokens, batcher=batcher, metrics=metrics)

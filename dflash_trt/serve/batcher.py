@@ -1,16 +1,21 @@
 """Request batching for the embedded server: a bounded queue and one worker thread.
 
-Requests become :class:`Job` objects. The worker takes the oldest waiting job and every
-other waiting job that can share a runtime call with it (same sampling parameters; seeded
-jobs run alone so a seed reproduces whatever else is queued), up to ``max_batch``, and
-runs them through :func:`dflash_trt.runtime.generate` as one batch. Tokens are handed to
-each job as they are committed (``on_commit``), so streaming is real; a job whose client
-went away, or that reached its own ``max_tokens``, leaves the batch at the next round
-(``should_stop``). Jobs that arrive while a batch runs wait for the next one (no
-mid-batch joins: the reference runtime's batch is fixed at prefill).
+Requests become :class:`Job` objects in a first-come-first-served queue (:class:`Batcher`).
+Admission: a job is refused (429) only when the jobs already waiting fill ``max_queue`` beyond
+the batch slots free right now, so an idle server never refuses; a closing server answers 503.
+Two workers take jobs from it:
 
-The worker runs torch in its own thread (torch releases the GIL), so the event loop
-keeps accepting, streaming and rejecting requests while a batch runs.
+- :class:`~dflash_trt.serve.continuous.ContinuousBatcher` (the default): the runtime's
+  step-level engine; a job joins the running batch at the next round and leaves when done.
+- :class:`StaticBatcher` (``--batching static``, kept for comparison): the oldest waiting
+  job and every other one that can share a runtime call with it (same sampling parameters;
+  seeded jobs alone), up to ``max_batch``, run through :func:`dflash_trt.runtime.generate`
+  as one batch; jobs arriving meanwhile wait for the next batch (no mid-batch joins).
+
+Tokens are handed to each job as they are committed (``sink("tokens", ...)``), so streaming is
+real; a job whose client went away leaves the batch at the next round. The worker runs torch
+in its own thread (torch releases the GIL), so the event loop keeps accepting, streaming and
+rejecting requests while a round runs.
 """
 
 from __future__ import annotations
@@ -23,9 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dflash_trt.runtime import Pair
-from dflash_trt.runtime import generate
-from dflash_trt.runtime import SamplingParams
+from dflash_trt.runtime import Pair, SamplingParams, generate
 
 
 class QueueFull(Exception):
@@ -56,9 +59,11 @@ class Job:
     rounds: int = 0                 # speculative rounds this job took part in (prefill excluded)
     round_tokens: int = 0           # tokens those rounds committed (before max_tokens truncation)
     enqueued_at: float = field(default_factory=time.perf_counter)
-    started_at: float | None = None
+    started_at: float | None = None       # its prefill began (queue time: started - enqueued)
     first_token_at: float | None = None
+    last_token_at: float | None = None
     finished_at: float | None = None
+    gaps: list[float] = field(default_factory=list)  # seconds between consecutive commits (ITL)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -72,6 +77,30 @@ class Job:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def committed(self, new: list[int], metrics=None) -> None:
+        """Tokens committed for this job: timestamps, the inter-commit gap, then the sink."""
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        else:
+            self.gaps.append(now - self.last_token_at)
+            if metrics is not None:
+                metrics.itl.observe(self.gaps[-1])
+        self.last_token_at = now
+        if new and not self.cancelled:
+            self.tokens.extend(new)
+            self.sink("tokens", new)
+
+    def finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        self.finished_at = time.perf_counter()
+        self.sink("done", reason)
+
+    def fail(self, message: str) -> None:
+        self.finish_reason = "error"
+        self.finished_at = time.perf_counter()
+        self.sink("error", message)
 
     @property
     def acceptance_length(self) -> float | None:
@@ -88,16 +117,15 @@ class Job:
 
 
 class Batcher:
-    """Bounded FIFO of jobs and the worker thread that runs them in batches."""
+    """Bounded FIFO of jobs and the worker thread that runs them (subclasses: the policy)."""
 
     def __init__(self, pair: Pair, *, max_batch: int = 8, max_queue: int = 64, block_size: int | None = None,
-                 batch_window_s: float = 0.005, metrics=None, torch_threads: int | None = None):
+                 metrics=None, torch_threads: int | None = None):
         if max_batch < 1 or max_queue < 0:
             raise ValueError("max_batch must be >= 1 and max_queue >= 0")
         self.pair = pair
         self.max_batch, self.max_queue = max_batch, max_queue
         self.block_size = pair.block_size(block_size)
-        self.batch_window_s = batch_window_s
         self.metrics = metrics
         # torch threads for the worker: one core is left to the event loop (streaming,
         # admission). Two OpenMP pools competing for every core made batches 50x slower.
@@ -112,7 +140,7 @@ class Batcher:
     # ---- control ----------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="dflash-batcher", daemon=True)
+            self._thread = threading.Thread(target=self._worker, name="dflash-batcher", daemon=True)
             self._thread.start()
 
     def close(self) -> None:
@@ -124,15 +152,12 @@ class Batcher:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop taking jobs, finish every queued and running one, then end the worker."""
-        with self._cond:
-            self._stopping = True
-            self._paused = False
-            self._cond.notify_all()
+        self.close()
         if self._thread is not None:
             self._thread.join(timeout)
 
     def pause(self) -> None:
-        """Hold queued jobs (running batches finish); for maintenance and for tests."""
+        """Hold queued jobs (running ones finish); for maintenance and for tests."""
         with self._cond:
             self._paused = True
 
@@ -153,11 +178,17 @@ class Batcher:
     def accepting(self) -> bool:
         return not self._stopping
 
+    def free_slots(self) -> int:
+        """Batch slots a job could take now without waiting (0 while paused)."""
+        return 0 if self._paused else max(0, self.max_batch - len(self._running))
+
     def submit(self, job: Job) -> None:
+        """Queue ``job``: refused (QueueFull) only when ``max_queue`` jobs would wait beyond the
+        free slots, so an idle server always admits."""
         with self._cond:
             if self._stopping:
                 raise Draining("the server is shutting down")
-            if len(self._pending) >= self.max_queue:
+            if len(self._pending) >= self.max_queue + self.free_slots():
                 raise QueueFull(f"the request queue is full ({self.max_queue} waiting); retry later")
             self._pending.append(job)
             self._gauge()
@@ -167,6 +198,29 @@ class Batcher:
     def _gauge(self) -> None:
         if self.metrics is not None:
             self.metrics.set_queue(len(self._pending), len(self._running))
+
+    def _worker(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.torch_threads)  # per thread: the worker's own pool
+        self._loop()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def stops_for(self, job: Job) -> frozenset[int]:
+        return frozenset() if job.ignore_eos else frozenset(self.pair.stop_token_ids)
+
+
+class StaticBatcher(Batcher):
+    """One batch at a time, fixed at its prefill: the policy before continuous batching."""
+
+    def __init__(self, pair: Pair, *, batch_window_s: float = 0.005, **kw):
+        super().__init__(pair, **kw)
+        self.batch_window_s = batch_window_s
+
+    def free_slots(self) -> int:
+        return 0 if self._paused or self._running else self.max_batch
 
     def _take(self) -> list[Job] | None:
         """Block for work; returns the next batch, or None when stopped and drained."""
@@ -187,9 +241,6 @@ class Batcher:
         return batch
 
     def _loop(self) -> None:
-        import torch
-
-        torch.set_num_threads(self.torch_threads)  # per thread: the worker's own pool
         while True:
             batch = self._take()
             if batch is None:
@@ -197,7 +248,7 @@ class Batcher:
             live = [j for j in batch if not j.cancelled]
             for j in batch:
                 if j.cancelled:
-                    self._finish(j, "cancelled")
+                    j.finish("cancelled")
             if live:
                 self._run(live)
             with self._cond:
@@ -205,56 +256,38 @@ class Batcher:
                 self._gauge()
 
     def _run(self, jobs: list[Job]) -> None:
-        pair = self.pair
-        stops = () if jobs[0].ignore_eos else tuple(pair.stop_token_ids)
+        stops = self.stops_for(jobs[0])
         now = time.perf_counter()
         for j in jobs:
             j.started_at = now
 
         def on_commit(row: int, new: list[int]) -> None:
             j = jobs[row]
-            if j.first_token_at is None:
-                j.first_token_at = time.perf_counter()
-            else:
+            if j.first_token_at is not None:
                 j.rounds += 1
                 j.round_tokens += len(new)
-            room = j.max_tokens - len(j.tokens)
-            new = new[:room]
-            if new and not j.cancelled:
-                j.tokens.extend(new)
-                j.sink("tokens", new)
+            j.committed(new[: j.max_tokens - len(j.tokens)], self.metrics)
 
         def should_stop(row: int) -> bool:
             j = jobs[row]
             return j.cancelled or len(j.tokens) >= j.max_tokens
 
-        drafter = pair.drafter if self.block_size > 1 else None
+        drafter = self.pair.drafter if self.block_size > 1 else None
         try:
-            gen = generate(pair.target, drafter, [j.prompt for j in jobs],
+            gen = generate(self.pair.target, drafter, [j.prompt for j in jobs],
                            max_new_tokens=max(j.max_tokens for j in jobs), sampling=jobs[0].sampling,
-                           block_size=self.block_size, stop_token_ids=stops,
-                           on_commit=on_commit, should_stop=should_stop)
+                           block_size=self.block_size, stop_token_ids=tuple(stops),
+                           on_commit=on_commit, should_stop=should_stop, backend=self.pair.backend)
         except Exception as exc:  # a runtime failure fails this batch, not the server
             for j in jobs:
-                j.finish_reason = "error"
-                j.finished_at = time.perf_counter()
-                j.sink("error", f"generation failed: {type(exc).__name__}: {exc}")
-            if self.metrics is not None:
-                self.metrics.observe_failure(len(jobs))
+                j.fail(f"generation failed: {type(exc).__name__}: {exc}")
             return
         for j in jobs:
             if j.cancelled:
-                reason = "cancelled"
-            elif j.tokens and j.tokens[-1] in stops:
-                reason = "stop"
+                j.finish("cancelled")
             else:
-                reason = "length"
-            self._finish(j, reason)
+                j.finish("stop" if j.tokens and j.tokens[-1] in stops else "length")
         if self.metrics is not None:
-            self.metrics.observe_batch(gen.stats, jobs)
-
-    @staticmethod
-    def _finish(j: Job, reason: str) -> None:
-        j.finish_reason = reason
-        j.finished_at = time.perf_counter()
-        j.sink("done", reason)
+            self.metrics.observe_round(gen.stats, len(jobs), gen.stats.seconds, sum(len(j.tokens) for j in jobs))
+            for j in jobs:
+                self.metrics.observe_request(j)

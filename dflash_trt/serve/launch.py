@@ -29,6 +29,7 @@ rank starts IN the bundle: ``srun --chdir`` (and pyxis' ``--container-workdir``)
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -124,10 +125,38 @@ def image_for(bundle: Bundle, image: str | None) -> str:
     return f"{DEFAULT_IMAGE}:latest"
 
 
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SAFE_TIME = re.compile(r"^[0-9]+(-[0-9]+)?(:[0-9]+){0,2}$")
+_SAFE_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
+
+
+def _checked(bundle: Bundle, image: str | None = None, time_limit: str = "04:00:00", **paths) -> str:
+    """Refuse, in one line, what a launch file cannot carry safely; returns the image.
+
+    Launch files are shell and YAML: the bundle's name (from its manifest) lands in comments and
+    job names, so it must be a plain name; paths and the image are quoted where they are used,
+    but a control character (a newline) cannot be quoted into a ``#SBATCH`` line or a comment.
+    """
+    if not _SAFE_NAME.match(bundle.name):
+        raise DFlashError(f"{bundle.root}: bundle name {bundle.name!r} is not a plain name (letters, digits, '.', "
+                          "'_', '-'); rebuild it with a recipe name of that form")
+    for what, value in {"bundle path": str(bundle.root), **paths}.items():
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise DFlashError(f"{what} {value!r} contains a control character; move the bundle to a plain path")
+    img = image_for(bundle, image)
+    if not _SAFE_IMAGE.match(img):
+        raise DFlashError(f"container image {img!r} is not an image reference (registry/name:tag)")
+    if not _SAFE_TIME.match(time_limit):
+        raise DFlashError(f"time limit {time_limit!r} is not a Slurm time (e.g. 04:00:00 or 1-00:00:00)")
+    return img
+
+
 def slurm_script(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, port: int = 8000,
                  image: str | None = None, time_limit: str = "04:00:00") -> str:
+    img = _checked(bundle, image, time_limit)
     g, world, extra = _world(bundle, nodes, gpus_per_node)
     serve = shlex.join(["--host", "0.0.0.0", "--port"]) + ' "$PORT" ' + shlex.join(extra)
+    q = shlex.quote
     return f"""#!/bin/bash
 # Serve the dflash-trt bundle '{bundle.name}' on {nodes} node(s) x {g} GPUs with TensorRT-LLM.
 # Written by 'dflash-trt serve --emit slurm'. Submit with: sbatch {bundle.name}.slurm.sh
@@ -141,9 +170,12 @@ def slurm_script(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, p
 #SBATCH --output=dflash-{bundle.name}-%j.out
 
 set -euo pipefail
-BUNDLE="${{BUNDLE:-{bundle.root}}}"
-PORT="${{PORT:-{port}}}"
-CONTAINER_IMAGE="${{CONTAINER_IMAGE:-{image_for(bundle, image)}}}"   # empty: no container (pyxis) flags
+# Defaults are single-quoted literals: nothing in a path or a tag is ever expanded or run.
+DEFAULT_BUNDLE={q(str(bundle.root))}
+DEFAULT_IMAGE={q(img)}
+BUNDLE="${{BUNDLE:-$DEFAULT_BUNDLE}}"
+PORT="${{PORT:-{int(port)}}}"
+CONTAINER_IMAGE="${{CONTAINER_IMAGE-$DEFAULT_IMAGE}}"   # set it empty: no container (pyxis) flags
 CONTAINER_MOUNTS="${{CONTAINER_MOUNTS:-$BUNDLE:$BUNDLE}}"
 
 echo "serving on http://$(hostname):$PORT (first node)"
@@ -155,7 +187,6 @@ srun -l --mpi=pmix --chdir="$BUNDLE" \\
 
 
 def _k8s_name(name: str) -> str:
-    import re
 
     n = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
     return ("dflash-" + n)[:50].rstrip("-")
@@ -164,6 +195,7 @@ def _k8s_name(name: str) -> str:
 def k8s_manifests(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, port: int = 8000,
                   image: str | None = None, pvc: str = "dflash-bundles", mount: str = "/bundles") -> list[dict]:
     """A LeaderWorkerSet (one group of ``nodes`` pods) and a Service for its leader."""
+    img = _checked(bundle, image, mount=mount, pvc=pvc)
     g, world, extra = _world(bundle, nodes, gpus_per_node)
     name = _k8s_name(bundle.name)
     bundle_path = f"{mount}/{bundle.root.name}"
@@ -181,7 +213,6 @@ def k8s_manifests(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, 
         f"-wdir {shlex.quote(bundle_path)} {serve}",
     ])
     worker_script = "mkdir -p /run/sshd && exec /usr/sbin/sshd -D"
-    img = image_for(bundle, image)
     volume = {"name": "bundles", "persistentVolumeClaim": {"claimName": pvc, "readOnly": True}}
     shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
     mounts = [{"name": "bundles", "mountPath": mount, "readOnly": True}, {"name": "dshm", "mountPath": "/dev/shm"}]

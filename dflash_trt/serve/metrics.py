@@ -8,11 +8,17 @@ Names (all prefixed ``dflash_``):
 - ``spec_rounds_total``, ``spec_committed_tokens_total``, ``spec_accepted_total{position}``:
   the counters behind those two, so a scraper can compute τ over any window
   (``Δcommitted / Δrounds``; ``dflash-trt bench --endpoint`` does).
-- ``tokens_per_second``: generated tokens per second of the last batch.
+- ``tokens_per_second``: generated tokens per second of the last round (continuous batching)
+  or batch (static).
 - ``queue_depth``, ``running_requests``: waiting and running requests now.
 - ``requests_total{status}``: finished requests by HTTP status (499: client went away).
-- ``prompt_tokens_total``, ``generation_tokens_total``, ``batch_size`` (histogram),
-  ``time_to_first_token_seconds``, ``request_seconds`` (histograms), ``block_size``.
+- ``prompt_tokens_total``, ``generation_tokens_total``, ``block_size``, ``draft_len`` (of the
+  last round: the schedule's value for the live batch size).
+- histograms: ``batch_size`` (live rows per round; per batch when static),
+  ``queue_seconds`` (arrival to prefill), ``time_to_first_token_seconds``,
+  ``inter_token_seconds`` (between a request's consecutive commits, what a streaming client
+  sees; a commit carries τ tokens on average), ``request_seconds`` (arrival to last token) and
+  ``request_acceptance_length`` (τ of each finished request).
 """
 
 from __future__ import annotations
@@ -41,14 +47,21 @@ class ServerMetrics:
                             "forward, since start.", registry=r)
         self.per_position = pc.Gauge("dflash_per_position_acceptance", "Acceptance rate of draft position k, "
                                      "since start.", ["position"], registry=r)
-        self.tps = pc.Gauge("dflash_tokens_per_second", "Generated tokens per second of the last batch.", registry=r)
+        self.tps = pc.Gauge("dflash_tokens_per_second", "Generated tokens per second of the last round (batch "
+                            "when static).", registry=r)
         self.queue_depth = pc.Gauge("dflash_queue_depth", "Requests waiting for a batch.", registry=r)
         self.running = pc.Gauge("dflash_running_requests", "Requests in the running batch.", registry=r)
-        self.batch_size = pc.Histogram("dflash_batch_size", "Requests per runtime batch.",
-                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.batch_size = pc.Histogram("dflash_batch_size", "Live requests per runtime round (per batch when "
+                                       "static).", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.queue_time = pc.Histogram("dflash_queue_seconds", "Arrival to the start of prefill.", registry=r)
         self.ttft = pc.Histogram("dflash_time_to_first_token_seconds", "Queue + prefill time.", registry=r)
+        self.itl = pc.Histogram("dflash_inter_token_seconds", "Time between a request's consecutive commits.",
+                                buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5), registry=r)
         self.latency = pc.Histogram("dflash_request_seconds", "Queue to last token.", registry=r)
+        self.request_tau = pc.Histogram("dflash_request_acceptance_length", "τ of each finished request.",
+                                        buckets=tuple(range(1, max(2, block_size) + 1)), registry=r)
         pc.Gauge("dflash_block_size", "Draft block size B (1: autoregressive).", registry=r).set(block_size)
+        self.draft_len = pc.Gauge("dflash_draft_len", "Draft tokens per row in the last round.", registry=r)
         self._rounds = 0
         self._committed = 0
         self._accepted_at = [0] * max(0, block_size - 1)
@@ -62,8 +75,14 @@ class ServerMetrics:
         self.queue_depth.set(waiting)
         self.running.set(running)
 
-    def observe_batch(self, stats: Stats, jobs) -> None:
-        self.batch_size.observe(len(jobs))
+    def observe_round(self, stats: Stats, batch_size: int, seconds: float, tokens: int,
+                      draft_len: int | None = None) -> None:
+        """Counters of one runtime round (continuous) or batch (static): its Stats, live rows,
+        wall time and generated tokens."""
+        if batch_size:
+            self.batch_size.observe(batch_size)
+        if draft_len is not None:
+            self.draft_len.set(draft_len)
         self.rounds.inc(stats.rounds)
         self.committed.inc(stats.committed)
         self._rounds += stats.rounds
@@ -76,18 +95,20 @@ class ServerMetrics:
             self.tau.set(self._committed / self._rounds)
             for k, a in enumerate(self._accepted_at, 1):
                 self.per_position.labels(position=str(k)).set(a / self._rounds)
-        sent = sum(len(j.tokens) for j in jobs)
-        self.generation_tokens.inc(sent)
-        if stats.seconds > 0:
-            self.tps.set(sent / stats.seconds)
-        for j in jobs:
-            if j.first_token_at is not None:
-                self.ttft.observe(j.first_token_at - j.enqueued_at)
-            if j.finished_at is not None:
-                self.latency.observe(j.finished_at - j.enqueued_at)
+        if seconds > 0 and tokens:
+            self.tps.set(tokens / seconds)
 
-    def observe_failure(self, n: int) -> None:
-        pass  # the server counts the 500s when it answers them
+    def observe_request(self, job) -> None:
+        """A finished request's tokens, queue time, TTFT, latency and τ."""
+        self.generation_tokens.inc(len(job.tokens))
+        if job.started_at is not None:
+            self.queue_time.observe(max(0.0, job.started_at - job.enqueued_at))
+        if job.first_token_at is not None:
+            self.ttft.observe(job.first_token_at - job.enqueued_at)
+        if job.finished_at is not None:
+            self.latency.observe(job.finished_at - job.enqueued_at)
+        if job.acceptance_length is not None:
+            self.request_tau.observe(job.acceptance_length)
 
     def request_done(self, status: int) -> None:
         self.requests.labels(status=str(status)).inc()

@@ -90,14 +90,16 @@ def test_target_onnx_with_taps_and_kv_cache(tmp_path):
 
 
 def test_build_engines_explains_what_it_needs(tmp_path):
+    from dflash_trt.build import engines
+    from dflash_trt.build.recipe import ServingSpec
     from dflash_trt.errors import DFlashError
 
-    ok, why = engine.engine_support()
+    ok, why = engines.engine_support()
     if ok:
         pytest.skip("this machine can build engines")
     assert "tensorrt" in why and "GPU" in why
     with pytest.raises(DFlashError, match="tensorrt"):
-        engine.build_engines(tmp_path, tmp_path / "engines")
+        engines.build_engines(tmp_path, tmp_path / "engines", engines.profile_for(ServingSpec(), 8))
 
 
 def test_kernel_benchmark_script_imports_and_helps():
@@ -108,3 +110,75 @@ def test_kernel_benchmark_script_imports_and_helps():
     script = Path(__file__).resolve().parents[2] / "bench" / "kernels.py"
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--json" in out.stdout
+
+
+def _dynamic_axes(path) -> dict[str, set[int]]:
+    """Input name -> the axes the exported graph leaves symbolic."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return {i.name: {a for a, d in enumerate(i.type.tensor_type.shape.dim) if not d.HasField("dim_value")}
+            for i in model.graph.input}
+
+
+def _check_profile_covers(graph, path):
+    """Every symbolic axis has a profile dimension, and the TensorRT profile keeps static axes."""
+    import onnx
+
+    from dflash_trt.build import engines
+    from dflash_trt.build.recipe import ServingSpec
+
+    profile = engines.profile_for(ServingSpec(max_batch_size=4, max_seq_len=256, max_num_tokens=128), 8)
+    named = engine.DYNAMIC_AXES[graph]
+    for name, axes in _dynamic_axes(path).items():
+        assert axes == set(named.get(name, {})), (graph, name, axes)
+    for i in onnx.load(str(path), load_external_data=False).graph.input:
+        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim]
+        lo, opt, hi = engines.profile_shapes(graph, i.name, shape, profile)
+        assert all(a <= b <= c for a, b, c in zip(lo, opt, hi))
+        assert [x for x, s in zip(hi, shape) if s >= 0] == [s for s in shape if s >= 0]
+        if i.name == "past_k":
+            assert lo[3] == 0 and hi[3] == profile.max_seq_len - 1 and hi[1] == 4   # an empty past at prefill
+
+
+def test_every_dynamic_axis_has_a_profile_dimension(drafter_onnx, tmp_path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    _check_profile_covers("drafter", drafter_onnx[2])
+    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    path = engine.export_embed_onnx(Qwen3ForCausalLM(cfg).get_input_embeddings().weight, 1.0, tmp_path)
+    _check_profile_covers("embed", path)
+
+
+def test_embed_graph_is_the_targets_embedding_times_the_drafters_scale(tmp_path):
+    import onnxruntime as ort
+
+    from dflash_trt.model import Target
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    path = engine.export_embed_onnx(model.get_input_embeddings().weight, 2.5, tmp_path)
+    ids = torch.randint(0, 100, (3, 7))
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids.numpy()})[0]
+    assert torch.equal(torch.from_numpy(got), Target(model).embed(ids, 2.5).detach())
+
+
+@pytest.mark.parametrize("model_type, kw, needle", [
+    ("llama", {}, None),
+    ("qwen3", {}, None),
+    ("qwen3", dict(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, sliding_window=8),
+     "sliding-window"),
+    ("gpt_oss", {}, "sliding-window"),
+    ("qwen3_5_text", {}, "recurrent/conv state (hybrid)"),
+    ("deepseek_v3", {}, "MLA"),
+])
+def test_targets_whose_cache_does_not_stack_are_named(model_type, kw, needle):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(model_type, num_hidden_layers=2 if model_type != "qwen3_5_text" else 4, **kw)
+    problem = engine.target_export_problem(cfg)
+    assert (problem is None) if needle is None else (needle in problem), problem

@@ -9,7 +9,7 @@ import pytest
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.backend import Backend, TorchBackend
 from dflash_trt.runtime.loop import block_size_for, generate
-from tests.helpers import hf_greedy, prompts, tiny_drafter, tiny_target, wrap
+from tests.helpers import VOCAB, hf_greedy, prompts, tiny_drafter, tiny_target, wrap
 
 MAX_NEW = 20
 
@@ -26,9 +26,9 @@ class CountingBackend(TorchBackend):
         self.calls["new_caches"] += 1
         return super().new_caches(batch, draft)
 
-    def target_forward(self, ids, positions, attention_mask, cache, capture):
+    def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):
         self.calls["target_forward"] += 1
-        return super().target_forward(ids, positions, attention_mask, cache, capture)
+        return super().target_forward(ids, positions, attention_mask, cache, capture, logits_at)
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
         self.calls["drafter_round"] += 1
@@ -110,3 +110,42 @@ def test_backend_block_limits_are_user_errors(models):
         generate(None, None, ps, block_size=8, backend=TorchBackend(wrap(model, drafter), drafter))
     with pytest.raises(DFlashError, match="needs a drafter"):
         generate(None, None, ps, block_size=2, backend=TorchBackend(wrap(model), None))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_plain_targets_run_the_lean_forward_and_it_equals_transformers(arch):
+    """Same logits and target_hidden (the last layer's too, transformers' normed one) as the
+    transformers forward, through a cache with holes and a second step."""
+    import torch
+
+    model = tiny_target(arch)
+    layer_ids = [0, 2, 3]
+    lean, plain = TorchBackend(wrap(model), None), TorchBackend(wrap(model), None, lean=False)
+    assert lean.lean is not None and plain.lean is None
+    lean.target.layer_ids = plain.target.layer_ids = layer_ids
+    ids = torch.tensor(prompts(2, seed=3, lo=9, hi=9))
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[1, 6:] = False                                     # padding / rejected columns
+    outs = []
+    for be in (lean, plain):
+        cache, _ = be.new_caches(2, False)
+        first = be.target_forward(ids, torch.arange(9).expand(2, 9), valid, cache, True)
+        step_valid = torch.cat([valid, torch.ones(2, 3, dtype=torch.bool)], 1)
+        second = be.target_forward(ids[:, :3], torch.tensor([[9, 10, 11], [6, 7, 8]]), step_valid, cache, True,
+                                   logits_at=torch.tensor([2, 1]))
+        outs.append((first, second))
+    for (a_logits, a_hidden), (b_logits, b_hidden) in zip(*outs):
+        assert torch.allclose(a_logits, b_logits, rtol=0, atol=1e-10)
+        assert torch.allclose(a_hidden, b_hidden, rtol=0, atol=1e-10)
+    assert outs[0][1][0].shape == (2, 1, VOCAB)
+
+
+def test_other_targets_keep_the_transformers_forward():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from dflash_trt.runtime.decoder import lean_forward
+
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, use_sliding_window=True,
+                      sliding_window=4, max_window_layers=0, layer_types=["sliding_attention"] * 2)
+    assert lean_forward(Qwen3ForCausalLM(cfg).eval()) is None

@@ -92,7 +92,7 @@ def test_emit_slurm_writes_an_srun_trtllm_llmapi_launch_script(bundle, tmp_path,
     srun = " ".join(line.strip().rstrip("\\") for line in text[text.index("srun "):].splitlines())
     assert "--mpi=pmix" in srun
     assert 'trtllm-llmapi-launch bash "$BUNDLE/trtllm/serve.sh" --host 0.0.0.0 --port "$PORT" --tp_size 8' in srun
-    assert f'BUNDLE="${{BUNDLE:-{bundle.resolve()}}}"' in text
+    assert f"DEFAULT_BUNDLE={shlex.quote(str(bundle.resolve()))}\n" in text and 'BUNDLE="${BUNDLE:-$DEFAULT_BUNDLE}"' in text
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
     assert out.stat().st_mode & 0o111
 
@@ -214,7 +214,64 @@ def test_the_image_tag_is_the_bundles_release(tmp_path):
     b = make_bundle(tmp_path / "rel", manifest_extra={"trtllm": {"release": "1.3.0rc27", "image": image}})
     slurm, k8s = tmp_path / "job.sh", tmp_path / "lws.yaml"
     assert run(["serve", str(b), "--emit", "slurm", "--nodes", "1", "-o", str(slurm)]) == 0
-    assert f'CONTAINER_IMAGE="${{CONTAINER_IMAGE:-{image}}}"' in slurm.read_text()
+    assert f"DEFAULT_IMAGE={image}\n" in slurm.read_text()
     assert run(["serve", str(b), "--emit", "k8s", "--nodes", "2", "-o", str(k8s)]) == 0
     lws = next(d for d in yaml.safe_load_all(k8s.read_text()) if d["kind"] == "LeaderWorkerSet")
     assert lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["image"] == image
+
+
+HOSTILE_PATHS = ["b$(touch PWNED)", "b`touch PWNED`", "b'; touch PWNED; '", 'b"$(touch PWNED)"', "b with spaces & ;"]
+
+
+@pytest.mark.parametrize("dirname", HOSTILE_PATHS)
+def test_hostile_bundle_paths_never_run_in_launch_files(tmp_path, cluster, dirname, capsys):
+    """The emitted Slurm script parses (bash -n) and, run with fake srun/trtllm-* on PATH, starts every
+    rank in the bundle's literal path; nothing the path spells out runs (no PWNED file anywhere)."""
+    b = make_bundle(tmp_path / dirname, name="hostile")
+    job = tmp_path / "job.sh"
+    assert run(["serve", str(b), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "8", "-o", str(job)]) == 0
+    subprocess.run(["bash", "-n", str(job)], check=True)
+    env = {**os.environ, "FAKE_NTASKS": "2", "CONTAINER_IMAGE": ""}
+    subprocess.run(["bash", str(job)], cwd=tmp_path, env=env, check=True, capture_output=True)
+    ranks = [line.split(maxsplit=2)[2] for line in cluster.read_text().splitlines() if line.startswith("rank ")]
+    assert ranks == [str(b.resolve())] * 2
+    assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
+    lws = tmp_path / "lws.yaml"
+    assert run(["serve", str(b), "--emit", "k8s", "--nodes", "1", "--gpus-per-node", "8", "-o", str(lws)]) == 0
+    docs = list(yaml.safe_load_all(lws.read_text()))
+    script = docs[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["command"][-1]
+    subprocess.run(["bash", "-n", "-c", script], check=True)
+
+
+@pytest.mark.parametrize("bad", [
+    ("name", "x\n#SBATCH --wrap=touch PWNED"), ("name", "$(touch PWNED)"), ("name", "../../etc"),
+])
+def test_hostile_manifest_names_are_refused_in_one_line(tmp_path, capsys, bad):
+    import json
+
+    b = make_bundle(tmp_path / "b", name="fine")
+    m = json.loads((b / "manifest.json").read_text())
+    m[bad[0]] = bad[1]
+    (b / "manifest.json").write_text(json.dumps(m))
+    capsys.readouterr()  # what building the fixture printed
+    for kind in ("slurm", "k8s"):
+        out = tmp_path / f"out.{kind}"
+        code = run(["serve", str(b), "--emit", kind, "--nodes", "1", "--gpus-per-node", "8", "-o", str(out)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "not a plain name" in err, err
+        assert not out.exists()
+
+
+def test_a_bundle_path_with_a_newline_is_refused(tmp_path, capsys):
+    b = make_bundle(tmp_path / "a\nb", name="fine")
+    capsys.readouterr()
+    code = run(["serve", str(b), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "8", "-o", str(tmp_path / "j.sh")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "control character" in err and not (tmp_path / "j.sh").exists()
+
+
+@pytest.mark.parametrize("opt", [["--image", "x$(touch PWNED)"], ["--image", "a b"]])
+def test_hostile_images_are_refused(bundle, tmp_path, capsys, opt):
+    code = run(["serve", str(bundle), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "8", *opt,
+                "-o", str(tmp_path / "j.sh")])
+    assert code == 2 and "image" in capsys.readouterr().err

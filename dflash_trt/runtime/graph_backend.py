@@ -1,0 +1,181 @@
+"""The exported graphs as a :class:`~dflash_trt.runtime.backend.Backend`: the runtime owns the
+caches and feeds them in and out of every call.
+
+A bundle built with ``--engine tensorrt`` holds three graphs (``build/export.py`` documents their
+I/O): ``embed`` (token ids -> embedding rows), ``target`` (a forward with ``past_k``/``past_v``
+in and ``present_k``/``present_v`` out, plus target_hidden) and ``drafter`` (one round: KV
+injection, then the block forward, over the paged cache). ONNX Runtime (``onnx_backend.py``)
+and TensorRT (``trt_backend.py``) differ only in how one graph runs (:meth:`GraphBackend.run`);
+everything around the calls is here:
+
+- the target cache (:class:`TargetCache`): k, v [layers, b, kvh, S, d], fed as the past and
+  replaced by the present; empty (S = 0) at prefill;
+- the drafter cache: a ``plugins.PagedKVCache`` whose pages the runtime allocates
+  (``reserve``) before each round, as the drafter graph expects, and whose tensors the graph's
+  ``k_cache_out`` / ``v_cache_out`` replace (TensorRT writes them in place);
+- compaction by row: keys carry their RoPE and the mask is explicit, so column order does not
+  matter to attention; each row's valid columns move to the front, and the cache is as wide as
+  the longest row's committed context, not the batch's history of rejected positions;
+- the request check (:meth:`GraphBackend.check_request`) against ``ingest.EngineProfile``, the
+  shapes the engines were built for: a request outside them is one line before any work.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt import plugins
+from dflash_trt.errors import DFlashError
+from dflash_trt.runtime.backend import Backend
+
+
+#: each graph's outputs, in the order :meth:`GraphBackend.run` returns them (``build/export.py``)
+GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "present_k", "present_v"],
+                 "drafter": ["logits", "k_cache_out", "v_cache_out"]}
+
+
+@dataclass
+class TargetCache:
+    """The target's KV cache as the target graph takes it: k, v [layers, b, kvh, S, d] (None: empty)."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+
+class GraphBackend(Backend):
+    """The loop's calls answered by the three exported graphs (see the module docstring).
+
+    ``profile`` is the bundle's ``ingest.EngineProfile``; ``mask_token_id`` the drafter's MASK.
+    A subclass runs one graph (:meth:`run`) and says what its inputs' static dims are
+    (:meth:`input_shape`).
+    """
+
+    #: pages the drafter pool starts with (None: the profile's maximum, allocated once).
+    initial_pages: int | None = None
+    #: the name --backend gives this backend (messages say it)
+    name = "graph"
+
+    def __init__(self, profile, mask_token_id: int, device: torch.device):
+        self.profile, self.mask_token_id, self.device = profile, int(mask_token_id), torch.device(device)
+        self.drafter_block_size = profile.block_size
+        L, _, kvh, _, d = self.input_shape("target", "past_k")          # [layers, b, kvh, P, d]
+        self._target_dims = (L, kvh, d)
+        Ld, _, page_size, kvh_d, dd = self.input_shape("drafter", "k_cache")  # [L, pages, page_size, kvh, d]
+        self._drafter_dims = (Ld, kvh_d, dd)
+        if page_size != profile.page_size:
+            raise DFlashError(f"drafter graph pages hold {page_size} slots, the manifest's profile says "
+                              f"{profile.page_size}; rebuild the bundle")
+
+    @abstractmethod
+    def run(self, graph: str, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Run graph ``graph`` ("embed" | "target" | "drafter") on ``feeds`` (contiguous tensors on
+        ``self.device``); its outputs in ``GRAPH_OUTPUTS[graph]``'s order, on ``self.device``."""
+
+    @abstractmethod
+    def input_shape(self, graph: str, name: str) -> list[int | None]:
+        """The declared shape of one graph input (None: a dynamic axis)."""
+
+    # -- the request check ---------------------------------------------------------------
+    def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
+        """Refuse, in one line, a request the engines were not built for (``ingest.EngineProfile``)."""
+        p = self.profile
+        if block_size not in (1, p.block_size):
+            raise DFlashError(f"--backend {self.name}: the drafter graph was exported for block size {p.block_size}, "
+                              f"not {block_size}; use block size {p.block_size} (or 1), or --backend torch")
+        problem = request_problem(p, [len(x) for x in prompts], max_new_tokens, block_size)
+        if problem:
+            raise DFlashError(f"request outside the engines' profile (batch <= {p.max_batch}, <= {p.max_tokens} "
+                              f"tokens per forward, <= {p.max_seq_len} target-cache columns): {problem}; rebuild "
+                              "with larger serving limits (--set serving.max_batch_size=N --set serving.max_seq_len=N)")
+
+    # -- the loop's calls ----------------------------------------------------------------
+    def new_caches(self, batch: int, draft: bool):
+        dcache = None
+        if draft:
+            L, kvh, d = self._drafter_dims
+            pages = self.initial_pages or self.profile.max_pages
+            dcache = plugins.PagedKVCache(L, batch, kvh, d, page_size=self.profile.page_size, device=self.device,
+                                          dtype=torch.float32, pages=pages)
+        return TargetCache(), dcache
+
+    def target_forward(self, ids, positions, attention_mask, cache, capture):
+        if cache.k is None:
+            L, kvh, d = self._target_dims
+            cache.k = cache.v = torch.zeros(L, ids.shape[0], kvh, 0, d, device=self.device)
+        logits, target_hidden, cache.k, cache.v = self.run("target", {
+            "input_ids": ids.contiguous(), "attention_mask": attention_mask.long().contiguous(),
+            "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
+        return logits, (target_hidden if capture else None)
+
+    def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
+        cache.reserve(n_new)                     # the graph writes into pages the runtime allocated
+        block = anchor.new_full((anchor.shape[0], block_size), self.mask_token_id)      # [b, B]
+        block[:, 0] = anchor
+        (embeds,) = self.run("embed", {"input_ids": block})                             # [b, B, H]
+        logits, cache.k, cache.v = self.run("drafter", {
+            "target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
+            "block_embeds": embeds, "k_cache": cache.k, "v_cache": cache.v,
+            "page_table": cache.page_table.contiguous(), "lengths": cache.lengths.contiguous()})
+        cache.lengths = cache.lengths + n_new
+        return logits[:, 1:].float()             # [b, B-1, V]: block positions 1..B-1 are the drafts
+
+    def keep_rows(self, target_cache, draft_cache, rows):
+        if target_cache.k is not None:
+            target_cache.k, target_cache.v = target_cache.k[:, rows], target_cache.v[:, rows]
+        if draft_cache is not None:
+            draft_cache.select(rows)
+
+    def compact(self, target_cache, col_valid):
+        """Each row's valid columns first, in order; col_valid [b, S] -> [b, S'] with S' the most
+        valid columns of any row (left-aligned: row r's first ``count_r`` columns are valid)."""
+        counts = col_valid.sum(1)                                                       # [b]
+        width = int(counts.max())
+        packed = torch.arange(col_valid.shape[1], device=col_valid.device)[None] < counts[:, None]
+        if target_cache.k is None or (width == col_valid.shape[1] and bool((packed == col_valid).all())):
+            return col_valid
+        if bool((packed == col_valid).all()):      # holes only at the tail (always so at batch 1): a slice
+            target_cache.k, target_cache.v = target_cache.k[..., :width, :], target_cache.v[..., :width, :]
+            return packed[:, :width]
+        order = torch.sort((~col_valid).to(torch.int8), dim=1, stable=True).indices[:, :width]  # [b, S']
+        L, kvh, d = self._target_dims
+        idx = order[None, :, None, :, None].expand(L, -1, kvh, -1, d)
+        target_cache.k = target_cache.k.gather(3, idx)
+        target_cache.v = target_cache.v.gather(3, idx)
+        return packed[:, :width]
+
+
+def request_shapes(prompt_lengths: list[int], max_new_tokens: int, block_size: int, page_size: int) -> dict[str, int]:
+    """The largest extent of each profile dimension (``build.export.DYNAMIC_AXES``'s names) one
+    ``generate`` call reaches, for prompts of these lengths.
+
+    Per row of prompt length l: the prefill forward is l tokens; a round runs while the row has
+    generated g < max_new tokens, with the target cache (after compaction by row) and the
+    drafter's context holding the l + g - 1 <= l + max_new - 2 committed tokens but the last;
+    the verify forward adds the B block columns; the drafter's pages are never freed in a call.
+    """
+    ctx = [n + max(max_new_tokens - 2, 0) for n in prompt_lengths] if max_new_tokens > 1 else [0] * len(prompt_lengths)
+    pages = [-(-c // page_size) for c in ctx] if block_size > 1 else [0]
+    longest = max(prompt_lengths)
+    return {"batch": len(prompt_lengths), "tokens": max(longest, block_size if max_new_tokens > 1 else 1),
+            "seq": max(longest, max(ctx) + block_size if max_new_tokens > 1 else 0),
+            "pages_per_seq": max(pages), "pages": sum(pages)}
+
+
+def request_problem(profile, prompt_lengths: list[int], max_new_tokens: int, block_size: int) -> str | None:
+    """What of a request does not fit ``profile`` (None: all of it does; see :func:`request_shapes`)."""
+    p = profile
+    need = request_shapes(prompt_lengths, max_new_tokens, block_size, p.page_size)
+    longest = max(prompt_lengths)
+    checks = [
+        (need["batch"] > p.max_batch, f"batch {need['batch']} > {p.max_batch}"),
+        (need["tokens"] > p.max_tokens, f"a {need['tokens']}-token forward > {p.max_tokens}"),
+        (need["seq"] > p.max_seq_len, f"a {longest}-token prompt + {max_new_tokens} new tokens need {need['seq']} "
+                                      f"target-cache columns > {p.max_seq_len}"),
+        (need["pages_per_seq"] > p.max_pages_per_seq,
+         f"{need['pages_per_seq']} drafter pages per sequence > {p.max_pages_per_seq}"),
+        (need["pages"] > p.max_pages, f"{need['pages']} drafter pages > the pool's {p.max_pages}"),
+    ]
+    return next((why for bad, why in checks if bad), None)

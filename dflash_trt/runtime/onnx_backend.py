@@ -1,0 +1,57 @@
+"""ONNX Runtime over a bundle's ``onnx/``: the speculative loop through the exported graphs, on a CPU.
+
+The target and embedding graphs are plain ONNX; the drafter graph's ``dflash::KVInjection`` and
+``dflash::BlockDiffusionAttention`` run as onnxruntime-extensions Python custom ops whose bodies
+are the ops' reference implementations (``plugins.onnx_ops``, the same path the build's parity
+check takes). Tensors cross into onnxruntime as numpy views of CPU tensors and come back the same
+way; the caches are :class:`~dflash_trt.runtime.graph_backend.GraphBackend`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dflash_trt.errors import require
+from dflash_trt.runtime.graph_backend import GRAPH_OUTPUTS, GraphBackend
+
+GRAPH_FILES = {"embed": "embed.onnx", "target": "target.onnx", "drafter": "drafter.onnx"}
+
+
+class OnnxBackend(GraphBackend):
+    """The three graphs of ``onnx_dir`` in onnxruntime sessions (CPUExecutionProvider).
+
+    ``threads``: onnxruntime's intra-op threads per session (None: torch's current count, the
+    reference runtime's choice for the same models).
+    """
+
+    name = "onnx"
+    # The Python custom ops copy the pool on every round: start small, grow by doubling.
+    initial_pages = 8
+
+    def __init__(self, onnx_dir: str | Path, profile, mask_token_id: int, threads: int | None = None):
+        require("onnxruntime", "onnx", "--backend onnx")
+        require("onnxruntime_extensions", "onnx", "--backend onnx")
+        import onnxruntime as ort
+
+        from dflash_trt.plugins import onnx_ops
+
+        onnx_dir = Path(onnx_dir)
+        threads = threads or torch.get_num_threads()
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = so.inter_op_num_threads = threads
+        self.sessions = {
+            "embed": ort.InferenceSession(str(onnx_dir / GRAPH_FILES["embed"]), so, providers=["CPUExecutionProvider"]),
+            "target": ort.InferenceSession(str(onnx_dir / GRAPH_FILES["target"]), so, providers=["CPUExecutionProvider"]),
+            "drafter": onnx_ops.ort_session(onnx_dir / GRAPH_FILES["drafter"], threads=threads),
+        }
+        self._inputs = {g: {i.name: i for i in s.get_inputs()} for g, s in self.sessions.items()}
+        super().__init__(profile, mask_token_id, torch.device("cpu"))
+
+    def input_shape(self, graph, name):
+        return [d if isinstance(d, int) else None for d in self._inputs[graph][name].shape]
+
+    def run(self, graph, feeds):
+        arrays = {k: v.detach().contiguous().numpy() for k, v in feeds.items()}
+        return [torch.from_numpy(o) for o in self.sessions[graph].run(GRAPH_OUTPUTS[graph], arrays)]

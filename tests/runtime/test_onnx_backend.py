@@ -1,0 +1,270 @@
+"""The loop through the exported graphs: the tiny bundle built with --engine tensorrt, run by ONNX
+Runtime, is token-identical to the target's own greedy decoding and to the PyTorch backend (τ
+too), over many rounds of the paged cache, and refuses what its engine profile does not cover."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime_extensions")
+pytest.importorskip("onnxscript")
+
+from dflash_trt import ingest
+from dflash_trt.bench.inprocess import read_prompts
+from dflash_trt.cli import run
+from dflash_trt.errors import DFlashError
+from dflash_trt.runtime import SamplingParams, generate, load_bundle, open_backend
+from dflash_trt.runtime.graph_backend import request_shapes
+from dflash_trt.runtime.onnx_backend import OnnxBackend
+from tests.helpers import hf_greedy
+
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """The embedded tiny recipe built with the standalone path: onnx/ (engines/ where TensorRT is)."""
+    out = tmp_path_factory.mktemp("engines") / "tiny-trt"
+    assert run(["build", "--engine", "tensorrt", "-o", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(bundle):
+    p = load_bundle(bundle)
+    p.backend = open_backend("onnx", bundle, p)
+    return p
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    texts = read_prompts(ingest.embedded_dir("tiny") / "heldout_prompts.jsonl")[:6]
+    return [pair.encode(t)[:96] for t in texts]
+
+
+def test_the_manifest_records_the_graphs_and_their_profile(bundle):
+    m = ingest.read_manifest(bundle)
+    assert m.engine.onnx == ["drafter.onnx", "embed.onnx", "target.onnx"]
+    assert max(m.engine.target_onnx_max_error.values()) < 1e-3
+    p = m.engine.profile
+    serving = m.recipe["serving"]
+    assert (p.max_batch, p.block_size, p.page_size) == (serving["max_batch_size"], 8, 16)
+    assert p.max_seq_len == serving["max_seq_len"] + p.block_size
+    assert p.max_pages == p.max_batch * p.max_pages_per_seq
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_through_onnx_is_the_targets_own_and_torchs(pair, prompts, batch):
+    for i in range(0, len(prompts), batch):
+        ps = prompts[i : i + batch]
+        onnx = generate(None, None, ps, max_new_tokens=MAX_NEW, backend=pair.backend)
+        ref = generate(pair.target, pair.drafter, ps, max_new_tokens=MAX_NEW)
+        assert onnx.token_ids == ref.token_ids == [hf_greedy(pair.target.model, p, MAX_NEW) for p in ps]
+        assert onnx.stats.acceptance_length == ref.stats.acceptance_length > 1.0
+        assert onnx.stats.accepted_at == ref.stats.accepted_at
+        assert onnx.stats.target_forwards == ref.stats.target_forwards
+
+
+def test_autoregressive_and_sampling_through_onnx_match_torch(pair, prompts):
+    ar = generate(None, None, prompts[:2], max_new_tokens=12, block_size=1, backend=pair.backend)
+    assert ar.token_ids == generate(pair.target, None, prompts[:2], max_new_tokens=12, block_size=1).token_ids
+    assert ar.stats.acceptance_length == 1.0
+    s = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
+    onnx = generate(None, None, prompts[:3], max_new_tokens=24, sampling=s, backend=pair.backend)
+    ref = generate(pair.target, pair.drafter, prompts[:3], max_new_tokens=24, sampling=s)
+    assert onnx.token_ids == ref.token_ids and onnx.stats.accepted_at == ref.stats.accepted_at
+
+
+class Recording(OnnxBackend):
+    """The ONNX backend, recording the largest extent of every profile dimension it is fed."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen = dict.fromkeys(("batch", "tokens", "seq", "pages_per_seq", "pages"), 0)
+        self.tables = []
+
+    def _saw(self, key, value):
+        self.seen[key] = max(self.seen[key], int(value))
+
+    def run(self, graph, feeds):
+        if graph == "target":
+            self._saw("batch", feeds["input_ids"].shape[0])
+            self._saw("tokens", feeds["input_ids"].shape[1])
+            self._saw("seq", feeds["attention_mask"].shape[1])
+        if graph == "drafter":
+            self._saw("pages_per_seq", feeds["page_table"].shape[1])
+        return super().run(graph, feeds)
+
+    def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
+        out = super().drafter_round(target_hidden, n_new, anchor, block_size, cache)
+        self._saw("pages", cache.used_pages)
+        self.tables.append((cache.page_table.clone(), cache.lengths.clone()))
+        return out
+
+
+def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompts):
+    """Rows of different lengths cross many page boundaries, interleave their pages, and leave at
+    different rounds; every token still matches the PyTorch backend, the shapes stay within the
+    bound the profile is checked against, and compaction by row keeps the target cache narrow."""
+    m = ingest.read_manifest(bundle)
+    rec = Recording(bundle / "onnx", m.engine.profile, pair.drafter.cfg.mask_token_id)
+    ps = [prompts[0][:70], prompts[1][:9], prompts[2][:33], prompts[3][:50]]
+    leave_after = {0: 9, 1: 14, 2: 5, 3: 10**6}   # commits before a row is cancelled (<= 8 tokens each)
+    n = 120
+
+    def stopper():
+        commits = [0] * len(ps)
+
+        def should_stop(row):
+            commits[row] += 1
+            return commits[row] > leave_after[row]
+        return should_stop
+
+    got = generate(None, None, ps, max_new_tokens=n, should_stop=stopper(), backend=rec)
+    want = generate(pair.target, pair.drafter, ps, max_new_tokens=n, should_stop=stopper())
+    assert got.token_ids == want.token_ids and got.finish_reasons == want.finish_reasons
+    assert got.finish_reasons == ["cancelled", "cancelled", "cancelled", "length"]
+    assert len({len(t) for t in got.token_ids}) == 4
+    bound = request_shapes([len(p) for p in ps], n, 8, m.engine.profile.page_size)
+    assert all(rec.seen[k] <= bound[k] for k in bound), (rec.seen, bound)
+    last_table, last_len = rec.tables[-1]
+    assert last_table.shape[0] == 1 and int(last_len[0]) > 6 * 16        # one row left, > 6 pages deep
+    row0 = rec.tables[0][0][0]
+    row0 = row0[row0 >= 0]
+    assert len(row0) >= 5 and bool((row0[1:] - row0[:-1] != 1).any())   # its pages interleave with other rows'
+
+
+def test_compaction_moves_each_rows_valid_columns_to_the_front(pair):
+    from dflash_trt.runtime.graph_backend import TargetCache
+
+    be = pair.backend
+    L, kvh, d = be._target_dims
+    k = torch.arange(L * 2 * kvh * 5 * d, dtype=torch.float32).reshape(L, 2, kvh, 5, d)
+    cache = TargetCache(k.clone(), -k.clone())
+    valid = torch.tensor([[True, False, True, False, False], [False, True, True, True, False]])
+    packed = be.compact(cache, valid)
+    assert packed.tolist() == [[True, True, False], [True, True, True]]
+    assert torch.equal(cache.k[:, 0, :, :2], k[:, 0, :, [0, 2]]) and torch.equal(cache.k[:, 1], k[:, 1, :, [1, 2, 3]])
+    assert torch.equal(cache.v, -cache.k)
+    assert be.compact(cache, packed) is packed                 # already packed: nothing moves
+    tail = torch.tensor([[True, True, False], [True, False, False]])
+    before = cache.k.clone()
+    assert be.compact(cache, tail).tolist() == [[True, True], [True, False]]
+    assert torch.equal(cache.k, before[..., :2, :])            # holes only at the tail: cut off
+
+
+def test_a_request_beyond_the_profile_is_one_line(bundle, pair, prompts, capsys):
+    with pytest.raises(DFlashError, match=r"profile .*batch 9 > 8"):
+        generate(None, None, [prompts[0]] * 9, max_new_tokens=4, backend=pair.backend)
+    with pytest.raises(DFlashError, match="block size 8, not 4"):
+        generate(None, None, prompts[:1], max_new_tokens=4, block_size=4, backend=pair.backend)
+    assert run(["generate", str(bundle), "--backend", "onnx", "-p", "x" * 40, "-n", "1500"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "profile" in err and "target-cache columns" in err and len(err.splitlines()) == 1
+
+
+def test_generate_and_bench_cli_through_onnx(bundle, tmp_path, capsys):
+    argv = ["generate", str(bundle), "-p", "def parse(", "-n", "24", "--json"]
+    assert run(argv + ["--backend", "onnx"]) == 0
+    onnx = json.loads(capsys.readouterr().out)
+    assert run(argv) == 0
+    torch_run = json.loads(capsys.readouterr().out)
+    assert onnx["token_ids"] == torch_run["token_ids"] and onnx["acceptance_length"] == torch_run["acceptance_length"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "import os"}\n{"prompt": "class Stack:"}\n')
+    reports = {}
+    for backend in ("torch", "onnx"):
+        assert run(["bench", str(bundle), "--prompts", str(prompts), "-n", "24", "--backend", backend, "--json"]) == 0
+        reports[backend] = json.loads(capsys.readouterr().out)
+    o, t = reports["onnx"], reports["torch"]
+    assert o["backend"] == "onnx" and t["backend"] == "torch" and o["lossless"] is True
+    for key in ("acceptance_length", "per_position_acceptance", "block_size"):
+        assert o[key] == t[key]
+    for run_ in ("dflash", "autoregressive"):
+        for key in ("new_tokens", "target_forwards", "rounds"):
+            assert o[run_][key] == t[run_][key]
+        assert o[run_]["tokens_per_second"] > 0
+
+
+def test_the_embedded_server_answers_through_onnx(pair):
+    """The server's batches go through the pair's backend: concurrent greedy completions equal
+    the PyTorch backend's tokens."""
+    import asyncio
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from dflash_trt.serve.app import ServerThread, create_app
+
+    texts = ["import os\n", "def add(a, b):", "class Node:", "for i in range("]
+    want = {t: pair.decode(generate(pair.target, pair.drafter, [pair.encode(t)], max_new_tokens=16).token_ids[0])
+            for t in texts}
+
+    async def ask(url):
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            rs = await asyncio.gather(*(c.post("/v1/completions", json={
+                "model": "tiny", "prompt": t, "max_tokens": 16, "temperature": 0, "ignore_eos": True}) for t in texts))
+            return [(r.status_code, r.json()["choices"][0]["text"]) for r in rs]
+
+    with ServerThread(create_app(pair, "tiny", max_batch=4, max_queue=8)) as srv:
+        got = asyncio.run(ask(srv.url))
+    assert got == [(200, want[t]) for t in texts]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["generate", "-p", "x", "--backend", "onnx"], "pass a bundle built with --engine tensorrt"),
+    (["generate", "-p", "x", "--backend", "tvm"], "choose one of torch, onnx, tensorrt"),
+])
+def test_backend_flag_errors_are_one_line(argv, needle, capsys):
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_tensorrt_backend_refuses_in_one_line_without_tensorrt_or_gpu(bundle, capsys):
+    from dflash_trt.runtime.trt_backend import tensorrt_problem
+
+    if tensorrt_problem() is None:
+        pytest.skip("TensorRT and a GPU are here: bench/engines.py runs this backend")
+    assert run(["generate", str(bundle), "--backend", "tensorrt", "-p", "x", "-n", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "TensorRT and a CUDA GPU" in err and len(err.splitlines()) == 1
+
+
+def test_bundles_without_graphs_or_profile_are_refused(bundle, tmp_path, capsys):
+    old = shutil.copytree(bundle, tmp_path / "old")
+    data = json.loads((old / "manifest.json").read_text())
+    del data["engine"]["profile"]                    # a bundle of this format built before the profile
+    (old / "manifest.json").write_text(json.dumps(data))
+    assert ingest.read_manifest(old).engine.profile is None      # still reads
+    assert run(["generate", str(old), "--backend", "onnx", "-p", "x"]) == 2
+    assert "predates the recorded engine profile" in capsys.readouterr().err
+    del data["engine"]
+    (old / "manifest.json").write_text(json.dumps(data))
+    assert run(["generate", str(old), "--backend", "onnx", "-p", "x"]) == 2
+    assert "--engine tensorrt" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_llama_target_exports_and_runs_losslessly(tmp_path):
+    """The other test family: a tiny Llama pair built with --engine tensorrt, batch 1 and 3."""
+    from tests.helpers import prompts as random_prompts
+    from tests.helpers import save_pair
+
+    tdir, ddir = save_pair(tmp_path / "pair", arch="llama")
+    out = tmp_path / "llama-trt"
+    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--engine", "tensorrt", "-o", str(out),
+                "--set", "serving.max_seq_len=256"]) == 0
+    p = load_bundle(out)
+    p.backend = open_backend("onnx", out, p)
+    ps = random_prompts(6, seed=5, lo=2, hi=40)
+    for batch in (1, 3):
+        for i in range(0, len(ps), batch):
+            onnx = generate(None, None, ps[i : i + batch], max_new_tokens=24, backend=p.backend)
+            ref = generate(p.target, p.drafter, ps[i : i + batch], max_new_tokens=24)
+            assert onnx.token_ids == ref.token_ids == [hf_greedy(p.target.model, x, 24) for x in ps[i : i + batch]]
+            assert onnx.stats.accepted_at == ref.stats.accepted_at

@@ -2,6 +2,10 @@
 
     python bench/fit_perf_model.py            # fit, leave-one-out table, trends
     python bench/fit_perf_model.py --write    # ... and write dflash_trt/assets/perf/calibration.json
+    python bench/fit_perf_model.py --add-tune tune.json --source "..."   # this machine's CPU rows
+
+``--add-tune`` replaces the CPU rows (engine ``reference``) of the measurements file with the
+levels of ``dflash-trt tune BUNDLE --dry-run --json`` (the embedded tiny pair on this machine).
 
 Reads ``dflash_trt/assets/perf/measurements.json`` (one row per published measurement, with its
 source). For every row: what was measured, what the full fit predicts, and what a fit WITHOUT
@@ -26,7 +30,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the fitted constants into the package")
     ap.add_argument("--json", type=Path, help="also write the table as JSON here")
+    ap.add_argument("--add-tune", type=Path, help="replace the CPU rows with this `tune --json` output")
+    ap.add_argument("--source", default="dflash-trt tune on the development CPU", help="with --add-tune: where from")
+    ap.add_argument("--max-tokens", type=int, default=64, help="with --add-tune: the sweep's --max-tokens")
     args = ap.parse_args(argv)
+    if args.add_tune:
+        add_tune(args.add_tune, args.source, args.max_tokens)
     rows = perf_fit.load_rows()
     cases = [perf_fit.case_of(r) for r in rows]
     full = perf_fit.fit(cases, source=f"{len(rows)} published and measured rows, {perf_fit.MEASUREMENTS_FILE}",
@@ -59,6 +68,29 @@ def main(argv=None) -> int:
         full.save(f)
         print(f"wrote {f}")
     return 0
+
+
+def add_tune(path: Path, source: str, max_tokens: int) -> None:
+    """Replace the measurements' CPU rows with the levels of a ``tune --json`` sweep."""
+    from dflash_trt.build import perf_fit, perf_model
+
+    f = perf_model.data_dir() / perf_fit.MEASUREMENTS_FILE
+    data = json.loads(f.read_text())
+    sweep = json.loads(Path(path).read_text())
+    rows = [r for r in data["rows"] if r["engine"] != "reference"]
+    for L, levels in sorted(sweep["measured"].items(), key=lambda kv: int(kv[0])):
+        for lv in levels:
+            L_, c = int(L), lv["concurrency"]
+            rate = {"tokens_per_s" if L_ else "baseline_tokens_per_s": lv["tokens_per_second_per_user"]}
+            rows.append({"id": f"reference-cpu-tiny-draft{L_}-c{c}", "engine": "reference", "gpu": "cpu",
+                         "target": "embedded:tiny/target", "drafter": "embedded:tiny/drafter", "precision": "bf16",
+                         "tp": 1, "concurrency": c, "draft_len": L_, "tau": lv["acceptance_length"] if L_ else None,
+                         "tau_source": "measured", "context": 64 + max_tokens // 2, "per_user": True, "weight": 1.0,
+                         **rate, "source": source,
+                         "notes": "decode tokens/s per user (TTFT excluded), embedded server, continuous batching"})
+    data["rows"] = rows
+    f.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{f}: {sum(r['engine'] == 'reference' for r in rows)} CPU rows from {path}")
 
 
 if __name__ == "__main__":

@@ -60,9 +60,11 @@ def tune(
             report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
                                         model=model, progress=lambda _L, c: bar.advance(task))
         cal, rows = T.fit(t, report)
-        _show_fit(rows, cal, t)
         if as_json:
             print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows})
+        else:
+            _show_fit(rows, cal, t)
+            out.print(f"{cal.describe(build_engine(t))}; {t.root} unchanged", markup=False)
         return
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
     with _bar(len(sweep) * len(levels)) as (bar, task):
@@ -70,6 +72,12 @@ def tune(
                                       threads=threads, progress=lambda L, c: bar.update(
                                           task, advance=1, description=f"draft {L or 'off'}, concurrency {c}"))
     _finish(T, t, measured, max_tokens, plot, dry_run, as_json)
+
+
+def build_engine(t) -> str:
+    from dflash_trt.build import hardware, perf_model
+
+    return perf_model.engine_for(hardware.get(t.manifest.gpu.name)) if t.manifest.gpu else "reference"
 
 
 def _finish(T, t, measured, max_tokens, plot, dry_run, as_json) -> None:

@@ -2,9 +2,10 @@
 
 1. **Sweep.** The bundle is served by the embedded server (``serve.create_app`` behind
    ``serve.ServerThread``, a fresh app per setting) with drafting off and at a few draft lengths
-   ``<= max_draft_len``; at each setting the load generator (:mod:`dflash_trt.bench.endpoint`)
-   drives concurrency 1, 2, 4, ... ``max_batch_size`` with ``ignore_eos`` (every request decodes
-   ``max_tokens``). Each setting fixes the draft length (the bundle's own schedule is put aside).
+   ``<= max_draft_len`` (where ``trtllm-serve`` is installed tune asks for ``endpoint=URL``
+   instead: restarting TensorRT-LLM per setting is not automated yet); at each setting the load
+   generator (:mod:`dflash_trt.bench.endpoint`) drives concurrency 1, 2, 4, ... ``max_batch_size``
+   with ``ignore_eos`` (every request decodes ``max_tokens``). Each setting fixes the draft length (the bundle's own schedule is put aside).
 2. **Choose** (:func:`winners`). At each measured concurrency the setting with the most output
    tokens/s wins, among those a schedule can express: TensorRT-LLM requires the smallest key to
    map to ``max_draft_len`` and no length above it, so the length at concurrency 1 bounds the
@@ -94,6 +95,10 @@ def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, 
     """{draft length (0: off): the load generator's levels}, one embedded server per setting."""
     from dflash_trt import runtime, serve
 
+    if serve.launch.find_trtllm_serve() is not None:
+        raise DFlashError("trtllm-serve is installed here: tune drives the embedded server only; start trtllm-serve "
+                          "at each setting and measure it with 'dflash-trt tune BUNDLE --endpoint URL'")
+    serve.check_fits_cpu(t.name, [t.root / ingest.Layout.TARGET, t.root / ingest.Layout.DRAFTER], 2)
     pair = runtime.load_bundle(t.root)
     out: dict[int, list[dict]] = {}
     for L in setting_list:

@@ -122,8 +122,10 @@ def test_winners_respect_what_a_schedule_can_say():
     measured = {0: [lv(1, 10), lv(2, 30)], 3: [lv(1, 20), lv(2, 25)], 7: [lv(1, 19), lv(2, 40)]}
     warnings: list[str] = []
     wins = T.winners(measured, warnings)
-    assert wins == {1: 7, 2: 7} and not warnings   # 7 loses 5% at c=1, wins 60% at c=2
+    assert wins == {1: 7, 2: 7}   # 7 loses 5% at c=1, wins 60% at c=2: said so
+    assert len(warnings) == 1 and "at concurrency 1 the fastest" in warnings[0]
     measured[7] = [lv(1, 12), lv(2, 26)]
+    warnings.clear()
     wins = T.winners(measured, warnings)
     assert wins == {1: 3, 2: 0} and not warnings
     assert T.lengths_for({1: 7, 4: 3, 8: 0}, 10) == [7, 3, 3, 3, 0, 0, 0, 0, 0, 0]

@@ -93,12 +93,15 @@ def _finish(T, t, measured, max_tokens, plot, dry_run, as_json) -> None:
     if as_json:
         print_json({"bundle": str(t.root), "measured": {str(k): v for k, v in measured.items()}, "winners": wins,
                     "max_draft_len": max_len, "draft_len_schedule": sched, "written": not dry_run,
-                    "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings})
+                    "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings,
+                    "plot": str(plot) if plot is not None else None})
         return
     _show_sweep(measured, wins)
     _show_fit(rows, cal, t)
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {w}")
+    if plot is not None:
+        out.print(f"plot: {plot}")
     what = f"max_draft_len {max_len}, draft_len_schedule {sched}"
     if dry_run:
         out.print(f"dry run: would write {what}; nothing written")
@@ -153,7 +156,6 @@ def _plot(T, t, measured, wins, cal, drafted, path) -> None:
         report["baseline"] = {"model": t.name, "levels": measured[0]}
         report["comparison"] = loadgen.compare(report["endpoint"], report["baseline"])
     loadgen.plot(report, path, predicted=T.predicted_curve(t, cal, drafted))
-    out.print(f"plot: {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -94,8 +94,9 @@ def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, 
                      progress=None) -> dict[int, list[dict]]:
     """{draft length (0: off): the load generator's levels}, one embedded server per setting."""
     from dflash_trt import runtime, serve
+    from dflash_trt.serve import launch
 
-    if serve.launch.find_trtllm_serve() is not None:
+    if launch.find_trtllm_serve() is not None:
         raise DFlashError("trtllm-serve is installed here: tune drives the embedded server only; start trtllm-serve "
                           "at each setting and measure it with 'dflash-trt tune BUNDLE --endpoint URL'")
     serve.check_fits_cpu(t.name, [t.root / ingest.Layout.TARGET, t.root / ingest.Layout.DRAFTER], 2)

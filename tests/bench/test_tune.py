@@ -42,10 +42,17 @@ def trtllm_draft_len(schedule: dict[int, int], batch: int) -> int:
     return next((schedule[k] for k in sorted(schedule) if k >= batch), 0)
 
 
-def test_tune_writes_the_measured_best_schedule_atomically(bundle, capsys):
+def _png(path) -> None:
+    import matplotlib.image as mpimg
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and mpimg.imread(path).shape[0] > 400
+
+
+def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, capsys):
     before = _files(bundle)
     assert run(["tune", str(bundle), "--concurrency", "1,2,4", "--draft-lens", "7,3,1", "--max-tokens", "8",
-                "--requests", "4", "--json"]) == 0
+                "--requests", "4", "--json", "--plot", str(tmp_path / "tune.png")]) == 0
+    _png(tmp_path / "tune.png")
     r = json.loads(capsys.readouterr().out)
     spec = yaml.safe_load((bundle / "trtllm/config.yaml").read_text())["speculative_config"]
     sched = {int(k): v for k, v in spec["draft_len_schedule"].items()}
@@ -111,7 +118,13 @@ def test_tune_endpoint_measures_and_refits_without_writing(bundle, capsys):
     with ServerThread(app) as srv:
         assert run(["tune", str(bundle), "--endpoint", srv.url, "--concurrency", "1,2", "--max-tokens", "8",
                     "--requests", "4", "--json"]) == 0
-    r = json.loads(capsys.readouterr().out)
+        r = json.loads(capsys.readouterr().out)
+        # bench --plot with the bundle: its plan's predicted curves beside the measured ones
+        png = bundle.parent / "bench.png"
+        assert run(["bench", "--endpoint", srv.url, "--bundle", str(bundle), "--concurrency", "1,2", "--max-tokens", "4",
+                    "--requests", "2", "--plot", str(png)]) == 0
+        _png(png)
+        capsys.readouterr()
     assert [lv["concurrency"] for lv in r["endpoint"]["levels"]] == [1, 2]
     assert r["calibration"]["source"].startswith("tune of tiny") and len(r["predicted_vs_measured"]) == 2
     assert _files(bundle) == before

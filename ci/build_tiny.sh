@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Engine-build checks CI runs on the CPU (no GPU, no network):
-#   1. every bundled recipe validates and plans from its shipped configs (plan + build --dry-run),
+#   1. every complete bundled recipe validates and plans from its shipped configs (plan + build
+#      --dry-run), every one marked incomplete refuses in one line,
 #      and a Hopper recipe plans for every TensorRT-LLM release the project knows;
 #   2. the tiny recipe builds at bf16, fp8 and nvfp4 (ModelOpt calibrates on the CPU) and each
 #      bundle is checked (build.check_bundle): layout, manifest, trtllm config against the
@@ -12,10 +13,18 @@ WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
 DT="python -m dflash_trt"
 
-for recipe in $(python -c "from dflash_trt.build import recipe; print(' '.join(recipe.bundled()))"); do
+LIST="from dflash_trt.build import recipe as R; import sys; want = sys.argv[1] == 'incomplete'
+print(' '.join(n for n in R.bundled() if bool(R.load(n).incomplete) == want))"
+for recipe in $(python -c "$LIST" complete); do
   echo "== plan $recipe"
   $DT plan "$recipe" --json > "$WORK/plan-$recipe.json"
   $DT build "$recipe" --dry-run > /dev/null
+done
+for recipe in $(python -c "$LIST" incomplete); do   # marked incomplete: refused in one line, exit 2
+  echo "== plan $recipe (incomplete: must refuse)"
+  code=0; $DT plan "$recipe" 2> "$WORK/refuse-$recipe.txt" > /dev/null || code=$?
+  [ "$code" = 2 ] && [ "$(wc -l < "$WORK/refuse-$recipe.txt")" -le 1 ] && grep -q incomplete "$WORK/refuse-$recipe.txt" \
+    || { echo "error: incomplete recipe $recipe did not refuse in one line" >&2; cat "$WORK/refuse-$recipe.txt" >&2; exit 1; }
 done
 
 for release in $(python -c "from dflash_trt.build import trtllm_releases as t; print(' '.join(t.KNOWN))"); do

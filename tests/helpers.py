@@ -6,6 +6,8 @@ import torch
 
 from dflash_trt.model.drafter import Drafter
 
+from dflash_trt.model.dflash2 import DFlash2Drafter
+
 from dflash_trt.model.config import DrafterConfig
 
 from dflash_trt.model.target import Target
@@ -57,6 +59,20 @@ def tiny_drafter_config(target, block_size: int = 8, layers: int = 2, **kw) -> D
 def tiny_drafter(target, seed: int = 1, **kw) -> Drafter:
     torch.manual_seed(seed)
     d = Drafter(tiny_drafter_config(target, **kw))
+    for p in d.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.2)
+    return d.to(target.dtype).eval()
+
+
+#: DFlash2 sizes for tiny drafters (the published ones are 2 taps, groups of 16, rank 256, top-16).
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+
+
+def tiny_dflash2_drafter(target, seed: int = 1, **kw) -> DFlash2Drafter:
+    """A random DFlash2 drafter (every weight random, the convolutions and codebooks included)."""
+    torch.manual_seed(seed)
+    d = DFlash2Drafter(tiny_drafter_config(target, **{**DFLASH2, **kw}))
     for p in d.parameters():
         if p.dim() > 1:
             torch.nn.init.normal_(p, std=0.2)

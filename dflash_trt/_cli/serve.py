@@ -58,6 +58,11 @@ def serve(
                                                    "(default: all cores but one, left to the event loop).")] = None,
     dtype: DtypeOpt = "auto",
     backend: BackendOpt = "torch",
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="DFLASH_API_KEY", help="Embedded server: "
+                                                   "answer 401 to requests without 'Authorization: Bearer KEY' "
+                                                   "(env DFLASH_API_KEY).")] = None,
+    max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, help="Embedded server: largest request "
+                                               "body in MiB (413 above it).")] = 4.0,
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from dflash_trt.serve import launch
@@ -96,12 +101,12 @@ def serve(
             raise exc
         return
     serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
-                    batching.value)
+                    batching.value, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)))
 
 
 def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
                     block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
-                    batching: str = "continuous") -> int:
+                    batching: str = "continuous", api_key: str | None = None, max_body_bytes: int = 4 << 20) -> int:
     from dflash_trt.errors import DFlashError, require
     from dflash_trt.runtime import load_bundle, open_backend, parse_dtype
     from dflash_trt.serve import check_fits_cpu, create_app, serve as run_server
@@ -123,7 +128,9 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
             batching = "static"
     app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
                      block_size=block_size, torch_threads=threads, batching=batching,
-                     max_model_len=b.serve.max_seq_len)
+                     max_model_len=b.serve.max_seq_len, api_key=api_key, max_body_bytes=max_body_bytes)
+    if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"warning: listening on {host} without --api-key: anyone who reaches this port can use the model")
     through = f", {backend} backend" if backend != "torch" else ""
     err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, {batching} "
               f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")

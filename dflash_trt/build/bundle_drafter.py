@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt import ingest
-from dflash_trt.model import Drafter
+from dflash_trt.model import Drafter, drafter_for
 
 
 def sort_target_layers(drafter: Drafter) -> Drafter:
@@ -38,7 +38,7 @@ def sort_target_layers(drafter: Drafter) -> Drafter:
     w = state["fc.weight"]
     state["fc.weight"] = torch.cat([w[:, j * H:(j + 1) * H] for j in order], dim=1)
     cfg = drafter.cfg.model_copy(update={"target_layer_ids": [ids[j] for j in order]})
-    out = Drafter(cfg).to(drafter.dtype)  # cast first: loading into fp32 parameters would round fp64 weights
+    out = drafter_for(cfg)(cfg).to(drafter.dtype)  # cast first: loading into fp32 parameters would round fp64 weights
     out.load_state_dict(state)
     out.kernels = drafter.kernels
     return out.eval()

@@ -34,6 +34,7 @@ from dflash_trt.build import (
     output,
     serve_sh,
     trtllm,
+    trtllm_dflash2,
     trtllm_releases,
     trtllm_rules,
 )
@@ -41,7 +42,7 @@ from dflash_trt.build import plan as planner
 from dflash_trt.build import calibrate, perf_model
 from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision
 from dflash_trt.build.recipe import Recipe
-from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError
+from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, RecipeError
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
@@ -60,6 +61,7 @@ class Resolved:
     drafter: DraftShape
     shipped_quant: dict | None
     warnings: list[str] = field(default_factory=list)
+    drafter_config: object | None = None   # the DrafterConfig (DFlash2's TensorRT-LLM rules read it)
 
 
 def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
@@ -75,6 +77,9 @@ def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
 
 def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     """Everything the plan needs, from configs; ``weights=True`` resolves the checkpoints."""
+    if recipe.incomplete:
+        raise RecipeError(f"recipe {recipe.name} is incomplete: {'; '.join(recipe.incomplete)}; it cannot be planned "
+                          "until those configs are published (the drafter alone still runs with inspect)")
     gpu = hardware.get(recipe.gpu.name)
     gpus = recipe.gpu.count * recipe.gpu.nodes
     requested, kv = recipe.precision.weights, recipe.precision.kv_cache
@@ -95,13 +100,15 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     hardware.check_precision(gpu, precision, kv)
     report = ingest.validate_pair(tdir, ddir, require_weights=weights)
     warnings = list(getattr(report, "warnings", []) or [])
-    ignored = trtllm_rules.ignored_drafter_keys(ingest.read_drafter(ddir, require_weights=False).config)
+    dcfg = ingest.read_drafter(ddir, require_weights=False).config
+    ignored = trtllm_rules.ignored_drafter_keys(dcfg)
     if ignored:
         warnings.append(ignored)
+    trtllm_dflash2.check(dcfg, recipe.trtllm.release)
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
-                    shipped_quant=shipped_q, warnings=warnings)
+                    shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg)
 
 
 def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Plan:
@@ -110,10 +117,14 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
-    p = planner.make(dep, rc.serving, rc.speculative, rc.parallel, rc.trtllm)
+    spec = rc.speculative
+    if r.drafter_config is not None:   # a DFlash2 drafter's windows rule out the TRTLLM draft attention
+        backend = trtllm_dflash2.attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
+                                                   trtllm_releases.get(rc.trtllm.release).attention_backends)
+        spec = spec.model_copy(update={"attention_backend": backend})
+    p = planner.make(dep, rc.serving, spec, rc.parallel, rc.trtllm)
     if calibration:
         cal, tau = calibrate.from_files(list(calibration), dep, p, perf_model.shipped(), perf_model.engine_for(r.gpu))
-        spec = rc.speculative
         if tau is not None and spec.acceptance is None:
             spec = spec.model_copy(update={"acceptance": tau})
         p = planner.make(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal)
@@ -236,7 +247,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         format=BUNDLE_FORMAT,
         name=rc.name,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        recipe=rc.model_dump(mode="json", exclude={"source"}),
+        recipe=rc.model_dump(mode="json", exclude={"source", "incomplete"}),   # only complete recipes build
         recipe_source=str(rc.source) if rc.source else None,
         inputs={"target": _input(rc.target, r.target_dir), "drafter": _input(rc.drafter, r.drafter_dir),
                 "calibration": _calib_input(rc)},

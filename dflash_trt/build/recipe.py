@@ -112,6 +112,8 @@ class Recipe(_Strict):
     speculative: SpeculativeSpec = SpeculativeSpec()
     trtllm: TrtllmSpec = TrtllmSpec()
     engine: Literal["trtllm", "tensorrt"] = Field("trtllm", description="trtllm: TensorRT-LLM PyTorch backend; tensorrt: also export ONNX/engines with the DFlash plugins.")
+    incomplete: list[str] = Field(default_factory=list, description="What the published configs lack (one entry "
+                                  "each); plan and build refuse a recipe that lists anything here.")
 
     source: Path | None = Field(None, exclude=True, description="Where the recipe was loaded from (not a YAML key).")
 
@@ -125,7 +127,8 @@ class Recipe(_Strict):
         return path
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", exclude={"source"}), sort_keys=False)
+        skip = {"source"} | ({"incomplete"} if not self.incomplete else set())   # complete recipes read as before
+        return yaml.safe_dump(self.model_dump(mode="json", exclude=skip), sort_keys=False)
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import torch
 from dflash_trt.ingest import files, formats
 from dflash_trt.ingest.resolve import open_dir, read_json
 from dflash_trt.errors import CheckpointError, CompatibilityError
-from dflash_trt.model import Drafter, DrafterConfig
+from dflash_trt.model import DFLASH2_FIELDS, Drafter, DrafterConfig, drafter_for
 
 def is_drafter(path: str | Path) -> bool:
     """Whether a directory's config.json describes a drafter (of any family) rather than a model."""
@@ -104,6 +104,7 @@ class DrafterSpec:
             "num_parameters": self.num_parameters, "bytes_on_disk": self.weights.bytes_on_disk,
             "dtype": self.dtype, "weights_present": self.weights_present,
             "defaulted": self.defaulted, "notes": self.norm.notes, "warnings": self.warnings,
+            **({"dflash2": {k: getattr(c, k) for k in DFLASH2_FIELDS}} if c.is_dflash2 else {}),
         }
 
 
@@ -149,6 +150,11 @@ def _check_tensors(spec: DrafterSpec) -> None:
                               "lm_head.weight/d2t in the weights; the drafter's own head is missing (replacing "
                               "it with the target's destroys acceptance): download the complete drafter")
     missing = sorted(set(expected) - set(got))
+    extra = [n for n in missing if n.startswith("candidate_selector.") or "_conv." in n]
+    if extra:  # DFlash2 checked first: without its selector the drafter is a different model
+        part = "candidate selector" if extra[0].startswith("candidate_selector.") else "dynamic convolutions"
+        raise CheckpointError(f"{where}: DFlash2 drafter weights lack the {part} ({extra[0]}, {len(extra)} "
+                              "missing); incomplete download, or a DFlash (v1) drafter labelled DFlash2")
     if missing:
         raise CheckpointError(f"{where}: drafter weights lack {missing[0]} ({len(missing)} missing); "
                               "incomplete download, or config.json does not describe these weights")
@@ -221,7 +227,7 @@ def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:
 def load_drafter(path: str | Path, dtype: torch.dtype | None = None) -> Drafter:
     """Load a drafter of any supported format (speculators, ModelOpt, z-lab) for the runtime."""
     spec = read_drafter(path)
-    return Drafter.from_state(spec.config, load_state(spec), dtype=dtype)
+    return drafter_for(spec.config).from_state(spec.config, load_state(spec), dtype=dtype)
 
 
 def write_zlab(drafter_dir: str | Path, out_dir: str | Path) -> Path:
@@ -234,7 +240,7 @@ def write_zlab(drafter_dir: str | Path, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out}: exists and is not empty; choose another output directory")
-    drafter = Drafter.from_state(spec.config, load_state(spec), dtype=files.torch_dtype(spec.dtype))
+    drafter = drafter_for(spec.config).from_state(spec.config, load_state(spec), dtype=files.torch_dtype(spec.dtype))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

@@ -13,6 +13,10 @@ Every supported format normalises to one z-lab-style config dict (read by
 |             |                                                  | ``transformer_layer_config``; layer ids are     |
 |             |                                                  | ``output_hidden_states`` indices (z-lab id + 1);|
 |             |                                                  | reduced vocab: own ``lm_head`` + ``d2t`` offsets|
+| dflash2     | ``DFlash2DraftModel`` / ``dflash_config``        | z-lab form plus ``conv_kernel_size``,           |
+|             | ``conv_kernel_size`` / selector tensors          | ``conv_group_size``, ``selector_rank``,         |
+|             |                                                  | ``selector_top_k``; ``is_causal`` top level;    |
+|             |                                                  | conv + ``candidate_selector.*`` tensors         |
 
 speculators (vllm-project/speculators, ``train/vocab_mapping.py``): ``d2t[i]`` is an
 *offset*, target id = ``i + d2t[i]``; ``t2d`` is a boolean mask over the target
@@ -21,9 +25,13 @@ target ids in increasing order. ``Drafter.d2t`` holds *absolute* target ids, so 
 offsets are added here. Its converter from z-lab writes ``aux_hidden_state_layer_ids =
 target_layer_ids + 1`` and vLLM maps back with ``- 1``: the shift is undone here.
 
-Refused: DSpark (Markov/confidence heads: not DFlash), DFlash2 (conv + candidate
-selector: not yet supported by the reference runtime), Domino correction heads, drafters
-with attention sinks or quantized weights, and anything without DFlash markers.
+DFlash2 (z-lab's ``dflash`` package, ``dflash/model.py``): the published codebooks are stored
+as ``candidate_selector.predecessor_codebook`` / ``successor_codebook`` (no ``.weight``; the
+authors' loader maps them onto ``nn.Embedding``); a ``.weight`` suffix is accepted and dropped.
+
+Refused: DSpark (Markov/confidence heads: not DFlash), speculators-format DFlash2, Domino
+correction heads, drafters with attention sinks or quantized weights, and anything without
+DFlash markers.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.files import FLOAT_DTYPES, TensorInfo
 from dflash_trt.ingest.resolve import positive_int
+from dflash_trt.ingest import dflash2
 
 # Tensors some exports carry that DFlash takes from the target (or recomputes): dropped.
 TARGET_OWNED = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
@@ -65,6 +74,8 @@ class Normalised:
             return None
         if name == "lm_head.weight" and not self.zlab["dflash_config"].get("draft_vocab_size"):
             return None
+        if name.endswith(".weight") and name[: -len(".weight")] in dflash2.CODEBOOKS:
+            return name[: -len(".weight")]
         return name
 
 
@@ -90,11 +101,9 @@ def _refuse_other_families(cfg: dict, names: list[str], where: str) -> None:
             or any(_base(n).startswith(("markov_", "confidence_head.", "confidence_proj.")) for n in names)):
         raise CheckpointError(f"{where}: this is a DSpark drafter (Markov/confidence heads), not DFlash; "
                               "dflash-trt serves DFlash drafters only: use the model's DFlash drafter")
-    if (spec_type == "dflash2" or "DFlash2DraftModel" in archs or "dflash2_config" in cfg
-            or any(k in d for k in ("conv_kernel_size", "selector_rank"))
-            or any(_base(n).startswith("candidate_selector.") or ".attention_conv." in n for n in names)):
-        raise CheckpointError(f"{where}: DFlash2 drafters (dynamic convolutions + candidate selector) are "
-                              "not yet supported by dflash-trt; use a DFlash (v1) drafter for this target")
+    if spec_type == "dflash2" or ("dflash2_config" in cfg and "dflash_config" not in cfg):
+        raise CheckpointError(f"{where}: DFlash2 in the speculators layout is not supported; use the drafter "
+                              "in its published z-lab form (DFlash2DraftModel with dflash_config)")
     if projector == "domino" or any(_base(n).startswith(("prefix_gru.", "embed_proj.")) for n in names):
         raise CheckpointError(f"{where}: Domino drafters (DFlash + causal correction head) are not supported; "
                               "use a plain DFlash drafter")
@@ -113,6 +122,8 @@ def detect(cfg: dict, names: list[str], root: Path) -> str:
     if cfg.get("speculators_model_type") or "speculators_config" in cfg:
         return "speculators"
     archs = [str(a) for a in cfg.get("architectures") or []]
+    if dflash2.is_dflash2(cfg, names):
+        return "dflash2"
     if "dflash_config" in cfg or "DFlashDraftModel" in archs:
         if _is_modelopt(cfg, names, root):
             return "modelopt"
@@ -124,7 +135,7 @@ def detect(cfg: dict, names: list[str], root: Path) -> str:
         raise CheckpointError(f"{where}: {archs[0]} is a language model, not a DFlash drafter "
                               "(no dflash_config / speculators_config); did you swap --target and --drafter?")
     raise CheckpointError(f"{where}: unknown drafter format (no dflash_config, speculators_config or "
-                          "DFlashDraftModel architecture); supported: z-lab, speculators, ModelOpt exports")
+                          "DFlashDraftModel architecture); supported: z-lab, speculators, ModelOpt exports, DFlash2")
 
 
 def _known_arch(arch: str) -> bool:
@@ -309,6 +320,8 @@ def normalise(cfg: dict, names: list[str], root: Path) -> Normalised:
     fmt = detect(cfg, names, root)
     if fmt == "speculators":
         return _speculators(cfg, names, root)
+    if fmt == "dflash2":
+        dflash2.check_config(cfg, root / "config.json")
     return _zlab(cfg, names, root, fmt)
 
 
@@ -347,4 +360,6 @@ def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
     if cfg.draft_vocab_size:
         out["lm_head.weight"] = (cfg.draft_vocab_size, h)
         out["d2t"] = (cfg.draft_vocab_size,)
+    if cfg.is_dflash2:
+        out.update(dflash2.expected_shapes(cfg))
     return out

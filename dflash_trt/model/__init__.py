@@ -4,13 +4,17 @@ Other subpackages import from here, never from the modules inside.
 """
 from __future__ import annotations
 
-from dflash_trt.model.config import DrafterConfig
+from dflash_trt.model.config import DFLASH2_FIELDS, DrafterConfig
 from dflash_trt.model.drafter import Drafter
+from dflash_trt.model.dflash2 import DFlash2Drafter, drafter_for
 from dflash_trt.model.target import Target, load_target
 
 __all__ = [
+    "DFLASH2_FIELDS",
+    "DFlash2Drafter",
     "Drafter",
     "DrafterConfig",
     "Target",
+    "drafter_for",
     "load_target",
 ]

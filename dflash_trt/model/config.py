@@ -4,6 +4,11 @@ z-lab conventions throughout: ``target_layer_ids`` count decoder layers from 0 (
 ``i`` is the output of decoder layer ``i``, i.e. ``output_hidden_states[i + 1]``).
 ``checkpoint``/``formats`` map the published formats onto it; ``to_zlab`` writes the form
 TensorRT-LLM's DFlash loader reads.
+
+DFlash2 drafters (``DFlash2DraftModel``, z-lab's ``dflash`` package, ``dflash/model.py``) are the
+same description plus four numbers in ``dflash_config``: ``conv_kernel_size`` and
+``conv_group_size`` size the grouped dynamic convolutions around every sublayer,
+``selector_rank`` and ``selector_top_k`` the candidate selector. All four or none.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 LayerType = Literal["full_attention", "sliding_attention"]
+#: The ``dflash_config`` keys a DFlash2 drafter adds (all four, or none).
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 class DrafterConfig(BaseModel):
@@ -50,6 +57,15 @@ class DrafterConfig(BaseModel):
         None, description="Reduced draft vocabulary with its own lm_head and d2t map (speculators)."
     )
     dtype: str = "bfloat16"
+    # -- DFlash2 (all four set, or none) ----------------------------------------------
+    conv_kernel_size: int | None = Field(None, ge=1, description="DFlash2: taps of each dynamic convolution.")
+    conv_group_size: int | None = Field(None, ge=1, description="DFlash2: channels sharing one dynamic tap.")
+    selector_rank: int | None = Field(None, ge=1, description="DFlash2: rank of the selector's codebooks.")
+    selector_top_k: int | None = Field(None, ge=1, description="DFlash2: candidates per block position.")
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.conv_kernel_size is not None
 
     @model_validator(mode="after")
     def _check(self) -> "DrafterConfig":
@@ -61,7 +77,22 @@ class DrafterConfig(BaseModel):
             raise ValueError("layer_types must have one entry per drafter layer")
         if "sliding_attention" in (self.layer_types or []) and not self.sliding_window:
             raise ValueError("sliding_attention layers need a sliding_window")
+        self._check_dflash2()
         return self
+
+    def _check_dflash2(self) -> None:
+        names = DFLASH2_FIELDS
+        unset = [n for n in names if getattr(self, n) is None]
+        if len(unset) not in (0, len(names)):
+            raise ValueError(f"DFlash2 needs all of {', '.join(names)}; missing {', '.join(unset)}")
+        if unset:
+            return
+        if self.hidden_size % self.conv_group_size:
+            raise ValueError(f"conv_group_size {self.conv_group_size} does not divide hidden_size {self.hidden_size}")
+        if self.selector_top_k > self.vocab_size:
+            raise ValueError(f"selector_top_k {self.selector_top_k} exceeds the vocabulary ({self.vocab_size})")
+        if self.draft_vocab_size:
+            raise ValueError("DFlash2 selectors index the full vocabulary; a reduced draft vocabulary is not supported")
 
     def layer_causal(self, i: int) -> bool:
         if self.causal is not None:
@@ -108,12 +139,13 @@ class DrafterConfig(BaseModel):
             attention_bias=bool(cfg.get("attention_bias", False)),
             layer_types=layer_types,
             sliding_window=window,
-            causal=pick("causal", cfg.get("is_causal")),
+            causal=pick("causal", pick("is_causal")),
             input_embedding_scale=float(pick("input_embedding_scale", 1.0)),
             output_multiplier=float(pick("output_multiplier", 1.0)),
             final_logit_softcapping=pick("final_logit_softcapping"),
             draft_vocab_size=pick("draft_vocab_size"),
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"),
+            **{k: (int(dcfg[k]) if dcfg.get(k) is not None else None) for k in DFLASH2_FIELDS},
         )
 
     def to_zlab(self) -> dict:
@@ -151,4 +183,18 @@ class DrafterConfig(BaseModel):
         }
         if self.num_target_layers is not None:
             cfg["num_target_layers"] = self.num_target_layers
+        if self.is_dflash2:
+            self._dflash2_form(cfg)
         return cfg
+
+    def _dflash2_form(self, cfg: dict) -> None:
+        """The published DFlash2 form (z-lab/Qwen3.8-27B-DFlash2): its architecture, the four sizes
+        and the block size in ``dflash_config``, ``is_causal`` at the top level (where the authors'
+        ``Qwen3DFlashAttention`` reads it)."""
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        dflash = cfg["dflash_config"]
+        causal = dflash.pop("causal", None)
+        if causal is not None:
+            cfg["is_causal"] = causal
+        dflash["block_size"] = self.block_size
+        dflash.update({k: getattr(self, k) for k in DFLASH2_FIELDS})

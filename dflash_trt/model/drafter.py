@@ -158,25 +158,31 @@ class Drafter(nn.Module):
         positions = cache.lengths[:, None] + torch.arange(B, device=block_embeds.device)
         return self.block_forward(block_embeds, positions, attend)
 
-    def block_forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+    def block_forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, attend,
+                      block_len: int | None = None) -> torch.Tensor:
         """The layer stack over block tokens at absolute ``positions`` [b, B];
         ``attend(layer, q, k, v)`` is block-diffusion attention over that layer's context.
         The paged-cache runtime, the ONNX export and training (many blocks per row, one
-        masked attention) all run this one loop."""
-        cfg = self.cfg
-        b, B, _ = block_embeds.shape
+        masked attention) all run this one loop. ``block_len``: the length of each block when
+        the B positions hold several back to back (training); only DFlash2's convolutions,
+        which must not cross a block boundary, read it."""
         cos, sin = self.rope(positions, block_embeds.dtype)
         x = block_embeds
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_norm(attn.q_proj(h).view(b, B, cfg.num_attention_heads, cfg.head_dim))
-            k = attn.k_norm(attn.k_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim))
-            v = attn.v_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim)
-            q, k = plugins.apply_rope(q, cos, sin), plugins.apply_rope(k, cos, sin)
-            x = x + attn.o_proj(attend(i, q, k, v).reshape(b, B, -1))
+            x = x + self.attention(i, layer.input_layernorm(x), cos, sin, attend)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
+
+    def attention(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        """Layer ``i``'s attention sublayer on its normed input h [b, B, H] (q/k/v, norms, RoPE,
+        ``attend``, o_proj); returns [b, B, H]."""
+        cfg, attn = self.cfg, self.layers[i].self_attn
+        b, B, _ = h.shape
+        q = attn.q_norm(attn.q_proj(h).view(b, B, cfg.num_attention_heads, cfg.head_dim))
+        k = attn.k_norm(attn.k_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim))
+        v = attn.v_proj(h).view(b, B, cfg.num_key_value_heads, cfg.head_dim)
+        q, k = plugins.apply_rope(q, cos, sin), plugins.apply_rope(k, cos, sin)
+        return attn.o_proj(attend(i, q, k, v).reshape(b, B, -1))
 
     def logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
         """Draft logits over the *target* vocabulary.

@@ -17,6 +17,11 @@ The calls, per batch of ``b`` rows:
   injection of the tokens committed since the last round, then one block forward over
   ``[anchor, MASK x (B-1)]`` (the exported ``drafter.onnx`` is exactly this round). Block
   size 1 (a round the engine's draft-length schedule turns drafting off for) only injects.
+- ``draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)`` ->
+  (tokens, q): the B-1 draft tokens per row and the distributions q the sampled rows drew them
+  from (None when no row samples; tokens None at block size 1). Default: ``drafter_round``,
+  then :func:`~dflash_trt.runtime.sampling.propose` per row; a DFlash2 drafter instead walks
+  its candidate selector left to right (``TorchBackend`` overrides it).
 - ``keep_rows(target_cache, draft_cache, rows)``: rows leaving the batch.
 - ``merge_rows(target_a, draft_a, target_b, draft_b)`` -> (target cache, drafter cache): rows
   joining, b's after a's (SGLang's ``merge_batch``); target caches of S_a and S_b columns
@@ -39,9 +44,10 @@ from abc import ABC, abstractmethod
 import torch
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import Drafter, Target
-from dflash_trt.runtime.decoder import lean_forward
+from dflash_trt.model import DFlash2Drafter, Drafter, Target
 from dflash_trt.plugins import PagedKVCache
+from dflash_trt.runtime.decoder import lean_forward
+from dflash_trt.runtime.sampling import SamplingParams, propose
 
 
 class Backend(ABC):
@@ -77,6 +83,17 @@ class Backend(ABC):
         since the last round, injected at the cache's current lengths. anchor [b]: the last
         committed token, block position 0, at absolute position ``lengths + n_new``.
         """
+
+    def draft_block(self, target_hidden: torch.Tensor, n_new: torch.Tensor, anchor: torch.Tensor, block_size: int,
+                    cache: object, params: list[SamplingParams], keys: list[int | None],
+                    first: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One drafter round as tokens: (draft tokens [b, B-1], q [b, B-1, V] float32 or None),
+        q being what each sampled row's tokens were drawn from (what rejection sampling must use).
+        Default: each position from ``drafter_round``'s logits (:func:`sampling.propose`)."""
+        dlogits = self.drafter_round(target_hidden, n_new, anchor, block_size, cache)
+        if block_size == 1:
+            return None, None
+        return propose(dlogits, params, keys, first)
 
     @abstractmethod
     def keep_rows(self, target_cache: object, draft_cache: object | None, rows: torch.Tensor) -> None:
@@ -125,14 +142,47 @@ class TorchBackend(Backend):
         return logits, hidden
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
+        return self._draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)[1]
+
+    def _draft_hidden_logits(self, target_hidden, n_new, anchor, block_size, cache):
+        """Inject, draft one block: (hidden [b, B-1, H], draft logits [b, B-1, V] float32)."""
         d, cfg = self.drafter, self.drafter.cfg
         d.inject(target_hidden.to(d.dtype), n_new, cache)
-        if block_size == 1:
-            return anchor.new_zeros(anchor.shape[0], 0, cfg.vocab_size, dtype=torch.float32)
+        if block_size == 1:  # a round with drafting off: the drafter only takes in the last commit
+            return None, anchor.new_zeros(anchor.shape[0], 0, cfg.vocab_size, dtype=torch.float32)
         block = anchor.new_full((anchor.shape[0], block_size), cfg.mask_token_id)   # [b, B]
         block[:, 0] = anchor
-        hidden = d.draft(self.target.embed(block, cfg.input_embedding_scale).to(d.dtype), cache)
-        return d.logits(hidden[:, 1:], self.target.head).float()
+        hidden = d.draft(self.target.embed(block, cfg.input_embedding_scale).to(d.dtype), cache)[:, 1:]
+        return hidden, d.logits(hidden, self.target.head).float()
+
+    def draft_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first):
+        """A DFlash2 drafter walks its candidate selector (``DFlash2Drafter.propose``); q is the
+        walk's distribution over each position's candidates. Others: ``Backend.draft_block``.
+
+        Rows decided by argmax (greedy, and seeded rows, whose acceptance compares the draft with
+        the target's own noise-perturbed argmax, so any proposal keeps them lossless) walk
+        greedily; the unseeded sampled rows walk at their temperature, which must be one setting
+        for the batch."""
+        if not isinstance(self.drafter, DFlash2Drafter):
+            return super().draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)
+        hidden, dlogits = self._draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)
+        if block_size == 1:
+            return None, None
+        argmax = [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]
+        sampled = [r for r in range(len(params)) if r not in set(argmax)]
+        tokens = torch.empty(dlogits.shape[:2], dtype=torch.long, device=dlogits.device)
+        q = None
+        if argmax:
+            tokens[argmax] = self.drafter.propose(hidden[argmax], dlogits[argmax], anchor[argmax], 0.0, None)[0]
+        if sampled:
+            if len({params[r] for r in sampled}) > 1:
+                raise DFlashError("a DFlash2 drafter samples a batch at one setting: unseeded requests with "
+                                  "different sampling parameters in one batch are not supported yet")
+            tokens[sampled], q_s = self.drafter.propose(hidden[sampled], dlogits[sampled], anchor[sampled],
+                                                        params[sampled[0]].temperature, None)
+            q = torch.zeros_like(dlogits, dtype=torch.float32)
+            q[sampled] = q_s
+        return tokens, q
 
     def keep_rows(self, target_cache, draft_cache, rows):
         target_cache.batch_select_indices(rows)

@@ -101,13 +101,15 @@ class GraphBackend(Backend):
                                           dtype=torch.float32, pages=pages)
         return TargetCache(), dcache
 
-    def target_forward(self, ids, positions, attention_mask, cache, capture):
+    def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):
         if cache.k is None:
             L, kvh, d = self._target_dims
             cache.k = cache.v = torch.zeros(L, ids.shape[0], kvh, 0, d, device=self.device)
         logits, target_hidden, cache.k, cache.v = self.run("target", {
             "input_ids": ids.contiguous(), "attention_mask": attention_mask.long().contiguous(),
             "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
+        if logits_at is not None:  # the graph computes every position; keep the asked-for one per row
+            logits = logits[torch.arange(ids.shape[0], device=logits.device), logits_at][:, None]
         return logits, (target_hidden if capture else None)
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):

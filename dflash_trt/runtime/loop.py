@@ -41,7 +41,7 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target
 from dflash_trt.runtime.backend import Backend, TorchBackend
-from dflash_trt.runtime.sampling import SamplingParams, accept_rows, noise_key, propose, select_rows
+from dflash_trt.runtime.sampling import SamplingParams, accept_rows, noise_key, select_rows
 from dflash_trt.runtime.stats import Stats
 
 
@@ -203,15 +203,16 @@ def prefill(backend: Backend, rows: list[Request], draft: bool) -> Batch:
 
 def draft(backend: Backend, batch: Batch, B: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The block to verify, [n, B]: the anchor, then B-1 draft tokens; and q [n, B-1, V], the
-    warped draft distributions of the unseeded sampled rows (None when there are none). B = 1
-    drafts nothing: the block is the anchor alone (a drafter still takes in the last commit)."""
+    warped draft distributions of the sampled rows (None when there are none;
+    ``Backend.draft_block``). B = 1 drafts nothing: the block is the anchor alone (a drafter
+    still takes in the last commit)."""
     anchor = batch.last[:, None]                                                # [n, 1]
     if batch.draft_cache is None:
         return anchor, None
-    dlogits = backend.drafter_round(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache)
-    if B == 1:
+    tokens, q = backend.draft_block(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache,
+                                    *_sampling(batch.rows), (batch.positions + 1).tolist())  # [n, B-1], [n, B-1, V]
+    if tokens is None:
         return anchor, None
-    tokens, q = propose(dlogits, *_sampling(batch.rows), (batch.positions + 1).tolist())
     return torch.cat([anchor, tokens], dim=1), q
 
 

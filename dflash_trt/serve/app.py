@@ -59,9 +59,12 @@ def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, b
 
 def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int | None = None,
                block_size: int | None = None, max_model_len: int | None = None, batching: str = "continuous",
-               default_max_tokens: int = 16, batch_window_s: float = 0.005, torch_threads: int | None = None):
+               default_max_tokens: int = 16, batch_window_s: float = 0.005, torch_threads: int | None = None,
+               api_key: str | None = None, max_body_bytes: int = 4 << 20):
     """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan.
-    ``max_batch`` defaults to the bundle's planned ``max_batch_size`` (else 8)."""
+    ``max_batch`` defaults to the bundle's planned ``max_batch_size`` (else 8). ``api_key``: every
+    request but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise); bodies over
+    ``max_body_bytes`` are answered 413 (``serve/guard.py``)."""
     fastapi = require("fastapi", "serve", "the embedded server")
     from dflash_trt.serve import routes  # imports fastapi
     from dflash_trt.serve.metrics import ServerMetrics
@@ -90,6 +93,9 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     app.state.drain = batcher.close   # stop taking requests (503), keep running what was admitted
     app.state.busy = server.busy
     routes.install(app)
+    from dflash_trt.serve.guard import Guard
+
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, on_refused=metrics.request_done)
     return app
 
 

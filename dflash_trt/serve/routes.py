@@ -19,6 +19,7 @@ import asyncio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_trt.runtime import SamplingParams
 from dflash_trt.serve.batcher import Draining, Job, QueueFull
@@ -41,6 +42,14 @@ def error(server: ServerState, status: int, message: str, type_: str = "invalid_
 
 async def api_error(request: Request, exc: APIError) -> JSONResponse:
     return error(server_of(request), exc.status, exc.message, exc.type, exc.param, exc.code)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Unknown routes (404), wrong methods (405) and the like, as OpenAI error objects too."""
+    kind = {404: "NotFoundError", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+    message = {404: f"No route {request.method} {request.url.path} on this server.",
+               405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, str(exc.detail))
+    return error(server_of(request), exc.status_code, message, kind)
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -131,14 +140,21 @@ def respond_stream(server: ServerState, req, job: Job, events: asyncio.Queue, ch
 
 async def respond_full(request: Request, server: ServerState, job: Job, events: asyncio.Queue, chat: bool):
     reply = Reply.new(chat, server.model_name)
+    loop = asyncio.get_running_loop()
+    checked = loop.time()
     while True:  # non-streaming: wait for the end, noticing a client that goes away
         try:
             kind, payload = await asyncio.wait_for(events.get(), timeout=0.5)
         except asyncio.TimeoutError:
+            kind = None
+        # at least every 0.5 s, also while tokens keep coming: a busy job is cancelled too
+        if kind is None or loop.time() - checked >= 0.5:
+            checked = loop.time()
             if await request.is_disconnected():
                 job.cancel()
                 server.metrics.request_done(499)
                 return Response(status_code=499)
+        if kind is None:
             continue
         if kind == "error":
             raise APIError(500, str(payload), "server_error")
@@ -192,7 +208,8 @@ ROUTES = (
     ("POST", "/v1/completions", completions),
     ("POST", "/v1/chat/completions", chat_completions),
 )
-ERROR_HANDLERS = ((APIError, api_error), (RequestValidationError, invalid_request))
+ERROR_HANDLERS = ((APIError, api_error), (RequestValidationError, invalid_request),
+                  (StarletteHTTPException, http_error))
 
 
 def install(app: FastAPI) -> None:

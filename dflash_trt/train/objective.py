@@ -174,7 +174,7 @@ def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: t
                                            scale=hd ** -0.5)
         return o.transpose(1, 2)
 
-    x = drafter.block_forward(block_embeds.reshape(b, K * B, H), q_pos, attend)
+    x = drafter.block_forward(block_embeds.reshape(b, K * B, H), q_pos, attend, block_len=B)  # DFlash2: per block
     return x.view(b, K, B, H)
 
 

@@ -167,7 +167,7 @@ CASES = {
     "mask id outside the vocabulary": (mask_outside_vocabulary, "mask_token_id 500 has no row"),
     "trained for another depth": (trained_for_deeper_target, "num_target_layers 36"),
     "DSpark": (dspark, "DSpark drafter"),
-    "DFlash2": (dflash2, "not yet supported"),
+    "DFlash2 without its group size and top-k": (dflash2, "DFlash2 drafter config lacks"),
     ".bin-only": (bin_only, "pickled weights"),
     "custom-code-only config": (custom_code_only, "custom code"),
     "missing tokenizer": (missing_tokenizer, "no tokenizer files"),

@@ -9,7 +9,7 @@ import torch
 
 # Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
 
-from tests.helpers import char_tokenizer, save_pair, tiny_drafter, tiny_target, wrap
+from tests.helpers import char_tokenizer, save_pair, tiny_dflash2_drafter, tiny_drafter, tiny_target, wrap
 
 from dflash_trt.train import objective
 from dflash_trt.train import data
@@ -55,12 +55,16 @@ def _target_hidden(model, drafter, ids):
     return torch.cat([out.hidden_states[i + 1] for i in drafter.cfg.target_layer_ids], -1)
 
 
-@pytest.mark.parametrize("kind", ["full", "sliding"])
+@pytest.mark.parametrize("kind", ["full", "sliding", "dflash2"])
 def test_training_forward_equals_inject_then_draft(kind):
-    """The guarantee that training optimises what inference runs: same hidden states."""
+    """The guarantee that training optimises what inference runs: same hidden states (DFlash2: its
+    convolutions stay inside each of the blocks training lays back to back)."""
     model = tiny_target(layers=4)
     extra = {} if kind == "full" else dict(layer_types=["sliding_attention", "full_attention"], sliding_window=6)
-    drafter = tiny_drafter(model, block_size=8, layers=2, **extra)
+    if kind == "dflash2":
+        drafter = tiny_dflash2_drafter(model, block_size=8, layers=2, causal=False, **extra)
+    else:
+        drafter = tiny_drafter(model, block_size=8, layers=2, **extra)
     target = wrap(model, drafter)
     L = 30
     ids = torch.randint(3, 90, (2, L), generator=torch.Generator().manual_seed(0))

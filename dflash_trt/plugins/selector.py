@@ -1,0 +1,87 @@
+"""DFlash2's candidate selector: the walk over each block position's top-k candidates (reference).
+
+Instead of an independent argmax per block position, DFlash2 (z-lab's ``dflash`` package,
+``dflash/model.py``, ``CandidateSelector.select``; vLLM PR #52816; SGLang PR #35371) keeps the
+top-k draft logits of every position and walks the block left to right from the verified anchor,
+scoring each candidate ``c`` against the token ``p`` chosen one position before::
+
+    score_t(p -> c) = unary_t[c] + < A[p] * h_t , B[c] >          (sum over the selector rank r)
+
+``unary_t`` are the position's draft logits (after ``output_multiplier`` / softcapping), ``A``
+and ``B`` the predecessor and successor codebooks [V, r], ``h_t`` the position's hidden state
+through the selector's ``hidden_projection`` [r]. Greedy (temperature 0) takes the argmax; at
+temperature T the walk draws from ``q_t = softmax(score_t / T)`` over the k candidates by
+inverse CDF of a uniform ``u_t`` (vLLM's walk), and ``q_t`` is the proposal distribution the
+verifier's rejection sampling must use. The walk is sequential in t (each step reads the last
+choice), over k candidates only: standard ONNX ops (Gather, Mul, ReduceSum, ArgMax, CumSum)
+express it unrolled over the fixed block, so it needs no custom op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def walk(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
+         successor: torch.Tensor, anchor: torch.Tensor, temperature: float = 0.0,
+         uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The selector's walk.
+
+    unary [b, K, k] float32 and candidates [b, K, k] (the top-k of each of K positions);
+    hidden [b, K, r] the projected hidden states; predecessor, successor [V, r] the codebooks;
+    anchor [b] the token before position 0. With temperature > 0, uniforms [b, K] in [0, 1).
+    Returns (tokens [b, K], q [b, K, k] float32 or None at temperature 0).
+    """
+    b, K, _ = unary.shape
+    prev = anchor
+    tokens, qs = [], []
+    for t in range(K):
+        context = predecessor[prev].float() * hidden[:, t].float()                      # [b, r]
+        scores = unary[:, t] + torch.einsum("br,bkr->bk", context, successor[candidates[:, t]].float())
+        if temperature > 0:
+            q = torch.softmax(scores / temperature, dim=-1)                             # [b, k]
+            below = (q.cumsum(-1) <= uniforms[:, t, None]).sum(-1)                      # inverse CDF
+            index = below.clamp_max(q.shape[-1] - 1)
+            qs.append(q)
+        else:
+            index = scores.argmax(-1)
+        prev = candidates[:, t].gather(1, index[:, None])[:, 0]
+        tokens.append(prev)
+    return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
+
+
+def walk_graph(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
+               successor: torch.Tensor, anchor: torch.Tensor, temperature: torch.Tensor,
+               uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`walk` with the temperature a tensor [1] (0: greedy) and no Python branch on it, so
+    one exported graph serves both modes. Returns tokens [b, K] and q [b, K, k] (at temperature
+    0 the softmax at temperature 1, which a greedy verifier ignores); equal to :func:`walk`'s."""
+    K, k = unary.shape[1], unary.shape[2]
+    sampling = temperature > 0
+    scale = torch.where(sampling, temperature, torch.ones_like(temperature))
+    prev = anchor
+    tokens, qs = [], []
+    for t in range(K):
+        context = predecessor[prev].float() * hidden[:, t].float()
+        scores = unary[:, t] + torch.einsum("br,bkr->bk", context, successor[candidates[:, t]].float())
+        q = torch.softmax(scores / scale, dim=-1)
+        drawn = (q.cumsum(-1) <= uniforms[:, t, None]).sum(-1).clamp_max(k - 1)
+        index = torch.where(sampling, drawn, scores.argmax(-1))
+        prev = candidates[:, t].gather(1, index[:, None])[:, 0]
+        tokens.append(prev)
+        qs.append(q)
+    return torch.stack(tokens, 1), torch.stack(qs, 1)
+
+
+def edge_scores(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
+                successor: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+    """Every transition's score at once, [b, K, k_prev, k] (a dense rewrite of the formula, for tests).
+
+    Row ``p`` of position t scores the candidates of t after candidate p of t - 1; at t = 0 every
+    row holds the anchor as the predecessor.
+    """
+    b, K, k = unary.shape
+    prev = torch.cat([anchor[:, None, None].expand(b, 1, k), candidates[:, :-1]], dim=1)    # [b, K, k]
+    A = predecessor[prev].float() * hidden[:, :, None].float()                              # [b, K, k, r]
+    Bc = successor[candidates].float()                                                       # [b, K, k, r]
+    return unary[:, :, None, :] + torch.einsum("btpr,btcr->btpc", A, Bc)

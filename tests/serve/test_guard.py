@@ -1,0 +1,61 @@
+"""The embedded server's front door (issue 16): API key, body limit, OpenAI error objects for
+unknown routes and methods, and odd-but-valid sampling values that must not become a 500."""
+
+from __future__ import annotations
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from dflash_trt.serve.app import create_app  # noqa: E402
+from tests.helpers import OracleDrafter  # noqa: E402,F401
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair_dir):
+    from dflash_trt.runtime import load_pair
+
+    t, d = tiny_pair_dir
+    return load_pair(t, d)
+
+
+def _error(r, status):
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def test_api_key(pair):
+    with TestClient(create_app(pair, "m", api_key="s3cret")) as c:
+        assert c.get("/health").status_code == 200                       # probes need no key
+        assert _error(c.get("/v1/models"), 401)["code"] == "invalid_api_key"
+        assert _error(c.post("/v1/completions", json={"prompt": "a", "max_tokens": 1},
+                             headers={"Authorization": "Bearer wrong"}), 401)["code"] == "invalid_api_key"
+        ok = c.post("/v1/completions", json={"prompt": "a", "max_tokens": 1},
+                    headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200, ok.text
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_body_limit_and_routes_answer_openai_errors(pair):
+    with TestClient(create_app(pair, "m", max_body_bytes=2048)) as c:
+        big = {"prompt": "x" * 5000, "max_tokens": 1}
+        assert _error(c.post("/v1/completions", json=big), 413)["code"] == "request_too_large"
+        assert _error(c.get("/nowhere"), 404)["type"] == "NotFoundError"
+        assert _error(c.get("/v1/completions"), 405)
+        assert _error(c.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}),
+                      400)
+        assert _error(c.post("/v1/completions", json={"prompt": {"nested": ["x"]}}), 400)
+        assert c.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("extra", [{"temperature": 1e-30}, {"temperature": 1e-30, "top_p": 1e-9},
+                                   {"seed": 2 ** 70}, {"seed": -(2 ** 70)}, {"temperature": 2.0, "seed": 2 ** 63}])
+def test_odd_sampling_values_are_answered_never_500(pair, extra):
+    with TestClient(create_app(pair, "m")) as c:
+        r = c.post("/v1/completions", json={"prompt": "def f", "max_tokens": 3, **extra})
+        assert r.status_code in (200, 400), r.text
+        if r.status_code == 400:
+            _error(r, 400)

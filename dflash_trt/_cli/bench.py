@@ -39,8 +39,9 @@ def bench(
     temperature: Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")] = 0.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
                                              "max tokens (vLLM/TRT-LLM/dflash extension).")] = False,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="With --endpoint: write tokens/s (and speedup) "
-                                                 "against concurrency to this PNG.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="With --endpoint: write throughput per GPU against "
+                                                 "tokens/s per user (DFlash and --baseline on one chart), TTFT, ITL and "
+                                                 "speedup to this PNG; with a BUNDLE, its plan's predicted curves too.")] = None,
 ) -> None:
     """Measure τ, per-position acceptance and speedup over autoregressive decoding, and check losslessness.
 
@@ -54,7 +55,7 @@ def bench(
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
     if endpoint is not None:
         bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_new_tokens, temperature,
-                       chat, ignore_eos, plot, as_json)
+                       chat, ignore_eos, plot, as_json, bundle=bundle or bundle_opt)
         return
     if baseline is not None or plot is not None:
         raise DFlashError("--baseline and --plot go with --endpoint URL")
@@ -96,8 +97,18 @@ def show(r: dict) -> None:
               f"(autoregressive forward {s['autoregressive_forward_ms']:.2f} ms)")
 
 
+def planned_curve(bundle) -> tuple[list[dict] | None, int]:
+    """A bundle's predicted curves (``plan.predicted``) and the GPUs one server uses (its tp)."""
+    from dflash_trt import ingest
+
+    if bundle is None:
+        return None, 1
+    plan = ingest.open_bundle(bundle).manifest.plan or {}
+    return plan.get("predicted") or None, int(plan.get("tp") or 1)
+
+
 def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
-                   ignore_eos, plot, as_json) -> None:
+                   ignore_eos, plot, as_json, bundle=None) -> None:
     from dflash_trt.bench import inprocess
     from dflash_trt.bench import endpoint as loadgen
     from dflash_trt.errors import DFlashError
@@ -113,7 +124,8 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
                              ignore_eos=ignore_eos,
                              progress=lambda url, c: status.update(f"benchmarking: {url} concurrency {c} done"))
     if plot is not None:
-        loadgen.plot(report, plot)
+        predicted, gpus = planned_curve(bundle)
+        loadgen.plot(report, plot, predicted=predicted, gpus=gpus)
         report["plot"] = str(plot)
     if as_json:
         print_json(report)

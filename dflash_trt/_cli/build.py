@@ -116,6 +116,10 @@ def plan(
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
     set_: SetOpt = None,
+    calibration: Annotated[Optional[list[Path]], typer.Option("--calibration", help="Refit the step model on your "
+                           "own server's measurements first: the JSON of 'dflash-trt bench --endpoint URL "
+                           "--concurrency ... --json', with and without drafting (--baseline, or two files; "
+                           "repeatable).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
@@ -123,7 +127,7 @@ def plan(
 
     flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
-    p = pipeline.make_plan(pipeline.resolve(r))
+    p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration)
     if as_json:
         print_json({"recipe": r.name, "plan": p.as_dict()})
         return
@@ -149,11 +153,16 @@ def show_plan(p, r) -> None:
     out.print(t)
     s = Table(title=f"drafting: block {p.block_size}, max_draft_len {p.max_draft_len}, expected τ {p.acceptance} "
               f"(α {p.alpha}), draft attention {p.attention_backend}")
-    for col in ("batch", "draft len", "predicted speedup"):
+    for col in ("batch", "draft len", "predicted speedup", "tok/s per user", "tok/s per GPU"):
         s.add_column(col, justify="right")
+    pred = {r["batch"]: r for r in p.predicted}
     for row in p.curve:
-        s.add_row(str(row["batch"]), str(row["draft_len"]) if row["draft_len"] else "off", f"{row['speedup']:.2f}x")
+        r = pred.get(row["batch"], {})
+        s.add_row(str(row["batch"]), str(row["draft_len"]) if row["draft_len"] else "off", f"{row['speedup']:.2f}x",
+                  f"{r.get('tokens_per_second_per_user', 0):.0f}", f"{r.get('output_tokens_per_second_per_gpu', 0):.0f}")
     out.print(s)
+    if p.calibration:
+        out.print(f"step model: {p.calibration}", markup=False)
     if p.schedule == "max_concurrency":
         out.print(f"back-off: max_concurrency {p.max_concurrency} (drafting off above it)")
     elif p.schedule == "draft_len_schedule":

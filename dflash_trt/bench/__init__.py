@@ -4,4 +4,4 @@ Modules: ``inprocess`` (τ, acceptance, speedup, lossless), ``endpoint`` (load g
 TTFT, inter-token latency, tokens/s per concurrency; plots).
 """
 
-__all__ = ["inprocess", "endpoint"]
+__all__ = ["inprocess", "endpoint", "tune"]

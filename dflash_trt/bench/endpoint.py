@@ -307,40 +307,76 @@ def compare(ep: dict, base: dict) -> dict:
 
 
 # ---- the figure -------------------------------------------------------------------------------
-def plot(report: dict, path) -> None:
-    """Output tokens/s against concurrency (endpoint and baseline) and, with a baseline, the speedup."""
+def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1) -> None:
+    """The charts deployments are compared by, in one PNG:
+
+    * throughput per GPU (output tokens/s / ``gpus``) against tokens/s per user, one point per
+      concurrency, for the endpoint (DFlash) and the baseline on one chart: the curve NVIDIA
+      quotes DFlash results on; with ``predicted`` (a plan's ``predicted`` rows) the planner's
+      curves dashed beside them;
+    * time to first token and inter-token latency (median, p99 dotted) against concurrency;
+    * with a baseline, the speedup against concurrency.
+    """
     mpl = require("matplotlib", "bench", "--plot")
     mpl.use("Agg")
     import matplotlib.pyplot as plt
 
     has_base = "baseline" in report
-    fig, axes = plt.subplots(1, 2 if has_base else 1, figsize=(11 if has_base else 6, 4.2), squeeze=False)
-    ax = axes[0][0]
-    for key, label, style in (("endpoint", "endpoint", "o-"), ("baseline", "baseline", "s--")):
-        if key in report:
-            lv = report[key]["levels"]
-            ax.plot([x["concurrency"] for x in lv], [x["output_tokens_per_second"] for x in lv], style,
-                    label=f"{label} ({report[key]['model']})")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("throughput")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.4))
+    styles = (("endpoint", "DFlash" if has_base else "endpoint", "o-", "tab:blue"), ("baseline", "baseline", "s-", "tab:gray"))
+    _frontier(axes[0][0], report, styles, predicted, max(1, gpus))
+    for ax, key, title in ((axes[0][1], "ttft_ms", "time to first token"), (axes[1][0], "itl_ms", "inter-token latency")):
+        for name, label, style, color in styles:
+            if name in report:
+                lv = report[name]["levels"]
+                c = [x["concurrency"] for x in lv]
+                ax.plot(c, [_nan(x[key]["median"]) for x in lv], style, color=color, label=f"{label} median")
+                ax.plot(c, [_nan(x[key]["p99"]) for x in lv], ":", color=color, label=f"{label} p99")
+        _axes(ax, "concurrency", "ms", title)
+    ax = axes[1][1]
     if has_base:
-        ax2 = axes[0][1]
         rows = report["comparison"]["speedup"]
-        ax2.plot([r["concurrency"] for r in rows], [r["speedup"] for r in rows], "o-", color="tab:green")
-        ax2.axhline(1.0, color="gray", linestyle=":")
-        stop = report["comparison"]["stops_paying_at"]
-        if stop is not None:
-            ax2.axvline(stop, color="tab:red", linestyle="--", label=f"stops paying at {stop}")
-            ax2.legend(fontsize=8)
-        ax2.set_xscale("log", base=2)
-        ax2.set_xlabel("concurrency")
-        ax2.set_ylabel("speedup over baseline")
-        ax2.set_title("speedup")
-        ax2.grid(True, alpha=0.3)
+        ax.plot([r["concurrency"] for r in rows], [r["speedup"] for r in rows], "o-", color="tab:green", label="measured")
+        if predicted:
+            ax.plot([r["batch"] for r in predicted], [r["speedup"] for r in predicted], "--", color="tab:green",
+                    label="planner")
+        ax.axhline(1.0, color="gray", linestyle=":")
+        _axes(ax, "concurrency", "speedup over baseline", "speedup")
+    else:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
+
+
+def _frontier(ax, report: dict, styles, predicted: list[dict] | None, gpus: int) -> None:
+    """Throughput per GPU against tokens/s per user, each point labelled with its concurrency."""
+    for name, label, style, color in styles:
+        if name not in report:
+            continue
+        lv = [x for x in report[name]["levels"] if x.get("tokens_per_second_per_user")]
+        xs, ys = [x["tokens_per_second_per_user"] for x in lv], [x["output_tokens_per_second"] / gpus for x in lv]
+        ax.plot(xs, ys, style, color=color, label=f"{label} ({report[name]['model']})")
+        for x, y, v in zip(xs, ys, lv):
+            ax.annotate(str(v["concurrency"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if predicted:
+        ax.plot([r["tokens_per_second_per_user"] for r in predicted],
+                [r["output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:blue", label="planner: DFlash")
+        ax.plot([r["baseline_tokens_per_second_per_user"] for r in predicted],
+                [r["baseline_output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:gray",
+                label="planner: baseline")
+    _axes(ax, "tokens/s per user", "output tokens/s per GPU", "throughput per GPU vs tokens/s per user", log=False)
+
+
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
+def _axes(ax, xlabel: str, ylabel: str, title: str, log: bool = True) -> None:
+    if log:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)

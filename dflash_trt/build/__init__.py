@@ -4,7 +4,10 @@ Modules: ``recipe`` (the typed YAML), ``hardware`` (the GPU catalog and precisio
 ``model_shapes`` (parameter counts from configs), ``plan`` (memory, TP, draft lengths),
 ``quantize`` (ModelOpt), ``trtllm`` (the LLM-API config and launch script), ``export``
 (the standalone path's ONNX graphs), ``engines`` (their TensorRT engines and the shapes they
-are built for), ``pipeline`` (the stages in order, written atomically). Other subpackages import from here, never from inside.
+are built for), ``pipeline`` (the stages in order, written atomically), ``perf_model`` (the
+step model the plan's speedups come from), ``perf_fit`` (its constants fitted on measurements),
+``calibrate`` (refitted on yours), ``schedule`` (draft lengths as TensorRT-LLM reads them).
+Other subpackages import from here, never from inside.
 """
 from __future__ import annotations
 
@@ -14,6 +17,14 @@ from dflash_trt.build.pipeline import BuildResult, build, check_bundle, default_
 __all__ = [
     "recipe",
     "pipeline",
+    "calibrate",
+    "hardware",
+    "perf_fit",
+    "perf_model",
+    "plan",
+    "schedule",
+    "trtllm",
+    "trtllm_releases",
     "BuildResult",
     "Recipe",
     "build",

@@ -22,7 +22,8 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 
 from dflash_trt.errors import HardwareError
 
@@ -91,7 +92,8 @@ CATALOG: tuple[GPU, ...] = (
     GPU("L40S", 89, 48, 0.864, 362, frozenset({"bf16", "fp8"}), ("l40s",)),
     GPU("A100 80GB", 80, 80, 2.0, 312, frozenset({"bf16"}), ("a100", "a100-80gb", "a100-sxm", "a100-80g")),
     GPU("A100 40GB", 80, 40, 1.555, 312, frozenset({"bf16"}), ("a100-40gb", "a100-40g")),
-    # The embedded path: the reference runtime on the host. Nominal figures for the roofline only.
+    # The embedded path: the reference runtime on the host. Memory: the machine's own (``get``);
+    # bandwidth and FLOPs are nominal: the CPU calibration (engine "reference") is fitted on them.
     GPU("cpu", 0, 64, 0.05, 1.0, frozenset({"bf16"}), ("cpu", "host"), kind="cpu"),
 )
 
@@ -100,12 +102,22 @@ def _norm(name: str) -> str:
     return " ".join(name.strip().lower().replace("_", "-").split())
 
 
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory (``sysconf``), or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def get(name: str) -> GPU:
-    """Look a GPU up by name or alias (case-insensitive; 'NVIDIA ' prefix tolerated)."""
+    """Look a GPU up by name or alias (case-insensitive; 'NVIDIA ' prefix tolerated); ``cpu`` has
+    the memory of the machine it runs on."""
     key = _norm(name).removeprefix("nvidia ").strip()
     for gpu in CATALOG:
         if key == _norm(gpu.name) or key in gpu.aliases or key.replace(" ", "-") in gpu.aliases:
-            return gpu
+            host = host_memory_bytes() if gpu.kind == "cpu" else None
+            return replace(gpu, memory_gb=round(host / 1e9, 3)) if host else gpu
     known = ", ".join(g.name for g in CATALOG)
     raise HardwareError(f"unknown GPU {name!r}; known: {known}")
 

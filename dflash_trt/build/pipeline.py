@@ -39,6 +39,7 @@ from dflash_trt.build import (
     trtllm_rules,
 )
 from dflash_trt.build import plan as planner
+from dflash_trt.build import calibrate, perf_model
 from dflash_trt.build.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
 from dflash_trt.build.recipe import Recipe
 from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, RecipeError
@@ -132,7 +133,9 @@ def _refuse_engine(r: Resolved) -> None:
             "the reference runtime (dflash-trt generate / bench / serve)")
 
 
-def make_plan(r: Resolved) -> planner.Plan:
+def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Plan:
+    """The plan; with ``calibration`` (``bench --endpoint --json`` files) the step model's constants
+    are first refitted on those measurements (:mod:`dflash_trt.build.calibrate`)."""
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
@@ -142,6 +145,11 @@ def make_plan(r: Resolved) -> planner.Plan:
                                                    trtllm_releases.get(rc.trtllm.release).attention_backends)
         spec = spec.model_copy(update={"attention_backend": backend})
     p = planner.make(dep, rc.serving, spec, rc.parallel, rc.trtllm)
+    if calibration:
+        cal, tau = calibrate.from_files(list(calibration), dep, p, perf_model.shipped(), perf_model.engine_for(r.gpu))
+        if tau is not None and spec.acceptance is None:
+            spec = spec.model_copy(update={"acceptance": tau})
+        p = planner.make(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal)
     p.warnings = r.warnings + p.warnings
     return p
 

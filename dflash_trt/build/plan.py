@@ -37,32 +37,19 @@ Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU 
   logits (DFlash verifies the K drafts + the bonus, ``dflash.py`` ``_draft_tokens_per_req``);
   and a fixed runtime reserve of 2 GiB (CUDA context, cuBLAS/NCCL workspaces, CUDA graphs).
 
-Roofline for draft length and back-off (one decode step, per GPU, communication ignored)
------------------------------------------------------------------------------------------
-A target forward over ``b`` sequences x ``n`` new tokens at a typical decode context
-``S = min(max_seq_len / 2, 2048)``::
+Step model for draft length and back-off
+----------------------------------------
+Step times come from :mod:`dflash_trt.build.perf_model` (every term and why it is there) with
+the constants fitted for the engine the plan is for (TensorRT-LLM on a GPU, the reference
+runtime on ``cpu``): the package's calibration, or the user's (``plan --calibration``). A
+decode context of ``S = min(max_seq_len / 2, 2048)`` per sequence; then::
 
-    bytes(b, n) = W_read(b*n) + b x S x kv_bytes_per_token / t
-    flops(b, n) = 2 x b x n x (P_active + P_lm_head) / t  @ precision peak
-                + 4 x b x n x S x heads x head_dim x layers / t  @ BF16 peak
-    t_fwd(b, n) = max(bytes / (0.8 x bandwidth), flops / (0.6 x peak)) + 5 us x layers
+    speedup(b, L) = tau(L) x t_AR(b) / t_DFlash(b, L)
 
-(0.8 and 0.6: achievable shares of datasheet bandwidth and tensor-core peak.)
-
-``W_read`` is every weight except the embedding, except that an MoE reads only the experts
-some token picked: expected fraction ``1 - (1 - k/E)^(b*n)``. Then::
-
-    t_AR(b)        = t_fwd(b, 1)
-    t_verify(b, L) = t_fwd(b, L + 1)
-    t_draft(b, L)  = drafter forward on b x (L + 1) tokens (weights + the target's BF16
-                     lm_head + context K/V of S tokens), split over t ranks like the
-                     target, + the same per-layer overhead (memory, above, counts the
-                     drafter whole on every rank: conservative both ways)
-    speedup(b, L)  = tau(L) x t_AR(b) / (t_draft(b, L) + t_verify(b, L))
-
-Acceptance: per-position acceptance ``alpha`` is geometric; ``alpha`` is fitted so that a
-full block gives the expected tau (recipe ``speculative.acceptance``, else a per-family
-estimate: Qwen3 6.5 at B=16 (the DFlash paper, arXiv 2602.06036), Llama-3.1 4.0, gpt-oss 4.5)::
+Acceptance: ``tau(L) = 1 + p_1 + ... + p_L`` from the recipe's ``speculative.per_position_acceptance``
+where given, else geometric, ``alpha`` fitted so that a full block gives the expected tau (recipe
+``speculative.acceptance``, else a per-family estimate: Qwen3 6.5 at B=16 (the DFlash paper,
+arXiv 2602.06036), Llama-3.1 4.0, gpt-oss 4.5)::
 
     tau(L) = 1 + alpha + ... + alpha^L = (1 - alpha^(L+1)) / (1 - alpha)
 
@@ -82,18 +69,17 @@ from dataclasses import asdict, dataclass, field
 
 from dflash_trt.errors import HardwareError, RecipeError
 from dflash_trt.build import schedule as sched_mod
-from dflash_trt.build.acceptance import expected_tau, fit_alpha
+from dflash_trt.build.acceptance import expected_tau, fit_alpha  # noqa: F401 - planner's public names
 from dflash_trt.build import trtllm_releases
 from dflash_trt.build import trtllm_rules as rules
 from dflash_trt.build.hardware import GPU
 from dflash_trt.build.model_shapes import DraftShape, TargetShape
+from dflash_trt.build import perf_model
+from dflash_trt.build.perf_model import Acceptance, Calibration, StepModel
 from dflash_trt.build.recipe import ParallelSpec, ServingSpec, SpeculativeSpec, TrtllmSpec
 
 GiB = 1 << 30
 RUNTIME_RESERVE = 2 * GiB
-LAYER_OVERHEAD_S = 5e-6
-BANDWIDTH_EFFICIENCY = 0.8
-COMPUTE_EFFICIENCY = 0.6
 PLANNING_CONTEXT = 2048
 MIN_SPEEDUP = 1.05
 DEFAULT_TAU = {"qwen3": 6.5, "qwen3_moe": 6.5, "qwen3_5": 6.5, "qwen3_5_moe": 6.5, "llama": 4.0, "gpt_oss": 4.5}
@@ -203,53 +189,16 @@ def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
     return out
 
 
-# --- Roofline ---------------------------------------------------------------------------
+# --- Step model -------------------------------------------------------------------------
 
 
-def _time(bytes_: float, compute_s: float, gpu: GPU) -> float:
-    return max(bytes_ / (BANDWIDTH_EFFICIENCY * gpu.bandwidth), compute_s / COMPUTE_EFFICIENCY)
-
-
-@dataclass
-class Roofline:
-    """Step times of one deployment at tensor-parallel size ``tp`` and decode context ``ctx``."""
-
-    dep: Deployment
-    tp: int
-    ctx: int
-
-    def _weights_read(self, tokens: int) -> float:
-        t = self.dep.target
-        total = weight_bytes(t, self.dep.precision) - 2 * (t.embed_params + t.vision_params)  # never read in decode
-        if t.experts:
-            share = t.expert_params / max(1, t.linear_params)
-            frac = 1 - (1 - t.experts_per_token / t.experts) ** tokens
-            total = total * (1 - share) + total * share * frac
-        return total / self.tp
-
-    def target(self, b: int, n: int) -> float:
-        t, g = self.dep.target, self.dep.gpu
-        tokens = b * n
-        bytes_ = self._weights_read(tokens) + b * t.sequence_bytes(self.tp, self.dep.kv_cache, self.ctx)
-        lin = 2 * tokens * (t.active_linear_params + t.lm_head_params + (t.embed_params if not t.lm_head_params else 0))
-        attn = t.attention_flops(tokens, self.ctx)
-        compute = lin / self.tp / g.peak_flops(self.dep.precision) + attn / self.tp / g.peak_flops("bf16")
-        return _time(bytes_, compute, g) + LAYER_OVERHEAD_S * t.layers
-
-    def draft(self, b: int, draft_len: int) -> float:
-        d, t, g = self.dep.drafter, self.dep.target, self.dep.gpu
-        n = draft_len + 1
-        head = 2 * t.vocab * t.hidden  # the target's BF16 lm_head
-        ctx_kv = b * self.ctx * 2 * d.layers * d.kv_heads * d.head_dim * 2
-        bytes_ = (d.bytes + head + ctx_kv) / self.tp
-        flops = 2 * b * n * d.params + 2 * b * draft_len * t.vocab * t.hidden
-        flops += 4 * b * n * (self.ctx + n) * d.heads * d.head_dim * d.layers
-        flops /= self.tp
-        return _time(bytes_, flops / g.peak_flops("bf16"), g) + LAYER_OVERHEAD_S * d.layers
-
-    def speedup(self, b: int, draft_len: int, alpha: float) -> float:
-        step = self.draft(b, draft_len) + self.target(b, draft_len + 1)
-        return expected_tau(alpha, draft_len) * self.target(b, 1) / step
+def step_model(dep: Deployment, tp: int, ctx: int, calibration: Calibration | None = None,
+               engine: str | None = None) -> StepModel:
+    """The deployment's step times at ``tp`` and decode context ``ctx`` (:mod:`perf_model`)."""
+    cal = calibration or perf_model.shipped()
+    k = cal.constants(engine or perf_model.engine_for(dep.gpu))
+    return StepModel(dep.target, dep.drafter, dep.gpu, dep.precision, dep.kv_cache, tp, ctx, k,
+                     weight_bytes(dep.target, dep.precision), cal.shared)
 
 
 # --- The plan ---------------------------------------------------------------------------
@@ -281,6 +230,10 @@ class Plan:
     enable_chunked_prefill: bool = False
     context_recompute_tail: int | None = None
     moe_backend: str | None = None     # moe_config.backend pinned for the release, None: AUTO
+    calibration: str = ""              # which constants the step model used (perf_model.Calibration.describe)
+    # [{batch, draft_len, tokens_per_second_per_user, baseline_..., output_tokens_per_second_per_gpu,
+    #   baseline_..., speedup}] at 1, 2, 4, ..., max_batch_size: what bench --plot overlays
+    predicted: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -293,7 +246,7 @@ class Plan:
                                    for r in self.draft_lengths])
 
 
-def _best_len(roof: Roofline, b: int, longest: int, alpha: float) -> int:
+def _best_len(roof: StepModel, b: int, longest: int, alpha: Acceptance) -> int:
     """The longest draft within 1% of the best predicted speedup (flat curves keep long drafts)."""
     speed = {n: roof.speedup(b, n, alpha) for n in range(1, longest + 1)}
     top = max(speed.values())
@@ -335,8 +288,8 @@ def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec,
     )
 
 
-def _wanted(roof: Roofline, max_batch_size: int, max_len: int, alpha: float) -> list[int]:
-    """The roofline's draft length at every batch size 1..max_batch_size: non-increasing, and
+def _wanted(roof: StepModel, max_batch_size: int, max_len: int, alpha: Acceptance) -> list[int]:
+    """The step model's draft length at every batch size 1..max_batch_size: non-increasing, and
     off (0) from the first batch size where the best length stops paying (batch 1 always drafts)."""
     out, prev = [max_len], max_len
     for b in range(2, max_batch_size + 1):
@@ -347,7 +300,7 @@ def _wanted(roof: Roofline, max_batch_size: int, max_len: int, alpha: float) -> 
     return out
 
 
-def _curve(roof: Roofline, lengths: list[int], alpha: float) -> list[dict]:
+def _curve(roof: StepModel, lengths: list[int], alpha: Acceptance) -> list[dict]:
     """[{batch, draft_len, speedup}] at 1, 2, 4, ..., max_batch_size, for the lengths TensorRT-LLM drafts."""
     rows = []
     for b in sched_mod.batch_grid(len(lengths)):
@@ -356,9 +309,25 @@ def _curve(roof: Roofline, lengths: list[int], alpha: float) -> list[dict]:
     return rows
 
 
+def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -> list[dict]:
+    """Tokens/s per user and per GPU, with the planned draft lengths and without drafting, at
+    1, 2, 4, ..., max_batch_size (``gpus``: the GPUs one server uses)."""
+    rows = []
+    for b in sched_mod.batch_grid(len(lengths)):
+        n = lengths[b - 1]
+        user, base = roof.per_user(b, n, acc), roof.per_user(b, 0, acc)
+        rows.append({"batch": b, "draft_len": n, "tokens_per_second_per_user": round(user, 3),
+                     "baseline_tokens_per_second_per_user": round(base, 3),
+                     "output_tokens_per_second_per_gpu": round(b * user / gpus, 3),
+                     "baseline_output_tokens_per_second_per_gpu": round(b * base / gpus, 3),
+                     "speedup": round(user / base, 3)})
+    return rows
+
+
 def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
-         trtllm: TrtllmSpec | None = None) -> Plan:
-    """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections."""
+         trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None) -> Plan:
+    """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections;
+    step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`)."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
     release = trtllm_releases.get((trtllm or TrtllmSpec()).release)
     warnings: list[str] = []
@@ -373,26 +342,29 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     if block < 2:
         raise RecipeError("speculative.block_size must be >= 2 to draft anything")
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
-    alpha = fit_alpha(tau, block)
-    roof = Roofline(dep, tp_, ctx=max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)))
+    acc = Acceptance.from_tau(tau, block, spec.per_position_acceptance)
+    cal = calibration or perf_model.shipped()
+    engine = perf_model.engine_for(gpu)
+    roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, engine)
     if spec.max_draft_len == "auto":
-        max_len = _best_len(roof, 1, block - 1, alpha)
+        max_len = _best_len(roof, 1, block - 1, acc)
     else:
         max_len = int(spec.max_draft_len)
         if not 1 <= max_len <= block - 1:
             raise RecipeError(f"speculative.max_draft_len {max_len} must be between 1 and block size - 1 ({block - 1})")
-    if roof.speedup(1, max_len, alpha) < MIN_SPEEDUP:
-        warnings.append(f"the roofline predicts no gain from drafting even at batch 1 on {gpu.name} "
+    if roof.speedup(1, max_len, acc) < MIN_SPEEDUP:
+        warnings.append(f"the step model predicts no gain from drafting even at batch 1 on {gpu.name} "
                         f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
     serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend), serving, max_len, gpu.name, warnings)
     mem = memory(dep, tp_, serving, max_len, backend)
-    mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, alpha), spec,
+    mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, acc), spec,
                                               max_len, release)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     return Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
-                memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3), alpha=round(alpha, 4),
+                memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3), alpha=round(acc.alpha, 4),
                 attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
-                curve=_curve(roof, lengths, alpha), warnings=warnings,
+                curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(engine),
+                predicted=predicted(roof, lengths, acc, tp_),
                 draft_lengths=[r.as_dict() for r in sched_mod.runs(lengths)], trtllm_release=release.version,
                 max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
                 enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),

@@ -79,6 +79,7 @@ class SpeculativeSpec(_Strict):
     max_concurrency: int | None = Field(None, ge=1, description="Turn drafting off above this batch size (schedule=max_concurrency).")
     draft_len_schedule: dict[int, int] | None = Field(None, description="{batch size: draft length} (schedule=draft_len_schedule), read as the targeted TensorRT-LLM release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 -> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.")
     acceptance: float | None = Field(None, gt=0, description="Expected acceptance length tau for planning (default: per-family estimate).")
+    per_position_acceptance: list[float] | None = Field(None, description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` prints); the planner's tau(L) sums them (geometric beyond the last).")
     attention_backend: Literal["auto", "TRTLLM", "FA4", "VANILLA"] = Field("auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere.")
     use_rejection_sampling: bool = Field(True, description="Rejection sampling at temperature > 0 (keeps the target's distribution).")
     context_recompute_tail: int | None = Field(None, ge=-1, description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states; -1: the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when enable_block_reuse is on.")

@@ -1,0 +1,162 @@
+"""dflash-trt tune: measure a bundle per concurrency and draft length, write the measured-best schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dflash_trt._cli.common import JsonOpt, err, out, print_json
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    from dflash_trt.errors import DFlashError
+
+    if text is None:
+        return None
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DFlashError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,4,16") from None
+    if not vals or min(vals) < 1:
+        raise DFlashError(f"{flag} needs positive integers")
+    return vals
+
+
+def tune(
+    bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Measure this running server (one it did not "
+                                                    "start) and refit the calibration; the bundle is not changed.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="With --endpoint: model id to request.")] = None,
+    draft_lens: Annotated[Optional[str], typer.Option("--draft-lens", help="Draft lengths to sweep, comma-separated "
+                                                      "(default: max_draft_len, about half, 1; off always).")] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Concurrency levels (default: 1, 2, 4, "
+                                                       "... max_batch_size).")] = None,
+    requests: Annotated[Optional[int], typer.Option("--requests", min=1, help="Requests per level (default: "
+                                                    "max(prompts, 2 x concurrency)).")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens every request decodes.")] = 64,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Prompts file: one per line, or JSONL with "
+                                                   "'prompt'.")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Embedded server: torch threads.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the tuned and the baseline curves (throughput "
+                                                 "per GPU vs tokens/s per user, TTFT, ITL) with the planner's to this PNG.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and print; write nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure instead of predicting: serve the bundle with drafting off and at a few draft lengths, sweep concurrency
+    1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
+    as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was."""
+    from dflash_trt.bench import inprocess, tune as T
+    from dflash_trt.build import schedule
+
+    t = T.read(bundle)
+    levels = _ints(concurrency, "--concurrency") or schedule.batch_grid(t.max_batch_size)
+    texts = inprocess.read_prompts(prompts) if prompts else None
+    if endpoint is not None:
+        with _bar(len(levels)) as (bar, task):
+            report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
+                                        model=model, progress=lambda _L, c: bar.advance(task))
+        cal, rows = T.fit(t, report)
+        if as_json:
+            print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows})
+        else:
+            _show_fit(rows, cal, t)
+            out.print(f"{cal.describe(build_engine(t))}; {t.root} unchanged", markup=False)
+        return
+    sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
+    with _bar(len(sweep) * len(levels)) as (bar, task):
+        measured = T.measure_embedded(t, sweep, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
+                                      threads=threads, progress=lambda L, c: bar.update(
+                                          task, advance=1, description=f"draft {L or 'off'}, concurrency {c}"))
+    _finish(T, t, measured, max_tokens, plot, dry_run, as_json)
+
+
+def build_engine(t) -> str:
+    from dflash_trt.build import hardware, perf_model
+
+    return perf_model.engine_for(hardware.get(t.manifest.gpu.name)) if t.manifest.gpu else "reference"
+
+
+def _finish(T, t, measured, max_tokens, plot, dry_run, as_json) -> None:
+    warnings: list[str] = []
+    wins = T.winners(measured, warnings)
+    lengths = T.lengths_for(wins, t.max_batch_size)
+    max_len, sched, drafted = T.schedule(t, lengths)
+    cal, rows = T.fit(t, T.as_report(measured, max_tokens))
+    files = T.new_files(t, max_len, sched, drafted, T.tuned_record(measured, wins, cal.source))
+    prevs = [] if dry_run else T.commit(files)
+    if plot is not None:
+        _plot(T, t, measured, wins, cal, drafted, plot)
+    if as_json:
+        print_json({"bundle": str(t.root), "measured": {str(k): v for k, v in measured.items()}, "winners": wins,
+                    "max_draft_len": max_len, "draft_len_schedule": sched, "written": not dry_run,
+                    "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings,
+                    "plot": str(plot) if plot is not None else None})
+        return
+    _show_sweep(measured, wins)
+    _show_fit(rows, cal, t)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}")
+    if plot is not None:
+        out.print(f"plot: {plot}")
+    what = f"max_draft_len {max_len}, draft_len_schedule {sched}"
+    if dry_run:
+        out.print(f"dry run: would write {what}; nothing written")
+    else:
+        out.print(f"wrote {what} into {t.root} (previous: {', '.join(p.name for p in prevs)})")
+
+
+def _bar(total: int):
+    from contextlib import contextmanager
+
+    @contextmanager
+    def ctx():
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as bar:
+            yield bar, bar.add_task("measuring", total=total)
+    return ctx()
+
+
+def _show_sweep(measured: dict, wins: dict) -> None:
+    tab = Table(title="output tokens/s per concurrency (ignore_eos), best in bold")
+    tab.add_column("concurrency", justify="right")
+    settings = sorted(measured)
+    for L in settings:
+        tab.add_column("off" if L == 0 else f"draft {L}", justify="right")
+    by = {L: {lv["concurrency"]: lv for lv in measured[L]} for L in settings}
+    for c, best in wins.items():
+        cells = []
+        for L in settings:
+            v = by[L].get(c, {}).get("output_tokens_per_second")
+            text = "-" if v is None else f"{v:.1f}"
+            cells.append(f"[bold]{text}[/bold]" if L == best else text)
+        tab.add_row(str(c), *cells)
+    out.print(tab)
+
+
+def _show_fit(rows: list[dict], cal, t) -> None:
+    tab = Table(title=f"predicted vs measured tokens/s per user ({cal.source})")
+    for col in ("concurrency", "draft len", "measured", "predicted", "error"):
+        tab.add_column(col, justify="right")
+    for r in rows:
+        m, p = r["measured_tokens_per_second_per_user"], r["predicted_tokens_per_second_per_user"]
+        tab.add_row(str(r["concurrency"]), str(r["draft_len"] or "off"), f"{m:.1f}", f"{p:.1f}", f"{p / m - 1:+.0%}")
+    out.print(tab)
+
+
+def _plot(T, t, measured, wins, cal, drafted, path) -> None:
+    from dflash_trt.bench import endpoint as loadgen
+
+    tuned = [next(lv for lv in measured[L] if lv["concurrency"] == c) for c, L in wins.items()]
+    report = {"endpoint": {"model": f"{t.name}, tuned", "levels": tuned}}
+    if 0 in measured:
+        report["baseline"] = {"model": t.name, "levels": measured[0]}
+        report["comparison"] = loadgen.compare(report["endpoint"], report["baseline"])
+    loadgen.plot(report, path, predicted=T.predicted_curve(t, cal, drafted))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)

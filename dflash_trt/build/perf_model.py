@@ -156,8 +156,9 @@ class Calibration:
 
     def describe(self, engine: str) -> str:
         k, n = self.constants(engine), self.rows.get(engine, {})
-        rows = max(n.values()) if n else 0
-        return (f"{engine} calibration ({self.source}; {rows} measurement row(s)): bandwidth "
+        lo, hi = (min(n.values()), max(n.values())) if n else (0, 0)
+        rows = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        return (f"{engine} calibration ({self.source}; {rows} measurement rows per constant): bandwidth "
                 f"{k.bandwidth_share:.0%}, compute {k.compute_share:.0%}, {k.step_s * 1e6:.0f} us per forward, "
                 f"{k.layer_s * 1e6:.1f} us per layer")
 

@@ -73,7 +73,7 @@ def test_calibration_moves_the_plan_toward_the_measurements(tmp_path, capsys):
 def test_a_plan_says_which_calibration_it_used(capsys):
     assert run(["plan", RECIPE, "--json"]) == 0
     p = json.loads(capsys.readouterr().out)["plan"]
-    assert p["calibration"].startswith("trtllm calibration (") and "measurement row(s)" in p["calibration"]
+    assert p["calibration"].startswith("trtllm calibration (") and "measurement rows per constant" in p["calibration"]
     assert [r["batch"] for r in p["predicted"]] == [r["batch"] for r in p["curve"]]
     row = p["predicted"][0]
     assert row["speedup"] == pytest.approx(row["tokens_per_second_per_user"] / row["baseline_tokens_per_second_per_user"],

@@ -186,7 +186,8 @@ async def prometheus(request: Request):
 async def completions(request: Request, req: CompletionRequest):
     server = accept(request, req)
     prompt = req.prompt_value()
-    ids = prompt if isinstance(prompt, list) else server.pair.encode(prompt)
+    # tokenising a large body takes a while: off the event loop, so /health and streams keep going
+    ids = prompt if isinstance(prompt, list) else await asyncio.to_thread(server.pair.encode, prompt)
     job = make_job(server, req, ids, req.max_tokens, server.default_max_tokens)
     body = await respond(request, server, req, job, chat=False)
     if req.return_token_ids and isinstance(body, dict):  # full responses only; regeneration reads them
@@ -196,7 +197,7 @@ async def completions(request: Request, req: CompletionRequest):
 
 async def chat_completions(request: Request, req: ChatRequest):
     server = accept(request, req)
-    ids = req.encode(server.pair.tokenizer)
+    ids = await asyncio.to_thread(req.encode, server.pair.tokenizer)
     job = make_job(server, req, ids, req.max_completion_tokens or req.max_tokens, server.context_len)
     return await respond(request, server, req, job, chat=True)
 

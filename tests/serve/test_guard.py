@@ -59,3 +59,38 @@ def test_odd_sampling_values_are_answered_never_500(pair, extra):
         assert r.status_code in (200, 400), r.text
         if r.status_code == 400:
             _error(r, 400)
+
+
+def test_health_answers_while_a_large_body_is_being_tokenised(pair, monkeypatch):
+    """An ordering, not a time limit: the tokeniser is held until /health has answered; were it run
+    on the event loop, /health could not answer and its request would fail."""
+    import threading
+
+    import httpx
+
+    from dflash_trt.serve.app import ServerThread
+
+    started, release = threading.Event(), threading.Event()
+    real = pair.encode
+
+    def held_encode(text, chat=False):
+        started.set()
+        release.wait(30)
+        return real(text, chat=chat)
+
+    monkeypatch.setattr(pair, "encode", held_encode)
+    app = create_app(pair, "m", max_body_bytes=8 << 20)
+    result: dict = {}
+    with ServerThread(app) as srv:
+        big = {"prompt": "def f(x):\n    return x\n" * 50_000, "max_tokens": 1}   # about 1.2 MB
+        t = threading.Thread(target=lambda: result.update(r=httpx.post(f"{srv.url}/v1/completions", json=big,
+                                                                         timeout=60)))
+        t.start()
+        assert started.wait(30), "the large request never reached the tokeniser"
+        try:
+            health = httpx.get(f"{srv.url}/health", timeout=10)
+        finally:
+            release.set()
+        t.join(60)
+    assert health.status_code == 200
+    assert result["r"].status_code in (200, 400)       # 400: longer than the context, still answered

@@ -94,3 +94,11 @@ def test_health_answers_while_a_large_body_is_being_tokenised(pair, monkeypatch)
         t.join(60)
     assert health.status_code == 200
     assert result["r"].status_code in (200, 400)       # 400: longer than the context, still answered
+
+
+def test_max_queue_zero_still_serves_an_idle_server(pair):
+    """--max-queue 0 means no waiting room, not no service: an idle server admits into the batch."""
+    with TestClient(create_app(pair, "m", max_queue=0)) as c:
+        for _ in range(3):
+            r = c.post("/v1/completions", json={"prompt": "def f", "max_tokens": 2, "temperature": 0})
+            assert r.status_code == 200, r.text

@@ -274,14 +274,11 @@ class StepModel:
     # --- forwards -------------------------------------------------------------------------
     def _attention(self, b: int, n: int, ctx: int, heads: int, kv_heads: int, head_dim: int, layers: int,
                    kv_bytes: int) -> float:
-        """Attention of ``b x n`` queries over ``ctx`` cached tokens each: the K/V read, or the
-        FLOPs at the tile efficiency of the ``n x heads / kv_heads`` query rows per KV head."""
+        """Attention of ``b x n`` queries over ``ctx`` cached tokens each, every layer caching K/V
+        for the whole context (the drafter's case)."""
         kv = b * ctx * 2 * layers * math.ceil(kv_heads / self.tp) * head_dim * kv_bytes
         flops = 4 * b * n * ctx * heads * head_dim * layers / self.tp
-        rows = n * heads / max(1, kv_heads)
-        eff = self.k.compute_share * (1.0 if self.gpu.kind == "cpu" else
-                                      rows / (max(rows, self.shared.gemm_tile_rows) + self.shared.gemm_tail_rows))
-        return max(kv / self._bandwidth(), flops / (eff * self.gpu.peak_flops("bf16")))
+        return self._attention_time(kv, flops, n, heads, kv_heads)
 
     def _target_attention(self, b: int, n: int) -> float:
         """The target's attention through its own cache layout (``TargetShape.sequence_bytes`` /
@@ -290,7 +287,12 @@ class StepModel:
         t = self.target
         kv = b * t.sequence_bytes(self.tp, self.kv_cache, self.ctx)
         flops = t.attention_flops(b * n, self.ctx) / self.tp
-        rows = n * t.heads / max(1, t.kv_heads)
+        return self._attention_time(kv, flops, n, t.heads, t.kv_heads)
+
+    def _attention_time(self, kv: float, flops: float, n: int, heads: int, kv_heads: int) -> float:
+        """The K/V read, or the FLOPs at the tile efficiency of the ``n x heads / kv_heads`` query
+        rows per KV head, whichever is longer."""
+        rows = n * heads / max(1, kv_heads)
         eff = self.k.compute_share * (1.0 if self.gpu.kind == "cpu" else
                                       rows / (max(rows, self.shared.gemm_tile_rows) + self.shared.gemm_tail_rows))
         return max(kv / self._bandwidth(), flops / (eff * self.gpu.peak_flops("bf16")))

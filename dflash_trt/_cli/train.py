@@ -1,4 +1,4 @@
-"""dflash-trt train-drafter: train a DFlash drafter for any transformers causal LM."""
+"""dflash-trt train-drafter: train a DFlash or DFlash2 drafter for any transformers causal LM."""
 
 from __future__ import annotations
 
@@ -32,6 +32,11 @@ def train_drafter(
     layers: Annotated[Optional[int], typer.Option("--layers", min=1, help="Drafter decoder layers. Default 1 (z-lab uses 5 for 8B targets).")] = None,
     target_layer_ids: Annotated[Optional[str], typer.Option("--target-layer-ids", help="Tapped target layers, e.g. 1,9,17,25,33 (z-lab ids: output of layer i). Default: spread from 1 to depth-3.")] = None,
     mask_token_id: Annotated[Optional[int], typer.Option("--mask-token-id", min=0, help="Embedding row used as MASK. Default: the tokenizer's mask token, else the first spare row.")] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="Drafter: dflash (DFlashDraftModel) or dflash2 (DFlash2DraftModel: dynamic convolutions around every sublayer and a candidate selector, trained with the same block objective). Default dflash.")] = None,
+    conv_kernel_size: Annotated[Optional[int], typer.Option("--conv-kernel-size", min=1, help="DFlash2: taps of each dynamic convolution. Default 2.")] = None,
+    conv_group_size: Annotated[Optional[int], typer.Option("--conv-group-size", min=1, help="DFlash2: channels sharing one dynamic tap (divides the hidden size). Default 16.")] = None,
+    selector_rank: Annotated[Optional[int], typer.Option("--selector-rank", min=1, help="DFlash2: rank of the selector's codebooks. Default 256.")] = None,
+    selector_top_k: Annotated[Optional[int], typer.Option("--selector-top-k", min=2, help="DFlash2: candidates per block position the selector chooses among. Default 16.")] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Total optimizer steps (with --resume: continue up to this).")] = 1000,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step (the global batch, over all ranks).")] = 8,
     anchors: Annotated[int, typer.Option("--anchors", min=1, help="Random anchor positions (blocks) per sequence.")] = 16,
@@ -53,12 +58,14 @@ def train_drafter(
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel ranks on this machine, started with torch's launcher (torchrun). The batch is global.")] = 1,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train a DFlash drafter: target-regenerated responses, random anchors, block masks, decayed loss."""
+    """Train a DFlash (or, with --arch dflash2, a DFlash2) drafter: target-regenerated responses, random anchors, block masks, decayed loss."""
     from dflash_trt.train import TrainSettings, launch
 
     settings = TrainSettings(
         target=target, data=data, out=str(out_dir), block_size=block_size, layers=layers,
-        target_layer_ids=_layer_ids(target_layer_ids), mask_token_id=mask_token_id, steps=steps,
+        target_layer_ids=_layer_ids(target_layer_ids), mask_token_id=mask_token_id, arch=arch,
+        conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
+        selector_top_k=selector_top_k, steps=steps,
         batch_size=batch_size, anchors=anchors, lr=lr, prompt_len=prompt_len, gen_len=gen_len,
         samples=samples, eval_every=eval_every, save_every=save_every, seed=seed, resume=resume,
         chat_template=chat_template, thinking=thinking, regen_endpoint=regen_endpoint, regen_model=regen_model,

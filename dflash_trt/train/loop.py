@@ -36,7 +36,8 @@ from dflash_trt.train import features as train_features
 from dflash_trt.train import objective, regen
 from dflash_trt.train.checkpoint import load_state, save_state, saved_step, write_drafter, write_json
 from dflash_trt.train.dist import Ranks, init_ranks
-from dflash_trt.train.settings import RESUMABLE_FIELDS, SHAPE_FIELDS, Progress, Result, TrainSettings
+from dflash_trt.train.settings import (ARCHS, DFLASH2_DEFAULTS, RESUMABLE_FIELDS, SHAPE_FIELDS, Progress, Result,
+                                      TrainSettings)
 
 def pick_mask_token(tokenizer, vocab_rows: int) -> int:
     mid = getattr(tokenizer, "mask_token_id", None)
@@ -66,10 +67,11 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
         if not (work / "settings.json").exists():
             raise DFlashError(f"--resume: {out} holds no training run to resume")
         saved = json.loads((work / "settings.json").read_text())
+        saved.setdefault("arch", "dflash")      # runs saved before --arch existed trained DFlash drafters
         for name in SHAPE_FIELDS:
-            mine = getattr(s, name)
-            if mine is not None and mine != saved[name]:
-                raise DFlashError(f"--resume: --{name.replace('_', '-')} {mine} differs from the run's {saved[name]}")
+            mine, theirs = getattr(s, name), saved.get(name)
+            if mine is not None and mine != theirs:
+                raise DFlashError(f"--resume: --{name.replace('_', '-')} {mine} differs from the run's {theirs}")
         # A resumed run is the same run: everything but its length, cadence and place comes from OUT.
         here = {k: getattr(s, k) for k in RESUMABLE_FIELDS}
         return TrainSettings(**{**saved, **here, "resume": True})
@@ -168,7 +170,8 @@ class _Run:
         """training.json: how the drafter in OUT was trained."""
         s = self.s
         return {"target": s.target, "data": s.data, "step": step, "steps": s.steps,
-                "global_batch_size": s.batch_size, "ranks": self.ranks.world, "block_size": s.block_size,
+                "global_batch_size": s.batch_size, "ranks": self.ranks.world, "arch": s.arch,
+                "block_size": s.block_size,
                 "target_layer_ids": s.target_layer_ids, "mask_token_id": s.mask_token_id,
                 "prompt_len": s.prompt_len, "gen_len": s.gen_len, "sequences": len(self.regen),
                 "regeneration": self.regen_meta.get("regeneration", {"sources": ["unknown (an older run)"]}),
@@ -196,16 +199,41 @@ def _drafter_config(s: TrainSettings, model, tokenizer):
         raise DFlashError("--block-size must be >= 2 (the anchor and at least one draft position)")
     mask_id = s.mask_token_id if s.mask_token_id is not None else pick_mask_token(
         tokenizer, model.get_input_embeddings().weight.shape[0])
+    dflash2 = _dflash2_sizes(s)
     cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
-                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id)
+                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, dflash2=dflash2)
     s.block_size, s.layers, s.target_layer_ids, s.mask_token_id = B, cfg.num_hidden_layers, cfg.target_layer_ids, mask_id
+    s.arch = "dflash2" if dflash2 else "dflash"
+    for name, value in (dflash2 or {}).items():
+        setattr(s, name, value)
     return cfg
+
+
+def _dflash2_sizes(s: TrainSettings) -> dict | None:
+    """The four DFlash2 sizes for ``--arch dflash2`` (unset ones from ``DFLASH2_DEFAULTS``); None for
+    ``--arch dflash``, which refuses them."""
+    arch = s.arch or "dflash"
+    if arch not in ARCHS:
+        raise DFlashError(f"--arch {arch!r}: choose one of {', '.join(ARCHS)}")
+    given = {k: getattr(s, k) for k in DFLASH2_DEFAULTS if getattr(s, k) is not None}
+    if arch == "dflash":
+        if given:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            raise DFlashError(f"{flags} size a DFlash2 drafter: add --arch dflash2")
+        return None
+    sizes = {**DFLASH2_DEFAULTS, **given}
+    bad = [k for k, v in sizes.items() if v < 1]
+    if bad:
+        raise DFlashError(f"--{bad[0].replace('_', '-')} must be >= 1")
+    return sizes
 
 
 def _optimizer(drafter: Drafter, s: TrainSettings) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices only (not norms and biases)."""
-    decay = [p for n, p in drafter.named_parameters() if p.dim() > 1]
-    rest = [p for n, p in drafter.named_parameters() if p.dim() <= 1]
+    # Matrices decay (linear weights, DFlash2's codebooks); norms, biases and DFlash2's base
+    # convolution kernels [2, K, H] (identity at init, not a weight to pull to zero) do not.
+    decay = [p for n, p in drafter.named_parameters() if p.dim() == 2]
+    rest = [p for n, p in drafter.named_parameters() if p.dim() != 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
                               {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
 
@@ -294,7 +322,12 @@ def train_step(drafter: Drafter, target: Target, regen_set: train_data.Regenerat
     (total,) = ranks.sum([objective.loss_weights(labels, gamma).sum().item()])
     hidden = objective.train_forward(drafter, hidden_in.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
     logits = drafter.logits(hidden[:, :, 1:], target.head)
-    loss, m = objective.block_loss(logits, labels, gamma, normaliser=total)
+    picks = select = None
+    if drafter.cfg.is_dflash2:            # the selector picks among the candidates these logits propose
+        select, picks = objective.selector_loss(drafter, hidden[:, :, 1:], logits, block, labels, gamma, total)
+    loss, m = objective.block_loss(logits, labels, gamma, normaliser=total, picks=picks)
+    if select is not None:
+        loss = loss + select
     loss_all, tau_sum, blocks = ranks.sum([loss.item(), m["tau_sum"], m["blocks"]])
     return loss, {"loss": loss_all, "tau": tau_sum / blocks if blocks else math.nan}
 

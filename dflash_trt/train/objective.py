@@ -17,6 +17,9 @@ Read top to bottom:
   ``hidden_norm(fc(target_hidden))`` with RoPE at the context tokens' absolute positions.
 * :func:`block_loss`: cross-entropy of block positions 1..B-1 through the target's LM
   head, weighted ``exp(-(k-1)/gamma)``.
+* DFlash2 (``--arch dflash2``) trains its convolutions inside the same forward (they are part of
+  ``block_forward``) and adds :func:`selector_loss`: the selector's cross-entropy over the top-k
+  candidates each position's logits propose, after the true predecessor, with the same weights.
 
 The loop, data regeneration and checkpoints live in :mod:`dflash_trt.train.loop` and
 :mod:`dflash_trt.train.data`.
@@ -30,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import Drafter, DrafterConfig
+from dflash_trt.model import Drafter, DrafterConfig, drafter_for
 from dflash_trt import plugins
 
 # Loss decay from the paper (block size -> gamma); other sizes interpolate linearly.
@@ -61,8 +64,11 @@ def _text_config(config):
 
 
 def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
-                       target_layer_ids: list[int] | None = None, mask_token_id: int) -> DrafterConfig:
-    """The drafter shape for a transformers causal LM (z-lab conventions)."""
+                       target_layer_ids: list[int] | None = None, mask_token_id: int,
+                       dflash2: dict | None = None) -> DrafterConfig:
+    """The drafter shape for a transformers causal LM (z-lab conventions). ``dflash2``: the four
+    DFlash2 sizes (``conv_kernel_size``, ``conv_group_size``, ``selector_rank``, ``selector_top_k``)
+    for a DFlash2 drafter; None for a DFlash one."""
     c = _text_config(target_model.config)
     n = int(c.num_hidden_layers)
     ids = list(target_layer_ids) if target_layer_ids else default_layer_ids(n)
@@ -83,6 +89,7 @@ def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
     if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
     heads = int(c.num_attention_heads)
+    _check_dflash2_sizes(dflash2, int(c.hidden_size), vocab)
     return DrafterConfig(
         hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
@@ -91,19 +98,40 @@ def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta),
         rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
         max_position_embeddings=int(getattr(c, "max_position_embeddings", 40960)),
-        attention_bias=bool(getattr(c, "attention_bias", False)),
+        attention_bias=bool(getattr(c, "attention_bias", False)), **(dflash2 or {}),
     )
 
 
+def _check_dflash2_sizes(sizes: dict | None, hidden: int, vocab: int) -> None:
+    """The DFlash2 sizes a target can take, each refusal one line naming the flag."""
+    if not sizes:
+        return
+    if hidden % sizes["conv_group_size"]:
+        raise DFlashError(f"--conv-group-size {sizes['conv_group_size']} does not divide the target's hidden size "
+                          f"{hidden} (each group of channels shares one dynamic tap)")
+    if not 2 <= sizes["selector_top_k"] <= vocab:
+        raise DFlashError(f"--selector-top-k {sizes['selector_top_k']} must be between 2 and the vocabulary "
+                          f"({vocab}): the selector chooses among that many candidates")
+
+
 def init_drafter(cfg: DrafterConfig, seed: int = 0) -> Drafter:
-    """A fresh drafter: linear weights N(0, 0.02), norms 1 (the Hugging Face init)."""
+    """A fresh drafter: linear weights N(0, 0.02), norms 1 (the Hugging Face init).
+
+    DFlash2 (``drafter_for``): the convolutions start as the identity (base tap 0 = 1, kernel
+    projections 0: ``DynamicConv``'s init), so the fresh drafter computes its DFlash backbone; the
+    codebooks start N(0, 0.02) like the linear weights (two zero codebooks would get no gradient:
+    each one's is proportional to the other).
+    """
     torch.manual_seed(seed)
-    d = Drafter(cfg)
-    for m in d.modules():
-        if isinstance(m, torch.nn.Linear):
+    d = drafter_for(cfg)(cfg)
+    for name, m in d.named_modules():
+        if isinstance(m, torch.nn.Linear) and not name.endswith("kernel_projection"):
             torch.nn.init.normal_(m.weight, std=0.02)
             if m.bias is not None:
                 torch.nn.init.zeros_(m.bias)
+    if cfg.is_dflash2:
+        torch.nn.init.normal_(d.candidate_selector.predecessor_codebook, std=0.02)
+        torch.nn.init.normal_(d.candidate_selector.successor_codebook, std=0.02)
     return d.float()
 
 
@@ -197,14 +225,16 @@ def loss_weights(labels: torch.Tensor, gamma: float) -> torch.Tensor:
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float,
-               normaliser: float | None = None) -> tuple[torch.Tensor, dict]:
+               normaliser: float | None = None, picks: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Decay-weighted CE over block positions 1..B-1. logits [b, K, B-1, V]; labels [b, K, B-1].
 
     The weighted sum is divided by ``normaliser`` (default: this batch's total weight); data
     parallel ranks pass the global batch's, so their losses add up to the global loss.
     Also returns the batch's greedy agreement: per-position accuracy, the acceptance length
     tau a greedy verifier would see on these blocks (1 + accepted prefix), and its sum over
-    the ``blocks`` it is the mean of (``tau_sum``, for averaging across ranks).
+    the ``blocks`` it is the mean of (``tau_sum``, for averaging across ranks). ``picks``
+    [b, K, B-1]: the tokens the drafter proposes (default each position's argmax; DFlash2 passes
+    its selector's, :func:`selector_loss`).
     """
     Bm1 = labels.shape[-1]
     valid = labels >= 0
@@ -214,9 +244,58 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float,
     total = weights.sum() if normaliser is None else torch.tensor(normaliser, dtype=torch.float32)
     loss = (ce * weights).sum() / total.to(ce.device).clamp_min(1e-9)
     with torch.no_grad():
-        hit = (logits.argmax(-1) == labels) & valid
+        hit = ((logits.argmax(-1) if picks is None else picks) == labels) & valid
         full = valid.all(-1)                       # blocks whose labels are all inside the sequence
         taus = 1.0 + hit[full].long().cumprod(-1).sum(-1).float()
         tau = taus.mean().item() if full.any() else math.nan
         acc = [(hit[..., k].sum() / valid[..., k].sum().clamp_min(1)).item() for k in range(Bm1)]
     return loss, {"tau": tau, "acc": acc, "tau_sum": taus.sum().item(), "blocks": int(full.sum())}
+
+
+# ---------------------------------------------------------------------------------------
+# DFlash2: the candidate selector
+# ---------------------------------------------------------------------------------------
+
+
+def selector_scores(drafter, hidden: torch.Tensor, logits: torch.Tensor,
+                    predecessors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selector's scores of each position's candidates after the given predecessor.
+
+    hidden [..., H] the normed hidden states of draft positions; logits [..., V] their draft
+    logits; predecessors [...] the token one position before each. Returns (scores [..., k]
+    float32, candidates [..., k]): the formula ``plugins.selector_walk`` applies at every step of
+    its walk (unary + <A[p] * h, B[c]>), here for all positions at once. The candidates are the
+    top-k the layers propose; gradients reach the layers through the unary term and the hidden
+    projection, and the codebooks through the bilinear one.
+    """
+    sel = drafter.candidate_selector
+    unary, cand = torch.topk(logits.float(), sel.top_k, dim=-1)
+    context = sel.predecessor_codebook[predecessors].float() * sel.hidden_projection(hidden).float()   # [..., r]
+    pair = torch.einsum("...r,...kr->...k", context, sel.successor_codebook[cand].float())
+    return unary + pair, cand
+
+
+def selector_loss(drafter, hidden: torch.Tensor, logits: torch.Tensor, block: torch.Tensor,
+                  labels: torch.Tensor, gamma: float, normaliser: float | None = None):
+    """DFlash2's selector term of the block objective, and the tokens its greedy walk proposes.
+
+    hidden [b, K, B-1, H], logits [b, K, B-1, V] (draft positions 1..B-1), block [b, K, B] the
+    block's input ids (the anchor at 0), labels [b, K, B-1]. Teacher forcing: position t's
+    predecessor is the true token at t-1 (the anchor at t = 1), which is what the walk holds
+    whenever t is reached with every earlier draft accepted, the only case in which t's choice
+    counts. Each position's loss is the cross-entropy of its label among the k candidates the
+    layers propose, decay-weighted as :func:`block_loss`, over the positions whose label is a
+    candidate (the walk cannot pick another); divided by ``normaliser`` (default: the batch's
+    weight). Returns (loss, picks [b, K, B-1]: the walk's greedy choice at each position).
+    """
+    predecessors = torch.cat([block[..., :1], labels[..., :-1].clamp_min(0)], dim=-1)
+    scores, cand = selector_scores(drafter, hidden, logits, predecessors)
+    is_label = cand == labels[..., None]                                             # [b, K, B-1, k]
+    present = is_label.any(-1) & (labels >= 0)
+    ce = F.cross_entropy(scores.reshape(-1, scores.shape[-1]), is_label.float().argmax(-1).reshape(-1),
+                         reduction="none").view_as(labels)
+    weights = loss_weights(labels, gamma)
+    total = weights.sum() if normaliser is None else torch.tensor(normaliser, dtype=torch.float32)
+    loss = (ce * weights * present).sum() / total.to(ce.device).clamp_min(1e-9)
+    picks = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+    return loss, picks.detach()

@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id")
+SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id", "arch", "conv_kernel_size",
+                "conv_group_size", "selector_rank", "selector_top_k")
+#: ``--arch``: the drafter trained. ``dflash2`` adds DFlash2's convolutions and candidate selector.
+ARCHS = ("dflash", "dflash2")
+#: DFlash2 sizes when ``--arch dflash2`` names none: those of z-lab/Qwen3.8-27B-DFlash2's config.json.
+DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "samples", "eval_prompts", "seed",
                "chat_template", "thinking")
 RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "regen_endpoint", "regen_model", "regen_concurrency",
@@ -33,6 +38,11 @@ class TrainSettings:
     layers: Optional[int] = None              # default 1
     target_layer_ids: Optional[list[int]] = None
     mask_token_id: Optional[int] = None       # default: the tokenizer's mask token, else a spare row
+    arch: Optional[str] = None                # "dflash" (default) or "dflash2"
+    conv_kernel_size: Optional[int] = None    # DFlash2 only (defaults: DFLASH2_DEFAULTS)
+    conv_group_size: Optional[int] = None
+    selector_rank: Optional[int] = None
+    selector_top_k: Optional[int] = None
     steps: int = 1000
     batch_size: int = 8                       # the global batch: sequences per step over all ranks
     anchors: int = 16

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers import save_pair, tiny_dflash2_drafter, tiny_target
+from tests.helpers import tiny_dflash2_drafter, tiny_target
 
 from dflash_trt import plugins
 from dflash_trt.cli import run
@@ -76,15 +76,6 @@ def test_selector_loss_reaches_every_dflash2_weight_and_skips_labels_outside_the
     assert none.item() == 0.0
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train2")
-    tdir, _ = save_pair(root)
-    text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(200))
-    (root / "data.txt").write_text(text)
-    return root, tdir
-
-
 def _args(root, tdir, out, steps, *extra):
     return ["train-drafter", "--target", str(tdir), "--data", str(root / "data.txt"), "--out", str(out),
             "--steps", str(steps), "--block-size", "4", "--batch-size", "4", "--anchors", "8",
@@ -92,14 +83,14 @@ def _args(root, tdir, out, steps, *extra):
             "--save-every", "6", "--json", *extra]
 
 
-def test_train_drafter_arch_dflash2_trains_writes_the_published_form_and_resumes(setup, capsys):
+def test_train_drafter_arch_dflash2_trains_writes_the_published_form_and_resumes(train_setup, capsys):
     from safetensors.torch import load_file
 
     from dflash_trt import ingest
     from dflash_trt.runtime.loop import generate
     from dflash_trt.runtime.pair import load_pair
 
-    root, tdir = setup
+    root, tdir = train_setup
     out = root / "d2"
     assert run(_args(root, tdir, out, 12, "--arch", "dflash2", "--selector-rank", "8", "--selector-top-k", "4")) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -132,10 +123,10 @@ def test_train_drafter_arch_dflash2_trains_writes_the_published_form_and_resumes
     assert json.loads(capsys.readouterr().out)["step"] == 14
 
 
-def test_a_dflash2_run_lowers_its_loss(setup):
+def test_a_dflash2_run_lowers_its_loss(train_setup):
     from dflash_trt.train.loop import TrainSettings, train_drafter
 
-    root, tdir = setup
+    root, tdir = train_setup
     res = train_drafter(TrainSettings(target=str(tdir), data=str(root / "data.txt"), out=str(root / "d2b"),
                                       block_size=4, steps=12, batch_size=4, anchors=8, prompt_len=12, gen_len=16,
                                       samples=24, lr=3e-3, eval_every=100, save_every=100, arch="dflash2",
@@ -174,8 +165,8 @@ def test_fitting_the_selector_alone_moves_its_picks_to_the_labels():
     (["--arch", "dflash3"], "--arch 'dflash3': choose one of dflash, dflash2"),
     (["--arch", "dflash2", "--selector-top-k", "500"], "--selector-top-k 500 must be between 2 and the vocabulary (96)"),
 ])
-def test_dflash2_user_errors_are_one_line_and_write_nothing(setup, tmp_path, capsys, extra, message):
-    root, tdir = setup
+def test_dflash2_user_errors_are_one_line_and_write_nothing(train_setup, tmp_path, capsys, extra, message):
+    root, tdir = train_setup
     out = tmp_path / "bad"
     assert run(_args(root, tdir, out, 2, *extra)) == 2
     err = capsys.readouterr().err.strip()
@@ -184,7 +175,7 @@ def test_dflash2_user_errors_are_one_line_and_write_nothing(setup, tmp_path, cap
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_train_the_same_dflash2_drafter_as_one(setup, tmp_path):
+def test_two_gloo_ranks_train_the_same_dflash2_drafter_as_one(train_setup, tmp_path):
     """The selector term is divided by the global batch's weight like the block loss, so two
     data-parallel ranks give the one-process run (weights, losses)."""
     import subprocess
@@ -194,7 +185,7 @@ def test_two_gloo_ranks_train_the_same_dflash2_drafter_as_one(setup, tmp_path):
     from tests.serve.helpers import subprocess_env
     from tests.train.test_scale import argv, assert_same_state
 
-    root, tdir = setup
+    root, tdir = train_setup
     common = dict(target=str(tdir), data=str(root / "data.txt"), block_size=4, layers=1, steps=3, batch_size=4,
                   anchors=4, prompt_len=12, gen_len=8, samples=12, eval_prompts=2, eval_every=100, save_every=3,
                   lr=3e-3, arch="dflash2", selector_rank=8, selector_top_k=4)

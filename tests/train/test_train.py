@@ -9,7 +9,7 @@ import torch
 
 # Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
 
-from tests.helpers import char_tokenizer, save_pair, tiny_dflash2_drafter, tiny_drafter, tiny_target, wrap
+from tests.helpers import char_tokenizer, tiny_dflash2_drafter, tiny_drafter, tiny_target, wrap
 
 from dflash_trt.train import objective
 from dflash_trt.train import data
@@ -157,15 +157,6 @@ def test_build_prompts_cuts_text_into_windows():
 # ---------------------------------------------------------------------------------------
 # train-drafter end to end
 # ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def train_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    tdir, _ = save_pair(root)
-    text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(200))
-    (root / "data.txt").write_text(text)
-    return root, tdir
 
 
 def _args(root, tdir, out, steps, *extra):

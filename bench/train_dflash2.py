@@ -52,7 +52,8 @@ def train(arch: str, data: Path, out: Path, a) -> dict:
 
 
 def bench(out: Path) -> dict:
-    cmd = [sys.executable, "-m", "dflash_trt", "bench", "--target", str(TARGET), "--drafter", str(out), "--json"]
+    cmd = [sys.executable, "-m", "dflash_trt", "bench", "--target", str(TARGET), "--drafter", str(out), "--prompts",
+           str(TARGET.parent / "heldout_prompts.jsonl"), "--json"]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
 
 

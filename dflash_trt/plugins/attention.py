@@ -53,13 +53,14 @@ def block_attention_reference(q, k, v, k_cache, v_cache, page_table, lengths, *,
     b, B, h, d = q.shape
     kvh = k.shape[2]
     max_len = int(lengths.max().item()) if b else 0
-    keys = torch.cat([gather_pages(k_cache, page_table, max_len).to(k.dtype), k], dim=1)
-    vals = torch.cat([gather_pages(v_cache, page_table, max_len).to(v.dtype), v], dim=1)
+    keys = torch.cat([gather_pages(k_cache, page_table, max_len).to(k.dtype), k], dim=1).transpose(1, 2)  # [b, kvh, K, d]
+    vals = torch.cat([gather_pages(v_cache, page_table, max_len).to(v.dtype), v], dim=1).transpose(1, 2)
     mask = visibility(lengths, max_len, B, causal, window)
-    rep = h // kvh
-    keys = keys.repeat_interleave(rep, dim=2).transpose(1, 2)      # [b, h, K, d]
-    vals = vals.repeat_interleave(rep, dim=2).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None], scale=scale)
+    # enable_gqa: query head h reads kv head h // (heads // kv_heads) without copying the keys and
+    # values once per query head (the copy was most of the round at long context: 2.5 s -> 0.96 s
+    # at b 4, 8k context, 32/8 heads on one CPU thread).
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None], scale=scale,
+                                         enable_gqa=h != kvh)
     return out.transpose(1, 2).to(q.dtype)
 
 

@@ -184,7 +184,6 @@ def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: t
     q_pos = (anchors[:, :, None] + torch.arange(B, device=dev)).reshape(b, K * B)
     cos_c, sin_c = drafter.rope(torch.arange(T, device=dev).expand(b, T), dtype)
     ctx = drafter.hidden_norm(drafter.fc(target_hidden))                              # [b, T, H]
-    rep = nh // kvh
     masks = {}
 
     def attend(i, q, k, v):
@@ -196,10 +195,10 @@ def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: t
         attn = drafter.layers[i].self_attn
         kc = plugins.apply_rope(attn.k_norm(attn.k_proj(ctx).view(b, T, kvh, hd)), cos_c, sin_c)
         vc = attn.v_proj(ctx).view(b, T, kvh, hd)
-        keys = torch.cat([kc, k], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
-        vals = torch.cat([vc, v], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
+        keys = torch.cat([kc, k], 1).transpose(1, 2)                                  # [b, kvh, T + KB, d]
+        vals = torch.cat([vc, v], 1).transpose(1, 2)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=masks[key],
-                                           scale=hd ** -0.5)
+                                           scale=hd ** -0.5, enable_gqa=nh != kvh)
         return o.transpose(1, 2)
 
     x = drafter.block_forward(block_embeds.reshape(b, K * B, H), q_pos, attend, block_len=B)  # DFlash2: per block

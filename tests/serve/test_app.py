@@ -233,6 +233,25 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(pair):
     assert metric(m, "dflash_spec_rounds_total") < 499 // 2
 
 
+def test_a_client_that_hangs_up_on_a_full_response_frees_its_slot(pair):
+    """Non-streaming: nothing is sent until the end, so the server polls for the disconnect while
+    it waits (``respond_full``) and cancels the job."""
+    app = create_app(pair, "tiny", max_batch=1)
+    with ServerThread(app) as srv:
+        body = {"model": "tiny", "prompt": "go", "max_tokens": 500, "temperature": 0, "ignore_eos": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{srv.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+        deadline = time.time() + 30
+        while metric(httpx.get(f"{srv.url}/metrics").text, "dflash_requests_total", status="499") < 1:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "next", "max_tokens": 3,
+                                                           "temperature": 0}, timeout=60)
+        assert ok.status_code == 200
+        m = httpx.get(f"{srv.url}/metrics").text
+    assert metric(m, "dflash_spec_rounds_total") < 499 // 2
+
+
 def test_batcher_groups_by_sampling_and_caps_each_jobs_tokens(pair):
     from dflash_trt.runtime.sampling import SamplingParams
 

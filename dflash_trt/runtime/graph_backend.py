@@ -160,6 +160,9 @@ class GraphBackend(Backend):
         block for its KV injection and drops the proposal. Other drafter graphs: ``Backend``'s."""
         if not self.dflash2:
             return super().draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)
+        if block_size not in (1, self.profile.block_size):
+            raise DFlashError(f"--backend {self.name}: the DFlash2 drafter graph drafts blocks of "
+                              f"{self.profile.block_size}, not {block_size}; use --backend torch for shorter blocks")
         feeds = self._round_feeds(target_hidden, n_new, anchor, self.profile.block_size, cache)
         b, K = anchor.shape[0], self.profile.block_size - 1
         argmax = [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]

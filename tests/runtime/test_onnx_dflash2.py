@@ -124,5 +124,7 @@ def test_drafting_off_still_injects_and_logits_are_refused(pair):
     assert torch.equal(got.page_table, want.page_table)
     used = want.used_pages
     assert torch.allclose(got.k[:, :used], want.k[:, :used].float(), atol=1e-4)
+    with pytest.raises(DFlashError, match="drafts blocks of 8, not 4"):
+        pair.backend.draft_block(hidden, n, anchor, 4, dcache, greedy, [None, None], [0, 0])
     with pytest.raises(DFlashError, match="proposes tokens, not logits"):
         pair.backend.drafter_round(None, None, None, 8, None)

@@ -165,6 +165,10 @@ class GraphBackend(Backend):
                               f"{self.profile.block_size}, not {block_size}; use --backend torch for shorter blocks")
         feeds = self._round_feeds(target_hidden, n_new, anchor, self.profile.block_size, cache)
         b, K = anchor.shape[0], self.profile.block_size - 1
+        if block_size == 1:                      # inject only: one greedy run, no uniforms drawn
+            self._walk(feeds, list(range(b)), b, anchor, 0.0, cache)
+            cache.lengths = cache.lengths + n_new
+            return None, None
         argmax = [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]
         sampled = [r for r in range(b) if r not in set(argmax)]
         if len({params[r] for r in sampled}) > 1:
@@ -181,7 +185,7 @@ class GraphBackend(Backend):
                 q[rows] = torch.zeros(len(rows), K, self.vocab_size, device=self.device).scatter(
                     -1, cand.long(), q_k.float())
         cache.lengths = cache.lengths + n_new
-        return (None, None) if block_size == 1 else (tokens, q)
+        return tokens, q
 
     def _walk(self, feeds, rows, b, anchor, temperature, cache):
         """Run the DFlash2 drafter graph on batch rows ``rows`` (the pool is shared: each run

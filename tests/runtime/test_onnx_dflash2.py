@@ -100,23 +100,27 @@ def test_sampled_drafts_are_torchs_walk_and_q(pair):
         assert torch.allclose(q_o.sum(-1), torch.ones(q_o.shape[:2]), atol=1e-4)
 
 
-def test_drafting_off_still_injects_and_logits_are_refused(pair):
-    """A block-size-1 round (the engine's schedule turning drafting off) through the DFlash2 graph
-    proposes nothing but injects the context as TorchBackend does; asking the graph for logits,
-    which it does not output, is one line."""
-    ps = random_prompts(2, seed=7, lo=2, hi=20)
+def _prefilled(backend, ps):
+    """One prefill of prompts ``ps`` through ``backend``: (target_hidden, n_new, anchor, drafter cache)."""
     n = torch.tensor([len(p) for p in ps])
-    ids = torch.zeros(2, int(n.max()), dtype=torch.long)
+    ids = torch.zeros(len(ps), int(n.max()), dtype=torch.long)
     for r, p in enumerate(ps):
         ids[r, : len(p)] = torch.tensor(p)
     valid = torch.arange(ids.shape[1])[None] < n[:, None]
-    positions = torch.arange(ids.shape[1]).expand(2, -1)
-    caches = []
-    greedy = [SamplingParams()] * 2
+    cache, dcache = backend.new_caches(len(ps), True)
+    logits, hidden = backend.target_forward(ids, torch.arange(ids.shape[1]).expand(len(ps), -1), valid, cache,
+                                            capture=True, logits_at=n - 1)
+    return hidden, n, logits[:, 0].argmax(-1), dcache
+
+
+def test_drafting_off_still_injects_and_odd_blocks_and_logits_are_refused(pair):
+    """A block-size-1 round (the engine's schedule turning drafting off) through the DFlash2 graph
+    proposes nothing but injects the context as TorchBackend does; a block the graph was not
+    exported for, and asking it for logits, which it does not output, are one line each."""
+    ps = random_prompts(2, seed=7, lo=2, hi=20)
+    greedy, caches = [SamplingParams()] * 2, []
     for backend in (pair.backend, TorchBackend(pair.target, pair.drafter)):
-        cache, dcache = backend.new_caches(2, True)
-        logits, hidden = backend.target_forward(ids, positions, valid, cache, capture=True, logits_at=n - 1)
-        anchor = logits[:, 0].argmax(-1)
+        hidden, n, anchor, dcache = _prefilled(backend, ps)
         assert backend.draft_block(hidden, n, anchor, 1, dcache, greedy, [None, None], [0, 0]) == (None, None)
         caches.append(dcache)
     got, want = caches
@@ -124,7 +128,26 @@ def test_drafting_off_still_injects_and_logits_are_refused(pair):
     assert torch.equal(got.page_table, want.page_table)
     used = want.used_pages
     assert torch.allclose(got.k[:, :used], want.k[:, :used].float(), atol=1e-4)
+    hidden, n, anchor, dcache = _prefilled(pair.backend, ps)
     with pytest.raises(DFlashError, match="drafts blocks of 8, not 4"):
         pair.backend.draft_block(hidden, n, anchor, 4, dcache, greedy, [None, None], [0, 0])
     with pytest.raises(DFlashError, match="proposes tokens, not logits"):
-        pair.backend.drafter_round(None, None, None, 8, None)
+        pair.backend.drafter_round(hidden, n, anchor, 8, dcache)
+
+
+def test_a_batch_mixing_greedy_and_sampled_rows_is_torchs(pair):
+    """Greedy rows walk at temperature 0 and the sampled rows at theirs, in one round (two runs of
+    the graph over one shared pool): tokens, q and the caches as TorchBackend's."""
+    ps = random_prompts(3, seed=8, lo=2, hi=30)
+    params = [SamplingParams(), SamplingParams(temperature=0.9), SamplingParams()]
+    out = []
+    for backend in (pair.backend, TorchBackend(pair.target, pair.drafter)):
+        hidden, n, anchor, dcache = _prefilled(backend, ps)
+        torch.manual_seed(5)
+        tokens, q = backend.draft_block(hidden, n, anchor, 8, dcache, params, [None] * 3, [0] * 3)
+        out.append((tokens, q, dcache))
+    (t_o, q_o, c_o), (t_t, q_t, c_t) = out
+    assert torch.equal(t_o, t_t) and torch.allclose(q_o, q_t.float(), atol=1e-4)
+    assert float(q_o[0].abs().sum()) == 0.0 and torch.allclose(q_o[1].sum(-1), torch.ones(7), atol=1e-4)
+    assert torch.equal(c_o.lengths, c_t.lengths)
+    assert torch.allclose(c_o.k[:, : c_t.used_pages], c_t.k[:, : c_t.used_pages].float(), atol=1e-4)

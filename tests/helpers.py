@@ -165,13 +165,14 @@ def char_tokenizer(vocab: int = VOCAB):
                                    eos_token="</s>", mask_token="<mask>")
 
 
-def save_pair(root, arch: str = "qwen3", block_size: int = 8):
-    """Write target (HF + tokenizer) and drafter (z-lab) directories; returns (target, drafter)."""
+def save_pair(root, arch: str = "qwen3", block_size: int = 8, dflash2: bool = False):
+    """Write target (HF + tokenizer) and drafter (z-lab; ``dflash2``: a DFlash2 one) directories;
+    returns (target, drafter)."""
     from pathlib import Path
 
     root = Path(root)
     model = tiny_target(arch, dtype=torch.float32)
-    drafter = tiny_drafter(model, block_size=block_size)
+    drafter = (tiny_dflash2_drafter if dflash2 else tiny_drafter)(model, block_size=block_size)
     tdir, ddir = root / "target", root / "drafter"
     model.save_pretrained(tdir, safe_serialization=True)
     char_tokenizer().save_pretrained(tdir)

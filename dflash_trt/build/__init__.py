@@ -3,7 +3,8 @@
 Modules: ``recipe`` (the typed YAML), ``hardware`` (the GPU catalog and precision rules),
 ``model_shapes`` (parameter counts from configs), ``plan`` (memory, TP, draft lengths),
 ``quantize`` (ModelOpt), ``trtllm`` (the LLM-API config and launch script), ``export``
-(the standalone path's ONNX graphs), ``engines`` (their TensorRT engines and the shapes they
+(the standalone path's ONNX graphs; ``export_dflash2`` a DFlash2 drafter's, ``graphs`` which
+drafter graph a bundle gets), ``engines`` (their TensorRT engines and the shapes they
 are built for), ``pipeline`` (the stages in order, written atomically), ``perf_model`` (the
 step model the plan's speedups come from), ``perf_fit`` (its constants fitted on measurements),
 ``calibrate`` (refitted on yours), ``schedule`` (draft lengths as TensorRT-LLM reads them).

@@ -359,33 +359,3 @@ def export_embed_onnx(weight: torch.Tensor, scale: float, out_dir, *, filename: 
     path = out / filename
     onnx.save(model, str(path))
     return path
-
-
-# ---------------------------------------------------------------------------------------
-# the three graphs of a bundle, and the shapes they run at
-# ---------------------------------------------------------------------------------------
-
-
-def export_graphs(drafter, hf_model, onnx_dir, profile, say=lambda msg: None) -> dict:
-    """``onnx/``: the drafter round (logits through the target's head), the target and the
-    embedding, each checked against PyTorch. Returns the manifest's ``engine`` section (without
-    the engine build's outcome). A graph that disagrees is one DFlashError line."""
-    problem = target_export_problem(hf_model.config)
-    if problem:  # before the (slow) drafter export
-        raise DFlashError(f"target {getattr(hf_model.config, 'model_type', '?')} does not export to target.onnx: "
-                          f"{problem}; build it with --engine trtllm")
-    onnx_dir = Path(onnx_dir)
-    head = hf_model.get_output_embeddings().weight.detach()
-    say("exporting the drafter to ONNX (dflash::KVInjection, dflash::BlockDiffusionAttention)")
-    d_path = export_drafter_onnx(drafter, onnx_dir, head_weight=head, page_size=profile.page_size)
-    d_err = check_drafter_onnx(drafter, d_path, head_weight=head, page_size=profile.page_size)
-    if max(d_err.values()) > DRAFTER_ONNX_ATOL:
-        raise DFlashError(f"exported drafter ONNX disagrees with PyTorch (max error {max(d_err.values()):.2e})")
-    say("exporting the target to ONNX (target_hidden + KV cache I/O)")
-    t_path = export_target_onnx(hf_model, drafter.cfg.target_layer_ids, onnx_dir)
-    t_err = check_target_onnx(hf_model, drafter.cfg.target_layer_ids, t_path, batch=3, past=9, T=4)
-    if max(t_err.values()) > TARGET_ONNX_ATOL:
-        raise DFlashError(f"exported target ONNX disagrees with PyTorch (max error {max(t_err.values()):.2e})")
-    export_embed_onnx(hf_model.get_input_embeddings().weight, drafter.cfg.input_embedding_scale, onnx_dir)
-    return {"onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")), "drafter_onnx_max_error": d_err,
-            "target_onnx_max_error": t_err, "profile": profile.model_dump()}

@@ -29,6 +29,9 @@ from dflash_trt.errors import DFlashError, require
 
 DFLASH2_INPUTS = DRAFTER_INPUTS + ["anchor", "uniforms", "temperature"]
 DFLASH2_OUTPUTS = ["tokens", "q", "candidates", "k_cache_out", "v_cache_out"]
+#: the dynamic axes of the inputs DFlash2 adds, named as ``export.DYNAMIC_AXES`` names the others
+#: (the TensorRT profile reads both; ``temperature`` [1] is static)
+DFLASH2_DYNAMIC_AXES = {"anchor": {0: "batch"}, "uniforms": {0: "batch"}}
 
 
 class DFlash2Round(nn.Module):

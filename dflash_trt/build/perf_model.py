@@ -307,16 +307,23 @@ class StepModel:
 
     def draft_forward(self, b: int, draft_len: int, tau: float) -> float:
         """The drafter: KV injection of ``b x τ`` committed tokens, the block of ``b x (L + 1)``
-        tokens through its layers, the target's BF16 LM head over ``b x L`` positions."""
+        tokens through its layers (a DFlash2 drafter's convolutions included), the target's BF16
+        LM head over ``b x L`` positions, and a DFlash2 drafter's candidate selector over them."""
         d, t = self.drafter, self.target
         block, inject, head_rows = b * (draft_len + 1), b * tau, b * draft_len
         kv_proj = d.layers * 2 * d.hidden * d.kv_heads * d.head_dim
         fc = d.n_taps * d.hidden * d.hidden
-        layer_params = max(0, d.params - fc - 2 * d.hidden)
-        memory = (d.bytes + 2 * t.vocab * t.hidden) / self.tp / self._bandwidth()
+        layer_params = max(0, d.params - fc - 2 * d.hidden - d.selector_params)
+        # DFlash2's selector: the codebooks [V, r] are gathered (k + 1 rows per drafted position:
+        # the candidates' successors and the predecessor), not streamed; the walk scores K x k
+        # candidates at rank r after the hidden projection [r, H] (small next to the LM head).
+        codebook_bytes = 2 * (d.selector_params - d.selector_rank * d.hidden)
+        gathered = 2 * head_rows * (d.selector_top_k + 1) * d.selector_rank
+        selector_flops = 2 * head_rows * d.selector_rank * (d.hidden + d.selector_top_k)
+        memory = (d.bytes - codebook_bytes + gathered + 2 * t.vocab * t.hidden) / self.tp / self._bandwidth()
         gemm = (self._gemm(2 * block * layer_params / self.tp, block, "bf16")
                 + self._gemm(2 * inject * (fc + kv_proj) / self.tp, inject, "bf16")
-                + self._gemm(2 * head_rows * t.vocab * t.hidden / self.tp, head_rows, "bf16"))
+                + self._gemm((2 * head_rows * t.vocab * t.hidden + selector_flops) / self.tp, head_rows, "bf16"))
         attn = self._attention(b, draft_len + 1, self.ctx + draft_len + 1, d.heads, d.kv_heads, d.head_dim,
                                d.layers, 2)
         return (max(memory, gemm) + attn + self._allreduces(2 * d.layers, block)

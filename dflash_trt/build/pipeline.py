@@ -308,20 +308,21 @@ def _engine_outputs(engine_info: dict | None) -> dict:
 
 
 def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
-    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops), the
+    """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops; a DFlash2
+    drafter's graph also walks its candidate selector, ``graphs.export_drafter``), the
     target (tapped hidden states as extra outputs, KV cache in/out) and the embedding, at the
     shapes of the recipe's serving limits (recorded as the manifest's ``engine.profile``);
     engines where TensorRT and a GPU are present. The ONNX graphs are exported in float32 from
     the unquantized source target (quantized TensorRT engines are not built here)."""
     import torch
 
-    from dflash_trt.build import engines, export
+    from dflash_trt.build import engines, graphs
     from dflash_trt.model import load_target
 
     drafter = ingest.load_drafter(tmp / "drafter", dtype=torch.float32)
     model = load_target(r.target_dir, dtype=torch.float32)
     profile = engines.profile_for(r.recipe.serving, drafter.cfg.block_size)
-    info = export.export_graphs(drafter, model, tmp / "onnx", profile, say)
+    info = graphs.export_graphs(drafter, model, tmp / "onnx", profile, say)
     ok, why = engines.engine_support()
     info.update(engines_built=False, engines_reason=why or None)
     if ok:

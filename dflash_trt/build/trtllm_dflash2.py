@@ -24,24 +24,29 @@ What TensorRT-LLM's source says (``main``, September 2026):
   DFlash2 drafter with a reduced draft vocabulary (``d2t``): its codebooks index the full one.
 
 Releases: the DFlash2 drafters were published on 2026-08-18 and the path above is on ``main``
-from early September 2026. Of the releases ``trtllm_releases`` knows, :data:`SERVES` holds the
-ones taken to serve DFlash2: 1.4.0rc1, inferred from dates (the code is not read at its tag);
-the 1.3.0 candidates are refused. When ``trtllm_releases.Release`` gains a ``dflash2`` column,
-:func:`serves` should read it and :data:`SERVES` go.
+from early September 2026. Which releases serve DFlash2 is the ``dflash2`` column of
+``trtllm_releases.Release`` (one table for every per-release fact): True for 1.4.0rc1 only,
+inferred from dates (the code is not read at its tag); the 1.3.0 candidates are refused.
 """
 
 from __future__ import annotations
 
+from dflash_trt.build import trtllm_releases
 from dflash_trt.errors import RecipeError
 
-#: The TensorRT-LLM releases taken to serve DFlash2 drafters (see the module doc: inferred).
-SERVES = frozenset({"1.4.0rc1"})
 #: Draft-attention backends that run a non-causal sliding window (``validate_block_attention_windows``).
 WINDOWED_NON_CAUSAL_BACKENDS = ("VANILLA", "FA4")
 
 
 def serves(release: str) -> bool:
-    return str(release) in SERVES
+    """Whether TensorRT-LLM ``release`` serves DFlash2 drafters (its row's ``dflash2``; unknown: no)."""
+    row = trtllm_releases.KNOWN.get(str(release))
+    return row is not None and row.dflash2
+
+
+def serving_releases() -> list[str]:
+    """The releases whose ``dflash2`` column is True, in the table's order."""
+    return [r.version for r in trtllm_releases.RELEASES if r.dflash2]
 
 
 def non_causal_window(cfg) -> bool:
@@ -56,7 +61,7 @@ def check(cfg, release: str) -> None:
         return
     if not serves(release):
         raise RecipeError(f"TensorRT-LLM {release} does not serve DFlash2 drafters (DFlash2DraftModel); set "
-                          f"trtllm.release to {' or '.join(sorted(SERVES))}, or run the pair on the reference runtime")
+                          f"trtllm.release to {' or '.join(serving_releases())}, or run the pair on the reference runtime")
     if cfg.selector_top_k < 2:
         raise RecipeError(f"TensorRT-LLM refuses a DFlash2 selector_top_k of {cfg.selector_top_k} (no candidates "
                           "to choose between); the drafter needs selector_top_k >= 2")

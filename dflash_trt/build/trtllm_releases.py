@@ -27,6 +27,11 @@ row's ``notes`` say so: fix the row here, not the code that reads it. Sources:
   refuses ``max_batch_size x (1 + max_draft_len) > max_num_tokens`` (1.4.0rc1 on, pinned by
   ``tests/unittest/_torch/speculative/hw_agnostic/test_dflash_config_budget.py``); earlier
   releases corrupt memory at engine init instead, so the planner enforces it for every release.
+* **DFlash2 drafters** (``DFlash2DraftModel``): served on the ordinary DFlash path of
+  ``tensorrt_llm/_torch/models/modeling_dflash.py`` (``_is_dflash2_architecture``,
+  ``DFlash2CandidateSelector``; ``trtllm_dflash2`` has the details) on ``main`` from early
+  September 2026, after the drafters' publication (2026-08-18): ``dflash2`` is True for 1.4.0rc1,
+  inferred from those dates (its tag's code is not read), False for the 1.3.0 candidates.
 * **gpt-oss MoE backend**: ``tensorrt_llm/_torch/model_config.py::ModelConfig.resolve_moe_backend``
   resolves ``AUTO`` to TRTLLM on SM100-119 and TRITON on SM90; the 1.2 deployment guide says
   the default was CUTLASS and the backend had to be set. Releases not confirmed to resolve it
@@ -66,6 +71,7 @@ class Release:
     draft_len_floor: int = 0                # floor on every scheduled length (0: drafting can stop)
     refuses_token_budget: bool = False      # TensorRT-LLM itself refuses a violated token budget
     pin_gpt_oss_moe: bool = True            # write moe_config.backend for gpt-oss targets
+    dflash2: bool = False                   # serves DFlash2 drafters (DFlash2DraftModel)
     notes: str = ""
 
     @property
@@ -85,9 +91,11 @@ RELEASES: tuple[Release, ...] = (
             notes="the last 1.3.0 candidate before FA4 (the unversioned DFlashDecodingConfig page, "
                   "VANILLA | TRTLLM); DFlash's presence in this exact candidate is inferred"),
     Release("1.3.0rc27", ("VANILLA", "TRTLLM", "FA4"), _DFLASH_1_3, notes="FA4 draft attention (SM90)"),
-    Release("1.4.0rc1", ("VANILLA", "TRTLLM", "FA4"), _DFLASH_1_4, refuses_token_budget=True,
+    Release("1.4.0rc1", ("VANILLA", "TRTLLM", "FA4"), _DFLASH_1_4, refuses_token_budget=True, dflash2=True,
             notes="context_recompute_tail, the token-budget and context-buffer checks; whether AUTO "
-                  "resolves the gpt-oss MoE backend here is not confirmed (the 1.4.0rc4 guide says it does)"),
+                  "resolves the gpt-oss MoE backend here is not confirmed (the 1.4.0rc4 guide says it does); "
+                  "DFlash2 drafters served: inferred from dates (the path is on main from September 2026, "
+                  "the code at this tag is not read)"),
 )
 KNOWN: dict[str, Release] = {r.version: r for r in RELEASES}
 DEFAULT_RELEASE = RELEASES[-1].version   # the newest the project knows: a recipe's default

@@ -24,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -173,6 +173,9 @@ class EngineInfo(_Section):
     written before the profile was recorded have none; the graph runtimes then refuse them)."""
 
     onnx: list[str]
+    drafter_graph: Literal["dflash", "dflash2"] = Field(
+        "dflash", description="drafter.onnx's I/O: dflash (build/export.py: logits out) or dflash2 "
+                              "(build/export_dflash2.py: anchor, uniforms, temperature in; tokens, q, candidates out).")
     drafter_onnx_max_error: dict[str, float]
     target_onnx_max_error: dict[str, float] | None = None
     engines_built: bool

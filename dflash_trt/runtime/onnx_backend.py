@@ -1,6 +1,6 @@
 """ONNX Runtime over a bundle's ``onnx/``: the speculative loop through the exported graphs, on a CPU.
 
-The target and embedding graphs are plain ONNX; the drafter graph's ``dflash::KVInjection`` and
+The target and embedding graphs are plain ONNX (so is a DFlash2 drafter's selector walk); the drafter graph's ``dflash::KVInjection`` and
 ``dflash::BlockDiffusionAttention`` run as onnxruntime-extensions Python custom ops whose bodies
 are the ops' reference implementations (``plugins.onnx_ops``, the same path the build's parity
 check takes). Tensors cross into onnxruntime as numpy views of CPU tensors and come back the same
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.errors import require
-from dflash_trt.runtime.graph_backend import GRAPH_OUTPUTS, GraphBackend
+from dflash_trt.runtime.graph_backend import GraphBackend
 
 GRAPH_FILES = {"embed": "embed.onnx", "target": "target.onnx", "drafter": "drafter.onnx"}
 
@@ -47,11 +47,18 @@ class OnnxBackend(GraphBackend):
             "drafter": onnx_ops.ort_session(onnx_dir / GRAPH_FILES["drafter"], threads=threads),
         }
         self._inputs = {g: {i.name: i for i in s.get_inputs()} for g, s in self.sessions.items()}
+        self._outputs = {g: {o.name: o for o in s.get_outputs()} for g, s in self.sessions.items()}
         super().__init__(profile, mask_token_id, torch.device("cpu"))
 
     def input_shape(self, graph, name):
         return [d if isinstance(d, int) else None for d in self._inputs[graph][name].shape]
 
+    def output_shape(self, graph, name):
+        return [d if isinstance(d, int) else None for d in self._outputs[graph][name].shape]
+
+    def input_names(self, graph):
+        return list(self._inputs[graph])
+
     def run(self, graph, feeds):
         arrays = {k: v.detach().contiguous().numpy() for k, v in feeds.items()}
-        return [torch.from_numpy(o) for o in self.sessions[graph].run(GRAPH_OUTPUTS[graph], arrays)]
+        return [torch.from_numpy(o) for o in self.sessions[graph].run(self.graph_outputs[graph], arrays)]

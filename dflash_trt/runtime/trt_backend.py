@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.errors import DFlashError, HardwareError
-from dflash_trt.runtime.graph_backend import GRAPH_OUTPUTS, GraphBackend
+from dflash_trt.runtime.graph_backend import GraphBackend
 
 ENGINE_FILES = {"embed": "embed.engine", "target": "target.engine", "drafter": "drafter.engine"}
 #: outputs written in place into an input's buffer (the plugin's aliased outputs)
@@ -79,6 +79,11 @@ class TensorRTBackend(GraphBackend):
     def input_shape(self, graph, name):
         return [d if d >= 0 else None for d in self.engines[graph].get_tensor_shape(name)]
 
+    output_shape = input_shape          # the engine declares every I/O tensor's shape alike
+
+    def input_names(self, graph):
+        return self._names(graph, self.trt.TensorIOMode.INPUT)
+
     def _address(self, t: torch.Tensor) -> int:
         return t.data_ptr() if t.numel() else self._empty.data_ptr()
 
@@ -91,7 +96,7 @@ class TensorRTBackend(GraphBackend):
             ctx.set_input_shape(name, tuple(t.shape))
             ctx.set_tensor_address(name, self._address(t))
         outs = []
-        for name in GRAPH_OUTPUTS[graph]:
+        for name in self.graph_outputs[graph]:
             alias = ALIASES.get(graph, {}).get(name)
             if alias is not None:
                 out = bound[alias]

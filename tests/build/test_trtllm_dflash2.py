@@ -37,6 +37,24 @@ def test_only_the_releases_with_the_dflash2_path_serve_it():
         trtllm_dflash2.check(dflash2_config(selector_top_k=1), "1.4.0rc1")
 
 
+def test_the_release_table_s_dflash2_column_decides(monkeypatch):
+    """``serves`` reads ``Release.dflash2``: True only on 1.4.0rc1 (inferred, its notes say so);
+    flipping a row's column flips the answer, and the refusal names the releases whose column is True."""
+    import dataclasses
+
+    from dflash_trt.build import trtllm_releases as T
+
+    assert [r.version for r in T.RELEASES if r.dflash2] == ["1.4.0rc1"] == trtllm_dflash2.serving_releases()
+    assert "inferred" in T.KNOWN["1.4.0rc1"].notes and not trtllm_dflash2.serves("9.9.9")
+    assert not hasattr(trtllm_dflash2, "SERVES")
+    rows = tuple(dataclasses.replace(r, dflash2=r.version == "1.3.0rc27") for r in T.RELEASES)
+    monkeypatch.setattr(T, "RELEASES", rows)
+    monkeypatch.setattr(T, "KNOWN", {r.version: r for r in rows})
+    assert trtllm_dflash2.serves("1.3.0rc27") and not trtllm_dflash2.serves("1.4.0rc1")
+    with pytest.raises(RecipeError, match="set trtllm.release to 1.3.0rc27, or run"):
+        trtllm_dflash2.check(dflash2_config(), "1.4.0rc1")
+
+
 def test_non_causal_windows_rule_out_the_trtllm_draft_attention():
     cfg, all_three = dflash2_config(), ("VANILLA", "TRTLLM", "FA4")
     assert trtllm_dflash2.attention_backend("auto", cfg, 90, all_three) == "FA4"

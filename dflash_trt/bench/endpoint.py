@@ -22,12 +22,9 @@ decode tokens / decode time), TTFT and ITL median and p99, and τ when the serve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
-import signal
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -286,38 +283,12 @@ def run(url: str, *, model: str | None = None, baseline: str | None = None, base
         raise DFlashError("--max-tokens must be >= 1")
     prompts = list(prompts or PROMPTS)
     args = (prompts, levels, requests, max_tokens, temperature, chat, ignore_eos, progress)
-    with _ctrl_c_raises():
-        report = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat,
-                  "endpoint": asyncio.run(_run_endpoint(url, model, *args))}
-        if baseline:
-            report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, *args))
+    report = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat,
+              "endpoint": asyncio.run(_run_endpoint(url, model, *args))}
     if baseline:
+        report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, *args))
         report["comparison"] = compare(report["endpoint"], report["baseline"])
     return report
-
-
-@contextlib.contextmanager
-def _ctrl_c_raises():
-    """Ctrl-C raises KeyboardInterrupt wherever the main thread is (Python's default before 3.11).
-
-    ``asyncio.run`` would instead cancel its main task, and that cancellation was lost once (a
-    fresh-clone CI run under load: ``tune``'s sweep ran on after Ctrl-C; not reproduced in 15
-    reruns). The likeliest place is httpcore's cancellation-shielded sections around closing a
-    response, which a KeyboardInterrupt passes through. Only on the main thread, and only over
-    Python's own default handler."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 def compare(ep: dict, base: dict) -> dict:

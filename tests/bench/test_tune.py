@@ -76,7 +76,19 @@ def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, cap
     check_bundle(bundle)   # still a bundle TensorRT-LLM's schema accepts
 
 
-def test_ctrl_c_mid_sweep_leaves_the_bundle_as_it_was(bundle):
+@pytest.fixture
+def ctrl_c_interrupts():
+    """SIGINT with Python's default handler, as in a terminal. A process started in the background
+    by a non-interactive shell (``cmd &``) inherits SIGINT ignored, and ``asyncio.run`` turns
+    Ctrl-C into KeyboardInterrupt only over the default handler."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_mid_sweep_leaves_the_bundle_as_it_was(bundle, ctrl_c_interrupts):
     before = _files(bundle)
     t = T.read(bundle)
     seen = []

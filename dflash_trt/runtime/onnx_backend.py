@@ -1,9 +1,9 @@
 """ONNX Runtime over a bundle's ``onnx/``: the speculative loop through the exported graphs, on a CPU.
 
 The target and embedding graphs are plain ONNX (so is a DFlash2 drafter's selector walk); the
-drafter graph's ``dflash::KVInjection`` and ``dflash::BlockDiffusionAttention`` run as onnxruntime-extensions Python custom ops whose bodies
-are the ops' reference implementations (``plugins.onnx_ops``, the same path the build's parity
-check takes). Tensors cross into onnxruntime as numpy views of CPU tensors and come back the same
+drafter graph's ``dflash::KVInjection`` and ``dflash::BlockDiffusionAttention`` run as
+onnxruntime-extensions Python custom ops whose bodies are the ops' reference implementations
+(``plugins.onnx_ops``, the same path the build's parity check takes). Tensors cross into onnxruntime as numpy views of CPU tensors and come back the same
 way; the caches are :class:`~dflash_trt.runtime.graph_backend.GraphBackend`'s.
 """
 

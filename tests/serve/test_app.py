@@ -213,6 +213,19 @@ def test_metrics_report_the_runtimes_acceptance(pair):
     assert metric(m, "dflash_queue_depth") == 0
 
 
+def _assert_the_hang_up_freed_the_slot(srv):
+    """After a client hung up on a 500-token request (max_batch 1): the server counts a 499, serves
+    the next request, and retired the row early instead of generating all 500 tokens."""
+    deadline = time.time() + 30
+    while metric(httpx.get(f"{srv.url}/metrics").text, "dflash_requests_total", status="499") < 1:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "next", "max_tokens": 3,
+                                                       "temperature": 0}, timeout=60)
+    assert ok.status_code == 200
+    assert metric(httpx.get(f"{srv.url}/metrics").text, "dflash_spec_rounds_total") < 499 // 2
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(pair):
     app = create_app(pair, "tiny", max_batch=1)
     with ServerThread(app) as srv:
@@ -221,16 +234,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(pair):
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             with c.stream("POST", "/v1/completions", json=body) as r:
                 next(r.iter_lines())  # the first token arrived; now hang up
-        deadline = time.time() + 30
-        while metric(httpx.get(f"{srv.url}/metrics").text, "dflash_requests_total", status="499") < 1:
-            assert time.time() < deadline
-            time.sleep(0.05)
-        ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "next", "max_tokens": 3,
-                                                           "temperature": 0}, timeout=60)
-        assert ok.status_code == 200
-        m = httpx.get(f"{srv.url}/metrics").text
-    # The runtime retired the row early instead of generating all 500 tokens.
-    assert metric(m, "dflash_spec_rounds_total") < 499 // 2
+        _assert_the_hang_up_freed_the_slot(srv)
 
 
 def test_a_client_that_hangs_up_on_a_full_response_frees_its_slot(pair):
@@ -241,15 +245,7 @@ def test_a_client_that_hangs_up_on_a_full_response_frees_its_slot(pair):
         body = {"model": "tiny", "prompt": "go", "max_tokens": 500, "temperature": 0, "ignore_eos": True}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{srv.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
-        deadline = time.time() + 30
-        while metric(httpx.get(f"{srv.url}/metrics").text, "dflash_requests_total", status="499") < 1:
-            assert time.time() < deadline
-            time.sleep(0.05)
-        ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "next", "max_tokens": 3,
-                                                           "temperature": 0}, timeout=60)
-        assert ok.status_code == 200
-        m = httpx.get(f"{srv.url}/metrics").text
-    assert metric(m, "dflash_spec_rounds_total") < 499 // 2
+        _assert_the_hang_up_freed_the_slot(srv)
 
 
 def test_batcher_groups_by_sampling_and_caps_each_jobs_tokens(pair):

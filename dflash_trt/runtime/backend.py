@@ -172,31 +172,20 @@ class TorchBackend(Backend):
 
     def draft_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first):
         """A DFlash2 drafter walks its candidate selector (``DFlash2Drafter.propose``); q is the
-        walk's distribution over each position's candidates. Others: ``Backend.draft_block``.
-
-        Rows decided by argmax (greedy, and seeded rows, whose acceptance compares the draft with
-        the target's own noise-perturbed argmax, so any proposal keeps them lossless) walk
-        greedily; the unseeded sampled rows walk at their temperature, which must be one setting
-        for the batch."""
+        walk's distribution over each position's candidates, the rows grouped by
+        :func:`walk_groups`. Others: ``Backend.draft_block``."""
         if not isinstance(self.drafter, DFlash2Drafter):
             return super().draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)
         hidden, dlogits = self._draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)
         if block_size == 1:
             return None, None
-        argmax = [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]
-        sampled = [r for r in range(len(params)) if r not in set(argmax)]
         tokens = torch.empty(dlogits.shape[:2], dtype=torch.long, device=dlogits.device)
         q = None
-        if argmax:
-            tokens[argmax] = self.drafter.propose(hidden[argmax], dlogits[argmax], anchor[argmax], 0.0, None)[0]
-        if sampled:
-            if len({params[r] for r in sampled}) > 1:
-                raise DFlashError("a DFlash2 drafter samples a batch at one setting: unseeded requests with "
-                                  "different sampling parameters in one batch are not supported yet")
-            tokens[sampled], q_s = self.drafter.propose(hidden[sampled], dlogits[sampled], anchor[sampled],
-                                                        params[sampled[0]].temperature, None)
-            q = torch.zeros_like(dlogits, dtype=torch.float32)
-            q[sampled] = q_s
+        for rows, temperature in walk_groups(params, keys):
+            tokens[rows], q_rows = self.drafter.propose(hidden[rows], dlogits[rows], anchor[rows], temperature, None)
+            if temperature > 0:
+                q = torch.zeros_like(dlogits, dtype=torch.float32)
+                q[rows] = q_rows
         return tokens, q
 
     def keep_rows(self, target_cache, draft_cache, rows):
@@ -218,6 +207,20 @@ class TorchBackend(Backend):
 
 
 # ---- cache surgery shared by backends -----------------------------------------------------
+def walk_groups(params: list[SamplingParams], keys: list) -> list[tuple[list[int], float]]:
+    """How a DFlash2 drafter's rows walk their selector: [(rows, temperature)], the argmax rows
+    first (greedy rows, and seeded rows, whose acceptance compares the draft with the target's own
+    noise-perturbed argmax, so any proposal keeps them lossless) at 0, then the unseeded sampled
+    rows at their temperature, which must be one setting for the batch (one-line DFlashError)."""
+    argmax = [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]
+    sampled = [r for r in range(len(params)) if r not in set(argmax)]
+    if len({params[r] for r in sampled}) > 1:
+        raise DFlashError("a DFlash2 drafter samples a batch at one setting: unseeded requests with "
+                          "different sampling parameters in one batch are not supported yet")
+    groups = [(argmax, 0.0)] if argmax else []
+    return groups + ([(sampled, params[sampled[0]].temperature)] if sampled else [])
+
+
 def merge_paged(a: PagedKVCache, b: PagedKVCache) -> PagedKVCache:
     """``a`` with ``b``'s sequences appended: b's used pages are copied after a's, its page table
     renumbered, both tables padded to the wider one with -1."""

@@ -31,7 +31,7 @@ import torch
 
 from dflash_trt import plugins
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime.backend import Backend
+from dflash_trt.runtime.backend import Backend, walk_groups
 
 
 #: each graph's outputs, in the order :meth:`GraphBackend.run` returns them (``build/export.py``)
@@ -169,19 +169,13 @@ class GraphBackend(Backend):
             self._walk(feeds, list(range(b)), b, anchor, 0.0, cache)
             cache.lengths = cache.lengths + n_new
             return None, None
-        argmax = [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]
-        sampled = [r for r in range(b) if r not in set(argmax)]
-        if len({params[r] for r in sampled}) > 1:
-            raise DFlashError("a DFlash2 drafter samples a batch at one setting: unseeded requests with "
-                              "different sampling parameters in one batch are not supported yet")
         tokens = torch.empty(b, K, dtype=torch.long, device=self.device)
-        q = torch.zeros(b, K, self.vocab_size, device=self.device) if sampled else None
-        for rows, temperature in ((argmax, 0.0), (sampled, params[sampled[0]].temperature if sampled else 0.0)):
-            if not rows:
-                continue
+        q = None
+        for rows, temperature in walk_groups(params, keys):
             t, q_k, cand = self._walk(feeds, rows, b, anchor, temperature, cache)
             tokens[rows] = t.long()
             if temperature > 0:
+                q = torch.zeros(b, K, self.vocab_size, device=self.device)
                 q[rows] = torch.zeros(len(rows), K, self.vocab_size, device=self.device).scatter(
                     -1, cand.long(), q_k.float())
         cache.lengths = cache.lengths + n_new

@@ -13,8 +13,8 @@ WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
 DT="python -m dflash_trt"
 
-LIST="from dflash_trt.build import recipe as R; import sys; want = sys.argv[1] == 'incomplete'
-print(' '.join(n for n in R.bundled() if bool(R.load(n).incomplete) == want))"
+LIST="from dflash_trt import plan as R; import sys; want = sys.argv[1] == 'incomplete'
+print(' '.join(n for n in R.bundled_recipes() if bool(R.load_recipe(n).incomplete) == want))"
 for recipe in $(python -c "$LIST" complete); do
   echo "== plan $recipe"
   $DT plan "$recipe" --json > "$WORK/plan-$recipe.json"
@@ -27,17 +27,17 @@ for recipe in $(python -c "$LIST" incomplete); do   # marked incomplete: refused
     || { echo "error: incomplete recipe $recipe did not refuse in one line" >&2; cat "$WORK/refuse-$recipe.txt" >&2; exit 1; }
 done
 
-for release in $(python -c "from dflash_trt.build import trtllm_releases as t; print(' '.join(t.KNOWN))"); do
+for release in $(python -c "from dflash_trt.plan import KNOWN_RELEASES as k; print(' '.join(k))"); do
   echo "== plan qwen3-8b-h100-fp8 for TensorRT-LLM $release"
   $DT build qwen3-8b-h100-fp8 --dry-run --set trtllm.release="$release" > /dev/null
 done
 
-python -c "import sys; from dflash_trt.build import recipe; sys.exit('tiny' not in recipe.bundled())" \
+python -c "import sys; from dflash_trt.plan import bundled_recipes; sys.exit('tiny' not in bundled_recipes())" \
   || { echo "error: no bundled tiny recipe (dflash_trt/recipes/tiny.yaml)" >&2; exit 1; }
 for spec in "bf16 cpu" "fp8 h100" "nvfp4 b200"; do
   set -- $spec
   echo "== build tiny --precision $1 --gpu $2"
   $DT build tiny --precision "$1" --gpu "$2" -o "$WORK/tiny-$1" --force > /dev/null
-  python -c "import sys, json; from dflash_trt.build import check_bundle; print(json.dumps(check_bundle(sys.argv[1])))" "$WORK/tiny-$1"
+  python -c "import sys, json; from dflash_trt.deploy import check_bundle; print(json.dumps(check_bundle(sys.argv[1])))" "$WORK/tiny-$1"
 done
 echo "ci/build_tiny.sh: ok ($WORK)"

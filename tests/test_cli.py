@@ -120,7 +120,7 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("dflash_trt.build.recipe.bundled", interrupted)
+    monkeypatch.setattr("dflash_trt.plan.bundled_recipes", interrupted)
     code = run(["recipes", "list"])
     err = capsys.readouterr().err.strip()
     assert code == 130 and err == "interrupted", err

@@ -22,7 +22,7 @@ import dflash_trt
 
 ROOT = Path(dflash_trt.__file__).parent
 # Top to bottom: each may import from the ones after it, never before.
-ORDER = ["bench", "train", "serve", "build", "runtime", "ingest", "model", "plugins", "errors"]
+ORDER = ["bench", "train", "serve", "deploy", "export", "runtime", "plan", "ingest", "model", "plugins", "errors"]
 TOP = {"cli", "_cli", "__main__", "__init__"}
 
 
@@ -75,7 +75,7 @@ def test_every_stage_is_a_package_with_a_public_face():
         init = ROOT / s / "__init__.py"
         assert init.exists(), f"{s}/ has no __init__.py"
         assert ast.get_docstring(ast.parse(init.read_text())), f"{s}/__init__.py has no docstring"
-    for s in ("ingest", "model", "runtime", "build", "serve", "train", "plugins"):
+    for s in ORDER[:-1]:
         module = __import__(f"dflash_trt.{s}", fromlist=["__all__"])
         assert module.__all__, f"dflash_trt.{s} exports nothing"
         missing = [n for n in module.__all__ if not hasattr(module, n) and not (ROOT / s / f"{n}.py").exists()]

@@ -30,7 +30,7 @@ FLAG_FIELDS = {"--gpu": "gpu.name", "--gpus": "gpu.count", "--precision": "preci
 def flag_fields(target: str | None, drafter: str | None, flags: dict[str, object]) -> list:
     """``recipe.FieldValue`` for each flag given: ``--target``/``--drafter`` replace the whole
     model reference (its config directory and revision belong to the recipe's model)."""
-    from dflash_trt.build import recipe as R
+    from dflash_trt import plan as R
 
     fields = []
     for flag, role, ref in (("--target", "target", target), ("--drafter", "drafter", drafter)):
@@ -44,7 +44,7 @@ def recipe_from_flags(recipe: str | None, target: str | None, drafter: str | Non
                       flags: dict[str, object], sets: list[str] | None):
     """A Recipe from a name/file plus flags (``{"--precision": "fp8", ...}``, keys of
     :data:`FLAG_FIELDS`); the flags set their fields, then ``--set`` overrides apply."""
-    from dflash_trt.build import recipe as R
+    from dflash_trt import plan as R
     from dflash_trt.errors import RecipeError
 
     fields = flag_fields(target, drafter, flags)
@@ -53,8 +53,8 @@ def recipe_from_flags(recipe: str | None, target: str | None, drafter: str | Non
             raise RecipeError("without a recipe, give both --target and --drafter")
         name = f"{Path(target.rstrip('/')).name or 'target'}-{flags.get('--precision') or 'bf16'}"
         base = {"name": name, "target": {"id": target}, "drafter": {"id": drafter}}
-        return R.from_dict(base, where="command line", fields=fields, overrides=sets)
-    return R.load(recipe or DEFAULT_RECIPE, sets, fields=fields)
+        return R.recipe_from_dict(base, where="command line", fields=fields, overrides=sets)
+    return R.load_recipe(recipe or DEFAULT_RECIPE, sets, fields=fields)
 
 
 def build(
@@ -74,7 +74,7 @@ def build(
     as_json: JsonOpt = False,
 ) -> None:
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh."""
-    from dflash_trt.build import pipeline
+    from dflash_trt import deploy as pipeline
 
     flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype,
              "--calib": calib, "--engine": engine}
@@ -123,7 +123,7 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
-    from dflash_trt.build import pipeline
+    from dflash_trt import deploy as pipeline
 
     flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
     r = recipe_from_flags(recipe, target, drafter, flags, set_)

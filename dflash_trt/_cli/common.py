@@ -32,9 +32,9 @@ DEFAULT_RECIPE = "tiny"
 
 def default_pair() -> tuple[str, str]:
     """(target, drafter) of the bundled ``tiny`` recipe: the pair shipped inside the package."""
-    from dflash_trt.build import recipe
+    from dflash_trt.plan import load_recipe
 
-    r = recipe.load(DEFAULT_RECIPE)
+    r = load_recipe(DEFAULT_RECIPE)
     return r.target.id, r.drafter.id
 
 

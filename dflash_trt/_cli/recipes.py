@@ -20,7 +20,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a f
 @recipes_app.command("list")
 def list_() -> None:
     """List the bundled recipes."""
-    from dflash_trt.build import recipe as R
+    from dflash_trt import plan as R
 
     t = Table(caption="dflash-trt recipes show NAME: the full recipe (target and drafter ids, knobs); "
                       "incomplete: its published configs leave fields out, so plan refuses it")
@@ -29,8 +29,8 @@ def list_() -> None:
     t.add_column("weights", no_wrap=True)
     t.add_column("status", no_wrap=True)
     t.add_column("description")
-    for name, path in R.bundled().items():
-        r = R.load(path)
+    for name, path in R.bundled_recipes().items():
+        r = R.load_recipe(path)
         # configs only partly published: plan/build refuse it, naming what is missing (recipe.incomplete)
         status = "incomplete" if r.incomplete else "ready"
         t.add_row(name, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}", r.precision.weights, status, r.description)
@@ -40,17 +40,17 @@ def list_() -> None:
 @recipes_app.command("show")
 def show(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None) -> None:
     """Print a recipe with every default filled in (after --set overrides)."""
-    from dflash_trt.build import recipe as R
+    from dflash_trt import plan as R
 
-    out.print(R.load(name, set_).to_yaml(), markup=False, end="")
+    out.print(R.load_recipe(name, set_).to_yaml(), markup=False, end="")
 
 
 @recipes_app.command("validate")
 def validate(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None) -> None:
     """Check a recipe's keys and values; exit 2 naming the first bad key."""
-    from dflash_trt.build import recipe as R
+    from dflash_trt import plan as R
 
-    r = R.load(name, set_)
+    r = R.load_recipe(name, set_)
     out.print(f"{name}: ok ({r.name})")
 
 
@@ -60,10 +60,10 @@ def copy(
     dest: Annotated[Path, typer.Argument(help="Destination YAML file.")],
 ) -> None:
     """Copy a bundled recipe to edit it."""
-    from dflash_trt.build import recipe as R
+    from dflash_trt import plan as R
     from dflash_trt.errors import RecipeError
 
-    src = R.load(name).source
+    src = R.load_recipe(name).source
     if dest.exists():
         raise RecipeError(f"{dest} exists; choose another destination")
     shutil.copyfile(src, dest)

@@ -50,10 +50,10 @@ def tune(
     1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
     as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was."""
     from dflash_trt.bench import inprocess, tune as T
-    from dflash_trt.build import schedule
+    from dflash_trt.plan import batch_grid
 
     t = T.read(bundle)
-    levels = _ints(concurrency, "--concurrency") or schedule.batch_grid(t.max_batch_size)
+    levels = _ints(concurrency, "--concurrency") or batch_grid(t.max_batch_size)
     texts = inprocess.read_prompts(prompts) if prompts else None
     if endpoint is not None:
         with _bar(len(levels)) as (bar, task):
@@ -75,9 +75,9 @@ def tune(
 
 
 def build_engine(t) -> str:
-    from dflash_trt.build import hardware, perf_model
+    from dflash_trt.plan import engine_for, get_gpu
 
-    return perf_model.engine_for(hardware.get(t.manifest.gpu.name)) if t.manifest.gpu else "reference"
+    return engine_for(get_gpu(t.manifest.gpu.name)) if t.manifest.gpu else "reference"
 
 
 def _finish(T, t, measured, max_tokens, plot, dry_run, as_json) -> None:

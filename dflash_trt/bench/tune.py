@@ -12,10 +12,10 @@
    rest, and it is chosen to lose least over all levels. A batch size between two measured ones
    takes the next measured one's length (what a ``draft_len_schedule`` key means: TensorRT-LLM's
    ``tensorrt_llm/_torch/speculative/utils.py::get_draft_len_for_batch_size`` applies the FIRST
-   key >= the batch size, and 0 above the largest). ``build.schedule.choose`` writes the keys for
+   key >= the batch size, and 0 above the largest). ``plan.choose_schedule`` writes the keys for
    the bundle's release and checks they read back as chosen.
 3. **Fit.** The measurements refit the step model's constants for this deployment
-   (``build.calibrate``), and tune prints predicted against measured per concurrency.
+   (``plan.refit``), and tune prints predicted against measured per concurrency.
 4. **Write.** ``trtllm/config.yaml`` (validated against the release's schema) and
    ``manifest.json`` (``plan``: the new lengths, and ``plan.tuned``: what was measured) are
    written to temporary files first; then each current file is copied to ``NAME.prev`` and the
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from dflash_trt import build, ingest
+from dflash_trt import deploy, ingest, plan as planner
 from dflash_trt.bench import endpoint as loadgen
 from dflash_trt.errors import DFlashError
 
@@ -70,7 +70,7 @@ def read(bundle: Path) -> Tunable:
     spec = cfg.get("speculative_config") or {}
     if not spec.get("max_draft_len"):
         raise DFlashError(f"{b.trtllm_config}: no speculative_config.max_draft_len; nothing to tune")
-    release = (b.manifest.plan or {}).get("trtllm_release") or build.trtllm_releases.DEFAULT_RELEASE
+    release = (b.manifest.plan or {}).get("trtllm_release") or planner.DEFAULT_RELEASE
     return Tunable(b.root, b.manifest, cfg, int(cfg.get("max_batch_size") or 8), int(spec["max_draft_len"]),
                    release)
 
@@ -168,9 +168,9 @@ def lengths_for(wins: dict[int, int], max_batch_size: int) -> list[int]:
 
 def schedule(t: Tunable, lengths: list[int]) -> tuple[int, dict[int, int], list[int]]:
     """(max_draft_len, draft_len_schedule, what the release then drafts at each batch size)."""
-    release = build.trtllm_releases.get(t.release)
-    spec = build.recipe.SpeculativeSpec(schedule="draft_len_schedule")
-    _, _, sched, drafted = build.schedule.choose(lengths, spec, lengths[0], release)
+    release = planner.get_release(t.release)
+    spec = planner.SpeculativeSpec(schedule="draft_len_schedule")
+    _, _, sched, drafted = planner.choose_schedule(lengths, spec, lengths[0], release)
     return lengths[0], dict(sched), drafted
 
 
@@ -183,9 +183,9 @@ def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: li
     spec = cfg["speculative_config"]
     spec.pop("max_concurrency", None)
     spec.update(max_draft_len=max_draft_len, draft_len_schedule=dict(sched))
-    text = build.trtllm.to_yaml(build.trtllm.validate(cfg, t.release), t.release)
+    text = deploy.trtllm_yaml(deploy.validate_trtllm_config(cfg, t.release), t.release)
     m = t.manifest.to_json()
-    runs = [r.as_dict() for r in build.schedule.runs(drafted)]
+    runs = [r.as_dict() for r in planner.schedule_runs(drafted)]
     m["plan"] = {**(m.get("plan") or {}), "max_draft_len": max_draft_len, "schedule": "draft_len_schedule",
                  "max_concurrency": None, "draft_len_schedule": {str(k): v for k, v in sched.items()},
                  "draft_lengths": runs, "tuned": tuned}
@@ -257,15 +257,14 @@ def as_report(measured: dict[int, list[dict]], max_tokens: int) -> dict:
 def fit(t: Tunable, report: dict) -> tuple[object, list[dict]]:
     """The calibration refitted on ``report`` for this bundle's deployment, and per measured level
     the predicted and measured tokens/s per user."""
-    cal_mod, perf = build.calibrate, build.perf_model
-    dep, tp, plan = cal_mod.bundle_deployment(t.root, t.manifest)
-    engine = perf.engine_for(dep.gpu)
-    acc = perf.Acceptance(alpha=float(plan.get("alpha") or 0.7))
-    lengths = cal_mod.expand(plan.get("draft_lengths") or []) or [t.max_draft_len]
-    cases = cal_mod.cases_from_bench(report, engine=engine, target=dep.target, drafter=dep.drafter, gpu=dep.gpu,
+    dep, tp, plan = planner.bundle_deployment(t.root, t.manifest)
+    engine = planner.engine_for(dep.gpu)
+    acc = planner.Acceptance(alpha=float(plan.get("alpha") or 0.7))
+    lengths = planner.expand_draft_lengths(plan.get("draft_lengths") or []) or [t.max_draft_len]
+    cases = planner.cases_from_bench(report, engine=engine, target=dep.target, drafter=dep.drafter, gpu=dep.gpu,
                                      precision=dep.precision, kv_cache=dep.kv_cache, tp=tp,
                                      draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
-    cal = cal_mod.refit(perf.shipped(), engine, cases, source=f"tune of {t.name}, {len(cases)} levels")
+    cal = planner.refit(planner.shipped_calibration(), engine, cases, source=f"tune of {t.name}, {len(cases)} levels")
     rows = []
     for c in cases:
         pred = c.predict(cal.constants(engine), cal.shared)
@@ -278,8 +277,7 @@ def fit(t: Tunable, report: dict) -> tuple[object, list[dict]]:
 
 def predicted_curve(t: Tunable, cal, drafted: list[int]) -> list[dict]:
     """The planner's curve (``plan.predicted``) for the tuned lengths, with the refitted constants."""
-    cal_mod, perf = build.calibrate, build.perf_model
-    dep, tp, plan = cal_mod.bundle_deployment(t.root, t.manifest)
-    ctx = max(1, min(int(t.config.get("max_seq_len") or 2048) // 2, build.plan.PLANNING_CONTEXT))
-    model = build.plan.step_model(dep, tp, ctx, cal)
-    return build.plan.predicted(model, drafted, perf.Acceptance(alpha=float(plan.get("alpha") or 0.7)), tp)
+    dep, tp, plan = planner.bundle_deployment(t.root, t.manifest)
+    ctx = max(1, min(int(t.config.get("max_seq_len") or 2048) // 2, planner.PLANNING_CONTEXT))
+    model = planner.step_model(dep, tp, ctx, cal)
+    return planner.predicted(model, drafted, planner.Acceptance(alpha=float(plan.get("alpha") or 0.7)), tp)

@@ -16,12 +16,17 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
 
 from dflash_trt.ingest import files, formats
 from dflash_trt.ingest.resolve import open_dir, read_json
 from dflash_trt.errors import CheckpointError, CompatibilityError
-from dflash_trt.model import DFLASH2_FIELDS, Drafter, DrafterConfig, drafter_for
+from dflash_trt.model import DFLASH2_FIELDS, DrafterConfig
+
+if TYPE_CHECKING:  # torch is imported where weights are loaded, not to read a config
+    import torch
+
+    from dflash_trt.model import Drafter
 
 def is_drafter(path: str | Path) -> bool:
     """Whether a directory's config.json describes a drafter (of any family) rather than a model."""
@@ -186,6 +191,7 @@ def _check_tensors(spec: DrafterSpec) -> None:
 
 def _absolute_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, spec: DrafterSpec) -> torch.Tensor:
     """Draft id -> absolute target id (speculators stores offsets; validated against t2d)."""
+    import torch
     vocab = spec.config.vocab_size
     d2t = d2t.long()
     candidates = [d2t + torch.arange(len(d2t)), d2t] if spec.norm.d2t_offsets else [d2t]
@@ -204,6 +210,7 @@ def _absolute_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, spec: DrafterSpec
 
 def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:
     """The drafter's tensors under z-lab names, vocabulary map normalised (absolute d2t)."""
+    import torch
     from safetensors import safe_open
 
     state: dict[str, torch.Tensor] = {}
@@ -226,6 +233,7 @@ def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:
 
 def load_drafter(path: str | Path, dtype: torch.dtype | None = None) -> Drafter:
     """Load a drafter of any supported format (speculators, ModelOpt, z-lab) for the runtime."""
+    from dflash_trt.model import drafter_for
     spec = read_drafter(path)
     return drafter_for(spec.config).from_state(spec.config, load_state(spec), dtype=dtype)
 
@@ -236,6 +244,7 @@ def write_zlab(drafter_dir: str | Path, out_dir: str | Path) -> Path:
     Keeps the stored dtype. The result is what TensorRT-LLM's DFlash loader reads: no
     tensor prefix, ``fc``/``hidden_norm``, z-lab layer ids, block size at the top level.
     """
+    from dflash_trt.model import drafter_for
     spec = read_drafter(drafter_dir)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

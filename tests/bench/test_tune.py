@@ -15,7 +15,7 @@ import yaml
 
 from dflash_trt import ingest
 from dflash_trt.bench import tune as T
-from dflash_trt.build import check_bundle
+from dflash_trt.deploy import check_bundle
 from dflash_trt.cli import run
 
 

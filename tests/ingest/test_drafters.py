@@ -260,7 +260,7 @@ def test_target_quantization(files, want, tmp_path):
 
 def test_published_pairs_validate_from_configs_alone():
     """The real published configs the recipes ship (dflash_trt/recipes/configs, copied from the hub files)."""
-    from dflash_trt.build import recipe
+    from dflash_trt.plan import recipe
 
     root = recipe._bundled_dir() / "configs"
     ok = [("Qwen--Qwen3-8B", "z-lab--Qwen3-8B-DFlash-b16"), ("openai--gpt-oss-20b", "z-lab--gpt-oss-20b-DFlash")]

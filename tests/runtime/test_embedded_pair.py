@@ -10,7 +10,7 @@ import pytest
 
 from dflash_trt import ingest
 
-from dflash_trt.build import recipe
+from dflash_trt.plan import recipe
 from dflash_trt.cli import run
 
 TARGET, DRAFTER = "embedded:tiny/target", "embedded:tiny/drafter"

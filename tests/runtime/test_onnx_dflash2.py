@@ -51,7 +51,7 @@ def recording(backend):
 def test_the_manifest_says_the_drafter_graph_is_dflash2(pair):
     import onnx
 
-    from dflash_trt.build import export_dflash2
+    from dflash_trt.export import onnx_dflash2 as export_dflash2
 
     m = ingest.read_manifest(pair.root)
     assert m.engine.drafter_graph == "dflash2" and type(pair.drafter).__name__ == "DFlash2Drafter"

@@ -1,0 +1,28 @@
+"""Deploy: a recipe becomes a bundle, atomically.
+
+Modules: ``pipeline`` (resolve -> validate -> quantize -> plan -> emit, in order, written to a
+temporary directory and swapped in at the end), ``output`` (that swap), ``quantize`` (ModelOpt),
+``drafter`` (the drafter as shipped: z-lab layout, target layers sorted), ``trtllm_config`` (the
+LLM-API config TensorRT-LLM reads, checked against the release's schema) and ``serve_sh`` (the
+launch script that checks the GPU machine before it serves).
+
+Other subpackages import the names below, never the modules inside.
+"""
+from __future__ import annotations
+
+from dflash_trt.deploy.pipeline import BuildResult, build, check_bundle, default_out, make_plan, resolve
+from dflash_trt.deploy.trtllm_config import LlmApiConfig
+from dflash_trt.deploy.trtllm_config import to_yaml as trtllm_yaml
+from dflash_trt.deploy.trtllm_config import validate as validate_trtllm_config
+
+__all__ = [
+    "BuildResult",
+    "LlmApiConfig",
+    "build",
+    "check_bundle",
+    "default_out",
+    "make_plan",
+    "resolve",
+    "trtllm_yaml",
+    "validate_trtllm_config",
+]

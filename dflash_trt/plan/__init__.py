@@ -1,0 +1,85 @@
+"""Plan: what a recipe implies, from configs alone (no torch, no writes).
+
+Modules: ``recipe`` (the typed YAML and ``--set``), ``hardware`` (the GPU catalog and precision
+rules), ``family_shapes`` / ``model_shapes`` (parameter, KV and state bytes read from configs),
+``published`` (which fields a config-only recipe still lacks), ``trtllm_releases`` /
+``trtllm_rules`` / ``trtllm_dflash2`` (TensorRT-LLM's releases and the rules each one applies),
+``schedule`` (draft lengths as TensorRT-LLM reads them), ``acceptance`` (τ from a per-position
+rate), ``perf_model`` (the step model the speedups come from), ``perf_fit`` (its constants fitted
+on measurements), ``calibrate`` (refitted on yours), ``deployment`` (memory, TP, draft lengths: the
+plan itself).
+
+Importing this package imports neither torch nor transformers (``tests/plan/test_face.py``).
+Other subpackages import the names below, never the modules inside.
+"""
+from __future__ import annotations
+
+from dflash_trt.plan.acceptance import expected_tau, fit_alpha
+from dflash_trt.plan.calibrate import bundle_deployment, cases_from_bench, expand as expand_draft_lengths, refit
+from dflash_trt.plan.calibrate import from_files as calibration_from_files
+from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, Plan, predicted, step_model
+from dflash_trt.plan.deployment import make as make_plan
+from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
+from dflash_trt.plan.hardware import get as get_gpu
+from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
+from dflash_trt.plan.perf_model import Acceptance, Calibration, engine_for
+from dflash_trt.plan.perf_model import shipped as shipped_calibration
+from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, SpeculativeSpec
+from dflash_trt.plan.recipe import bundled as bundled_recipes
+from dflash_trt.plan.recipe import from_dict as recipe_from_dict
+from dflash_trt.plan.recipe import load as load_recipe
+from dflash_trt.plan.schedule import batch_grid, choose as choose_schedule, runs as schedule_runs
+from dflash_trt.plan.schedule import check as check_schedule
+from dflash_trt.plan.trtllm_dflash2 import attention_backend as dflash2_attention_backend
+from dflash_trt.plan.trtllm_dflash2 import check as check_dflash2
+from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, KNOWN as KNOWN_RELEASES, Release
+from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
+from dflash_trt.plan.trtllm_releases import get as get_release
+from dflash_trt.plan.trtllm_rules import ignored_drafter_keys
+
+__all__ = [
+    "Acceptance",
+    "Calibration",
+    "DEFAULT_RELEASE",
+    "Deployment",
+    "DraftShape",
+    "FieldValue",
+    "GPU",
+    "KNOWN_RELEASES",
+    "PLANNING_CONTEXT",
+    "PRECISIONS",
+    "Plan",
+    "PrecisionSpec",
+    "Recipe",
+    "Release",
+    "SpeculativeSpec",
+    "TRTLLM_IMAGE",
+    "TargetShape",
+    "batch_grid",
+    "bundle_deployment",
+    "bundled_recipes",
+    "calibration_from_files",
+    "cases_from_bench",
+    "check_dflash2",
+    "check_precision",
+    "check_schedule",
+    "choose_schedule",
+    "dflash2_attention_backend",
+    "engine_for",
+    "expand_draft_lengths",
+    "expected_tau",
+    "fit_alpha",
+    "get_gpu",
+    "get_release",
+    "ignored_drafter_keys",
+    "load_recipe",
+    "make_plan",
+    "predicted",
+    "quant_precision",
+    "read_sizes",
+    "recipe_from_dict",
+    "refit",
+    "schedule_runs",
+    "shipped_calibration",
+    "step_model",
+]

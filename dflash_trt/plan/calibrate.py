@@ -1,0 +1,128 @@
+"""The user's own calibration: refit one engine's constants on ``bench --endpoint`` measurements.
+
+``dflash-trt plan --calibration FILE`` (repeatable) reads the JSON that ``dflash-trt bench
+--endpoint URL --concurrency ... --json`` writes (``--baseline URL2`` for the same target without
+drafting, or two files: one with drafting, one without), turns every level into a measurement of
+this deployment (decode tokens/s per user, TTFT excluded, and τ where the server reports it), and
+refits the constants of the engine the plan is for, the package's as the prior
+(:func:`dflash_trt.plan.perf_fit.fit`). The plan then says which calibration it used.
+
+What a level does not say is assumed from the plan: the draft length the server ran at that
+concurrency (what this recipe's bundle drafts, unless the level carries ``draft_len``) and τ where
+the server reports none (the plan's τ(L)). The mean measured τ replaces the recipe's estimate
+when the recipe sets no ``speculative.acceptance``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dflash_trt.plan import hardware
+from dflash_trt.plan.model_shapes import DraftShape, TargetShape
+from dflash_trt.plan.perf_fit import CONSTANTS, Case, Row, fit
+from dflash_trt.plan.perf_model import Calibration
+from dflash_trt.plan.deployment import weight_bytes
+from dflash_trt.errors import DFlashError
+
+
+
+def read_bench(path: Path) -> dict:
+    """A ``dflash-trt bench --endpoint ... --json`` report (or ``tune --json``), checked."""
+    f = Path(path)
+    try:
+        data = json.loads(f.read_text())
+    except OSError as exc:
+        raise DFlashError(f"--calibration {f}: cannot read it ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise DFlashError(f"--calibration {f}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("endpoint"), dict) \
+            or not isinstance(data["endpoint"].get("levels"), list):
+        raise DFlashError(f"--calibration {f}: not the JSON of 'dflash-trt bench --endpoint URL --json'")
+    return data
+
+
+def _drafting(report: dict, key: str) -> bool:
+    """The ``endpoint`` of a report with a ``baseline`` drafts; otherwise a side drafts where
+    its server reported τ > 1 (a server without drafting reports none)."""
+    if key == "endpoint" and "baseline" in report:
+        return True
+    return any((lv.get("acceptance_length") or 0) > 1 for lv in report[key]["levels"])
+
+
+def cases_from_bench(report: dict, *, engine: str, target: TargetShape, drafter: DraftShape,
+                     gpu: hardware.GPU, precision: str, kv_cache: str, tp: int, draft_len_at,
+                     tau_at) -> list[Case]:
+    """One case per measured level: decode tokens/s per user (TTFT excluded) with drafting or
+    without. ``draft_len_at(c)`` / ``tau_at(L)``: what the server drafts at concurrency ``c`` and
+    the τ to assume where the level reports none (a level's own ``draft_len``/τ win)."""
+    ctx = 64 + int(report.get("max_tokens") or 128) // 2
+    cases = []
+    for key in ("endpoint", "baseline"):
+        if key not in report:
+            continue
+        drafts = _drafting(report, key)
+        for lv in report[key]["levels"]:
+            rate = lv.get("tokens_per_second_per_user")
+            c = int(lv.get("concurrency") or 0)
+            if not rate or c < 1:
+                continue
+            L = int(lv.get("draft_len", draft_len_at(c))) if drafts else 0
+            tau = (lv.get("acceptance_length") or tau_at(L)) if L else None
+            row = Row(id=f"{key}-c{c}", engine=engine, gpu=gpu.name, target="(deployment)", drafter="(deployment)",
+                      precision=precision, tp=tp, concurrency=c, draft_len=L, tau=tau, context=ctx, per_user=True,
+                      kv_cache=kv_cache, source=str(report[key].get("url", key)),
+                      **({"tokens_per_s": rate} if L else {"baseline_tokens_per_s": rate}))
+            cases.append(Case(row, target, drafter, gpu, weight_bytes(target, precision)))
+    if not cases:
+        raise DFlashError("--calibration: no level with tokens/s per user to fit (run bench --endpoint with "
+                          "--concurrency, with and without drafting)")
+    return cases
+
+
+def refit(cal: Calibration, engine: str, cases: list[Case], source: str) -> Calibration:
+    """``cal`` with ``engine``'s constants refitted on ``cases`` (the shipped ones as the prior)."""
+    start = Calibration({engine: cal.constants(engine)}, cal.shared)
+    mine = fit(cases, start=start, source=source, fit_shared=False)
+    return cal.with_engine(engine, mine.constants(engine), source, {k: len(cases) for k in CONSTANTS})
+
+
+def expand(draft_lengths: list[dict]) -> list[int]:
+    """A plan's runs ``[{batch_from, batch_to, draft_len}]`` as the length at every batch size."""
+    return [r["draft_len"] for r in draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
+
+
+def from_files(paths: list[Path], dep, first, cal: Calibration, engine: str) -> tuple[Calibration, float | None]:
+    """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
+    with ``cal``), and the measured τ scaled to the full block (None: no level reported τ)."""
+    from dflash_trt.plan.acceptance import expected_tau, fit_alpha
+    from dflash_trt.plan.perf_model import Acceptance
+
+    lengths = expand(first.draft_lengths) or [first.max_draft_len]
+    acc = Acceptance(alpha=first.alpha)
+    cases: list[Case] = []
+    for path in paths:
+        cases += cases_from_bench(read_bench(path), engine=engine, target=dep.target, drafter=dep.drafter,
+                                  gpu=dep.gpu, precision=dep.precision, kv_cache=dep.kv_cache, tp=first.tp,
+                                  draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
+    names = ", ".join(Path(p).name for p in paths)
+    new = refit(cal, engine, cases, source=f"your measurements: {names}, {len(cases)} levels")
+    measured = [(c.row.tau, c.row.draft_len) for c in cases
+                if c.row.draft_len and c.row.tau and c.row.tau != acc.tau(c.row.draft_len)]
+    if not measured:
+        return new, None
+    tau, L = sum(t for t, _ in measured) / len(measured), round(sum(n for _, n in measured) / len(measured))
+    return new, round(expected_tau(fit_alpha(tau, L + 1), first.block_size - 1), 3)
+
+
+def bundle_deployment(root: Path, manifest) -> tuple:
+    """(Deployment, tp, plan dict) of a built bundle, from its manifest and model configs."""
+    from dflash_trt.plan.deployment import Deployment
+
+    if manifest is None or manifest.plan is None or manifest.gpu is None or manifest.precision is None:
+        raise DFlashError(f"{root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
+    gpu = hardware.get(manifest.gpu.name)
+    dep = Deployment(target=TargetShape.from_dir(Path(root) / "target"), drafter=DraftShape.from_dir(Path(root) / "drafter"),
+                     gpu=gpu, gpus=manifest.gpu.count, precision=manifest.precision.weights,
+                     kv_cache=manifest.precision.kv_cache)
+    return dep, int(manifest.plan.get("tp", 1)), manifest.plan

@@ -1,0 +1,254 @@
+"""Recipes: one YAML file per (model pair, GPU, precision), validated before any work.
+
+A recipe is a user-editable YAML file (copy a bundled one with ``dflash-trt recipes
+copy``). Every field is documented here; the pydantic model rejects unknown keys and bad
+values with the file and key path. ``--set a.b=value`` overrides any field (the value is
+parsed as YAML, so ``--set serving.max_batch_size=32`` gives an int). A command-line flag
+such as ``--precision`` sets its field as a Python value (:class:`FieldValue`): no YAML in
+between, validated by the same model, and an error names the flag.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from dflash_trt.plan import trtllm_releases
+from dflash_trt.errors import RecipeError
+
+Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelRef(_Strict):
+    id: str = Field(description="Hub id (org/name[@revision]), local directory, or 'embedded:NAME'.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit); overrides '@rev' in id.")
+    config: str | None = Field(
+        None, description="Directory with the model's config files, for offline validation and planning "
+        "(relative paths are relative to the recipe file).",
+    )
+
+
+class GpuSpec(_Strict):
+    name: str = Field("cpu", description="GPU model (B200, H100, ...; see `dflash-trt plan --help`), or 'cpu'.")
+    count: int = Field(1, ge=1, description="GPUs per node available to the deployment.")
+    nodes: int = Field(1, ge=1, description="Nodes (multi-node serving through trtllm-llmapi-launch).")
+
+
+class PrecisionSpec(_Strict):
+    weights: Precision = Field("bf16", description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell), nvfp4 (Blackwell), or auto: the target as shipped (a pre-quantized checkpoint such as gpt-oss MXFP4 is used as it is; bf16 otherwise).")
+    kv_cache: Literal["auto", "fp8"] = Field("auto", description="KV cache dtype: auto (model dtype) or fp8.")
+    calib: str | None = Field(None, description="Calibration text file (one sample per line, or JSONL with 'prompt'/'text').")
+    calib_samples: int = Field(64, ge=1, description="Calibration samples for post-training quantization.")
+    calib_seq_len: int = Field(256, ge=8, description="Tokens per calibration sample.")
+
+
+class ParallelSpec(_Strict):
+    tp: int | Literal["auto"] = Field("auto", description="Tensor-parallel size; auto picks the smallest that fits.")
+    ep: int = Field(1, ge=1, description="Expert-parallel size (MoE targets).")
+
+
+class ServingSpec(_Strict):
+    max_batch_size: int = Field(64, ge=1, description="Most sequences in flight per GPU rank.")
+    max_seq_len: int = Field(8192, ge=16, description="Prompt + output tokens per sequence; sizes the KV cache and the drafter's context arena.")
+    max_num_tokens: int = Field(8192, ge=16, description="Tokens per scheduler step (prefill chunk budget).")
+    kv_cache_free_gpu_memory_fraction: float = Field(0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache after weights load.")
+    enable_block_reuse: bool = Field(False, description="Prefix-cache reuse. Off by default: cache hits starve the drafter of hidden states unless context_recompute_tail is set.")
+    cuda_graphs: bool = Field(True, description="Capture CUDA graphs for decode batch sizes (off: the config says cuda_graph_config: null).")
+    enable_chunked_prefill: bool | None = Field(None, description="Chunked prefill; None: on where max_seq_len > max_num_tokens or context_recompute_tail is set.")
+    disable_overlap_scheduler: bool = Field(False, description="Turn off TensorRT-LLM's overlap scheduler.")
+    enable_thinking: bool | None = Field(None, description="The chat template's thinking switch this deployment serves with (chat_template_kwargs.enable_thinking); None: the template's default. plan warns when it differs from what the drafter was trained with (its training.json).")
+    host: str = Field("127.0.0.1", description="Serving address.")
+    port: int = Field(8000, ge=1, le=65535, description="Serving port.")
+
+
+class SpeculativeSpec(_Strict):
+    block_size: int | None = Field(None, ge=1, description="Draft block size B (default: the drafter's trained block).")
+    max_draft_len: int | Literal["auto"] = Field("auto", description="Draft tokens per step (<= B-1); auto: from the planner's roofline.")
+    schedule: Literal["auto", "max_concurrency", "draft_len_schedule", "none"] = Field(
+        "auto", description="How drafting backs off as batches grow: a hard cut-off, a per-batch-size draft length, or never.")
+    max_concurrency: int | None = Field(None, ge=1, description="Turn drafting off above this batch size (schedule=max_concurrency).")
+    draft_len_schedule: dict[int, int] | None = Field(None, description="{batch size: draft length} (schedule=draft_len_schedule), read as the targeted TensorRT-LLM release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 -> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.")
+    acceptance: float | None = Field(None, gt=0, description="Expected acceptance length tau for planning (default: per-family estimate).")
+    per_position_acceptance: list[float] | None = Field(None, description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` prints); the planner's tau(L) sums them (geometric beyond the last).")
+    attention_backend: Literal["auto", "TRTLLM", "FA4", "VANILLA"] = Field("auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere.")
+    use_rejection_sampling: bool = Field(True, description="Rejection sampling at temperature > 0 (keeps the target's distribution).")
+    context_recompute_tail: int | None = Field(None, ge=-1, description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states; -1: the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when enable_block_reuse is on.")
+
+
+class TrtllmSpec(_Strict):
+    release: str = Field(trtllm_releases.DEFAULT_RELEASE, description="The TensorRT-LLM release the bundle is for "
+                         f"({', '.join(trtllm_releases.KNOWN)}): which config keys exist, how draft_len_schedule is read, "
+                         "the container image, the version serve.sh requires.")
+
+    @field_validator("release", mode="before")
+    @classmethod
+    def _known(cls, v):
+        v = str(v)
+        if v not in trtllm_releases.KNOWN:
+            raise ValueError(f"unknown TensorRT-LLM release {v!r}; known: {', '.join(trtllm_releases.KNOWN)}")
+        return v
+
+
+class Recipe(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128,
+                      description="Recipe name (letters, digits, '.', '_', '-'); the default output directory "
+                                  "is dflash-out/<name>.")
+    description: str = Field("", description="One line on what this recipe is for.")
+    target: ModelRef
+    drafter: ModelRef
+    gpu: GpuSpec = GpuSpec()
+    precision: PrecisionSpec = PrecisionSpec()
+    parallel: ParallelSpec = ParallelSpec()
+    serving: ServingSpec = ServingSpec()
+    speculative: SpeculativeSpec = SpeculativeSpec()
+    trtllm: TrtllmSpec = TrtllmSpec()
+    engine: Literal["trtllm", "tensorrt"] = Field("trtllm", description="trtllm: TensorRT-LLM PyTorch backend; tensorrt: also export ONNX/engines with the DFlash plugins.")
+    incomplete: list[str] = Field(default_factory=list, description="What the published configs lack (one entry "
+                                  "each); plan and build refuse a recipe that lists anything here.")
+
+    source: Path | None = Field(None, exclude=True, description="Where the recipe was loaded from (not a YAML key).")
+
+    def resolve_path(self, p: str | None) -> Path | None:
+        """A path in the recipe, relative to the recipe file."""
+        if p is None:
+            return None
+        path = Path(p).expanduser()
+        if not path.is_absolute() and self.source is not None:
+            path = self.source.parent / path
+        return path
+
+    def to_yaml(self) -> str:
+        skip = {"source"} | ({"incomplete"} if not self.incomplete else set())   # complete recipes read as before
+        return yaml.safe_dump(self.model_dump(mode="json", exclude=skip), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------
+# Loading, overrides, bundled recipes
+# ---------------------------------------------------------------------------------------
+
+
+def _bundled_dir() -> Path:
+    return Path(str(resources.files("dflash_trt") / "recipes"))
+
+
+def bundled() -> dict[str, Path]:
+    """Bundled recipe names -> files."""
+    return {p.stem: p for p in sorted(_bundled_dir().glob("*.yaml"))}
+
+
+@dataclass(frozen=True)
+class FieldValue:
+    """One recipe field set to a Python value (a command-line flag), never parsed as YAML.
+
+    ``path`` is the field's key path (``"precision.weights"``); ``origin`` is what the user
+    typed (``"--precision"``), named in the error when pydantic rejects ``value``.
+    """
+
+    path: str
+    value: Any
+    origin: str
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.path.split("."))
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise RecipeError(f"--set {item!r}: expected KEY=VALUE, e.g. --set serving.max_batch_size=32")
+    key, raw = item.split("=", 1)
+    path = [k for k in key.strip().split(".") if k]
+    if not path:
+        raise RecipeError(f"--set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def _put(data: dict, path: list[str] | tuple[str, ...], value: Any, what: str) -> None:
+    """``data[path[0]]...[path[-1]] = value``, creating missing sections."""
+    node = data
+    for k in path[:-1]:
+        nxt = node.get(k)
+        if nxt is None:
+            nxt = node[k] = {}
+        if not isinstance(nxt, dict):
+            raise RecipeError(f"{what}: '{k}' is not a section")
+        node = nxt
+    node[path[-1]] = value
+
+
+def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
+    for item in overrides or []:
+        path, value = parse_override(item)
+        _put(data, path, value, f"--set {item}")
+    return data
+
+
+def _format_validation(err: ValidationError, where: str, fields: list[FieldValue] = ()) -> str:
+    first = err.errors()[0]
+    loc = tuple(str(x) for x in first["loc"])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif first["type"] == "missing":
+        msg = "required key is missing"
+    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    flag = next((f for f in fields if loc[: len(f.keys)] == f.keys), None)
+    if flag is not None:
+        return f"{flag.origin} {flag.value!r}: {msg}{more}"
+    return f"{where}: {'.'.join(loc) or '(top level)'}: {msg}{more}"
+
+
+def _overlaps(a: tuple[str, ...], b: list[str]) -> bool:
+    n = min(len(a), len(b))
+    return tuple(a[:n]) == tuple(b[:n])
+
+
+def from_dict(data: dict, where: str = "recipe", source: Path | None = None,
+              overrides: list[str] | None = None, fields: list[FieldValue] = ()) -> Recipe:
+    """Validate ``data`` after setting ``fields`` (typed values), then ``overrides`` (``--set``)."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where}: expected a mapping of keys at the top level")
+    data = copy.deepcopy(data)
+    for f in fields:
+        _put(data, f.keys, f.value, f.origin)
+    data = apply_overrides(data, overrides)
+    # A --set given after a flag on the same key wins, and so owns any error on it.
+    set_keys = [parse_override(item)[0] for item in overrides or []]
+    owned = [f for f in fields if not any(_overlaps(f.keys, k) for k in set_keys)]
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_format_validation(exc, where, owned)) from None
+    recipe.source = source
+    return recipe
+
+
+def load(name_or_path: str | Path, overrides: list[str] | None = None, fields: list[FieldValue] = ()) -> Recipe:
+    """Load a bundled recipe by name, or a YAML file by path, then set ``fields`` and ``--set`` overrides."""
+    path = Path(name_or_path)
+    if not path.is_file() and str(name_or_path) in bundled():  # names may contain dots (llama3.1-...)
+        path = bundled()[str(name_or_path)]
+    if not path.is_file():
+        names = ", ".join(bundled()) or "none"
+        raise RecipeError(f"no recipe {str(name_or_path)!r}: not a file, nor a bundled recipe ({names})")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}" if mark else ""
+        raise RecipeError(f"{path}:{at} invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    return from_dict(data, where=str(path), source=path.resolve(), overrides=overrides, fields=fields)

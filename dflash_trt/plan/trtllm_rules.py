@@ -1,0 +1,118 @@
+"""What the targeted TensorRT-LLM release demands of a plan, decided once at plan time.
+
+Each function takes the recipe's choice and the release row (:mod:`trtllm_releases`) and
+returns what the config must say, appending one-line warnings; a combination the release
+would reject raises a one-line ``RecipeError`` / ``HardwareError`` (exit 2). Sources:
+
+* draft attention backends: ``tensorrt_llm/llmapi/llm_args.py``, ``DFlashDecodingConfig.attention_backend``
+  ("TRTLLM requires FlashInfer and an NVIDIA Blackwell GPU with SM100 or SM103"; FA4 from 1.3.0rc27).
+* token budget: ``tensorrt_llm/_torch/speculative/dflash.py::validate_dflash_ctx_buffer_budget``:
+  ``max_batch_size x (1 + max_draft_len) <= max_num_tokens`` (DFlash's ``tokens_per_gen_step``
+  is ``max_draft_len + 1``).
+* chunked prefill: ``BaseLlmArgs.enable_chunked_prefill`` defaults to False, so a prompt longer
+  than ``max_num_tokens`` would not be scheduled; the spec-recompute tail is only applied with
+  chunked prefill on (``KVCacheManager._maybe_apply_spec_recompute_tail``,
+  ``tensorrt_llm/_torch/pyexecutor/resource_manager.py``).
+* ``context_recompute_tail`` (1.4.0rc1+): a prefix-cache hit only runs the uncached tail through
+  the target, so only it yields hidden states for the drafter; the tail caps reuse so at least
+  that many prompt tokens are recomputed (0: no cap, negative: the whole prompt).
+* gpt-oss MoE backend: ``tensorrt_llm/_torch/model_config.py::ModelConfig.resolve_moe_backend``.
+* drafter keys: ``tensorrt_llm/_torch/models/modeling_dflash.py::DFlashForCausalLM`` reads
+  ``mask_token_id``, ``target_layer_ids``, ``use_swa``/``swa_window_size`` from ``dflash_config``
+  and ``block_size`` from the top level; the keys in :data:`IGNORED_DRAFTER_KEYS` it never reads.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from dflash_trt.plan.hardware import GPU
+from dflash_trt.plan.recipe import ServingSpec
+from dflash_trt.plan.trtllm_releases import Release, gpt_oss_moe_backend
+from dflash_trt.errors import HardwareError, RecipeError
+
+DEFAULT_RECOMPUTE_TAIL = 512   # prompt tokens recomputed on a prefix-cache hit when block reuse is on
+IGNORED_DRAFTER_KEYS = ("causal", "input_embedding_scale", "output_multiplier", "final_logit_softcapping")
+GiB = 1 << 30
+
+
+def attention_backend(requested: str, gpu: GPU, release: Release, warnings: list[str]) -> str:
+    """DFlashDecodingConfig.attention_backend: the recipe's, or the GPU's best the release has."""
+    if requested != "auto":
+        if requested not in release.attention_backends:
+            raise RecipeError(f"speculative.attention_backend {requested} does not exist in TensorRT-LLM "
+                              f"{release.version} (it has {', '.join(release.attention_backends)}); FA4 needs "
+                              "trtllm.release 1.3.0rc27 or later")
+        if requested == "TRTLLM" and gpu.kind == "gpu" and gpu.sm not in (100, 103):
+            raise HardwareError(f"speculative.attention_backend TRTLLM needs an SM100/SM103 GPU (B200, B300, GB200); "
+                                f"{gpu.name} is SM{gpu.sm}: use FA4 on Hopper or VANILLA")
+        return requested
+    best = gpu.draft_attention_backend
+    if best not in release.attention_backends:
+        warnings.append(f"TensorRT-LLM {release.version} has no {best} draft attention; using VANILLA, which needs "
+                        "the flash_attn package (TensorRT-LLM's requirements do not install it)")
+        return "VANILLA"
+    return best
+
+
+def token_budget(memory_at: Callable[[ServingSpec], object], serving: ServingSpec, max_draft_len: int,
+                 gpu_name: str, warnings: list[str]) -> ServingSpec:
+    """``serving`` with ``max_num_tokens`` raised to the DFlash token budget when memory allows
+    (``memory_at(serving)`` is the plan's Memory); else a one-line refusal with the numbers."""
+    need = serving.max_batch_size * (1 + max_draft_len)
+    if serving.max_num_tokens >= need:
+        return serving
+    budget = (f"TensorRT-LLM's DFlash token budget max_batch_size x (1 + max_draft_len) = "
+              f"{serving.max_batch_size} x {1 + max_draft_len} = {need} exceeds max_num_tokens {serving.max_num_tokens}")
+    raised = serving.model_copy(update={"max_num_tokens": need})
+    m = memory_at(raised)
+    if not m.fits:
+        fits = serving.max_num_tokens // (1 + max_draft_len)
+        raise HardwareError(f"{budget}, and raising max_num_tokens to {need} does not fit on {gpu_name} "
+                            f"({m.total / GiB:.1f} of {m.capacity / GiB:.1f} GiB): set serving.max_batch_size <= {fits} "
+                            "or a smaller speculative.max_draft_len")
+    warnings.append(f"{budget}: max_num_tokens raised to {need}")
+    return raised
+
+
+def recompute_tail(tail: int | None, block_reuse: bool, release: Release, warnings: list[str]) -> int | None:
+    """``context_recompute_tail`` for the config (None: not written)."""
+    if tail is not None and not release.context_recompute_tail:
+        raise RecipeError(f"speculative.context_recompute_tail needs TensorRT-LLM 1.4.0rc1 or later; "
+                          f"trtllm.release is {release.version}")
+    if not block_reuse:
+        return tail
+    if not release.context_recompute_tail:
+        warnings.append(f"enable_block_reuse on TensorRT-LLM {release.version}: prefix-cache hits give the drafter "
+                        "no hidden states for the reused prompt (acceptance drops; output stays lossless); "
+                        "1.4.0rc1 adds context_recompute_tail")
+        return None
+    return DEFAULT_RECOMPUTE_TAIL if tail is None else tail
+
+
+def chunked_prefill(serving: ServingSpec, tail: int | None, warnings: list[str]) -> bool:
+    """``enable_chunked_prefill``: on where prompts may exceed one step or the recompute tail is set."""
+    needed = serving.max_seq_len > serving.max_num_tokens or bool(tail)
+    if serving.enable_chunked_prefill is False and needed:
+        warnings.append(f"serving.enable_chunked_prefill is off: prompts over max_num_tokens {serving.max_num_tokens} "
+                        "will not be scheduled" + (" and context_recompute_tail is not applied" if tail else ""))
+        return False
+    return True if serving.enable_chunked_prefill else needed
+
+
+def moe_backend(model_type: str, gpu: GPU, release: Release) -> str | None:
+    """``moe_config.backend`` pinned for gpt-oss where the release does not resolve AUTO itself."""
+    if model_type != "gpt_oss" or gpu.kind != "gpu" or not release.pin_gpt_oss_moe:
+        return None
+    return gpt_oss_moe_backend(gpu.sm)
+
+
+def ignored_drafter_keys(cfg) -> str | None:
+    """One warning line naming the drafter settings (a ``DrafterConfig``) TensorRT-LLM does not apply."""
+    defaults = {"causal": (None, False), "input_embedding_scale": (1.0,), "output_multiplier": (1.0,),
+                "final_logit_softcapping": (None, 0, 0.0)}
+    found = [f"{k}={getattr(cfg, k)}" for k in IGNORED_DRAFTER_KEYS if getattr(cfg, k) not in defaults[k]]
+    if not found:
+        return None
+    return (f"the drafter sets {', '.join(found)}, which TensorRT-LLM's DFlash loader does not read: the GPU "
+            "deployment will not apply them (output stays lossless; acceptance may drop)")

@@ -1,0 +1,87 @@
+"""A recipe for every published DFlash drafter; incomplete ones say so and refuse in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_trt.deploy import pipeline
+from dflash_trt.plan import published
+from dflash_trt.plan import recipe as R
+from dflash_trt.errors import RecipeError
+from dflash_trt.model import DrafterConfig
+
+# The 21 z-lab drafters (z-lab README at 94e4abc lists 20; Qwen3.5-397B-A17B is the 21st).
+PUBLISHED = [
+    "gemma-4-31B-it-DFlash", "gemma-4-26B-A4B-it-DFlash", "MiniMax-M2.7-DFlash", "MiniMax-M2.5-DFlash",
+    "Kimi-K2.6-DFlash", "Kimi-K2.5-DFlash", "Qwen3.6-27B-DFlash", "Qwen3.6-35B-A3B-DFlash", "Qwen3.5-4B-DFlash",
+    "Qwen3.5-9B-DFlash", "Qwen3.5-27B-DFlash", "Qwen3.5-35B-A3B-DFlash", "Qwen3.5-122B-A10B-DFlash",
+    "gpt-oss-20b-DFlash", "gpt-oss-120b-DFlash", "Qwen3-Coder-Next-DFlash", "Qwen3-4B-DFlash-b16",
+    "Qwen3-8B-DFlash-b16", "Qwen3-Coder-30B-A3B-DFlash", "LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+    "Qwen3.5-397B-A17B-DFlash",
+]
+
+
+def _recipes():
+    return {name: R.load(path) for name, path in R.bundled().items()}
+
+
+def test_every_published_drafter_has_a_recipe_with_its_config_shipped():
+    recipes = _recipes()
+    drafters = {r.drafter.id for r in recipes.values()}
+    assert {f"z-lab/{d}" for d in PUBLISHED} <= drafters
+    for r in recipes.values():
+        if r.drafter.id.startswith("z-lab/"):
+            path = r.resolve_path(r.drafter.config)
+            assert path is not None and path.is_dir(), r.name
+            assert any(path.iterdir()), f"{r.name}: the drafter's config must ship with the recipe"
+            # a pinned revision, or the recipe says it is unknown
+            assert r.drafter.revision or any("drafter.revision" in f for f in r.incomplete), r.name
+
+
+@pytest.mark.parametrize("name", sorted(R.bundled()))
+def test_the_incomplete_mark_matches_the_shipped_configs(name):
+    """Every field the planner needs and a shipped config lacks is listed in ``incomplete``."""
+    r = R.load(name)
+    missing = published.missing(r)
+    assert set(missing) <= set(r.incomplete), f"{name}: configs lack {missing}, recipe lists {r.incomplete}"
+
+
+def test_an_incomplete_recipe_refuses_in_one_line_naming_the_fields():
+    r = R.load("qwen3.5-9b-h100-fp8")
+    with pytest.raises(RecipeError) as exc:
+        pipeline.resolve(r)
+    msg = str(exc.value)
+    assert "\n" not in msg and "is incomplete" in msg and "drafter.dflash_config.block_size" in msg
+
+
+@pytest.mark.parametrize("name", ["qwen3.5-4b-h100-bf16", "gpt-oss-20b-h100", "qwen3-4b-h100-fp8",
+                                  "qwen3-coder-30b-a3b-h200-fp8"])
+def test_the_new_complete_recipes_plan_offline(name):
+    p = pipeline.make_plan(pipeline.resolve(R.load(name)))
+    assert p.memory.fits and 1 <= p.max_draft_len < p.block_size
+
+
+def test_the_qwen35_drafter_traits_are_read_as_published():
+    """8 taps on 6 layers, 5 sliding + 1 full with the drafter's own 4096 window, block 16 only
+    inside dflash_config, theta 1e7 only in rope_parameters."""
+    import json
+
+    path = R.load("qwen3.5-4b-h100-bf16").resolve_path("configs/z-lab--Qwen3.5-4B-DFlash")
+    raw = json.loads((path / "config.json").read_text())
+    assert "block_size" not in raw and "rope_theta" not in raw  # the traits this test is about
+    c = DrafterConfig.from_zlab(raw)
+    assert (len(c.target_layer_ids), c.num_hidden_layers, c.block_size) == (8, 6, 16)
+    assert c.layer_types == ["sliding_attention"] * 5 + ["full_attention"] and c.sliding_window == 4096
+    assert c.rope_theta == 1e7 and c.mask_token_id == 248077
+
+
+def test_the_gemma_and_kimi_drafter_traits_are_read_as_published():
+    import json
+
+    gemma = R.load("gemma-4-26b-a4b-b200-nvfp4").resolve_path("configs/z-lab--gemma-4-26B-A4B-it-DFlash")
+    g = DrafterConfig.from_zlab(json.loads((gemma / "config.partial.json").read_text()))
+    assert g.final_logit_softcapping == 30.0 and g.sliding_window == 2048 and len(g.target_layer_ids) == 6
+    kimi = R.load("kimi-k2.5-8xh200-int4").resolve_path("configs/z-lab--Kimi-K2.5-DFlash")
+    raw = json.loads((kimi / "config.partial.json").read_text())
+    k = DrafterConfig.from_zlab({**raw, "block_size": 8})
+    assert k.rope_scaling["rope_type"] == "yarn" and k.rope_scaling["factor"] == 64.0

@@ -65,7 +65,7 @@ def ours(out: Path, max_new: int) -> None:
 
     sys.path.insert(0, str(ROOT))
     from dflash_trt.ingest import load_drafter
-    from dflash_trt.model import load_target, Target
+    from dflash_trt.model import Target, load_target
     from dflash_trt.runtime import generate
 
     spec = json.loads((out / "prompts.json").read_text())
@@ -80,10 +80,9 @@ def ours(out: Path, max_new: int) -> None:
 
 
 def authors(out: Path, max_new: int) -> None:
+    import dflash.model as dm
     import torch
     from transformers import AutoModelForCausalLM
-
-    import dflash.model as dm
 
     dm._cuda_time = time.perf_counter            # its stats timer syncs CUDA; this run is on the CPU
     spec = json.loads((out / "prompts.json").read_text())

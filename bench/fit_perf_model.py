@@ -25,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
-    from dflash_trt.plan import perf_fit
-    from dflash_trt.plan import perf_model
+    from dflash_trt.plan import perf_fit, perf_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the fitted constants into the package")
@@ -73,8 +72,7 @@ def main(argv=None) -> int:
 
 def add_tune(path: Path, source: str, max_tokens: int) -> None:
     """Replace the measurements' CPU rows with the levels of a ``tune --json`` sweep."""
-    from dflash_trt.plan import perf_fit
-    from dflash_trt.plan import perf_model
+    from dflash_trt.plan import perf_fit, perf_model
 
     f = perf_model.data_dir() / perf_fit.MEASUREMENTS_FILE
     data = json.loads(f.read_text())

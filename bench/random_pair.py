@@ -31,9 +31,8 @@ def main() -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    from dflash_trt.model.drafter import Drafter
-
     from dflash_trt.model.config import DrafterConfig
+    from dflash_trt.model.drafter import Drafter
 
     torch.manual_seed(a.seed)
     heads = max(1, a.hidden // 64)

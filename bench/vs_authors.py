@@ -62,6 +62,7 @@ def main() -> int:
 
     torch.set_num_threads(a.threads)
     import dflash.model as theirs
+
     from dflash_trt import ingest
     from dflash_trt.bench.inprocess import read_prompts
     from dflash_trt.runtime import generate, load_pair

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from dflash_trt.model.drafter import Drafter
-
-from dflash_trt.model.dflash2 import DFlash2Drafter
-
 from dflash_trt.model.config import DrafterConfig
-
+from dflash_trt.model.dflash2 import DFlash2Drafter
+from dflash_trt.model.drafter import Drafter
 from dflash_trt.model.target import Target
 
 VOCAB = 96

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from dflash_trt._cli.common import (BackendOpt, BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt,
-                                    TargetOpt, default_prompts, err, load_pair_from, out, print_json)
+from dflash_trt._cli.common import (
+    BackendOpt,
+    BundleArg,
+    BundleOpt,
+    DrafterOpt,
+    DtypeOpt,
+    JsonOpt,
+    KernelsOpt,
+    TargetOpt,
+    default_prompts,
+    err,
+    load_pair_from,
+    out,
+    print_json,
+)
 
 
 # Over 60 lines only because the signature is the command's option list (Typer reads it);
@@ -20,28 +33,28 @@ def bench(
     bundle_opt: BundleOpt = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
+    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "--max-tokens", "-n", min=1, help="Tokens per prompt at most.")] = 128,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=2, help="Draft block size B (default: the drafter's).")] = None,
+    block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=2, help="Draft block size B (default: the drafter's).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",
     backend: BackendOpt = "torch",
     as_json: JsonOpt = False,
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Benchmark this OpenAI-compatible server "
+    endpoint: Annotated[str | None, typer.Option("--endpoint", help="Benchmark this OpenAI-compatible server "
                                                     "(URL) instead of running models in-process.")] = None,
-    baseline: Annotated[Optional[str], typer.Option("--baseline", help="With --endpoint: a second server to compare "
+    baseline: Annotated[str | None, typer.Option("--baseline", help="With --endpoint: a second server to compare "
                                                     "against (e.g. the same target without drafting).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="With --endpoint: model id to request "
+    model: Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request "
                                                  "(default: the server's first).")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="With --endpoint: comma-separated "
                                              "concurrency levels.")] = "1,4,16,32",
-    requests: Annotated[Optional[int], typer.Option("--requests", min=1, help="With --endpoint: requests per level "
+    requests: Annotated[int | None, typer.Option("--requests", min=1, help="With --endpoint: requests per level "
                                                     "(default: max(prompts, 2 x concurrency)).")] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")] = 0.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
                                              "max tokens (vLLM/TRT-LLM/dflash extension).")] = False,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="With --endpoint: write throughput per GPU against "
+    plot: Annotated[Path | None, typer.Option("--plot", help="With --endpoint: write throughput per GPU against "
                                                  "tokens/s per user (DFlash and --baseline on one chart), TTFT, ITL and "
                                                  "speedup to this PNG; with a BUNDLE, its plan's predicted curves too.")] = None,
 ) -> None:
@@ -111,8 +124,8 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int]:
 
 def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
                    ignore_eos, plot, as_json, bundle=None) -> None:
-    from dflash_trt.bench import inprocess
     from dflash_trt.bench import endpoint as loadgen
+    from dflash_trt.bench import inprocess
     from dflash_trt.errors import DFlashError
 
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,13 +13,13 @@ from dflash_trt._cli.common import DrafterOpt, JsonOpt, TargetOpt, err, out, pri
 
 DEFAULT_RECIPE = "tiny"
 
-RecipeArg = Annotated[Optional[str], typer.Argument(help="Bundled recipe name or YAML file (default: tiny, "
+RecipeArg = Annotated[str | None, typer.Argument(help="Bundled recipe name or YAML file (default: tiny, "
                                                     "or none when --target and --drafter are given).")]
-GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help="GPU model: B300, B200, GB200, H200, H100, L40S, A100, cpu ...")]
-GpusOpt = Annotated[Optional[int], typer.Option("--gpus", min=1, help="GPUs available per node.")]
-PrecisionOpt = Annotated[Optional[str], typer.Option("--precision", help="Target weights: bf16, fp8, nvfp4, or auto (as shipped).")]
-KvOpt = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="KV cache dtype: auto or fp8.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")]
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU model: B300, B200, GB200, H200, H100, L40S, A100, cpu ...")]
+GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs available per node.")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="Target weights: bf16, fp8, nvfp4, or auto (as shipped).")]
+KvOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="KV cache dtype: auto or fp8.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")]
 
 
 # The recipe field each flag sets, as the typed value typer parsed (never re-read as YAML).
@@ -65,12 +65,12 @@ def build(
     gpus: GpusOpt = None,
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
-    calib: Annotated[Optional[str], typer.Option("--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")] = None,
+    calib: Annotated[str | None, typer.Option("--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")] = None,
     set_: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve, validate and plan from configs; write nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="trtllm (TensorRT-LLM PyTorch backend), or tensorrt: also export ONNX with the DFlash custom ops to OUT/onnx and build OUT/engines where TensorRT and a GPU are present.")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="trtllm (TensorRT-LLM PyTorch backend), or tensorrt: also export ONNX with the DFlash custom ops to OUT/onnx and build OUT/engines where TensorRT and a GPU are present.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh."""
@@ -116,7 +116,7 @@ def plan(
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
     set_: SetOpt = None,
-    calibration: Annotated[Optional[list[Path]], typer.Option("--calibration", help="Refit the step model on your "
+    calibration: Annotated[list[Path] | None, typer.Option("--calibration", help="Refit the step model on your "
                            "own server's measurements first: the JSON of 'dflash-trt bench --endpoint URL "
                            "--concurrency ... --json', with and without drafting (--baseline, or two files; "
                            "repeatable).")] = None,

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from dflash_trt._cli.common import (BackendOpt, BundleArg, BundleOpt, DrafterOpt, DtypeOpt, JsonOpt, KernelsOpt, TargetOpt,
-                                    err, load_pair_from, out, print_json)
+from dflash_trt._cli.common import (
+    BackendOpt,
+    BundleArg,
+    BundleOpt,
+    DrafterOpt,
+    DtypeOpt,
+    JsonOpt,
+    KernelsOpt,
+    TargetOpt,
+    err,
+    load_pair_from,
+    out,
+    print_json,
+)
 
 
 def generate(
@@ -20,8 +32,8 @@ def generate(
     temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy (lossless: identical to the target's own greedy output).")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")] = 0,
-    seed: Annotated[Optional[int], typer.Option(help="Random seed for sampling.")] = None,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=1, help="Draft block size B (default: the drafter's); 1 is plain autoregressive decoding.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
+    block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=1, help="Draft block size B (default: the drafter's); 1 is plain autoregressive decoding.")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",
@@ -29,8 +41,8 @@ def generate(
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text with DFlash speculative decoding and print acceptance statistics."""
-    from dflash_trt.runtime import generate as run
     from dflash_trt.runtime import SamplingParams
+    from dflash_trt.runtime import generate as run
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle,

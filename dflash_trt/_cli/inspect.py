@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -70,7 +70,7 @@ def _rows(info: dict) -> list[tuple[str, str]]:
 
 def inspect(
     ref: Annotated[str, typer.Argument(metavar="PATH_OR_ID", help="Drafter or target: local directory or hub id (org/name or org/name@revision).")],
-    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Check the drafter against this target.")] = None,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="Check the drafter against this target.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Describe a checkpoint (format, layer ids, mask id, sizes, quantization); with --target, the pair verdict."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -14,7 +14,7 @@ from dflash_trt._cli.common import out
 recipes_app = typer.Typer(help="List, show, copy and validate recipes (one YAML per model pair x GPU x precision).",
                           no_args_is_help=True)
 
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a field: KEY.PATH=VALUE (repeatable).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: KEY.PATH=VALUE (repeatable).")]
 
 
 @recipes_app.command("list")

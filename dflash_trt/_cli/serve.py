@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -38,37 +38,37 @@ def serve(
     runtime: Annotated[Runtime, typer.Option(help="auto: trtllm-serve when it is on PATH, else the embedded "
                                              "server on the reference runtime.")] = Runtime.auto,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the trtllm-serve command and exit.")] = False,
-    emit: Annotated[Optional[Emit], typer.Option(help="Write a multi-node launch file instead of serving.")] = None,
+    emit: Annotated[Emit | None, typer.Option(help="Write a multi-node launch file instead of serving.")] = None,
     nodes: Annotated[int, typer.Option(min=1, help="Nodes for --emit.")] = 1,
-    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", min=1, help="GPUs per node for --emit "
+    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node for --emit "
                                                          "(default: the manifest's, else 8).")] = None,
-    image: Annotated[Optional[str], typer.Option(help="Container image for --emit (default: TensorRT-LLM's "
+    image: Annotated[str | None, typer.Option(help="Container image for --emit (default: TensorRT-LLM's "
                                                  "release image).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File --emit writes (default: "
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File --emit writes (default: "
                                                    "NAME.slurm.sh / NAME.lws.yaml here).")] = None,
     pvc: Annotated[str, typer.Option(help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")] = "dflash-bundles",
-    model_name: Annotated[Optional[str], typer.Option("--model-name", help="Model id clients send "
+    model_name: Annotated[str | None, typer.Option("--model-name", help="Model id clients send "
                                                       "(default: the bundle's name).")] = None,
-    max_batch: Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Embedded server: requests per runtime "
+    max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Embedded server: requests per runtime "
                                                      "batch (default: the bundle's planned max_batch_size, else 8).")] = None,
     batching: Annotated[Batching, typer.Option(help="Embedded server: continuous (requests join the running batch "
                                                "every round) or static (one batch at a time, for comparison).")] = Batching.continuous,
     max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
+    block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
                                                       "size (1: autoregressive).")] = None,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="Embedded server: torch threads for generation "
+    threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads for generation "
                                                    "(default: all cores but one, left to the event loop).")] = None,
     dtype: DtypeOpt = "auto",
     backend: BackendOpt = "torch",
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="DFLASH_API_KEY", help="Embedded server: "
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="DFLASH_API_KEY", help="Embedded server: "
                                                    "answer 401 to requests without 'Authorization: Bearer KEY' "
                                                    "(env DFLASH_API_KEY).")] = None,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, help="Embedded server: largest request "
                                                "body in MiB (413 above it).")] = 4.0,
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    from dflash_trt.serve import launch
     from dflash_trt.errors import DFlashError
+    from dflash_trt.serve import launch
 
     b = launch.read_bundle(bundle)
     _warn_chat(b)
@@ -126,7 +126,8 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
                     batching: str = "continuous", api_key: str | None = None, max_body_bytes: int = 4 << 20) -> int:
     from dflash_trt.errors import DFlashError, require
     from dflash_trt.runtime import load_bundle, open_backend, parse_dtype
-    from dflash_trt.serve import check_fits_cpu, create_app, serve as run_server
+    from dflash_trt.serve import check_fits_cpu, create_app
+    from dflash_trt.serve import serve as run_server
 
     require("fastapi", "serve", "the embedded server")
     require("uvicorn", "serve", "the embedded server")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,20 +28,20 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 def tune(
     bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Measure this running server (one it did not "
+    endpoint: Annotated[str | None, typer.Option("--endpoint", help="Measure this running server (one it did not "
                                                     "start) and refit the calibration; the bundle is not changed.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="With --endpoint: model id to request.")] = None,
-    draft_lens: Annotated[Optional[str], typer.Option("--draft-lens", help="Draft lengths to sweep, comma-separated "
+    model: Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request.")] = None,
+    draft_lens: Annotated[str | None, typer.Option("--draft-lens", help="Draft lengths to sweep, comma-separated "
                                                       "(default: max_draft_len, about half, 1; off always).")] = None,
-    concurrency: Annotated[Optional[str], typer.Option("--concurrency", help="Concurrency levels (default: 1, 2, 4, "
+    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Concurrency levels (default: 1, 2, 4, "
                                                        "... max_batch_size).")] = None,
-    requests: Annotated[Optional[int], typer.Option("--requests", min=1, help="Requests per level (default: "
+    requests: Annotated[int | None, typer.Option("--requests", min=1, help="Requests per level (default: "
                                                     "max(prompts, 2 x concurrency)).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens every request decodes.")] = 64,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Prompts file: one per line, or JSONL with "
+    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts file: one per line, or JSONL with "
                                                    "'prompt'.")] = None,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="Embedded server: torch threads.")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the tuned and the baseline curves (throughput "
+    threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the tuned and the baseline curves (throughput "
                                                  "per GPU vs tokens/s per user, TTFT, ITL) with the planner's to this PNG.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and print; write nothing.")] = False,
     as_json: JsonOpt = False,
@@ -49,7 +49,8 @@ def tune(
     """Measure instead of predicting: serve the bundle with drafting off and at a few draft lengths, sweep concurrency
     1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
     as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was."""
-    from dflash_trt.bench import inprocess, tune as T
+    from dflash_trt.bench import inprocess
+    from dflash_trt.bench import tune as T
     from dflash_trt.plan import batch_grid
 
     t = T.read(bundle)

@@ -11,12 +11,11 @@ draft + verify step over one target forward on the same block).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime import Pair
-from dflash_trt.runtime import Stats, generate
+from dflash_trt.runtime import Pair, Stats, generate
 
 
 def read_prompts(path: str | Path) -> list[str]:

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import yaml
 
-from dflash_trt import deploy, ingest, plan as planner
+from dflash_trt import deploy, ingest
+from dflash_trt import plan as planner
 from dflash_trt.bench import endpoint as loadgen
 from dflash_trt.errors import DFlashError
 

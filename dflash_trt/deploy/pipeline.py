@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt import ingest
+from dflash_trt import plan as planner
 from dflash_trt.deploy import drafter as bundle_drafter
 from dflash_trt.deploy import output, serve_sh
 from dflash_trt.deploy import trtllm_config as trtllm
-from dflash_trt import plan as planner
-from dflash_trt.plan import GPU, DraftShape, Recipe, TargetShape, quant_precision, read_sizes
 from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, RecipeError
+from dflash_trt.plan import GPU, DraftShape, Recipe, TargetShape, quant_precision, read_sizes
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
 SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from dflash_trt import ingest
-from dflash_trt.plan import PrecisionSpec
 from dflash_trt.errors import CheckpointError, DFlashError, require
+from dflash_trt.plan import PrecisionSpec
 
 ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
 
@@ -116,10 +116,10 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
     mtq = require("modelopt.torch.quantization", "quant", "quantizing the target")
     export = require("modelopt.torch.export", "quant", "exporting the quantized target")
     require("requests", "quant", "ModelOpt's export")
+    from transformers.utils import logging as hf_logging
+
     from dflash_trt.model import load_target
     from dflash_trt.runtime import load_tokenizer
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     with contextlib.suppress(ImportError):

@@ -28,8 +28,8 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dflash_trt.deploy import serve_sh
-from dflash_trt.plan import Release, check_schedule, get_release
 from dflash_trt.errors import DFlashError, RecipeError
+from dflash_trt.plan import Release, check_schedule, get_release
 
 DRAFTER_REL = "./drafter"
 KV_DTYPES = ("auto", "fp8", "fp8_ds_mla", "nvfp4", "float16", "bfloat16", "float32")

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_trt.export import onnx_dflash2 as export_dflash2
-from dflash_trt.export.onnx_graphs import (DRAFTER_ONNX_ATOL, TARGET_ONNX_ATOL, check_drafter_onnx, check_target_onnx,
-                                     export_drafter_onnx, export_embed_onnx, export_target_onnx,
-                                     target_export_problem)
 from dflash_trt.errors import DFlashError
+from dflash_trt.export import onnx_dflash2 as export_dflash2
+from dflash_trt.export.onnx_graphs import (
+    DRAFTER_ONNX_ATOL,
+    TARGET_ONNX_ATOL,
+    check_drafter_onnx,
+    check_target_onnx,
+    export_drafter_onnx,
+    export_embed_onnx,
+    export_target_onnx,
+    target_export_problem,
+)
 
 #: temperatures a DFlash2 drafter graph is checked at: the greedy walk and a sampled one
 DFLASH2_CHECK_TEMPERATURES = (0.0, 0.8)

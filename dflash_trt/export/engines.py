@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.export.onnx_graphs import DYNAMIC_AXES, GRAPHS, PAGE_SIZE
-from dflash_trt.export.onnx_dflash2 import DFLASH2_DYNAMIC_AXES
 from dflash_trt.errors import DFlashError, HardwareError
+from dflash_trt.export.onnx_dflash2 import DFLASH2_DYNAMIC_AXES
+from dflash_trt.export.onnx_graphs import DYNAMIC_AXES, GRAPHS, PAGE_SIZE
 
 ENGINE_REQUIREMENTS = (
     "building TensorRT engines needs: the 'tensorrt' Python package >= 10.8 with the "

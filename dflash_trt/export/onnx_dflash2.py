@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from dflash_trt import plugins
-from dflash_trt.export.onnx_graphs import DRAFTER_INPUTS, DrafterRound, example_round
 from dflash_trt.errors import DFlashError, require
+from dflash_trt.export.onnx_graphs import DRAFTER_INPUTS, DrafterRound, example_round
 
 DFLASH2_INPUTS = DRAFTER_INPUTS + ["anchor", "uniforms", "temperature"]
 DFLASH2_OUTPUTS = ["tokens", "q", "candidates", "k_cache_out", "v_cache_out"]

@@ -45,12 +45,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-
 import torch
 from torch import nn
 
-from dflash_trt.errors import DFlashError, require
 from dflash_trt import plugins
+from dflash_trt.errors import DFlashError, require
 
 DRAFTER_INPUTS = ["target_hidden", "n_new", "block_embeds", "k_cache", "v_cache", "page_table", "lengths"]
 TARGET_INPUTS = ["input_ids", "attention_mask", "position_ids", "past_k", "past_v"]

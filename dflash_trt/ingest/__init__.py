@@ -14,17 +14,51 @@ Other subpackages import from here, never from the modules inside.
 """
 from __future__ import annotations
 
-from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, read_json, resolve
-from dflash_trt.ingest.files import (DTYPE_BITS, DTYPES, FLOAT_DTYPES, RUNTIME_DTYPES, TOKENIZER_FILES, TORCH_NAMES,
-                                     TensorInfo, WeightSet, read_header, read_headers, scan, sha256_files,
-                                     tokenizer_files, torch_dtype)
-from dflash_trt.ingest.drafter import DrafterSpec, check_pair_runtime, is_drafter, load_drafter, read_drafter, write_zlab
-from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
+from dflash_trt.ingest.bundle import (
+                                     BUNDLE_FORMAT,
+                                     Bundle,
+                                     DrafterInfo,
+                                     EngineInfo,
+                                     EngineProfile,
+                                     Layout,
+                                     Manifest,
+                                     ServeInfo,
+                                     TrtllmInfo,
+                                     check_bundle,
+                                     check_format,
+                                     open_bundle,
+                                     read_manifest,
+                                     write_manifest,
+)
+from dflash_trt.ingest.chat import mismatch as chat_mismatch
+from dflash_trt.ingest.chat import serving_chat, trained_chat
 from dflash_trt.ingest.compat import PairReport, validate_pair
-from dflash_trt.ingest.chat import mismatch as chat_mismatch, serving_chat, trained_chat
-from dflash_trt.ingest.bundle import (BUNDLE_FORMAT, Bundle, DrafterInfo, EngineInfo, EngineProfile, Layout, Manifest,
-                                      ServeInfo, TrtllmInfo, check_bundle, check_format, open_bundle, read_manifest,
-                                      write_manifest)
+from dflash_trt.ingest.drafter import (
+                                     DrafterSpec,
+                                     check_pair_runtime,
+                                     is_drafter,
+                                     load_drafter,
+                                     read_drafter,
+                                     write_zlab,
+)
+from dflash_trt.ingest.files import (
+                                     DTYPE_BITS,
+                                     DTYPES,
+                                     FLOAT_DTYPES,
+                                     RUNTIME_DTYPES,
+                                     TOKENIZER_FILES,
+                                     TORCH_NAMES,
+                                     TensorInfo,
+                                     WeightSet,
+                                     read_header,
+                                     read_headers,
+                                     scan,
+                                     sha256_files,
+                                     tokenizer_files,
+                                     torch_dtype,
+)
+from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, read_json, resolve
+from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
 
 __all__ = [
     "chat_mismatch",

@@ -15,12 +15,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
+from dflash_trt.errors import CheckpointError, CompatibilityError
 from dflash_trt.ingest import files, formats
 from dflash_trt.ingest.resolve import open_dir, read_json
-from dflash_trt.errors import CheckpointError, CompatibilityError
 from dflash_trt.model import DFLASH2_FIELDS, DrafterConfig
 
 if TYPE_CHECKING:  # torch is imported where weights are loaded, not to read a config
@@ -210,7 +209,6 @@ def _absolute_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, spec: DrafterSpec
 
 def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:
     """The drafter's tensors under z-lab names, vocabulary map normalised (absolute d2t)."""
-    import torch
     from safetensors import safe_open
 
     state: dict[str, torch.Tensor] = {}

@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest import dflash2
 from dflash_trt.ingest.files import FLOAT_DTYPES, TensorInfo
 from dflash_trt.ingest.resolve import positive_int
-from dflash_trt.ingest import dflash2
 from dflash_trt.model import flatten_rope
 
 # Tensors some exports carry that DFlash takes from the target (or recomputes): dropped.

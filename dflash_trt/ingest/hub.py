@@ -73,8 +73,8 @@ def download(repo_id: str, revision: str | None, role: str, expected_bytes: int 
     """The local snapshot of ``repo_id`` (from the cache, downloading what is missing).
     ``expected_bytes`` (the checkpoint's size, when a recipe knows it) is checked against the
     cache's free disk space first."""
-    from huggingface_hub import snapshot_download
     from huggingface_hub import errors as hf_errors
+    from huggingface_hub import snapshot_download
 
     ref = f"{repo_id}@{revision}" if revision else repo_id
     terms = f"https://huggingface.co/{repo_id}"

@@ -12,7 +12,6 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest import files
 
-
 EMBEDDED_PREFIX = "embedded:"
 
 

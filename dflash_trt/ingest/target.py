@@ -16,7 +16,6 @@ from dflash_trt.ingest import files
 from dflash_trt.ingest.formats import flatten_rope
 from dflash_trt.ingest.resolve import open_dir, positive_int, read_json
 
-
 # Target architectures whose TensorRT-LLM PyTorch models capture hidden states for
 # DFlash/EAGLE-3 (Llama, Qwen3, Qwen3-MoE, Qwen3.5, Qwen3-Next, GPT-OSS, Kimi, Laguna): their
 # decoder layers call ``spec_metadata.maybe_capture_hidden_states`` (e.g.

@@ -83,7 +83,7 @@ class DrafterConfig(BaseModel):
         return self.conv_kernel_size is not None
 
     @model_validator(mode="after")
-    def _check(self) -> "DrafterConfig":
+    def _check(self) -> DrafterConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.layer_types is None:  # normalise: one explicit entry per layer
@@ -121,7 +121,7 @@ class DrafterConfig(BaseModel):
 
     # -- z-lab form ------------------------------------------------------------------
     @classmethod
-    def from_zlab(cls, cfg: dict) -> "DrafterConfig":
+    def from_zlab(cls, cfg: dict) -> DrafterConfig:
         """Read a z-lab ``config.json`` (v1: top-level block_size; newer: inside dflash_config)."""
         dcfg = cfg.get("dflash_config") or {}
 

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_trt.model.config import DrafterConfig
-from dflash_trt.errors import CheckpointError
 from dflash_trt import plugins
+from dflash_trt.errors import CheckpointError
+from dflash_trt.model.config import DrafterConfig
 
 # ---------------------------------------------------------------------------------------
 # Building blocks
@@ -130,7 +130,7 @@ class Drafter(nn.Module):
         return (emb.cos() * self.rope_scaling_factor).to(dtype), (emb.sin() * self.rope_scaling_factor).to(dtype)
 
     # -- KV injection --------------------------------------------------------------------
-    def inject(self, target_hidden: torch.Tensor, n_new: torch.Tensor, cache: "plugins.PagedKVCache") -> None:
+    def inject(self, target_hidden: torch.Tensor, n_new: torch.Tensor, cache: plugins.PagedKVCache) -> None:
         """Append context K/V for newly committed tokens to every layer's cache.
 
         target_hidden: [b, T, n_tap*H] target hidden states (padded to T); n_new: [b] how many of
@@ -139,7 +139,7 @@ class Drafter(nn.Module):
         plugins.kv_injection(self, target_hidden, n_new, cache, kernels=self.kernels)
 
     # -- block drafting ------------------------------------------------------------------
-    def draft(self, block_embeds: torch.Tensor, cache: "plugins.PagedKVCache") -> torch.Tensor:
+    def draft(self, block_embeds: torch.Tensor, cache: plugins.PagedKVCache) -> torch.Tensor:
         """One forward over the block. block_embeds: [b, B, H]; returns normed hidden [b, B, H].
 
         Block position t of sequence i sits at absolute position ``cache.lengths[i] + t``:
@@ -208,7 +208,7 @@ class Drafter(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
-    def new_cache(self, batch: int, device=None, page_size: int = 16) -> "plugins.PagedKVCache":
+    def new_cache(self, batch: int, device=None, page_size: int = 16) -> plugins.PagedKVCache:
         cfg = self.cfg
         return plugins.PagedKVCache(
             num_layers=cfg.num_hidden_layers, batch=batch, num_kv_heads=cfg.num_key_value_heads,
@@ -231,7 +231,7 @@ class Drafter(nn.Module):
 
     @classmethod
     def from_state(cls, cfg: DrafterConfig, state: dict[str, torch.Tensor],
-                   dtype: torch.dtype | None = None) -> "Drafter":
+                   dtype: torch.dtype | None = None) -> Drafter:
         model = cls(cfg)
         expected = model.state_dict()
         missing = sorted(set(expected) - set(state))
@@ -255,7 +255,7 @@ class Drafter(nn.Module):
         return model.eval()
 
     @classmethod
-    def load(cls, path: str | Path, dtype: torch.dtype | None = None) -> "Drafter":
+    def load(cls, path: str | Path, dtype: torch.dtype | None = None) -> Drafter:
         """Load a z-lab-format drafter directory (other formats: ``ingest.load_drafter``)."""
         from safetensors.torch import load_file
 

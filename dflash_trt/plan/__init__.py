@@ -15,7 +15,8 @@ Other subpackages import the names below, never the modules inside.
 from __future__ import annotations
 
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha
-from dflash_trt.plan.calibrate import bundle_deployment, cases_from_bench, expand as expand_draft_lengths, refit
+from dflash_trt.plan.calibrate import bundle_deployment, cases_from_bench, refit
+from dflash_trt.plan.calibrate import expand as expand_draft_lengths
 from dflash_trt.plan.calibrate import from_files as calibration_from_files
 from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, Plan, predicted, step_model
 from dflash_trt.plan.deployment import make as make_plan
@@ -28,12 +29,15 @@ from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, Speculativ
 from dflash_trt.plan.recipe import bundled as bundled_recipes
 from dflash_trt.plan.recipe import from_dict as recipe_from_dict
 from dflash_trt.plan.recipe import load as load_recipe
-from dflash_trt.plan.schedule import batch_grid, choose as choose_schedule, runs as schedule_runs
+from dflash_trt.plan.schedule import batch_grid
 from dflash_trt.plan.schedule import check as check_schedule
+from dflash_trt.plan.schedule import choose as choose_schedule
+from dflash_trt.plan.schedule import runs as schedule_runs
 from dflash_trt.plan.trtllm_dflash2 import attention_backend as dflash2_attention_backend
 from dflash_trt.plan.trtllm_dflash2 import check as check_dflash2
-from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, KNOWN as KNOWN_RELEASES, Release
+from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release
 from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
+from dflash_trt.plan.trtllm_releases import KNOWN as KNOWN_RELEASES
 from dflash_trt.plan.trtllm_releases import get as get_release
 from dflash_trt.plan.trtllm_rules import ignored_drafter_keys
 

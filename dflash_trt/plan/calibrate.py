@@ -18,13 +18,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.plan import hardware
+from dflash_trt.plan.deployment import weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.perf_fit import CONSTANTS, Case, Row, fit
 from dflash_trt.plan.perf_model import Calibration
-from dflash_trt.plan.deployment import weight_bytes
-from dflash_trt.errors import DFlashError
-
 
 
 def read_bench(path: Path) -> dict:

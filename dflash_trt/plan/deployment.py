@@ -68,13 +68,12 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.plan import perf_model, trtllm_releases
 from dflash_trt.plan import schedule as sched_mod
-from dflash_trt.plan.acceptance import expected_tau, fit_alpha  # noqa: F401 - planner's public names
-from dflash_trt.plan import trtllm_releases
 from dflash_trt.plan import trtllm_rules as rules
+from dflash_trt.plan.acceptance import expected_tau, fit_alpha  # noqa: F401 - planner's public names
 from dflash_trt.plan.hardware import GPU
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
-from dflash_trt.plan import perf_model
 from dflash_trt.plan.perf_model import Acceptance, Calibration, StepModel
 from dflash_trt.plan.recipe import ParallelSpec, ServingSpec, SpeculativeSpec, TrtllmSpec
 

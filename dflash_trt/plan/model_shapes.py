@@ -19,9 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt import ingest
-from dflash_trt.plan.family_shapes import (FAMILIES, KVGroup, StateGroup, layer_counts, required_target_fields,
-                                            vision_params)
 from dflash_trt.errors import CheckpointError
+from dflash_trt.plan.family_shapes import (
+    FAMILIES,
+    KVGroup,
+    StateGroup,
+    layer_counts,
+    required_target_fields,
+    vision_params,
+)
 
 
 def read_config(path: Path, role: str = "target") -> dict:
@@ -103,7 +109,7 @@ class TargetShape:
 
     @classmethod
     def from_config(cls, cfg: dict, shipped_bytes: int | None = None,
-                    shipped_precision: str | None = None, vision: int = 0) -> "TargetShape":
+                    shipped_precision: str | None = None, vision: int = 0) -> TargetShape:
         if shipped_precision is None and cfg.get("quantization_config"):
             shipped_precision = quant_precision(cfg["quantization_config"])
         if str(cfg.get("model_type", "")) in FAMILIES:
@@ -154,7 +160,7 @@ class TargetShape:
         )
 
     @classmethod
-    def _from_counts(cls, cfg: dict, shipped_bytes, shipped_precision, vision: int) -> "TargetShape":
+    def _from_counts(cls, cfg: dict, shipped_bytes, shipped_precision, vision: int) -> TargetShape:
         """Hybrid, MLA, gemma-4 and MiniMax targets (``family_shapes``)."""
         missing = [f for f in required_target_fields(cfg) if cfg.get(f) is None]
         if missing:
@@ -174,7 +180,7 @@ class TargetShape:
         )
 
     @classmethod
-    def from_dir(cls, path: Path, shipped_precision: str | None = None) -> "TargetShape":
+    def from_dir(cls, path: Path, shipped_precision: str | None = None) -> TargetShape:
         """Shape from a config directory; byte count from safetensors headers or ``sizes.json``."""
         cfg = read_config(path)
         size = safetensors_bytes(path)
@@ -229,13 +235,13 @@ class DraftShape:
         return self.shipped_bytes or 2 * self.params
 
     @classmethod
-    def from_dir(cls, path: Path) -> "DraftShape":
+    def from_dir(cls, path: Path) -> DraftShape:
         cfg = read_config(path, role="drafter")
         size = safetensors_bytes(path) or (read_sizes(path) or {}).get("bytes")
         return cls.from_config(cfg, shipped_bytes=size)
 
     @classmethod
-    def from_config(cls, cfg: dict, shipped_bytes: int | None = None) -> "DraftShape":
+    def from_config(cls, cfg: dict, shipped_bytes: int | None = None) -> DraftShape:
         """From a z-lab drafter ``config.json`` (also the partial ones: head_dim may be missing)."""
         dcfg = cfg.get("dflash_config") or {}
         try:

@@ -31,17 +31,17 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
 from dflash_trt import ingest
+from dflash_trt.errors import DFlashError
 from dflash_trt.plan import hardware
+from dflash_trt.plan.deployment import weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.perf_model import Calibration, EngineConstants, Shared, StepModel, data_dir
-from dflash_trt.plan.deployment import weight_bytes
-from dflash_trt.errors import DFlashError
 
 CONSTANTS = ("bandwidth_share", "compute_share", "step_s", "layer_s")
 # Shared constants fitted across engines, and the rows each rests on (see ``Layout.of``).
@@ -135,7 +135,7 @@ def _config_dir(ref: str) -> Path:
     return path
 
 
-@lru_cache(maxsize=None)
+@cache
 def _shapes(target: str, drafter: str) -> tuple[TargetShape, DraftShape]:
     t = TargetShape.from_dir(_config_dir(target))
     d = DraftShape.from_dir(_config_dir(drafter))
@@ -194,7 +194,7 @@ class Layout:
     rows: dict[str, dict[str, int]] = field(default_factory=dict)   # engine -> constant -> rows it rests on
 
     @classmethod
-    def of(cls, cases: list[Case], engines: tuple[str, ...] = ()) -> "Layout":
+    def of(cls, cases: list[Case], engines: tuple[str, ...] = ()) -> Layout:
         count: dict[str, int] = {}
         engine_pool: dict[str, str] = {}
         for c in cases:

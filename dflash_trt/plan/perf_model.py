@@ -62,10 +62,10 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha
 from dflash_trt.plan.hardware import GPU
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
-from dflash_trt.errors import DFlashError
 
 # GPU-to-GPU link per GPU, GB/s, one direction (NVIDIA datasheets: NVLink 5 on Blackwell, NVLink 4
 # on Hopper, NVLink 3 on A100; PCIe Gen5 x16 where a card has no NVLink). Host: memory copies.
@@ -150,7 +150,7 @@ class Calibration:
             return self.engines[engine]
         raise DFlashError(f"no calibration for engine {engine!r}; calibrated: {', '.join(self.engines)}")
 
-    def with_engine(self, engine: str, k: EngineConstants, source: str, rows: dict[str, int]) -> "Calibration":
+    def with_engine(self, engine: str, k: EngineConstants, source: str, rows: dict[str, int]) -> Calibration:
         engines = {**self.engines, engine: k}
         return Calibration(engines, self.shared, source, {**self.rows, engine: rows})
 
@@ -167,7 +167,7 @@ class Calibration:
                 "engines": {e: k.as_dict() for e, k in self.engines.items()}, "rows": self.rows}
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "calibration") -> "Calibration":
+    def from_dict(cls, data: dict, where: str = "calibration") -> Calibration:
         try:
             engines = {e: EngineConstants(**k) for e, k in data["engines"].items()}
             return cls(engines, Shared(**data.get("shared", {})), str(data.get("source", where)),

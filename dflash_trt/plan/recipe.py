@@ -19,8 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dflash_trt.plan import trtllm_releases
 from dflash_trt.errors import RecipeError
+from dflash_trt.plan import trtllm_releases
 
 Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
+from dflash_trt.errors import RecipeError
 from dflash_trt.plan.recipe import SpeculativeSpec
 from dflash_trt.plan.trtllm_releases import Release
-from dflash_trt.errors import RecipeError
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ inferred from dates (the code is not read at its tag); the 1.3.0 candidates are 
 
 from __future__ import annotations
 
-from dflash_trt.plan import trtllm_releases
 from dflash_trt.errors import RecipeError
+from dflash_trt.plan import trtllm_releases
 
 #: Draft-attention backends that run a non-causal sliding window (``validate_block_attention_windows``).
 WINDOWED_NON_CAUSAL_BACKENDS = ("VANILLA", "FA4")

@@ -24,12 +24,12 @@ would reject raises a one-line ``RecipeError`` / ``HardwareError`` (exit 2). Sou
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
+from dflash_trt.errors import HardwareError, RecipeError
 from dflash_trt.plan.hardware import GPU
 from dflash_trt.plan.recipe import ServingSpec
 from dflash_trt.plan.trtllm_releases import Release, gpt_oss_moe_backend
-from dflash_trt.errors import HardwareError, RecipeError
 
 DEFAULT_RECOMPUTE_TAIL = 512   # prompt tokens recomputed on a prefix-cache hit when block reuse is on
 IGNORED_DRAFTER_KEYS = ("causal", "input_embedding_scale", "output_multiplier", "final_logit_softcapping")

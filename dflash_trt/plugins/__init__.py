@@ -20,10 +20,10 @@ DFlash2's two additions need no custom op (standard ONNX ops express them, see e
 from __future__ import annotations
 
 from dflash_trt.plugins.dispatch import KERNELS, block_attention, fused_kv_weights, kv_injection
+from dflash_trt.plugins.dynamic_conv import grouped_dynamic_conv
 from dflash_trt.plugins.injection import fused_kv
 from dflash_trt.plugins.paged_cache import PagedKVCache
 from dflash_trt.plugins.primitives import apply_rope, rms_norm, rotate_half
-from dflash_trt.plugins.dynamic_conv import grouped_dynamic_conv
 from dflash_trt.plugins.selector import walk as selector_walk
 from dflash_trt.plugins.selector import walk_graph as selector_walk_graph
 

@@ -27,7 +27,7 @@ No ``from __future__ import annotations`` here: ``tensorrt.plugin`` reads the de
 functions' annotations as objects.
 """
 
-from typing import NamedTuple, Tuple, Union
+from typing import NamedTuple
 
 from dflash_trt.plugins.op_shapes import block_attention_shapes, kv_injection_shapes
 
@@ -178,8 +178,8 @@ def _define_block_attention(trt, trtp) -> None:  # pragma: no cover - needs Tens
                 v_cache: trtp.TensorDesc, page_table: trtp.TensorDesc, lengths: trtp.TensorDesc,
                 layer: int, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                 page_size: int, causal: int, window: int, scale: float,
-                outputs: Tuple[trtp.TensorDesc], tactic: int
-                ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
+                outputs: tuple[trtp.TensorDesc], tactic: int
+                ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymExprs]:
         sig, const, cfg = block_attention_aot_spec(
             dt(q), dt(k_cache), num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             block_size=block_size, page_size=page_size, causal=causal, window=window, scale=scale, layer=layer)
@@ -201,7 +201,7 @@ def _define_block_attention(trt, trtp) -> None:  # pragma: no cover - needs Tens
     def _ba_impl(q: trtp.Tensor, k: trtp.Tensor, v: trtp.Tensor, k_cache: trtp.Tensor, v_cache: trtp.Tensor,
                  page_table: trtp.Tensor, lengths: trtp.Tensor, layer: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, block_size: int, page_size: int, causal: int, window: int, scale: float,
-                 outputs: Tuple[trtp.Tensor], stream: int) -> None:
+                 outputs: tuple[trtp.Tensor], stream: int) -> None:
         import torch
 
         from dflash_trt.plugins import triton_kernels as tk
@@ -223,7 +223,7 @@ def _define_kv_injection(trt, trtp) -> None:  # pragma: no cover - needs TensorR
                  n_new: trtp.TensorDesc, lengths: trtp.TensorDesc, page_table: trtp.TensorDesc,
                  k_cache: trtp.TensorDesc, v_cache: trtp.TensorDesc, num_layers: int, num_kv_heads: int,
                  head_dim: int, page_size: int, rope_theta: float, rope_scale: float, eps: float
-                 ) -> Tuple[trtp.TensorDesc, trtp.TensorDesc]:
+                 ) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
         kv_injection_shapes(_dims(kv), _dims(k_norm_weight), _dims(k_cache), _dims(v_cache), dt(kv), dt(k_cache),
                             num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
                             page_size=page_size)
@@ -234,8 +234,8 @@ def _define_kv_injection(trt, trtp) -> None:  # pragma: no cover - needs TensorR
                 n_new: trtp.TensorDesc, lengths: trtp.TensorDesc, page_table: trtp.TensorDesc,
                 k_cache: trtp.TensorDesc, v_cache: trtp.TensorDesc, num_layers: int, num_kv_heads: int,
                 head_dim: int, page_size: int, rope_theta: float, rope_scale: float, eps: float,
-                outputs: Tuple[trtp.TensorDesc], tactic: int
-                ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
+                outputs: tuple[trtp.TensorDesc], tactic: int
+                ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymExprs]:
         from dflash_trt.plugins import triton_kernels as tk
 
         sig, const = kv_injection_aot_spec(dt(kv), dt(k_cache), num_layers=num_layers, num_kv_heads=num_kv_heads,
@@ -256,7 +256,7 @@ def _define_kv_injection(trt, trtp) -> None:  # pragma: no cover - needs TensorR
     def _kv_impl(kv: trtp.Tensor, k_norm_weight: trtp.Tensor, inv_freq: trtp.Tensor, n_new: trtp.Tensor,
                  lengths: trtp.Tensor, page_table: trtp.Tensor, k_cache: trtp.Tensor, v_cache: trtp.Tensor,
                  num_layers: int, num_kv_heads: int, head_dim: int, page_size: int, rope_theta: float,
-                 rope_scale: float, eps: float, outputs: Tuple[trtp.Tensor, trtp.Tensor], stream: int) -> None:
+                 rope_scale: float, eps: float, outputs: tuple[trtp.Tensor, trtp.Tensor], stream: int) -> None:
         import torch
 
         from dflash_trt.plugins import triton_kernels as tk

@@ -6,14 +6,22 @@ Other subpackages import from here, never from the modules inside.
 """
 from __future__ import annotations
 
+from dflash_trt.runtime.backend import Backend, TorchBackend
+from dflash_trt.runtime.dequantize import dequantize_state
+from dflash_trt.runtime.engine import Engine, Step, draft_len_for_batch_size
+from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
+from dflash_trt.runtime.pair import (
+                                    BACKENDS,
+                                    Pair,
+                                    load_bundle,
+                                    load_pair,
+                                    load_tokenizer,
+                                    open_backend,
+                                    parse_dtype,
+                                    stop_ids,
+)
 from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample
 from dflash_trt.runtime.stats import Stats
-from dflash_trt.runtime.backend import Backend, TorchBackend
-from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
-from dflash_trt.runtime.engine import Engine, Step, draft_len_for_batch_size
-from dflash_trt.runtime.dequantize import dequantize_state
-from dflash_trt.runtime.pair import (BACKENDS, Pair, load_bundle, load_pair, load_tokenizer, open_backend,
-                                    parse_dtype, stop_ids)
 
 __all__ = [
     "BACKENDS",

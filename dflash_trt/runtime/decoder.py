@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-
 FAMILIES = ("llama", "qwen2", "qwen3")
 FUSE_BYTES = 1 << 30   # models up to 1 GiB get fused q/k/v and gate/up matrices
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # RoPE types whose tables do not change with length

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 

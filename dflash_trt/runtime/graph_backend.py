@@ -33,7 +33,6 @@ from dflash_trt import plugins
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.backend import Backend, walk_groups
 
-
 #: each graph's outputs, in the order :meth:`GraphBackend.run` returns them (``build/export.py``)
 GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "present_k", "present_v"],
                  "drafter": ["logits", "k_cache_out", "v_cache_out"]}

@@ -34,8 +34,8 @@ step-level engine (``engine.py``) admits and rounds step by step with the same f
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -153,7 +153,7 @@ class Batch:
             self.target_hidden = self.target_hidden[idx]
         return True
 
-    def merge(self, backend: Backend, other: "Batch") -> None:
+    def merge(self, backend: Backend, other: Batch) -> None:
         """Append ``other``'s rows after this batch's (both between rounds). The target caches'
         column counts are padded on the right to the larger one, the padding columns holes."""
         S = max(self.col_valid.shape[1], other.col_valid.shape[1])

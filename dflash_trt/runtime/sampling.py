@@ -21,8 +21,8 @@ and :func:`select_rows` apply each row's own parameters in one batch (what the l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -12,10 +12,10 @@ Other subpackages import from here, never from inside.
 """
 from __future__ import annotations
 
-from dflash_trt.serve.batcher import Batcher, Job, StaticBatcher
-from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.app import ServerThread, create_app, serve
+from dflash_trt.serve.batcher import Batcher, Job, StaticBatcher
 from dflash_trt.serve.client import Completion, CompletionClient, complete_all, served_model
+from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.memory import check_fits_cpu
 
 __all__ = [

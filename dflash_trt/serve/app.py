@@ -138,7 +138,7 @@ class ServerThread:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.host = host
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         self.thread.start()
         deadline = time.time() + 60
         while not self.server.started:

@@ -25,8 +25,8 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from dflash_trt.runtime import Pair, SamplingParams, generate
 

@@ -16,8 +16,8 @@ backoff; anything else is a :class:`DFlashError` naming the server and its messa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dflash_trt.errors import DFlashError, require
 

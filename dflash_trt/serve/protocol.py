@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,16 +21,16 @@ class _Common(BaseModel):
     # the output and that this server cannot honour are refused in check_supported().
     model_config = ConfigDict(extra="ignore")
 
-    model: Optional[str] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)
-    seed: Optional[int] = None
+    seed: int | None = None
     n: int = 1
-    stop: Union[None, str, list[str]] = None
+    stop: None | str | list[str] = None
     stream: bool = False
-    stream_options: Optional[dict[str, Any]] = None
+    stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False
 
     def check_supported(self) -> None:
@@ -43,10 +43,10 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
+    prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: Optional[int] = None
-    best_of: Optional[int] = None
+    logprobs: int | None = None
+    best_of: int | None = None
     return_token_ids: bool = False  # vLLM's extension: the response ids in choices[0].token_ids
 
     def check_supported(self) -> None:
@@ -73,12 +73,12 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
-    content: Union[None, str, list[dict[str, Any]]] = None
+    content: None | str | list[dict[str, Any]] = None
 
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     add_generation_prompt: bool = True
 

@@ -13,8 +13,9 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
@@ -39,7 +40,7 @@ class Reply:
     created: int
 
     @classmethod
-    def new(cls, chat: bool, model: str) -> "Reply":
+    def new(cls, chat: bool, model: str) -> Reply:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         return cls(chat, model, rid, int(time.time()))
 

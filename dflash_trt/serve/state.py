@@ -28,7 +28,7 @@ class ServerState:
     block_size: int           # B, reported in every response's "dflash" extension
     default_max_tokens: int   # /v1/completions without max_tokens
     batcher: Batcher
-    metrics: "ServerMetrics"
+    metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
     open_responses: int = 0
 

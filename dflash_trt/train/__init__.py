@@ -9,9 +9,9 @@ evaluation, resume), ``launcher`` (``python -m dflash_trt.train`` under torchrun
 """
 from __future__ import annotations
 
-from dflash_trt.train.settings import Progress, Result, TrainSettings
-from dflash_trt.train.loop import train_drafter
 from dflash_trt.train.launcher import launch
+from dflash_trt.train.loop import train_drafter
+from dflash_trt.train.settings import Progress, Result, TrainSettings
 
 __all__ = [
     "Progress",

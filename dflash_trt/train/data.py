@@ -20,6 +20,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
 import torch
 
 from dflash_trt.errors import DFlashError
@@ -45,7 +46,7 @@ class Regenerated:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: Path) -> "Regenerated":
+    def load(cls, path: Path) -> Regenerated:
         from safetensors.torch import load_file
 
         t = load_file(str(path))

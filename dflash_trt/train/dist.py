@@ -20,9 +20,10 @@ ranks share goes through :class:`Ranks`:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 

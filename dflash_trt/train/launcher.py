@@ -19,8 +19,8 @@ import os
 import socket
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.train.loop import preflight, train_drafter

@@ -36,8 +36,16 @@ from dflash_trt.train import features as train_features
 from dflash_trt.train import objective, regen
 from dflash_trt.train.checkpoint import load_state, save_state, saved_step, write_drafter, write_json
 from dflash_trt.train.dist import Ranks, init_ranks
-from dflash_trt.train.settings import (ARCHS, DFLASH2_DEFAULTS, RESUMABLE_FIELDS, SHAPE_FIELDS, Progress, Result,
-                                      TrainSettings)
+from dflash_trt.train.settings import (
+    ARCHS,
+    DFLASH2_DEFAULTS,
+    RESUMABLE_FIELDS,
+    SHAPE_FIELDS,
+    Progress,
+    Result,
+    TrainSettings,
+)
+
 
 def pick_mask_token(tokenizer, vocab_rows: int) -> int:
     mid = getattr(tokenizer, "mask_token_id", None)

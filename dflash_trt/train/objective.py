@@ -32,9 +32,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from dflash_trt import plugins
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, DrafterConfig, drafter_for
-from dflash_trt import plugins
 
 # Loss decay from the paper (block size -> gamma); other sizes interpolate linearly.
 GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}

@@ -13,9 +13,9 @@ The fields fall in three groups, which decide what ``--resume`` may change:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id", "arch", "conv_kernel_size",
                 "conv_group_size", "selector_rank", "selector_top_k")
@@ -34,15 +34,15 @@ class TrainSettings:
     target: str
     data: str
     out: str
-    block_size: Optional[int] = None          # default 8
-    layers: Optional[int] = None              # default 1
-    target_layer_ids: Optional[list[int]] = None
-    mask_token_id: Optional[int] = None       # default: the tokenizer's mask token, else a spare row
-    arch: Optional[str] = None                # "dflash" (default) or "dflash2"
-    conv_kernel_size: Optional[int] = None    # DFlash2 only (defaults: DFLASH2_DEFAULTS)
-    conv_group_size: Optional[int] = None
-    selector_rank: Optional[int] = None
-    selector_top_k: Optional[int] = None
+    block_size: int | None = None          # default 8
+    layers: int | None = None              # default 1
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = None       # default: the tokenizer's mask token, else a spare row
+    arch: str | None = None                # "dflash" (default) or "dflash2"
+    conv_kernel_size: int | None = None    # DFlash2 only (defaults: DFLASH2_DEFAULTS)
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
     steps: int = 1000
     batch_size: int = 8                       # the global batch: sequences per step over all ranks
     anchors: int = 16
@@ -60,11 +60,11 @@ class TrainSettings:
     save_dtype: str = "bfloat16"
     resume: bool = False
     chat_template: bool = False               # JSONL prompts through the target's chat template
-    thinking: Optional[bool] = None           # the template's enable_thinking (None: its default)
-    regen_endpoint: Optional[str] = None      # OpenAI-compatible server URL; None: the reference runtime
-    regen_model: Optional[str] = None         # the model the server serves (None: the first it lists)
+    thinking: bool | None = None           # the template's enable_thinking (None: its default)
+    regen_endpoint: str | None = None      # OpenAI-compatible server URL; None: the reference runtime
+    regen_model: str | None = None         # the model the server serves (None: the first it lists)
     regen_concurrency: int = 32
-    feature_cache: Optional[str] = None       # folder of target_hidden shards; None: computed online
+    feature_cache: str | None = None       # folder of target_hidden shards; None: computed online
     feature_shard_mb: float = 1024.0
     device: str = "auto"                      # auto: cuda:LOCAL_RANK when CUDA is available, else cpu
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from dflash_trt.cli import run
 from dflash_trt.bench.endpoint import compare, parse_spec_metrics, tau_between
+from dflash_trt.cli import run
 from dflash_trt.runtime.pair import load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
 from tests.serve.helpers import bundle_dir  # noqa: F401 - fixture

@@ -15,8 +15,8 @@ import yaml
 
 from dflash_trt import ingest
 from dflash_trt.bench import tune as T
-from dflash_trt.deploy import check_bundle
 from dflash_trt.cli import run
+from dflash_trt.deploy import check_bundle
 
 
 @pytest.fixture(scope="module")

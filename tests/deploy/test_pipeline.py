@@ -8,12 +8,10 @@ import struct
 import pytest
 import torch
 
-from dflash_trt.deploy import pipeline
-
-from dflash_trt.plan import recipe as R
-
-from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.cli import run
+from dflash_trt.deploy import pipeline
+from dflash_trt.deploy import trtllm_config as trtllm
+from dflash_trt.plan import recipe as R
 from tests.helpers import hf_greedy, save_pair
 
 GPU_FOR = {"bf16": "cpu", "fp8": "h100", "nvfp4": "b200"}
@@ -116,8 +114,8 @@ def test_dequantized_weights_are_close_to_the_source(bundles, pair, prec, tol):
 
 
 def test_quantized_bundle_is_lossless_on_the_reference_runtime(bundles):
-    from dflash_trt.runtime.pair import load_bundle
     from dflash_trt.runtime.loop import generate
+    from dflash_trt.runtime.pair import load_bundle
 
     p = load_bundle(bundles["fp8"], dtype="float32")
     prompt = p.encode("def f(x):")

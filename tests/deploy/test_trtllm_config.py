@@ -9,11 +9,9 @@ import pytest
 import yaml
 
 from dflash_trt.deploy import pipeline
-
-from dflash_trt.plan import recipe as R
-
 from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.errors import DFlashError
+from dflash_trt.plan import recipe as R
 
 
 def _cfg(name="qwen3-8b-h100-fp8", sets=None):
@@ -186,8 +184,9 @@ def test_serve_script_is_relocatable_and_passes_arguments(tmp_path):
 
 def test_the_release_table_is_the_one_place_the_releases_live():
     """pyproject's trtllm extra, the recipe default and the README table follow trtllm_releases."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from dflash_trt.plan import trtllm_releases as T
 

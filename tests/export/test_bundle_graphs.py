@@ -11,9 +11,9 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime_extensions")
 pytest.importorskip("onnxscript")
 
-from dflash_trt.export import onnx_graphs as export
-from dflash_trt.export import onnx_dflash2 as export_dflash2
 from dflash_trt.export import bundle_graphs as graphs
+from dflash_trt.export import onnx_dflash2 as export_dflash2
+from dflash_trt.export import onnx_graphs as export
 from tests.helpers import tiny_dflash2_drafter, tiny_drafter, tiny_target
 
 

@@ -9,9 +9,9 @@ import torch
 pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")
 
+from dflash_trt.cli import run
 from dflash_trt.export import engines
 from dflash_trt.plan.recipe import ServingSpec
-from dflash_trt.cli import run
 from tests.helpers import char_tokenizer, tiny_drafter
 
 

@@ -14,8 +14,8 @@ from dflash_trt.export import onnx_graphs as engine
 
 
 def tiny_drafter(seed=0):
-    from dflash_trt.model.drafter import Drafter
     from dflash_trt.model.config import DrafterConfig
+    from dflash_trt.model.drafter import Drafter
 
     torch.manual_seed(seed)
     cfg = DrafterConfig(
@@ -90,9 +90,9 @@ def test_target_onnx_with_taps_and_kv_cache(tmp_path):
 
 
 def test_build_engines_explains_what_it_needs(tmp_path):
+    from dflash_trt.errors import DFlashError
     from dflash_trt.export import engines
     from dflash_trt.plan.recipe import ServingSpec
-    from dflash_trt.errors import DFlashError
 
     ok, why = engines.engine_support()
     if ok:
@@ -153,10 +153,9 @@ def test_every_dynamic_axis_has_a_profile_dimension(drafter_onnx, tmp_path):
 
 def test_embed_graph_is_the_targets_embedding_times_the_drafters_scale(tmp_path):
     import onnxruntime as ort
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from dflash_trt.model import Target
-
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

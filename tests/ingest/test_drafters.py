@@ -19,8 +19,8 @@ from dflash_trt.errors import CheckpointError
 from dflash_trt.model.drafter import Drafter
 from dflash_trt.model.target import Target
 from dflash_trt.runtime.loop import generate
-from tests.ingest.formats_writers import write_modelopt, write_speculators, write_zlab_newer, write_zlab_v1
 from tests.helpers import hf_greedy, prompts, tiny_drafter, tiny_drafter_config
+from tests.ingest.formats_writers import write_modelopt, write_speculators, write_zlab_newer, write_zlab_v1
 
 DRAFT_VOCAB = 40
 MAX_NEW = 16

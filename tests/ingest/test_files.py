@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from dflash_trt import ingest
-from dflash_trt.plan.model_shapes import TargetShape, safetensors_bytes
 from dflash_trt.errors import CheckpointError, DFlashError
+from dflash_trt.plan.model_shapes import TargetShape, safetensors_bytes
 from dflash_trt.runtime import parse_dtype
 
 TENSORS = {

@@ -12,10 +12,9 @@ import shutil
 import pytest
 
 from dflash_trt import ingest
-
-from dflash_trt.ingest import hub
 from dflash_trt.cli import run
 from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest import hub
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Config, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
 from dflash_trt.errors import CheckpointError
-from dflash_trt.model.drafter import Drafter
 from dflash_trt.model.config import DrafterConfig
+from dflash_trt.model.drafter import Drafter
 from tests.helpers import tiny_drafter, tiny_target
 
 H, L, HEADS, KV, D, FFN, V = 64, 2, 4, 2, 16, 96, 128

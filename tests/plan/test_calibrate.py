@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from dflash_trt.plan import perf_model as M
+from dflash_trt.cli import run
 from dflash_trt.deploy import pipeline
 from dflash_trt.plan import deployment as P
+from dflash_trt.plan import perf_model as M
 from dflash_trt.plan import recipe as R
-from dflash_trt.cli import run
 
 RECIPE, SETS = "qwen3-8b-h100-fp8", ["serving.max_seq_len=256", "serving.max_batch_size=16"]
 LEVELS = (1, 4, 16)

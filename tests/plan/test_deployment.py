@@ -7,17 +7,14 @@ drafter (5 layers, same head layout, block 16), never by calling the code under 
 
 from __future__ import annotations
 
-
 import pytest
 
-from dflash_trt.plan import hardware as hw
-
-from dflash_trt.plan import deployment as P
-
-from dflash_trt.plan import recipe as R
 from dflash_trt.errors import HardwareError, RecipeError
-from dflash_trt.plan.recipe import ParallelSpec, ServingSpec, SpeculativeSpec
+from dflash_trt.plan import deployment as P
+from dflash_trt.plan import hardware as hw
+from dflash_trt.plan import recipe as R
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
+from dflash_trt.plan.recipe import ParallelSpec, ServingSpec, SpeculativeSpec
 
 CONFIGS = R._bundled_dir() / "configs"
 GiB = 1 << 30

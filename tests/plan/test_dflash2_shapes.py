@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from dflash_trt.plan import hardware as hw
 from dflash_trt.plan import deployment as P
+from dflash_trt.plan import hardware as hw
 from dflash_trt.plan import recipe as R
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.recipe import ServingSpec

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_trt.plan import hardware as hw
 from dflash_trt.errors import HardwareError
+from dflash_trt.plan import hardware as hw
 
 
 @pytest.mark.parametrize("alias, name, sm", [

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dflash_trt.deploy import pipeline
-from dflash_trt.plan import published
-from dflash_trt.plan import recipe as R
 from dflash_trt.errors import RecipeError
 from dflash_trt.model import DrafterConfig
+from dflash_trt.plan import published
+from dflash_trt.plan import recipe as R
 
 # The 21 z-lab drafters (z-lab README at 94e4abc lists 20; Qwen3.5-397B-A17B is the 21st).
 PUBLISHED = [

@@ -7,9 +7,9 @@ import re
 import pytest
 import yaml
 
-from dflash_trt.plan import recipe as R
 from dflash_trt.cli import run
 from dflash_trt.errors import RecipeError
+from dflash_trt.plan import recipe as R
 
 BASE = {"name": "x", "target": {"id": "org/t"}, "drafter": {"id": "org/d"}}
 

@@ -17,11 +17,10 @@ import pytest
 import yaml
 
 from dflash_trt.deploy import pipeline
-from dflash_trt.plan import recipe as R
-from dflash_trt.plan import schedule
 from dflash_trt.deploy import trtllm_config as trtllm
-from dflash_trt.plan import trtllm_releases
 from dflash_trt.errors import DFlashError, RecipeError
+from dflash_trt.plan import recipe as R
+from dflash_trt.plan import schedule, trtllm_releases
 
 CURRENT = ["gpt-oss-120b-8xb300", "gpt-oss-120b-8xh200", "llama3.1-8b-b200-nvfp4", "llama3.1-8b-h100-fp8",
            "qwen3-8b-b200-fp8", "qwen3-8b-b200-nvfp4", "qwen3-8b-h100-fp8", "qwen3-8b-h200-fp8", "tiny"]

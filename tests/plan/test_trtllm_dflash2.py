@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dflash_trt.cli import run
 from dflash_trt.deploy import pipeline
 from dflash_trt.deploy import trtllm_config as trtllm
-from dflash_trt.plan import trtllm_dflash2
-from dflash_trt.plan import recipe as R
-from dflash_trt.cli import run
 from dflash_trt.errors import RecipeError
 from dflash_trt.model import DrafterConfig
+from dflash_trt.plan import recipe as R
+from dflash_trt.plan import trtllm_dflash2
 
 CONFIGS = Path(R.__file__).resolve().parents[1] / "recipes" / "configs"
 

@@ -12,11 +12,11 @@ import json
 import pytest
 import yaml
 
-from dflash_trt.deploy import pipeline
-from dflash_trt.plan import recipe as R
-from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.cli import run
+from dflash_trt.deploy import pipeline
+from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.plan import recipe as R
 
 
 def _plan(name, sets=()):

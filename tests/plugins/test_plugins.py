@@ -17,9 +17,9 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from dflash_trt import plugins  # noqa: E402
 from dflash_trt.plugins import attention as ba  # noqa: E402
 from dflash_trt.plugins import injection as kvi  # noqa: E402
-from dflash_trt import plugins  # noqa: E402
 
 if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not torch.cuda.is_available():
     pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
@@ -156,8 +156,8 @@ def test_kv_injection_matches_reference(L, kvh, d, ps, T, lengths, n_new, bias):
 
 
 def tiny_drafter(seed=0, layer_types=None, window=None):
-    from dflash_trt.model.drafter import Drafter
     from dflash_trt.model.config import DrafterConfig
+    from dflash_trt.model.drafter import Drafter
 
     torch.manual_seed(seed)
     cfg = DrafterConfig(

@@ -7,11 +7,9 @@ import json
 import pytest
 
 # Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
-
 from dflash_trt import ingest
-
-from dflash_trt.plan import recipe
 from dflash_trt.cli import run
+from dflash_trt.plan import recipe
 
 TARGET, DRAFTER = "embedded:tiny/target", "embedded:tiny/drafter"
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from dflash_trt.errors import DFlashError
+from dflash_trt.plugins import PagedKVCache
 from dflash_trt.runtime.backend import TorchBackend, merge_paged, repack_paged
 from dflash_trt.runtime.engine import Engine, draft_len_for_batch_size
 from dflash_trt.runtime.loop import Request, generate
 from dflash_trt.runtime.sampling import SamplingParams
-from dflash_trt.plugins import PagedKVCache
 from tests.helpers import OracleDrafter, hf_greedy, prompts, tiny_drafter, tiny_drafter_config, tiny_target, wrap
 
 FAMILIES = ["qwen3", "llama"]

@@ -15,7 +15,8 @@ from dflash_trt import ingest
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime import SamplingParams, TorchBackend, generate, load_bundle, open_backend
-from tests.helpers import hf_greedy, prompts as random_prompts, save_pair
+from tests.helpers import hf_greedy, save_pair
+from tests.helpers import prompts as random_prompts
 
 MAX_NEW = 16
 

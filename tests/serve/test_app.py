@@ -14,11 +14,11 @@ import httpx
 import pytest
 import torch
 
-from dflash_trt.serve.batcher import Batcher, Job, StaticBatcher
 from dflash_trt.cli import run
-from dflash_trt.runtime.pair import Pair, load_bundle
 from dflash_trt.runtime.loop import generate
+from dflash_trt.runtime.pair import Pair, load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
+from dflash_trt.serve.batcher import Batcher, Job, StaticBatcher
 from tests.helpers import OracleDrafter, hf_greedy
 from tests.serve.helpers import bundle_dir, free_port, subprocess_env  # noqa: F401 - fixture
 

@@ -7,12 +7,11 @@ import json
 import pytest
 import torch
 
-from tests.helpers import tiny_dflash2_drafter, tiny_target
-
 from dflash_trt import plugins
 from dflash_trt.cli import run
 from dflash_trt.model import DFlash2Drafter
 from dflash_trt.train import objective
+from tests.helpers import tiny_dflash2_drafter, tiny_target
 
 
 def _block(drafter, b=2, K=3, seed=0):

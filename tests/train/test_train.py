@@ -7,16 +7,13 @@ import json
 import pytest
 import torch
 
-# Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
-
-from tests.helpers import char_tokenizer, tiny_dflash2_drafter, tiny_drafter, tiny_target, wrap
-
-from dflash_trt.train import objective
-from dflash_trt.train import data
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
 from dflash_trt.model.drafter import Drafter
+from dflash_trt.train import data, objective
 
+# Tiny matrices: one thread avoids OpenMP stalls on a shared CPU (10x faster here).
+from tests.helpers import char_tokenizer, tiny_dflash2_drafter, tiny_drafter, tiny_target, wrap
 
 # ---------------------------------------------------------------------------------------
 # The training mask
@@ -168,8 +165,8 @@ def _args(root, tdir, out, steps, *extra):
 
 def test_train_drafter_lowers_loss_writes_zlab_and_resumes(train_setup, capsys):
     from dflash_trt import ingest
-    from dflash_trt.runtime.pair import load_pair
     from dflash_trt.runtime.loop import generate
+    from dflash_trt.runtime.pair import load_pair
     from dflash_trt.train.loop import TrainSettings, train_drafter
 
     root, tdir = train_setup

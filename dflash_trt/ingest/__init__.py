@@ -41,6 +41,8 @@ from dflash_trt.ingest.drafter import (
                                      read_drafter,
                                      write_zlab,
 )
+from dflash_trt.ingest.families import FAMILIES as TARGET_FAMILIES
+from dflash_trt.ingest.families import TargetFamily, family_of
 from dflash_trt.ingest.files import (
                                      DTYPE_BITS,
                                      DTYPES,
@@ -61,6 +63,9 @@ from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, r
 from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
 
 __all__ = [
+    "TARGET_FAMILIES",
+    "TargetFamily",
+    "family_of",
     "chat_mismatch",
     "serving_chat",
     "trained_chat",

@@ -1,0 +1,44 @@
+"""The target families the reference runtime decodes losslessly: the one registry.
+
+A row means: on a tiny random config of that ``model_type``, the reference runtime's output is
+token-identical to the target's own greedy decoding, with drafts rejected and accepted, rows joining
+and leaving the continuous scheduler (``tests/runtime/test_families.py`` and the family issues'
+tests). ``cache`` says which state the runtime keeps exact across a rejected draft. Recipes read it
+(a recipe whose target family is missing here is ``unsupported``, with that reason); whether
+TensorRT-LLM can capture the family's hidden states is the release table's business, not this one's.
+
+Data only: no torch, no transformers (planning and ``recipes list`` read it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TargetFamily:
+    """One target architecture family the runtime has proven lossless."""
+
+    model_types: tuple[str, ...]   # config.json model_type values (text configs and their VLM wrappers)
+    cache: str                     # what the runtime keeps exact when a draft is rejected
+    notes: str = ""
+
+
+FAMILIES: dict[str, TargetFamily] = {
+    "llama": TargetFamily(("llama",), "KV cache (truncated to the accepted prefix)"),
+    "qwen3": TargetFamily(("qwen3",), "KV cache"),
+    "qwen3_5": TargetFamily(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+                            "KV cache + Gated DeltaNet recurrent and conv states (rolled back)"),
+    "qwen3_next": TargetFamily(("qwen3_next",), "KV cache + Gated DeltaNet recurrent and conv states"),
+    "gemma4": TargetFamily(("gemma4", "gemma4_text"), "KV cache with sliding windows (window kept exact)"),
+    "deepseek_v3": TargetFamily(("deepseek_v3", "kimi_k25"), "MLA latent KV cache"),
+    "minimax_m2": TargetFamily(("minimax_m2",), "KV cache"),
+    "gpt_oss": TargetFamily(("gpt_oss",), "KV cache with sliding windows"),
+}
+
+_BY_MODEL_TYPE = {mt: name for name, fam in FAMILIES.items() for mt in fam.model_types}
+
+
+def family_of(model_type: str | None) -> str | None:
+    """The registry's family name for a config's ``model_type``; None: not proven lossless here."""
+    return _BY_MODEL_TYPE.get(model_type or "")

@@ -52,7 +52,7 @@ class Resolved:
     drafter: DraftShape
     shipped_quant: dict | None
     warnings: list[str] = field(default_factory=list)
-    drafter_config: object | None = None   # the DrafterConfig (DFlash2's TensorRT-LLM rules read it)
+    drafter_config: object | None = None   # the DrafterConfig (its family's TensorRT-LLM rules read it)
 
 
 def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
@@ -105,7 +105,7 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     ignored = planner.ignored_drafter_keys(dcfg)
     if ignored:
         warnings.append(ignored)
-    planner.check_dflash2(dcfg, recipe.trtllm.release)
+    planner.check_drafter(dcfg, recipe.trtllm.release)
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
@@ -131,9 +131,9 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
     spec = rc.speculative
-    if r.drafter_config is not None:   # a DFlash2 drafter's windows rule out the TRTLLM draft attention
-        backend = planner.dflash2_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
-                                                   planner.get_release(rc.trtllm.release).attention_backends)
+    if r.drafter_config is not None:   # the family's rule (a DFlash2 drafter's windows rule out TRTLLM)
+        backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
+                                                    planner.get_release(rc.trtllm.release).attention_backends)
         spec = spec.model_copy(update={"attention_backend": backend})
     p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm)
     if calibration:

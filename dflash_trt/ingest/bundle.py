@@ -24,12 +24,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.drafter import read_drafter
+from dflash_trt.model import graph_kinds
 
 # Bump when a bundle written before can no longer be served or run as it is (the readers
 # then refuse it and say to rebuild). 2: draft_len_schedule keys are upper bounds, as
@@ -173,14 +174,22 @@ class EngineInfo(_Section):
     written before the profile was recorded have none; the graph runtimes then refuse them)."""
 
     onnx: list[str]
-    drafter_graph: Literal["dflash", "dflash2"] = Field(
-        "dflash", description="drafter.onnx's I/O: dflash (build/export.py: logits out) or dflash2 "
-                              "(build/export_dflash2.py: anchor, uniforms, temperature in; tokens, q, candidates out).")
+    drafter_graph: str = Field(
+        "dflash", description="drafter.onnx's I/O, the graph kind of the drafter family's export round "
+                              "(``model.graph_kinds``): dflash (export/onnx_graphs.py: logits out) or dflash2 "
+                              "(export/onnx_dflash2.py: anchor, uniforms, temperature in; tokens, q, candidates out).")
     drafter_onnx_max_error: dict[str, float]
     target_onnx_max_error: dict[str, float] | None = None
     engines_built: bool
     engines_reason: str | None = None
     profile: EngineProfile | None = None
+
+    @field_validator("drafter_graph")
+    @classmethod
+    def _known_graph(cls, kind: str) -> str:
+        if kind not in graph_kinds():
+            raise ValueError(f"unknown drafter graph {kind!r}; known: {', '.join(sorted(graph_kinds()))}")
+        return kind
 
 
 class Manifest(_Section):

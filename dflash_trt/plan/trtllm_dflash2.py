@@ -23,6 +23,8 @@ What TensorRT-LLM's source says (``main``, September 2026):
 * ``DFlashWorker.set_draft_model`` (``tensorrt_llm/_torch/speculative/dflash.py``) refuses a
   DFlash2 drafter with a reduced draft vocabulary (``d2t``): its codebooks index the full one.
 
+The rules are :class:`DFlash2Rules` (``trtllm_family`` documents the hook).
+
 Releases: the DFlash2 drafters were published on 2026-08-18 and the path above is on ``main``
 from early September 2026. Which releases serve DFlash2 is the ``dflash2`` column of
 ``trtllm_releases.Release`` (one table for every per-release fact): True for 1.4.0rc1 only,
@@ -32,7 +34,9 @@ inferred from dates (the code is not read at its tag); the 1.3.0 candidates are 
 from __future__ import annotations
 
 from dflash_trt.errors import RecipeError
+from dflash_trt.model import DFlash2Family
 from dflash_trt.plan import trtllm_releases
+from dflash_trt.plan.trtllm_family import TrtllmRules, register
 
 #: Draft-attention backends that run a non-causal sliding window (``validate_block_attention_windows``).
 WINDOWED_NON_CAUSAL_BACKENDS = ("VANILLA", "FA4")
@@ -54,28 +58,31 @@ def non_causal_window(cfg) -> bool:
     return any(cfg.layer_window(i) is not None and not cfg.layer_causal(i) for i in range(cfg.num_hidden_layers))
 
 
-def check(cfg, release: str) -> None:
-    """A DFlash2 drafter config ``cfg`` (``DrafterConfig``) served by TensorRT-LLM ``release``, or
-    a one-line RecipeError; plain DFlash drafters pass untouched."""
-    if not cfg.is_dflash2:
-        return
-    if not serves(release):
-        raise RecipeError(f"TensorRT-LLM {release} does not serve DFlash2 drafters (DFlash2DraftModel); set "
-                          f"trtllm.release to {' or '.join(serving_releases())}, or run the pair on the reference runtime")
-    if cfg.selector_top_k < 2:
-        raise RecipeError(f"TensorRT-LLM refuses a DFlash2 selector_top_k of {cfg.selector_top_k} (no candidates "
-                          "to choose between); the drafter needs selector_top_k >= 2")
+class DFlash2Rules(TrtllmRules):
+    """DFlash2: the releases of the table's ``dflash2`` column; no non-causal window on TRTLLM attention."""
 
+    def serves(self, release):
+        return serves(release)
 
-def attention_backend(requested: str, cfg, sm: int, release_backends: tuple[str, ...]) -> str:
-    """``speculative.attention_backend`` for a DFlash2 drafter whose layers are non-causal inside a
-    window: TRTLLM refused in one line; ``auto`` becomes FA4 on SM90 where the release has it,
-    else VANILLA. Any other drafter, and an explicit VANILLA / FA4, pass as requested."""
-    if not (cfg.is_dflash2 and non_causal_window(cfg)):
+    def check(self, cfg, release):
+        """Served by ``release`` (``_is_dflash2_architecture``), with candidates to choose between
+        (``_validate_dflash2_config``), or a one-line RecipeError."""
+        super().check(cfg, release)
+        if cfg.selector_top_k < 2:
+            raise RecipeError(f"TensorRT-LLM refuses a DFlash2 selector_top_k of {cfg.selector_top_k} (no candidates "
+                              "to choose between); the drafter needs selector_top_k >= 2")
+
+    def attention_backend(self, requested, cfg, sm, release_backends):
+        """Layers non-causal inside a window: TRTLLM refused in one line; ``auto`` becomes FA4 on SM90
+        where the release has it, else VANILLA. Causal windows, and an explicit VANILLA / FA4, pass."""
+        if not non_causal_window(cfg):
+            return requested
+        if requested == "TRTLLM":
+            raise RecipeError("speculative.attention_backend TRTLLM cannot run this DFlash2 drafter's non-causal "
+                              "sliding window (TensorRT-LLM refuses it); use VANILLA or FA4 (SM90), or leave it auto")
+        if requested == "auto":
+            return "FA4" if sm == 90 and "FA4" in release_backends else "VANILLA"
         return requested
-    if requested == "TRTLLM":
-        raise RecipeError("speculative.attention_backend TRTLLM cannot run this DFlash2 drafter's non-causal sliding "
-                          "window (TensorRT-LLM refuses it); use VANILLA or FA4 (SM90), or leave it auto")
-    if requested == "auto":
-        return "FA4" if sm == 90 and "FA4" in release_backends else "VANILLA"
-    return requested
+
+
+register(DFlash2Family, DFlash2Rules)

@@ -14,8 +14,8 @@ from dflash_trt.deploy import pipeline
 from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.errors import RecipeError
 from dflash_trt.model import DrafterConfig
+from dflash_trt.plan import check_drafter, drafter_attention_backend, trtllm_dflash2
 from dflash_trt.plan import recipe as R
-from dflash_trt.plan import trtllm_dflash2
 
 CONFIGS = Path(R.__file__).resolve().parents[1] / "recipes" / "configs"
 
@@ -29,14 +29,14 @@ def dflash2_config(**over) -> DrafterConfig:
 
 
 def test_only_the_releases_with_the_dflash2_path_serve_it():
-    trtllm_dflash2.check(dflash2_config(), "1.4.0rc1")
+    check_drafter(dflash2_config(), "1.4.0rc1")
     for release in ("1.3.0rc26", "1.3.0rc27"):
         with pytest.raises(RecipeError, match=f"TensorRT-LLM {release} does not serve DFlash2 drafters"):
-            trtllm_dflash2.check(dflash2_config(), release)
+            check_drafter(dflash2_config(), release)
     plain = dflash2_config(conv_kernel_size=None, conv_group_size=None, selector_rank=None, selector_top_k=None)
-    trtllm_dflash2.check(plain, "1.3.0rc26")                       # plain DFlash: untouched
+    check_drafter(plain, "1.3.0rc26")                       # plain DFlash: untouched
     with pytest.raises(RecipeError, match="selector_top_k of 1"):
-        trtllm_dflash2.check(dflash2_config(selector_top_k=1), "1.4.0rc1")
+        check_drafter(dflash2_config(selector_top_k=1), "1.4.0rc1")
 
 
 def test_the_release_table_s_dflash2_column_decides(monkeypatch):
@@ -54,18 +54,18 @@ def test_the_release_table_s_dflash2_column_decides(monkeypatch):
     monkeypatch.setattr(T, "KNOWN", {r.version: r for r in rows})
     assert trtllm_dflash2.serves("1.3.0rc27") and not trtllm_dflash2.serves("1.4.0rc1")
     with pytest.raises(RecipeError, match="set trtllm.release to 1.3.0rc27, or run"):
-        trtllm_dflash2.check(dflash2_config(), "1.4.0rc1")
+        check_drafter(dflash2_config(), "1.4.0rc1")
 
 
 def test_non_causal_windows_rule_out_the_trtllm_draft_attention():
     cfg, all_three = dflash2_config(), ("VANILLA", "TRTLLM", "FA4")
-    assert trtllm_dflash2.attention_backend("auto", cfg, 90, all_three) == "FA4"
-    assert trtllm_dflash2.attention_backend("auto", cfg, 100, all_three) == "VANILLA"
-    assert trtllm_dflash2.attention_backend("VANILLA", cfg, 100, all_three) == "VANILLA"
+    assert drafter_attention_backend("auto", cfg, 90, all_three) == "FA4"
+    assert drafter_attention_backend("auto", cfg, 100, all_three) == "VANILLA"
+    assert drafter_attention_backend("VANILLA", cfg, 100, all_three) == "VANILLA"
     with pytest.raises(RecipeError, match="TRTLLM cannot run this DFlash2 drafter's non-causal sliding window"):
-        trtllm_dflash2.attention_backend("TRTLLM", cfg, 100, all_three)
+        drafter_attention_backend("TRTLLM", cfg, 100, all_three)
     causal = dflash2_config(causal=True)                            # a causal window TRTLLM runs
-    assert trtllm_dflash2.attention_backend("auto", causal, 100, all_three) == "auto"
+    assert drafter_attention_backend("auto", causal, 100, all_three) == "auto"
 
 
 def _dflash2_recipe(tmp_path: Path, gpu: str, **sets) -> Path:

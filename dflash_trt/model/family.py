@@ -134,6 +134,11 @@ class DrafterFamily:
         """Extra entries of ``inspect``'s drafter description (default: its fields under its name)."""
         return {self.name: {k: cfg.field(k) for k in self.fields}} if self.fields else {}
 
+    def shape_counts(self, cfg: dict, hidden: int, layers: int) -> dict[str, int]:
+        """What the family adds to planning's ``DraftShape`` (fields named ``*_params`` add to its
+        parameter count), from a raw ``config.json`` (default: nothing)."""
+        return {}
+
     def pair_check(self, cfg: DrafterConfig, target_hidden: int, target_vocab: int) -> tuple[str, str] | None:
         """(status "ok" | "error", message) for the pair report, or None: nothing to say."""
         return None

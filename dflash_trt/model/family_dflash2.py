@@ -97,6 +97,24 @@ class DFlash2Family(DrafterFamily):
             raise CheckpointError(f"{where}: DFlash2 drafter weights lack the {part} ({extra[0]}, {len(extra)} "
                                   "missing); incomplete download, or a DFlash (v1) drafter labelled DFlash2")
 
+    def shape_counts(self, cfg, hidden, layers):
+        """``DraftShape``'s convolution and selector counts. Per layer two DynamicConv (``base_kernel``
+        [2, K, H], ``kernel_projection`` [2*K*(H/G), H]); one selector (predecessor and successor
+        codebooks [V, r], ``hidden_projection`` [r, H]): the codebooks dominate (2*V*r, 127M at the
+        published 27B drafter's V 248320, r 256). Incomplete sizes: nothing (ingest refuses them)."""
+        d = dflash_config(cfg)
+        K, G, r, k = (d.get(n) for n in self.fields)
+        if not (K and G and r and k):
+            return {}
+        try:
+            V = cfg["vocab_size"]
+        except KeyError:
+            raise CheckpointError("DFlash2 drafter config lacks 'vocab_size' (its selector's codebooks are "
+                                  "[V, r])") from None
+        H = hidden
+        return {"conv_params": layers * 2 * (2 * K * H + 2 * K * (H // G) * H), "selector_params": 2 * V * r + r * H,
+                "selector_rank": int(r), "selector_top_k": int(k)}
+
     def pair_check(self, cfg, target_hidden, target_vocab):
         """The selector scores the target's top-k over the target's vocabulary: top-k fits in it, and
         the convolution groups tile the hidden size."""

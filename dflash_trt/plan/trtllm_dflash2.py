@@ -61,7 +61,8 @@ def check(cfg, release: str) -> None:
         return
     if not serves(release):
         raise RecipeError(f"TensorRT-LLM {release} does not serve DFlash2 drafters (DFlash2DraftModel); set "
-                          f"trtllm.release to {' or '.join(serving_releases())}, or run the pair on the reference runtime")
+                          f"trtllm.release to {' or '.join(serving_releases())}, "
+                          "or run the pair on the reference runtime")
     if cfg.selector_top_k < 2:
         raise RecipeError(f"TensorRT-LLM refuses a DFlash2 selector_top_k of {cfg.selector_top_k} (no candidates "
                           "to choose between); the drafter needs selector_top_k >= 2")

@@ -119,9 +119,11 @@ class Backend(ABC):
         col_valid [b, S] already marks them (the verify's B columns are its last B); n_new [b].
         Default: nothing to do, the rejected columns are holes the attention mask hides.
         """
+        return None
 
     def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
         """Raise DFlashError (one line) for a request this backend cannot run (default: any runs)."""
+        return None
 
 
 class TorchBackend(Backend):
@@ -212,7 +214,7 @@ def walk_groups(params: list[SamplingParams], keys: list) -> list[tuple[list[int
     first (greedy rows, and seeded rows, whose acceptance compares the draft with the target's own
     noise-perturbed argmax, so any proposal keeps them lossless) at 0, then the unseeded sampled
     rows at their temperature, which must be one setting for the batch (one-line DFlashError)."""
-    argmax = [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]
+    argmax = [r for r, (p, k) in enumerate(zip(params, keys, strict=True)) if p.greedy or k is not None]
     sampled = [r for r in range(len(params)) if r not in set(argmax)]
     if len({params[r] for r in sampled}) > 1:
         raise DFlashError("a DFlash2 drafter samples a batch at one setting: unseeded requests with "

@@ -188,7 +188,8 @@ class GraphBackend(Backend):
         K = self.profile.block_size - 1
         uniforms = (torch.rand(len(rows), K, device=self.device) if temperature > 0
                     else torch.zeros(len(rows), K, device=self.device))
-        sub.update(k_cache=cache.k, v_cache=cache.v, anchor=(anchor if idx is None else anchor[idx]).long().contiguous(),
+        sub.update(k_cache=cache.k, v_cache=cache.v,
+                   anchor=(anchor if idx is None else anchor[idx]).long().contiguous(),
                    uniforms=uniforms, temperature=torch.tensor([float(temperature)], device=self.device))
         tokens, q_k, cand, cache.k, cache.v = self.run("drafter", sub)
         return tokens, q_k, cand

@@ -111,7 +111,7 @@ def preflight(settings: TrainSettings, world: int) -> None:
         train_data.read_data(s.data)
 
 
-def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> Result:
+def train_drafter(settings: TrainSettings, progress: Progress | None = None) -> Result:
     """Train a drafter for ``settings.target`` into ``settings.out`` (or resume one there).
 
     Under torchrun every rank calls this with the same settings; ``progress`` is reported by
@@ -119,7 +119,7 @@ def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> R
     """
     ranks = init_ranks(settings.device)
     try:
-        return _train(settings, ranks, progress if ranks.main else Progress())
+        return _train(settings, ranks, progress if progress is not None and ranks.main else Progress())
     finally:
         ranks.close()
 
@@ -210,7 +210,8 @@ def _drafter_config(s: TrainSettings, model, tokenizer):
     dflash2 = _dflash2_sizes(s)
     cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
                                        target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, dflash2=dflash2)
-    s.block_size, s.layers, s.target_layer_ids, s.mask_token_id = B, cfg.num_hidden_layers, cfg.target_layer_ids, mask_id
+    s.block_size, s.layers = B, cfg.num_hidden_layers
+    s.target_layer_ids, s.mask_token_id = cfg.target_layer_ids, mask_id
     s.arch = "dflash2" if dflash2 else "dflash"
     for name, value in (dflash2 or {}).items():
         setattr(s, name, value)

@@ -84,7 +84,8 @@ class _HeldLibraryOutput:
         for lg, handlers, propagate in self._saved:
             lg.handlers, lg.propagate = handlers, propagate
         self._warnings.__exit__(*exc)
-        self.release = lambda: ([warnings.showwarning(w.message, w.category, w.filename, w.lineno) for w in self.caught],
+        self.release = lambda: ([warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                                 for w in self.caught],
                                 [print(r.getMessage(), file=sys.stderr) for r in self.records])
 
 

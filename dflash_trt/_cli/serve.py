@@ -46,14 +46,18 @@ def serve(
                                                  "release image).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File --emit writes (default: "
                                                    "NAME.slurm.sh / NAME.lws.yaml here).")] = None,
-    pvc: Annotated[str, typer.Option(help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")] = "dflash-bundles",
+    pvc: Annotated[str, typer.Option(
+        help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")] = "dflash-bundles",
     model_name: Annotated[str | None, typer.Option("--model-name", help="Model id clients send "
                                                       "(default: the bundle's name).")] = None,
-    max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Embedded server: requests per runtime "
-                                                     "batch (default: the bundle's planned max_batch_size, else 8).")] = None,
-    batching: Annotated[Batching, typer.Option(help="Embedded server: continuous (requests join the running batch "
-                                               "every round) or static (one batch at a time, for comparison).")] = Batching.continuous,
-    max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
+    max_batch: Annotated[int | None, typer.Option(
+        "--max-batch", min=1, help="Embedded server: requests per runtime batch (default: the bundle's planned "
+                                   "max_batch_size, else 8).")] = None,
+    batching: Annotated[Batching, typer.Option(
+        help="Embedded server: continuous (requests join the running batch every round) or static (one batch at a "
+             "time, for comparison).")] = Batching.continuous,
+    max_queue: Annotated[int, typer.Option(
+        "--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
     block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
                                                       "size (1: autoregressive).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads for generation "

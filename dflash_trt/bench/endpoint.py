@@ -323,9 +323,11 @@ def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1)
 
     has_base = "baseline" in report
     fig, axes = plt.subplots(2, 2, figsize=(11, 8.4))
-    styles = (("endpoint", "DFlash" if has_base else "endpoint", "o-", "tab:blue"), ("baseline", "baseline", "s-", "tab:gray"))
+    styles = (("endpoint", "DFlash" if has_base else "endpoint", "o-", "tab:blue"),
+              ("baseline", "baseline", "s-", "tab:gray"))
     _frontier(axes[0][0], report, styles, predicted, max(1, gpus))
-    for ax, key, title in ((axes[0][1], "ttft_ms", "time to first token"), (axes[1][0], "itl_ms", "inter-token latency")):
+    for ax, key, title in ((axes[0][1], "ttft_ms", "time to first token"),
+                           (axes[1][0], "itl_ms", "inter-token latency")):
         for name, label, style, color in styles:
             if name in report:
                 lv = report[name]["levels"]
@@ -336,7 +338,8 @@ def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1)
     ax = axes[1][1]
     if has_base:
         rows = report["comparison"]["speedup"]
-        ax.plot([r["concurrency"] for r in rows], [r["speedup"] for r in rows], "o-", color="tab:green", label="measured")
+        ax.plot([r["concurrency"] for r in rows], [r["speedup"] for r in rows], "o-", color="tab:green",
+                label="measured")
         if predicted:
             ax.plot([r["batch"] for r in predicted], [r["speedup"] for r in predicted], "--", color="tab:green",
                     label="planner")
@@ -357,11 +360,12 @@ def _frontier(ax, report: dict, styles, predicted: list[dict] | None, gpus: int)
         lv = [x for x in report[name]["levels"] if x.get("tokens_per_second_per_user")]
         xs, ys = [x["tokens_per_second_per_user"] for x in lv], [x["output_tokens_per_second"] / gpus for x in lv]
         ax.plot(xs, ys, style, color=color, label=f"{label} ({report[name]['model']})")
-        for x, y, v in zip(xs, ys, lv):
+        for x, y, v in zip(xs, ys, lv, strict=True):
             ax.annotate(str(v["concurrency"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if predicted:
         ax.plot([r["tokens_per_second_per_user"] for r in predicted],
-                [r["output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:blue", label="planner: DFlash")
+                [r["output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:blue",
+                label="planner: DFlash")
         ax.plot([r["baseline_tokens_per_second_per_user"] for r in predicted],
                 [r["baseline_output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:gray",
                 label="planner: baseline")

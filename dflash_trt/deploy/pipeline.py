@@ -89,7 +89,8 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     shipped_q = ingest.target_quantization(tdir)
     shipped = quant_precision(shipped_q) if shipped_q else None
     if shipped_q and shipped is None:
-        raise CompatibilityError(f"target {recipe.target.id}: quantization {shipped_q.get('quant_method') or shipped_q} "
+        raise CompatibilityError(f"target {recipe.target.id}: quantization "
+                                 f"{shipped_q.get('quant_method') or shipped_q} "
                                  "is not one TensorRT-LLM's DFlash path is planned for (fp8, nvfp4, mxfp4)")
     if shipped and requested not in ("auto", shipped):
         raise CompatibilityError(f"target {recipe.target.id} is already {shipped}-quantized; it cannot be built at "
@@ -361,7 +362,8 @@ def check_bundle(path: str | Path) -> dict:
     cfg = trtllm.load(root, bundle.manifest.trtllm.release)
     spec_model = root / cfg.speculative_config.speculative_model
     if not (spec_model / "config.json").is_file():
-        raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the bundle's drafter")
+        raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the "
+                              "bundle's drafter")
     prec = bundle.manifest.precision
     verified = None
     if prec.quantized_by == "nvidia-modelopt":

@@ -47,7 +47,8 @@ NF == 0 { next }
 bad == "" {
     split($2, cc, "."); sm = cc[1] * 10 + cc[2]; gb = $3 * 1048576 / 1e9
     if (sm != want_sm) bad = sprintf("GPU %d (%s) is SM%d, not SM%d", n - 1, $1, sm, want_sm)
-    else if (gb < 0.97 * want_gb || gb > 1.15 * want_gb) bad = sprintf("GPU %d (%s) has %.0f GB, not %s GB", n - 1, $1, gb, want_gb)
+    else if (gb < 0.97 * want_gb || gb > 1.15 * want_gb)
+        bad = sprintf("GPU %d (%s) has %.0f GB, not %s GB", n - 1, $1, gb, want_gb)
 }
 END { if (bad == "" && n < want_n) bad = sprintf("%d GPU(s) present, %d needed", n, want_n); print bad }
 '''
@@ -74,7 +75,8 @@ check_trtllm() {{
     have="$("${{PYTHON:-python3}}" -c {q(_VERSION_PY)} 2>/dev/null)" || have=""
     if [ -z "$have" ]; then
         echo "serve.sh: tensorrt_llm is not installed; this bundle needs TensorRT-LLM $NEED_TRTLLM" \\
-             "(pip install tensorrt-llm==$NEED_TRTLLM --extra-index-url {INDEX_URL}, or the {IMAGE}:$NEED_TRTLLM container)" >&2
+             "(pip install tensorrt-llm==$NEED_TRTLLM --extra-index-url {INDEX_URL}," \\
+             "or the {IMAGE}:$NEED_TRTLLM container)" >&2
         exit 2
     fi
     if [ "${{have%%+*}}" != "$NEED_TRTLLM" ]; then

@@ -43,7 +43,8 @@ class CudaGraphConfig(_Strict):
     """``CudaGraphConfig`` (``BaseCudaGraphConfig.validate_base_cuda_graph_config``)."""
 
     enable_padding: bool = Field(False, description="Pad a batch up to the nearest captured size.")
-    max_batch_size: int = Field(0, ge=0, description="Capture graphs for sizes up to this (0: 128, or max(batch_sizes)).")
+    max_batch_size: int = Field(
+        0, ge=0, description="Capture graphs for sizes up to this (0: 128, or max(batch_sizes)).")
     batch_sizes: list[int] | None = Field(None, description="Explicit batch sizes to capture.")
 
     @model_validator(mode="after")
@@ -88,7 +89,8 @@ class DFlashDecodingConfig(_Strict):
     decoding_type: Literal["DFlash"] = "DFlash"
     max_draft_len: int | None = Field(None, ge=0, description="Draft tokens per step (<= drafter block - 1).")
     max_total_draft_tokens: int | None = None
-    speculative_model: str | None = Field(None, validation_alias=AliasChoices("speculative_model", "speculative_model_dir"),
+    speculative_model: str | None = Field(None,
+                                          validation_alias=AliasChoices("speculative_model", "speculative_model_dir"),
                                           description="Drafter directory (z-lab format) or hub id.")
     mask_token_id: int | None = Field(None, description="Default: read from the drafter's dflash_config.")
     target_layer_ids: list[int] | None = Field(None, description="Default: read from the drafter's dflash_config.")
@@ -218,7 +220,8 @@ def to_yaml(cfg: LlmApiConfig, release: str | None = None) -> str:
     spec = data.get("speculative_config") or {}
     if spec.get("draft_len_schedule"):  # JSON mode turns int keys into strings; YAML keeps ints
         spec["draft_len_schedule"] = {int(k): v for k, v in spec["draft_len_schedule"].items()}
-    head = f"# TensorRT-LLM {release} LLM-API config for a dflash-trt bundle (trtllm-serve --config)\n" if release else ""
+    head = (f"# TensorRT-LLM {release} LLM-API config for a dflash-trt bundle (trtllm-serve --config)\n"
+            if release else "")
     return head + yaml.safe_dump(data, sort_keys=False)
 
 

@@ -124,7 +124,8 @@ def check_dflash2_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor,
         sel = drafter.candidate_selector
         unary, want_cand = sel.candidates(drafter.logits(h, head))
         want_tokens, want_q = sel.walk(h, unary, want_cand, inputs["anchor"], temperature, inputs["uniforms"])
-    out = {"k_cache": float(np.abs(k_out - cache.k.numpy()).max()), "v_cache": float(np.abs(v_out - cache.v.numpy()).max()),
+    out = {"k_cache": float(np.abs(k_out - cache.k.numpy()).max()),
+           "v_cache": float(np.abs(v_out - cache.v.numpy()).max()),
            "tokens_differing": int((tokens != want_tokens.numpy()).sum()),
            "candidates_differing": int((np.sort(cand, -1) != np.sort(want_cand.numpy(), -1)).sum())}
     if want_q is not None:

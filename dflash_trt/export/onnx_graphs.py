@@ -207,7 +207,7 @@ def check_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor | None =
             hidden = drafter.logits(hidden, head)
     want = [hidden, cache.k, cache.v]
     names = ["logits" if head_weight is not None else "hidden", "k_cache", "v_cache"]
-    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(names, got, want)}
+    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(names, got, want, strict=True)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -227,7 +227,8 @@ def target_export_problem(config) -> str | None:
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers} - {"DynamicLayer"})
     if kinds:
-        what = "recurrent/conv state (hybrid)" if any("Linear" in k or "Mamba" in k for k in kinds) else "sliding-window"
+        hybrid = any("Linear" in k or "Mamba" in k for k in kinds)
+        what = "recurrent/conv state (hybrid)" if hybrid else "sliding-window"
         return f"its cache has {what} layers ({', '.join(kinds)}), which the stacked past_k/past_v cannot carry"
     if getattr(cfg, "kv_lora_rank", None):
         return "its attention is MLA (compressed K/V of a different width than V), which past_k/past_v do not carry"
@@ -328,7 +329,7 @@ def check_target_onnx(hf_model: nn.Module, layer_ids: list[int], onnx_path, **sh
     got = sess.run(None, {k: v.numpy() for k, v in inputs.items()})
     with torch.no_grad():
         want = TargetWithTaps(hf_model, layer_ids)(*(inputs[n] for n in TARGET_INPUTS))
-    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(TARGET_OUTPUTS, got, want)}
+    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(TARGET_OUTPUTS, got, want, strict=True)}
 
 
 # ---------------------------------------------------------------------------------------

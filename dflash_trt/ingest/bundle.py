@@ -160,7 +160,8 @@ class EngineProfile(_Section):
     which). The runtimes that run ``onnx/`` or ``engines/`` refuse a request outside them."""
 
     max_batch: int = Field(ge=1, description="Rows in one call (target, drafter, embedding).")
-    max_tokens: int = Field(ge=1, description="Tokens per row in one target forward: a prompt's prefill, or the verify block.")
+    max_tokens: int = Field(
+        ge=1, description="Tokens per row in one target forward: a prompt's prefill, or the verify block.")
     max_seq_len: int = Field(ge=1, description="Target KV-cache columns plus the forward's own tokens.")
     block_size: int = Field(ge=1, description="The drafter block B the drafter graph was exported for.")
     page_size: int = Field(ge=1, description="Drafter context-cache slots per page (a custom-op attribute).")

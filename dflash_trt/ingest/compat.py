@@ -55,7 +55,8 @@ def _rope_equal(a: tuple, b: tuple) -> bool:
         return False
     for k in set(sa) & set(sb) - {"rope_type", "type"}:
         x, y = sa[k], sb[k]
-        same = math.isclose(x, y, rel_tol=1e-6) if isinstance(x, (int, float)) and isinstance(y, (int, float)) else x == y
+        numbers = isinstance(x, (int, float)) and isinstance(y, (int, float))
+        same = math.isclose(x, y, rel_tol=1e-6) if numbers else x == y
         if not same:
             return False
     return True
@@ -113,7 +114,7 @@ def _check_hidden_layout(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     layout_d = (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
     layout_t = (t.num_attention_heads, t.num_key_value_heads, t.head_dim)
     if layout_d == layout_t:
-        r.add("head layout", "ok", "%d heads x %d, %d kv heads" % (layout_d[0], layout_d[2], layout_d[1]))
+        r.add("head layout", "ok", f"{layout_d[0]} heads x {layout_d[2]}, {layout_d[1]} kv heads")
     else:
         r.add("head layout", "warn", f"{dcfg}: drafter heads {layout_d[0]}x{layout_d[2]} (kv {layout_d[1]}) differ "
               f"from the target's {layout_t[0]}x{layout_t[2]} (kv {layout_t[1]}); unusual for DFlash: check head_dim")
@@ -183,7 +184,8 @@ def _check_rope(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     if t.rope_theta is None:  # RoPE per layer type (gemma-4: sliding and global differ): nothing to match
         r.add("rope", "ok", f"theta {c.rope_theta:g} (the drafter's own; the target's RoPE differs per layer type)")
     elif _rope_equal(rope_d, rope_t):
-        r.add("rope", "ok", f"theta {c.rope_theta:g}" + (f", {c.rope_scaling.get('rope_type')}" if c.rope_scaling else ""))
+        r.add("rope", "ok",
+              f"theta {c.rope_theta:g}" + (f", {c.rope_scaling.get('rope_type')}" if c.rope_scaling else ""))
     else:
         msg = (f"{dcfg}: drafter RoPE (theta {c.rope_theta:g}, scaling {c.rope_scaling}) != target RoPE "
                f"(theta {t.rope_theta}, scaling {t.rope_scaling}) in {tcfg}")

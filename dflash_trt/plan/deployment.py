@@ -360,7 +360,8 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                                               max_len, release)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     return Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
-                memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3), alpha=round(acc.alpha, 4),
+                memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),
+                alpha=round(acc.alpha, 4),
                 attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
                 curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(engine),
                 predicted=predicted(roof, lengths, acc, tp_),

@@ -144,11 +144,11 @@ class TargetShape:
             n_lin = L * (4 + 3 * E)
             intermediate, expert_params = k * moe_i, L * E * per_expert
         else:
-            I = cfg["intermediate_size"]
-            mlp_bias = 3 * I if cfg.get("mlp_bias") else 0
-            layer_lin = attn_lin + 3 * H * I
+            F = cfg["intermediate_size"]
+            mlp_bias = 3 * F if cfg.get("mlp_bias") else 0
+            layer_lin = attn_lin + 3 * H * F
             layer_other = attn_other + norms + mlp_bias
-            active, n_lin, intermediate, expert_params = L * layer_lin, 7 * L, I, 0
+            active, n_lin, intermediate, expert_params = L * layer_lin, 7 * L, F, 0
         tied = bool(cfg.get("tie_word_embeddings", False))
         return cls(
             model_type=mt, layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, vocab=V,
@@ -171,8 +171,8 @@ class TargetShape:
         tied = bool(cfg.get("tie_word_embeddings", False))
         kv = c.kv[-1]  # the layers whose cache grows with the context
         return cls(
-            model_type=str(cfg["model_type"]).removesuffix("_text"), layers=cfg["num_hidden_layers"], hidden=H, heads=nh,
-            kv_heads=kv.kv_heads, head_dim=kv.dims // 2, vocab=V, intermediate=c.intermediate,
+            model_type=str(cfg["model_type"]).removesuffix("_text"), layers=cfg["num_hidden_layers"], hidden=H,
+            heads=nh, kv_heads=kv.kv_heads, head_dim=kv.dims // 2, vocab=V, intermediate=c.intermediate,
             max_position_embeddings=cfg.get("max_position_embeddings", 0), embed_params=V * H,
             lm_head_params=0 if tied else V * H, linear_params=c.linear, other_params=c.other + H + vision,
             n_linear=c.n_linear, active_linear_params=c.active, experts=c.experts,
@@ -247,7 +247,7 @@ class DraftShape:
         dcfg = cfg.get("dflash_config") or {}
         try:
             H, L, nh = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
-            I = cfg["intermediate_size"]
+            F = cfg["intermediate_size"]
             ids = list(dcfg.get("target_layer_ids") or cfg["target_layer_ids"])
         except KeyError as exc:
             raise CheckpointError(f"drafter config lacks {exc.args[0]!r}; is it a z-lab DFlash drafter?") from None
@@ -256,11 +256,11 @@ class DraftShape:
         # TensorRT-LLM's DFlash model) read transformers' Qwen3Config default, 128.
         hd = cfg.get("head_dim") or (QWEN3_HEAD_DIM if cfg.get("model_type", "qwen3") == "qwen3" else H // nh)
         bias = bool(cfg.get("attention_bias", False))
-        layer = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * I
+        layer = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * F
         layer += 2 * H + 2 * hd + ((nh + 2 * nkv) * hd + H) * bias
         params = L * layer + len(ids) * H * H + 2 * H  # + fc, hidden_norm, norm
         extra = recognise_family(cfg, []).shape_counts(cfg, H, L)   # what the drafter's family adds
-        return cls(layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=I,
+        return cls(layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=F,
                    block_size=int(dcfg.get("block_size", cfg.get("block_size", 16))), n_taps=len(ids),
                    mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
                    target_layer_ids=tuple(ids),

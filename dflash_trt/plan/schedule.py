@@ -63,8 +63,8 @@ def check(schedule: dict[int, int], max_draft_len: int) -> dict[int, int]:
                               f"max_draft_len ({max_draft_len})")
     smallest = min(schedule)
     if schedule[smallest] != max_draft_len:
-        raise RecipeError(f"speculative.draft_len_schedule[{smallest}] is {schedule[smallest]}: the smallest batch-size "
-                          f"key must map to max_draft_len ({max_draft_len})")
+        raise RecipeError(f"speculative.draft_len_schedule[{smallest}] is {schedule[smallest]}: "
+                          f"the smallest batch-size key must map to max_draft_len ({max_draft_len})")
     return dict(sorted(schedule.items()))
 
 

@@ -63,14 +63,15 @@ def token_budget(memory_at: Callable[[ServingSpec], object], serving: ServingSpe
     if serving.max_num_tokens >= need:
         return serving
     budget = (f"TensorRT-LLM's DFlash token budget max_batch_size x (1 + max_draft_len) = "
-              f"{serving.max_batch_size} x {1 + max_draft_len} = {need} exceeds max_num_tokens {serving.max_num_tokens}")
+              f"{serving.max_batch_size} x {1 + max_draft_len} = {need} "
+              f"exceeds max_num_tokens {serving.max_num_tokens}")
     raised = serving.model_copy(update={"max_num_tokens": need})
     m = memory_at(raised)
     if not m.fits:
         fits = serving.max_num_tokens // (1 + max_draft_len)
         raise HardwareError(f"{budget}, and raising max_num_tokens to {need} does not fit on {gpu_name} "
-                            f"({m.total / GiB:.1f} of {m.capacity / GiB:.1f} GiB): set serving.max_batch_size <= {fits} "
-                            "or a smaller speculative.max_draft_len")
+                            f"({m.total / GiB:.1f} of {m.capacity / GiB:.1f} GiB): "
+                            f"set serving.max_batch_size <= {fits} or a smaller speculative.max_draft_len")
     warnings.append(f"{budget}: max_num_tokens raised to {need}")
     return raised
 

@@ -121,9 +121,11 @@ class Backend(ABC):
         col_valid [b, S] already marks them (the verify's B columns are its last B); n_new [b].
         Default: nothing to do, the rejected columns are holes the attention mask hides.
         """
+        return None
 
     def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
         """Raise DFlashError (one line) for a request this backend cannot run (default: any runs)."""
+        return None
 
 
 class TorchBackend(Backend):

@@ -109,7 +109,7 @@ def preflight(settings: TrainSettings, world: int) -> None:
         train_data.read_data(s.data)
 
 
-def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> Result:
+def train_drafter(settings: TrainSettings, progress: Progress | None = None) -> Result:
     """Train a drafter for ``settings.target`` into ``settings.out`` (or resume one there).
 
     Under torchrun every rank calls this with the same settings; ``progress`` is reported by
@@ -117,7 +117,7 @@ def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> R
     """
     ranks = init_ranks(settings.device)
     try:
-        return _train(settings, ranks, progress if ranks.main else Progress())
+        return _train(settings, ranks, progress if progress is not None and ranks.main else Progress())
     finally:
         ranks.close()
 
@@ -206,9 +206,11 @@ def _drafter_config(s: TrainSettings, model, tokenizer):
     mask_id = s.mask_token_id if s.mask_token_id is not None else pick_mask_token(
         tokenizer, model.get_input_embeddings().weight.shape[0])
     family, sizes = _family_sizes(s)
-    cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1, target_layer_ids=s.target_layer_ids,
-                                       mask_token_id=mask_id, family=family, sizes=sizes)
-    s.block_size, s.layers, s.target_layer_ids, s.mask_token_id = B, cfg.num_hidden_layers, cfg.target_layer_ids, mask_id
+    cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
+                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, family=family,
+                                       sizes=sizes)
+    s.block_size, s.layers = B, cfg.num_hidden_layers
+    s.target_layer_ids, s.mask_token_id = cfg.target_layer_ids, mask_id
     s.arch = family
     for name, value in sizes.items():
         if hasattr(s, name):

@@ -43,7 +43,7 @@ def test_moe_recipe_sets_expert_parallel_and_blackwell_backend():
     assert cfg.speculative_config.attention_backend == "TRTLLM"
     args = trtllm.serve_args(cfg, "0.0.0.0", 9000)
     assert args[:4] == ["trtllm-serve", "./target", "--config", "./trtllm/config.yaml"]
-    flags = dict(zip(args[4::2], args[5::2]))
+    flags = dict(zip(args[4::2], args[5::2], strict=True))
     assert flags == {"--host": "0.0.0.0", "--port": "9000", "--tp_size": "8", "--ep_size": "8",
                      "--max_batch_size": "64", "--max_num_tokens": "8192", "--max_seq_len": "16384",
                      "--kv_cache_free_gpu_memory_fraction": "0.85"}

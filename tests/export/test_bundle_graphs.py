@@ -53,7 +53,7 @@ def _profile_covers(path):
     for i in onnx.load(str(path)).graph.input:
         shape = [d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim]
         lo, opt, hi = engines.profile_shapes("drafter", i.name, shape, profile)
-        assert all(a <= b <= c for a, b, c in zip(lo, opt, hi)), i.name
+        assert all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True)), i.name
         if i.name in ("anchor", "uniforms"):
             assert (lo[0], hi[0]) == (1, 4) and shape[1:] == hi[1:]
 

@@ -74,7 +74,8 @@ def _dflash2_recipe(tmp_path: Path, gpu: str, **sets) -> Path:
     d = json.loads((CONFIGS / "z-lab--Qwen3-8B-DFlash-b16" / "config.json").read_text())
     d.update(architectures=["DFlash2DraftModel"], is_causal=False, layer_types=["sliding_attention"] * 5,
              sliding_window=2048, use_sliding_window=True)
-    d["dflash_config"].update(block_size=16, conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16)
+    d["dflash_config"].update(block_size=16, conv_kernel_size=2, conv_group_size=16, selector_rank=256,
+                              selector_top_k=16)
     (tmp_path / "drafter").mkdir()
     (tmp_path / "drafter" / "config.json").write_text(json.dumps(d))
     recipe = {"name": "qwen3-8b-dflash2", "target": {"id": "Qwen/Qwen3-8B", "config": str(CONFIGS / "Qwen--Qwen3-8B")},

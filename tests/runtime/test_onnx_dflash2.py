@@ -77,7 +77,7 @@ def test_greedy_through_onnx_is_the_targets_own_and_proposes_torchs_walk(pair, b
     finally:
         del onnx_b.draft_block
     assert len(onnx_b.drafts) == len(torch_b.drafts) > 0
-    for (t_o, q_o), (t_t, q_t) in zip(onnx_b.drafts, torch_b.drafts):
+    for (t_o, q_o), (t_t, q_t) in zip(onnx_b.drafts, torch_b.drafts, strict=True):
         assert torch.equal(t_o, t_t) and q_o is None and q_t is None
 
 
@@ -96,7 +96,7 @@ def test_sampled_drafts_are_torchs_walk_and_q(pair):
         del onnx_b.draft_block
     assert got.token_ids == want.token_ids
     assert len(onnx_b.drafts) == len(torch_b.drafts) > 0
-    for (t_o, q_o), (t_t, q_t) in zip(onnx_b.drafts, torch_b.drafts):
+    for (t_o, q_o), (t_t, q_t) in zip(onnx_b.drafts, torch_b.drafts, strict=True):
         assert torch.equal(t_o, t_t)
         assert q_o.shape == q_t.shape and torch.allclose(q_o, q_t.float(), atol=1e-4)
         assert torch.allclose(q_o.sum(-1), torch.ones(q_o.shape[:2]), atol=1e-4)

@@ -159,10 +159,12 @@ def test_fitting_the_selector_alone_moves_its_picks_to_the_labels():
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--arch", "dflash2", "--conv-group-size", "24"], "--conv-group-size 24 does not divide the target's hidden size 64"),
+    (["--arch", "dflash2", "--conv-group-size", "24"],
+     "--conv-group-size 24 does not divide the target's hidden size 64"),
     (["--selector-rank", "8"], "--selector-rank size a DFlash2 drafter: add --arch dflash2"),
     (["--arch", "dflash3"], "--arch 'dflash3': choose one of dflash, dflash2"),
-    (["--arch", "dflash2", "--selector-top-k", "500"], "--selector-top-k 500 must be between 2 and the vocabulary (96)"),
+    (["--arch", "dflash2", "--selector-top-k", "500"],
+     "--selector-top-k 500 must be between 2 and the vocabulary (96)"),
 ])
 def test_dflash2_user_errors_are_one_line_and_write_nothing(train_setup, tmp_path, capsys, extra, message):
     root, tdir = train_setup

@@ -8,7 +8,7 @@ candidate selector. Its published form keeps ``block_size`` inside ``dflash_conf
 ``is_causal`` at the top level (where the authors' ``Qwen3DFlashAttention`` reads it); the
 codebooks are stored without a ``.weight`` suffix (a ``.weight`` suffix is accepted and dropped).
 The module is ``model.dflash2.DFlash2Drafter``; the higher stages' hooks are
-``runtime.proposer.SelectorProposer``, ``export.onnx_dflash2.DFlash2Round``,
+``runtime.proposer.SelectorProposer``, ``export.rounds.DFlash2Export``,
 ``plan.trtllm_dflash2.DFlash2Rules`` and ``train.objective.SelectorObjective``.
 """
 

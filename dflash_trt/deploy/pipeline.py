@@ -107,6 +107,7 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     if ignored:
         warnings.append(ignored)
     planner.check_dflash2(dcfg, recipe.trtllm.release)
+    planner.refuse_quantized_drafter(ingest.target_quantization(ddir), f"drafter {recipe.drafter.id}")
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
@@ -132,9 +133,9 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
     spec = rc.speculative
-    if r.drafter_config is not None:   # a DFlash2 drafter's windows rule out the TRTLLM draft attention
-        backend = planner.dflash2_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
-                                                   planner.get_release(rc.trtllm.release).attention_backends)
+    if r.drafter_config is not None:   # non-causal windowed drafter layers rule out the TRTLLM draft attention
+        backend = planner.draft_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
+                                                  planner.get_release(rc.trtllm.release))
         spec = spec.model_copy(update={"attention_backend": backend})
     p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm)
     if calibration:

@@ -33,13 +33,18 @@ from dflash_trt.plan.schedule import batch_grid
 from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
-from dflash_trt.plan.trtllm_dflash2 import attention_backend as dflash2_attention_backend
 from dflash_trt.plan.trtllm_dflash2 import check as check_dflash2
 from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release
 from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
 from dflash_trt.plan.trtllm_releases import KNOWN as KNOWN_RELEASES
 from dflash_trt.plan.trtllm_releases import get as get_release
-from dflash_trt.plan.trtllm_rules import ignored_drafter_keys
+from dflash_trt.plan.trtllm_rules import (
+    draft_attention_backend,
+    ignored_drafter_keys,
+    refuse_disaggregated,
+    refuse_quantized_drafter,
+    windowed_non_causal,
+)
 
 __all__ = [
     "Acceptance",
@@ -68,7 +73,7 @@ __all__ = [
     "check_precision",
     "check_schedule",
     "choose_schedule",
-    "dflash2_attention_backend",
+    "draft_attention_backend",
     "engine_for",
     "expand_draft_lengths",
     "expected_tau",
@@ -83,7 +88,10 @@ __all__ = [
     "read_sizes",
     "recipe_from_dict",
     "refit",
+    "refuse_disaggregated",
+    "refuse_quantized_drafter",
     "schedule_runs",
     "shipped_calibration",
     "step_model",
+    "windowed_non_causal",
 ]

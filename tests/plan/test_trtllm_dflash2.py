@@ -40,14 +40,14 @@ def test_only_the_releases_with_the_dflash2_path_serve_it():
 
 
 def test_the_release_table_s_dflash2_column_decides(monkeypatch):
-    """``serves`` reads ``Release.dflash2``: True only on 1.4.0rc1 (inferred, its notes say so);
+    """``serves`` reads ``Release.dflash2``: True only on 1.4.0rc1 (PR #18155 in its tag, its notes say so);
     flipping a row's column flips the answer, and the refusal names the releases whose column is True."""
     import dataclasses
 
     from dflash_trt.plan import trtllm_releases as T
 
     assert [r.version for r in T.RELEASES if r.dflash2] == ["1.4.0rc1"] == trtllm_dflash2.serving_releases()
-    assert "inferred" in T.KNOWN["1.4.0rc1"].notes and not trtllm_dflash2.serves("9.9.9")
+    assert "#18155" in T.KNOWN["1.4.0rc1"].notes and not trtllm_dflash2.serves("9.9.9")
     assert not hasattr(trtllm_dflash2, "SERVES")
     rows = tuple(dataclasses.replace(r, dflash2=r.version == "1.3.0rc27") for r in T.RELEASES)
     monkeypatch.setattr(T, "RELEASES", rows)
@@ -55,17 +55,6 @@ def test_the_release_table_s_dflash2_column_decides(monkeypatch):
     assert trtllm_dflash2.serves("1.3.0rc27") and not trtllm_dflash2.serves("1.4.0rc1")
     with pytest.raises(RecipeError, match="set trtllm.release to 1.3.0rc27, or run"):
         trtllm_dflash2.check(dflash2_config(), "1.4.0rc1")
-
-
-def test_non_causal_windows_rule_out_the_trtllm_draft_attention():
-    cfg, all_three = dflash2_config(), ("VANILLA", "TRTLLM", "FA4")
-    assert trtllm_dflash2.attention_backend("auto", cfg, 90, all_three) == "FA4"
-    assert trtllm_dflash2.attention_backend("auto", cfg, 100, all_three) == "VANILLA"
-    assert trtllm_dflash2.attention_backend("VANILLA", cfg, 100, all_three) == "VANILLA"
-    with pytest.raises(RecipeError, match="TRTLLM cannot run this DFlash2 drafter's non-causal sliding window"):
-        trtllm_dflash2.attention_backend("TRTLLM", cfg, 100, all_three)
-    causal = dflash2_config(causal=True)                            # a causal window TRTLLM runs
-    assert trtllm_dflash2.attention_backend("auto", causal, 100, all_three) == "auto"
 
 
 def _dflash2_recipe(tmp_path: Path, gpu: str, **sets) -> Path:

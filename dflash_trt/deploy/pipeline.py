@@ -174,7 +174,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:
-        trtllm.config(recipe, p, r.drafter)  # what build would write passes the release's schema
+        trtllm.config(recipe, p, r.drafter, r.target)  # what build would write passes the release's schema
         return BuildResult(p, None, None, r)
 
     say("resolving checkpoints")
@@ -244,7 +244,7 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
     drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
-    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port,
+    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter, r.target), rc.serving.host, rc.serving.port,
                  serve_check(r, p))
     engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
 

@@ -349,7 +349,8 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     tp_, _ = choose_tp(dep, parallel, serving, backend, release)
     block = spec.block_size or d.block_size
     if block > d.block_size:
-        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size}")
+        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size} "
+                          "(TensorRT-LLM refuses a runtime block wider than the checkpoint's, PR #17935)")
     if block < 2:
         raise RecipeError("speculative.block_size must be >= 2 to draft anything")
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))

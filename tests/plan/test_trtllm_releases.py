@@ -82,6 +82,12 @@ def test_the_unused_draft_kv_pool_is_charged_per_release_and_backend():
     assert b200.memory.draft_kv_pool == 0 and b200.memory.arena_in_kv_pool   # TRTLLM: the pool IS the arena
 
 
+def test_a_runtime_block_wider_than_the_checkpoint_s_is_refused():
+    with pytest.raises(RecipeError, match="exceeds the drafter's trained block 16 .*PR #17935"):
+        _plan(["speculative.block_size=17"])
+    assert _plan(["speculative.block_size=8"]).block_size == 8
+
+
 def test_disaggregated_serving_is_refused_in_one_line(capsys):
     assert run(["plan", "qwen3-8b-h100-fp8", "--set", "serving.disaggregated=true"]) == 2
     err = capsys.readouterr().err.strip()

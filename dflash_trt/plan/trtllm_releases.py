@@ -27,12 +27,12 @@ row's ``notes`` say so: fix the row here, not the code that reads it. Sources:
   refuses ``max_batch_size x (1 + max_draft_len) > max_num_tokens`` (1.4.0rc1 on, pinned by
   ``tests/unittest/_torch/speculative/hw_agnostic/test_dflash_config_budget.py``); earlier
   releases corrupt memory at engine init instead, so the planner enforces it for every release.
-* **Which release has which pull request** (established from the tags, late 2026). The
-  repository snapshot (2.5 GB) is over what this project's tools can fetch, so no tag's tree
-  was read with git; what is established comes from the GitHub release pages, which give each
-  tag's commit, its date and "N commits to main since this release" (so the tag is on
-  ``main``, whose history is linear squash merges), and from each pull request's merge into
-  ``main``. A pull request merged into ``main`` before a tag's commit is in that tag:
+* **Which release has which pull request** (late 2026). The repository snapshot (2.5 GB) is
+  over what this project's tools can fetch, so ``git merge-base --is-ancestor`` was not run
+  on any tag; what is established comes from the GitHub release pages (each tag's commit, its
+  date, "N commits to main since this release") and each pull request's merge into ``main``
+  (squash merges). A pull request merged weeks before a tag's date counts as in it, one merged
+  after it as not (a cherry-pick onto a release branch would not show here):
   ``v1.3.0rc26`` (commit c295dd9, 2026-09-09) and ``v1.4.0rc1`` (commit 0372799, 2026-10-22,
   its notes cite pull requests up to #20205). The pull requests:
   #17935 (``block_size`` from ``dflash_config``, 2026-08-18), #18155 (DFlash2, 2026-09-13),
@@ -121,7 +121,7 @@ class Release:
 
 RELEASES: tuple[Release, ...] = (
     Release("1.3.0rc26", ("VANILLA", "TRTLLM"), _DFLASH_1_3, block_size_from_dflash_config=True,
-            tag="c295dd9, 2026-09-09, on main",
+            tag="c295dd9, released 2026-09-09",
             notes="tag established (release page); #17935 merged before it (block_size read from dflash_config); "
                   "#18155, #19159, #19352, #19410 merged after it (no DFlash2, a draft KV manager for every "
                   "backend, no disaggregated warning); VANILLA | TRTLLM from the unversioned DFlashDecodingConfig "
@@ -133,7 +133,7 @@ RELEASES: tuple[Release, ...] = (
                   "places as for every release)"),
     Release("1.4.0rc1", ALL_BACKENDS, _DFLASH_1_4, refuses_token_budget=True, dflash2=True,
             block_size_from_dflash_config=True, refuses_windowed_trtllm=True, draft_kv_manager=("TRTLLM",),
-            warns_disaggregated=True, tag="0372799, 2026-10-22, on main",
+            warns_disaggregated=True, tag="0372799, released 2026-10-22",
             notes="tag established (release page, notes citing PRs up to #20205); #17935, #18155, #19159, "
                   "#19352, #19410 merged into main before it (its tree was not read: the snapshot is over the "
                   "fetch limit); context_recompute_tail and the token-budget checks (API page); #16888 open "

@@ -332,8 +332,9 @@ def check_quantized(tensors: dict[str, TensorInfo], cfg: dict, root: Path) -> No
             algo = "unreadable"
     if quant or algo:
         what = algo or tensors[quant[0]].dtype
-        raise CheckpointError(f"{root}: quantized drafter ({what}); DFlash drafters must stay BF16: use the "
-                              "unquantized drafter (quantize the target instead)")
+        raise CheckpointError(f"{root}: quantized drafter ({what}); DFlash drafters must stay BF16, as peers keep "
+                              "them (SGLang --speculative-draft-model-quantization unquant; vLLM issue #51581): use "
+                              "the unquantized drafter (quantize the target instead)")
 
 
 def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:

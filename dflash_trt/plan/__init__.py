@@ -41,7 +41,12 @@ from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release
 from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
 from dflash_trt.plan.trtllm_releases import KNOWN as KNOWN_RELEASES
 from dflash_trt.plan.trtllm_releases import get as get_release
-from dflash_trt.plan.trtllm_rules import ignored_drafter_keys
+from dflash_trt.plan.trtllm_rules import (
+    ignored_drafter_keys,
+    refuse_disaggregated,
+    refuse_quantized_drafter,
+    windowed_non_causal,
+)
 
 __all__ = [
     "Acceptance",
@@ -89,7 +94,10 @@ __all__ = [
     "refit",
     "register_trtllm_rules",
     "rules_for",
+    "refuse_disaggregated",
+    "refuse_quantized_drafter",
     "schedule_runs",
     "shipped_calibration",
     "step_model",
+    "windowed_non_causal",
 ]

@@ -3,8 +3,9 @@
 The planning stage of a drafter family (``model.family`` documents the seam; this module imports
 no torch). :class:`TrtllmRules` is DFlash's (every family's default): every release in
 ``trtllm_releases`` serves it through ``DFlashDecodingConfig``, and the recipe's
-``speculative.attention_backend`` passes as requested. A family whose serving differs subclasses
-it (DFlash2: ``trtllm_dflash2.DFlash2Rules``) and registers the subclass with :func:`register`.
+``speculative.attention_backend`` follows the one rule keyed on the drafter's layers. A family
+whose serving differs subclasses it (DFlash2: ``trtllm_dflash2.DFlash2Rules``) and registers the
+subclass with :func:`register`.
 
 :func:`check_drafter` and :func:`drafter_attention_backend` are what ``deploy`` calls: the one
 dispatch (``model.family_of``), then the family's rules.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from dflash_trt.errors import RecipeError
 from dflash_trt.model import DrafterFamily, family_of, hook_for
+from dflash_trt.plan.trtllm_releases import Release
+from dflash_trt.plan.trtllm_rules import draft_attention_backend
 
 
 class TrtllmRules:
@@ -39,9 +42,10 @@ class TrtllmRules:
                               + (f"set trtllm.release to {where}, or " if where else "")
                               + "run the pair on the reference runtime")
 
-    def attention_backend(self, requested: str, cfg, sm: int, release_backends: tuple[str, ...]) -> str:
-        """``speculative.attention_backend`` for drafter config ``cfg`` on GPU ``sm`` (default: as requested)."""
-        return requested
+    def attention_backend(self, requested: str, cfg, sm: int, release: Release) -> str:
+        """``speculative.attention_backend`` for drafter config ``cfg`` on GPU ``sm``: the rule keyed on the
+        drafter's layers that every family shares (non-causal sliding windows rule out TRTLLM, PR #19159)."""
+        return draft_attention_backend(requested, cfg, sm, release)
 
 
 #: family class -> its rules class (``register``; found up the family's hierarchy by ``rules_for``)
@@ -63,9 +67,9 @@ def check_drafter(cfg, release: str) -> None:
     rules_for(family_of(cfg)).check(cfg, release)
 
 
-def drafter_attention_backend(requested: str, cfg, sm: int, release_backends: tuple[str, ...]) -> str:
-    """The draft attention backend drafter config ``cfg`` runs with (its family's rule)."""
-    return rules_for(family_of(cfg)).attention_backend(requested, cfg, sm, release_backends)
+def drafter_attention_backend(requested: str, cfg, sm: int, release: Release) -> str:
+    """The draft attention backend drafter config ``cfg`` runs with on ``release`` (its family's rule)."""
+    return rules_for(family_of(cfg)).attention_backend(requested, cfg, sm, release)
 
 
 register(DrafterFamily, TrtllmRules)

@@ -64,8 +64,9 @@ def verify(
     kw = {} if endpoint is None else dict(
         baseline=baseline, model=model, baseline_model=baseline_model, prompts=prompts, max_tokens=max_tokens,
         concurrency=_ints(concurrency, "--concurrency"), requests=requests, accept_stats=accept_stats,
-        reference=reference, progress=lambda msg: err.print(f"verify: {msg}", markup=False))
-    result = V.run(bundle, endpoint, **kw)
+        reference=reference)
+    with err.status("verify: checking the bundle") as status:   # transient: a refusal stays one line
+        result = V.run(bundle, endpoint, progress=lambda msg: status.update(f"verify: {msg}"), **kw)
     if report is not None:
         report.write_text(json.dumps(result, indent=2) + "\n")
     if as_json:

@@ -45,6 +45,7 @@ COLLAPSE = 0.5           # a measured gain τ - 1 under half the plan's is a col
 MEMORY_SLACK = 0.10
 REFERENCE_MAX_BYTES = 4 << 30   # targets up to this run on the reference runtime (baseline, margins)
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "verify" / "prompts.jsonl"
+STACKS = {"embedded": "reference", "trtllm": "trtllm"}   # what the scrapes looked like -> the report's stack
 
 
 def _check(name: str, problems: list[str], ok: str, details: dict | None = None) -> dict:
@@ -244,19 +245,19 @@ def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, mode
     if accept_stats:
         acc, source = verify_server.hist_window(hist0, verify_server.accept_files(accept_stats)), "acceptance files"
         acc.draft_rounds = total.draft_rounds
-    report["stack"] = total.stack
+    report["stack"] = STACKS.get(total.stack)     # the serving software the levels came from
     checks = [lossless, check_acceptance(acc, m, config, source), check_schedule(levels, wins, m.plan),
               check_memory(total, m.plan, config)]
     return report, checks
 
 
-def run(path: str | Path, endpoint_url: str | None = None, **kw) -> dict:
+def run(path: str | Path, endpoint_url: str | None = None, progress=None, **kw) -> dict:
     """The whole verification: offline checks, and with ``endpoint_url`` the online ones. The
     report's ``ok`` is False when any check failed; "not measured" checks do not fail."""
     bundle, checks = offline(path)
     report: dict = {}
     if endpoint_url is not None:
-        report, more = online(bundle, endpoint_url, **kw)
+        report, more = online(bundle, endpoint_url, progress=progress, **kw)
         checks += more
     return {**report, "bundle": str(bundle.root), "format": bundle.manifest.format, "checks": checks,
             "failed": [c["name"] for c in checks if c["status"] == "fail"],

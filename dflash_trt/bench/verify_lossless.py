@@ -47,8 +47,12 @@ class Prompt:
 
 def read_prompts(path: str | Path, tokenizer, enable_thinking: bool | None = None) -> list[Prompt]:
     """``{"kind", "prompt"}`` or ``{"kind", "messages"}`` per line; chat rendered by the template."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DFlashError(f"--prompts {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     out = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:

@@ -102,6 +102,19 @@ def test_offline_holds_for_a_built_bundle_and_names_what_changed(good, tmp_path,
     assert "2 check(s) failed: files, config" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["--endpoint", "http://127.0.0.1:9"], "cannot reach http://127.0.0.1:9"),
+    (["--endpoint", "http://127.0.0.1:9", "--prompts", "/nonexistent.jsonl"],
+     "--prompts /nonexistent.jsonl: cannot read"),
+    (["--baseline", "http://127.0.0.1:9"], "go with --endpoint URL"),
+    (["--endpoint", "http://127.0.0.1:9", "--concurrency", "0"], "--concurrency needs positive integers"),
+])
+def test_bad_input_is_one_line_and_exit_2(good, argv, needle, capsys):
+    assert run(["verify", str(good), "--no-reference", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
 def test_an_older_bundle_is_told_to_rebuild_in_one_line(good, tmp_path, capsys):
     b = shutil.copytree(good, tmp_path / "b")
     m = json.loads((b / "manifest.json").read_text())
@@ -132,7 +145,7 @@ def test_a_good_deployment_passes_and_its_report_calibrates_the_plan(good, tmp_p
     assert acc["acceptance_length"] > 2 and len(acc["per_position_acceptance"]) == 7
     assert acc["per_position_acceptance"] == sorted(acc["per_position_acceptance"], reverse=True)  # prefix acceptance
     assert {(row["batch_size"], row["draft_len"]) for row in checks["schedule"]["details"]["rows"]} >= {(1, 7)}
-    assert r["stack"] == "embedded"
+    assert r["stack"] == "reference"     # the embedded server runs the reference runtime
     # the report is a bench report: plan --calibration reads its levels, with the draft length measured
     data = read_bench(tmp_path / "v.json")
     assert [lv["concurrency"] for lv in data["endpoint"]["levels"]] == [1, 3]

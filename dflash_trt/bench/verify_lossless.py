@@ -114,12 +114,15 @@ class ReferenceSide:
 
     def __init__(self, pair):
         self.pair = pair
+        self.lock: asyncio.Lock | None = None
 
     async def answer(self, prompt: Prompt, max_tokens: int) -> Answer:
         from dflash_trt.runtime import generate
 
-        gen = await asyncio.to_thread(generate, self.pair.target, None, [prompt.ids], max_new_tokens=max_tokens,
-                                      block_size=1, stop_token_ids=self.pair.stop_token_ids)
+        self.lock = self.lock or asyncio.Lock()
+        async with self.lock:    # one model, one generation at a time
+            gen = await asyncio.to_thread(generate, self.pair.target, None, [prompt.ids], max_new_tokens=max_tokens,
+                                          block_size=1, stop_token_ids=self.pair.stop_token_ids)
         ids = list(gen.token_ids[0])
         return Answer(ids, None, self.pair.decode(ids))
 
@@ -134,13 +137,16 @@ class ReferenceSide:
 
 def _sequences(a: Answer, b: Answer, tokenizer, stops: frozenset[int]) -> tuple[list, list, bool]:
     """The two completions in one currency: ids (a trailing stop token dropped: servers differ on
-    returning it), else token strings, else re-tokenized text (the flag: whether positions index
-    ids both sides agree on)."""
+    returning it), else token strings, else (ids one side, strings the other) equal texts agree and
+    differing ones are re-tokenized, their positions approximate (the flag: whether positions
+    index ids both sides agree on)."""
     if a.ids is not None and b.ids is not None:
         strip = lambda ids: ids[:-1] if ids and ids[-1] in stops else ids  # noqa: E731
         return strip(a.ids), strip(b.ids), True
     if a.tokens is not None and b.tokens is not None:
         return a.tokens, b.tokens, False
+    if a.text == b.text:    # ids on one side, token strings on the other: the same text agrees
+        return [a.text], [b.text], False
     enc = lambda x: x.ids if x.ids is not None else tokenizer(x.text, add_special_tokens=False)["input_ids"]  # noqa: E731
     return enc(a), enc(b), True
 
@@ -158,7 +164,7 @@ def compare(prompt: Prompt, served: Answer, base: Answer, tokenizer, reference: 
     stops = frozenset(reference.pair.stop_token_ids if reference is not None else [])
     stops |= {tokenizer.eos_token_id} if getattr(tokenizer, "eos_token_id", None) is not None else set()
     a, b, are_ids = _sequences(served, base, tokenizer, stops)
-    row = {"kind": prompt.kind, "prompt": prompt.text, "tokens": len(a), "agree": True}
+    row = {"kind": prompt.kind, "prompt": prompt.text, "tokens": len(served.ids or served.tokens or a), "agree": True}
     k = first_divergence(a, b)
     if k is None:
         return row

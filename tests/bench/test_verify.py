@@ -239,6 +239,9 @@ def test_a_near_tie_is_numerics_a_clear_margin_a_bug():
     assert bug["verdict"] == "bug" and bug["position"] == 2
     unknown = VL.compare(p, VL.Answer([5, 6], None, "", None), VL.Answer([8], None, "", None), Tok(), None)
     assert unknown["verdict"] == "not measured" and unknown["position"] == 0
+    # token strings one side (trtllm-serve's logprobs), ids the other (the reference runtime): texts compared
+    same = VL.compare(p, VL.Answer(None, ["a", "bc"], "abc"), VL.Answer([5, 6], None, "abc"), Tok(), None)
+    assert same["agree"] and same["tokens"] == 2
 
 
 def test_schedule_and_memory_rules():

@@ -156,7 +156,10 @@ def check_acceptance(w: verify_server.Window, m: ingest.Manifest, config: dict, 
     runs = w.draft_rounds or {(0, int(plan["max_draft_len"])): 1}
     expected = sum(n * planner.expected_tau(alpha, L) for (_, L), n in runs.items()) / sum(runs.values())
     details = {"source": source, "acceptance_length": w.tau, "per_position_acceptance": w.per_position,
-               "expected_acceptance_length": round(expected, 3), "rounds": w.rounds}
+               "expected_acceptance_length": round(expected, 3), "rounds": w.rounds,
+               # the plan's geometric model: P(position k accepted) = alpha^k
+               "expected_per_position_acceptance": [round(alpha ** k, 4)
+                                                    for k in range(1, len(w.per_position or []) + 1)]}
     if w.tau - 1 < COLLAPSE * (expected - 1):
         causes = likely_causes(m, config)
         return {"name": "acceptance", "status": "fail", "details": {**details, "likely_causes": causes},

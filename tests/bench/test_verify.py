@@ -143,6 +143,7 @@ def test_a_good_deployment_passes_and_its_report_calibrates_the_plan(good, tmp_p
     assert {p["kind"] for p in lossless} == {"code", "math", "prose", "chat"} and all(p["agree"] for p in lossless)
     acc = checks["acceptance"]["details"]
     assert acc["acceptance_length"] > 2 and len(acc["per_position_acceptance"]) == 7
+    assert len(acc["expected_per_position_acceptance"]) == 7
     assert acc["per_position_acceptance"] == sorted(acc["per_position_acceptance"], reverse=True)  # prefix acceptance
     assert {(row["batch_size"], row["draft_len"]) for row in checks["schedule"]["details"]["rows"]} >= {(1, 7)}
     assert r["stack"] == "reference"     # the embedded server runs the reference runtime

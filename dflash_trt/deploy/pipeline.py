@@ -186,6 +186,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         manifest = _write_bundle(r, p, tmp, say, progress, timings)
         timings["total"] = time.perf_counter() - t0
         manifest.timings = {k: round(v, 3) for k, v in timings.items()}
+        manifest.files = ingest.bundle_hashes(tmp)   # every file as built: dflash-trt verify checks them
         written = ingest.write_manifest(tmp, manifest)
         output.share(tmp)
         output.replace(tmp, out)

@@ -177,22 +177,24 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         trtllm.config(recipe, p, r.drafter, r.target)  # what build would write passes the release's schema
         return BuildResult(p, None, None, r)
 
-    say("resolving checkpoints")
-    w = resolve(recipe, weights=True)
-    if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
-        r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
-    tmp = output.start_partial(out)
-    try:
-        manifest = _write_bundle(r, p, tmp, say, progress, timings)
-        timings["total"] = time.perf_counter() - t0
-        manifest.timings = {k: round(v, 3) for k, v in timings.items()}
-        manifest.files = ingest.bundle_hashes(tmp)   # every file as built: dflash-trt verify checks them
-        written = ingest.write_manifest(tmp, manifest)
-        output.share(tmp)
-        output.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with output.lock(out):   # held to the swap: a second build to `out` fails at once
+        output.check_output(out, force)   # again: the output may have changed while we waited
+        say("resolving checkpoints")
+        w = resolve(recipe, weights=True)
+        if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
+            r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
+        tmp = output.start_partial(out)
+        try:
+            manifest = _write_bundle(r, p, tmp, say, progress, timings)
+            timings["total"] = time.perf_counter() - t0
+            manifest.timings = {k: round(v, 3) for k, v in timings.items()}
+            manifest.files = ingest.bundle_hashes(tmp)   # every file as built: dflash-trt verify checks them
+            written = ingest.write_manifest(tmp, manifest)
+            output.share(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        output.replace(tmp, out)   # a refused swap keeps the built bundle and says where
     return BuildResult(p, out, written, r)
 
 

@@ -73,3 +73,108 @@ def test_a_killed_builds_partial_is_swept_and_the_bundle_is_world_readable(tmp_p
     assert stat.S_IMODE((out / "trtllm" / "serve.sh").stat().st_mode) & 0o111 == 0o111
     # --force replaces a bundle
     assert run(["build", "-o", str(out), "--force"]) == 0
+
+
+# ---- issue 27: the swap where the output cannot be renamed, only a bundle's own files, the lock --------
+import errno  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from dflash_trt import ingest  # noqa: E402
+from dflash_trt.deploy import output, pipeline  # noqa: E402
+
+
+def _refuse_renaming(monkeypatch, out: Path, code: int) -> list:
+    """rename(2) onto or from ``out`` itself fails with ``code`` (a mount point, an immutable dir)."""
+    seen, real_os, real_path = [], os.rename, Path.rename
+
+    def guard(src, dst):
+        if Path(dst) == out or Path(src) == out:
+            seen.append((src, dst))
+            raise OSError(code, os.strerror(code), str(src))
+
+    monkeypatch.setattr(os, "rename", lambda s, d, **kw: guard(s, d) or real_os(s, d, **kw))
+    monkeypatch.setattr(Path, "rename", lambda self, d: guard(self, d) or real_path(self, d))
+    return seen
+
+
+@pytest.mark.parametrize("code", [errno.EBUSY, errno.EXDEV, errno.EPERM])
+def test_the_swap_works_where_the_output_cannot_be_renamed(tmp_path, capsys, monkeypatch, code):
+    out = tmp_path / "vol"
+    seen = _refuse_renaming(monkeypatch, out, code)
+    assert run(["build", "-o", str(out)]) == 0, capsys.readouterr().err
+    assert seen, "the rename onto the output was never tried"
+    assert ingest.check_files(ingest.open_bundle(out)) == []
+    assert run(["build", "-o", str(out), "--force"]) == 0, capsys.readouterr().err
+    assert ingest.check_files(ingest.open_bundle(out)) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["vol"]
+
+
+def test_a_mount_point_whose_parent_is_read_only_is_built_inside(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "mnt"
+    out.mkdir()   # an empty container volume; its parent is not writable
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == tmp_path else real(p, mode, **kw))
+    _refuse_renaming(monkeypatch, out, errno.EBUSY)
+    made = []
+    real_mkdir = Path.mkdir
+    monkeypatch.setattr(Path, "mkdir", lambda self, *a, **k: made.append(self) or real_mkdir(self, *a, **k))
+    assert run(["build", "-o", str(out)]) == 0, capsys.readouterr().err
+    assert any(p.parent == out and p.name.startswith(output.INSIDE) for p in made), made
+    assert ingest.check_files(ingest.open_bundle(out)) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["mnt"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_force_keeps_a_file_that_appeared_during_the_build(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert run(["build", "-o", str(out)]) == 0
+    real = pipeline._write_bundle
+
+    def meanwhile(*a, **k):
+        (out / "notes.txt").write_text("mine")
+        (out / "target" / "extra.bin").write_text("mine too")
+        return real(*a, **k)
+
+    monkeypatch.setattr(pipeline, "_write_bundle", meanwhile)
+    assert run(["build", "-o", str(out), "--force"]) == 0, capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine" and (out / "target" / "extra.bin").read_text() == "mine too"
+    assert sorted(ingest.check_files(ingest.open_bundle(out))) == ["notes.txt: not in the manifest (added after the build)",
+                                                             "target/extra.bin: not in the manifest (added after "
+                                                             "the build)"]
+
+
+def test_a_file_not_the_bundles_that_the_build_would_overwrite_stops_the_swap(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run(["build", "-o", str(out)]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    del m["files"]["trtllm/serve.sh"]          # serve.sh is now the user's file, not the bundle's
+    (out / "manifest.json").write_text(json.dumps(m))
+    (out / "trtllm" / "serve.sh").write_text("mine")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    err = _one_line(capsys, run(["build", "-o", str(out), "--force"]))
+    assert "trtllm/serve.sh" in err and "kept in" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    kept = Path(err.rsplit("kept in ", 1)[1])
+    assert (kept / "manifest.json").is_file()
+
+
+def test_an_older_bundle_that_lists_no_files_is_not_replaced(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run(["build", "-o", str(out)]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    del m["files"]
+    (out / "manifest.json").write_text(json.dumps(m))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert "lists no files" in _one_line(capsys, run(["build", "-o", str(out), "--force"]))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_second_build_to_the_same_output_fails_in_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    with output.lock(out):   # a build in progress (flock: a second open file conflicts, even in-process)
+        err = _one_line(capsys, run(["build", "-o", str(out)]))
+        assert "another build" in err and str(os.getpid()) in err
+        assert not out.exists()
+    assert run(["build", "-o", str(out)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]

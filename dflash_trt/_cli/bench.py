@@ -23,6 +23,7 @@ from dflash_trt._cli.common import (
     load_pair_from,
     out,
     print_json,
+    save_then_plot,
 )
 
 
@@ -142,14 +143,17 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
                              requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,
                              ignore_eos=ignore_eos,
                              progress=lambda url, c: status.update(f"benchmarking: {url} concurrency {c} done"))
-    if plot is not None:
+    refused = None
+    if plot is not None:   # the results are saved (PLOT.json) before the figure is drawn
         predicted, gpus = planned_curve(bundle)
-        loadgen.plot(report, plot, predicted=predicted, gpus=gpus)
-        report["plot"] = str(plot)
+        refused = save_then_plot(report, plot, lambda p: loadgen.plot(report, p, predicted=predicted, gpus=gpus))
+        report["plot"] = None if refused else str(plot)
     if as_json:
         print_json(report)
-        return
-    show_endpoint(report)
+    else:
+        show_endpoint(report)
+    if refused:
+        raise DFlashError(refused)
 
 
 def _fmt(x, spec: str = ".1f") -> str:

@@ -123,3 +123,25 @@ def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
         raise DFlashError("no drafter given: pass --drafter DIR_OR_HUB_ID")
     with err.status("loading models"):
         return load_pair(target, drafter, dtype=dtype)
+
+
+def save_then_plot(report: dict, path, draw) -> str | None:
+    """Results before the figure: ``report`` is written to PATH.json beside the plot, then
+    ``draw(path)`` runs. A long benchmark never loses its results to the plot: a file the
+    filesystem refuses (or a figure matplotlib cannot write) comes back as one line for the
+    caller to raise *after* it has printed the results (None: both written)."""
+    from pathlib import Path
+
+    path = Path(path)
+    saved = path.with_suffix(".json")
+    try:
+        saved.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    except (OSError, ValueError) as exc:
+        saved = None
+        why = f"cannot write the results to {path.with_suffix('.json')} ({getattr(exc, 'strerror', None) or exc})"
+    try:
+        draw(path)
+    except (OSError, ValueError, RuntimeError) as exc:
+        kept = f"the results are in {saved} and below" if saved else "the results are printed below"
+        return f"--plot {path}: cannot write the plot ({getattr(exc, 'strerror', None) or exc}); {kept}"
+    return None if saved else f"--plot {path}: {why}; the plot was written"

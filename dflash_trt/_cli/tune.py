@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dflash_trt._cli.common import JsonOpt, err, out, print_json
+from dflash_trt._cli.common import JsonOpt, err, out, print_json, save_then_plot
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
@@ -91,25 +91,35 @@ def _finish(T, t, measured, max_tokens, plot, dry_run, as_json) -> None:
     cal, rows = T.fit(t, T.as_report(measured, max_tokens))
     files = T.new_files(t, max_len, sched, drafted, T.tuned_record(measured, wins, cal.source))
     prevs = [] if dry_run else T.commit(files)
-    if plot is not None:
-        _plot(T, t, measured, wins, cal, drafted, plot)
+    result = {"bundle": str(t.root), "measured": {str(k): v for k, v in measured.items()}, "winners": wins,
+              "max_draft_len": max_len, "draft_len_schedule": sched, "written": not dry_run,
+              "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings}
+    refused = None
+    if plot is not None:   # measured results saved (PLOT.json) before the figure is drawn
+        refused = save_then_plot(result, plot, lambda p: _plot(T, t, measured, wins, cal, drafted, p))
     if as_json:
-        print_json({"bundle": str(t.root), "measured": {str(k): v for k, v in measured.items()}, "winners": wins,
-                    "max_draft_len": max_len, "draft_len_schedule": sched, "written": not dry_run,
-                    "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings,
-                    "plot": str(plot) if plot is not None else None})
+        print_json({**result, "plot": str(plot) if plot is not None and not refused else None})
+        _refused(refused)
         return
     _show_sweep(measured, wins)
     _show_fit(rows, cal, t)
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {w}")
-    if plot is not None:
+    if plot is not None and not refused:
         out.print(f"plot: {plot}")
     what = f"max_draft_len {max_len}, draft_len_schedule {sched}"
     if dry_run:
         out.print(f"dry run: would write {what}; nothing written")
     else:
         out.print(f"wrote {what} into {t.root} (previous: {', '.join(p.name for p in prevs)})")
+    _refused(refused)
+
+
+def _refused(message: str | None) -> None:
+    if message:
+        from dflash_trt.errors import DFlashError
+
+        raise DFlashError(message)
 
 
 def _bar(total: int):

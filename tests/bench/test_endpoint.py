@@ -105,3 +105,28 @@ def test_where_drafting_stops_paying():
     c = compare(levels([(1, 300), (8, 900), (32, 1000)]), levels([(1, 100), (8, 600), (32, 1250)]))
     assert [r["speedup"] for r in c["speedup"]] == [3.0, 1.5, 0.8]
     assert c["stops_paying_at"] == 32
+
+
+def test_a_plot_the_filesystem_refuses_keeps_the_results(servers, tmp_path, capsys, monkeypatch):
+    """Issue 27: the results are saved before the figure; a refused plot is one line, exit 2."""
+    import errno
+
+    import matplotlib.figure
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    png = tmp_path / "speed.png"
+    argv = ["bench", "--endpoint", servers[0].url, "--concurrency", "1", "--max-tokens", "4", "--requests", "2",
+            "--json", "--plot"]
+    assert run([*argv, str(png)]) == 2
+    cap = capsys.readouterr()
+    assert len(cap.err.strip().splitlines()) == 1 and "No space left" in cap.err and "Traceback" not in cap.err
+    printed = json.loads(cap.out)
+    saved = json.loads(png.with_suffix(".json").read_text())
+    assert saved["endpoint"]["levels"] == printed["endpoint"]["levels"] and printed["plot"] is None
+    # nowhere to write at all: the results are still printed
+    assert run([*argv, str(tmp_path / "missing" / "speed.png")]) == 2
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["endpoint"]["levels"] and len(cap.err.strip().splitlines()) == 1

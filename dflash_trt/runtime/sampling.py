@@ -21,6 +21,7 @@ and :func:`select_rows` apply each row's own parameters in one batch (what the l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,8 +38,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise DFlashError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise DFlashError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise DFlashError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -49,9 +50,20 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# The smallest temperature divided by: below it float32 scores overflow (or the divisor rounds to
+# 0); the warp is then already its T -> 0 limit (uniform over the argmax ties), so clamping is exact.
+_MIN_T = torch.finfo(torch.float32).tiny
+
+
 def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Warped distribution over the vocabulary (float32), same shape as logits."""
-    scores = logits.float() / p.temperature
+    """Warped distribution over the vocabulary (float32), same shape as logits.
+
+    Defined for every accepted parameter: the logits are shifted so their maximum is 0 before
+    dividing by ``max(T, float32 tiny)`` (no inf - inf for a tiny T), any ``top_k`` (>= vocab: no
+    cut), and top-p always keeps the most likely token (a ``top_p`` that rounds to 0 in float32
+    is greedy over the warped scores, never an empty set)."""
+    x = logits.float().clamp(max=torch.finfo(torch.float32).max)   # an fp16 overflow (+inf) is its max
+    scores = (x - x.amax(-1, keepdim=True)) / max(p.temperature, _MIN_T)
     vocab = scores.shape[-1]
     if 0 < p.top_k < vocab:
         kth = torch.topk(scores, p.top_k, dim=-1).values[..., -1:]
@@ -59,7 +71,8 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     out = torch.softmax(scores, dim=-1)
     if p.top_p < 1.0:
         sorted_p, order = out.sort(dim=-1, descending=True)
-        keep = (sorted_p.cumsum(-1) - sorted_p) < p.top_p  # always keeps the top token
+        keep = (sorted_p.cumsum(-1) - sorted_p) < p.top_p
+        keep[..., 0] = True   # the top token, always
         sorted_p = sorted_p * keep
         out = torch.zeros_like(out).scatter(-1, order, sorted_p)
         out = out / out.sum(-1, keepdim=True)

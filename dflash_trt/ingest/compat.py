@@ -209,7 +209,13 @@ def _check_dtype(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
 
 def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> None:
     if t.tokenizer_files:
-        r.add("tokenizer", "ok", ", ".join(t.tokenizer_files))
+        from dflash_trt.ingest.tokenizer import probe
+
+        why = probe(t.path, t.vocab_size)
+        if why:
+            r.add("tokenizer", "error", why)
+        else:
+            r.add("tokenizer", "ok", f"{', '.join(t.tokenizer_files)} (loads, round-trips a probe)")
     elif not require_weights:
         r.add("tokenizer", "warn", f"{t.path}: tokenizer absent (config-only directory)")
     else:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,9 +108,41 @@ class WeightSet:
         return out
 
 
+def check_regular(path: Path) -> None:
+    """Refuse a path that exists and is not a regular file: a FIFO, socket or device is never
+    opened (a read from one can block forever). A missing path passes: its reader says so."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a plain file")
+        raise CheckpointError(f"{path}: is {kind}, not a regular file; dflash-trt reads only regular files")
+
+
+def refuse_special(root: Path, what: str = "checkpoint") -> None:
+    """Refuse a directory holding a FIFO, socket or device (tokenizer and weight readers would open
+    it and hang); hidden entries (caches) are skipped. Symlinks are judged by their target."""
+    root = Path(root)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = [n for n in dirnames if not n.startswith(".")]
+        for n in filenames:
+            if not n.startswith("."):
+                p = Path(dirpath) / n
+                try:
+                    mode = p.stat().st_mode
+                except OSError:
+                    continue   # a dangling symlink: whoever needs the file says it is missing
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    check_regular(p)
+
+
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """Parse and check one safetensors header against the file's real size."""
     name = path.name
+    check_regular(path)
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -258,6 +292,7 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    check_regular(path)
     h = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(chunk):

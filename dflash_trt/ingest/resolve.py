@@ -7,6 +7,7 @@ reader runs (a missing or malformed file is one line naming it).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
@@ -40,6 +41,7 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
     except RuntimeError:  # "~nosuchuser/x": no such user's home
         raise CheckpointError(f"{role} {ref!r}: no such directory (cannot expand {ref.split('/')[0]!r})") from None
     if path.is_dir():
+        files.refuse_special(path, role)
         return path
     if path.exists():
         raise CheckpointError(f"{role} {ref!r}: is a file; pass the model's directory")
@@ -56,9 +58,26 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
     return hub.download(repo_id, revision or rev, role, expected_bytes)
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows to {value}")
+    return value
+
+
+def loads_strict(text: str | bytes):
+    """``json.loads`` refusing NaN, Infinity and numbers that overflow a float (ValueError)."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+
+
 def read_json(path: Path) -> dict:
+    files.check_regular(path)
     try:
-        data = json.loads(path.read_text())
+        data = loads_strict(path.read_text())
     except FileNotFoundError as exc:
         raise CheckpointError(f"{path}: missing") from exc
     except (ValueError, UnicodeDecodeError) as exc:

@@ -7,6 +7,7 @@ quantized (ModelOpt, MXFP4, FP8, ...). Each failure is one line naming the file.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,6 +206,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     vocab = positive_int(text if "vocab_size" in text else raw, "vocab_size", where)
     kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", hidden // heads)
     theta, scaling = flatten_rope(text)
+    _check_numbers(text, theta, where)
     ws = files.scan(path, require=require_weights, what="target")
     spec = TargetSpec(
         path=path, raw_config=raw, architecture=archs[0] if archs else "?", model_type=model_type,
@@ -227,6 +229,28 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     if ws.present:
         _check_target_tensors(spec)
     return spec
+
+
+# Config numbers the model computes with: each must be a finite number in its range, else the
+# runtime runs and produces nonsense (an rms_norm_eps of 0 or a negative rope_theta).
+_RANGES = {"rms_norm_eps": (0.0, 1.0), "layer_norm_eps": (0.0, 1.0), "layer_norm_epsilon": (0.0, 1.0),
+           "initializer_range": (0.0, None), "attention_dropout": (-1e-12, 1.0)}
+
+
+def _check_numbers(text: dict, theta, where: Path) -> None:
+    """One line for a config number that is not a number, not finite, or out of its range."""
+    for key, (lo, hi) in {**_RANGES, "rope_theta": (0.0, None)}.items():
+        value = theta if key == "rope_theta" else text.get(key)
+        if value is None:
+            continue
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and value > lo and (hi is None or value <= hi))
+        if not ok:
+            rng = f"in ({lo:g}, {hi:g}]" if hi is not None else f"> {lo:g}"
+            raise CheckpointError(f"{where}: {key} is {value!r}; it must be a finite number {rng}")
+    mpe = text.get("max_position_embeddings")
+    if mpe is not None:
+        positive_int(text, "max_position_embeddings", where)
 
 
 def _check_target_tensors(spec: TargetSpec) -> None:

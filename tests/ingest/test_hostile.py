@@ -91,6 +91,28 @@ def _int8_target(t: Path, d: Path):
     save_file(tensors, str(t / "model.safetensors"), metadata={"format": "pt"})
 
 
+def _write(name: str, text: str, role: str = "target"):
+    def mutate(t: Path, d: Path):
+        ((t if role == "target" else d) / name).write_text(text)
+    return mutate
+
+
+def _fifo(name: str):
+    def mutate(t: Path, d: Path):
+        import os
+
+        (t / name).unlink(missing_ok=True)
+        os.mkfifo(t / name)   # never opened: a read would block forever
+    return mutate
+
+
+def _raw_config(old: str, new: str):
+    def mutate(t: Path, d: Path):
+        f = t / "config.json"
+        f.write_text(f.read_text().replace(old, new, 1))
+    return mutate
+
+
 CASES = {
     # malformed safetensors headers
     "dtype is a list": (_edit_entry("target", lambda h, n: h[n].update(dtype=[h[n]["dtype"]])),
@@ -116,6 +138,19 @@ CASES = {
     "deeply nested config": (_deep, "nested too deeply"),
     "drafter layers is a word": (_set("drafter", ["num_hidden_layers"], "two"), "num_hidden_layers"),
     "drafter negative hidden size": (_set("drafter", ["hidden_size"], -64), "hidden_size"),
+    # issue 27: tokenizers that do not load or round-trip, non-finite and impossible numbers, special files
+    "tokenizer.json is garbage": (_write("tokenizer.json", "\x00garbage{"), "the tokenizer does not load"),
+    "tokenizer.json is mis-structured": (_write("tokenizer.json", '{"model": 5, "added_tokens": "x"}'),
+                                         "the tokenizer does not load"),
+    "rms_norm_eps is NaN": (_set("target", ["rms_norm_eps"], float("nan")), "NaN is not a number"),
+    "rope_theta overflows": (_raw_config('"rope_theta": ', '"rope_theta": 1e999, "x": '), "overflows"),
+    "rms_norm_eps is zero": (_set("target", ["rms_norm_eps"], 0), "rms_norm_eps is 0"),
+    "rope_theta is negative": (_raw_config('"rope_theta": 10000.0', '"rope_theta": -10000.0'),
+                               "rope_theta is -10000.0"),
+    "max_position_embeddings is negative": (_set("target", ["max_position_embeddings"], -1),
+                                            "max_position_embeddings is -1"),
+    "tokenizer.json is a FIFO": (_fifo("tokenizer.json"), "is a FIFO"),
+    "model.safetensors is a FIFO": (_fifo("model.safetensors"), "is a FIFO"),
     # weights that do not match or are not floats
     "transposed target tensor": (_transposed, "up_proj"),
     "int8 target without a quantization config": (_int8_target, "no quantization config"),

@@ -75,13 +75,19 @@ def build(
     set_: SetOpt = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Resolve, validate and plan from configs; write nothing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle: only the files its "
+                                                    "manifest lists; other files in the directory are kept.")] = False,
     engine: Annotated[str | None, typer.Option(
         "--engine", help="trtllm (TensorRT-LLM PyTorch backend), or tensorrt: also export ONNX with the DFlash custom "
                          "ops to OUT/onnx and build OUT/engines where TensorRT and a GPU are present.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh."""
+    """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh.
+
+    Paths: a value given on the command line (a flag or --set) is relative to the working directory; one
+    written in a recipe file is relative to that file. A model id is a local directory when it starts with
+    ./, ../, / or ~ (on the command line also when it names an existing directory), else a hub id
+    org/name[@revision]. One build at a time per output (a second fails at once)."""
     from dflash_trt import deploy as pipeline
 
     flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype,

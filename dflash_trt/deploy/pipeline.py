@@ -63,7 +63,8 @@ def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
             raise DFlashError(f"{role}.config {path}: no config.json there")
         return path
     kwargs = {"revision": ref.revision} if ref.revision else {}
-    return ingest.resolve(ref.id, role, expected_bytes=_expected_bytes(recipe, ref), **kwargs)
+    local = Path(ref.id).is_absolute() or ref.id.startswith(ingest.EMBEDDED_PREFIX)   # anchored by the recipe
+    return ingest.resolve(ref.id, role, expected_bytes=_expected_bytes(recipe, ref), hub_only=not local, **kwargs)
 
 
 def _expected_bytes(recipe: Recipe, ref) -> int | None:

@@ -23,12 +23,14 @@ def embedded_dir(name: str) -> Path:
     return Path(str(resources.files("dflash_trt") / "assets" / name))
 
 
-def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None) -> Path:
+def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None,
+            hub_only: bool = False) -> Path:
     """A local directory for a model reference.
 
     ``embedded:NAME`` -> the packaged asset; an existing directory -> itself;
     ``org/name[@revision]`` -> a Hugging Face snapshot (configs, tokenizer, safetensors only),
     after checking ``expected_bytes`` (its size, when known) against the free disk space.
+    ``hub_only``: never a local directory (a recipe's id by its path rule, ``plan.PATH_RULE``).
     """
     ref = str(ref)
     if ref.startswith(EMBEDDED_PREFIX):
@@ -36,6 +38,14 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
         if not (path / "config.json").exists():
             raise CheckpointError(f"{role} {ref!r}: no such embedded model in this installation")
         return path
+    if hub_only:   # a recipe's id that is not a local path by the recipe path rule
+        from dflash_trt.ingest import hub
+
+        hub_id = hub.parse_hub_id(ref)
+        if hub_id is None:
+            raise CheckpointError(f"{role} {ref!r}: not a hub id org/name[@revision]; a local directory starts "
+                                  "with ./, ../ or /")
+        return hub.download(hub_id[0], revision or hub_id[1], role, expected_bytes)
     try:
         path = Path(ref).expanduser()
     except RuntimeError:  # "~nosuchuser/x": no such user's home

@@ -30,11 +30,12 @@ class _Strict(BaseModel):
 
 
 class ModelRef(_Strict):
-    id: str = Field(description="Hub id (org/name[@revision]), local directory, or 'embedded:NAME'.")
+    id: str = Field(description="Hub id (org/name[@revision]), local directory (starting with ./, ../, / or ~), "
+                                "or 'embedded:NAME'.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit); overrides '@rev' in id.")
     config: str | None = Field(
         None, description="Directory with the model's config files, for offline validation and planning "
-        "(relative paths are relative to the recipe file).",
+        "(relative to the recipe file; typed on the command line, to the working directory).",
     )
 
 
@@ -266,7 +267,52 @@ def from_dict(data: dict, where: str = "recipe", source: Path | None = None,
     except ValidationError as exc:
         raise RecipeError(_format_validation(exc, where, owned)) from None
     recipe.source = source
+    _anchor_paths(recipe, source, [f.keys for f in fields] + [tuple(k) for k in set_keys])
     return recipe
+
+
+# The one path rule. A value typed on the command line (a flag, --set) is relative to the working
+# directory; a value written in a recipe file is relative to that file. A model `id` is a local
+# path only when it starts with ./, ../, / or ~ (or, typed on the command line, names an existing
+# directory); otherwise it is a hub id (org/name[@rev]) or embedded:NAME. After loading, every
+# local path in a Recipe is absolute, so no later reader has to know where it came from.
+PATH_KEYS = (("target", "config"), ("drafter", "config"), ("precision", "calib"))
+ID_KEYS = (("target", "id"), ("drafter", "id"))
+LOCAL_PREFIXES = ("./", "../", "/", "~")
+PATH_RULE = ("Paths: a value given on the command line (a flag or --set) is relative to the working directory; "
+             "one written in a recipe file is relative to that file. A model id is a local directory when it "
+             "starts with ./, ../, / or ~ (on the command line also when it names an existing directory), else a "
+             "hub id org/name[@revision].")
+
+
+def _anchor_paths(recipe: Recipe, source: Path | None, typed: list[tuple[str, ...]]) -> None:
+    """Make the recipe's local paths absolute by :data:`PATH_RULE` (``typed``: key paths set on
+    the command line; a key is typed when it or a section holding it is)."""
+    base = source.parent if source is not None else Path.cwd()
+    for keys in PATH_KEYS + ID_KEYS:
+        section = getattr(recipe, keys[0])
+        value = getattr(section, keys[1])
+        if value is None:
+            continue
+        on_cli = any(keys[:len(k)] == k for k in typed)
+        is_id = keys[1] == "id"
+        local = str(value).startswith(LOCAL_PREFIXES) or (on_cli and is_id and _is_dir(value))
+        if is_id and not local:
+            continue
+        try:
+            path = Path(value).expanduser()
+        except RuntimeError:   # ~nosuchuser: left for the reader's one-line error
+            continue
+        if not path.is_absolute():
+            path = (Path.cwd() if on_cli else base) / path
+        setattr(section, keys[1], str(path))
+
+
+def _is_dir(value: str) -> bool:
+    try:
+        return Path(value).expanduser().is_dir()
+    except (RuntimeError, OSError):
+        return False
 
 
 def load(name_or_path: str | Path, overrides: list[str] | None = None, fields: list[FieldValue] = ()) -> Recipe:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -97,7 +98,8 @@ def test_flags_land_in_typed_fields_without_yaml():
     r = recipe_from_flags("qwen3-8b-h100-fp8", "org/t", None, flags, None)
     # YAML would have read "100" as an int (refused for a name) and cut "calib #1.txt" at the comment.
     assert r.gpu.name == "100" and r.gpu.count == 2 and isinstance(r.gpu.count, int)
-    assert (r.precision.weights, r.precision.kv_cache, r.precision.calib) == ("fp8", "fp8", "calib #1.txt")
+    calib = str(Path.cwd() / "calib #1.txt")   # typed on the command line: relative to the working directory
+    assert (r.precision.weights, r.precision.kv_cache, r.precision.calib) == ("fp8", "fp8", calib)
     assert r.engine == "tensorrt"
     assert (r.target.id, r.target.config, r.target.revision) == ("org/t", None, None)  # the recipe's config dir goes
     assert r.drafter == R.load("qwen3-8b-h100-fp8").drafter

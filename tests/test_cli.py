@@ -127,3 +127,18 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 130 and err == "interrupted", err
     assert recipes_cmd  # the command module the patch reaches
+
+
+def test_generate_honours_the_context_as_the_server_does(capsys, tmp_path):
+    """Issue 27: generate refused nothing; the server answers 400 context_length_exceeded."""
+    long = "word " * 2100   # the tiny target's context is 2048 tokens
+    assert run(["generate", "-p", long, "-n", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "context is 2048 tokens" in err
+    assert run(["generate", "-p", "hello", "-n", "5000"]) == 2
+    assert "pass -n" in capsys.readouterr().err
+    out = tmp_path / "b"
+    assert run(["build", "-o", str(out), "--set", "serving.max_seq_len=64"]) == 0
+    capsys.readouterr()
+    assert run(["generate", str(out), "-p", "hello", "-n", "64"]) == 2   # the bundle's planned context
+    assert "context of 64 tokens" in capsys.readouterr().err

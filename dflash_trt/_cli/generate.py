@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
@@ -51,7 +52,9 @@ def generate(
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle,
                           bundle_opt=bundle_opt, kernels=kernels, backend=backend)
-    ids = pair.encode(prompt, chat=chat)
+    with _quiet("transformers"):   # its "longer than the maximum" warning: check_context says it in one line
+        ids = pair.encode(prompt, chat=chat)
+    check_context(len(ids), max_new_tokens, context_len(pair, bundle or bundle_opt))
     drafter_model = pair.drafter if block_size != 1 else None
     res = run(pair.target, drafter_model, [ids], max_new_tokens=max_new_tokens, sampling=params,
               block_size=block_size, stop_token_ids=pair.stop_token_ids, backend=pair.backend)
@@ -73,6 +76,45 @@ def generate(
         f"{s.target_forwards} target forwards, {s.tokens_per_second:.1f} tok/s; "
         f"per-position acceptance [{per_pos}][/dim]"
     )
+
+
+@contextlib.contextmanager
+def _quiet(logger: str):
+    import logging
+
+    lg = logging.getLogger(logger)
+    level = lg.level
+    lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        lg.setLevel(level)
+
+
+def context_len(pair, bundle: str | None) -> int:
+    """The context the server would serve this pair with: the bundle's planned ``max_seq_len``,
+    else the model's ``max_position_embeddings`` (serve/app.py's rule)."""
+    if bundle is not None:
+        from dflash_trt import ingest
+
+        planned = ingest.open_bundle(bundle).serve.max_seq_len
+        if planned:
+            return int(planned)
+    return int(getattr(pair.target.config, "max_position_embeddings", 0) or 4096)
+
+
+def check_context(n: int, max_new: int, ctx: int) -> None:
+    """The server's refusals (``serve.routes.make_job``), as one line: an empty prompt, a prompt that
+    fills the context, a prompt plus -n past it."""
+    from dflash_trt.errors import DFlashError
+
+    if n == 0:
+        raise DFlashError("the prompt is empty (0 tokens)")
+    if n >= ctx:
+        raise DFlashError(f"the prompt has {n} tokens; this model's context is {ctx} tokens")
+    if n + max_new > ctx:
+        raise DFlashError(f"prompt ({n} tokens) + --max-new-tokens ({max_new}) exceeds this model's context of "
+                          f"{ctx} tokens; pass -n {ctx - n} or less")
 
 
 def register(app: typer.Typer) -> None:

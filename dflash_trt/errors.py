@@ -47,3 +47,28 @@ def require(module: str, extra: str, purpose: str):
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError(module.split(".")[0], extra, purpose) from exc
+
+
+def read_text(path, what: str) -> str:
+    """A user's text file (recipe, prompts, calibration, a report) as str, or one line naming it:
+    missing, unreadable, not a regular file (a FIFO or device is never opened: a read can block
+    forever), or not UTF-8 text. ``what`` names it as the user gave it (``--prompts``)."""
+    import stat
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise DFlashError(f"{what} {p}: not a regular file; pass a text file")
+        with open(p, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise DFlashError(f"{what} {p}: cannot read it (no such file)") from None
+    except OSError as exc:
+        raise DFlashError(f"{what} {p}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise DFlashError(f"{what} {p}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line})") from None

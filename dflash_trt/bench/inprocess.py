@@ -14,17 +14,17 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import DFlashError, read_text
 from dflash_trt.runtime import Pair, Stats, generate
 
 
 def read_prompts(path: str | Path) -> list[str]:
     """One prompt per line, or JSONL objects with a 'prompt' field."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise DFlashError(f"prompts file {p} does not exist")
     out = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in enumerate(read_text(p, "prompts file").splitlines(), 1):
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
@@ -32,7 +32,9 @@ def read_prompts(path: str | Path) -> list[str]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DFlashError(f"{p}:{n}: invalid JSON: {exc.msg}") from None
-            if not isinstance(obj.get("prompt"), str):
+            except RecursionError:
+                raise DFlashError(f"{p}:{n}: JSON nested too deeply") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise DFlashError(f"{p}:{n}: JSONL lines need a string 'prompt' field")
             out.append(obj["prompt"])
         else:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt import ingest
-from dflash_trt.errors import CheckpointError, DFlashError, require
+from dflash_trt.errors import CheckpointError, DFlashError, read_text, require
 from dflash_trt.plan import PrecisionSpec
 
 ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
@@ -57,19 +57,21 @@ def calibration_texts(calib: str | Path | None) -> list[str]:
     if calib is None:
         return list(BUILTIN_CALIBRATION)
     path = Path(calib)
-    if not path.is_file():
+    if not path.exists():
         raise DFlashError(f"calibration file {path} does not exist")
     texts = []
-    for line in path.read_text().splitlines():
+    for line in read_text(path, "calibration file").splitlines():
         line = line.strip()
         if not line:
             continue
         if line.startswith("{"):
             try:
                 obj = json.loads(line)
-                line = obj.get("prompt") or obj.get("text") or ""
-            except json.JSONDecodeError:
+                line = (obj.get("prompt") or obj.get("text") or "") if isinstance(obj, dict) else line
+            except (json.JSONDecodeError, RecursionError):
                 pass
+            if not isinstance(line, str):
+                raise DFlashError(f"calibration file {path}: a JSONL 'prompt'/'text' is not a string")
         if line:
             texts.append(line)
     if not texts:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import DFlashError, read_text
 from dflash_trt.plan import hardware
 from dflash_trt.plan.deployment import weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
@@ -30,15 +30,48 @@ def read_bench(path: Path) -> dict:
     """A ``dflash-trt bench --endpoint ... --json`` report (or ``tune --json``), checked."""
     f = Path(path)
     try:
-        data = json.loads(f.read_text())
-    except OSError as exc:
-        raise DFlashError(f"--calibration {f}: cannot read it ({exc.strerror})") from None
+        data = json.loads(read_text(f, "--calibration"))
     except json.JSONDecodeError as exc:
         raise DFlashError(f"--calibration {f}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
+    except RecursionError:
+        raise DFlashError(f"--calibration {f}: JSON nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("endpoint"), dict) \
             or not isinstance(data["endpoint"].get("levels"), list):
         raise DFlashError(f"--calibration {f}: not the JSON of 'dflash-trt bench --endpoint URL --json'")
+    for key in ("endpoint", "baseline"):
+        side = data.get(key)
+        levels = side.get("levels") if isinstance(side, dict) else None
+        if key == "baseline" and side is None:
+            continue
+        if not isinstance(levels, list):
+            raise DFlashError(f"--calibration {f}: {key}.levels is not a list")
+        for i, lv in enumerate(levels):
+            why = _bad_level(lv)
+            if why:
+                raise DFlashError(f"--calibration {f}: {key}.levels[{i}]: {why}")
     return data
+
+
+# A level's numbers: (key, smallest allowed, integer?); None is "not reported" where allowed.
+_LEVEL_NUMBERS = (("concurrency", 1, True), ("draft_len", 0, True), ("tokens_per_second_per_user", 0, False),
+                  ("acceptance_length", 1, False))
+
+
+def _bad_level(lv) -> str | None:
+    """Why a measured level cannot be fitted (a wrong type, a non-finite or impossible number), or None."""
+    import math
+
+    if not isinstance(lv, dict):
+        return "not an object"
+    for key, low, integer in _LEVEL_NUMBERS:
+        v = lv.get(key)
+        if v is None and key != "concurrency":
+            continue
+        ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+        if isinstance(v, bool) or not ok or not math.isfinite(v) or v < low:
+            kind = "an integer" if integer else "a finite number"
+            return f"{key} is {v!r}; it must be {kind} >= {low}"
+    return None
 
 
 def _drafting(report: dict, key: str) -> bool:

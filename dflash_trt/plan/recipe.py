@@ -14,19 +14,23 @@ import copy
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dflash_trt.errors import RecipeError
+from dflash_trt.errors import RecipeError, read_text
 from dflash_trt.plan import trtllm_releases
 
 Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no NaN or infinity in any recipe number (a plan computed from one is nonsense)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+Rate = Annotated[float, Field(ge=0.0, le=1.0)]   # a share of rounds: acceptance rates are in [0, 1]
 
 
 class ModelRef(_Strict):
@@ -102,8 +106,9 @@ class SpeculativeSpec(_Strict):
                           "release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 "
                           "-> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.")
     acceptance: float | None = Field(
-        None, gt=0, description="Expected acceptance length tau for planning (default: per-family estimate).")
-    per_position_acceptance: list[float] | None = Field(
+        None, ge=1.0, description="Expected acceptance length tau (>= 1: tokens per target forward) for planning "
+                                  "(default: per-family estimate).")
+    per_position_acceptance: list[Rate] | None = Field(
         None, description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` "
                           "prints); the planner's tau(L) sums them (geometric beyond the last).")
     attention_backend: Literal["auto", "TRTLLM", "FA4", "VANILLA"] = Field(
@@ -324,7 +329,7 @@ def load(name_or_path: str | Path, overrides: list[str] | None = None, fields: l
         names = ", ".join(bundled()) or "none"
         raise RecipeError(f"no recipe {str(name_or_path)!r}: not a file, nor a bundled recipe ({names})")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(read_text(path, "recipe")) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" line {mark.line + 1}" if mark else ""

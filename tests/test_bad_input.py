@@ -1,0 +1,88 @@
+"""One line on stderr and exit 2 for every bad-input class of issue 27 (text that is not UTF-8,
+files that are not regular files, wrong types and out-of-range or non-finite numbers in recipes,
+--set, data files), run in-process through ``dflash_trt.cli.run``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_trt.cli import run
+from dflash_trt.plan import recipe as R
+
+
+def _one_line(capsys, code) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def _tiny_recipe(tmp_path: Path, **speculative) -> Path:
+    data = yaml.safe_load(R.bundled()["tiny"].read_text())
+    data["speculative"] = {**data.get("speculative", {}), **speculative}
+    f = tmp_path / "r.yaml"
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+def _bench_report(levels) -> dict:
+    return {"endpoint": {"url": "x", "levels": levels}}
+
+
+GOOD_LEVEL = {"concurrency": 1, "tokens_per_second_per_user": 50.0, "acceptance_length": 2.0}
+
+
+CASES = {
+    "recipe is not UTF-8": (lambda d: ["plan", str(_bytes(d / "r.yaml", b"name: \xff\xfe\n"))], "not UTF-8"),
+    "recipe acceptance below 1": (lambda d: ["plan", str(_tiny_recipe(d, acceptance=0.5))], "acceptance"),
+    "recipe per-position acceptance above 1": (
+        lambda d: ["plan", str(_tiny_recipe(d, per_position_acceptance=[0.9, 1.5]))], "per_position_acceptance"),
+    "recipe acceptance NaN": (lambda d: ["plan", str(_bytes(d / "r.yaml", _tiny_recipe(d).read_bytes().replace(
+        b"acceptance: 3.1", b"acceptance: .nan")))], "finite"),
+    "--set per-position acceptance negative": (
+        lambda d: ["plan", "--set", "speculative.per_position_acceptance=[-0.1]"], "per_position_acceptance"),
+    "--set a list where a number goes": (lambda d: ["plan", "--set", "serving.max_batch_size=[1]"], "max_batch_size"),
+    "--set an overflowing number": (lambda d: ["plan", "--set", "gpu.count=1e999"], "gpu.count"),
+    "prompts not UTF-8": (lambda d: ["bench", "--prompts", str(_bytes(d / "p.txt", b"hi\n\xc3\x28\n"))],
+                          "not UTF-8 text (byte 0xc3 on line 2)"),
+    "prompts JSONL line is a list": (lambda d: ["bench", "--prompts", str(_bytes(d / "p.txt", b'{"prompt": 1}\n'))],
+                                     "string 'prompt'"),
+    "prompts is a FIFO": (lambda d: ["bench", "--prompts", str(_fifo(d / "p.txt"))], "not a regular file"),
+    "calibration not UTF-8": (lambda d: ["plan", "--calibration", str(_bytes(d / "c.json", b"\xff"))], "not UTF-8"),
+    "calibration concurrency is a word": (lambda d: ["plan", "--calibration", str(_json(d / "c.json", _bench_report(
+        [{**GOOD_LEVEL, "concurrency": "four"}])))], "concurrency is 'four'"),
+    "calibration acceptance below 1": (lambda d: ["plan", "--calibration", str(_json(d / "c.json", _bench_report(
+        [{**GOOD_LEVEL, "acceptance_length": 0.3}])))], "acceptance_length is 0.3"),
+    "calibration rate is NaN": (lambda d: ["plan", "--calibration", str(_bytes(d / "c.json", json.dumps(
+        _bench_report([{**GOOD_LEVEL, "tokens_per_second_per_user": float("nan")}])).encode()))],
+                                "tokens_per_second_per_user is nan"),
+    "generate temperature NaN": (lambda d: ["generate", "-p", "hi", "--temperature", "nan"], "temperature"),
+}
+
+
+def _bytes(f: Path, data: bytes) -> Path:
+    f.write_bytes(data)
+    return f
+
+
+def _json(f: Path, obj) -> Path:
+    f.write_text(json.dumps(obj))
+    return f
+
+
+def _fifo(f: Path) -> Path:
+    os.mkfifo(f)
+    return f
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv, needle = CASES[case]
+    err = _one_line(capsys, run(argv(tmp_path)))
+    assert needle in err, err

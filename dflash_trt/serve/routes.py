@@ -58,6 +58,23 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
     return error(server_of(request), 400, message, param=param)
 
 
+async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """Anything unforeseen in a handler: still an OpenAI error object, counted (never plain text)."""
+    return error(server_of(request), 500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+async def tokenize(fn, *args, param: str):
+    """Tokenise off the event loop (a large body takes a while: /health and streams keep going);
+    text the tokenizer cannot encode (a lone surrogate, ...) is the client's 400, naming ``param``."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except APIError:
+        raise
+    except (UnicodeError, ValueError, TypeError) as exc:
+        raise APIError(400, f"the {param} cannot be tokenized: {type(exc).__name__}: {str(exc)[:200]}",
+                       param=param) from None
+
+
 # ---- request -> job ---------------------------------------------------------------------
 def accept(request: Request, req) -> ServerState:
     """The checks every generation request passes first: the model it names, supported fields."""
@@ -187,8 +204,7 @@ async def prometheus(request: Request):
 async def completions(request: Request, req: CompletionRequest):
     server = accept(request, req)
     prompt = req.prompt_value()
-    # tokenising a large body takes a while: off the event loop, so /health and streams keep going
-    ids = prompt if isinstance(prompt, list) else await asyncio.to_thread(server.pair.encode, prompt)
+    ids = prompt if isinstance(prompt, list) else await tokenize(server.pair.encode, prompt, param="prompt")
     job = make_job(server, req, ids, req.max_tokens, server.default_max_tokens)
     body = await respond(request, server, req, job, chat=False)
     if req.return_token_ids and isinstance(body, dict):  # full responses only; regeneration reads them
@@ -198,7 +214,7 @@ async def completions(request: Request, req: CompletionRequest):
 
 async def chat_completions(request: Request, req: ChatRequest):
     server = accept(request, req)
-    ids = await asyncio.to_thread(req.encode, server.pair.tokenizer)
+    ids = await tokenize(req.encode, server.pair.tokenizer, param="messages")
     job = make_job(server, req, ids, req.max_completion_tokens or req.max_tokens, server.context_len)
     return await respond(request, server, req, job, chat=True)
 
@@ -211,7 +227,7 @@ ROUTES = (
     ("POST", "/v1/chat/completions", chat_completions),
 )
 ERROR_HANDLERS = ((APIError, api_error), (RequestValidationError, invalid_request),
-                  (StarletteHTTPException, http_error))
+                  (StarletteHTTPException, http_error), (Exception, internal_error))
 
 
 def install(app: FastAPI) -> None:

@@ -12,6 +12,9 @@ Names (all prefixed ``dflash_``):
   or batch (static).
 - ``queue_depth``, ``running_requests``: waiting and running requests now.
 - ``requests_total{status}``: finished requests by HTTP status (499: client went away).
+- ``request_failures_total{stage}``: requests failed by the worker, by where it failed (``admit``:
+  the prefill that joins it to the batch, ``step``: a round it was in, ``stream``: handing its
+  tokens on); each failed only its own request (streamed: an error event; else a 500 error object).
 - ``prompt_tokens_total``, ``generation_tokens_total``, ``block_size``, ``draft_len`` (of the
   last round: the schedule's value for the live batch size).
 - ``draft_rounds_total{batch_size, draft_len}``: rounds run at each live batch size and the draft
@@ -29,6 +32,8 @@ from __future__ import annotations
 from dflash_trt.errors import require
 from dflash_trt.runtime import Stats
 
+FAILURE_STAGES = ("admit", "step", "stream")
+
 
 class ServerMetrics:
     def __init__(self, block_size: int):
@@ -38,6 +43,8 @@ class ServerMetrics:
         self.registry = r = pc.CollectorRegistry()
         self.block_size = block_size
         self.requests = pc.Counter("dflash_requests", "Finished requests by HTTP status.", ["status"], registry=r)
+        self.failures = pc.Counter("dflash_request_failures", "Requests failed by the worker, by stage.", ["stage"],
+                                   registry=r)
         self.prompt_tokens = pc.Counter("dflash_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
         self.generation_tokens = pc.Counter("dflash_generation_tokens", "Tokens sent to clients.", registry=r)
         self.rounds = pc.Counter("dflash_spec_rounds", "Sequence-rounds: one per sequence per target forward "
@@ -75,6 +82,8 @@ class ServerMetrics:
             self.accepted.labels(position=str(k))
         for status in ("200", "400", "404", "429", "499", "500", "503"):
             self.requests.labels(status=status)
+        for stage in FAILURE_STAGES:
+            self.failures.labels(stage=stage)
 
     def set_queue(self, waiting: int, running: int) -> None:
         self.queue_depth.set(waiting)
@@ -116,6 +125,9 @@ class ServerMetrics:
             self.latency.observe(job.finished_at - job.enqueued_at)
         if job.acceptance_length is not None:
             self.request_tau.observe(job.acceptance_length)
+
+    def request_failed(self, stage: str) -> None:
+        self.failures.labels(stage=stage).inc()
 
     def request_done(self, status: int) -> None:
         self.requests.labels(status=str(status)).inc()

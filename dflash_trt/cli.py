@@ -89,6 +89,12 @@ class _HeldLibraryOutput:
                                 [print(r.getMessage(), file=sys.stderr) for r in self.records])
 
 
+def one_line(message: str) -> str:
+    """A message as one line: a YAML parser's caret lines, a key holding a newline or a carriage
+    return, folded into spaces (the refusal stays one line on stderr)."""
+    return " ".join(message.split())
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (what tests call in-process)."""
     from dflash_trt.errors import DFlashError
@@ -99,13 +105,13 @@ def run(argv: list[str] | None = None) -> int:
             rv = app(args=argv, prog_name="dflash-trt", standalone_mode=False)
         held.release()
     except DFlashError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except getattr(click_exc, "NoArgsIsHelpError", ()):  # help was printed
         return 0
     except click_exc.UsageError as exc:
         cmd = exc.ctx.command_path if exc.ctx else "dflash-trt"
-        print(f"error: {exc.format_message()} (see '{cmd} --help')", file=sys.stderr)
+        print(f"error: {one_line(exc.format_message())} (see '{cmd} --help')", file=sys.stderr)
         return 2
     except _EXIT as exc:
         return exc.exit_code

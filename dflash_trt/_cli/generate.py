@@ -53,7 +53,12 @@ def generate(
     pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle,
                           bundle_opt=bundle_opt, kernels=kernels, backend=backend)
     with _quiet("transformers"):   # its "longer than the maximum" warning: check_context says it in one line
-        ids = pair.encode(prompt, chat=chat)
+        try:
+            ids = pair.encode(prompt, chat=chat)
+        except (UnicodeError, TypeError, ValueError) as exc:   # a lone surrogate, ...
+            from dflash_trt.errors import DFlashError
+
+            raise DFlashError(f"--prompt cannot be tokenized ({type(exc).__name__}: {exc})") from None
     check_context(len(ids), max_new_tokens, context_len(pair, bundle or bundle_opt))
     drafter_model = pair.drafter if block_size != 1 else None
     res = run(pair.target, drafter_model, [ids], max_new_tokens=max_new_tokens, sampling=params,

@@ -36,6 +36,11 @@ def read_prompts(path: str | Path) -> list[str]:
                 raise DFlashError(f"{p}:{n}: JSON nested too deeply") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise DFlashError(f"{p}:{n}: JSONL lines need a string 'prompt' field")
+            if not obj["prompt"].isascii():
+                try:
+                    obj["prompt"].encode("utf-8")
+                except UnicodeEncodeError:
+                    raise DFlashError(f"{p}:{n}: the prompt is not valid text (a lone surrogate)") from None
             out.append(obj["prompt"])
         else:
             out.append(line.replace("\\n", "\n"))

@@ -364,6 +364,10 @@ def check_bundle(path: str | Path) -> dict:
     schema, the drafter it names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
     bundle = ingest.check_bundle(root)
+    missing = [k for k in ("trtllm", "precision") if getattr(bundle.manifest, k, None) is None]
+    if missing:
+        raise CheckpointError(f"{bundle.manifest_path}: no {missing[0]!r} section; rebuild the bundle with "
+                              "'dflash-trt build'")
     cfg = trtllm.load(root, bundle.manifest.trtllm.release)
     spec_model = root / cfg.speculative_config.speculative_model
     if not (spec_model / "config.json").is_file():

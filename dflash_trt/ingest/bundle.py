@@ -286,8 +286,8 @@ class Bundle:
 def check_format(where: str | Path, fmt: object, accept: tuple[str, ...] = READABLE_FORMATS) -> None:
     """The one version check: refuse a manifest of a format not in ``accept`` (the formats the
     readers serve and run; ``verify`` accepts only :data:`BUNDLE_FORMAT`)."""
-    if fmt not in accept:
-        why = f" ({WHY_REBUILD[fmt]})" if fmt in WHY_REBUILD else ""
+    if not isinstance(fmt, str) or fmt not in accept:
+        why = f" ({WHY_REBUILD[fmt]})" if isinstance(fmt, str) and fmt in WHY_REBUILD else ""
         raise CheckpointError(f"{where}: bundle format {fmt!r}{why}, this dflash-trt reads {accept[0]!r}; "
                               "rebuild the bundle with 'dflash-trt build'")
 

@@ -222,8 +222,9 @@ def read_headers(directory: Path) -> dict[str, TensorInfo]:
 def _shard_names(index_path: Path, weight_map: dict) -> list[str]:
     """The index's shard file names: plain names of files beside the index, nothing else."""
     names = list(weight_map.values())
-    bad = next((s for s in names if not isinstance(s, str)), None)
-    if bad is not None:
+    bad = [s for s in names if not isinstance(s, str)]
+    if bad:
+        bad = bad[0]
         raise CheckpointError(f"{index_path}: corrupt shard index (weight_map value {bad!r} is not a file name)")
     outside = next((s for s in names if Path(s).name != s or s in ("", ".", "..")), None)
     if outside is not None:

@@ -49,13 +49,21 @@ def draft_len_for_batch_size(schedule: dict[int, int] | None, batch_size: int, m
     return 0
 
 
+def _failed(req: Request, exc: BaseException, step: Step) -> None:
+    """Finish ``req`` as failed (``finish_reason = "error"``), the reason kept on it."""
+    req.finish_reason = "error"
+    req.error = f"{type(exc).__name__}: {exc}"
+    step.failed.append(req)
+
+
 @dataclass
 class Step:
     """What one :meth:`Engine.step` did: the requests admitted and finished in it, the live batch
     size and draft length of its round (0 / None without a round), and its counters."""
 
     admitted: list[Request] = field(default_factory=list)
-    finished: list[Request] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)   # failed ones too (finish_reason "error")
+    failed: list[Request] = field(default_factory=list)     # their prefill raised (Request.error says why)
     batch_size: int = 0
     draft_len: int | None = None
     stats: Stats | None = None
@@ -126,14 +134,39 @@ class Engine:
         if not new:
             return
         step.admitted = new
-        joined = admit(self.backend, new, self.block_size > 1, step.stats)
+        for joined in self._prefill(new, step):
+            if self.batch is None:
+                self.batch = joined
+            else:
+                self.batch.merge(self.backend, joined)
         step.finished += [r for r in new if r.finish_reason is not None]
-        if joined is None:
-            return
-        if self.batch is None:
-            self.batch = joined
-        else:
-            self.batch.merge(self.backend, joined)
+
+    def _prefill(self, new: list[Request], step: Step) -> list:
+        """The batches that go on after prefilling ``new`` together. A prefill that raises is
+        retried one request at a time, so only a request whose own prefill fails is failed
+        (``finish_reason = "error"``, ``Request.error``); one that already took its first token
+        is failed rather than prefilled twice. The running batch is untouched either way."""
+        draft = self.block_size > 1
+        try:
+            joined = admit(self.backend, new, draft, step.stats)
+            return [joined] if joined is not None else []
+        except Exception as exc:
+            if len(new) == 1:
+                _failed(new[0], exc, step)
+                return []
+        out = []
+        for req in new:
+            if req.token_ids:
+                _failed(req, RuntimeError("its prefill was interrupted by another request's failure"), step)
+                continue
+            try:
+                joined = admit(self.backend, [req], draft, step.stats)
+            except Exception as exc:
+                _failed(req, exc, step)
+                continue
+            if joined is not None:
+                out.append(joined)
+        return out
 
     def abort(self) -> list[Request]:
         """Drop every running and waiting request (after a failed step); returns them."""

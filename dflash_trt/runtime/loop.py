@@ -78,7 +78,8 @@ class Request:
     on_commit: Callable[[list[int]], None] | None = None
     should_stop: Callable[[], bool] | None = None
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop", "length" or "cancelled" once finished
+    finish_reason: str | None = None  # "stop", "length", "cancelled" or "error" once finished
+    error: str | None = None          # why, when "error" (the scheduler failed this row alone)
     rounds: int = 0                   # rounds this row went through (prefill excluded)
     committed: int = 0                # tokens those rounds committed (accepted + bonus, as kept)
 

@@ -18,7 +18,11 @@ Behaviour a client can rely on:
   "param", "code"}}``), 400 (404 for an unknown model, as OpenAI does), and the server
   keeps serving;
 - a client that disconnects frees its slot at the runtime's next round;
-- SIGTERM stops accepting connections, lets in-flight requests finish, then exits 0.
+- SIGTERM stops accepting connections, lets in-flight requests finish for at most
+  ``drain_timeout`` seconds (``serve --drain-timeout``, default 30), then fails what is left
+  (an error event / 503 error object) and exits 0;
+- a failure while admitting, stepping or streaming one request fails that request alone (its
+  slot freed, ``dflash_request_failures_total{stage}`` counted); the others keep running.
 
 Extensions to the OpenAI bodies: ``top_k``, ``ignore_eos``, and in responses
 ``"dflash": {"acceptance_length": τ of this request, "rounds": n}``.
@@ -43,6 +47,7 @@ from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.state import ServerState
 
 BATCHING = ("continuous", "static")
+DRAIN_TIMEOUT_S = 30.0   # serve --drain-timeout: how long SIGTERM lets in-flight requests run
 
 
 def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, block_size: int, metrics,
@@ -84,13 +89,15 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
         batcher.start()
         try:
             yield
-        finally:  # uvicorn has already let in-flight requests finish; finish anything queued
-            await asyncio.to_thread(batcher.stop)
+        finally:  # uvicorn has already let in-flight requests finish; finish anything queued (bounded)
+            await asyncio.to_thread(batcher.stop, app.state.drain_timeout)
 
     app = fastapi.FastAPI(title="dflash-trt embedded server", lifespan=lifespan)
     app.state.server = server
     app.state.batcher, app.state.metrics, app.state.model_name = batcher, metrics, server.model_name
     app.state.drain = batcher.close   # stop taking requests (503), keep running what was admitted
+    app.state.abandon = batcher.abandon   # the drain ran out of time: fail what is left
+    app.state.drain_timeout = DRAIN_TIMEOUT_S
     app.state.busy = server.busy
     routes.install(app)
     from dflash_trt.serve.guard import Guard
@@ -100,31 +107,39 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
 
 
 # ---- running it ----------------------------------------------------------------------------
-def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
+def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+          drain_timeout: float = DRAIN_TIMEOUT_S) -> int:
     """Run uvicorn in this thread until SIGTERM/SIGINT, then drain and return 0.
 
     The first signal stops admission (new requests get 503, /health says "draining"), lets
-    every admitted request finish (queued ones included), then shuts uvicorn down; a
-    second signal exits at once.
+    every admitted request finish (queued ones included) for at most ``drain_timeout`` seconds,
+    then fails what is left (``batcher.abandon``) and shuts uvicorn down; a second signal exits
+    at once.
     """
     uvicorn = require("uvicorn", "serve", "the embedded server")
+    app.state.drain_timeout = drain_timeout
 
     class DrainingServer(uvicorn.Server):
-        draining = False
+        draining_since: float | None = None
 
         def handle_exit(self, sig, frame) -> None:
-            if self.draining:  # second signal: stop now
+            if self.draining_since is not None:  # second signal: stop now
                 self.should_exit = self.force_exit = True
                 return
-            self.draining = True
+            self.draining_since = time.monotonic()
             getattr(app.state, "drain", lambda: None)()
 
         async def on_tick(self, counter: int) -> bool:
-            if self.draining and not getattr(app.state, "busy", lambda: False)():
-                return True
+            if self.draining_since is not None:
+                if not getattr(app.state, "busy", lambda: False)():
+                    return True
+                if time.monotonic() - self.draining_since >= drain_timeout:
+                    getattr(app.state, "abandon", lambda: None)()
+                    return True
             return await super().on_tick(counter)
 
-    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=max(1, int(drain_timeout) // 10 + 1)))
     server.run()
     return 0
 

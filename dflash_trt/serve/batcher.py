@@ -156,6 +156,19 @@ class Batcher:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def abandon(self, message: str = "the server is shutting down") -> None:
+        """Fail every queued and running job now (a drain out of time): each gets an error event;
+        running rows are cancelled and leave at the worker's next round."""
+        with self._cond:
+            self._stopping = True
+            left = list(self._pending) + list(self._running)
+            self._pending.clear()
+            self._cond.notify_all()
+        for job in left:
+            if not job.finished:
+                job.cancel()
+                job.fail(message)
+
     def pause(self) -> None:
         """Hold queued jobs (running ones finish); for maintenance and for tests."""
         with self._cond:

@@ -7,6 +7,13 @@ request that arrives behind long ones starts at the next round instead of after 
 job keeps its own sampling parameters, stop tokens and length, and leaves the batch when it
 finishes or its client goes away. The draft length of each round comes from the live batch
 size and the bundle's ``draft_len_schedule`` (TensorRT-LLM's lookup; see ``runtime.engine``).
+
+Failures are isolated per request: a prefill that fails fails that request alone (the engine
+retries the others one by one); a job whose tokens cannot be handed on (``stream``) is failed
+and its row cancelled, the others untouched; a round that raises fails the rows of that round
+(one forward: no row of it can be told apart) and the worker goes on with the queue. Every
+failed request gets an error event (an OpenAI error object), frees its slot, and is counted in
+``dflash_request_failures_total{stage}``.
 """
 
 from __future__ import annotations
@@ -28,9 +35,25 @@ class ContinuousBatcher(Batcher):
         self._jobs: dict[Request, Job] = {}
 
     def _request(self, job: Job) -> Request:
-        return Request(job.prompt, job.max_tokens, job.sampling, self.stops_for(job),
-                       on_commit=lambda new: job.committed(new, self.metrics),
-                       should_stop=lambda: job.cancelled)
+        def on_commit(new: list[int]) -> None:
+            if job.finished:   # failed while streaming: its row leaves at this commit
+                return
+            try:
+                job.committed(new, self.metrics)
+            except Exception as exc:  # handing the tokens on failed: this job alone
+                self._fail(job, "stream", exc)
+
+        return Request(job.prompt, job.max_tokens, job.sampling, self.stops_for(job), on_commit=on_commit,
+                       should_stop=lambda: job.cancelled or job.finished)
+
+    def _fail(self, job: Job, stage: str, exc: BaseException | str) -> None:
+        """Fail ``job`` alone: its error event, its row cancelled, the failure counted."""
+        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        job.cancel()
+        if not job.finished:
+            job.fail(f"generation failed ({stage}): {why}")
+        if self.metrics is not None:
+            self.metrics.request_failed(stage)
 
     def _admit(self) -> bool:
         """Block until there is work; hand the engine what fits. False: stopped and drained."""
@@ -42,8 +65,12 @@ class ContinuousBatcher(Batcher):
             while self._pending and not self._paused and len(self._jobs) < self.max_batch:
                 job = self._pending.popleft()
                 req = self._request(job)
+                try:
+                    self.engine.add(req)
+                except Exception as exc:  # refused by the engine: this job alone
+                    self._fail(job, "admit", exc)
+                    continue
                 self._jobs[req] = job
-                self.engine.add(req)
             self._running = list(self._jobs.values())
             self._gauge()
         return True
@@ -52,22 +79,36 @@ class ContinuousBatcher(Batcher):
         while self._admit():
             try:
                 step = self.engine.step()
-            except Exception as exc:  # a runtime failure fails the running jobs, not the server
-                for req in self.engine.abort():
-                    self._jobs.pop(req).fail(f"generation failed: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # a round failed: its rows fail, the server and the queue go on
+                self.engine.abort()
+                self._drop_all("step", exc)
                 continue
             self._account(step)
+
+    def _drop_all(self, stage: str, exc: BaseException | str) -> None:
+        """Fail every job the engine held (it dropped them all): no job is left waiting forever."""
+        for req in list(self._jobs):
+            self._fail(self._jobs.pop(req), stage, exc)
+        with self._cond:
+            self._running = []
+            self._gauge()
 
     def _account(self, step: Step) -> None:
         now = time.perf_counter()
         for req in step.admitted:
             self._jobs[req].started_at = now - step.seconds
+        for req in step.failed:
+            self._fail(self._jobs[req], "admit", req.error or "prefill failed")
         for req in step.finished:
             job = self._jobs.pop(req)
             job.rounds, job.round_tokens = req.rounds, req.committed
+            if job.finished:   # failed (admit, stream): its error event is out
+                continue
             job.finish(req.finish_reason)
             if self.metrics is not None:
                 self.metrics.observe_request(job)
+        if self._jobs and self.engine.idle:   # never spin on jobs the engine no longer has
+            self._drop_all("step", "the request was lost by the scheduler")
         if self.metrics is not None:  # tokens this step: each admitted row's first, then the round's
             self.metrics.observe_round(step.stats, step.batch_size, step.seconds,
                                        len(step.admitted) + step.stats.committed, draft_len=step.draft_len)

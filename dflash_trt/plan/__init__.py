@@ -40,6 +40,11 @@ from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
 from dflash_trt.plan.trtllm_releases import KNOWN as KNOWN_RELEASES
 from dflash_trt.plan.trtllm_releases import get as get_release
 from dflash_trt.plan.trtllm_rules import ignored_drafter_keys
+from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
+from dflash_trt.plan.trtllm_capture import missing as capture_missing
+from dflash_trt.plan.trtllm_capture import supported as capture_supported
+from dflash_trt.plan.published import lacking
+from dflash_trt.plan.recipe_status import Status, recipe_status
 
 __all__ = [
     "Acceptance",
@@ -86,4 +91,11 @@ __all__ = [
     "schedule_runs",
     "shipped_calibration",
     "step_model",
+    # issue 24: TensorRT-LLM's capture verdict per family, and what a recipe can do
+    "TRTLLM_CAPTURES",
+    "Status",
+    "capture_missing",
+    "capture_supported",
+    "lacking",
+    "recipe_status",
 ]

@@ -85,8 +85,8 @@ def _offline_refusal(recipe: Recipe, role: str, lacking: list[str]) -> str:
     rev = f" --revision {ref.revision}" if ref.revision else ""
     at = f"@{ref.revision}" if ref.revision else ""
     return (f"recipe {recipe.name}: its shipped configs lack {', '.join(lacking)} and {role} {ref.id}{at} is not "
-            f"in the Hugging Face cache (offline); fetch its configs with `hf download {ref.id}{rev} "
-            f"--include '*.json'` (or run with hub access), or pass --target DIR --drafter DIR")
+            "in the Hugging Face cache (and the hub is offline or unreachable); fetch its configs with "
+            f"`hf download {ref.id}{rev} --include '*.json'` (or run with hub access), or pass --target DIR --drafter DIR")
 
 
 def _expected_bytes(recipe: Recipe, ref) -> int | None:
@@ -128,7 +128,8 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     planner.check_dflash2(dcfg, recipe.trtllm.release)
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
-                    target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
+                    target=TargetShape.from_dir(tdir, shipped_precision=shipped),
+                    drafter=DraftShape.from_dir(ddir, zlab=dcfg.to_zlab()),
                     shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg)
 
 

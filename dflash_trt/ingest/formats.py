@@ -248,6 +248,7 @@ def _speculators_decoder(cfg: dict, where: str) -> dict:
         if cfg.get(flag):
             raise CheckpointError(f"{where}: {flag}=true changes what each block position predicts; "
                                   "only standard DFlash drafters are supported")
+    tl = cfg["transformer_layer_config"] = _one_window(tl, f"{where}: transformer_layer_config")
     model_type = str(tl.get("model_type") or "qwen3")
     try:
         return AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"}).to_dict()
@@ -277,15 +278,39 @@ def _speculators_ids(cfg: dict, full: dict, where: str) -> tuple[list[int], int,
     return aux, vocab, draft_vocab
 
 
+def _one_window(tl: dict, where: str) -> dict:
+    """``transformer_layer_config`` with one ``sliding_window`` for every sliding layer: the z-lab form,
+    the runtime and TensorRT-LLM's DFlash path take one window; a per-layer list must hold one value
+    over the sliding layers (full layers' entries are ignored), and sliding layers need a window."""
+    window, types = tl.get("sliding_window"), list(tl.get("layer_types") or [])
+    if isinstance(window, list):
+        if types and len(window) != len(types):
+            raise CheckpointError(f"{where}: {len(window)} per-layer sliding windows for {len(types)} layers")
+        sizes = {w for w, t in zip(window, types or ["sliding_attention"] * len(window), strict=True)
+                 if t == "sliding_attention" and w}
+        if len(sizes) > 1:
+            raise CheckpointError(f"{where}: per-layer sliding windows {sorted(sizes)} differ; the runtime and "
+                                  "TensorRT-LLM's DFlash path take one window for every sliding layer")
+        window = sizes.pop() if sizes else None
+    if "sliding_attention" in types and not window:
+        raise CheckpointError(f"{where}: sliding_attention layers without a sliding_window")
+    return {**tl, "sliding_window": window}
+
+
 def _speculators_zlab(cfg: dict, full: dict, aux: list[int], vocab: int, draft_vocab: int) -> dict:
     """The z-lab config.json: layer ids shifted back by one, the decoder fields flattened."""
     hidden = full["hidden_size"]
     theta, scaling = flatten_rope(full)
+    # transformers' Qwen3Config drops the window unless use_sliding_window: keep the published one
+    full["sliding_window"] = cfg["transformer_layer_config"].get("sliding_window", full.get("sliding_window"))
     types = full.get("layer_types")
     sliding = bool(types and "sliding_attention" in types)
     dflash = {"mask_token_id": cfg["mask_token_id"], "target_layer_ids": [a - 1 for a in aux]}
-    if sliding and cfg.get("sliding_window_non_causal"):
-        dflash["causal"] = False  # sliding layers bidirectional; full layers always are
+    # speculators 0.9 trains every layer sliding and non-causal unless told otherwise: an absent
+    # ``sliding_window_non_causal`` reads as True (vLLM's speculators converter does the same,
+    # ``test_dflash_speculators_config_defaults_to_non_causal_swa``); ``false`` keeps z-lab's causal windows.
+    if sliding and cfg.get("sliding_window_non_causal", True):
+        dflash["causal"] = False  # sliding layers bidirectional inside their window; full layers always are
     if draft_vocab < vocab:
         dflash["draft_vocab_size"] = int(draft_vocab)
     return {

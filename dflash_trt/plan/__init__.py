@@ -25,14 +25,19 @@ from dflash_trt.plan.hardware import get as get_gpu
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
 from dflash_trt.plan.perf_model import Acceptance, Calibration, engine_for
 from dflash_trt.plan.perf_model import shipped as shipped_calibration
+from dflash_trt.plan.published import lacking
 from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, SpeculativeSpec
 from dflash_trt.plan.recipe import bundled as bundled_recipes
 from dflash_trt.plan.recipe import from_dict as recipe_from_dict
 from dflash_trt.plan.recipe import load as load_recipe
+from dflash_trt.plan.recipe_status import Status, recipe_status
 from dflash_trt.plan.schedule import batch_grid
 from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
+from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
+from dflash_trt.plan.trtllm_capture import missing as capture_missing
+from dflash_trt.plan.trtllm_capture import supported as capture_supported
 from dflash_trt.plan.trtllm_dflash2 import attention_backend as dflash2_attention_backend
 from dflash_trt.plan.trtllm_dflash2 import check as check_dflash2
 from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release
@@ -40,11 +45,6 @@ from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
 from dflash_trt.plan.trtllm_releases import KNOWN as KNOWN_RELEASES
 from dflash_trt.plan.trtllm_releases import get as get_release
 from dflash_trt.plan.trtllm_rules import ignored_drafter_keys
-from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
-from dflash_trt.plan.trtllm_capture import missing as capture_missing
-from dflash_trt.plan.trtllm_capture import supported as capture_supported
-from dflash_trt.plan.published import lacking
-from dflash_trt.plan.recipe_status import Status, recipe_status
 
 __all__ = [
     "Acceptance",

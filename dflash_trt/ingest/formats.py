@@ -23,7 +23,11 @@ speculators (vllm-project/speculators, ``train/vocab_mapping.py``): ``d2t[i]`` i
 vocabulary with exactly ``draft_vocab_size`` set entries, the draft ids being the set
 target ids in increasing order. ``Drafter.d2t`` holds *absolute* target ids, so the
 offsets are added here. Its converter from z-lab writes ``aux_hidden_state_layer_ids =
-target_layer_ids + 1`` and vLLM maps back with ``- 1``: the shift is undone here.
+target_layer_ids + 1`` and vLLM maps back with ``- 1``: the shift is undone here (TensorRT-LLM
+reads the z-lab ids: ``deploy.trtllm_config.check_layer_ids`` refuses the +1 ones). speculators
+0.9 trains every layer sliding (``window=(W-1, W-1)``) and non-causal unless
+``sliding_window_non_causal: false``: an absent key reads as non-causal (``causal: false`` in the
+z-lab form), and the per-layer windows must be one window shared by every sliding layer.
 
 DFlash2 (z-lab's ``dflash`` package, ``dflash/model.py``): the published codebooks are stored
 as ``candidate_selector.predecessor_codebook`` / ``successor_codebook`` (no ``.weight``; the
@@ -248,10 +252,12 @@ def _speculators_decoder(cfg: dict, where: str) -> dict:
         if cfg.get(flag):
             raise CheckpointError(f"{where}: {flag}=true changes what each block position predicts; "
                                   "only standard DFlash drafters are supported")
-    tl = cfg["transformer_layer_config"] = _one_window(tl, f"{where}: transformer_layer_config")
+    tl = _one_window(tl, f"{where}: transformer_layer_config")
     model_type = str(tl.get("model_type") or "qwen3")
     try:
-        return AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"}).to_dict()
+        full = AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"}).to_dict()
+        # transformers' Qwen3Config drops the window unless use_sliding_window: keep the published one
+        return {**full, "sliding_window": tl["sliding_window"]}
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{where}: transformer_layer_config (model_type {model_type!r}) is not a "
                               f"transformers config: {str(exc).splitlines()[0]}") from exc
@@ -301,8 +307,6 @@ def _speculators_zlab(cfg: dict, full: dict, aux: list[int], vocab: int, draft_v
     """The z-lab config.json: layer ids shifted back by one, the decoder fields flattened."""
     hidden = full["hidden_size"]
     theta, scaling = flatten_rope(full)
-    # transformers' Qwen3Config drops the window unless use_sliding_window: keep the published one
-    full["sliding_window"] = cfg["transformer_layer_config"].get("sliding_window", full.get("sliding_window"))
     types = full.get("layer_types")
     sliding = bool(types and "sliding_attention" in types)
     dflash = {"mask_token_id": cfg["mask_token_id"], "target_layer_ids": [a - 1 for a in aux]}

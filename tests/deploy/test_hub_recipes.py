@@ -26,8 +26,8 @@ NVFP4 = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4
 
 
 def _snapshot(cache: Path, repo: str, revision: str | None, files: dict[str, dict]) -> Path:
-    """``cache/models--org--name/snapshots/<sha>/`` with ``files``; ``refs/main`` points at it. A short
-    ``revision`` becomes the first hex digits of the snapshot's full hash."""
+    """``cache/models--org--name/snapshots/<sha>/`` with ``files``; ``refs/main`` points at it (an
+    unpinned recipe reads main). ``revision`` is the full hash (padded when a test gives less)."""
     sha = (revision or "").ljust(40, "0")
     folder = cache / ("models--" + repo.replace("/", "--"))
     snap = folder / "snapshots" / sha
@@ -78,9 +78,17 @@ CASES = {"qwen3.5-27b-h200-fp8": _qwen35, "gemma-4-26b-a4b-b200-nvfp4": _gemma4,
 
 
 def _hub_only(name: str):
-    """The bundled recipe, its shipped config directories dropped (planning must read the cache)."""
+    """The bundled recipe (its shipped configs lack fields: planning must read the cache)."""
     r = R.load(name)
     assert published.lacking(r, "target") or published.lacking(r, "drafter"), f"{name} plans offline already"
+    return r
+
+
+def _short(r):
+    """The same recipe pinning 8-digit prefixes of its revisions, as model cards quote them."""
+    for ref in (r.target, r.drafter):
+        if ref.revision:
+            ref.revision = ref.revision[:8]
     return r
 
 
@@ -90,7 +98,8 @@ def test_a_hub_only_recipe_plans_from_the_local_cache(name, offline_cache):
     tfiles, dfiles = CASES[name](r)
     tsnap = _snapshot(offline_cache, r.target.id, r.target.revision, tfiles)
     dsnap = _snapshot(offline_cache, r.drafter.id, r.drafter.revision, dfiles)
-    res = pipeline.resolve(r)
+    res = pipeline.resolve(_short(r))
+    assert any(ref.revision and len(ref.revision) == 8 for ref in (r.target, r.drafter))
     assert res.target_dir == tsnap and res.drafter_dir == dsnap   # short prefixes found their snapshots
     p = pipeline.make_plan(res)
     assert 1 <= p.max_draft_len < p.block_size

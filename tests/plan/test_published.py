@@ -135,3 +135,18 @@ def test_the_gemma_and_kimi_drafter_traits_are_read_as_published():
     raw = json.loads((kimi / "config.partial.json").read_text())
     k = DrafterConfig.from_zlab({**raw, "block_size": 8})
     assert k.rope_scaling["rope_type"] == "yarn" and k.rope_scaling["factor"] == 64.0
+
+
+def test_recipes_list_shows_each_status_at_80_columns(monkeypatch, capsys):
+    """Every recipe's name (the handle users copy) and its derived status fit 80 columns whole."""
+    from dflash_trt._cli.common import out
+    from dflash_trt.cli import run
+
+    monkeypatch.setattr(out, "width", 80)
+    assert run(["recipes", "list"]) == 0
+    text = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in text.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}
+    for name, path in R.bundled().items():
+        assert rows.get(name) == R_status(R.load(path)).kind, name
+    assert max(len(line) for line in text.splitlines() if line.startswith(("│", "┃"))) <= 80

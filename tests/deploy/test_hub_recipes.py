@@ -116,6 +116,27 @@ def test_offline_with_nothing_cached_refuses_in_one_line(name, offline_cache):
     assert f"hf download {getattr(r, role).id}" in msg and "--target DIR --drafter DIR" in msg
 
 
+def test_a_speculators_drafter_from_the_cache_gets_zlab_ids_in_the_trtllm_config(offline_cache):
+    """Red Hat's Qwen3-8B drafter as speculators 0.9 publishes it (a stand-in config: nested decoder,
+    +1 ids, every layer sliding and non-causal): the plan and the TensorRT-LLM config read z-lab ids."""
+    from dflash_trt.deploy import trtllm_config
+
+    r = _hub_only("qwen3-8b-redhat-h100-fp8")
+    layer = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 5,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+             "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+             "layer_types": ["sliding_attention"] * 5, "sliding_window": 2048}
+    drafter = {"speculators_model_type": "dflash", "architectures": ["DFlashDraftModel"], "block_size": 8,
+               "transformer_layer_config": layer, "aux_hidden_state_layer_ids": [2, 10, 19, 28, 35],
+               "mask_token_id": 151669, "draft_vocab_size": 151936}
+    _snapshot(offline_cache, r.drafter.id, r.drafter.revision, {"config.json": drafter})
+    res = pipeline.resolve(r)
+    assert list(res.drafter.target_layer_ids) == [1, 9, 18, 27, 34]
+    assert all(not res.drafter_config.layer_causal(i) for i in range(5))
+    spec = trtllm_config.config(r, pipeline.make_plan(res), res.drafter).speculative_config
+    assert spec.target_layer_ids == [1, 9, 18, 27, 34]
+
+
 def test_a_complete_recipe_still_plans_from_its_shipped_configs(offline_cache):
     res = pipeline.resolve(R.load("qwen3.5-4b-h100-bf16"))
     assert "configs" in str(res.target_dir) and not any(offline_cache.iterdir())

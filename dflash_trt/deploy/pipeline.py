@@ -86,7 +86,8 @@ def _offline_refusal(recipe: Recipe, role: str, lacking: list[str]) -> str:
     at = f"@{ref.revision}" if ref.revision else ""
     return (f"recipe {recipe.name}: its shipped configs lack {', '.join(lacking)} and {role} {ref.id}{at} is not "
             "in the Hugging Face cache (and the hub is offline or unreachable); fetch its configs with "
-            f"`hf download {ref.id}{rev} --include '*.json'` (or run with hub access), or pass --target DIR --drafter DIR")
+            f"`hf download {ref.id}{rev} --include '*.json'` (or run with hub access), "
+            "or pass --target DIR --drafter DIR")
 
 
 def _expected_bytes(recipe: Recipe, ref) -> int | None:

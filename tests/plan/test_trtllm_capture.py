@@ -19,7 +19,8 @@ def test_every_row_cites_a_tensorrt_llm_file_and_says_captured_or_missing():
 
 
 @pytest.mark.parametrize("arch,expected", [
-    ("Qwen3_5ForConditionalGeneration", True), ("NemotronHForCausalLM", True), ("KimiK25ForConditionalGeneration", True),
+    ("Qwen3_5ForConditionalGeneration", True), ("NemotronHForCausalLM", True),
+    ("KimiK25ForConditionalGeneration", True),
     ("Gemma4ForConditionalGeneration", False), ("Gemma4UnifiedForConditionalGeneration", False),
     ("MiniMaxM2ForCausalLM", False), ("MuseGlimmerForCausalLM", False), ("SomethingNewForCausalLM", None),
 ])

@@ -80,14 +80,17 @@ def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
 
 def _offline_refusal(recipe: Recipe, role: str, lacking: list[str]) -> str:
     """The one line an offline ``plan`` gives for a recipe whose shipped configs lack fields and
-    whose hub files are not cached: what is missing, and the commands that work."""
+    whose hub files are not cached: what is missing (both models'), and the commands that work."""
     ref = getattr(recipe, role)
-    rev = f" --revision {ref.revision}" if ref.revision else ""
     at = f"@{ref.revision}" if ref.revision else ""
-    return (f"recipe {recipe.name}: its shipped configs lack {', '.join(lacking)} and {role} {ref.id}{at} is not "
-            "in the Hugging Face cache (and the hub is offline or unreachable); fetch its configs with "
-            f"`hf download {ref.id}{rev} --include '*.json'` (or run with hub access), "
-            "or pass --target DIR --drafter DIR")
+    roles = [r for r in ("target", "drafter") if r == role or planner.lacking(recipe, r)]
+    fields = [f for r in roles for f in (lacking if r == role else planner.lacking(recipe, r))]
+    fetch = " and ".join(f"`hf download {getattr(recipe, r).id}"
+                         + (f" --revision {getattr(recipe, r).revision}" if getattr(recipe, r).revision else "")
+                         + " --include '*.json'`" for r in roles)
+    return (f"recipe {recipe.name}: its shipped configs lack {', '.join(fields)} and {role} {ref.id}{at} is not "
+            f"in the Hugging Face cache (and the hub is offline or unreachable); fetch the configs with {fetch} "
+            "(or run with hub access), or pass --target DIR --drafter DIR")
 
 
 def _expected_bytes(recipe: Recipe, ref) -> int | None:

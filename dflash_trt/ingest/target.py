@@ -16,27 +16,8 @@ from dflash_trt.ingest import files
 from dflash_trt.ingest.formats import flatten_rope
 from dflash_trt.ingest.resolve import open_dir, positive_int, read_json
 
-# Target architectures whose TensorRT-LLM PyTorch models capture hidden states for
-# DFlash/EAGLE-3 (Llama, Qwen3, Qwen3-MoE, Qwen3.5, Qwen3-Next, GPT-OSS, Kimi, Laguna): their
-# decoder layers call ``spec_metadata.maybe_capture_hidden_states`` (e.g.
-# tensorrt_llm/_torch/models/modeling_qwen3_next.py, Qwen3NextFullAttentionDecoderLayer.forward).
-CAPTURE_ARCHITECTURES = {
-    "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
-    "KimiK2ForCausalLM", "KimiK25ForConditionalGeneration", "LagunaForCausalLM",
-}
-
-# Architectures whose TensorRT-LLM model has no capture hook at all, read from its source:
-# tensorrt_llm/_torch/models/modeling_gemma4.py (Gemma4DecoderLayer / Gemma4TextModel.forward
-# never see spec_metadata; Gemma4ForCausalLM is a plain DecoderModelForCausalLM) and
-# modeling_minimaxm2.py (the same). DFlash cannot run on them there: ``build --engine trtllm``
-# refuses; the reference runtime (generate, bench, serve) runs them.
-NO_CAPTURE_ARCHITECTURES = {
-    "Gemma4ForCausalLM": "tensorrt_llm/_torch/models/modeling_gemma4.py",
-    "Gemma4ForConditionalGeneration": "tensorrt_llm/_torch/models/modeling_gemma4.py",
-    "MiniMaxM2ForCausalLM": "tensorrt_llm/_torch/models/modeling_minimaxm2.py",
-}
+# Whether TensorRT-LLM captures a target's hidden states is the release table's business:
+# ``dflash_trt.plan.trtllm_capture`` (one row per family, read in TensorRT-LLM's source).
 
 
 _LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
@@ -143,15 +124,6 @@ class TargetSpec:
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def capture_supported(self) -> bool:
-        return self.architecture in CAPTURE_ARCHITECTURES
-
-    @property
-    def capture_missing(self) -> str | None:
-        """The TensorRT-LLM source file showing this architecture has no capture hook, or None."""
-        return NO_CAPTURE_ARCHITECTURES.get(self.architecture)
-
-    @property
     def num_parameters(self) -> int | None:
         if not self.weights.present:
             return None
@@ -173,7 +145,7 @@ class TargetSpec:
             "stored_dtypes": sorted(self.weights.dtypes()), "quantization": self.quantization,
             "num_parameters": self.num_parameters, "bytes_on_disk": self.weights.bytes_on_disk,
             "weights_present": self.weights.present, "tokenizer_files": self.tokenizer_files,
-            "hidden_state_capture": self.capture_supported, "warnings": self.warnings,
+            "warnings": self.warnings,
         }
 
 

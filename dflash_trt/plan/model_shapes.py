@@ -236,8 +236,10 @@ class DraftShape:
         return self.shipped_bytes or 2 * self.params
 
     @classmethod
-    def from_dir(cls, path: Path) -> DraftShape:
-        cfg = read_config(path, role="drafter")
+    def from_dir(cls, path: Path, zlab: dict | None = None) -> DraftShape:
+        """``zlab``: the drafter's config in z-lab form (``DrafterConfig.to_zlab``) where its
+        ``config.json`` is another published format (speculators: nested, +1 layer ids)."""
+        cfg = zlab if zlab is not None else read_config(path, role="drafter")
         size = safetensors_bytes(path) or (read_sizes(path) or {}).get("bytes")
         return cls.from_config(cfg, shipped_bytes=size)
 

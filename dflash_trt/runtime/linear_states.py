@@ -50,7 +50,7 @@ class Factors:
         Gn = torch.where(n.view(b, 1, 1, 1) > 0, self.G.gather(2, last), 0.0)          # [b, h, 1, c]
         kept = (torch.arange(T, device=n.device)[None] < n[:, None]).view(b, 1, T, 1)
         w = torch.where(kept, Gn - self.G, float("-inf")).exp()                         # [b, h, T, c]
-        S = Gn.transpose(-1, -2).exp() * self.S0 + (self.k * w).transpose(-1, -2) @ self.u
+        S = Gn.transpose(-1, -2).exp() * self.S0 + _t(self.k * w) @ self.u
         return S.transpose(-1, -2) if self.transposed else S
 
     def rows(self, rows: torch.Tensor) -> Factors:
@@ -85,9 +85,14 @@ def chunk(q, k, v, g, beta, S0) -> tuple[torch.Tensor, Factors]:
 
 def final(f: Factors) -> torch.Tensor:
     """S_T [b, h, dk, dv] of a block (in the kernel's layout)."""
-    T = f.G.shape[2]
     w = (f.G[:, :, -1:] - f.G).exp()
-    return f.G[:, :, -1:].transpose(-1, -2).exp() * f.S0 + (f.k * w).transpose(-1, -2) @ f.u
+    return f.G[:, :, -1:].transpose(-1, -2).exp() * f.S0 + _t(f.k * w) @ f.u
+
+
+def _t(x: torch.Tensor) -> torch.Tensor:
+    """x [..., T, d] -> [..., d, T], contiguous: a batched matmul over a transposed view runs
+    ~20x slower on CPU."""
+    return x.transpose(-1, -2).contiguous()
 
 
 def _start(initial, shape, like) -> torch.Tensor:

@@ -136,7 +136,8 @@ def _glm5_next():
     """glm5_next: linear layers, MLA without RoPE dims (``head_dim: 0``), a sparse indexer that
     keeps 4 pools of 2 tokens (so short contexts already drop positions), 2 hyper-connection
     streams; only ``Glm5NextForConditionalGeneration`` exists, so a tiny vision tower too."""
-    from transformers.models.glm5_next import configuration_glm5_next as cf, modeling_glm5_next as md
+    from transformers.models.glm5_next import configuration_glm5_next as cf
+    from transformers.models.glm5_next import modeling_glm5_next as md
 
     text = cf.Glm5NextTextConfig(
         vocab_size=VOCAB, hidden_size=H, intermediate_size=2 * H, moe_intermediate_size=32, num_hidden_layers=4,

@@ -54,13 +54,14 @@ def _nemotron_h(cfg: dict, c, KVGroup, StateGroup):
     kinds = [_KIND[k] for k in pattern]
     n = {k: kinds.count(k) for k in ("mamba", "attention", "mlp", "moe")}
     nh, hd, N, G = cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["ssm_state_size"], cfg["n_groups"]
-    K, I = cfg.get("conv_kernel", 4), nh * hd
-    conv_dim = I + 2 * G * N
-    c.add(n["mamba"] * (H * (I + conv_dim + nh) + I * H), n["mamba"] * (conv_dim * (K + 1) + 3 * nh + I), 2 * n["mamba"])
+    K, inner = cfg.get("conv_kernel", 4), nh * hd
+    conv_dim = inner + 2 * G * N
+    c.add(n["mamba"] * (H * (inner + conv_dim + nh) + inner * H),
+          n["mamba"] * (conv_dim * (K + 1) + 3 * nh + inner), 2 * n["mamba"])
     na, nkv, ahd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     c.add(n["attention"] * (2 * H * na * ahd + 2 * H * nkv * ahd), 0, 4 * n["attention"])
-    Im = cfg["intermediate_size"]
-    c.add(n["mlp"] * 2 * H * Im, 0, 2 * n["mlp"])  # relu2: up and down, no gate
+    mlp_i = cfg["intermediate_size"]
+    c.add(n["mlp"] * 2 * H * mlp_i, 0, 2 * n["mlp"])  # relu2: up and down, no gate
     if n["moe"]:
         E, k, mi = cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
         si = cfg.get("moe_shared_expert_intermediate_size") or 0
@@ -70,7 +71,7 @@ def _nemotron_h(cfg: dict, c, KVGroup, StateGroup):
         c.experts, c.experts_per_token, c.expert_params = E, k, n["moe"] * E * per
         c.intermediate = k * mi + si
     else:
-        c.intermediate = Im
+        c.intermediate = mlp_i
     c.other += len(kinds) * H
     c.kv = (KVGroup(n["attention"], nkv, 2 * ahd),)
     c.states = (StateGroup(n["mamba"], nh, conv_dim * (K - 1), nh * hd * N,
@@ -105,7 +106,8 @@ def _kda_mla(cfg: dict, glm: bool, c, KVGroup, StateGroup):
     mi = cfg["moe_intermediate_size"]
     shared = int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * mi
     per = 3 * H * mi
-    c.add(n_moe * (E * per + 3 * H * shared), n_moe * H * E, n_moe * (3 * E + 3), active=n_moe * (k * per + 3 * H * shared))
+    c.add(n_moe * (E * per + 3 * H * shared), n_moe * H * E, n_moe * (3 * E + 3),
+          active=n_moe * (k * per + 3 * H * shared))
     c.experts, c.experts_per_token, c.expert_params = E, k, n_moe * E * per
     c.intermediate = k * mi + shared
     c.other += L * 2 * H

@@ -43,18 +43,19 @@ class Factors:
     u: torch.Tensor
     transposed: bool = False
 
-    def state(self, n: torch.Tensor) -> torch.Tensor:
-        """(1) for each row's n [b] in 0..T: the state after its first n tokens, in the cache's layout."""
+    def state(self, n: torch.Tensor, consume: bool = False) -> torch.Tensor:
+        """(1) for each row's n [b] in 0..T: the state after its first n tokens, in the cache's
+        layout. ``consume``: computed in place over S0 (a commit's last use of the block)."""
         b, h, T, c = self.G.shape
         last = (n - 1).clamp(min=0).view(b, 1, 1, 1).expand(b, h, 1, c)
         Gn = torch.where(n.view(b, 1, 1, 1) > 0, self.G.gather(2, last), 0.0)          # [b, h, 1, c]
         kept = (torch.arange(T, device=n.device)[None] < n[:, None]).view(b, 1, T, 1)
         w = torch.where(kept, Gn - self.G, float("-inf")).exp()                         # [b, h, T, c]
-        S = Gn.transpose(-1, -2).exp() * self.S0 + _t(self.k * w) @ self.u
+        decay = Gn.transpose(-1, -2).exp()
+        S = self.S0.mul_(decay) if consume else (decay * self.S0).contiguous()
+        dk, dv = S.shape[-2:]
+        S.view(-1, dk, dv).baddbmm_(_t(self.k * w).view(-1, dk, T), self.u.reshape(-1, T, dv))
         return S.transpose(-1, -2) if self.transposed else S
-
-    def rows(self, rows: torch.Tensor) -> Factors:
-        return Factors(self.S0[rows], self.k[rows], self.G[rows], self.u[rows], self.transposed)
 
     def nbytes_per_row(self) -> int:
         return sum(t[0].numel() * t.element_size() for t in (self.S0, self.k, self.G, self.u))
@@ -96,7 +97,7 @@ def _t(x: torch.Tensor) -> torch.Tensor:
 
 
 def _start(initial, shape, like) -> torch.Tensor:
-    return like.new_zeros(shape) if initial is None else initial.to(like).clone()
+    return like.new_zeros(shape) if initial is None else initial.to(like).clone(memory_format=torch.contiguous_format)
 
 
 def gated_delta(record, l2norm):

@@ -122,7 +122,7 @@ class RecurrentStates:
         if not len(short):
             return
         if kind == "per_token":
-            self._select(cache, a, b, short, n_valid[short])
+            self._select(cache, a, b, n_valid)
             return
         for k in sorted(set(n_valid[short].tolist())):
             rows = short[n_valid[short] == k]
@@ -130,17 +130,18 @@ class RecurrentStates:
                 self._replay(cache.layers[i], mixer, a[i], b[i], rows, int(k))
 
     @torch.no_grad()
-    def _select(self, cache, factors, convs, rows: torch.Tensor, n: torch.Tensor) -> None:
-        """rows [s] keep their first n [s] tokens: recurrent state from the factors, conv state =
-        the K conv inputs ending at token n."""
+    def _select(self, cache, factors, convs, n: torch.Tensor) -> None:
+        """Every row keeps its first n [b] tokens (n = T: what the forward left, recomputed; one
+        dense pass beats gathering the short rows): recurrent state from the factors, conv
+        state = the K conv inputs ending at token n."""
         for i in self.mixers:
             layer = cache.layers[i]
             rec, conv = layer.recurrent_states[0], layer.conv_states[0]
-            rec[rows] = factors[i].rows(rows).state(n).to(rec.dtype)
-            full = convs[i][rows]                                                     # [s, C, K + T]
+            rec.copy_(factors[i].state(n, consume=True))
+            full = convs[i]                                                           # [b, C, K + T]
             K = conv.shape[-1]
             idx = (n[:, None] + torch.arange(K, device=n.device))[:, None].expand(-1, full.shape[1], -1)
-            conv[rows] = full.gather(-1, idx).to(conv.dtype)
+            conv.copy_(full.gather(-1, idx))
 
     def pending_bytes_per_row(self, cache) -> int:
         """What a verify keeps per row until its commit (factors and conv inputs, all layers)."""

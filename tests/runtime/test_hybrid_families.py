@@ -16,8 +16,8 @@ import torch
 
 from dflash_trt.runtime import Engine, Request, SamplingParams, TorchBackend, generate
 from dflash_trt.runtime import linear_states as ls
-from tests.families import HYBRID_2, family_drafter
-from tests.helpers import hf_greedy, prompts, wrap
+from tests.families import GLM5_NEXT, HYBRID_2, family_drafter, family_target
+from tests.helpers import hf_greedy, wrap
 from tests.runtime.test_engine import run
 from tests.runtime.test_families import MAX_NEW, case
 
@@ -136,3 +136,21 @@ def test_a_seeded_row_on_a_hybrid_reproduces_whatever_shares_its_batch(family):
     assert generate(None, None, [ps[0]], max_new_tokens=MAX_NEW, sampling=params,
                     backend=backend).token_ids[0] == alone.token_ids
     assert mates[0].token_ids == hf_greedy(c.model, ps[1], MAX_NEW)
+
+
+@pytest.mark.parametrize("family", HYBRID_2 + [GLM5_NEXT])
+def test_the_graph_backends_say_in_one_line_they_cannot_carry_hybrid_states(family):
+    from dflash_trt.export.onnx_graphs import target_export_problem
+
+    problem = target_export_problem(family_target(family).config)
+    assert problem and "recurrent/conv state (hybrid)" in problem and "\n" not in problem
+
+
+def test_glm5_next_is_refused_by_the_runtime_until_its_indexer_is_exact():
+    """Its indexer pools consecutive cache columns and keeps a written column's valid flag, so
+    a rejected draft column would stay selectable: the runtime refuses it in one line."""
+    from dflash_trt.errors import DFlashError
+
+    model = family_target(GLM5_NEXT)
+    with pytest.raises(DFlashError, match="indexed_attention"):
+        TorchBackend(wrap(model), None)

@@ -30,6 +30,8 @@ FAMILIES: dict[str, TargetFamily] = {
     "qwen3_5": TargetFamily(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
                             "KV cache + Gated DeltaNet recurrent and conv states (rolled back)"),
     "qwen3_next": TargetFamily(("qwen3_next",), "KV cache + Gated DeltaNet recurrent and conv states"),
+    "nemotron_h": TargetFamily(("nemotron_h",), "KV cache + Mamba2 SSM and conv states (per-token)"),
+    "kimi_linear": TargetFamily(("kimi_linear",), "MLA latent KV cache + KDA recurrent and conv states (per-token)"),
     "gemma4": TargetFamily(("gemma4", "gemma4_text"), "KV cache with sliding windows (window kept exact)"),
     "deepseek_v3": TargetFamily(("deepseek_v3", "kimi_k25"), "MLA latent KV cache"),
     "minimax_m2": TargetFamily(("minimax_m2",), "KV cache"),

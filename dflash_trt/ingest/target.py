@@ -175,7 +175,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     size = lambda key, default=None: positive_int(text, key, where, default)  # noqa: E731
     hidden, layers, heads = size("hidden_size"), size("num_hidden_layers"), size("num_attention_heads")
     vocab = positive_int(text if "vocab_size" in text else raw, "vocab_size", where)
-    kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", hidden // heads)
+    kv_heads, head_dim = size("num_key_value_heads", heads), _head_dim(text, where, hidden // heads)
     theta, scaling = flatten_rope(text)
     ws = files.scan(path, require=require_weights, what="target")
     spec = TargetSpec(
@@ -253,3 +253,12 @@ def _expected_shapes(spec: TargetSpec) -> dict[str, tuple[int, ...]]:
         return {}
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
+
+def _head_dim(text: dict, where, default: int) -> int:
+    """``head_dim``; 0 is what transformers writes for an MLA config without RoPE dims (glm5_next's
+    position-free attention: ``qk_rope_head_dim: 0``), whose query/key head is then
+    ``qk_nope_head_dim + qk_rope_head_dim``."""
+    if text.get("head_dim") == 0 and "qk_nope_head_dim" in text:
+        qk = {**text, "head_dim": int(text.get("qk_nope_head_dim") or 0) + int(text.get("qk_rope_head_dim") or 0)}
+        return positive_int(qk, "head_dim", where)
+    return positive_int(text, "head_dim", where, default)

@@ -18,9 +18,10 @@ Families: ``qwen3_5`` / ``qwen3_5_moe`` (hybrid, gated full attention, shared ex
 ``qwen3_next`` (the same layout), ``deepseek_v3`` / ``kimi_k2`` (MLA, ``first_k_dense_replace``
 dense layers then routed + shared experts), ``gemma4`` (sliding and global layers with their
 own head size and KV heads, K = V on global layers, a dense MLP beside the MoE block),
-``minimax_m2`` (GQA + MoE, per-layer full-width QK norm). A VLM's vision tower is counted apart
-(:func:`vision_params`): it is loaded with the checkpoint and stays BF16 when the text
-model is quantized.
+``minimax_m2`` (GQA + MoE, per-layer full-width QK norm); ``nemotron_h`` (Mamba2), ``kimi_linear``
+(KDA + MLA) and ``glm5_next`` (KDA-like + MLA with a pooled sparse indexer) in ``hybrid_shapes``. A
+VLM's vision tower is counted apart (:func:`vision_params`): it is loaded with the checkpoint and
+stays BF16 when the text model is quantized.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 HYBRID = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 MLA = ("deepseek_v3", "kimi_k2", "kimi_k25")
 GEMMA = ("gemma4", "gemma4_text")
-FAMILIES = HYBRID + MLA + GEMMA + ("minimax_m2",)
+SECOND_WAVE = ("nemotron_h", "kimi_linear", "glm5_next", "glm5_next_text")  # hybrid_shapes.py
+FAMILIES = HYBRID + MLA + GEMMA + ("minimax_m2",) + SECOND_WAVE
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,10 @@ def required_target_fields(cfg: dict) -> list[str]:
         extra = _REQUIRED["gemma4"]
     elif mt == "minimax_m2":
         extra = _REQUIRED["minimax_m2"]
+    elif mt in SECOND_WAVE:
+        from dflash_trt.plan import hybrid_shapes
+
+        extra = hybrid_shapes.required(mt)
     else:
         moe = cfg.get("num_experts") or cfg.get("num_local_experts")
         extra = ("moe_intermediate_size",) if moe and mt != "gpt_oss" else _REQUIRED["plain"]
@@ -239,6 +245,10 @@ def layer_counts(cfg: dict) -> Counts | None:
         return _gemma4(cfg)
     if mt == "minimax_m2":
         return _minimax(cfg)
+    if mt in SECOND_WAVE:
+        from dflash_trt.plan import hybrid_shapes
+
+        return hybrid_shapes.counts(cfg, Counts, KVGroup, StateGroup)
     return None
 
 

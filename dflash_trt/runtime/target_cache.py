@@ -12,9 +12,10 @@ to them behind :class:`~dflash_trt.runtime.backend.TorchBackend`:
   each commit those layers keep, per row, only the last ``W - 1`` committed columns (their
   own columns, right-aligned, tracked in ``TargetCache.win_valid`` / ``win_pos``), the
   bounded cache transformers' ``DynamicSlidingWindowLayer`` keeps for a single sequence.
-* **Linear-attention layers** (Gated DeltaNet: qwen3_5, qwen3_5_moe, qwen3_next). A recurrent
-  or conv state cannot mask a token it has absorbed: ``recurrent.py`` snapshots the states
-  before a verify and, at commit, replays only the accepted tokens from the snapshot.
+* **Linear-attention layers** (Gated DeltaNet: qwen3_5, qwen3_5_moe, qwen3_next; Mamba2:
+  nemotron_h; KDA: kimi_linear). A recurrent or conv state cannot mask a token it has
+  absorbed: ``recurrent.py`` keeps a verify's state after every position and, at commit,
+  selects the accepted prefix's (prefills: snapshot and replay).
 
 Masks follow transformers' conventions (``masking_utils``): a 2D padding mask where the model
 builds its own (every family without sliding layers, as before), else a dict of additive 4D
@@ -77,7 +78,7 @@ class CachePolicy:
         T = ids.shape[1]
         fresh = attention_mask.shape[1] == T
         mask = self._model_mask(cache, positions, attention_mask)
-        with self.recurrent.capture(cache) if self.recurrent else nullcontext():
+        with self.recurrent.capture(cache, per_token=not fresh and T > 1) if self.recurrent else nullcontext():
             logits, hidden = run(mask)
         cache.pending, cache.pending_pos = attention_mask[:, -T:], positions
         if fresh:

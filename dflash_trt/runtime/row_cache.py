@@ -53,6 +53,7 @@ class RowReplayPolicy:
 
         return RowCaches([DynamicCache(config=self.config) for _ in range(batch)])
 
+    @torch.no_grad()  # the copies below are of plain tensors, whoever calls
     def forward(self, run, ids, positions, attention_mask, cache: RowCaches):
         """Each row's real tokens through its own cache; logits [b, T, V] and target_hidden
         [b, T, n_tap*H] (zeros at padding), as one batched forward would give them."""
@@ -75,6 +76,7 @@ class RowReplayPolicy:
         if cache.pending is not None:
             self._settle(cache, n_new.tolist())
 
+    @torch.no_grad()
     def _settle(self, cache: RowCaches, n_keep: list[int]) -> None:
         for r, ((before, ids_r, pos_r), n) in enumerate(zip(cache.pending, n_keep)):
             if n < ids_r.shape[1]:  # part of the draft was rejected: back to the copy, replay the rest

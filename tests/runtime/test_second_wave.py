@@ -130,3 +130,15 @@ def test_the_engine_joins_and_drops_sparse_rows_mid_flight(family):
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("glm_moe_dsa", "deepseek_v4")])
 def test_the_engine_joins_and_drops_rows_mid_flight_slow(family):
     _engine_joins_and_leaves(family)
+
+
+def test_the_graph_export_refuses_each_in_one_line():
+    """The standalone graph path stacks one plain KV cache per layer: each of these is refused
+    before any export work, in one line naming what its cache holds."""
+    from dflash_trt.export.onnx_graphs import target_export_problem
+
+    want = {"deepseek_v32": "indexer", "glm_moe_dsa": "indexer", "deepseek_v4": "compressor"}
+    for family in FAMILIES:
+        problem = target_export_problem(case(family).model.config)
+        assert problem and "\n" not in problem, family
+        assert want.get(family, "sliding-window") in problem, (family, problem)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from tests.families import _COMMON, H, WINDOW
+from tests.families import _COMMON, WINDOW, H
 from tests.helpers import VOCAB
 
 SPARSE = ["deepseek_v32", "glm_moe_dsa", "deepseek_v4"]
 SLIDING = ["mimo_v2_flash", "laguna", "muse_glimmer", "gemma4_unified"]
 FAMILIES = SPARSE + SLIDING
+TEXT_ONLY = ["gemma4_unified_text"]  # gemma4_unified's text model alone (the family case is its VLM)
 TOPK = 4  # index_topk of the tiny sparse targets
 
 _DSA = dict(q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
@@ -67,7 +68,14 @@ def _config(family: str):
         return tf.MuseGlimmerForConditionalGeneration, tf.MuseGlimmerConfig(
             text_config=text.to_dict(), vision_config=vision, out_hidden_size=16, projector_hidden_size=16,
             image_token_id=VOCAB - 2, video_token_id=VOCAB - 3)
-    if family == "gemma4_unified":
+    if family == "gemma4_unified":  # the published target: the VLM, served text-only
+        _, text = _config("gemma4_unified_text")
+        ids = {k: VOCAB - i for i, k in enumerate(("image_token_id", "boi_token_id", "eoi_token_id", "video_token_id",
+                                                   "boa_token_id", "eoa_token_index", "audio_token_id"), start=2)}
+        vision = dict(patch_size=2, mm_embed_dim=16, mm_posemb_size=16, output_proj_dims=16)
+        return tf.Gemma4UnifiedForConditionalGeneration, tf.Gemma4UnifiedConfig(
+            text_config=text.to_dict(), vision_config=vision, audio_config=None, tie_word_embeddings=False, **ids)
+    if family == "gemma4_unified_text":
         c.update(num_hidden_layers=6, head_dim=16, intermediate_size=2 * H, sliding_window=WINDOW,
                  global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
                  final_logit_softcapping=30.0,
@@ -84,7 +92,7 @@ def second_wave_target(family: str, seed: int = 0, dtype=torch.float64):
         sub._experts_implementation = "eager"
     model = cls(cfg)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.2)
         for name, buf in model.named_buffers():

@@ -78,7 +78,7 @@ class RowReplayPolicy:
 
     @torch.no_grad()
     def _settle(self, cache: RowCaches, n_keep: list[int]) -> None:
-        for r, ((before, ids_r, pos_r), n) in enumerate(zip(cache.pending, n_keep)):
+        for r, ((before, ids_r, pos_r), n) in enumerate(zip(cache.pending, n_keep, strict=True)):
             if n < ids_r.shape[1]:  # part of the draft was rejected: back to the copy, replay the rest
                 cache.rows[r] = before
                 if n:

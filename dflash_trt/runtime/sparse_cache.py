@@ -55,7 +55,7 @@ def merge_indexer(out, layers, batches: list[int], width: int) -> None:
     if ref is None:
         return
     parts = []
-    for layer, b in zip(layers, batches):
+    for layer, b in zip(layers, batches, strict=True):
         k = getattr(layer, "indexer_keys", None)
         if k is None or not k.numel():
             k = ref.new_zeros((b, 0, ref.shape[-1]))

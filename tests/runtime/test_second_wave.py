@@ -22,7 +22,7 @@ from dflash_trt.runtime.backend import TorchBackend
 from dflash_trt.runtime.loop import Request, generate
 from tests.families import family_drafter, family_drafter_config
 from tests.helpers import OracleDrafter, hf_greedy, prompts, wrap
-from tests.second_wave import FAMILIES, second_wave_target
+from tests.second_wave import FAMILIES, TEXT_ONLY, second_wave_target
 
 MAX_NEW = 12
 
@@ -82,7 +82,7 @@ def test_greedy_is_lossless_on_second_wave_families(family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + TEXT_ONLY)
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("block", [4, 8])
 @pytest.mark.parametrize("kind", ["random", "oracle"])
@@ -142,3 +142,14 @@ def test_the_graph_export_refuses_each_in_one_line():
         problem = target_export_problem(case(family).model.config)
         assert problem and "\n" not in problem, family
         assert want.get(family, "sliding-window") in problem, (family, problem)
+
+
+def test_each_is_in_the_family_registry():
+    """The registry recipes read names every family proven here, VLM and text model alike."""
+    from dflash_trt.ingest import family_of
+    from tests.second_wave import _config
+
+    for family in FAMILIES + TEXT_ONLY:
+        cfg = _config(family)[1]
+        assert family_of(cfg.model_type) is not None, cfg.model_type
+        assert family_of(cfg.get_text_config().model_type) is not None, cfg.get_text_config().model_type

@@ -24,7 +24,7 @@ def _partial_commit(model, acc: list[int]):
     acc_t = torch.tensor(acc)
     bonus = logits[torch.arange(2), acc_t].argmax(-1)
     commit(backend, batch, block, acc_t, bonus, None)
-    committed = [p + block[r, : a + 1].tolist() for r, (p, a) in enumerate(zip(ps, acc))]
+    committed = [p + block[r, : a + 1].tolist() for r, (p, a) in enumerate(zip(ps, acc, strict=True))]
     return backend, batch, committed
 
 
@@ -67,7 +67,7 @@ def test_a_rejected_draft_key_is_never_chosen(family):
         assert torch.allclose(keys[: n[r]], fresh_keys, atol=1e-10)
         assert not keys[n[r] : W].any(), "a rejected draft's indexer key is still cached"
         torch.testing.assert_close(logits[r], out.logits[0, -3:], atol=1e-5, rtol=0)  # eager softmax: float32
-        for got, want in zip(seen, fresh_seen):
+        for got, want in zip(seen, fresh_seen, strict=True):
             for t in range(3):
                 cols = got[r, t].tolist()
                 assert all(c < n[r] or c >= W for c in cols), f"row {r} query {t} chose a hole: {cols}"
@@ -90,7 +90,7 @@ def test_a_rejected_token_never_enters_a_v4_compressor():
         with torch.no_grad():
             model(torch.tensor([toks]), use_cache=True, cache=fresh)
         mine = batch.target_cache.rows[r]
-        for a, b in zip(mine.layers, fresh.layers):
+        for a, b in zip(mine.layers, fresh.layers, strict=True):
             assert a.cumulative_length == b.cumulative_length
             torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=0)
             for state in ("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv", "overlap_gate"):

@@ -25,6 +25,11 @@ CAPTURE_ARCHITECTURES = {
     "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
     "KimiK2ForCausalLM", "KimiK25ForConditionalGeneration", "LagunaForCausalLM",
+    # issue 26, read in tensorrt_llm/_torch/models/_arch_index.py and the modules it names:
+    # DeepSeek-V3.2 and GLM-5 (DSA) are DeepseekV3ForCausalLM registered under their names
+    # (modeling_deepseekv3.py, whose decoder layers capture); DeepSeek V4 captures each tapped
+    # layer's MoE output (modeling_deepseekv4.py, DeepseekV4DecoderLayer.forward_MoE).
+    "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM",
 }
 
 # Architectures whose TensorRT-LLM model has no capture hook at all, read from its source:
@@ -36,6 +41,11 @@ NO_CAPTURE_ARCHITECTURES = {
     "Gemma4ForCausalLM": "tensorrt_llm/_torch/models/modeling_gemma4.py",
     "Gemma4ForConditionalGeneration": "tensorrt_llm/_torch/models/modeling_gemma4.py",
     "MiniMaxM2ForCausalLM": "tensorrt_llm/_torch/models/modeling_minimaxm2.py",
+    # issue 26: Gemma 4 12B unified wraps Gemma4ForCausalLM (no capture, as above); MiMo-V2-Flash
+    # and Muse Glimmer have no TensorRT-LLM PyTorch model at all (absent from _arch_index.py).
+    "Gemma4UnifiedForConditionalGeneration": "tensorrt_llm/_torch/models/modeling_gemma4_unified.py",
+    "MiMoV2FlashForCausalLM": "tensorrt_llm/_torch/models/_arch_index.py (no such model)",
+    "MuseGlimmerForConditionalGeneration": "tensorrt_llm/_torch/models/_arch_index.py (no such model)",
 }
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError
+from dflash_trt.plan import sparse_shapes
 from dflash_trt.plan.family_shapes import (
     FAMILIES,
     KVGroup,
@@ -28,7 +29,6 @@ from dflash_trt.plan.family_shapes import (
     required_target_fields,
     vision_params,
 )
-from dflash_trt.plan import sparse_shapes
 from dflash_trt.plan.sparse_shapes import FAMILIES as SECOND_WAVE
 
 

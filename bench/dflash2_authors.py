@@ -51,7 +51,8 @@ def prepare(out: Path, n_prompts: int, prompt_tokens: int) -> None:
                 conv.base_kernel[:, 1].normal_(0.0, 0.1, generator=g)
                 conv.kernel_projection.weight.normal_(0.0, 0.01, generator=g)
         sel = d.candidate_selector
-        for p, std in ((sel.predecessor_codebook, 0.5), (sel.successor_codebook, 0.5), (sel.hidden_projection.weight, 0.1)):
+        for p, std in ((sel.predecessor_codebook, 0.5), (sel.successor_codebook, 0.5),
+                       (sel.hidden_projection.weight, 0.1)):
             p.normal_(0.0, std, generator=g)
     d.save(out / "drafter")
     tok = load_tokenizer(TINY / "target")
@@ -74,7 +75,7 @@ def ours(out: Path, max_new: int) -> None:
     rows, start = [], time.perf_counter()
     for prompt in spec["prompts"]:
         commits: list[int] = []
-        res = generate(target, d, [prompt], max_new_tokens=max_new, on_commit=lambda _r, t: commits.append(len(t)))
+        res = generate(target, d, [prompt], max_new_tokens=max_new, on_commit=lambda _r, t, c=commits: c.append(len(t)))
         rows.append({"tokens": res.token_ids[0], "acceptance_lengths": commits[1:]})   # [0]: prefill's token
     _write(out / "ours.json", rows, time.perf_counter() - start)
 
@@ -117,7 +118,7 @@ def _full_rounds(acc: list[int], max_new: int, B: int) -> list[int]:
 def compare(out: Path, max_new: int) -> int:
     a, o = (json.loads((out / f"{n}.json").read_text()) for n in ("authors", "ours"))
     B = json.loads((out / "drafter" / "config.json").read_text())["dflash_config"]["block_size"]
-    same_tokens = all(x["tokens"] == y["tokens"] for x, y in zip(a["rows"], o["rows"]))
+    same_tokens = all(x["tokens"] == y["tokens"] for x, y in zip(a["rows"], o["rows"], strict=True))
     fa = [r for x in a["rows"] for r in _full_rounds(x["acceptance_lengths"], max_new, B)]
     fo = [r for x in o["rows"] for r in _full_rounds(x["acceptance_lengths"], max_new, B)]
     tau = lambda xs: sum(xs) / len(xs)  # noqa: E731

@@ -49,12 +49,13 @@ def main(argv=None) -> int:
             errors.append(abs(loo / v - 1))
             print(f"{t['id']:46s} {key:22s} {v:10.2f} {t['fitted'][key]:10.2f} {loo:10.2f} {loo / v - 1:+8.0%}")
     within = sum(e <= 0.20 for e in errors)
-    print(f"\nleave-one-out: {within}/{len(errors)} within ±20%, median |error| {sorted(errors)[len(errors) // 2]:.0%}, "
-          f"max {max(errors):.0%}")
+    print(f"\nleave-one-out: {within}/{len(errors)} within ±20%, "
+          f"median |error| {sorted(errors)[len(errors) // 2]:.0%}, max {max(errors):.0%}")
     print("\ntrend with concurrency (leave-one-out predictions):")
     for tr in perf_fit.trends(cases, {t["id"]: t["loo"] for t in table}):
         mark = "ok " if tr["right"] else "NO "
-        print(f"  {mark} {tr['engine']:12s} {tr['gpu']:6s} {tr['target']:38s} c={tr['concurrency'][0]}->{tr['concurrency'][1]}: "
+        print(f"  {mark} {tr['engine']:12s} {tr['gpu']:6s} {tr['target']:38s} "
+              f"c={tr['concurrency'][0]}->{tr['concurrency'][1]}: "
               f"measured {tr['measured']}, predicted {tr['predicted']}")
     print()
     for e in full.engines:

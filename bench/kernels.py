@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -114,12 +115,12 @@ def main(argv=None) -> int:
             # attention reads the visible context K/V once + q/k/v + writes the output
             vis = min(ctx, args.window) if args.window else ctx
             attn_bytes = b * (2 * vis * kvh * d + 2 * B * h * d + 2 * B * kvh * d) * esz
-            row["attn_triton_ms"] = timeit(lambda: tk.block_attention(q, k, v, kc[0], vc[0], pt, lengths, **kw),
+            row["attn_triton_ms"] = timeit(partial(tk.block_attention, q, k, v, kc[0], vc[0], pt, lengths, **kw),
                                            args.iters)
             row["attn_triton_GBps"] = attn_bytes / (row["attn_triton_ms"] * 1e-3) / 1e9
             if not args.no_reference:
                 try:
-                    row["attn_ref_ms"] = timeit(lambda: ba.block_attention_reference(
+                    row["attn_ref_ms"] = timeit(partial(ba.block_attention_reference,
                         q, k, v, kc[0], vc[0], pt, lengths, **kw), max(3, args.iters // 4))
                 except torch.OutOfMemoryError:
                     row["attn_ref_ms"] = None
@@ -137,13 +138,13 @@ def main(argv=None) -> int:
                        page_table=pt, num_kv_heads=kvh, head_dim=d)
             kv = torch.randn(b, T, L * 2 * kvh * d, device=dev, dtype=dtype, generator=g)
             scatter_bytes = 2 * kv.numel() * esz                       # read kv, write K and V
-            row["scatter_triton_ms"] = timeit(lambda: tk.kv_scatter(
+            row["scatter_triton_ms"] = timeit(partial(tk.kv_scatter,
                 kv, kn, inv_freq, n_new, lengths_inj, pt, kc, vc, eps=1e-6, rope_scale=1.0,
                 num_kv_heads=kvh, head_dim=d), args.iters)
             row["scatter_GBps"] = scatter_bytes / (row["scatter_triton_ms"] * 1e-3) / 1e9
-            row["inject_triton_ms"] = timeit(lambda: kvi.kv_injection_triton(**inj), args.iters)
+            row["inject_triton_ms"] = timeit(partial(kvi.kv_injection_triton, **inj), args.iters)
             if not args.no_reference:
-                row["inject_ref_ms"] = timeit(lambda: kvi.kv_injection_reference(**inj), max(3, args.iters // 4))
+                row["inject_ref_ms"] = timeit(partial(kvi.kv_injection_reference, **inj), max(3, args.iters // 4))
             rows.append(row)
             del kc, vc
             torch.cuda.empty_cache()

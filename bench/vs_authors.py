@@ -6,7 +6,8 @@ The authors' package (``dflash`` on PyPI, ``dflash/model.py``: ``DFlashDraftMode
     python3 -m venv /tmp/dflash-venv
     /tmp/dflash-venv/bin/pip install torch==2.13.0
     /tmp/dflash-venv/bin/pip install "dflash[local]==0.1.0" pydantic pyyaml numpy typer rich huggingface_hub
-    /tmp/dflash-venv/bin/python bench/vs_authors.py            # or: python bench/vs_authors.py --python /tmp/dflash-venv/bin/python
+    /tmp/dflash-venv/bin/python bench/vs_authors.py
+    # or: python bench/vs_authors.py --python /tmp/dflash-venv/bin/python
 
 Both loops run on the shipped embedded pair (or --target/--drafter), float32, one torch thread,
 greedy, on the pair's held-out prompts: the same target module object for both, the authors'
@@ -26,6 +27,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +94,7 @@ def main() -> int:
         for i, p in enumerate(prompts):
             order = list(sides) if (rep + i) % 2 == 0 else list(reversed(sides))
             for k in order:
-                out, cpu, wall = timed(lambda: sides[k](p))
+                out, cpu, wall = timed(partial(sides[k], p))
                 best[k][i] = [min(best[k][i][0], cpu), min(best[k][i][1], wall)]
                 result[k][i] = out
     report = {"prompts": len(prompts), "max_new_tokens": n, "threads": a.threads, "dtype": "float32",
@@ -103,11 +105,14 @@ def main() -> int:
         report[k] = {"tokens": tokens, "cpu_seconds": round(cpu, 4), "wall_seconds": round(wall, 4),
                      "tokens_per_cpu_second": round(tokens / cpu, 2), "tokens_per_second": round(tokens / wall, 2),
                      "acceptance_length": round(sum(r[2] for r in result[k]) / sum(r[1] for r in result[k]), 4)}
-    report["speedup_cpu"] = round(report["runtime"]["tokens_per_cpu_second"] / report["authors"]["tokens_per_cpu_second"], 3)
+    report["speedup_cpu"] = round(report["runtime"]["tokens_per_cpu_second"]
+                                  / report["authors"]["tokens_per_cpu_second"], 3)
     report["speedup_wall"] = round(report["runtime"]["tokens_per_second"] / report["authors"]["tokens_per_second"], 3)
-    print(f"runtime {report['runtime']['tokens_per_cpu_second']} tok/CPU-s (wall {report['runtime']['tokens_per_second']}), "
+    print(f"runtime {report['runtime']['tokens_per_cpu_second']} tok/CPU-s "
+          f"(wall {report['runtime']['tokens_per_second']}), "
           f"authors {report['authors']['tokens_per_cpu_second']} (wall {report['authors']['tokens_per_second']}): "
-          f"{report['speedup_cpu']}x CPU, {report['speedup_wall']}x wall; τ {report['runtime']['acceptance_length']} vs "
+          f"{report['speedup_cpu']}x CPU, {report['speedup_wall']}x wall; "
+          f"τ {report['runtime']['acceptance_length']} vs "
           f"{report['authors']['acceptance_length']}; identical tokens: {report['identical_tokens']}")
     if a.json:
         text = json.dumps(report, indent=2)

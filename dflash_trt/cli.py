@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exc
 
 from dflash_trt import __version__
-from dflash_trt._cli import bench, build, generate, inspect, recipes, serve, train, tune
+from dflash_trt._cli import bench, build, generate, inspect, recipes, serve, train, tune, verify
 
 # Exception classes that differ between typer's vendored click and click itself.
 _EXIT = tuple({typer.Exit, *(c for c in (getattr(click_exc, "Exit", None),) if c)})
@@ -32,7 +32,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for module in (build, serve, generate, bench, tune, inspect, train, recipes):
+for module in (build, serve, generate, bench, tune, verify, inspect, train, recipes):
     module.register(app)
 
 
@@ -84,7 +84,8 @@ class _HeldLibraryOutput:
         for lg, handlers, propagate in self._saved:
             lg.handlers, lg.propagate = handlers, propagate
         self._warnings.__exit__(*exc)
-        self.release = lambda: ([warnings.showwarning(w.message, w.category, w.filename, w.lineno) for w in self.caught],
+        self.release = lambda: ([warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                                 for w in self.caught],
                                 [print(r.getMessage(), file=sys.stderr) for r in self.records])
 
 

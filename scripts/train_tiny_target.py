@@ -104,7 +104,8 @@ def main() -> None:
     for t in texts:
         ids += tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     data = torch.tensor(ids, dtype=torch.long)
-    held = torch.tensor([i for f in held_files for i in tok(read(f), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]])
+    held = torch.tensor([i for f in held_files
+                         for i in tok(read(f), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]])
     print(f"tokenizer: {len(tok)} tokens, {len(data)} training tokens, {len(held)} held-out "
           f"({time.time() - t0:.0f}s)", flush=True)
 
@@ -124,7 +125,8 @@ def main() -> None:
                             lr=args.lr, betas=(0.9, 0.95))
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
+        opt, lambda s: min(1.0, (s + 1) / warm)
+        * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
     g = torch.Generator().manual_seed(args.seed)
     L = args.seq_len
     model.train()

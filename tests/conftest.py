@@ -20,3 +20,11 @@ def tiny_pair_dir(tmp_path_factory):
     from tests.helpers import save_pair
 
     return save_pair(tmp_path_factory.mktemp("pair"))
+
+
+@pytest.fixture(scope="session")
+def bundle_dir(tmp_path_factory):
+    """The serving tests' bundle (tests.serve.helpers.make_bundle), built once for serve/ and bench/."""
+    from tests.serve.helpers import make_bundle
+
+    return make_bundle(tmp_path_factory.mktemp("bundle") / "tiny-bundle")

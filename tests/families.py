@@ -117,7 +117,7 @@ def family_target(family: str, seed: int = 0, dtype=torch.float64):
         c._experts_implementation = "eager"
     model = cls(cfg)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.2)
     return model.to(dtype).eval()

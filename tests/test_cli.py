@@ -19,7 +19,8 @@ def test_generate_json_is_lossless(tiny_pair_dir, capsys):
                 "--max-new-tokens", "20", "--json"])
     assert code == 0
     res = json.loads(capsys.readouterr().out)
-    for key in ("text", "token_ids", "acceptance_length", "per_position_acceptance", "target_forwards", "tokens_per_second"):
+    for key in ("text", "token_ids", "acceptance_length", "per_position_acceptance", "target_forwards",
+                "tokens_per_second"):
         assert key in res
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -37,7 +38,8 @@ def test_generate_json_is_lossless(tiny_pair_dir, capsys):
 
 def test_generate_text_and_stats_line(tiny_pair_dir, capsys):
     tdir, ddir = tiny_pair_dir
-    assert run(["generate", "-t", str(tdir), "-d", str(ddir), "-p", "hello", "-n", "8", "--temperature", "0.8", "--seed", "1"]) == 0
+    assert run(["generate", "-t", str(tdir), "-d", str(ddir), "-p", "hello", "-n", "8",
+                "--temperature", "0.8", "--seed", "1"]) == 0
     cap = capsys.readouterr()
     assert "τ" in cap.err and "target forwards" in cap.err
 
@@ -103,7 +105,7 @@ def test_library_warnings_never_push_a_refusal_past_one_line(monkeypatch, capsys
 
     def chatty(*a, **k):
         logging.getLogger("transformers.modeling_utils").warning("some library warning")
-        warnings.warn("modelopt: transformers version untested", UserWarning)
+        warnings.warn("modelopt: transformers version untested", UserWarning, stacklevel=2)
         raise CheckpointError("the one line")
 
     monkeypatch.setattr(inspect_cmd, "inspect", chatty, raising=False)

@@ -33,9 +33,12 @@ def bench(
     bundle_opt: BundleOpt = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
-    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "--max-tokens", "-n", min=1, help="Tokens per prompt at most.")] = 128,
-    block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=2, help="Draft block size B (default: the drafter's).")] = None,
+    prompts: Annotated[str | None, typer.Option(
+        "--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(
+        "--max-new-tokens", "--max-tokens", "-n", min=1, help="Tokens per prompt at most.")] = 128,
+    block_size: Annotated[int | None, typer.Option(
+        "--block-size", "-b", min=2, help="Draft block size B (default: the drafter's).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",
@@ -54,9 +57,10 @@ def bench(
     temperature: Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")] = 0.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
                                              "max tokens (vLLM/TRT-LLM/dflash extension).")] = False,
-    plot: Annotated[Path | None, typer.Option("--plot", help="With --endpoint: write throughput per GPU against "
-                                                 "tokens/s per user (DFlash and --baseline on one chart), TTFT, ITL and "
-                                                 "speedup to this PNG; with a BUNDLE, its plan's predicted curves too.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="With --endpoint: write throughput per GPU against tokens/s per user (DFlash and "
+                       "--baseline on one chart), TTFT, ITL and speedup to this PNG; with a BUNDLE, its plan's "
+                       "predicted curves too.")] = None,
 ) -> None:
     """Measure τ, per-position acceptance and speedup over autoregressive decoding, and check losslessness.
 

@@ -15,11 +15,14 @@ DEFAULT_RECIPE = "tiny"
 
 RecipeArg = Annotated[str | None, typer.Argument(help="Bundled recipe name or YAML file (default: tiny, "
                                                     "or none when --target and --drafter are given).")]
-GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU model: B300, B200, GB200, H200, H100, L40S, A100, cpu ...")]
+GpuOpt = Annotated[str | None, typer.Option(
+    "--gpu", help="GPU model: B300, B200, GB200, H200, H100, L40S, A100, cpu ...")]
 GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs available per node.")]
-PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="Target weights: bf16, fp8, nvfp4, or auto (as shipped).")]
+PrecisionOpt = Annotated[str | None, typer.Option(
+    "--precision", help="Target weights: bf16, fp8, nvfp4, or auto (as shipped).")]
 KvOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="KV cache dtype: auto or fp8.")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")]
 
 
 # The recipe field each flag sets, as the typed value typer parsed (never re-read as YAML).
@@ -65,12 +68,17 @@ def build(
     gpus: GpusOpt = None,
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
-    calib: Annotated[str | None, typer.Option("--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")] = None,
+    calib: Annotated[str | None, typer.Option(
+        "--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")] = None,
     set_: SetOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve, validate and plan from configs; write nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Resolve, validate and plan from configs; write nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
-    engine: Annotated[str | None, typer.Option("--engine", help="trtllm (TensorRT-LLM PyTorch backend), or tensorrt: also export ONNX with the DFlash custom ops to OUT/onnx and build OUT/engines where TensorRT and a GPU are present.")] = None,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="trtllm (TensorRT-LLM PyTorch backend), or tensorrt: also export ONNX with the DFlash custom "
+                         "ops to OUT/onnx and build OUT/engines where TensorRT and a GPU are present.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh."""
@@ -102,7 +110,8 @@ def build(
     out.print(f"bundle written to {res.out}  (serve: {res.out}/trtllm/serve.sh)")
     if engine_info is not None:
         err_max = max(engine_info["drafter_onnx_max_error"].values())
-        out.print(f"ONNX: {', '.join(engine_info['onnx'])} in {res.out}/onnx (drafter vs PyTorch max error {err_max:.1e})")
+        out.print(f"ONNX: {', '.join(engine_info['onnx'])} in {res.out}/onnx "
+                  f"(drafter vs PyTorch max error {err_max:.1e})")
         if not engine_info["engines_built"]:
             out.print(f"engines not built: {engine_info['engines_reason']}")
 
@@ -159,7 +168,8 @@ def show_plan(p, r) -> None:
     for row in p.curve:
         r = pred.get(row["batch"], {})
         s.add_row(str(row["batch"]), str(row["draft_len"]) if row["draft_len"] else "off", f"{row['speedup']:.2f}x",
-                  f"{r.get('tokens_per_second_per_user', 0):.0f}", f"{r.get('output_tokens_per_second_per_gpu', 0):.0f}")
+                  f"{r.get('tokens_per_second_per_user', 0):.0f}",
+                  f"{r.get('output_tokens_per_second_per_gpu', 0):.0f}")
     out.print(s)
     if p.calibration:
         out.print(f"step model: {p.calibration}", markup=False)

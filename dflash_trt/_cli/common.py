@@ -12,14 +12,23 @@ from rich.console import Console
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-TargetOpt = Annotated[str | None, typer.Option("--target", "-t", help="Target model: local directory or hub id (org/name\\[@rev]). Default: the embedded tiny pair.")]
-DrafterOpt = Annotated[str | None, typer.Option("--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
-KernelsOpt = Annotated[str, typer.Option("--kernels", help="DFlash op implementations: reference (PyTorch) or triton (needs a GPU, or TRITON_INTERPRET=1).")]
+TargetOpt = Annotated[str | None, typer.Option(
+    "--target", "-t",
+    help="Target model: local directory or hub id (org/name\\[@rev]). Default: the embedded tiny pair.")]
+DrafterOpt = Annotated[str | None, typer.Option(
+    "--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
+DtypeOpt = Annotated[str, typer.Option(
+    "--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
+KernelsOpt = Annotated[str, typer.Option(
+    "--kernels", help="DFlash op implementations: reference (PyTorch) or triton (needs a GPU, or TRITON_INTERPRET=1).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
-BundleArg = Annotated[str | None, typer.Argument(help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
+BundleArg = Annotated[str | None, typer.Argument(
+    help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
 BundleOpt = Annotated[str | None, typer.Option("--bundle", help="A bundle directory from `dflash-trt build`.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle built with --engine tensorrt.")]
+BackendOpt = Annotated[str, typer.Option(
+    "--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over "
+                      "the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle "
+                      "built with --engine tensorrt.")]
 
 
 def print_json(obj) -> None:

@@ -28,12 +28,16 @@ def generate(
     bundle_opt: BundleOpt = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=0, help="Tokens to generate at most.")] = 128,
-    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy (lossless: identical to the target's own greedy output).")] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option(
+        "--max-new-tokens", "-n", min=0, help="Tokens to generate at most.")] = 128,
+    temperature: Annotated[float, typer.Option(
+        min=0.0, help="0 is greedy (lossless: identical to the target's own greedy output).")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")] = 0,
     seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
-    block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=1, help="Draft block size B (default: the drafter's); 1 is plain autoregressive decoding.")] = None,
+    block_size: Annotated[int | None, typer.Option(
+        "--block-size", "-b", min=1, help="Draft block size B (default: the drafter's); 1 is plain autoregressive "
+                                          "decoding.")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",

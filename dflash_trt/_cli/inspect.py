@@ -69,7 +69,8 @@ def _rows(info: dict) -> list[tuple[str, str]]:
 
 
 def inspect(
-    ref: Annotated[str, typer.Argument(metavar="PATH_OR_ID", help="Drafter or target: local directory or hub id (org/name or org/name@revision).")],
+    ref: Annotated[str, typer.Argument(
+        metavar="PATH_OR_ID", help="Drafter or target: local directory or hub id (org/name or org/name@revision).")],
     target: Annotated[str | None, typer.Option("--target", "-t", help="Check the drafter against this target.")] = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -46,7 +46,8 @@ def show(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML f
 
 
 @recipes_app.command("validate")
-def validate(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None) -> None:
+def validate(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")],
+             set_: SetOpt = None) -> None:
     """Check a recipe's keys and values; exit 2 naming the first bad key."""
     from dflash_trt import plan as R
 

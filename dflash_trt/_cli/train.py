@@ -25,40 +25,77 @@ def _layer_ids(value: str | None) -> list[int] | None:
 
 
 def train_drafter(
-    target: Annotated[str, typer.Option("--target", "-t", help="Target: local Hugging Face directory, hub id, or embedded:NAME.")],
-    data: Annotated[str, typer.Option("--data", help="Prompts: JSONL with 'prompt', a text file, or a folder of text files (cut into prompts).")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output directory: the z-lab drafter, plus .train/ (checkpoint, regenerated data).")],
-    block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=2, help="Block size B (anchor + B-1 drafts). Default 8.")] = None,
-    layers: Annotated[int | None, typer.Option("--layers", min=1, help="Drafter decoder layers. Default 1 (z-lab uses 5 for 8B targets).")] = None,
-    target_layer_ids: Annotated[str | None, typer.Option("--target-layer-ids", help="Tapped target layers, e.g. 1,9,17,25,33 (z-lab ids: output of layer i). Default: spread from 1 to depth-3.")] = None,
-    mask_token_id: Annotated[int | None, typer.Option("--mask-token-id", min=0, help="Embedding row used as MASK. Default: the tokenizer's mask token, else the first spare row.")] = None,
-    arch: Annotated[str | None, typer.Option("--arch", help="Drafter: dflash (DFlashDraftModel) or dflash2 (DFlash2DraftModel: dynamic convolutions around every sublayer and a candidate selector, trained with the same block objective). Default dflash.")] = None,
-    conv_kernel_size: Annotated[int | None, typer.Option("--conv-kernel-size", min=1, help="DFlash2: taps of each dynamic convolution. Default 2.")] = None,
-    conv_group_size: Annotated[int | None, typer.Option("--conv-group-size", min=1, help="DFlash2: channels sharing one dynamic tap (divides the hidden size). Default 16.")] = None,
-    selector_rank: Annotated[int | None, typer.Option("--selector-rank", min=1, help="DFlash2: rank of the selector's codebooks. Default 256.")] = None,
-    selector_top_k: Annotated[int | None, typer.Option("--selector-top-k", min=2, help="DFlash2: candidates per block position the selector chooses among. Default 16.")] = None,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Total optimizer steps (with --resume: continue up to this).")] = 1000,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Sequences per step (the global batch, over all ranks).")] = 8,
-    anchors: Annotated[int, typer.Option("--anchors", min=1, help="Random anchor positions (blocks) per sequence.")] = 16,
-    lr: Annotated[float, typer.Option("--lr", min=0.0, help="AdamW peak learning rate (linear warm-up, cosine decay to 10%).")] = 6e-4,
+    target: Annotated[str, typer.Option(
+        "--target", "-t", help="Target: local Hugging Face directory, hub id, or embedded:NAME.")],
+    data: Annotated[str, typer.Option(
+        "--data", help="Prompts: JSONL with 'prompt', a text file, or a folder of text files (cut into prompts).")],
+    out_dir: Annotated[Path, typer.Option(
+        "--out", "-o", help="Output directory: the z-lab drafter, plus .train/ (checkpoint, regenerated data).")],
+    block_size: Annotated[int | None, typer.Option(
+        "--block-size", "-b", min=2, help="Block size B (anchor + B-1 drafts). Default 8.")] = None,
+    layers: Annotated[int | None, typer.Option(
+        "--layers", min=1, help="Drafter decoder layers. Default 1 (z-lab uses 5 for 8B targets).")] = None,
+    target_layer_ids: Annotated[str | None, typer.Option(
+        "--target-layer-ids", help="Tapped target layers, e.g. 1,9,17,25,33 (z-lab ids: output of layer i). Default: "
+                                   "spread from 1 to depth-3.")] = None,
+    mask_token_id: Annotated[int | None, typer.Option(
+        "--mask-token-id", min=0, help="Embedding row used as MASK. Default: the tokenizer's mask token, else the "
+                                       "first spare row.")] = None,
+    arch: Annotated[str | None, typer.Option(
+        "--arch", help="Drafter: dflash (DFlashDraftModel) or dflash2 (DFlash2DraftModel: dynamic convolutions around "
+                       "every sublayer and a candidate selector, trained with the same block objective). "
+                       "Default dflash.")] = None,
+    conv_kernel_size: Annotated[int | None, typer.Option(
+        "--conv-kernel-size", min=1, help="DFlash2: taps of each dynamic convolution. Default 2.")] = None,
+    conv_group_size: Annotated[int | None, typer.Option(
+        "--conv-group-size", min=1,
+        help="DFlash2: channels sharing one dynamic tap (divides the hidden size). Default 16.")] = None,
+    selector_rank: Annotated[int | None, typer.Option(
+        "--selector-rank", min=1, help="DFlash2: rank of the selector's codebooks. Default 256.")] = None,
+    selector_top_k: Annotated[int | None, typer.Option(
+        "--selector-top-k", min=2,
+        help="DFlash2: candidates per block position the selector chooses among. Default 16.")] = None,
+    steps: Annotated[int, typer.Option(
+        "--steps", min=1, help="Total optimizer steps (with --resume: continue up to this).")] = 1000,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Sequences per step (the global batch, over all ranks).")] = 8,
+    anchors: Annotated[int, typer.Option(
+        "--anchors", min=1, help="Random anchor positions (blocks) per sequence.")] = 16,
+    lr: Annotated[float, typer.Option(
+        "--lr", min=0.0, help="AdamW peak learning rate (linear warm-up, cosine decay to 10%).")] = 6e-4,
     prompt_len: Annotated[int, typer.Option("--prompt-len", min=2, help="Prompt tokens per training sequence.")] = 64,
-    gen_len: Annotated[int, typer.Option("--gen-len", min=1, help="Response tokens the target regenerates per prompt.")] = 128,
+    gen_len: Annotated[int, typer.Option(
+        "--gen-len", min=1, help="Response tokens the target regenerates per prompt.")] = 128,
     samples: Annotated[int, typer.Option("--samples", min=1, help="Training sequences to regenerate.")] = 1024,
-    eval_every: Annotated[int, typer.Option("--eval-every", min=1, help="Steps between held-out τ measurements.")] = 100,
+    eval_every: Annotated[int, typer.Option(
+        "--eval-every", min=1, help="Steps between held-out τ measurements.")] = 100,
     save_every: Annotated[int, typer.Option("--save-every", min=1, help="Steps between checkpoints.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seed for data order, anchors and initialisation.")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run saved in --out.")] = False,
-    chat_template: Annotated[bool, typer.Option("--chat-template", help="Format JSONL prompts with the target's chat template (lines with 'messages' always are).")] = False,
-    thinking: Annotated[bool | None, typer.Option("--thinking/--no-thinking", help="The chat template's enable_thinking (Qwen3); recorded in training.json. Default: the template's own.")] = None,
-    regen_endpoint: Annotated[str | None, typer.Option("--regen-endpoint", help="OpenAI-compatible server (trtllm-serve, vLLM, SGLang, dflash-trt serve) that regenerates the responses. Default: the reference runtime in this process.")] = None,
-    regen_model: Annotated[str | None, typer.Option("--regen-model", help="Model name to ask --regen-endpoint for. Default: the first it lists.")] = None,
-    regen_concurrency: Annotated[int, typer.Option("--regen-concurrency", min=1, help="Requests in flight to --regen-endpoint, per rank.")] = 32,
-    feature_cache: Annotated[Path | None, typer.Option("--feature-cache", help="Folder for the target's hidden states as safetensors shards, written once and read by every step and rank. Default: computed online.")] = None,
-    feature_shard_mb: Annotated[float, typer.Option("--feature-shard-mb", min=0.001, help="Size of one --feature-cache shard, in MB.")] = 1024.0,
-    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel ranks on this machine, started with torch's launcher (torchrun). The batch is global.")] = 1,
+    chat_template: Annotated[bool, typer.Option(
+        "--chat-template",
+        help="Format JSONL prompts with the target's chat template (lines with 'messages' always are).")] = False,
+    thinking: Annotated[bool | None, typer.Option(
+        "--thinking/--no-thinking", help="The chat template's enable_thinking (Qwen3); recorded in training.json. "
+                                         "Default: the template's own.")] = None,
+    regen_endpoint: Annotated[str | None, typer.Option(
+        "--regen-endpoint", help="OpenAI-compatible server (trtllm-serve, vLLM, SGLang, dflash-trt serve) that "
+                                 "regenerates the responses. Default: the reference runtime in this process.")] = None,
+    regen_model: Annotated[str | None, typer.Option(
+        "--regen-model", help="Model name to ask --regen-endpoint for. Default: the first it lists.")] = None,
+    regen_concurrency: Annotated[int, typer.Option(
+        "--regen-concurrency", min=1, help="Requests in flight to --regen-endpoint, per rank.")] = 32,
+    feature_cache: Annotated[Path | None, typer.Option(
+        "--feature-cache", help="Folder for the target's hidden states as safetensors shards, written once and read by "
+                                "every step and rank. Default: computed online.")] = None,
+    feature_shard_mb: Annotated[float, typer.Option(
+        "--feature-shard-mb", min=0.001, help="Size of one --feature-cache shard, in MB.")] = 1024.0,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel ranks on this machine, started with "
+                                                              "torch's launcher (torchrun). The batch is global.")] = 1,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train a DFlash (or, with --arch dflash2, a DFlash2) drafter: target-regenerated responses, random anchors, block masks, decayed loss."""
+    # One line: typer lists a command by its docstring's first line.
+    """Train a DFlash (or, with --arch dflash2, a DFlash2) drafter: target-regenerated responses, random anchors, block masks, decayed loss."""  # noqa: E501
     from dflash_trt.train import TrainSettings, launch
 
     settings = TrainSettings(

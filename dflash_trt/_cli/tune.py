@@ -28,8 +28,9 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 def tune(
     bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
-    endpoint: Annotated[str | None, typer.Option("--endpoint", help="Measure this running server (one it did not "
-                                                    "start) and refit the calibration; the bundle is not changed.")] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        "--endpoint", help="Measure this running server (one it did not start) and refit the calibration; the bundle "
+                           "is not changed.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request.")] = None,
     draft_lens: Annotated[str | None, typer.Option("--draft-lens", help="Draft lengths to sweep, comma-separated "
                                                       "(default: max_draft_len, about half, 1; off always).")] = None,
@@ -41,8 +42,9 @@ def tune(
     prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts file: one per line, or JSONL with "
                                                    "'prompt'.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write the tuned and the baseline curves (throughput "
-                                                 "per GPU vs tokens/s per user, TTFT, ITL) with the planner's to this PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Write the tuned and the baseline curves (throughput per GPU vs tokens/s per user, TTFT, ITL) "
+                       "with the planner's to this PNG.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and print; write nothing.")] = False,
     as_json: JsonOpt = False,
 ) -> None:

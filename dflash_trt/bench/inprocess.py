@@ -55,7 +55,7 @@ def _merge(stats: list[Stats]) -> dict:
         total.prefill_seconds += s.prefill_seconds
         total.draft_seconds += s.draft_seconds
         total.verify_seconds += s.verify_seconds
-        total.accepted_at = [a + b for a, b in zip(total.accepted_at, s.accepted_at)]
+        total.accepted_at = [a + b for a, b in zip(total.accepted_at, s.accepted_at, strict=True)]
     return total.as_dict()
 
 
@@ -73,8 +73,8 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
     generate(pair.target, None, [encoded[0]], max_new_tokens=8, block_size=1, stop_token_ids=stops, backend=be)
     ds, ars, lossless, mismatches = [], [], True, []
     for k, ids in enumerate(encoded):
-        d = generate(pair.target, pair.drafter, [ids], max_new_tokens=max_new_tokens, block_size=B, stop_token_ids=stops,
-                     backend=be)
+        d = generate(pair.target, pair.drafter, [ids], max_new_tokens=max_new_tokens, block_size=B,
+                     stop_token_ids=stops, backend=be)
         a = generate(pair.target, None, [ids], max_new_tokens=max_new_tokens, block_size=1, stop_token_ids=stops,
                      backend=be)
         ds.append(d.stats)

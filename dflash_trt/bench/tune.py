@@ -5,7 +5,8 @@
    ``<= max_draft_len`` (where ``trtllm-serve`` is installed tune asks for ``endpoint=URL``
    instead: restarting TensorRT-LLM per setting is not automated yet); at each setting the load
    generator (:mod:`dflash_trt.bench.endpoint`) drives concurrency 1, 2, 4, ... ``max_batch_size``
-   with ``ignore_eos`` (every request decodes ``max_tokens``). Each setting fixes the draft length (the bundle's own schedule is put aside).
+   with ``ignore_eos`` (every request decodes ``max_tokens``). Each setting fixes the draft length
+   (the bundle's own schedule is put aside).
 2. **Choose** (:func:`winners`). At each measured concurrency the setting with the most output
    tokens/s wins, among those a schedule can express: TensorRT-LLM requires the smallest key to
    map to ``max_draft_len`` and no length above it, so the length at concurrency 1 bounds the
@@ -178,7 +179,8 @@ def schedule(t: Tunable, lengths: list[int]) -> tuple[int, dict[int, int], list[
 # --- writing ----------------------------------------------------------------------------
 
 
-def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: list[int], tuned: dict) -> dict[Path, str]:
+def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: list[int],
+              tuned: dict) -> dict[Path, str]:
     """The new ``config.yaml`` and ``manifest.json`` texts (validated), by path."""
     cfg = json.loads(json.dumps(t.config))
     spec = cfg["speculative_config"]
@@ -190,6 +192,13 @@ def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: li
     m["plan"] = {**(m.get("plan") or {}), "max_draft_len": max_draft_len, "schedule": "draft_len_schedule",
                  "max_concurrency": None, "draft_len_schedule": {str(k): v for k, v in sched.items()},
                  "draft_lengths": runs, "tuned": tuned}
+    if m.get("files") is not None:    # the new config and the two .prev copies, so verify still holds
+        import hashlib
+
+        L = ingest.Layout
+        m["files"] = {**m["files"], L.TRTLLM_CONFIG: hashlib.sha256(text.encode()).hexdigest(),
+                      **{f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()
+                         for rel in (L.TRTLLM_CONFIG, L.MANIFEST)}}
     ingest.Manifest.model_validate(m)
     return {t.root / ingest.Layout.TRTLLM_CONFIG: text, t.root / ingest.Layout.MANIFEST: json.dumps(m, indent=2) + "\n"}
 

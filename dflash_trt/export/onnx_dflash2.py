@@ -39,7 +39,7 @@ class DFlash2Round(nn.Module):
 
     def __init__(self, drafter, head_weight: torch.Tensor, kernels: str = "reference"):
         super().__init__()
-        if not drafter.cfg.is_dflash2:
+        if not hasattr(drafter, "candidate_selector"):
             raise DFlashError("DFlash2Round needs a DFlash2 drafter; export others with export.export_drafter_onnx")
         self.drafter = drafter
         self.round = DrafterRound(drafter, kernels=kernels)
@@ -124,7 +124,8 @@ def check_dflash2_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor,
         sel = drafter.candidate_selector
         unary, want_cand = sel.candidates(drafter.logits(h, head))
         want_tokens, want_q = sel.walk(h, unary, want_cand, inputs["anchor"], temperature, inputs["uniforms"])
-    out = {"k_cache": float(np.abs(k_out - cache.k.numpy()).max()), "v_cache": float(np.abs(v_out - cache.v.numpy()).max()),
+    out = {"k_cache": float(np.abs(k_out - cache.k.numpy()).max()),
+           "v_cache": float(np.abs(v_out - cache.v.numpy()).max()),
            "tokens_differing": int((tokens != want_tokens.numpy()).sum()),
            "candidates_differing": int((np.sort(cand, -1) != np.sort(want_cand.numpy(), -1)).sum())}
     if want_q is not None:

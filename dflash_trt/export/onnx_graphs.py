@@ -207,7 +207,7 @@ def check_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor | None =
             hidden = drafter.logits(hidden, head)
     want = [hidden, cache.k, cache.v]
     names = ["logits" if head_weight is not None else "hidden", "k_cache", "v_cache"]
-    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(names, got, want)}
+    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(names, got, want, strict=True)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -331,7 +331,7 @@ def check_target_onnx(hf_model: nn.Module, layer_ids: list[int], onnx_path, **sh
     got = sess.run(None, {k: v.numpy() for k, v in inputs.items()})
     with torch.no_grad():
         want = TargetWithTaps(hf_model, layer_ids)(*(inputs[n] for n in TARGET_INPUTS))
-    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(TARGET_OUTPUTS, got, want)}
+    return {n: float(np.abs(g - w.numpy()).max()) for n, g, w in zip(TARGET_OUTPUTS, got, want, strict=True)}
 
 
 # ---------------------------------------------------------------------------------------

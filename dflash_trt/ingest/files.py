@@ -170,7 +170,7 @@ def _entry(path: Path, tname: str, info) -> tuple[str, tuple[int, ...], int, int
 def _check_disjoint(path: Path, spans: list[tuple[int, int, str]]) -> None:
     """No two tensors share bytes (the format requires disjoint data_offsets)."""
     spans.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+    for (_b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:], strict=False):
         if b1 < e0 and e1 > b1:
             raise CheckpointError(f"{path}: tensors {n0} and {n1} overlap in the file (bytes {b1}..{min(e0, e1)}); "
                                   "the file is corrupt")

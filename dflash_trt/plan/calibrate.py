@@ -121,7 +121,8 @@ def bundle_deployment(root: Path, manifest) -> tuple:
     if manifest is None or manifest.plan is None or manifest.gpu is None or manifest.precision is None:
         raise DFlashError(f"{root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
     gpu = hardware.get(manifest.gpu.name)
-    dep = Deployment(target=TargetShape.from_dir(Path(root) / "target"), drafter=DraftShape.from_dir(Path(root) / "drafter"),
+    dep = Deployment(target=TargetShape.from_dir(Path(root) / "target"),
+                     drafter=DraftShape.from_dir(Path(root) / "drafter"),
                      gpu=gpu, gpus=manifest.gpu.count, precision=manifest.precision.weights,
                      kv_cache=manifest.precision.kv_cache)
     return dep, int(manifest.plan.get("tp", 1)), manifest.plan

@@ -118,7 +118,8 @@ def _hybrid(cfg: dict) -> Counts:
     H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     types = _layer_types(cfg)
     n_lin, n_full = types.count("linear_attention"), types.count("full_attention")
-    kd, vd = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"], cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
+    kd = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
+    vd = cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
     nv, K = cfg["linear_num_value_heads"], cfg.get("linear_conv_kernel_dim", 4)
     c = Counts()
     gate = 2 if cfg.get("attn_output_gate", True) else 1  # q_proj also emits the output gate
@@ -131,14 +132,14 @@ def _hybrid(cfg: dict) -> Counts:
         _moe(c, cfg, H, cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
              cfg.get("shared_expert_intermediate_size") or 0, L)
     else:
-        I = cfg["intermediate_size"]
-        c.add(L * 3 * H * I, 0, 3 * L)
-        c.intermediate = I
+        F = cfg["intermediate_size"]
+        c.add(L * 3 * H * F, 0, 3 * L)
+        c.intermediate = F
     c.other += L * 2 * H
     ssm = 4 if str(cfg.get("mamba_ssm_dtype", "float32")) == "float32" else 2
     c.kv = (KVGroup(n_full, nkv, 2 * hd),)
-    c.states = (StateGroup(n_lin, nv, conv_dim * (K - 1), nv * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"],
-                           recurrent_bytes=ssm),)
+    c.states = (StateGroup(n_lin, nv, conv_dim * (K - 1),
+                           nv * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"], recurrent_bytes=ssm),)
     return c
 
 
@@ -176,12 +177,12 @@ def _gemma4(cfg: dict) -> Counts:
     c.add(n_sl * (2 * H * nh * hd + 2 * H * nkv * hd), n_sl * 3 * hd, 4 * n_sl)
     c.add(n_glob * (2 * H * nh * ghd + (1 if k_eq_v else 2) * H * gkv * ghd), n_glob * 3 * ghd,
           (3 if k_eq_v else 4) * n_glob)
-    I = cfg["intermediate_size"]
-    c.add(L * 3 * H * I, 0, 3 * L)
-    c.intermediate = I
+    F = cfg["intermediate_size"]
+    c.add(L * 3 * H * F, 0, 3 * L)
+    c.intermediate = F
     if cfg.get("enable_moe_block") and cfg.get("num_experts"):
         _moe(c, cfg, H, cfg["num_experts"], cfg["top_k_experts"], cfg["moe_intermediate_size"], 0, L)
-        c.intermediate += I
+        c.intermediate += F
     c.other += L * 4 * H
     # Sliding layers as if full: TensorRT-LLM sizes every layer's cache for the whole context
     # unless kv_cache_config.max_attention_window lists per-layer windows (VSWA), which the
@@ -253,15 +254,15 @@ def layer_counts(cfg: dict) -> Counts | None:
 
 def vision_params(full: dict) -> int:
     """A VLM checkpoint's vision tower (ViT blocks + patch embedding + merger), from its
-    ``vision_config``; 0 for a text-only config. Approximate (+- a few %): 4 H^2 + 2 H I per
+    ``vision_config``; 0 for a text-only config. Approximate (+- a few %): 4 H^2 + 2 H F per
     block (attention, MLP), the patch embedding and a 2-layer merger into the text width."""
     v = full.get("vision_config")
     if not isinstance(v, dict):
         return 0
     H = v.get("hidden_size") or v.get("vt_hidden_size") or 1152
-    I = v.get("intermediate_size") or v.get("vt_intermediate_size") or 4 * H
+    F = v.get("intermediate_size") or v.get("vt_intermediate_size") or 4 * H
     depth = v.get("depth") or v.get("num_hidden_layers") or v.get("vt_num_hidden_layers") or 27
     patch = v.get("patch_size") or 14
     text = (full.get("text_config") or {}).get("hidden_size") or v.get("out_hidden_size") or H
     merge = (v.get("spatial_merge_size") or 2) ** 2
-    return depth * (4 * H * H + 2 * H * I) + 3 * patch * patch * 2 * H + merge * H * (merge * H + text)
+    return depth * (4 * H * H + 2 * H * F) + 3 * patch * patch * 2 * H + merge * H * (merge * H + text)

@@ -74,7 +74,8 @@ class GPU:
 
     @property
     def arch(self) -> str:
-        return {0: "CPU", 80: "Ampere", 89: "Ada", 90: "Hopper"}.get(self.sm, "Blackwell" if self.sm >= 100 else f"SM{self.sm}")
+        return {0: "CPU", 80: "Ampere", 89: "Ada", 90: "Hopper"}.get(
+            self.sm, "Blackwell" if self.sm >= 100 else f"SM{self.sm}")
 
 
 _BW = frozenset({"bf16", "fp8", "nvfp4", "mxfp4"})

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError
+from dflash_trt.model import recognise_family
 from dflash_trt.plan import sparse_shapes
 from dflash_trt.plan.family_shapes import (
     FAMILIES,
@@ -145,11 +146,11 @@ class TargetShape:
             n_lin = L * (4 + 3 * E)
             intermediate, expert_params = k * moe_i, L * E * per_expert
         else:
-            I = cfg["intermediate_size"]
-            mlp_bias = 3 * I if cfg.get("mlp_bias") else 0
-            layer_lin = attn_lin + 3 * H * I
+            F = cfg["intermediate_size"]
+            mlp_bias = 3 * F if cfg.get("mlp_bias") else 0
+            layer_lin = attn_lin + 3 * H * F
             layer_other = attn_other + norms + mlp_bias
-            active, n_lin, intermediate, expert_params = L * layer_lin, 7 * L, I, 0
+            active, n_lin, intermediate, expert_params = L * layer_lin, 7 * L, F, 0
         tied = bool(cfg.get("tie_word_embeddings", False))
         return cls(
             model_type=mt, layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, vocab=V,
@@ -176,8 +177,8 @@ class TargetShape:
         tied = bool(cfg.get("tie_word_embeddings", False))
         kv = c.kv[-1]  # the layers whose cache grows with the context
         return cls(
-            model_type=str(cfg["model_type"]).removesuffix("_text"), layers=cfg["num_hidden_layers"], hidden=H, heads=nh,
-            kv_heads=kv.kv_heads, head_dim=kv.dims // 2, vocab=V, intermediate=c.intermediate,
+            model_type=str(cfg["model_type"]).removesuffix("_text"), layers=cfg["num_hidden_layers"], hidden=H,
+            heads=nh, kv_heads=kv.kv_heads, head_dim=kv.dims // 2, vocab=V, intermediate=c.intermediate,
             max_position_embeddings=cfg.get("max_position_embeddings", 0), embed_params=V * H,
             lm_head_params=0 if tied else V * H, linear_params=c.linear, other_params=c.other + H + vision,
             n_linear=c.n_linear, active_linear_params=c.active, experts=c.experts,
@@ -228,8 +229,8 @@ class DraftShape:
     params: int
     shipped_bytes: int | None = None
     max_position_embeddings: int | None = None  # caps TensorRT-LLM's drafter context buffer
-    # DFlash2 (``DFlash2DraftModel``): the grouped dynamic convolutions and the candidate selector
-    # (all part of ``params``); 0 for a DFlash drafter.
+    # What a drafter family adds (``DrafterFamily.shape_counts``; all ``*_params`` part of ``params``):
+    # DFlash2's grouped dynamic convolutions and candidate selector; 0 for a DFlash drafter.
     conv_params: int = 0                # 2 DynamicConv per layer (around attention and the MLP)
     selector_params: int = 0            # two codebooks [V, r] + hidden_projection [r, H]
     selector_rank: int = 0
@@ -252,7 +253,7 @@ class DraftShape:
         dcfg = cfg.get("dflash_config") or {}
         try:
             H, L, nh = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
-            I = cfg["intermediate_size"]
+            F = cfg["intermediate_size"]
             ids = list(dcfg.get("target_layer_ids") or cfg["target_layer_ids"])
         except KeyError as exc:
             raise CheckpointError(f"drafter config lacks {exc.args[0]!r}; is it a z-lab DFlash drafter?") from None
@@ -261,31 +262,13 @@ class DraftShape:
         # TensorRT-LLM's DFlash model) read transformers' Qwen3Config default, 128.
         hd = cfg.get("head_dim") or (QWEN3_HEAD_DIM if cfg.get("model_type", "qwen3") == "qwen3" else H // nh)
         bias = bool(cfg.get("attention_bias", False))
-        layer = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * I
+        layer = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * F
         layer += 2 * H + 2 * hd + ((nh + 2 * nkv) * hd + H) * bias
         params = L * layer + len(ids) * H * H + 2 * H  # + fc, hidden_norm, norm
-        conv, selector, r, k = _dflash2_params(cfg, dcfg, H, L)
-        return cls(layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=I,
+        extra = recognise_family(cfg, []).shape_counts(cfg, H, L)   # what the drafter's family adds
+        return cls(layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=F,
                    block_size=int(dcfg.get("block_size", cfg.get("block_size", 16))), n_taps=len(ids),
                    mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
-                   target_layer_ids=tuple(ids), params=params + conv + selector, shipped_bytes=shipped_bytes,
-                   max_position_embeddings=cfg.get("max_position_embeddings"), conv_params=conv,
-                   selector_params=selector, selector_rank=r, selector_top_k=k)
-
-
-def _dflash2_params(cfg: dict, dcfg: dict, H: int, L: int) -> tuple[int, int, int, int]:
-    """(convolution params, selector params, selector_rank, selector_top_k) of a DFlash2 drafter
-    config (``dflash_config``'s four sizes; zeros for a DFlash one). Per layer two DynamicConv
-    (``base_kernel`` [2, K, H], ``kernel_projection`` [2*K*(H/G), H]); one selector (predecessor
-    and successor codebooks [V, r], ``hidden_projection`` [r, H]): the codebooks dominate (2*V*r,
-    127M at the published 27B drafter's V 248320, r 256)."""
-    K, G = dcfg.get("conv_kernel_size"), dcfg.get("conv_group_size")
-    r, k = dcfg.get("selector_rank"), dcfg.get("selector_top_k")
-    if not (K and G and r and k):
-        return 0, 0, 0, 0
-    try:
-        V = cfg["vocab_size"]
-    except KeyError:
-        raise CheckpointError("DFlash2 drafter config lacks 'vocab_size' (its selector's codebooks are [V, r])") from None
-    conv = L * 2 * (2 * K * H + 2 * K * (H // G) * H)
-    return conv, 2 * V * r + r * H, int(r), int(k)
+                   target_layer_ids=tuple(ids),
+                   params=params + sum(v for n, v in extra.items() if n.endswith("_params")),
+                   shipped_bytes=shipped_bytes, max_position_embeddings=cfg.get("max_position_embeddings"), **extra)

@@ -338,7 +338,8 @@ def trends(cases: list[Case], predicted: dict[str, dict[str, float]], flat: floa
         hi = max(members, key=lambda m: m.row.concurrency)
         measured = way(lo.row.speedup, hi.row.speedup)
         model = way(predicted[lo.row.id]["speedup"], predicted[hi.row.id]["speedup"])
-        out.append({"engine": key[0], "gpu": key[1], "target": key[2], "concurrency": (lo.row.concurrency, hi.row.concurrency),
+        out.append({"engine": key[0], "gpu": key[1], "target": key[2],
+                    "concurrency": (lo.row.concurrency, hi.row.concurrency),
                     "measured": measured, "predicted": model, "right": measured == model})
     return out
 

@@ -25,7 +25,8 @@ on average. Everything below is per tensor-parallel rank (``tp``), at a typical 
   ``compute_share`` (per engine) x the precision's peak x ``M / (max(M, 64) + 32)``: a GEMM over
   16 rows computes a whole 64-row tile (a quarter of the peak a GEMM over 2,048 rows reaches);
   an MoE's expert GEMMs, a few scattered rows per expert, run at ``moe_gemm_efficiency`` of a
-  dense GEMM's rate, which is what makes a wide verify expensive for an MoE. A forward takes ``max(memory time, GEMM + attention time)``.
+  dense GEMM's rate, which is what makes a wide verify expensive for an MoE. A forward takes
+  ``max(memory time, GEMM + attention time)``.
 * **Attention over the context** for the ``b x (L + 1)`` query tokens, a kernel of its own:
   ``max(K/V read, 4 x M x S x heads x head_dim FLOPs per layer)``, the FLOPs at the tile
   efficiency of the ``(L + 1) x heads / kv_heads`` query rows each KV head serves (BF16): a

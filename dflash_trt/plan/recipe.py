@@ -45,9 +45,13 @@ class GpuSpec(_Strict):
 
 
 class PrecisionSpec(_Strict):
-    weights: Precision = Field("bf16", description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell), nvfp4 (Blackwell), or auto: the target as shipped (a pre-quantized checkpoint such as gpt-oss MXFP4 is used as it is; bf16 otherwise).")
+    weights: Precision = Field(
+        "bf16", description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell), nvfp4 (Blackwell), or auto: "
+                            "the target as shipped (a pre-quantized checkpoint such as gpt-oss MXFP4 is used as it "
+                            "is; bf16 otherwise).")
     kv_cache: Literal["auto", "fp8"] = Field("auto", description="KV cache dtype: auto (model dtype) or fp8.")
-    calib: str | None = Field(None, description="Calibration text file (one sample per line, or JSONL with 'prompt'/'text').")
+    calib: str | None = Field(
+        None, description="Calibration text file (one sample per line, or JSONL with 'prompt'/'text').")
     calib_samples: int = Field(64, ge=1, description="Calibration samples for post-training quantization.")
     calib_seq_len: int = Field(256, ge=8, description="Tokens per calibration sample.")
 
@@ -59,36 +63,62 @@ class ParallelSpec(_Strict):
 
 class ServingSpec(_Strict):
     max_batch_size: int = Field(64, ge=1, description="Most sequences in flight per GPU rank.")
-    max_seq_len: int = Field(8192, ge=16, description="Prompt + output tokens per sequence; sizes the KV cache and the drafter's context arena.")
+    max_seq_len: int = Field(8192, ge=16, description="Prompt + output tokens per sequence; sizes the KV cache and the "
+                                                      "drafter's context arena.")
     max_num_tokens: int = Field(8192, ge=16, description="Tokens per scheduler step (prefill chunk budget).")
-    kv_cache_free_gpu_memory_fraction: float = Field(0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache after weights load.")
-    enable_block_reuse: bool = Field(False, description="Prefix-cache reuse. Off by default: cache hits starve the drafter of hidden states unless context_recompute_tail is set.")
-    cuda_graphs: bool = Field(True, description="Capture CUDA graphs for decode batch sizes (off: the config says cuda_graph_config: null).")
-    enable_chunked_prefill: bool | None = Field(None, description="Chunked prefill; None: on where max_seq_len > max_num_tokens or context_recompute_tail is set.")
+    kv_cache_free_gpu_memory_fraction: float = Field(
+        0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache after weights load.")
+    enable_block_reuse: bool = Field(
+        False, description="Prefix-cache reuse. Off by default: cache hits starve the drafter of hidden states unless "
+                           "context_recompute_tail is set.")
+    cuda_graphs: bool = Field(
+        True, description="Capture CUDA graphs for decode batch sizes (off: the config says cuda_graph_config: null).")
+    enable_chunked_prefill: bool | None = Field(None, description="Chunked prefill; None: on where max_seq_len > "
+                                                                  "max_num_tokens or context_recompute_tail is set.")
     disable_overlap_scheduler: bool = Field(False, description="Turn off TensorRT-LLM's overlap scheduler.")
-    enable_thinking: bool | None = Field(None, description="The chat template's thinking switch this deployment serves with (chat_template_kwargs.enable_thinking); None: the template's default. plan warns when it differs from what the drafter was trained with (its training.json).")
+    disaggregated: bool = Field(
+        False, description="Disaggregated (context/generation) serving. Refused with DFlash: the generation server "
+                           "drafts without the prompt and acceptance collapses (TensorRT-LLM PR #19352 only warns).")
+    enable_thinking: bool | None = Field(
+        None, description="The chat template's thinking switch this deployment serves with "
+                          "(chat_template_kwargs.enable_thinking); None: the template's default. plan warns when it "
+                          "differs from what the drafter was trained with (its training.json).")
     host: str = Field("127.0.0.1", description="Serving address.")
     port: int = Field(8000, ge=1, le=65535, description="Serving port.")
 
 
 class SpeculativeSpec(_Strict):
     block_size: int | None = Field(None, ge=1, description="Draft block size B (default: the drafter's trained block).")
-    max_draft_len: int | Literal["auto"] = Field("auto", description="Draft tokens per step (<= B-1); auto: from the planner's roofline.")
+    max_draft_len: int | Literal["auto"] = Field(
+        "auto", description="Draft tokens per step (<= B-1); auto: from the planner's roofline.")
     schedule: Literal["auto", "max_concurrency", "draft_len_schedule", "none"] = Field(
-        "auto", description="How drafting backs off as batches grow: a hard cut-off, a per-batch-size draft length, or never.")
-    max_concurrency: int | None = Field(None, ge=1, description="Turn drafting off above this batch size (schedule=max_concurrency).")
-    draft_len_schedule: dict[int, int] | None = Field(None, description="{batch size: draft length} (schedule=draft_len_schedule), read as the targeted TensorRT-LLM release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 -> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.")
-    acceptance: float | None = Field(None, gt=0, description="Expected acceptance length tau for planning (default: per-family estimate).")
-    per_position_acceptance: list[float] | None = Field(None, description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` prints); the planner's tau(L) sums them (geometric beyond the last).")
-    attention_backend: Literal["auto", "TRTLLM", "FA4", "VANILLA"] = Field("auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere.")
-    use_rejection_sampling: bool = Field(True, description="Rejection sampling at temperature > 0 (keeps the target's distribution).")
-    context_recompute_tail: int | None = Field(None, ge=-1, description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states; -1: the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when enable_block_reuse is on.")
+        "auto", description="How drafting backs off as batches grow: a hard cut-off, a per-batch-size draft length, "
+                            "or never.")
+    max_concurrency: int | None = Field(
+        None, ge=1, description="Turn drafting off above this batch size (schedule=max_concurrency).")
+    draft_len_schedule: dict[int, int] | None = Field(
+        None, description="{batch size: draft length} (schedule=draft_len_schedule), read as the targeted TensorRT-LLM "
+                          "release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 "
+                          "-> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.")
+    acceptance: float | None = Field(
+        None, gt=0, description="Expected acceptance length tau for planning (default: per-family estimate).")
+    per_position_acceptance: list[float] | None = Field(
+        None, description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` "
+                          "prints); the planner's tau(L) sums them (geometric beyond the last).")
+    attention_backend: Literal["auto", "TRTLLM", "FA4", "VANILLA"] = Field(
+        "auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere.")
+    use_rejection_sampling: bool = Field(
+        True, description="Rejection sampling at temperature > 0 (keeps the target's distribution).")
+    context_recompute_tail: int | None = Field(
+        None, ge=-1, description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states; -1: "
+                                 "the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when "
+                                 "enable_block_reuse is on.")
 
 
 class TrtllmSpec(_Strict):
     release: str = Field(trtllm_releases.DEFAULT_RELEASE, description="The TensorRT-LLM release the bundle is for "
-                         f"({', '.join(trtllm_releases.KNOWN)}): which config keys exist, how draft_len_schedule is read, "
-                         "the container image, the version serve.sh requires.")
+                         f"({', '.join(trtllm_releases.KNOWN)}): which config keys exist, how draft_len_schedule is "
+                         "read, the container image, the version serve.sh requires.")
 
     @field_validator("release", mode="before")
     @classmethod
@@ -112,7 +142,9 @@ class Recipe(_Strict):
     serving: ServingSpec = ServingSpec()
     speculative: SpeculativeSpec = SpeculativeSpec()
     trtllm: TrtllmSpec = TrtllmSpec()
-    engine: Literal["trtllm", "tensorrt"] = Field("trtllm", description="trtllm: TensorRT-LLM PyTorch backend; tensorrt: also export ONNX/engines with the DFlash plugins.")
+    engine: Literal["trtllm", "tensorrt"] = Field(
+        "trtllm", description="trtllm: TensorRT-LLM PyTorch backend; tensorrt: also export ONNX/engines with the "
+                              "DFlash plugins.")
     incomplete: list[str] = Field(default_factory=list, description="What the published configs lack (one entry "
                                   "each); plan and build refuse a recipe that lists anything here.")
 

@@ -9,8 +9,8 @@
 
 ``primitives`` holds the shared math (imports nothing of ours), ``paged_cache`` the drafter's
 paged context cache, ``dispatch`` the entry points (``kernels="reference" | "triton"``), and
-``op_shapes`` the pure shape/dtype inference; the per-op modules hold the reference (the executable specification), the Triton kernel, the
-torch custom op, the ONNX mapping and the TensorRT plugin definition.
+``op_shapes`` the pure shape/dtype inference; the per-op modules hold the reference (the executable
+specification), the Triton kernel, the torch custom op, the ONNX mapping and the TensorRT plugin definition.
 
 DFlash2's two additions need no custom op (standard ONNX ops express them, see each module):
 ``dynamic_conv`` (the grouped dynamic depthwise causal convolution around every sublayer) and
@@ -30,6 +30,6 @@ from dflash_trt.plugins.selector import walk_graph as selector_walk_graph
 # Public modules (imported where used: they register ops or need optional packages):
 # ``torch_ops`` (torch.library ops), ``onnx_ops`` (ONNX schemas and onnxruntime ops),
 # ``trt`` (TensorRT plugin definitions), ``triton_kernels`` (needs triton).
-__all__ = ["onnx_ops", "torch_ops", "trt", "triton_kernels", "KERNELS", "PagedKVCache", "apply_rope", "block_attention", "fused_kv", "fused_kv_weights",
-           "grouped_dynamic_conv", "kv_injection", "rms_norm", "rotate_half", "selector_walk",
-           "selector_walk_graph"]
+__all__ = ["onnx_ops", "torch_ops", "trt", "triton_kernels", "KERNELS", "PagedKVCache", "apply_rope", "block_attention",
+           "fused_kv", "fused_kv_weights", "grouped_dynamic_conv", "kv_injection", "rms_norm", "rotate_half",
+           "selector_walk", "selector_walk_graph"]

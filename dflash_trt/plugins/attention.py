@@ -53,7 +53,8 @@ def block_attention_reference(q, k, v, k_cache, v_cache, page_table, lengths, *,
     b, B, h, d = q.shape
     kvh = k.shape[2]
     max_len = int(lengths.max().item()) if b else 0
-    keys = torch.cat([gather_pages(k_cache, page_table, max_len).to(k.dtype), k], dim=1).transpose(1, 2)  # [b, kvh, K, d]
+    # [b, kvh, K, d]
+    keys = torch.cat([gather_pages(k_cache, page_table, max_len).to(k.dtype), k], dim=1).transpose(1, 2)
     vals = torch.cat([gather_pages(v_cache, page_table, max_len).to(v.dtype), v], dim=1).transpose(1, 2)
     mask = visibility(lengths, max_len, B, causal, window)
     # enable_gqa: query head h reads kv head h // (heads // kv_heads) without copying the keys and

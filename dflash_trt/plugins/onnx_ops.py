@@ -84,7 +84,8 @@ def register_onnx_schemas() -> None:
     ))
     ba_types = {"q": "T", "k": "T", "v": "T", "k_cache": "C", "v_cache": "C", "page_table": i32, "lengths": i64}
     onnx.defs.register_schema(OpSchema(
-        BLOCK_ATTENTION, DOMAIN, VERSION, "DFlash block-diffusion attention over a paged context (see dflash_trt.plugins.onnx_ops)",
+        BLOCK_ATTENTION, DOMAIN, VERSION,
+        "DFlash block-diffusion attention over a paged context (see dflash_trt.plugins.onnx_ops)",
         inputs=[F(n, ba_types[n], n) for n in BLOCK_ATTENTION_INPUTS],
         outputs=[F("out", "T", "out")],
         type_constraints=[("T", floats, "activations"), ("C", floats, "cache")],

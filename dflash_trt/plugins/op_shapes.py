@@ -60,7 +60,7 @@ def kv_injection_shapes(kv_shape, k_norm_shape, k_cache_shape, v_cache_shape, kv
     kv_shape, kn, kc, vc = tuple(kv_shape), tuple(k_norm_shape), tuple(k_cache_shape), tuple(v_cache_shape)
     if len(kv_shape) != 3 or len(kn) != 2 or len(kc) != 5 or len(vc) != 5:
         raise ValueError(f"bad ranks: kv {kv_shape}, k_norm {kn}, caches {kc}, {vc}")
-    for a, b_ in zip(kc, vc):
+    for a, b_ in zip(kc, vc, strict=True):
         _same(a, b_, "k_cache and v_cache shapes")
     L, _, ps, kvh, d = kc
     _same(kn[0], L, "layers of k_norm and the cache")

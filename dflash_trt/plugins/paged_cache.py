@@ -46,7 +46,7 @@ class PagedKVCache:
                              device=self.lengths.device)
             self.page_table = torch.cat([self.page_table, pad], dim=1)
         self._grow_pool(self.used_pages + len(todo))
-        cols, rows = zip(*todo)
+        cols, rows = zip(*todo, strict=True)
         ids = torch.arange(self.used_pages, self.used_pages + len(todo), dtype=torch.int32)
         self.page_table[list(rows), list(cols)] = ids.to(self.page_table.device)
         self.used_pages += len(todo)
@@ -55,7 +55,10 @@ class PagedKVCache:
         if pages <= self.k.shape[1]:
             return
         new = max(pages, 2 * self.k.shape[1])
-        grow = lambda t: torch.cat([t, t.new_zeros(t.shape[0], new - t.shape[1], *t.shape[2:])], dim=1)
+
+        def grow(t: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t, t.new_zeros(t.shape[0], new - t.shape[1], *t.shape[2:])], dim=1)
+
         self.k, self.v = grow(self.k), grow(self.v)
 
     def slots(self, n_new: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,7 +78,7 @@ def _linear(x: torch.Tensor, w, b) -> torch.Tensor:
     """x @ w.T + b for one matrix, or for a tuple of matrices (their outputs side by side)."""
     if isinstance(w, torch.Tensor):
         return F.linear(x, w, b)
-    return torch.cat([F.linear(x, wi, bi) for wi, bi in zip(w, b)], dim=-1)
+    return torch.cat([F.linear(x, wi, bi) for wi, bi in zip(w, b, strict=True)], dim=-1)
 
 
 class LeanDecoder:

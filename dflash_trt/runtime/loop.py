@@ -98,7 +98,7 @@ def take(rows: list[Request], new: list[list[int]]) -> tuple[list[int], list[int
     and after a stop token, then ask whether it goes on. Returns (tokens kept per row, the
     indices of the rows that go on)."""
     kept, going = [], []
-    for r, (req, toks) in enumerate(zip(rows, new)):
+    for r, (req, toks) in enumerate(zip(rows, new, strict=True)):
         toks = toks[: req.max_new_tokens - len(req.token_ids)]
         for j, tok in enumerate(toks):
             if tok in req.stop_token_ids:
@@ -264,9 +264,9 @@ def run_round(backend: Backend, batch: Batch, B: int, stats: Stats) -> bool:
     acc, bonus = accept_rows(block[:, 1:], logits, q, *_sampling(batch.rows),
                              (batch.positions + 1).tolist())                    # [n], [n]
     acc_l, block_l = acc.tolist(), block.tolist()
-    new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist())]  # accepted + bonus
+    new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist(), strict=True)]  # accepted + bonus
     kept, going = take(batch.rows, new)
-    for req, k in zip(batch.rows, kept):
+    for req, k in zip(batch.rows, kept, strict=True):
         req.rounds += 1
         req.committed += k
     stats.observe(acc_l, kept)

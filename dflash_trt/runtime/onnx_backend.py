@@ -3,8 +3,9 @@
 The target and embedding graphs are plain ONNX (so is a DFlash2 drafter's selector walk); the
 drafter graph's ``dflash::KVInjection`` and ``dflash::BlockDiffusionAttention`` run as
 onnxruntime-extensions Python custom ops whose bodies are the ops' reference implementations
-(``plugins.onnx_ops``, the same path the build's parity check takes). Tensors cross into onnxruntime as numpy views of CPU tensors and come back the same
-way; the caches are :class:`~dflash_trt.runtime.graph_backend.GraphBackend`'s.
+(``plugins.onnx_ops``, the same path the build's parity check takes). Tensors cross into
+onnxruntime as numpy views of CPU tensors and come back the same way; the caches are
+:class:`~dflash_trt.runtime.graph_backend.GraphBackend`'s.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ class OnnxBackend(GraphBackend):
         so = ort.SessionOptions()
         so.intra_op_num_threads = so.inter_op_num_threads = threads
         self.sessions = {
-            "embed": ort.InferenceSession(str(onnx_dir / GRAPH_FILES["embed"]), so, providers=["CPUExecutionProvider"]),
-            "target": ort.InferenceSession(str(onnx_dir / GRAPH_FILES["target"]), so, providers=["CPUExecutionProvider"]),
+            "embed": ort.InferenceSession(str(onnx_dir / GRAPH_FILES["embed"]), so,
+                                          providers=["CPUExecutionProvider"]),
+            "target": ort.InferenceSession(str(onnx_dir / GRAPH_FILES["target"]), so,
+                                           providers=["CPUExecutionProvider"]),
             "drafter": onnx_ops.ort_session(onnx_dir / GRAPH_FILES["drafter"], threads=threads),
         }
         self._inputs = {g: {i.name: i for i in s.get_inputs()} for g, s in self.sessions.items()}

@@ -196,7 +196,8 @@ def open_backend(kind: str, bundle: str | Path, pair: Pair, dtype: str = "auto")
         raise DFlashError(f"{b.root}: --backend {kind} runs the exported graphs of a bundle built with "
                           "--engine tensorrt; this one has none (rebuild it so, or use --backend torch)")
     if engine.profile is None or not (b.onnx / "embed.onnx").is_file():
-        raise DFlashError(f"{b.root}: its onnx/ predates the recorded engine profile; rebuild it with --engine tensorrt")
+        raise DFlashError(f"{b.root}: its onnx/ predates the recorded engine profile; "
+                          "rebuild it with --engine tensorrt")
     if dtype not in ("auto", "float32"):
         raise DFlashError(f"--backend {kind} runs the float32 graphs the build exported; drop --dtype {dtype}")
     mask = pair.drafter.cfg.mask_token_id

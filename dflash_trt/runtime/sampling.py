@@ -172,13 +172,13 @@ def _perturbed(logits: torch.Tensor, p: SamplingParams, key: int, first: int) ->
 
 def _argmax_rows(params: Sequence[SamplingParams], keys: Sequence[int | None]) -> list[int]:
     """Rows decided by argmax: greedy ones, and seeded ones (argmax of perturbed scores)."""
-    return [r for r, (p, k) in enumerate(zip(params, keys)) if p.greedy or k is not None]
+    return [r for r, (p, k) in enumerate(zip(params, keys, strict=True)) if p.greedy or k is not None]
 
 
 def _sampled_groups(params, keys) -> dict[SamplingParams, list[int]]:
     """Unseeded sampled rows, grouped by parameters (one warp per group)."""
     groups: dict[SamplingParams, list[int]] = {}
-    for r, (p, k) in enumerate(zip(params, keys)):
+    for r, (p, k) in enumerate(zip(params, keys, strict=True)):
         if not p.greedy and k is None:
             groups.setdefault(p, []).append(r)
     return groups

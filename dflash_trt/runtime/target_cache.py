@@ -41,8 +41,8 @@ from contextlib import nullcontext
 import torch
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime.sparse_cache import merge_indexer, pack
 from dflash_trt.runtime.recurrent import RecurrentStates
+from dflash_trt.runtime.sparse_cache import merge_indexer, pack
 
 SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "indexed_attention", "dummy"}
 
@@ -261,12 +261,12 @@ def _has_kv(layer) -> bool:
 def _merge_kv(out, layers, batches: list[int], width: int) -> None:
     """Concatenate attention layers along the batch, right-padding each to ``width`` columns
     (a layer holding no tensors yet contributes zeros for its ``batches[i]`` rows: holes)."""
-    ref = next((l for l in layers if _has_kv(l)), None)
+    ref = next((x for x in layers if _has_kv(x)), None)
     if ref is None:
         return
     pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[-2]))  # noqa: E731
     parts_k, parts_v = [], []
-    for layer, b in zip(layers, batches):
+    for layer, b in zip(layers, batches, strict=True):
         k, v = layer.keys, layer.values
         if not _has_kv(layer):
             k = ref.keys.new_zeros((b, ref.keys.shape[1], 0, ref.keys.shape[-1]))

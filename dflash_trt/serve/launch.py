@@ -59,7 +59,8 @@ def find_trtllm_serve() -> str | None:
 def trtllm_argv(bundle: Bundle, host: str, port: int) -> list[str]:
     """The command ``serve`` runs on a machine with TensorRT-LLM."""
     if not bundle.serve_sh.is_file():
-        raise CheckpointError(f"{bundle.root}: no {Layout.SERVE_SH} (not built for TensorRT-LLM; rebuild with 'dflash-trt build')")
+        raise CheckpointError(f"{bundle.root}: no {Layout.SERVE_SH} (not built for TensorRT-LLM; rebuild with "
+                              "'dflash-trt build')")
     return ["bash", str(bundle.serve_sh), "--host", host, "--port", str(port)]
 
 
@@ -181,7 +182,8 @@ CONTAINER_MOUNTS="${{CONTAINER_MOUNTS:-$BUNDLE:$BUNDLE}}"
 echo "serving on http://$(hostname):$PORT (first node)"
 # Every rank starts in the bundle: the ranks other than 0 load ./target and ./drafter from there.
 srun -l --mpi=pmix --chdir="$BUNDLE" \\
-    ${{CONTAINER_IMAGE:+--container-image="$CONTAINER_IMAGE" --container-mounts="$CONTAINER_MOUNTS" --container-workdir="$BUNDLE"}} \\
+    ${{CONTAINER_IMAGE:+--container-image="$CONTAINER_IMAGE" --container-mounts="$CONTAINER_MOUNTS" \\
+    --container-workdir="$BUNDLE"}} \\
     trtllm-llmapi-launch bash "$BUNDLE/trtllm/serve.sh" {serve.strip()}
 """
 

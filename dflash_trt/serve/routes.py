@@ -47,8 +47,9 @@ async def api_error(request: Request, exc: APIError) -> JSONResponse:
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Unknown routes (404), wrong methods (405) and the like, as OpenAI error objects too."""
     kind = {404: "NotFoundError", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-    message = {404: f"No route {request.method} {request.url.path} on this server.",
-               405: f"Method {request.method} is not allowed on {request.url.path}."}.get(exc.status_code, str(exc.detail))
+    messages = {404: f"No route {request.method} {request.url.path} on this server.",
+                405: f"Method {request.method} is not allowed on {request.url.path}."}
+    message = messages.get(exc.status_code, str(exc.detail))
     return error(server_of(request), exc.status_code, message, kind)
 
 

@@ -76,7 +76,7 @@ class Ranks:
         flat = torch.cat([g.reshape(-1) for g in grads])
         torch.distributed.all_reduce(flat)
         offset = 0
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=True):
             n = g.numel()
             p.grad = flat[offset: offset + n].view_as(g).clone()
             offset += n

@@ -126,7 +126,7 @@ def _write_shard(folder: Path, k: int, rows: tuple[int, int], target: Target, la
         lengths = regen.lengths[s: min(b, s + batch)]
         tokens = regen.tokens[s: s + len(lengths), : int(lengths.max())].to(target.device)
         hidden = target_hidden(target, layer_ids, tokens, lengths.to(target.device)).cpu()
-        for h, n in zip(hidden, lengths.tolist()):
+        for h, n in zip(hidden, lengths.tolist(), strict=True):
             parts.append(h[:n])
             offsets.append(offsets[-1] + n)
     tensors = {"hidden": torch.cat(parts).contiguous(), "offsets": torch.tensor(offsets)}

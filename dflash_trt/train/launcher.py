@@ -18,6 +18,7 @@ import dataclasses
 import os
 import socket
 import sys
+import typing
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -39,22 +40,29 @@ def _int_list(value: str) -> list[int]:
     return ids
 
 
+def _unwrap_optional(tp) -> tuple[object, bool]:
+    """(the type, whether None is allowed) of ``X``, ``X | None`` or ``Optional[X]``."""
+    args = typing.get_args(tp)
+    if type(None) in args and len(args) == 2:
+        return next(a for a in args if a is not type(None)), True
+    return tp, False
+
+
 def parser() -> argparse.ArgumentParser:
     """Flags from the fields of TrainSettings (their annotations give the types)."""
     p = argparse.ArgumentParser(prog="python -m dflash_trt.train",
                                 description="Train a DFlash drafter in each rank torchrun starts; the flags "
                                             "are those of `dflash-trt train-drafter` (see its --help).")
+    hints = typing.get_type_hints(TrainSettings)  # real types, whatever spelling the annotations use
     for f in dataclasses.fields(TrainSettings):
         names = [f"--{f.name.replace('_', '-')}"] + ([SHORT[f.name]] if f.name in SHORT else [])
         required = f.default is dataclasses.MISSING
-        kind = str(f.type)
-        if kind == "bool":
-            p.add_argument(*names, dest=f.name, action="store_true")
-        elif kind == "Optional[bool]":
-            p.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+        kind, optional = _unwrap_optional(hints[f.name])
+        if kind is bool:
+            action = argparse.BooleanOptionalAction if optional else "store_true"
+            p.add_argument(*names, dest=f.name, action=action, default=None if optional else False)
         else:
-            conv = {"int": int, "float": float, "list[int]": _int_list}.get(
-                kind.removeprefix("Optional[").removesuffix("]"), str)
+            conv = {int: int, float: float, list[int]: _int_list}.get(kind, str)
             p.add_argument(*names, dest=f.name, type=conv, required=required,
                            default=None if required else f.default, metavar=f.name.upper())
     return p

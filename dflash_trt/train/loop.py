@@ -30,15 +30,13 @@ from pathlib import Path
 import torch
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import Drafter, Target
+from dflash_trt.model import DRAFTER_FAMILIES, Drafter, Target, family_of
 from dflash_trt.train import data as train_data
 from dflash_trt.train import features as train_features
 from dflash_trt.train import objective, regen
 from dflash_trt.train.checkpoint import load_state, save_state, saved_step, write_drafter, write_json
 from dflash_trt.train.dist import Ranks, init_ranks
 from dflash_trt.train.settings import (
-    ARCHS,
-    DFLASH2_DEFAULTS,
     RESUMABLE_FIELDS,
     SHAPE_FIELDS,
     Progress,
@@ -111,7 +109,7 @@ def preflight(settings: TrainSettings, world: int) -> None:
         train_data.read_data(s.data)
 
 
-def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> Result:
+def train_drafter(settings: TrainSettings, progress: Progress | None = None) -> Result:
     """Train a drafter for ``settings.target`` into ``settings.out`` (or resume one there).
 
     Under torchrun every rank calls this with the same settings; ``progress`` is reported by
@@ -119,7 +117,7 @@ def train_drafter(settings: TrainSettings, progress: Progress = Progress()) -> R
     """
     ranks = init_ranks(settings.device)
     try:
-        return _train(settings, ranks, progress if ranks.main else Progress())
+        return _train(settings, ranks, progress if progress is not None and ranks.main else Progress())
     finally:
         ranks.close()
 
@@ -207,33 +205,37 @@ def _drafter_config(s: TrainSettings, model, tokenizer):
         raise DFlashError("--block-size must be >= 2 (the anchor and at least one draft position)")
     mask_id = s.mask_token_id if s.mask_token_id is not None else pick_mask_token(
         tokenizer, model.get_input_embeddings().weight.shape[0])
-    dflash2 = _dflash2_sizes(s)
+    family, sizes = _family_sizes(s)
     cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
-                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, dflash2=dflash2)
-    s.block_size, s.layers, s.target_layer_ids, s.mask_token_id = B, cfg.num_hidden_layers, cfg.target_layer_ids, mask_id
-    s.arch = "dflash2" if dflash2 else "dflash"
-    for name, value in (dflash2 or {}).items():
-        setattr(s, name, value)
+                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, family=family,
+                                       sizes=sizes)
+    s.block_size, s.layers = B, cfg.num_hidden_layers
+    s.target_layer_ids, s.mask_token_id = cfg.target_layer_ids, mask_id
+    s.arch = family
+    for name, value in sizes.items():
+        if hasattr(s, name):
+            setattr(s, name, value)
     return cfg
 
 
-def _dflash2_sizes(s: TrainSettings) -> dict | None:
-    """The four DFlash2 sizes for ``--arch dflash2`` (unset ones from ``DFLASH2_DEFAULTS``); None for
-    ``--arch dflash``, which refuses them."""
+def _family_sizes(s: TrainSettings) -> tuple[str, dict]:
+    """(the ``--arch`` family, its sizes: unset ones from its objective's defaults); sizes of another
+    family are refused in one line naming the ``--arch`` they need."""
     arch = s.arch or "dflash"
-    if arch not in ARCHS:
-        raise DFlashError(f"--arch {arch!r}: choose one of {', '.join(ARCHS)}")
-    given = {k: getattr(s, k) for k in DFLASH2_DEFAULTS if getattr(s, k) is not None}
-    if arch == "dflash":
-        if given:
-            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
-            raise DFlashError(f"{flags} size a DFlash2 drafter: add --arch dflash2")
-        return None
-    sizes = {**DFLASH2_DEFAULTS, **given}
-    bad = [k for k, v in sizes.items() if v < 1]
+    if arch not in DRAFTER_FAMILIES:
+        raise DFlashError(f"--arch {arch!r}: choose one of {', '.join(DRAFTER_FAMILIES)}")
+    family = DRAFTER_FAMILIES[arch]
+    for other in DRAFTER_FAMILIES.values():
+        stray = [k for k in other.fields if k not in family.fields and getattr(s, k, None) is not None]
+        if stray:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in stray)
+            raise DFlashError(f"{flags} size a {other.display} drafter: add --arch {other.name}")
+    defaults = objective.objective_for(family).defaults
+    sizes = {k: getattr(s, k, None) if getattr(s, k, None) is not None else defaults.get(k) for k in family.fields}
+    bad = [k for k, v in sizes.items() if v is None or v < 1]
     if bad:
         raise DFlashError(f"--{bad[0].replace('_', '-')} must be >= 1")
-    return sizes
+    return arch, sizes
 
 
 def _optimizer(drafter: Drafter, s: TrainSettings) -> torch.optim.AdamW:
@@ -330,9 +332,9 @@ def train_step(drafter: Drafter, target: Target, regen_set: train_data.Regenerat
     (total,) = ranks.sum([objective.loss_weights(labels, gamma).sum().item()])
     hidden = objective.train_forward(drafter, hidden_in.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
     logits = drafter.logits(hidden[:, :, 1:], target.head)
-    picks = select = None
-    if drafter.cfg.is_dflash2:            # the selector picks among the candidates these logits propose
-        select, picks = objective.selector_loss(drafter, hidden[:, :, 1:], logits, block, labels, gamma, total)
+    # the family's term (DFlash2: the selector picks among the candidates these logits propose)
+    select, picks = objective.objective_for(family_of(drafter.cfg)).extra_loss(drafter, hidden[:, :, 1:], logits,
+                                                                                block, labels, gamma, total)
     loss, m = objective.block_loss(logits, labels, gamma, normaliser=total, picks=picks)
     if select is not None:
         loss = loss + select

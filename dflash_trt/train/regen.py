@@ -101,7 +101,7 @@ def regenerate_local(target: Target, prompts: dict[int, list[int]], *, gen_len: 
         batch = keys[k: k + batch_size]
         gen = generate(target, None, [prompts[i] for i in batch], max_new_tokens=gen_len, block_size=1,
                        stop_token_ids=stops)
-        for i, ids in zip(batch, gen.token_ids):
+        for i, ids in zip(batch, gen.token_ids, strict=True):
             on_done(i, list(ids))
 
 

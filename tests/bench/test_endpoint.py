@@ -10,7 +10,6 @@ from dflash_trt.bench.endpoint import compare, parse_spec_metrics, tau_between
 from dflash_trt.cli import run
 from dflash_trt.runtime.pair import load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
-from tests.serve.helpers import bundle_dir  # noqa: F401 - fixture
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def test_bench_endpoint_with_baseline_and_plot(servers, tmp_path, capsys):
     assert all(lv["acceptance_length"] >= 1.0 for lv in r["endpoint"]["levels"])
     assert all(lv["acceptance_length"] == 1.0 for lv in r["baseline"]["levels"])
     assert [row["concurrency"] for row in r["comparison"]["speedup"]] == [1, 4]
-    for row, a, b in zip(r["comparison"]["speedup"], r["endpoint"]["levels"], r["baseline"]["levels"]):
+    for row, a, b in zip(r["comparison"]["speedup"], r["endpoint"]["levels"], r["baseline"]["levels"], strict=True):
         assert row["speedup"] == pytest.approx(a["output_tokens_per_second"] / b["output_tokens_per_second"], rel=1e-3)
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -72,10 +71,13 @@ def test_tau_from_trtllm_serve_iteration_stats():
     # trtllm-serve /metrics (PyTorch backend, enable_iter_perf_stats): the rows since the last scrape.
     rows = [
         {"iter": 7, "iterLatencyMS": 12.0, "specDecodingStats": {"numDraftTokens": 30, "numAcceptedTokens": 12,
-                                                                 "numRequestsWithDraftTokens": 2, "acceptanceLength": 7.0}},
+                                                                 "numRequestsWithDraftTokens": 2,
+                                                                 "acceptanceLength": 7.0}},
         {"iter": 8, "iterLatencyMS": 11.0, "specDecodingStats": {"numDraftTokens": 30, "numAcceptedTokens": 6,
-                                                                 "numRequestsWithDraftTokens": 2, "acceptanceLength": 4.0}},
-        {"iter": 9, "attentionDpRank": 1, "specDecodingStats": {"numAcceptedTokens": 99, "numRequestsWithDraftTokens": 1}},
+                                                                 "numRequestsWithDraftTokens": 2,
+                                                                 "acceptanceLength": 4.0}},
+        {"iter": 9, "attentionDpRank": 1,
+         "specDecodingStats": {"numAcceptedTokens": 99, "numRequestsWithDraftTokens": 1}},
         {"iter": 10, "iterLatencyMS": 3.0},
     ]
     after = parse_spec_metrics(json.dumps(rows))

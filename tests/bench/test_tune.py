@@ -74,6 +74,7 @@ def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, cap
     assert {int(k): v for k, v in plan["draft_len_schedule"].items()} == sched
     assert plan["max_draft_len"] == spec["max_draft_len"] and plan["tuned"]["winners"] == r["winners"]
     check_bundle(bundle)   # still a bundle TensorRT-LLM's schema accepts
+    assert ingest.check_files(ingest.open_bundle(bundle)) == []   # and every file as the manifest records
 
 
 @pytest.fixture
@@ -133,8 +134,8 @@ def test_tune_endpoint_measures_and_refits_without_writing(bundle, capsys):
         r = json.loads(capsys.readouterr().out)
         # bench --plot with the bundle: its plan's predicted curves beside the measured ones
         png = bundle.parent / "bench.png"
-        assert run(["bench", "--endpoint", srv.url, "--bundle", str(bundle), "--concurrency", "1,2", "--max-tokens", "4",
-                    "--requests", "2", "--plot", str(png)]) == 0
+        assert run(["bench", "--endpoint", srv.url, "--bundle", str(bundle), "--concurrency", "1,2",
+                    "--max-tokens", "4", "--requests", "2", "--plot", str(png)]) == 0
         _png(png)
         capsys.readouterr()
     assert [lv["concurrency"] for lv in r["endpoint"]["levels"]] == [1, 2]

@@ -90,10 +90,12 @@ def test_nvfp4_tensors(bundles):
     h = _headers(bundles["nvfp4"] / "target")
     q = json.loads((bundles["nvfp4"] / "target" / "hf_quant_config.json").read_text())["quantization"]
     assert q["quant_algo"] == "NVFP4" and q["group_size"] == 16
-    for name, (out_f, in_f) in {"mlp.gate_proj": (128, 64), "mlp.down_proj": (64, 128), "self_attn.k_proj": (32, 64)}.items():
+    shapes = {"mlp.gate_proj": (128, 64), "mlp.down_proj": (64, 128), "self_attn.k_proj": (32, 64)}
+    for name, (out_f, in_f) in shapes.items():
         pre = f"model.layers.1.{name}"
         assert h[f"{pre}.weight"]["dtype"] == "U8" and h[f"{pre}.weight"]["shape"] == [out_f, in_f // 2]
-        assert h[f"{pre}.weight_scale"]["dtype"] == "F8_E4M3" and h[f"{pre}.weight_scale"]["shape"] == [out_f, in_f // 16]
+        assert h[f"{pre}.weight_scale"]["dtype"] == "F8_E4M3"
+        assert h[f"{pre}.weight_scale"]["shape"] == [out_f, in_f // 16]
         assert h[f"{pre}.weight_scale_2"]["dtype"] == "F32" and h[f"{pre}.input_scale"]["dtype"] == "F32"
     assert h["lm_head.weight"]["dtype"] == "BF16"
 

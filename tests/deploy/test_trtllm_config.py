@@ -43,7 +43,7 @@ def test_moe_recipe_sets_expert_parallel_and_blackwell_backend():
     assert cfg.speculative_config.attention_backend == "TRTLLM"
     args = trtllm.serve_args(cfg, "0.0.0.0", 9000)
     assert args[:4] == ["trtllm-serve", "./target", "--config", "./trtllm/config.yaml"]
-    flags = dict(zip(args[4::2], args[5::2]))
+    flags = dict(zip(args[4::2], args[5::2], strict=True))
     assert flags == {"--host": "0.0.0.0", "--port": "9000", "--tp_size": "8", "--ep_size": "8",
                      "--max_batch_size": "64", "--max_num_tokens": "8192", "--max_seq_len": "16384",
                      "--kv_cache_free_gpu_memory_fraction": "0.85"}
@@ -193,11 +193,11 @@ def test_the_release_table_is_the_one_place_the_releases_live():
     root = Path(__file__).resolve().parents[2]
     known = list(T.KNOWN)
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trtllm"]
-    assert extra == [f"tensorrt-llm>={known[0]},<={known[-1]}"]
+    assert extra == [f"tensorrt-llm>={known[0]}"]   # newer releases: judged by their own classes (serve.sh)
     assert "trtllm" not in " ".join(tomllib.loads((root / "pyproject.toml").read_text())["project"]
                                      ["optional-dependencies"]["all"])
     assert T.DEFAULT_RELEASE == known[-1] == R.TrtllmSpec().release
     readme = (root / "README.md").read_text()
     for version in known:
-        assert f"| `{version}`" in readme, version
+        assert f"| `{version}` (" in readme, version
     assert all(r.image == f"nvcr.io/nvidia/tensorrt-llm/release:{r.version}" for r in T.RELEASES)

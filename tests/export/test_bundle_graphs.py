@@ -14,6 +14,7 @@ pytest.importorskip("onnxscript")
 from dflash_trt.export import bundle_graphs as graphs
 from dflash_trt.export import onnx_dflash2 as export_dflash2
 from dflash_trt.export import onnx_graphs as export
+from dflash_trt.export.rounds import DFlash2Export
 from tests.helpers import tiny_dflash2_drafter, tiny_drafter, tiny_target
 
 
@@ -36,7 +37,7 @@ def test_a_dflash2_drafter_gets_the_selector_graph_checked_at_two_temperatures(t
     assert kind == "dflash2" and "selector" in said[0]
     assert _inputs(tmp_path / "drafter.onnx") == export_dflash2.DFLASH2_INPUTS
     assert set(err) == {"k_cache", "v_cache", "q"} and max(err.values()) < export.DRAFTER_ONNX_ATOL
-    assert graphs.DFLASH2_CHECK_TEMPERATURES[0] == 0.0 and graphs.DFLASH2_CHECK_TEMPERATURES[1] > 0
+    assert DFlash2Export.temperatures[0] == 0.0 and DFlash2Export.temperatures[1] > 0
     _profile_covers(tmp_path / "drafter.onnx")
 
 
@@ -52,7 +53,7 @@ def _profile_covers(path):
     for i in onnx.load(str(path)).graph.input:
         shape = [d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim]
         lo, opt, hi = engines.profile_shapes("drafter", i.name, shape, profile)
-        assert all(a <= b <= c for a, b, c in zip(lo, opt, hi)), i.name
+        assert all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True)), i.name
         if i.name in ("anchor", "uniforms"):
             assert (lo[0], hi[0]) == (1, 4) and shape[1:] == hi[1:]
 

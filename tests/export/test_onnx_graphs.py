@@ -135,8 +135,8 @@ def _check_profile_covers(graph, path):
     for i in onnx.load(str(path), load_external_data=False).graph.input:
         shape = [d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim]
         lo, opt, hi = engines.profile_shapes(graph, i.name, shape, profile)
-        assert all(a <= b <= c for a, b, c in zip(lo, opt, hi))
-        assert [x for x, s in zip(hi, shape) if s >= 0] == [s for s in shape if s >= 0]
+        assert all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True))
+        assert [x for x, s in zip(hi, shape, strict=True) if s >= 0] == [s for s in shape if s >= 0]
         if i.name == "past_k":
             assert lo[3] == 0 and hi[3] == profile.max_seq_len - 1 and hi[1] == 4   # an empty past at prefill
 

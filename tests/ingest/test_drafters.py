@@ -136,8 +136,8 @@ def test_speculators_full_vocabulary_drops_verifier_copies(target, drafters, ori
     assert_same_drafter(target, Drafter.load(originals["full"]), loaded)
 
 
-@pytest.mark.parametrize("kind,fmt", [("full", "speculators"), ("full", "modelopt-prefixed"), ("reduced", "speculators"),
-                                      ("full", "zlab")])
+@pytest.mark.parametrize("kind,fmt", [("full", "speculators"), ("full", "modelopt-prefixed"),
+                                      ("reduced", "speculators"), ("full", "zlab")])
 def test_write_zlab_round_trips_to_the_original(kind, fmt, target, drafters, originals, tmp_path):
     d = drafters[kind]
     writer = WRITERS[fmt]

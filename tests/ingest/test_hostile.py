@@ -93,11 +93,16 @@ def _int8_target(t: Path, d: Path):
 
 CASES = {
     # malformed safetensors headers
-    "dtype is a list": (_edit_entry("target", lambda h, n: h[n].update(dtype=[h[n]["dtype"]])), "corrupt safetensors header entry"),
-    "offsets are strings": (_edit_entry("target", lambda h, n: h[n].update(data_offsets=[str(x) for x in h[n]["data_offsets"]])), "corrupt safetensors header entry"),
-    "shape has a negative size": (_edit_entry("drafter", lambda h, n: h[n].update(shape=[-1])), "corrupt safetensors header entry"),
+    "dtype is a list": (_edit_entry("target", lambda h, n: h[n].update(dtype=[h[n]["dtype"]])),
+                        "corrupt safetensors header entry"),
+    "offsets are strings": (_edit_entry("target",
+                                        lambda h, n: h[n].update(data_offsets=[str(x) for x in h[n]["data_offsets"]])),
+                            "corrupt safetensors header entry"),
+    "shape has a negative size": (_edit_entry("drafter", lambda h, n: h[n].update(shape=[-1])),
+                                  "corrupt safetensors header entry"),
     "offsets overlap": (_edit_entry("target", _overlap), "overlap"),
-    "entry is not an object": (_edit_entry("drafter", lambda h, n: h.update({n: 7})), "corrupt safetensors header entry"),
+    "entry is not an object": (_edit_entry("drafter", lambda h, n: h.update({n: 7})),
+                               "corrupt safetensors header entry"),
     # shard indexes
     "index value is a number": (_sharded(lambda i, n: 5), "is not a file name"),
     "index value is a list": (_sharded(lambda i, n: ["model-00001-of-00001.safetensors"]), "is not a file name"),

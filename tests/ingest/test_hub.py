@@ -125,7 +125,8 @@ def _http_error(cls, status, msg):
 
 
 @pytest.mark.parametrize("make,needle", [
-    (lambda e: _http_error(e.GatedRepoError, 403, "gated"), "gated repository; accept its terms at https://huggingface.co/org/model and set HF_TOKEN"),
+    (lambda e: _http_error(e.GatedRepoError, 403, "gated"), "gated repository; accept its terms at "
+                                                            "https://huggingface.co/org/model and set HF_TOKEN"),
     (lambda e: _http_error(e.RepositoryNotFoundError, 404, "nope"), "no such repository"),
     (lambda e: _http_error(e.RevisionNotFoundError, 404, "rev"), "revision 'v9' does not exist"),
     (lambda e: _http_error(e.HfHubHTTPError, 401, "unauthorized"), "check HF_TOKEN"),

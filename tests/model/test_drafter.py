@@ -36,7 +36,10 @@ def zlab_config(**over) -> dict:
 def zlab_tensors(n_tap=2, seed=0) -> dict[str, torch.Tensor]:
     """Tensors under the published names: no model. prefix, no embedding, no lm_head."""
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g) * 0.1
+
+    def r(*s):
+        return torch.randn(*s, generator=g) * 0.1
+
     t = {"fc.weight": r(H, n_tap * H), "hidden_norm.weight": 1 + r(H), "norm.weight": 1 + r(H)}
     for i in range(L):
         p = f"layers.{i}."
@@ -84,10 +87,11 @@ def test_save_load_round_trip_is_identical(tmp_path):
     d.save(tmp_path / "d")
     back = Drafter.load(tmp_path / "d")
     assert back.cfg == d.cfg.model_copy(update={"dtype": "float32"})  # dtype records the saved weights
-    for (n1, a), (n2, b) in zip(d.state_dict().items(), back.state_dict().items()):
+    for (n1, a), (n2, b) in zip(d.state_dict().items(), back.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(a, b)
     saved = json.loads((tmp_path / "d" / "config.json").read_text())
-    assert saved["architectures"] == ["DFlashDraftModel"] and saved["dflash_config"]["target_layer_ids"] == d.cfg.target_layer_ids
+    assert saved["architectures"] == ["DFlashDraftModel"]
+    assert saved["dflash_config"]["target_layer_ids"] == d.cfg.target_layer_ids
 
 
 def test_wrong_shapes_and_missing_tensors_are_checkpoint_errors(tmp_path):
@@ -103,7 +107,8 @@ def test_wrong_shapes_and_missing_tensors_are_checkpoint_errors(tmp_path):
         Drafter.load(tmp_path / "b")
 
 
-def naive_block(d: Drafter, target_hidden: torch.Tensor, block: torch.Tensor, causal=False, window=None) -> torch.Tensor:
+def naive_block(d: Drafter, target_hidden: torch.Tensor, block: torch.Tensor, causal=False,
+                window=None) -> torch.Tensor:
     """DFlash written densely, the way the paper describes it: fused context in front of the
     block's own K/V in every layer, RoPE at absolute positions, one non-causal forward."""
     cfg = d.cfg

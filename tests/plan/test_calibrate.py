@@ -40,7 +40,8 @@ def _bench_json(path, plan, model):
         return {"concurrency": c, "tokens_per_second_per_user": user, "output_tokens_per_second": c * user,
                 "acceptance_length": TRUE_TAU if L else 1.0}
 
-    report = {"max_tokens": 128, "endpoint": {"url": "http://dflash", "model": "m", "levels": [level(c, True) for c in LEVELS]},
+    report = {"max_tokens": 128,
+              "endpoint": {"url": "http://dflash", "model": "m", "levels": [level(c, True) for c in LEVELS]},
               "baseline": {"url": "http://ar", "model": "m", "levels": [level(c, False) for c in LEVELS]}}
     path.write_text(json.dumps(report))
     return report
@@ -66,7 +67,8 @@ def test_calibration_moves_the_plan_toward_the_measurements(tmp_path, capsys):
     assert calibrated.calibration.startswith("trtllm calibration (your measurements: bench.json, 6 levels")
     assert calibrated.acceptance < first.acceptance   # the measured tau (4.0 at its length) replaces 6.5
     # through the command line, with the calibration it used printed
-    assert run(["plan", RECIPE, *sum((["--set", s] for s in SETS), []), "--calibration", str(tmp_path / "bench.json")]) == 0
+    assert run(["plan", RECIPE, *sum((["--set", s] for s in SETS), []),
+                "--calibration", str(tmp_path / "bench.json")]) == 0
     assert "step model: trtllm calibration (your measurements: bench.json" in capsys.readouterr().out
 
 
@@ -76,8 +78,8 @@ def test_a_plan_says_which_calibration_it_used(capsys):
     assert p["calibration"].startswith("trtllm calibration (") and "measurement rows per constant" in p["calibration"]
     assert [r["batch"] for r in p["predicted"]] == [r["batch"] for r in p["curve"]]
     row = p["predicted"][0]
-    assert row["speedup"] == pytest.approx(row["tokens_per_second_per_user"] / row["baseline_tokens_per_second_per_user"],
-                                           rel=1e-2)
+    assert row["speedup"] == pytest.approx(
+        row["tokens_per_second_per_user"] / row["baseline_tokens_per_second_per_user"], rel=1e-2)
 
 
 @pytest.mark.parametrize("content, says", [("{", "invalid JSON"), ('{"levels": []}', "not the JSON of"),

@@ -53,7 +53,8 @@ def test_weight_bytes_by_precision(qwen):
 
 def test_qwen3_8b_h100_fp8_memory_by_hand(qwen):
     t, d = qwen
-    m = P.memory(on(t, d, "h100", "fp8"), tp=1, serving=ServingSpec(max_batch_size=16, max_seq_len=8192, max_num_tokens=8192))
+    m = P.memory(on(t, d, "h100", "fp8"), tp=1,
+                 serving=ServingSpec(max_batch_size=16, max_seq_len=8192, max_num_tokens=8192))
     assert m.weights == 9_435_705_312
     assert m.drafter == 2_097_252_864
     assert m.drafter_arena == 2 * 17 * 5 * (8192 + 16) * 8 * 128 * 2 == 2_857_697_280
@@ -65,7 +66,8 @@ def test_qwen3_8b_h100_fp8_memory_by_hand(qwen):
 
 def test_qwen3_8b_b200_nvfp4_memory_by_hand(qwen):
     t, d = qwen
-    m = P.memory(on(t, d, "b200", "nvfp4"), tp=1, serving=ServingSpec(max_batch_size=64, max_seq_len=8192, max_num_tokens=8192))
+    m = P.memory(on(t, d, "b200", "nvfp4"), tp=1,
+                 serving=ServingSpec(max_batch_size=64, max_seq_len=8192, max_num_tokens=8192))
     assert m.weights == 6_396_932_064
     assert m.drafter_arena == 2 * 65 * 5 * 8208 * 8 * 128 * 2 == 10_926_489_600
     assert m.kv_cache == 2 * 36 * 8 * 128 * 2 * 8192 * 64 == 77_309_411_328

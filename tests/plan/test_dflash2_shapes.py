@@ -54,7 +54,8 @@ def test_the_plans_drafter_memory_holds_them():
     d2, d1 = _published()
     t = TargetShape.from_dir(CONFIGS / "Qwen--Qwen3-8B")
     serving = ServingSpec(max_batch_size=8, max_seq_len=4096, max_num_tokens=4096)
-    mem = {d: P.memory(P.Deployment(target=t, drafter=d, gpu=hw.get("h200"), gpus=1, precision="bf16", kv_cache="auto"), 1, serving)
+    mem = {d: P.memory(P.Deployment(target=t, drafter=d, gpu=hw.get("h200"), gpus=1, precision="bf16",
+                                    kv_cache="auto"), 1, serving)
            for d in (d1, d2)}
     assert mem[d2].drafter - mem[d1].drafter == 2 * (65_740_800 + 128_450_560)
 

@@ -61,7 +61,8 @@ def test_relative_config_paths_resolve_against_the_recipe_file(tmp_path):
 
 def test_every_bundled_recipe_loads_and_round_trips():
     names = R.bundled()
-    assert {"tiny", "qwen3-8b-b200-nvfp4", "qwen3-8b-h100-fp8", "llama3.1-8b-h100-fp8", "gpt-oss-120b-8xh200"} <= set(names)
+    assert {"tiny", "qwen3-8b-b200-nvfp4", "qwen3-8b-h100-fp8", "llama3.1-8b-h100-fp8",
+            "gpt-oss-120b-8xh200"} <= set(names)
     for name in names:
         r = R.load(name)
         again = R.from_dict(yaml.safe_load(r.to_yaml()), where=name)

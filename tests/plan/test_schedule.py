@@ -99,7 +99,8 @@ def test_a_schedule_for_max_batch_size_1024():
     _check_plan_against_trtllm(r, p, spec)
     planned = _expand(p.draft_lengths)
     assert p.schedule == "draft_len_schedule" and len(spec["draft_len_schedule"]) > 5
-    assert planned[0] == 15 and any(0 < n < 15 for n in planned) and planned[-1] == 0   # backs off, then off before 1024
+    # backs off, then off before 1024
+    assert planned[0] == 15 and any(0 < n < 15 for n in planned) and planned[-1] == 0
     assert planned == sorted(planned, reverse=True)
     r, p, spec = _plan("qwen3-8b-b200-nvfp4", ["serving.max_batch_size=1024", "serving.max_seq_len=512",
                                                 "speculative.acceptance=1.6"])

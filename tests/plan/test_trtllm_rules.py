@@ -43,7 +43,8 @@ def test_token_budget_raises_max_num_tokens_when_memory_allows():
     assert any("100 x 16 = 1600 exceeds max_num_tokens 16" in w and "raised to 1600" in w for w in p.warnings)
     cfg = trtllm.config(r, p, res.drafter)
     assert cfg.max_num_tokens == 1600 and cfg.enable_chunked_prefill  # max_seq_len 2000 > 1600
-    assert "--max_num_tokens" in (args := trtllm.serve_args(cfg, "h", 1)) and args[args.index("--max_num_tokens") + 1] == "1600"
+    args = trtllm.serve_args(cfg, "h", 1)
+    assert "--max_num_tokens" in args and args[args.index("--max_num_tokens") + 1] == "1600"
 
 
 def test_token_budget_refuses_with_the_numbers_when_memory_does_not_allow(capsys):

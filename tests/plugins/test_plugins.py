@@ -31,7 +31,7 @@ def shuffled_page_table(lengths: list[int], extra: list[int], page_size: int, ge
                         spare: int = 3) -> tuple[torch.Tensor, int]:
     """Page tables covering lengths[i] + extra[i] positions, page ids explicitly shuffled
     across the pool (plus unused spare pages), unused entries -1."""
-    need = [(n + e + page_size - 1) // page_size for n, e in zip(lengths, extra)]
+    need = [(n + e + page_size - 1) // page_size for n, e in zip(lengths, extra, strict=True)]
     pool = sum(need) + spare
     ids = torch.randperm(pool, generator=gen)
     width = max(need + [1])
@@ -197,7 +197,7 @@ def test_drafter_triton_matches_reference(layer_types, window):
     assert torch.equal(c_ref.page_table, c_tri.page_table)
     torch.testing.assert_close(c_tri.k, c_ref.k, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(c_tri.v, c_ref.v, atol=1e-5, rtol=1e-5)
-    for a, r in zip(h_tri, h_ref):
+    for a, r in zip(h_tri, h_ref, strict=True):
         torch.testing.assert_close(a, r, atol=1e-4, rtol=1e-4)
 
 
@@ -275,8 +275,9 @@ def test_kv_scatter_stage_composes_to_the_reference():
     target_hidden = torch.randn(2, 4, 2 * cfg.hidden_size)
     with torch.no_grad():
         kr, vr, ks, vs = (cache.k.clone().fill_(NAN) for _ in range(4))
-        kvi.kv_injection_reference(target_hidden=target_hidden, n_new=n_new, lengths=cache.lengths, fc_weight=drafter.fc.weight,
-                                   norm_weight=drafter.hidden_norm.weight, kv_weight=wkv, kv_bias=bkv,
+        kvi.kv_injection_reference(target_hidden=target_hidden, n_new=n_new, lengths=cache.lengths,
+                                   fc_weight=drafter.fc.weight, norm_weight=drafter.hidden_norm.weight,
+                                   kv_weight=wkv, kv_bias=bkv,
                                    k_norm_weight=kn, inv_freq=drafter.inv_freq, rope_scale=1.0,
                                    eps=cfg.rms_norm_eps, k_cache=kr, v_cache=vr, page_table=cache.page_table,
                                    num_kv_heads=2, head_dim=32)

@@ -134,7 +134,7 @@ def test_plain_targets_run_the_lean_forward_and_it_equals_transformers(arch):
         second = be.target_forward(ids[:, :3], torch.tensor([[9, 10, 11], [6, 7, 8]]), step_valid, cache, True,
                                    logits_at=torch.tensor([2, 1]))
         outs.append((first, second))
-    for (a_logits, a_hidden), (b_logits, b_hidden) in zip(*outs):
+    for (a_logits, a_hidden), (b_logits, b_hidden) in zip(*outs, strict=True):
         assert torch.allclose(a_logits, b_logits, rtol=0, atol=1e-10)
         assert torch.allclose(a_hidden, b_hidden, rtol=0, atol=1e-10)
     assert outs[0][1][0].shape == (2, 1, VOCAB)

@@ -124,7 +124,7 @@ def test_rounds_without_drafting_keep_the_drafter_fed():
     crowded, alone = [s for s in steps if s.batch_size > 1], [s for s in steps if s.batch_size == 1]
     assert crowded and all(s.draft_len == 0 and s.stats.committed == s.batch_size for s in crowded)
     assert alone and all(s.draft_len == 5 for s in alone)
-    assert [r.token_ids for r in reqs] == [t[len(p):][:n] for p, t, n in zip(ps, truth, (MAX_NEW, 6, 8))]
+    assert [r.token_ids for r in reqs] == [t[len(p):][:n] for p, t, n in zip(ps, truth, (MAX_NEW, 6, 8), strict=True)]
     assert all(s.stats.committed == 6 for s in alone[:-1])   # every draft accepted
 
 
@@ -214,7 +214,8 @@ def test_joined_rows_keep_drafting_from_the_right_context():
     reqs = [Request(p, MAX_NEW if i != 1 else 7) for i, p in enumerate(ps)]
     steps = run(Engine(_OracleBackend(wrap(model, oracle), oracle), max_batch=8),
                 {0: reqs[:2], 1: reqs[2:3], 3: reqs[3:]})
-    assert [r.token_ids for r in reqs] == [t[len(p):][: r.max_new_tokens] for p, t, r in zip(ps, truth, reqs)]
+    assert [r.token_ids for r in reqs] == [t[len(p):][: r.max_new_tokens]
+                                           for p, t, r in zip(ps, truth, reqs, strict=True)]
     assert any(s.admitted and s.batch_size > len(s.admitted) for s in steps)   # rows did join
     # Every round of every row accepted its whole block (6 tokens) but for each row's last.
     rounds = sum(s.stats.rounds for s in steps)

@@ -62,7 +62,7 @@ def test_oracle_drafter_accepts_full_blocks_and_tau_is_exact():
     B = 8
     drafter, truth = _oracle(model, ps, B)
     out = generate(wrap(model, drafter), drafter, ps, max_new_tokens=MAX_NEW, block_size=B)
-    assert out.token_ids == [t[len(p):len(p) + MAX_NEW] for p, t in zip(ps, truth)]
+    assert out.token_ids == [t[len(p):len(p) + MAX_NEW] for p, t in zip(ps, truth, strict=True)]
     # 1 token from prefill, then rounds of B tokens; the last round is cut to what is left.
     rounds = math.ceil((MAX_NEW - 1) / B)
     assert out.stats.rounds == rounds * len(ps)
@@ -78,7 +78,7 @@ def test_oracle_partial_acceptance_counts_exactly():
     # Round j corrupts draft position (j % (B-1)) + 1 in every row: acc = that position - 1.
     drafter, truth = _oracle(model, ps, B, wrong=lambda rnd, row: rnd % (B - 1) + 1)
     out = generate(wrap(model, drafter), drafter, ps, max_new_tokens=MAX_NEW, block_size=B)
-    assert out.token_ids == [t[len(p):len(p) + MAX_NEW] for p, t in zip(ps, truth)]
+    assert out.token_ids == [t[len(p):len(p) + MAX_NEW] for p, t in zip(ps, truth, strict=True)]
     # Independent count: each round commits k tokens (k-1 accepted + bonus), until full.
     remaining, rounds, accepted_at = MAX_NEW - 1, 0, [0] * (B - 1)
     committed = 0

@@ -14,7 +14,7 @@ pytest.importorskip("onnxscript")
 from dflash_trt import ingest
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime import SamplingParams, TorchBackend, generate, load_bundle, open_backend
+from dflash_trt.runtime import SamplingParams, SelectorProposer, TorchBackend, generate, load_bundle, open_backend
 from tests.helpers import hf_greedy, save_pair
 from tests.helpers import prompts as random_prompts
 
@@ -59,7 +59,8 @@ def test_the_manifest_says_the_drafter_graph_is_dflash2(pair):
     assert {"k_cache", "v_cache", "q"} <= set(m.engine.drafter_onnx_max_error)
     graph = onnx.load(str(pair.root / "onnx" / "drafter.onnx")).graph
     assert [i.name for i in graph.input] == export_dflash2.DFLASH2_INPUTS
-    assert pair.backend.dflash2 and pair.backend.vocab_size == pair.drafter.cfg.vocab_size
+    assert isinstance(pair.backend.proposer, SelectorProposer)
+    assert pair.backend.vocab_size == pair.drafter.cfg.vocab_size
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -76,7 +77,7 @@ def test_greedy_through_onnx_is_the_targets_own_and_proposes_torchs_walk(pair, b
     finally:
         del onnx_b.draft_block
     assert len(onnx_b.drafts) == len(torch_b.drafts) > 0
-    for (t_o, q_o), (t_t, q_t) in zip(onnx_b.drafts, torch_b.drafts):
+    for (t_o, q_o), (t_t, q_t) in zip(onnx_b.drafts, torch_b.drafts, strict=True):
         assert torch.equal(t_o, t_t) and q_o is None and q_t is None
 
 
@@ -95,7 +96,7 @@ def test_sampled_drafts_are_torchs_walk_and_q(pair):
         del onnx_b.draft_block
     assert got.token_ids == want.token_ids
     assert len(onnx_b.drafts) == len(torch_b.drafts) > 0
-    for (t_o, q_o), (t_t, q_t) in zip(onnx_b.drafts, torch_b.drafts):
+    for (t_o, q_o), (t_t, q_t) in zip(onnx_b.drafts, torch_b.drafts, strict=True):
         assert torch.equal(t_o, t_t)
         assert q_o.shape == q_t.shape and torch.allclose(q_o, q_t.float(), atol=1e-4)
         assert torch.allclose(q_o.sum(-1), torch.ones(q_o.shape[:2]), atol=1e-4)

@@ -41,7 +41,7 @@ def _decode_greedy(backend, batch: Batch, steps: int) -> list[list[int]]:
         logits, _ = verify(backend, batch, block)
         bonus = logits[:, 0].argmax(-1)
         commit(backend, batch, block, torch.zeros_like(bonus), bonus, None)
-        for row, tok in zip(got, bonus.tolist()):
+        for row, tok in zip(got, bonus.tolist(), strict=True):
             row.append(tok)
     return got
 
@@ -60,7 +60,7 @@ def test_batches_prefilled_apart_merge_into_one(family):
     b = prefill(backend, [Request(p, MAX_NEW) for p in ps[2:]], draft=False)
     a.merge(backend, b)
     rest = _decode_greedy(backend, a, MAX_NEW - 3)
-    assert [g[:-1] + r for g, r in zip(got_a, rest[:2])] == truth[:2]
+    assert [g[:-1] + r for g, r in zip(got_a, rest[:2], strict=True)] == truth[:2]
     assert rest[2] == truth[2][: MAX_NEW - 3]
 
 

@@ -9,8 +9,6 @@ import socket
 import stat
 from pathlib import Path
 
-import pytest
-
 from dflash_trt.ingest import Manifest, write_manifest
 from tests.helpers import save_pair
 
@@ -45,11 +43,6 @@ def make_bundle(root: Path, name: str = "tiny-bundle", manifest_extra: dict | No
     manifest.update(manifest_extra or {})
     write_manifest(root, Manifest(**manifest))
     return root
-
-
-@pytest.fixture(scope="session")
-def bundle_dir(tmp_path_factory) -> Path:
-    return make_bundle(tmp_path_factory.mktemp("bundle") / "tiny-bundle")
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ from dflash_trt.runtime.pair import Pair, load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
 from dflash_trt.serve.batcher import Batcher, Job, StaticBatcher
 from tests.helpers import OracleDrafter, hf_greedy
-from tests.serve.helpers import bundle_dir, free_port, subprocess_env  # noqa: F401 - fixture
+from tests.serve.helpers import free_port, subprocess_env
 
 EOS = 2
 
@@ -88,7 +88,7 @@ def test_concurrent_greedy_completions_equal_the_targets_own_greedy_decoding(ser
             return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
     results = asyncio.run(go())
-    for p, (status, text, count) in zip(prompts, results):
+    for p, (status, text, count) in zip(prompts, results, strict=True):
         assert status == 200
         assert count == len(want[p]), p
         assert text == pair.decode(want[p]), p
@@ -98,7 +98,8 @@ def test_concurrent_greedy_completions_equal_the_targets_own_greedy_decoding(ser
     rows = metric(after, "dflash_batch_size_sum") - metric(before, "dflash_batch_size_sum")
     singles = metric(after, "dflash_batch_size_bucket", le="1.0") - metric(before, "dflash_batch_size_bucket", le="1.0")
     assert rows / rounds >= 4 and singles < rounds / 4
-    assert metric(after, "dflash_requests_total", status="200") - metric(before, "dflash_requests_total", status="200") == 32
+    ok = "dflash_requests_total"
+    assert metric(after, ok, status="200") - metric(before, ok, status="200") == 32
 
 
 def test_streaming_matches_non_streaming_for_completions_and_chat(server):

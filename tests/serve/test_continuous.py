@@ -13,7 +13,7 @@ from dflash_trt.cli import run
 from dflash_trt.runtime import SamplingParams, generate, load_bundle, load_pair
 from dflash_trt.serve.app import ServerThread, create_app
 from tests.helpers import hf_greedy
-from tests.serve.helpers import bundle_dir, make_bundle  # noqa: F401 - fixture
+from tests.serve.helpers import make_bundle
 from tests.serve.test_app import expected, metric, sse
 
 
@@ -53,7 +53,7 @@ def test_short_requests_behind_long_ones_join_the_running_batch(pair):
     with ServerThread(app) as srv:
         longs, shorts = asyncio.run(go(srv.url))
     assert max(t for _, t in shorts) < min(t for _, t in longs)  # the short ones did not wait
-    for p, (text, _) in zip(prompts, shorts):
+    for p, (text, _) in zip(prompts, shorts, strict=True):
         assert text == pair.decode(expected(pair, p, 8))
     want_long = pair.decode(hf_greedy(pair.target.model, pair.encode("long"), 160))  # ignore_eos: no cut
     assert longs[0][0] == longs[1][0] == want_long

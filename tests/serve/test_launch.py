@@ -92,7 +92,8 @@ def test_emit_slurm_writes_an_srun_trtllm_llmapi_launch_script(bundle, tmp_path,
     srun = " ".join(line.strip().rstrip("\\") for line in text[text.index("srun "):].splitlines())
     assert "--mpi=pmix" in srun
     assert 'trtllm-llmapi-launch bash "$BUNDLE/trtllm/serve.sh" --host 0.0.0.0 --port "$PORT" --tp_size 8' in srun
-    assert f"DEFAULT_BUNDLE={shlex.quote(str(bundle.resolve()))}\n" in text and 'BUNDLE="${BUNDLE:-$DEFAULT_BUNDLE}"' in text
+    assert f"DEFAULT_BUNDLE={shlex.quote(str(bundle.resolve()))}\n" in text
+    assert 'BUNDLE="${BUNDLE:-$DEFAULT_BUNDLE}"' in text
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
     assert out.stat().st_mode & 0o111
 
@@ -122,7 +123,8 @@ def test_emit_k8s_writes_a_leaderworkerset(bundle, tmp_path):
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
     script = leader["command"][-1]
     assert "mpirun" in script and "-np 24" in script
-    assert "trtllm-llmapi-launch bash /bundles/tiny-bundle/trtllm/serve.sh --host 0.0.0.0 --port 8080 --tp_size 24" in script
+    assert ("trtllm-llmapi-launch bash /bundles/tiny-bundle/trtllm/serve.sh --host 0.0.0.0 --port 8080 --tp_size 24"
+            in script)
     assert "LWS_LEADER_ADDRESS" in script and "LWS_GROUP_SIZE" in script
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
     assert leader["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8080}
@@ -265,7 +267,8 @@ def test_hostile_manifest_names_are_refused_in_one_line(tmp_path, capsys, bad):
 def test_a_bundle_path_with_a_newline_is_refused(tmp_path, capsys):
     b = make_bundle(tmp_path / "a\nb", name="fine")
     capsys.readouterr()
-    code = run(["serve", str(b), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "8", "-o", str(tmp_path / "j.sh")])
+    code = run(["serve", str(b), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "8",
+                "-o", str(tmp_path / "j.sh")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "control character" in err and not (tmp_path / "j.sh").exists()
 

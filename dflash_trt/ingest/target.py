@@ -223,13 +223,15 @@ def _check_target_tensors(spec: TargetSpec) -> None:
 
 def _check_unquantized(spec: TargetSpec) -> None:
     """A target without a quantization config stores float weights, in the shapes its config implies."""
-    ints = sorted(n for n, t in spec.weights.tensors.items() if _LAYER.search(n) and t.dtype not in files.FLOAT_DTYPES)
+    meta = _meta_state(spec)
+    ints = sorted(n for n, t in spec.weights.tensors.items() if _LAYER.search(n) and t.dtype not in files.FLOAT_DTYPES
+                  and not _integer_by_design(n, meta))
     if ints:
         t = spec.weights.tensors[ints[0]]
         raise CheckpointError(f"{spec.path / t.file}: {ints[0]} is {t.dtype} but the target has no quantization "
                               "config (ModelOpt hf_quant_config.json, compressed-tensors or MXFP4 "
                               "quantization_config); refusing to run integer weights as floats")
-    expected = _expected_shapes(spec)
+    expected = {k: tuple(v.shape) for k, v in meta.items()}
     for name, info in sorted(spec.weights.tensors.items()):
         want = expected.get(name)
         if want is not None and tuple(want) != tuple(info.shape):
@@ -237,8 +239,20 @@ def _check_unquantized(spec: TargetSpec) -> None:
                                   f"{list(want)}; config and weights do not match (a transposed or foreign tensor)")
 
 
-def _expected_shapes(spec: TargetSpec) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of the config's architecture, built on the meta device (no memory, no weights)."""
+#: integer tables an architecture stores as such (not quantized weights), for when its meta model
+#: cannot be built: DeepSeek V4's hash routing ``mlp.gate.tid2eid`` [vocab, top_k] (token -> experts).
+INTEGER_TABLES = ("tid2eid",)
+
+
+def _integer_by_design(name: str, meta: dict) -> bool:
+    """Whether the architecture itself declares tensor ``name`` integer (a lookup table, not a weight)."""
+    if name in meta:
+        return not (meta[name].dtype.is_floating_point or meta[name].dtype.is_complex)
+    return name.rsplit(".", 1)[-1] in INTEGER_TABLES
+
+
+def _meta_state(spec: TargetSpec) -> dict:
+    """The state dict of the config's architecture, built on the meta device (no memory, no weights)."""
     import torch
     import transformers
 
@@ -251,7 +265,7 @@ def _expected_shapes(spec: TargetSpec) -> dict[str, tuple[int, ...]]:
             model = cls(cfg)
     except Exception:  # noqa: BLE001 - a config transformers cannot build is refused where it is loaded
         return {}
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return dict(model.state_dict())
 
 
 def _head_dim(text: dict, where, default: int) -> int:

@@ -43,12 +43,22 @@ class KVGroup:
     window: int = 0     # 0: the whole context; else at most this many tokens
     split: bool = True  # KV heads split across tensor-parallel ranks
     flop_dims: int = 0  # q.k + p.v elements per query head per cached token (0: dims)
+    stride: int = 1     # tokens per cached entry (a compressor emits one per stride: DeepSeek V4)
+    attend: int = 0     # 0: a query reads every entry; else at most this many (a sparse indexer's top-k)
+    sliding: int = 0    # the layer's own sliding window, not applied to ``bytes`` unless ``windowed``
 
-    def bytes(self, tp: int, kv_bytes: int, tokens: int) -> int:
-        """One sequence's K/V bytes per rank at ``tokens`` of context."""
+    def bytes(self, tp: int, kv_bytes: int, tokens: int, windowed: bool = False) -> int:
+        """One sequence's K/V bytes per rank at ``tokens`` of context (``windowed``: sliding
+        layers capped at their own window, as the reference runtime keeps them)."""
         heads = -(-self.kv_heads // tp) if self.split else self.kv_heads
-        held = min(tokens, self.window) if self.window else tokens
+        cap = self.window or (self.sliding if windowed else 0)
+        held = (min(tokens, cap) if cap else tokens) // self.stride
         return self.layers * heads * self.dims * kv_bytes * held
+
+    def attended(self, ctx: int) -> int:
+        """Entries one query reads at ``ctx`` tokens of context."""
+        held = (min(ctx, self.window) if self.window else ctx) // self.stride
+        return min(held, self.attend) if self.attend else held
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,11 @@ CAPTURES: tuple[Capture, ...] = (
             missing=_MODELS + "modeling_minimaxm2.py (its decoder loop never sees spec_metadata)"),
     Capture("mimo_v2", ("MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM"), None, _MODELS + "_arch_index.py",
             missing=_NOT_IN_INDEX),
-    Capture("muse_glimmer", ("MuseGlimmerForCausalLM",), None, _MODELS + "_arch_index.py", missing=_NOT_IN_INDEX),
+    Capture("deepseek_v4", ("DeepseekV4ForCausalLM",), _NEWEST,
+            _MODELS + "modeling_deepseekv4.py::DeepseekV4DecoderLayer.forward_MoE (each tapped layer's MoE output)",
+            notes="read on main; tag not pinned"),
+    Capture("muse_glimmer", ("MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration"), None,
+            _MODELS + "_arch_index.py", missing=_NOT_IN_INDEX),
 )
 
 _BY_ARCH = {arch: row for row in CAPTURES for arch in row.architectures}

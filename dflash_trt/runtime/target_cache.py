@@ -16,6 +16,14 @@ to them behind :class:`~dflash_trt.runtime.backend.TorchBackend`:
   nemotron_h; KDA: kimi_linear). A recurrent or conv state cannot mask a token it has
   absorbed: ``recurrent.py`` keeps a verify's state after every position and, at commit,
   selects the accepted prefix's (prefills: snapshot and replay).
+* **Indexed-attention layers** (DeepSeek sparse attention: deepseek_v32, glm_moe_dsa). An
+  indexer keeps a key per cache column and picks each query's top-k columns; its key cache
+  follows the KV cache column for column (``sparse_cache.py``), and each verify first packs
+  every row's committed columns to the front, so a rejected draft's key is gone from both
+  caches before any later query could choose it.
+* **Compressing layers** (deepseek_v4): a running compressor state no mask or column can
+  undo, kept per batch by transformers; :func:`cache_policy` gives those targets
+  ``row_cache.RowReplayPolicy`` instead of this class.
 
 Masks follow transformers' conventions (``masking_utils``): a 2D padding mask where the model
 builds its own (every family without sliding layers, as before), else a dict of additive 4D
@@ -35,8 +43,20 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.recurrent import RecurrentStates
+from dflash_trt.runtime.sparse_cache import merge_indexer, pack
 
-SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "dummy"}
+SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "indexed_attention", "dummy"}
+
+
+def cache_policy(model):
+    """The cache policy ``model`` needs: :class:`CachePolicy`, or ``RowReplayPolicy`` for a
+    target whose layers compress the tokens they see (``row_cache.COMPRESSING``)."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    from dflash_trt.runtime.row_cache import COMPRESSING, RowReplayPolicy
+
+    types, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    return RowReplayPolicy(model) if set(types) & COMPRESSING else CachePolicy(model)
 
 
 class CachePolicy:
@@ -53,7 +73,8 @@ class CachePolicy:
             raise DFlashError(f"{text.model_type}: layer type {unknown[0]} is not supported by the "
                               f"reference runtime (supported: {', '.join(sorted(SUPPORTED - {'dummy'}))})")
         self.sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
-        self.full = [i for i, t in enumerate(types) if t == "full_attention"]
+        self.indexed = [i for i, t in enumerate(types) if t == "indexed_attention"]
+        self.full = [i for i, t in enumerate(types) if t == "full_attention"] + self.indexed
         windows = {kwargs[i]["sliding_window"] for i in self.sliding}
         if len(windows) > 1:
             raise DFlashError(f"{text.model_type}: sliding layers with different windows {sorted(windows)} "
@@ -94,6 +115,8 @@ class CachePolicy:
         """Drop columns that are holes in every row from the full-attention layers (the loop's
         columns; sliding layers keep their own, linear layers have none): attention and mask
         cost then follow committed tokens instead of growing by B per round."""
+        if self.indexed:  # a rejected draft's indexer key must go, not wait behind a mask
+            return pack(cache, self.full, col_valid)
         keep = col_valid.any(0)
         if bool(keep.all()):
             return col_valid
@@ -132,6 +155,8 @@ class CachePolicy:
         S = max((c.layers[i].keys.shape[-2] for c in caches for i in self.full if _has_kv(c.layers[i])), default=0)
         for i in self.full:
             _merge_kv(out.layers[i], [c.layers[i] for c in caches], batches, S)
+        for i in self.indexed:
+            merge_indexer(out.layers[i], [c.layers[i] for c in caches], batches, S)
         L = max(c.win_valid.shape[1] for c in caches)
         for i in self.sliding:
             _merge_kv(out.layers[i], [c.layers[i] for c in caches], batches, L)

@@ -46,6 +46,12 @@ from dflash_trt.runtime.recurrent import RecurrentStates
 from dflash_trt.runtime.sparse_cache import merge_indexer, pack
 
 SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "indexed_attention", "dummy"}
+#: indexed-attention families whose indexer the front-packing of ``sparse_cache.pack`` cannot keep exact:
+#: glm5_next pools consecutive cache columns from a row's first valid one and keeps each written
+#: column's valid flag (rows need their committed columns packed against the next block, not to the
+#: front), and its layers emit hyper-connection streams [b, T, hc, H] no published drafter taps yet.
+UNEXACT_INDEXERS = {"glm5_next": "its indexer pools consecutive cache columns (a rejected draft column "
+                                 "would stay selectable) and its hyper-connection streams have no drafter tap"}
 
 
 def cache_policy(model):
@@ -69,6 +75,9 @@ class CachePolicy:
         text = model.config.get_text_config(decoder=True)
         types, kwargs = get_layer_types_and_kwargs(text)
         unknown = sorted(set(types) - SUPPORTED)
+        if "indexed_attention" in types and text.model_type.removesuffix("_text") in UNEXACT_INDEXERS:
+            raise DFlashError(f"{text.model_type}: layer type indexed_attention is not supported by the reference "
+                              f"runtime for this family yet: {UNEXACT_INDEXERS[text.model_type.removesuffix('_text')]}")
         if unknown:
             raise DFlashError(f"{text.model_type}: layer type {unknown[0]} is not supported by the "
                               f"reference runtime (supported: {', '.join(sorted(SUPPORTED - {'dummy'}))})")

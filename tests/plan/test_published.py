@@ -82,20 +82,22 @@ def test_every_second_wave_drafter_has_a_recipe_with_a_derived_status():
     assert all(s.kind in ("ready", "hub-only", "id-unconfirmed", "unsupported") for s in statuses.values())
     assert all(s.reason for s in statuses.values() if s.kind != "ready")
     # unsupported says which family the runtime's registry lacks
-    assert "laguna" in statuses["poolside/Laguna-S-2.1-DFlash"].reason
+    assert "qwen3_moe" in statuses["RedHatAI/Qwen3-30B-A3B-speculator.dflash"].reason
     assert statuses["RedHatAI/Qwen3-8B-speculator.dflash"].kind == "hub-only"
     assert statuses["z-lab/Kimi-K2.7-Code-DFlash"].kind == "id-unconfirmed"
 
 
 def test_the_status_follows_the_family_registry(monkeypatch):
-    """Adding a family to ingest.TARGET_FAMILIES turns its recipes from unsupported to buildable."""
+    """A family in ingest.TARGET_FAMILIES makes its recipes buildable; without it they are unsupported."""
     from dflash_trt import ingest
-    from dflash_trt.ingest.families import TargetFamily
+    from dflash_trt.ingest import families
 
     r = R.load("laguna-xs-2.1-poolside-b200")
-    assert R_status(r).kind == "unsupported"
-    monkeypatch.setitem(ingest.TARGET_FAMILIES, "laguna", TargetFamily(("laguna",), "KV cache"))
     assert R_status(r).kind == "hub-only"
+    monkeypatch.delitem(ingest.TARGET_FAMILIES, "laguna")
+    monkeypatch.setattr(families, "_BY_MODEL_TYPE", {k: v for k, v in families._BY_MODEL_TYPE.items() if v != "laguna"})
+    status = R_status(r)
+    assert status.kind == "unsupported" and "laguna" in status.reason
 
 
 def R_status(r):

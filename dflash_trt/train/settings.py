@@ -26,7 +26,7 @@ DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank
 DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "samples", "eval_prompts", "seed",
                "chat_template", "thinking")
 RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "regen_endpoint", "regen_model", "regen_concurrency",
-                    "feature_cache", "feature_shard_mb", "device")
+                    "feature_cache", "feature_shard_mb", "device", "parallel")
 
 
 @dataclass
@@ -67,6 +67,8 @@ class TrainSettings:
     feature_cache: str | None = None       # folder of target_hidden shards; None: computed online
     feature_shard_mb: float = 1024.0
     device: str = "auto"                      # auto: cuda:LOCAL_RANK when CUDA is available, else cpu
+    parallel: str = "auto"                    # fsdp | ddp | none; auto: fsdp under torchrun, none alone
+    target_dtype: str = "auto"                # the frozen target's precision; auto: as it ships (else bf16)
 
 
 @dataclass

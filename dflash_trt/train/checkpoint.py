@@ -22,8 +22,10 @@ from every rank (:func:`full_drafter`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,6 +45,14 @@ def write_json(path: Path, obj) -> None:
     tmp.replace(path)
 
 
+@contextlib.contextmanager
+def _one_process_ok():
+    """DCP warns that it works without a process group; here that is the plain one-process run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is .*uninitialized")
+        yield
+
+
 def _tensors_only(osd: dict) -> dict:
     return {"state": osd["state"]}
 
@@ -59,9 +69,10 @@ def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: 
     if ranks.main and tmp.exists():
         shutil.rmtree(tmp)
     ranks.barrier()
-    dcp.save({"model": msd, "optim": _tensors_only(osd)},
-             storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
-             no_dist=not torch.distributed.is_initialized())
+    with _one_process_ok():
+        dcp.save({"model": msd, "optim": _tensors_only(osd)},
+                 storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
+                 no_dist=not torch.distributed.is_initialized())
     ranks.barrier()
     if ranks.main:
         meta = {"step": step, "param_groups": osd["param_groups"], "history": history, "ranks": ranks.world,
@@ -94,8 +105,9 @@ def load_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer) -> tup
     msd, osd = get_state_dict(module, opt)
     state = {"model": msd, "optim": _tensors_only(osd)}
     try:
-        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
-                 no_dist=not torch.distributed.is_initialized())
+        with _one_process_ok():
+            dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
+                     no_dist=not torch.distributed.is_initialized())
     except Exception as exc:  # noqa: BLE001 - DCP raises its own CheckpointException with every rank's error
         raise DFlashError(f"{folder}: the saved training state does not match this drafter "
                           f"({str(exc).splitlines()[0][:200]})") from None
@@ -113,7 +125,8 @@ def read_state(work: Path) -> dict[str, torch.Tensor]:
     reader = HuggingFaceStorageReader(str(work / STATE_DIR))
     meta = reader.read_metadata()
     out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()}
-    dcp.load(out, storage_reader=reader, no_dist=True)
+    with _one_process_ok():
+        dcp.load(out, storage_reader=reader, no_dist=True)
     return out
 
 

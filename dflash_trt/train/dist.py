@@ -177,6 +177,9 @@ def shard_target(model: nn.Module, ranks: Ranks) -> None:
     model.requires_grad_(False)
     if ranks.parallel != "fsdp":
         return
+    # The reference runtime (regeneration) keeps its lean forward on the model, with references to
+    # (and for small models fused copies of) the whole weights: dropped, or sharding frees nothing.
+    vars(model).pop("_dflash_lean", None)
     from torch.distributed.fsdp import fully_shard
 
     for layer in decoder_layers(model):

@@ -289,6 +289,43 @@ def _write_mine(folder: Path, key: str, target: Target, layer_ids: list[int], re
             progress.advance(min(len(shards), len(shards) - len(todo) + (n + 1) * ranks.world), {})
 
 
+def write_capture(folder: str | Path, sequences, *, layer_ids: list[int], hidden_size: int, tokenizer,
+                  producer: str, shard_mb: float = 1024.0) -> dict:
+    """Write a feature folder from another producer's capture (a serving engine's hidden states,
+    converted): ``sequences`` yields (token ids [n], hidden [n, len(layer_ids)*hidden_size]) in the
+    regenerated set's order, rows aligned as the module docstring says. Shards are written as
+    they fill (bounded memory), ``cache.json`` last; returns it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dim, limit = len(layer_ids) * hidden_size, shard_mb * 2 ** 20
+    shards, pending, start, n, dtype = [], [], 0, 0, None
+
+    def flush() -> None:
+        hidden = torch.cat([h for _, h in pending]).contiguous()
+        offsets = torch.tensor([0] + [len(t) for t, _ in pending]).cumsum(0)
+        save_file({"hidden": hidden, "offsets": offsets, "tokens": torch.cat([t for t, _ in pending]).long()},
+                  str(folder / _shard_name(len(shards))))
+        shards.append((start, start + len(pending)))
+
+    for ids, hidden in sequences:
+        if hidden.shape != (len(ids), dim):
+            raise DFlashError(f"sequence {n}: hidden states {tuple(hidden.shape)}, expected ({len(ids)}, {dim})")
+        dtype = dtype or hidden.dtype
+        pending.append((torch.as_tensor(ids), hidden.to(dtype)))
+        n += 1
+        if sum(h.numel() for _, h in pending) * dtype.itemsize >= limit:
+            flush()
+            start, pending = n, []
+    if pending:
+        flush()
+    table = {"format": FORMAT, "producer": producer, "layer_ids": list(layer_ids), "hidden_size": hidden_size,
+             "dim": dim, "dtype": str(dtype).removeprefix("torch."), "vocab_size": len(tokenizer),
+             "tokenizer_sha256": tokenizer_digest(tokenizer), "sequences": n, "shards": shards,
+             "bytes": sum((folder / _shard_name(k)).stat().st_size for k in range(len(shards)))}
+    write_json(folder / "cache.json", table)
+    return table
+
+
 def _human(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":

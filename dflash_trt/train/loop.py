@@ -358,7 +358,7 @@ def _evaluate(run: _Run, step: int, loss_v: float, tau_v: float, history: list) 
     that the ranks must run in lockstep, and greedy decoding of the same prompts is."""
     drafter = full_drafter(run.module, run.drafter, run.ranks, everywhere=True).to(run.target.dtype)
     heldout = heldout_tau(run.target, drafter, run.eval_ids, run.s.block_size, run.s.eval_tokens, run.stops,
-                          Ranks(device=run.ranks.device) if run.ranks.sharded else run.ranks)
+                          Ranks(device=run.ranks.device) if run.ranks.sharded else run.ranks, run.ranks.sharded)
     history.append({"step": step, "loss": round(loss_v, 4), "train_tau": round(tau_v, 3),
                     "heldout_tau": round(heldout, 3)})
     run.progress.log(f"step {step}: loss {loss_v:.3f}, train τ {tau_v:.2f}, held-out τ {heldout:.2f}")
@@ -407,9 +407,9 @@ def _head_in(target: Target, dtype: torch.dtype):
 
 
 def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: int, n_tokens: int,
-                stops, ranks: Ranks = Ranks()) -> float:
+                stops, ranks: Ranks = Ranks(), sharded: bool = False) -> float:
     """τ of the drafter on prompts it never trained on (greedy, the reference runtime), over all ranks."""
-    from dflash_trt.runtime import generate
+    from dflash_trt.runtime import TorchBackend, generate
 
     mine = ranks.mine(prompts)
     committed = rounds = 0
@@ -417,7 +417,11 @@ def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: i
         was = drafter.training
         drafter.eval()
         try:
-            stats = generate(target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops).stats
+            # A sharded target runs transformers' forward (its FSDP hooks gather each layer); the
+            # runtime's lean forward reads the weights directly and would see this rank's shards.
+            backend = TorchBackend(target, drafter, lean=False) if sharded else None
+            stats = generate(target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops,
+                             backend=backend).stats
         finally:
             drafter.train(was)
         committed, rounds = stats.committed, stats.rounds

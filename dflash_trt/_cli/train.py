@@ -88,7 +88,7 @@ def train_drafter(
     feature_cache: Annotated[Path | None, typer.Option(
         "--feature-cache", help="Feature folder: the target's hidden states as safetensors shards (README: 'The "
                                 "feature folder'), written once by this run or converted from a serving engine's "
-                                "capture, checked, then read by every step and rank. Default: computed online.")] = None,
+                                "capture, checked, then read by every step and rank. Default: online.")] = None,
     feature_shard_mb: Annotated[float, typer.Option(
         "--feature-shard-mb", min=0.001, help="Size of one --feature-cache shard, in MB.")] = 1024.0,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel ranks on this machine, started with "

@@ -210,3 +210,12 @@ def engine_loss(loss: torch.Tensor, ranks: Ranks) -> torch.Tensor:
 def inner(module: nn.Module) -> nn.Module:
     """The module DDP wraps (fsdp and none wrap nothing)."""
     return getattr(module, "module", module)
+
+
+def local_bytes(module: nn.Module) -> int:
+    """Bytes of the parameters this rank holds (its shards under fsdp)."""
+    total = 0
+    for p in module.parameters():
+        t = p.to_local() if hasattr(p, "to_local") else p
+        total += t.numel() * t.element_size()
+    return total

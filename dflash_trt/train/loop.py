@@ -87,6 +87,7 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
             raise DFlashError(f"--resume: {out} holds no training run to resume")
         saved = json.loads((work / "settings.json").read_text())
         saved.setdefault("arch", "dflash")      # runs saved before --arch existed trained DFlash drafters
+        saved.setdefault("target_dtype", "float32")   # and before --target-dtype, a float32 target
         for name in SHAPE_FIELDS:
             mine, theirs = getattr(s, name), saved.get(name)
             if mine is not None and mine != theirs:
@@ -163,6 +164,10 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
     drafter = objective.init_drafter(cfg, seed=s.seed).to(ranks.device)
     module = dist.wrap_drafter(DraftStep(drafter), ranks)
     progress.log(train_data.memory_line(regen_set, s, cfg, target, features, ranks))
+    mb = 2 ** 20   # weights, then AdamW: fp32 weights, gradients and two moments, 16 bytes a parameter
+    dtype = str(target.dtype).removeprefix("torch.")
+    progress.log(f"weights per rank: target {dist.local_bytes(model) / mb:.1f} MB ({dtype}), "
+                 f"drafter with AdamW {4 * dist.local_bytes(drafter) / mb:.1f} MB ({ranks.parallel})")
     run = _Run(s, out, work, target, regen_set, regen_meta, stops, progress, ranks, features, drafter, module)
     return _optimise(run, _optimizer(drafter, s))
 
@@ -313,12 +318,13 @@ def _optimise(run: _Run, opt: torch.optim.Optimizer) -> Result:
     progress.phase("training", s.steps)
     progress.advance(step, {})
     start = time.time()
-    loss_v, tau_v, heldout, losses = math.nan, math.nan, None, []
+    loss_v, tau_v, heldout, losses, norms = math.nan, math.nan, None, [], []
     module.train()
     while step < s.steps:
-        loss_v, tau_v = _update(run, opt, step, gamma)
+        loss_v, tau_v, norm = _update(run, opt, step, gamma)
         step += 1
         losses.append(loss_v)
+        norms.append(norm)
         info = {"loss": loss_v, "tau": tau_v}
         if run.eval_ids and (step % s.eval_every == 0 or step == s.steps):
             heldout = _evaluate(run, step, loss_v, tau_v, history)
@@ -331,14 +337,15 @@ def _optimise(run: _Run, opt: torch.optim.Optimizer) -> Result:
                 write_drafter(whole, run.out, s.save_dtype, run.metadata(step))
     if not losses and history:            # resumed a finished run: report where it stands
         loss_v, tau_v, heldout = history[-1]["loss"], history[-1]["train_tau"], history[-1]["heldout_tau"]
-    result = Result(run.out, step, loss_v, tau_v, heldout, time.time() - start, history, losses)
+    result = Result(run.out, step, loss_v, tau_v, heldout, time.time() - start, history, losses, norms)
     if run.ranks.main:
         write_json(run.work / "result.json", {**asdict(result), "out": str(run.out)})
     return result
 
 
-def _update(run: _Run, opt: torch.optim.Optimizer, step: int, gamma: float) -> tuple[float, float]:
-    """One optimiser step on the batch drawn for ``step`` (seeded by (seed, step)); (loss, train τ)."""
+def _update(run: _Run, opt: torch.optim.Optimizer, step: int, gamma: float) -> tuple[float, float, float]:
+    """One optimiser step on the batch drawn for ``step`` (seeded by (seed, step)); (loss, train τ,
+    the gradient's norm before clipping: the one-process gradient's under every engine)."""
     s = run.s
     g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
     loss, m = train_step(run.module, run.target, run.regen, run.features, s, gamma, g, run.ranks)
@@ -346,9 +353,10 @@ def _update(run: _Run, opt: torch.optim.Optimizer, step: int, gamma: float) -> t
         group["lr"] = lr_at(step, s)
     opt.zero_grad(set_to_none=True)
     dist.engine_loss(loss, run.ranks).backward()      # the engine averages the ranks' gradients
-    torch.nn.utils.clip_grad_norm_(run.module.parameters(), 1.0)
+    norm = torch.nn.utils.clip_grad_norm_(run.module.parameters(), 1.0)
     opt.step()
-    return m["loss"], m["tau"]
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm      # fsdp: a replicated DTensor
+    return m["loss"], m["tau"], float(norm)
 
 
 def _evaluate(run: _Run, step: int, loss_v: float, tau_v: float, history: list) -> float:

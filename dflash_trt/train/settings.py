@@ -90,3 +90,4 @@ class Result:
     seconds: float
     history: list[dict] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)   # every step of this invocation
+    grad_norms: list[float] = field(default_factory=list)   # before clipping, every step of this invocation

@@ -352,6 +352,8 @@ def assert_same_run(ref, out, ref_dir, atol=1e-5):
     assert_same_state(ref_dir, out, atol=atol)
     got = json.loads((out / ".train" / "result.json").read_text())
     torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref.losses), atol=1e-5, rtol=1e-5)
+    # the gradient before clipping (the clip at norm 1 would hide a gradient off by the rank count)
+    torch.testing.assert_close(torch.tensor(got["grad_norms"]), torch.tensor(ref.grad_norms), atol=1e-5, rtol=1e-4)
     assert [h["heldout_tau"] for h in got["history"]] == [h["heldout_tau"] for h in ref.history]
 
 

@@ -15,7 +15,7 @@ Every rank reports two figures read from ``/proc/self/status`` (Linux):
   (every rank loads the whole target before sharding it).
 
 Prints one JSON line per (size, engine) and a markdown table. CPU, gloo: figures of memory, not
-of speed.
+of speed. Every run has ``MALLOC_MMAP_THRESHOLD_=1048576`` (see :func:`run`).
 """
 
 from __future__ import annotations
@@ -95,13 +95,18 @@ def run(target: Path, data: Path, engine: str, steps: int, work: Path) -> dict:
     report.mkdir(parents=True)
     flags = ["--target", str(target), "--data", str(data), "--out", str(out), "--steps", str(steps), *STEP_FLAGS,
              "--parallel", engine]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # glibc's malloc serves blocks under its (self-raising, up to 32 MB) mmap threshold from arenas
+    # it rarely gives back: FSDP's per-layer all-gather buffers, freed after each layer, would stay
+    # counted. A fixed 1 MB threshold returns them; the same setting for every engine.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "1048576"}
     me = [str(Path(__file__).resolve()), "--worker", str(report), "--"]
     if engine == "none":
         cmd = [sys.executable, *me, *flags]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *me, *flags]
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode:
+        sys.exit(f"{engine} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     ranks = [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
     return {"engine": engine, "ranks": len(ranks), "train_peak_mb": max(r["train_peak_mb"] for r in ranks),
             "run_peak_mb": max(r["run_peak_mb"] for r in ranks), "per_rank": ranks}

@@ -181,9 +181,17 @@ def shard_target(model: nn.Module, ranks: Ranks) -> None:
     # (and for small models fused copies of) the whole weights: dropped, or sharding frees nothing.
     vars(model).pop("_dflash_lean", None)
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
 
     for layer in decoder_layers(model):
-        fully_shard(layer)
+        # Explicitly True: each layer is an FSDP root (the model is not wrapped: its embedding and
+        # head are called directly), and a root keeps its gathered weights after forward by default.
+        fully_shard(layer, reshard_after_forward=True)
+    for p in model.parameters():
+        if not isinstance(p, DTensor):
+            # Own memory for what stays whole: the loader memory-maps the checkpoint, and one
+            # tensor still backed by the mapping keeps every page sharding read resident.
+            p.data = p.data.clone()
 
 
 def wrap_drafter(step: nn.Module, ranks: Ranks) -> nn.Module:

@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exc
 
 from dflash_trt import __version__
-from dflash_trt._cli import bench, build, generate, inspect, recipes, serve, train, tune
+from dflash_trt._cli import bench, build, generate, inspect, recipes, serve, train, tune, verify
 
 # Exception classes that differ between typer's vendored click and click itself.
 _EXIT = tuple({typer.Exit, *(c for c in (getattr(click_exc, "Exit", None),) if c)})
@@ -32,7 +32,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-for module in (build, serve, generate, bench, tune, inspect, train, recipes):
+for module in (build, serve, generate, bench, tune, verify, inspect, train, recipes):
     module.register(app)
 
 

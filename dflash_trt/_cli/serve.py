@@ -38,6 +38,9 @@ def serve(
     runtime: Annotated[Runtime, typer.Option(help="auto: trtllm-serve when it is on PATH, else the embedded "
                                              "server on the reference runtime.")] = Runtime.auto,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the trtllm-serve command and exit.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Validate the bundle's trtllm/config.yaml with the "
+                                        "installed TensorRT-LLM's own LLM-API classes (what serve.sh does before "
+                                        "it serves) and exit: 2 naming a key that release rejects.")] = False,
     emit: Annotated[Emit | None, typer.Option(help="Write a multi-node launch file instead of serving.")] = None,
     nodes: Annotated[int, typer.Option(min=1, help="Nodes for --emit.")] = 1,
     gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node for --emit "
@@ -75,6 +78,8 @@ def serve(
     from dflash_trt.serve import launch
 
     b = launch.read_bundle(bundle)
+    if check:
+        return _check_trtllm(b)
     _warn_chat(b)
     if emit is not None:
         path = launch.emit(b, emit.value, nodes, output, gpus_per_node=gpus_per_node, image=image, port=port,
@@ -114,6 +119,28 @@ def _print_dry_run(b, host: str, port: int, trtllm: str | None, runtime: Runtime
     if trtllm is None and runtime is not Runtime.trtllm:
         out.print("# trtllm-serve is not on PATH here: 'serve' would use the embedded server "
                   "on the reference runtime", markup=False)
+
+
+def _check_trtllm(b) -> None:
+    """``serve --check``: the planned release's schema, then the installed release's own classes."""
+    from dflash_trt.deploy import installed_trtllm, judge_trtllm_config, load_trtllm_config
+    from dflash_trt.errors import DFlashError
+
+    info = b.manifest.trtllm if b.manifest else None
+    if info is None:
+        raise DFlashError(f"{b.root}: no manifest naming its TensorRT-LLM release; rebuild with 'dflash-trt build'")
+    load_trtllm_config(b.root, info.release)
+    have = installed_trtllm()
+    if have is None:
+        out.print(f"trtllm/config.yaml matches dflash-trt's schema of TensorRT-LLM {info.release}; tensorrt_llm is "
+                  "not installed here, so no installed release judged it", markup=False)
+        return
+    code, lines = judge_trtllm_config(info.release, b.root)
+    if code:
+        raise DFlashError(lines[0])
+    for line in lines:
+        err.print(line, markup=False)
+    out.print(f"TensorRT-LLM {have} accepts trtllm/config.yaml (planned for {info.release})", markup=False)
 
 
 def _warn_chat(b) -> None:

@@ -130,8 +130,12 @@ def tau_between(before: dict | None, after: dict | None) -> float | None:
 
 # ---- one endpoint -----------------------------------------------------------------------------
 class Endpoint:
-    def __init__(self, url: str, model: str | None = None, chat: bool = False, timeout: float = 600.0):
+    def __init__(self, url: str, model: str | None = None, chat: bool = False, timeout: float = 600.0,
+                 on_scrape=None):
+        """``on_scrape(body)``: every /metrics body read (None when none came), in order: one
+        before and one after each level (``dflash-trt verify`` reads more of them than τ)."""
         httpx = require("httpx", "bench", "benchmarking an endpoint")
+        self.on_scrape = on_scrape or (lambda body: None)
         self.url = url.rstrip("/")
         if self.url.endswith("/v1"):
             self.url = self.url[:-3]
@@ -163,7 +167,9 @@ class Endpoint:
         try:
             r = await self.client.get("/metrics")
         except Exception:  # noqa: BLE001 - τ is optional
+            self.on_scrape(None)
             return None
+        self.on_scrape(r.text if r.status_code == 200 else None)
         return parse_spec_metrics(r.text) if r.status_code == 200 else None
 
     async def request(self, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool) -> Result:
@@ -253,8 +259,9 @@ async def _level(ep: Endpoint, prompts: list[str], concurrency: int, n_requests:
 
 
 async def _run_endpoint(url: str, model: str | None, prompts: list[str], levels: list[int], requests: int | None,
-                        max_tokens: int, temperature: float, chat: bool, ignore_eos: bool, progress) -> dict:
-    ep = Endpoint(url, model, chat)
+                        max_tokens: int, temperature: float, chat: bool, ignore_eos: bool, progress,
+                        on_scrape=None) -> dict:
+    ep = Endpoint(url, model, chat, on_scrape=on_scrape)
     try:
         name = await ep.discover()
         warm = await ep.request(prompts[0], min(8, max_tokens), temperature, ignore_eos)
@@ -274,8 +281,9 @@ async def _run_endpoint(url: str, model: str | None, prompts: list[str], levels:
 def run(url: str, *, model: str | None = None, baseline: str | None = None, baseline_model: str | None = None,
         prompts: list[str] | None = None, concurrency: list[int] = (1, 4, 16, 32), requests: int | None = None,
         max_tokens: int = 128, temperature: float = 0.0, chat: bool = False, ignore_eos: bool = False,
-        progress=None) -> dict:
-    """Benchmark ``url`` (and ``baseline``) at each concurrency; returns the report dict."""
+        progress=None, on_scrape=None) -> dict:
+    """Benchmark ``url`` (and ``baseline``) at each concurrency; returns the report dict.
+    ``on_scrape(body)`` sees every /metrics body of ``url`` (see :class:`Endpoint`)."""
     levels = sorted(set(int(c) for c in concurrency))
     if not levels or levels[0] < 1:
         raise DFlashError("--concurrency needs positive integers, e.g. 1,4,16,32")
@@ -284,7 +292,7 @@ def run(url: str, *, model: str | None = None, baseline: str | None = None, base
     prompts = list(prompts or PROMPTS)
     args = (prompts, levels, requests, max_tokens, temperature, chat, ignore_eos, progress)
     report = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat,
-              "endpoint": asyncio.run(_run_endpoint(url, model, *args))}
+              "endpoint": asyncio.run(_run_endpoint(url, model, *args, on_scrape=on_scrape))}
     if baseline:
         report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, *args))
         report["comparison"] = compare(report["endpoint"], report["baseline"])

@@ -192,6 +192,13 @@ def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: li
     m["plan"] = {**(m.get("plan") or {}), "max_draft_len": max_draft_len, "schedule": "draft_len_schedule",
                  "max_concurrency": None, "draft_len_schedule": {str(k): v for k, v in sched.items()},
                  "draft_lengths": runs, "tuned": tuned}
+    if m.get("files") is not None:    # the new config and the two .prev copies, so verify still holds
+        import hashlib
+
+        L = ingest.Layout
+        m["files"] = {**m["files"], L.TRTLLM_CONFIG: hashlib.sha256(text.encode()).hexdigest(),
+                      **{f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()
+                         for rel in (L.TRTLLM_CONFIG, L.MANIFEST)}}
     ingest.Manifest.model_validate(m)
     return {t.root / ingest.Layout.TRTLLM_CONFIG: text, t.root / ingest.Layout.MANIFEST: json.dumps(m, indent=2) + "\n"}
 

@@ -52,7 +52,7 @@ class Resolved:
     drafter: DraftShape
     shipped_quant: dict | None
     warnings: list[str] = field(default_factory=list)
-    drafter_config: object | None = None   # the DrafterConfig (DFlash2's TensorRT-LLM rules read it)
+    drafter_config: object | None = None   # the DrafterConfig (its family's TensorRT-LLM rules read it)
 
 
 def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
@@ -106,7 +106,8 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     ignored = planner.ignored_drafter_keys(dcfg)
     if ignored:
         warnings.append(ignored)
-    planner.check_dflash2(dcfg, recipe.trtllm.release)
+    planner.check_drafter(dcfg, recipe.trtllm.release)
+    planner.refuse_quantized_drafter(ingest.target_quantization(ddir), f"drafter {recipe.drafter.id}")
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
@@ -132,9 +133,9 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache)
     spec = rc.speculative
-    if r.drafter_config is not None:   # a DFlash2 drafter's windows rule out the TRTLLM draft attention
-        backend = planner.dflash2_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
-                                                   planner.get_release(rc.trtllm.release).attention_backends)
+    if r.drafter_config is not None:   # non-causal windowed drafter layers rule out the TRTLLM draft attention
+        backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
+                                                    planner.get_release(rc.trtllm.release))
         spec = spec.model_copy(update={"attention_backend": backend})
     p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm)
     if calibration:
@@ -173,7 +174,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:
-        trtllm.config(recipe, p, r.drafter)  # what build would write passes the release's schema
+        trtllm.config(recipe, p, r.drafter, r.target)  # what build would write passes the release's schema
         return BuildResult(p, None, None, r)
 
     say("resolving checkpoints")
@@ -185,6 +186,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         manifest = _write_bundle(r, p, tmp, say, progress, timings)
         timings["total"] = time.perf_counter() - t0
         manifest.timings = {k: round(v, 3) for k, v in timings.items()}
+        manifest.files = ingest.bundle_hashes(tmp)   # every file as built: dflash-trt verify checks them
         written = ingest.write_manifest(tmp, manifest)
         output.share(tmp)
         output.replace(tmp, out)
@@ -243,7 +245,7 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
     drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
-    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter), rc.serving.host, rc.serving.port,
+    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter, r.target), rc.serving.host, rc.serving.port,
                  serve_check(r, p))
     engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
 

@@ -1,20 +1,28 @@
 """The bundle's ``trtllm/serve.sh``: go to the bundle, check the machine, exec trtllm-serve.
 
-Before it ``exec``s, the script checks what the bundle was built for (:class:`ServeCheck`)
-and fails with one line on stderr (exit 2) naming what differs:
+Before it ``exec``s, the script checks the machine against what the bundle was built for
+(:class:`ServeCheck`) and fails with one line on stderr (exit 2) naming what differs:
 
-* the installed ``tensorrt_llm`` is the targeted release: its version is read from
-  ``tensorrt_llm/version.py`` (``__version__``, TensorRT-LLM's own version file) without
-  importing the package (importing it initialises CUDA), else from the installed
-  distribution's metadata; a local build suffix (``+cu130``) is ignored;
+* the installed TensorRT-LLM is the judge (``trtllm/judge.py``, a verbatim copy of
+  :mod:`dflash_trt.deploy.trtllm_judge`): its version is read without importing the package
+  (``tensorrt_llm/version.py``; a local suffix such as ``+cu130`` is ignored); absent or older
+  than the release the plan was made for: refused; the same or newer: the bundle's
+  ``trtllm/config.yaml`` goes through that release's own LLM-API classes the way
+  ``trtllm-serve --config`` reads it, and a key it rejects is one line naming the key. A newer
+  release then serves, with one line naming the release the plan was made for. A config asking
+  for disaggregated serving (``cache_transceiver_config``) is refused (PR #19352 only warns);
 * the GPUs ``nvidia-smi`` reports match the plan: compute capability (SM), memory within
   -3% .. +15% of the datasheet figure (drivers report a little more than the datasheet's
   GB), and at least as many GPUs as this node serves with. A bundle planned for the CPU
   (``sm`` 0) skips the GPU check.
 
-``DFLASH_SKIP_VERSION_CHECK=1`` / ``DFLASH_SKIP_GPU_CHECK=1`` skip a check, for whoever knows
-better. Extra arguments (``"$@"``) come last so trtllm-serve's last-value-wins options
-override the script's.
+``DFLASH_SKIP_VERSION_CHECK=1`` skips the TensorRT-LLM check, ``DFLASH_SKIP_CONFIG_CHECK=1`` only
+its config validation (no import of tensorrt_llm), ``DFLASH_SKIP_GPU_CHECK=1`` the GPU check, for
+whoever knows better. Opt-in telemetry: ``TLLM_DFLASH_ACCEPT_STATS_DIR=DIR`` (made absolute and
+created before the script leaves the caller's directory) makes TensorRT-LLM write per-rank
+acceptance histograms there (``tensorrt_llm/_torch/speculative/accept_stats.py``; meant for
+measurement runs). Extra arguments (``"$@"``) come last so trtllm-serve's last-value-wins
+options override the script's.
 """
 
 from __future__ import annotations
@@ -22,24 +30,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from dflash_trt.plan import TRTLLM_IMAGE as IMAGE
-
-INDEX_URL = "https://pypi.nvidia.com"
-
-_VERSION_PY = r'''
-import importlib.util, pathlib, re
-spec = importlib.util.find_spec("tensorrt_llm")
-if spec is None:
-    raise SystemExit(1)
-for loc in spec.submodule_search_locations or []:
-    f = pathlib.Path(loc, "version.py")
-    m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read_text()) if f.is_file() else None
-    if m:
-        print(m.group(1))
-        raise SystemExit(0)
-from importlib import metadata
-print(metadata.version("tensorrt_llm"))
-'''
+JUDGE = "trtllm/judge.py"   # deploy.trtllm_judge, copied into the bundle
 
 _AWK = r'''
 NF == 0 { next }
@@ -52,6 +43,16 @@ bad == "" {
 }
 END { if (bad == "" && n < want_n) bad = sprintf("%d GPU(s) present, %d needed", n, want_n); print bad }
 '''
+
+
+_ACCEPT_STATS = (  # resolved before the cd, so a relative DIR is the caller's
+    'if [ -n "${TLLM_DFLASH_ACCEPT_STATS_DIR:-}" ]; then\n'
+    '    mkdir -p "$TLLM_DFLASH_ACCEPT_STATS_DIR"\n'
+    '    TLLM_DFLASH_ACCEPT_STATS_DIR="$(cd "$TLLM_DFLASH_ACCEPT_STATS_DIR" && pwd)"\n'
+    '    export TLLM_DFLASH_ACCEPT_STATS_DIR\n'
+    '    echo "serve.sh: per-rank acceptance histograms go to $TLLM_DFLASH_ACCEPT_STATS_DIR" >&2\n'
+    'fi\n'
+)
 
 
 @dataclass(frozen=True)
@@ -71,19 +72,7 @@ def _checks(c: ServeCheck) -> str:
     return f'''NEED_TRTLLM={q(c.release)}
 check_trtllm() {{
     [ "${{DFLASH_SKIP_VERSION_CHECK:-0}}" = 1 ] && return 0
-    local have
-    have="$("${{PYTHON:-python3}}" -c {q(_VERSION_PY)} 2>/dev/null)" || have=""
-    if [ -z "$have" ]; then
-        echo "serve.sh: tensorrt_llm is not installed; this bundle needs TensorRT-LLM $NEED_TRTLLM" \\
-             "(pip install tensorrt-llm==$NEED_TRTLLM --extra-index-url {INDEX_URL}," \\
-             "or the {IMAGE}:$NEED_TRTLLM container)" >&2
-        exit 2
-    fi
-    if [ "${{have%%+*}}" != "$NEED_TRTLLM" ]; then
-        echo "serve.sh: TensorRT-LLM $have is installed; this bundle was built for TensorRT-LLM $NEED_TRTLLM:" \\
-             "install tensorrt-llm==$NEED_TRTLLM, or rebuild with --set trtllm.release=<a release dflash-trt knows>" >&2
-        exit 2
-    fi
+    "${{PYTHON:-python3}}" {JUDGE} --planned "$NEED_TRTLLM" || exit 2
 }}
 check_gpus() {{
     [ "${{DFLASH_SKIP_GPU_CHECK:-0}}" = 1 ] && return 0
@@ -114,10 +103,12 @@ def render(command: str, check: ServeCheck | None) -> str:
     for_release = f"TensorRT-LLM {check.release}" if check else "TensorRT-LLM (PyTorch backend)"
     return (
         "#!/usr/bin/env bash\n"
-        f"# Serve this DFlash bundle with {for_release}.\n"
+        f"# Serve this DFlash bundle with {for_release} (or a newer release that accepts its config).\n"
         "# Paths are relative to the bundle directory; extra arguments are passed to trtllm-serve.\n"
+        "# Opt-in: TLLM_DFLASH_ACCEPT_STATS_DIR=DIR writes per-rank acceptance histograms to DIR.\n"
         "set -euo pipefail\n"
-        'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
+        + _ACCEPT_STATS
+        + 'cd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
         + (_checks(check) if check else "")
         + f'exec {command} "$@"\n'
     )

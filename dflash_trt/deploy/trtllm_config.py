@@ -15,8 +15,18 @@ by :func:`validate`. Sources, per model below:
 * ``trtllm-serve`` options: ``tensorrt_llm/commands/serve.py`` (``--config``, with
   ``--extra_llm_api_options`` the older alias).
 
+* curated-config keys (``examples/configs/curated/``): ``disable_mm_encoder: true`` for text-only
+  use of a Qwen VLM target (the vision tower is not built: ``TorchLlmArgs.disable_mm_encoder``,
+  honoured by the Qwen3-VL / Qwen3.5 models) and ``kv_cache_config.mamba_ssm_cache_dtype`` for
+  hybrid targets (Gated DeltaNet / Mamba states; ``KvCacheConfig.mamba_ssm_cache_dtype``,
+  ``auto | float16 | bfloat16 | float32``): written as the target's own state dtype, float32
+  unless its config says otherwise.
+* disaggregated serving (``cache_transceiver_config``) is refused in one line: the generation
+  server drafts without the prompt and acceptance collapses; TensorRT-LLM only warns (PR #19352).
+
 Paths in ``config.yaml`` are relative to the bundle directory; ``serve.sh`` (:mod:`serve_sh`)
-runs from there."""
+runs from there, after ``judge.py`` (:mod:`trtllm_judge`, copied verbatim) has let the installed
+release's own LLM-API classes judge the config."""
 
 from __future__ import annotations
 
@@ -27,7 +37,7 @@ from typing import Literal
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dflash_trt.deploy import serve_sh
+from dflash_trt.deploy import serve_sh, trtllm_judge
 from dflash_trt.errors import DFlashError, RecipeError
 from dflash_trt.plan import Release, check_schedule, get_release
 
@@ -62,6 +72,8 @@ class KvCacheConfig(_Strict):
     enable_block_reuse: bool = Field(True, description="Prefix-cache block reuse (TensorRT-LLM's default: on).")
     max_tokens: int | None = Field(None, ge=1, description="Cap on KV-cache tokens.")
     tokens_per_block: int = Field(32, ge=1, description="Tokens per KV block.")
+    mamba_ssm_cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = Field(
+        None, description="Hybrid targets: dtype of the Mamba / Gated DeltaNet SSM state cache.")
 
     @field_validator("dtype", mode="before")
     @classmethod
@@ -137,6 +149,7 @@ class LlmApiConfig(_Strict):
     attn_backend: Literal["TRTLLM", "FLASHINFER", "VANILLA"] = "TRTLLM"
     disable_overlap_scheduler: bool = False
     trust_remote_code: Literal[False] = False
+    disable_mm_encoder: bool | None = Field(None, description="Text-only use of a VLM target: no vision tower.")
     cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
     moe_config: MoeConfig | None = None
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
@@ -160,6 +173,9 @@ def _release_keys(data: dict, release: Release) -> None:
 def validate(data: dict, release: str | None = None) -> LlmApiConfig:
     """Check a config dict against the schema (and the keys ``release`` has); a DFlashError
     names the first bad key."""
+    disaggregated = trtllm_judge.refuse_disaggregated(data)
+    if disaggregated:
+        raise DFlashError(f"TensorRT-LLM config: {disaggregated}")
     try:
         cfg = LlmApiConfig.model_validate(data)
     except ValidationError as exc:
@@ -189,9 +205,22 @@ def _speculative(recipe, plan, drafter) -> dict:
     return spec
 
 
-def config(recipe, plan, drafter=None) -> LlmApiConfig:
+def _curated(data: dict, target) -> None:
+    """The curated configs' keys for a VLM target served text-only and a hybrid target
+    (``target`` a TargetShape; None: neither)."""
+    if target is None:
+        return
+    if getattr(target, "vision_params", 0):
+        data["disable_mm_encoder"] = True
+    states = getattr(target, "state_groups", ())
+    if states:
+        ssm = {4: "float32", 2: "bfloat16"}.get(getattr(states[0], "recurrent_bytes", 4), "float32")
+        data["kv_cache_config"]["mamba_ssm_cache_dtype"] = ssm
+
+
+def config(recipe, plan, drafter=None, target=None) -> LlmApiConfig:
     """The LLM-API config for a recipe and its plan (validated for the plan's release);
-    ``drafter`` a DraftShape."""
+    ``drafter`` a DraftShape, ``target`` a TargetShape (for the curated VLM / hybrid keys)."""
     s = recipe.serving
     data = {
         "tensor_parallel_size": plan.tp,
@@ -210,6 +239,7 @@ def config(recipe, plan, drafter=None) -> LlmApiConfig:
         data["moe_expert_parallel_size"] = plan.ep
     if plan.moe_backend:
         data["moe_config"] = {"backend": plan.moe_backend}
+    _curated(data, target)
     return validate(data, plan.trtllm_release)
 
 
@@ -246,9 +276,10 @@ def serve_script(cfg: LlmApiConfig, host: str, port: int, check: serve_sh.ServeC
 
 
 def write(out_dir: Path, cfg: LlmApiConfig, host: str, port: int, check: serve_sh.ServeCheck | None = None) -> None:
-    """Write ``config.yaml`` and ``serve.sh`` into ``out_dir`` (the bundle's ``trtllm/``)."""
+    """Write ``config.yaml``, ``judge.py`` and ``serve.sh`` into ``out_dir`` (the bundle's ``trtllm/``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(to_yaml(cfg, check.release if check else None))
+    (out_dir / "judge.py").write_text(Path(trtllm_judge.__file__).read_text())  # what serve.sh runs
     script = out_dir / "serve.sh"
     script.write_text(serve_script(cfg, host, port, check))
     script.chmod(0o755)

@@ -2,8 +2,9 @@
 
 Modules: ``onnx_graphs`` (the target, the embedding and a DFlash drafter round as ONNX, the
 drafter with the ``dflash::`` custom ops, each checked against PyTorch), ``onnx_dflash2`` (a
-DFlash2 drafter's round: the candidate selector's walk), ``bundle_graphs`` (which drafter graph a
-bundle gets, and exporting the set), ``engines`` (TensorRT engines and the shapes they are built
+DFlash2 drafter's round: the candidate selector's walk), ``rounds`` (each drafter family's export
+round: which drafter graph, its I/O, its check; ``register_round`` adds a family's),
+``bundle_graphs`` (exporting a bundle's set), ``engines`` (TensorRT engines and the shapes they are built
 for; TensorRT and a GPU where they run).
 
 Other subpackages import the names below, never the modules inside.
@@ -12,5 +13,8 @@ from __future__ import annotations
 
 from dflash_trt.export.bundle_graphs import export_graphs
 from dflash_trt.export.engines import build_engines, engine_support, profile_for
+from dflash_trt.export.rounds import ExportRound, round_for
+from dflash_trt.export.rounds import register as register_round
 
-__all__ = ["build_engines", "engine_support", "export_graphs", "profile_for"]
+__all__ = ["ExportRound", "build_engines", "engine_support", "export_graphs", "profile_for", "register_round",
+           "round_for"]

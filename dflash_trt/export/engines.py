@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from dflash_trt.errors import DFlashError, HardwareError
-from dflash_trt.export.onnx_dflash2 import DFLASH2_DYNAMIC_AXES
 from dflash_trt.export.onnx_graphs import DYNAMIC_AXES, GRAPHS, PAGE_SIZE
+from dflash_trt.export.rounds import drafter_dynamic_axes
 
 ENGINE_REQUIREMENTS = (
     "building TensorRT engines needs: the 'tensorrt' Python package >= 10.8 with the "
@@ -55,9 +55,9 @@ def dim_ranges(profile) -> dict[str, tuple[int, int, int]]:
 
 def profile_shapes(graph: str, name: str, shape: list[int], profile) -> tuple[list[int], list[int], list[int]]:
     """(min, opt, max) shapes of input ``name`` of ``graph`` (a key of ``GRAPHS``); static axes
-    (``shape[axis] >= 0``) stay as they are. A DFlash2 drafter graph's extra inputs are named
-    in ``export_dflash2.DFLASH2_DYNAMIC_AXES``."""
-    axes = {**DYNAMIC_AXES[graph], **(DFLASH2_DYNAMIC_AXES if graph == "drafter" else {})}.get(name, {})
+    (``shape[axis] >= 0``) stay as they are. The inputs a family's drafter graph adds are named
+    by its export round (``rounds.drafter_dynamic_axes``)."""
+    axes = {**DYNAMIC_AXES[graph], **(drafter_dynamic_axes() if graph == "drafter" else {})}.get(name, {})
     ranges = dim_ranges(profile)
     lo, opt, hi = [], [], []
     for axis, dim in enumerate(shape):

@@ -39,7 +39,7 @@ class DFlash2Round(nn.Module):
 
     def __init__(self, drafter, head_weight: torch.Tensor, kernels: str = "reference"):
         super().__init__()
-        if not drafter.cfg.is_dflash2:
+        if not hasattr(drafter, "candidate_selector"):
             raise DFlashError("DFlash2Round needs a DFlash2 drafter; export others with export.export_drafter_onnx")
         self.drafter = drafter
         self.round = DrafterRound(drafter, kernels=kernels)

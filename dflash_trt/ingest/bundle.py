@@ -14,8 +14,11 @@ Layout, relative to the bundle's root::
 ``build`` writes the manifest with :func:`write_manifest`; ``runtime``, ``serve`` and ``bench``
 read it with :func:`open_bundle` / :func:`read_manifest`. Both go through :class:`Manifest`,
 so its fields are the manifest's schema. The format version is :data:`BUNDLE_FORMAT`, checked
-in :func:`check_format` alone: a manifest of any other version is refused in one line that
-says to rebuild. A missing or malformed manifest is one line too (``CheckpointError``).
+in :func:`check_format` alone: a manifest of a version not in :data:`READABLE_FORMATS` is refused
+in one line that says to rebuild. A missing or malformed manifest is one line too
+(``CheckpointError``). From format 3 the manifest's ``files`` records the sha256 of every file the
+bundle holds but the manifest itself (:func:`bundle_hashes`); :func:`check_files` compares them
+with what is on disk (``dflash-trt verify``).
 """
 
 from __future__ import annotations
@@ -24,19 +27,25 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.drafter import read_drafter
+from dflash_trt.model import graph_kinds
 
 # Bump when a bundle written before can no longer be served or run as it is (the readers
 # then refuse it and say to rebuild). 2: draft_len_schedule keys are upper bounds, as
 # TensorRT-LLM's one-model DFlash path reads them (format 1 wrote them inverted); the
 # targeted TensorRT-LLM release is recorded; the drafter is BF16 with ascending layers.
-BUNDLE_FORMAT = "dflash-trt-bundle/2"
-WHY_REBUILD = {"dflash-trt-bundle/1": "its draft_len_schedule is read inverted by TensorRT-LLM"}
+# 3: ``files`` records the sha256 of every file the bundle holds (``dflash-trt verify``). A
+# format-2 bundle still serves and runs as it is, so the readers accept it (READABLE_FORMATS);
+# only ``verify``, which needs the hashes, tells it to rebuild.
+BUNDLE_FORMAT = "dflash-trt-bundle/3"
+READABLE_FORMATS = (BUNDLE_FORMAT, "dflash-trt-bundle/2")
+WHY_REBUILD = {"dflash-trt-bundle/1": "its draft_len_schedule is read inverted by TensorRT-LLM",
+               "dflash-trt-bundle/2": "it records no per-file hashes"}
 
 
 class Layout:
@@ -174,14 +183,22 @@ class EngineInfo(_Section):
     written before the profile was recorded have none; the graph runtimes then refuse them)."""
 
     onnx: list[str]
-    drafter_graph: Literal["dflash", "dflash2"] = Field(
-        "dflash", description="drafter.onnx's I/O: dflash (build/export.py: logits out) or dflash2 "
-                              "(build/export_dflash2.py: anchor, uniforms, temperature in; tokens, q, candidates out).")
+    drafter_graph: str = Field(
+        "dflash", description="drafter.onnx's I/O, the graph kind of the drafter family's export round "
+                              "(``model.graph_kinds``): dflash (export/onnx_graphs.py: logits out) or dflash2 "
+                              "(export/onnx_dflash2.py: anchor, uniforms, temperature in; tokens, q, candidates out).")
     drafter_onnx_max_error: dict[str, float]
     target_onnx_max_error: dict[str, float] | None = None
     engines_built: bool
     engines_reason: str | None = None
     profile: EngineProfile | None = None
+
+    @field_validator("drafter_graph")
+    @classmethod
+    def _known_graph(cls, kind: str) -> str:
+        if kind not in graph_kinds():
+            raise ValueError(f"unknown drafter graph {kind!r}; known: {', '.join(sorted(graph_kinds()))}")
+        return kind
 
 
 class Manifest(_Section):
@@ -206,6 +223,8 @@ class Manifest(_Section):
     warnings: list[str] = Field(default_factory=list)
     engine: EngineInfo | None = None
     timings: dict[str, float] | None = None
+    # relative POSIX path -> sha256 of every file in the bundle but manifest.json (format 3 on)
+    files: dict[str, str] | None = None
 
     def model_post_init(self, _context: Any) -> None:
         self.__pydantic_fields_set__.add("format")
@@ -264,12 +283,36 @@ class Bundle:
         return self.root / Layout.ENGINES
 
 
-def check_format(where: str | Path, fmt: object) -> None:
-    """The one version check: refuse a manifest of any format but :data:`BUNDLE_FORMAT`."""
-    if fmt != BUNDLE_FORMAT:
+def check_format(where: str | Path, fmt: object, accept: tuple[str, ...] = READABLE_FORMATS) -> None:
+    """The one version check: refuse a manifest of a format not in ``accept`` (the formats the
+    readers serve and run; ``verify`` accepts only :data:`BUNDLE_FORMAT`)."""
+    if fmt not in accept:
         why = f" ({WHY_REBUILD[fmt]})" if fmt in WHY_REBUILD else ""
-        raise CheckpointError(f"{where}: bundle format {fmt!r}{why}, this dflash-trt reads {BUNDLE_FORMAT!r}; "
+        raise CheckpointError(f"{where}: bundle format {fmt!r}{why}, this dflash-trt reads {accept[0]!r}; "
                               "rebuild the bundle with 'dflash-trt build'")
+
+
+def bundle_hashes(root: str | Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` but the manifest (what format 3 records as ``files``)."""
+    from dflash_trt.ingest.files import sha256_files
+
+    return {k: v for k, v in sha256_files(root).items() if k != Layout.MANIFEST}
+
+
+def check_files(bundle: Bundle) -> list[str]:
+    """What on disk differs from the manifest's ``files``: one line per file changed, missing or
+    added (empty: every file is as built). The manifest must be of :data:`BUNDLE_FORMAT`."""
+    check_format(bundle.manifest_path, bundle.manifest.format if bundle.manifest else None, (BUNDLE_FORMAT,))
+    recorded = bundle.manifest.files
+    if recorded is None:
+        raise CheckpointError(f"{bundle.manifest_path}: records no file hashes; rebuild the bundle with "
+                              "'dflash-trt build'")
+    found = bundle_hashes(bundle.root)
+    out = [f"{rel}: sha256 differs from the manifest's" for rel in sorted(recorded)
+           if rel in found and found[rel] != recorded[rel]]
+    out += [f"{rel}: missing" for rel in sorted(set(recorded) - set(found))]
+    out += [f"{rel}: not in the manifest (added after the build)" for rel in sorted(set(found) - set(recorded))]
+    return out
 
 
 def read_manifest(root: str | Path) -> Manifest:

@@ -15,6 +15,7 @@ from pathlib import Path
 from dflash_trt.errors import CompatibilityError
 from dflash_trt.ingest.drafter import DrafterSpec, read_drafter
 from dflash_trt.ingest.target import TargetSpec, read_target
+from dflash_trt.model import family_of
 
 
 @dataclass
@@ -82,7 +83,7 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
     _check_dtype(r, t, d)
     _check_tokenizer(r, t, require_weights)
     _check_capture(r, t, d)
-    _check_dflash2(r, t, d)
+    _check_family(r, t, d)
     if raise_on_error and r.errors:
         more = f" (+{len(r.errors) - 1} more: see dflash-trt inspect --target)" if len(r.errors) > 1 else ""
         raise CompatibilityError(r.errors[0] + more)
@@ -235,20 +236,11 @@ def _check_capture(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
               "acceptance: serve this drafter with the reference runtime or use a full-vocabulary drafter")
 
 
-def _check_dflash2(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
-    """A DFlash2 drafter's selector scores the target's top-k over the target's vocabulary: its
-    codebooks have one row per target token (the vocabulary check and the tensor shapes hold
-    that), top-k fits in it, and the convolution groups tile the hidden size."""
-    c, (dcfg, tcfg) = d.config, _configs(t, d)
-    if not c.is_dflash2:
-        return
-    problems = []
-    if c.selector_top_k > t.vocab_size:
-        problems.append(f"selector_top_k {c.selector_top_k} exceeds the target's vocabulary {t.vocab_size} ({tcfg})")
-    if t.hidden_size % c.conv_group_size:
-        problems.append(f"conv_group_size {c.conv_group_size} does not divide the target's hidden size {t.hidden_size}")
-    if problems:
-        r.add("dflash2", "error", f"{dcfg}: " + "; ".join(problems))
-        return
-    r.add("dflash2", "ok", f"convolutions: {c.conv_kernel_size} taps, groups of {c.conv_group_size}; selector: "
-          f"rank {c.selector_rank}, top-{c.selector_top_k} of {t.vocab_size}")
+def _check_family(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
+    """What the drafter's family adds to the pair check (``DrafterFamily.pair_check``; DFlash2: its
+    selector's top-k fits the target's vocabulary, its convolution groups tile the hidden size)."""
+    c, (dcfg, _) = d.config, _configs(t, d)
+    said = family_of(c).pair_check(c, t.hidden_size, t.vocab_size)
+    if said is not None:
+        status, message = said
+        r.add(c.family, status, f"{dcfg}: {message}" if status == "error" else message)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from dflash_trt.errors import CheckpointError, CompatibilityError
 from dflash_trt.ingest import files, formats
 from dflash_trt.ingest.resolve import open_dir, read_json
-from dflash_trt.model import DFLASH2_FIELDS, DrafterConfig
+from dflash_trt.model import DrafterConfig, drafter_for, family_of
 
 if TYPE_CHECKING:  # torch is imported where weights are loaded, not to read a config
     import torch
@@ -108,7 +108,7 @@ class DrafterSpec:
             "num_parameters": self.num_parameters, "bytes_on_disk": self.weights.bytes_on_disk,
             "dtype": self.dtype, "weights_present": self.weights_present,
             "defaulted": self.defaulted, "notes": self.norm.notes, "warnings": self.warnings,
-            **({"dflash2": {k: getattr(c, k) for k in DFLASH2_FIELDS}} if c.is_dflash2 else {}),
+            "family": c.family, **family_of(c).describe(c),
         }
 
 
@@ -154,11 +154,7 @@ def _check_tensors(spec: DrafterSpec) -> None:
                               "lm_head.weight/d2t in the weights; the drafter's own head is missing (replacing "
                               "it with the target's destroys acceptance): download the complete drafter")
     missing = sorted(set(expected) - set(got))
-    extra = [n for n in missing if n.startswith("candidate_selector.") or "_conv." in n]
-    if extra:  # DFlash2 checked first: without its selector the drafter is a different model
-        part = "candidate selector" if extra[0].startswith("candidate_selector.") else "dynamic convolutions"
-        raise CheckpointError(f"{where}: DFlash2 drafter weights lack the {part} ({extra[0]}, {len(extra)} "
-                              "missing); incomplete download, or a DFlash (v1) drafter labelled DFlash2")
+    family_of(spec.config).check_tensors(missing, where)  # what the family adds, first: its absence says more
     if missing:
         raise CheckpointError(f"{where}: drafter weights lack {missing[0]} ({len(missing)} missing); "
                               "incomplete download, or config.json does not describe these weights")
@@ -231,7 +227,6 @@ def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:
 
 def load_drafter(path: str | Path, dtype: torch.dtype | None = None) -> Drafter:
     """Load a drafter of any supported format (speculators, ModelOpt, z-lab) for the runtime."""
-    from dflash_trt.model import drafter_for
     spec = read_drafter(path)
     return drafter_for(spec.config).from_state(spec.config, load_state(spec), dtype=dtype)
 
@@ -242,7 +237,6 @@ def write_zlab(drafter_dir: str | Path, out_dir: str | Path) -> Path:
     Keeps the stored dtype. The result is what TensorRT-LLM's DFlash loader reads: no
     tensor prefix, ``fc``/``hidden_norm``, z-lab layer ids, block size at the top level.
     """
-    from dflash_trt.model import drafter_for
     spec = read_drafter(drafter_dir)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

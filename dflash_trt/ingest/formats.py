@@ -25,9 +25,12 @@ target ids in increasing order. ``Drafter.d2t`` holds *absolute* target ids, so 
 offsets are added here. Its converter from z-lab writes ``aux_hidden_state_layer_ids =
 target_layer_ids + 1`` and vLLM maps back with ``- 1``: the shift is undone here.
 
-DFlash2 (z-lab's ``dflash`` package, ``dflash/model.py``): the published codebooks are stored
-as ``candidate_selector.predecessor_codebook`` / ``successor_codebook`` (no ``.weight``; the
-authors' loader maps them onto ``nn.Embedding``); a ``.weight`` suffix is accepted and dropped.
+Drafter families other than DFlash (DFlash2, ...) are recognised, checked and renamed by their
+``model.DrafterFamily`` (``recognises``, ``check_checkpoint``, ``tensor_name``,
+``expected_shapes``): the format is the family's name and its form is z-lab's. DFlash2
+(``model/family_dflash2.py``): the published codebooks are stored as
+``candidate_selector.predecessor_codebook`` / ``successor_codebook`` (no ``.weight``; the authors'
+loader maps them onto ``nn.Embedding``); a ``.weight`` suffix is accepted and dropped.
 
 Refused: DSpark (Markov/confidence heads: not DFlash), speculators-format DFlash2, Domino
 correction heads, drafters with attention sinks or quantized weights, and anything without
@@ -41,10 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
-from dflash_trt.ingest import dflash2
 from dflash_trt.ingest.files import FLOAT_DTYPES, TensorInfo
 from dflash_trt.ingest.resolve import positive_int
-from dflash_trt.model import flatten_rope
+from dflash_trt.model import family_named, family_of, flatten_rope, recognise_family
 
 # Tensors some exports carry that DFlash takes from the target (or recomputes): dropped.
 TARGET_OWNED = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
@@ -64,6 +66,7 @@ class Normalised:
     d2t_offsets: bool = False        # speculators: d2t holds offsets, not absolute ids
     defaulted: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    family: str = "dflash"           # the drafter family (``model.DrafterFamily``) whose tensors these are
 
     def rename(self, name: str) -> str | None:
         """The z-lab name of a published tensor, or None when it is not the drafter's."""
@@ -75,9 +78,7 @@ class Normalised:
             return None
         if name == "lm_head.weight" and not self.zlab["dflash_config"].get("draft_vocab_size"):
             return None
-        if name.endswith(".weight") and name[: -len(".weight")] in dflash2.CODEBOOKS:
-            return name[: -len(".weight")]
-        return name
+        return family_named(self.family).tensor_name(name)
 
 
 def _dcfg(cfg: dict) -> dict:
@@ -123,8 +124,9 @@ def detect(cfg: dict, names: list[str], root: Path) -> str:
     if cfg.get("speculators_model_type") or "speculators_config" in cfg:
         return "speculators"
     archs = [str(a) for a in cfg.get("architectures") or []]
-    if dflash2.is_dflash2(cfg, names):
-        return "dflash2"
+    family = recognise_family(cfg, names)
+    if family.name != "dflash":
+        return family.name
     if "dflash_config" in cfg or "DFlashDraftModel" in archs:
         if _is_modelopt(cfg, names, root):
             return "modelopt"
@@ -309,9 +311,13 @@ def normalise(cfg: dict, names: list[str], root: Path) -> Normalised:
     fmt = detect(cfg, names, root)
     if fmt == "speculators":
         return _speculators(cfg, names, root)
-    if fmt == "dflash2":
-        dflash2.check_config(cfg, root / "config.json")
-    return _zlab(cfg, names, root, fmt)
+    family = recognise_family(cfg, names)
+    family.check_checkpoint(cfg, root / "config.json")
+    norm = _zlab(cfg, names, root, fmt)
+    norm.family = family.name
+    if family.name != "dflash":  # its architecture: DrafterConfig.from_zlab then finds it without the tensors
+        norm.zlab["architectures"] = [family.architecture]
+    return norm
 
 
 def check_quantized(tensors: dict[str, TensorInfo], cfg: dict, root: Path) -> None:
@@ -326,8 +332,9 @@ def check_quantized(tensors: dict[str, TensorInfo], cfg: dict, root: Path) -> No
             algo = "unreadable"
     if quant or algo:
         what = algo or tensors[quant[0]].dtype
-        raise CheckpointError(f"{root}: quantized drafter ({what}); DFlash drafters must stay BF16: use the "
-                              "unquantized drafter (quantize the target instead)")
+        raise CheckpointError(f"{root}: quantized drafter ({what}); DFlash drafters must stay BF16, as peers keep "
+                              "them (SGLang --speculative-draft-model-quantization unquant; vLLM issue #51581): use "
+                              "the unquantized drafter (quantize the target instead)")
 
 
 def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
@@ -349,6 +356,5 @@ def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
     if cfg.draft_vocab_size:
         out["lm_head.weight"] = (cfg.draft_vocab_size, h)
         out["d2t"] = (cfg.draft_vocab_size,)
-    if cfg.is_dflash2:
-        out.update(dflash2.expected_shapes(cfg))
+    out.update(family_of(cfg).expected_shapes(cfg))
     return out

@@ -5,21 +5,22 @@ z-lab conventions throughout: ``target_layer_ids`` count decoder layers from 0 (
 ``checkpoint``/``formats`` map the published formats onto it; ``to_zlab`` writes the form
 TensorRT-LLM's DFlash loader reads.
 
-DFlash2 drafters (``DFlash2DraftModel``, z-lab's ``dflash`` package, ``dflash/model.py``) are the
-same description plus four numbers in ``dflash_config``: ``conv_kernel_size`` and
-``conv_group_size`` size the grouped dynamic convolutions around every sublayer,
-``selector_rank`` and ``selector_top_k`` the candidate selector. All four or none.
+Every drafter family (``family.py``) shares this description: ``family`` names it (set once, at
+validation: from the fields set when not given) and the family's own ``dflash_config`` fields
+are read here. DFlash2's four (``conv_kernel_size``, ``conv_group_size``, ``selector_rank``,
+``selector_top_k``; ``family_dflash2.py``) are typed fields below; a family's other fields go in
+``family_fields``. :meth:`DrafterConfig.field` reads either.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dflash_trt.model import family as families
+
 LayerType = Literal["full_attention", "sliding_attention"]
-#: The ``dflash_config`` keys a DFlash2 drafter adds (all four, or none).
-DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def flatten_rope(cfg: dict) -> tuple[float | None, dict | None]:
@@ -72,15 +73,22 @@ class DrafterConfig(BaseModel):
         None, description="Reduced draft vocabulary with its own lm_head and d2t map (speculators)."
     )
     dtype: str = "bfloat16"
-    # -- DFlash2 (all four set, or none) ----------------------------------------------
+    # -- the family -------------------------------------------------------------------------
+    family: str | None = Field(None, description="The drafter family (``model.family``); None: inferred from "
+                               "the fields set, once, at validation.")
+    family_fields: dict[str, Any] = Field(
+        default_factory=dict, description="The family's own dflash_config fields that are not fields here.")
+    # DFlash2's (all four set, or none)
     conv_kernel_size: int | None = Field(None, ge=1, description="DFlash2: taps of each dynamic convolution.")
     conv_group_size: int | None = Field(None, ge=1, description="DFlash2: channels sharing one dynamic tap.")
     selector_rank: int | None = Field(None, ge=1, description="DFlash2: rank of the selector's codebooks.")
     selector_top_k: int | None = Field(None, ge=1, description="DFlash2: candidates per block position.")
 
-    @property
-    def is_dflash2(self) -> bool:
-        return self.conv_kernel_size is not None
+    def field(self, name: str) -> Any:
+        """A family field's value: a typed field of this config, else ``family_fields`` (None: unset)."""
+        if name in type(self).model_fields:
+            return getattr(self, name)
+        return self.family_fields.get(name)
 
     @model_validator(mode="after")
     def _check(self) -> DrafterConfig:
@@ -92,22 +100,18 @@ class DrafterConfig(BaseModel):
             raise ValueError("layer_types must have one entry per drafter layer")
         if "sliding_attention" in (self.layer_types or []) and not self.sliding_window:
             raise ValueError("sliding_attention layers need a sliding_window")
-        self._check_dflash2()
+        if self.family is None:
+            object.__setattr__(self, "family", families.infer(self).name)
+        try:
+            family = families.family_named(self.family)
+        except KeyError as exc:
+            raise ValueError(str(exc.args[0])) from None
+        others = {n for f in families.FAMILIES.values() for n in f.fields} - set(family.fields)
+        stray = sorted(n for n in others if self.field(n) is not None)
+        if stray:
+            raise ValueError(f"{', '.join(stray)} belong to another drafter family than {family.name}")
+        family.check_config(self)
         return self
-
-    def _check_dflash2(self) -> None:
-        names = DFLASH2_FIELDS
-        unset = [n for n in names if getattr(self, n) is None]
-        if len(unset) not in (0, len(names)):
-            raise ValueError(f"DFlash2 needs all of {', '.join(names)}; missing {', '.join(unset)}")
-        if unset:
-            return
-        if self.hidden_size % self.conv_group_size:
-            raise ValueError(f"conv_group_size {self.conv_group_size} does not divide hidden_size {self.hidden_size}")
-        if self.selector_top_k > self.vocab_size:
-            raise ValueError(f"selector_top_k {self.selector_top_k} exceeds the vocabulary ({self.vocab_size})")
-        if self.draft_vocab_size:
-            raise ValueError("DFlash2 selectors index the full vocabulary; a reduced draft vocabulary is not supported")
 
     def layer_causal(self, i: int) -> bool:
         if self.causal is not None:
@@ -124,6 +128,10 @@ class DrafterConfig(BaseModel):
     def from_zlab(cls, cfg: dict) -> DrafterConfig:
         """Read a z-lab ``config.json`` (v1: top-level block_size; newer: inside dflash_config)."""
         dcfg = cfg.get("dflash_config") or {}
+        family = families.recognise(cfg, [])
+        values = family.read_fields(dcfg)
+        typed = {k: (int(v) if v is not None else None) for k, v in values.items() if k in cls.model_fields}
+        own = {k: v for k, v in values.items() if k not in cls.model_fields and v is not None}
 
         def pick(name, default=None):
             return dcfg.get(name, cfg.get(name, default))
@@ -161,7 +169,7 @@ class DrafterConfig(BaseModel):
             final_logit_softcapping=pick("final_logit_softcapping"),
             draft_vocab_size=pick("draft_vocab_size"),
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"),
-            **{k: (int(dcfg[k]) if dcfg.get(k) is not None else None) for k in DFLASH2_FIELDS},
+            family=family.name, family_fields=own, **typed,
         )
 
     def to_zlab(self) -> dict:
@@ -199,18 +207,5 @@ class DrafterConfig(BaseModel):
         }
         if self.num_target_layers is not None:
             cfg["num_target_layers"] = self.num_target_layers
-        if self.is_dflash2:
-            self._dflash2_form(cfg)
+        families.family_of(self).zlab_form(self, cfg)
         return cfg
-
-    def _dflash2_form(self, cfg: dict) -> None:
-        """The published DFlash2 form (z-lab/Qwen3.8-27B-DFlash2): its architecture, the four sizes
-        and the block size in ``dflash_config``, ``is_causal`` at the top level (where the authors'
-        ``Qwen3DFlashAttention`` reads it)."""
-        cfg["architectures"] = ["DFlash2DraftModel"]
-        dflash = cfg["dflash_config"]
-        causal = dflash.pop("causal", None)
-        if causal is not None:
-            cfg["is_causal"] = causal
-        dflash["block_size"] = self.block_size
-        dflash.update({k: getattr(self, k) for k in DFLASH2_FIELDS})

@@ -17,7 +17,8 @@ tensor names:
   ``hidden_projection.weight`` [r, H]. :meth:`DFlash2Drafter.propose` walks the block over each
   position's top-k draft logits (``plugins.selector_walk``) instead of an argmax per position.
 
-``drafter_for(cfg)`` picks the class a config describes, so loaders never branch on the family.
+The family's traits and checkpoint hooks are ``family_dflash2.DFlash2Family``; ``family.drafter_for``
+picks the class a config describes, so loaders never branch on the family.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from torch import nn
 from dflash_trt import plugins
 from dflash_trt.model.config import DrafterConfig
 from dflash_trt.model.drafter import Drafter
+from dflash_trt.model.family import family_of
+from dflash_trt.model.family_dflash2 import DFlash2Family
 
 
 class DynamicConv(nn.Module):
@@ -81,7 +84,7 @@ class DFlash2Drafter(Drafter):
     """A DFlash drafter whose sublayers are wrapped in dynamic convolutions, with a selector."""
 
     def __init__(self, cfg: DrafterConfig):
-        if not cfg.is_dflash2:
+        if not isinstance(family_of(cfg), DFlash2Family):
             raise ValueError("DFlash2Drafter needs a DFlash2 config (conv_kernel_size, selector_rank, ...)")
         super().__init__(cfg)
         for layer in self.layers:
@@ -122,7 +125,3 @@ class DFlash2Drafter(Drafter):
             return tokens, None
         return tokens, torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter(-1, cand, q_k)
 
-
-def drafter_for(cfg: DrafterConfig) -> type[Drafter]:
-    """The module class a drafter config describes: :class:`DFlash2Drafter` or :class:`Drafter`."""
-    return DFlash2Drafter if cfg.is_dflash2 else Drafter

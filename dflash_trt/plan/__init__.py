@@ -3,7 +3,8 @@
 Modules: ``recipe`` (the typed YAML and ``--set``), ``hardware`` (the GPU catalog and precision
 rules), ``family_shapes`` / ``model_shapes`` (parameter, KV and state bytes read from configs),
 ``published`` (which fields a config-only recipe still lacks), ``trtllm_releases`` /
-``trtllm_rules`` / ``trtllm_dflash2`` (TensorRT-LLM's releases and the rules each one applies),
+``trtllm_rules`` / ``trtllm_family`` / ``trtllm_dflash2`` (TensorRT-LLM's releases, the rules each one
+applies, and each drafter family's),
 ``schedule`` (draft lengths as TensorRT-LLM reads them), ``acceptance`` (τ from a per-position
 rate), ``perf_model`` (the step model the speedups come from), ``perf_fit`` (its constants fitted
 on measurements), ``calibrate`` (refitted on yours), ``deployment`` (memory, TP, draft lengths: the
@@ -33,18 +34,25 @@ from dflash_trt.plan.schedule import batch_grid
 from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
-from dflash_trt.plan.trtllm_dflash2 import attention_backend as dflash2_attention_backend
-from dflash_trt.plan.trtllm_dflash2 import check as check_dflash2
+from dflash_trt.plan.trtllm_dflash2 import DFlash2Rules
+from dflash_trt.plan.trtllm_family import TrtllmRules, check_drafter, drafter_attention_backend, rules_for
+from dflash_trt.plan.trtllm_family import register as register_trtllm_rules
 from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release
 from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
 from dflash_trt.plan.trtllm_releases import KNOWN as KNOWN_RELEASES
 from dflash_trt.plan.trtllm_releases import get as get_release
-from dflash_trt.plan.trtllm_rules import ignored_drafter_keys
+from dflash_trt.plan.trtllm_rules import (
+    ignored_drafter_keys,
+    refuse_disaggregated,
+    refuse_quantized_drafter,
+    windowed_non_causal,
+)
 
 __all__ = [
     "Acceptance",
     "Calibration",
     "DEFAULT_RELEASE",
+    "DFlash2Rules",
     "Deployment",
     "DraftShape",
     "FieldValue",
@@ -58,17 +66,18 @@ __all__ = [
     "Release",
     "SpeculativeSpec",
     "TRTLLM_IMAGE",
+    "TrtllmRules",
     "TargetShape",
     "batch_grid",
     "bundle_deployment",
     "bundled_recipes",
     "calibration_from_files",
     "cases_from_bench",
-    "check_dflash2",
+    "check_drafter",
     "check_precision",
     "check_schedule",
     "choose_schedule",
-    "dflash2_attention_backend",
+    "drafter_attention_backend",
     "engine_for",
     "expand_draft_lengths",
     "expected_tau",
@@ -83,7 +92,12 @@ __all__ = [
     "read_sizes",
     "recipe_from_dict",
     "refit",
+    "register_trtllm_rules",
+    "rules_for",
+    "refuse_disaggregated",
+    "refuse_quantized_drafter",
     "schedule_runs",
     "shipped_calibration",
     "step_model",
+    "windowed_non_causal",
 ]

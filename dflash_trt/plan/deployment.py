@@ -23,8 +23,12 @@ Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU 
         x ceil(n_kv_draft / t) x head_dim x 2 B
 
   (the TRTLLM draft attention backend rounds each slot up to 32-token pages and keeps the
-  arena inside the draft KV-cache pool; VANILLA and FA4 allocate it beside the pool).
+  arena inside the draft KV-cache pool; VANILLA and FA4 allocate it as worker-owned buffers).
   Before the draft length is chosen the trained block's ``B - 1`` bounds L.
+* separate draft KV pool, per release and draft backend (``Release.draft_kv_manager``, PR #19410):
+  releases before it give VANILLA and FA4 a managed draft KV cache too, reserved but never read;
+  it is charged as the paged arena (the size the TRTLLM backend's pool has). From PR #19410 only
+  TRTLLM has one, and there it IS the arena (not counted twice).
 * KV cache for the worst case, every sequence at ``max_seq_len``::
 
       2 x layers x ceil(n_kv / t) x head_dim x kv_bytes x max_seq_len x max_batch_size
@@ -127,10 +131,12 @@ class Memory:
     reserve: int
     capacity: int
     arena_in_kv_pool: bool = False   # TRTLLM draft attention: the arena lives in the draft KV pool
+    draft_kv_pool: int = 0           # a separate managed draft KV cache drafting does not use (PR #19410)
 
     @property
     def total(self) -> int:
-        return self.weights + self.drafter + self.drafter_arena + self.kv_cache + self.activations + self.reserve
+        return (self.weights + self.drafter + self.drafter_arena + self.draft_kv_pool + self.kv_cache
+                + self.activations + self.reserve)
 
     @property
     def fits(self) -> bool:
@@ -159,9 +165,11 @@ def drafter_arena(d: DraftShape, tp: int, serving: ServingSpec, draft_len: int, 
 
 
 def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None = None,
-           backend: str = "VANILLA") -> Memory:
+           backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> Memory:
     """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring);
-    ``draft_len`` None: the trained block's ``B - 1``, an upper bound."""
+    ``draft_len`` None: the trained block's ``B - 1``, an upper bound; ``release`` None: the
+    default release's row."""
+    release = release or trtllm_releases.get(trtllm_releases.DEFAULT_RELEASE)
     t, d = dep.target, dep.drafter
     batch, seq, tokens = serving.max_batch_size, serving.max_seq_len, serving.max_num_tokens
     L = d.block_size - 1 if draft_len is None else draft_len
@@ -171,9 +179,11 @@ def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None
     kv = t.sequence_bytes(tp, dep.kv_cache, seq) * batch
     act = tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
     act += batch * (L + 1) * t.vocab * 4
+    unused_pool = backend != "TRTLLM" and release.separate_draft_kv(backend)
     return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=drafter_arena(d, tp, serving, L, backend),
                   kv_cache=kv, activations=act, reserve=RUNTIME_RESERVE, capacity=dep.gpu.memory_bytes,
-                  arena_in_kv_pool=backend == "TRTLLM")
+                  arena_in_kv_pool=backend == "TRTLLM",
+                  draft_kv_pool=drafter_arena(d, tp, serving, L, "TRTLLM") if unused_pool else 0)
 
 
 def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
@@ -257,7 +267,7 @@ def _gib(n: float) -> str:
 
 
 def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec,
-              backend: str = "VANILLA") -> tuple[int, Memory]:
+              backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> tuple[int, Memory]:
     """The smallest TP that fits, or a HardwareError saying how much is missing."""
     t, gpu, gpus, tp, ep = dep.target, dep.gpu, dep.gpus, parallel.tp, parallel.ep
     if tp != "auto":
@@ -266,7 +276,7 @@ def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec,
         if tp not in tp_candidates(t, tp, ep):
             raise HardwareError(f"parallel.tp={tp} does not divide the target's {t.heads} heads / "
                                 f"{t.kv_heads} KV heads (or ep={ep})")
-        m = memory(dep, tp, serving, backend=backend)
+        m = memory(dep, tp, serving, backend=backend, release=release)
         if not m.fits:
             raise HardwareError(f"does not fit at tp={tp} on {gpu.name}: needs {_gib(m.total)} per GPU of "
                                 f"{_gib(m.capacity)}, {_gib(m.missing)} missing")
@@ -275,15 +285,16 @@ def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec,
     if not cands:
         raise HardwareError(f"no tensor-parallel size <= {gpus} divides the target's heads (ep={ep})")
     for n in cands:
-        m = memory(dep, n, serving, backend=backend)
+        m = memory(dep, n, serving, backend=backend, release=release)
         if m.fits:
             return n, m
     n = cands[-1]
-    m = memory(dep, n, serving, backend=backend)
+    m = memory(dep, n, serving, backend=backend, release=release)
     raise HardwareError(
         f"does not fit on {gpus}x {gpu.name}: at tp={n} it needs {_gib(m.total)} per GPU of {_gib(m.capacity)} "
         f"({_gib(m.missing)} missing: weights {_gib(m.weights)}, KV cache {_gib(m.kv_cache)}, drafter arena "
-        f"{_gib(m.drafter_arena)}); use more GPUs, a lower precision, or a smaller max_seq_len/max_batch_size"
+        f"{_gib(m.drafter_arena + m.draft_kv_pool)}); use more GPUs, a lower precision, or a smaller "
+        "max_seq_len/max_batch_size"
     )
 
 
@@ -329,15 +340,17 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`)."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
     release = trtllm_releases.get((trtllm or TrtllmSpec()).release)
+    rules.refuse_disaggregated(serving.disaggregated)
     warnings: list[str] = []
     if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
         warnings.append(f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
                         f"{t.max_position_embeddings}")
     backend = rules.attention_backend(spec.attention_backend, gpu, release, warnings)
-    tp_, _ = choose_tp(dep, parallel, serving, backend)
+    tp_, _ = choose_tp(dep, parallel, serving, backend, release)
     block = spec.block_size or d.block_size
     if block > d.block_size:
-        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size}")
+        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size} "
+                          "(TensorRT-LLM refuses a runtime block wider than the checkpoint's, PR #17935)")
     if block < 2:
         raise RecipeError("speculative.block_size must be >= 2 to draft anything")
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
@@ -354,8 +367,9 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     if roof.speedup(1, max_len, acc) < MIN_SPEEDUP:
         warnings.append(f"the step model predicts no gain from drafting even at batch 1 on {gpu.name} "
                         f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
-    serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend), serving, max_len, gpu.name, warnings)
-    mem = memory(dep, tp_, serving, max_len, backend)
+    serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len,
+                                 gpu.name, warnings)
+    mem = memory(dep, tp_, serving, max_len, backend, release)
     mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, acc), spec,
                                               max_len, release)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)

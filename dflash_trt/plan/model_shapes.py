@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError
+from dflash_trt.model import recognise_family
 from dflash_trt.plan.family_shapes import (
     FAMILIES,
     KVGroup,
@@ -222,8 +223,8 @@ class DraftShape:
     params: int
     shipped_bytes: int | None = None
     max_position_embeddings: int | None = None  # caps TensorRT-LLM's drafter context buffer
-    # DFlash2 (``DFlash2DraftModel``): the grouped dynamic convolutions and the candidate selector
-    # (all part of ``params``); 0 for a DFlash drafter.
+    # What a drafter family adds (``DrafterFamily.shape_counts``; all ``*_params`` part of ``params``):
+    # DFlash2's grouped dynamic convolutions and candidate selector; 0 for a DFlash drafter.
     conv_params: int = 0                # 2 DynamicConv per layer (around attention and the MLP)
     selector_params: int = 0            # two codebooks [V, r] + hidden_projection [r, H]
     selector_rank: int = 0
@@ -258,29 +259,10 @@ class DraftShape:
         layer = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * F
         layer += 2 * H + 2 * hd + ((nh + 2 * nkv) * hd + H) * bias
         params = L * layer + len(ids) * H * H + 2 * H  # + fc, hidden_norm, norm
-        conv, selector, r, k = _dflash2_params(cfg, dcfg, H, L)
+        extra = recognise_family(cfg, []).shape_counts(cfg, H, L)   # what the drafter's family adds
         return cls(layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=F,
                    block_size=int(dcfg.get("block_size", cfg.get("block_size", 16))), n_taps=len(ids),
                    mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
-                   target_layer_ids=tuple(ids), params=params + conv + selector, shipped_bytes=shipped_bytes,
-                   max_position_embeddings=cfg.get("max_position_embeddings"), conv_params=conv,
-                   selector_params=selector, selector_rank=r, selector_top_k=k)
-
-
-def _dflash2_params(cfg: dict, dcfg: dict, H: int, L: int) -> tuple[int, int, int, int]:
-    """(convolution params, selector params, selector_rank, selector_top_k) of a DFlash2 drafter
-    config (``dflash_config``'s four sizes; zeros for a DFlash one). Per layer two DynamicConv
-    (``base_kernel`` [2, K, H], ``kernel_projection`` [2*K*(H/G), H]); one selector (predecessor
-    and successor codebooks [V, r], ``hidden_projection`` [r, H]): the codebooks dominate (2*V*r,
-    127M at the published 27B drafter's V 248320, r 256)."""
-    K, G = dcfg.get("conv_kernel_size"), dcfg.get("conv_group_size")
-    r, k = dcfg.get("selector_rank"), dcfg.get("selector_top_k")
-    if not (K and G and r and k):
-        return 0, 0, 0, 0
-    try:
-        V = cfg["vocab_size"]
-    except KeyError:
-        raise CheckpointError("DFlash2 drafter config lacks 'vocab_size' "
-                              "(its selector's codebooks are [V, r])") from None
-    conv = L * 2 * (2 * K * H + 2 * K * (H // G) * H)
-    return conv, 2 * V * r + r * H, int(r), int(k)
+                   target_layer_ids=tuple(ids),
+                   params=params + sum(v for n, v in extra.items() if n.endswith("_params")),
+                   shipped_bytes=shipped_bytes, max_position_embeddings=cfg.get("max_position_embeddings"), **extra)

@@ -76,6 +76,9 @@ class ServingSpec(_Strict):
     enable_chunked_prefill: bool | None = Field(None, description="Chunked prefill; None: on where max_seq_len > "
                                                                   "max_num_tokens or context_recompute_tail is set.")
     disable_overlap_scheduler: bool = Field(False, description="Turn off TensorRT-LLM's overlap scheduler.")
+    disaggregated: bool = Field(
+        False, description="Disaggregated (context/generation) serving. Refused with DFlash: the generation server "
+                           "drafts without the prompt and acceptance collapses (TensorRT-LLM PR #19352 only warns).")
     enable_thinking: bool | None = Field(
         None, description="The chat template's thinking switch this deployment serves with "
                           "(chat_template_kwargs.enable_thinking); None: the template's default. plan warns when it "

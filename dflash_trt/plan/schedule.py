@@ -13,6 +13,11 @@ told them through ``max_concurrency`` (one length, then off) or ``draft_len_sche
 * ``lower_bound`` (``tensorrt_llm/_torch/speculative/drafter.py::Drafter.get_draft_len_for_batch_size``,
   ``bisect_right``): the largest key <= the batch size applies. A run is ``{first: n}``.
 
+Every release in the table drafts the floor above the largest key, 0 (drafting stops): the
+floor fix, PR #16888, is open. Under attention data-parallelism TensorRT-LLM looks up each
+rank's OWN batch size, with no cross-rank sync, so the keys are per-rank batch sizes (as
+``serving.max_batch_size`` is).
+
 :func:`emit` writes the key, :func:`lookup` reads it back the way the release does, and
 :func:`lengths` evaluates a key at every batch size; the planner checks that what it emits
 reads back as what it planned.

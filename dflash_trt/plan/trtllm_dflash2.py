@@ -16,26 +16,25 @@ What TensorRT-LLM's source says (``main``, September 2026):
   (architecture, the four ``dflash_config`` sizes, top-level ``is_causal``) carries the rest.
 * ``_validate_dflash2_config`` refuses a partial recipe (any of the four sizes missing) and
   ``selector_top_k`` < 2 ("no candidates to choose between").
-* ``validate_block_attention_windows`` refuses the TRTLLM draft-attention backend for a layer
-  that is non-causal inside a finite sliding window, as every layer of the published DFlash2
-  drafters is (``is_causal: false``, sliding 2048): flashinfer's trtllm-gen kernel has no such
-  mode. VANILLA and FA4 pass both window bounds (PR #19159, merged 2026-09-14).
-* ``DFlashWorker.set_draft_model`` (``tensorrt_llm/_torch/speculative/dflash.py``) refuses a
-  DFlash2 drafter with a reduced draft vocabulary (``d2t``): its codebooks index the full one.
+* Every layer of the published DFlash2 drafters is non-causal inside a sliding window
+  (``is_causal: false``, sliding 2048), so TRTLLM draft attention is refused for them; that rule
+  is keyed on the layers, not the family: ``trtllm_rules.draft_attention_backend`` (PR #19159).
+* A reduced draft vocabulary (``d2t``) is refused at model load time (PR #19159 moved the check
+  there from ``DFlashWorker.set_draft_model``): DFlash2 codebooks index the full vocabulary.
 
-Releases: the DFlash2 drafters were published on 2026-08-18 and the path above is on ``main``
-from early September 2026. Which releases serve DFlash2 is the ``dflash2`` column of
-``trtllm_releases.Release`` (one table for every per-release fact): True for 1.4.0rc1 only,
-inferred from dates (the code is not read at its tag); the 1.3.0 candidates are refused.
+The rules are :class:`DFlash2Rules` (``trtllm_family`` documents the hook).
+
+Releases: the ``dflash2`` column of ``trtllm_releases.Release`` (one table for every per-release
+fact): PR #18155 (merged 2026-09-13) is in the 1.4.0rc1 tag and not in 1.3.0rc26 (established
+from the tags' release pages); 1.3.0rc27's is not established, so it is refused.
 """
 
 from __future__ import annotations
 
 from dflash_trt.errors import RecipeError
+from dflash_trt.model import DFlash2Family
 from dflash_trt.plan import trtllm_releases
-
-#: Draft-attention backends that run a non-causal sliding window (``validate_block_attention_windows``).
-WINDOWED_NON_CAUSAL_BACKENDS = ("VANILLA", "FA4")
+from dflash_trt.plan.trtllm_family import TrtllmRules, register
 
 
 def serves(release: str) -> bool:
@@ -49,34 +48,20 @@ def serving_releases() -> list[str]:
     return [r.version for r in trtllm_releases.RELEASES if r.dflash2]
 
 
-def non_causal_window(cfg) -> bool:
-    """Whether any layer of drafter config ``cfg`` is windowed and non-causal (the published DFlash2 rule)."""
-    return any(cfg.layer_window(i) is not None and not cfg.layer_causal(i) for i in range(cfg.num_hidden_layers))
+class DFlash2Rules(TrtllmRules):
+    """DFlash2: the releases of the table's ``dflash2`` column. Its draft attention follows the
+    layer rule every family shares (``trtllm_rules.draft_attention_backend``): no override here."""
+
+    def serves(self, release):
+        return serves(release)
+
+    def check(self, cfg, release):
+        """Served by ``release`` (``_is_dflash2_architecture``), with candidates to choose between
+        (``_validate_dflash2_config``), or a one-line RecipeError."""
+        super().check(cfg, release)
+        if cfg.selector_top_k < 2:
+            raise RecipeError(f"TensorRT-LLM refuses a DFlash2 selector_top_k of {cfg.selector_top_k} (no candidates "
+                              "to choose between); the drafter needs selector_top_k >= 2")
 
 
-def check(cfg, release: str) -> None:
-    """A DFlash2 drafter config ``cfg`` (``DrafterConfig``) served by TensorRT-LLM ``release``, or
-    a one-line RecipeError; plain DFlash drafters pass untouched."""
-    if not cfg.is_dflash2:
-        return
-    if not serves(release):
-        raise RecipeError(f"TensorRT-LLM {release} does not serve DFlash2 drafters (DFlash2DraftModel); set "
-                          f"trtllm.release to {' or '.join(serving_releases())}, "
-                          "or run the pair on the reference runtime")
-    if cfg.selector_top_k < 2:
-        raise RecipeError(f"TensorRT-LLM refuses a DFlash2 selector_top_k of {cfg.selector_top_k} (no candidates "
-                          "to choose between); the drafter needs selector_top_k >= 2")
-
-
-def attention_backend(requested: str, cfg, sm: int, release_backends: tuple[str, ...]) -> str:
-    """``speculative.attention_backend`` for a DFlash2 drafter whose layers are non-causal inside a
-    window: TRTLLM refused in one line; ``auto`` becomes FA4 on SM90 where the release has it,
-    else VANILLA. Any other drafter, and an explicit VANILLA / FA4, pass as requested."""
-    if not (cfg.is_dflash2 and non_causal_window(cfg)):
-        return requested
-    if requested == "TRTLLM":
-        raise RecipeError("speculative.attention_backend TRTLLM cannot run this DFlash2 drafter's non-causal sliding "
-                          "window (TensorRT-LLM refuses it); use VANILLA or FA4 (SM90), or leave it auto")
-    if requested == "auto":
-        return "FA4" if sm == 90 and "FA4" in release_backends else "VANILLA"
-    return requested
+register(DFlash2Family, DFlash2Rules)

@@ -19,7 +19,24 @@ would reject raises a one-line ``RecipeError`` / ``HardwareError`` (exit 2). Sou
 * gpt-oss MoE backend: ``tensorrt_llm/_torch/model_config.py::ModelConfig.resolve_moe_backend``.
 * drafter keys: ``tensorrt_llm/_torch/models/modeling_dflash.py::DFlashForCausalLM`` reads
   ``mask_token_id``, ``target_layer_ids``, ``use_swa``/``swa_window_size`` from ``dflash_config``
-  and ``block_size`` from the top level; the keys in :data:`IGNORED_DRAFTER_KEYS` it never reads.
+  and ``block_size`` from the top level (``dflash_config.block_size`` first from PR #17935, which
+  also refuses a runtime block wider than the checkpoint's); the keys in
+  :data:`IGNORED_DRAFTER_KEYS` it never reads.
+* draft attention for windowed non-causal layers (:func:`draft_attention_backend`): one rule on
+  the drafter's LAYERS, whatever its family (DFlash2, a speculators-format drafter, a z-lab
+  DFlash with sliding layers): ``modeling_dflash.py::validate_block_attention_windows`` refuses
+  TRTLLM for a layer that is non-causal inside a finite window (flashinfer's trtllm-gen kernel
+  has no such mode; PR #19159, release column ``refuses_windowed_trtllm``). Releases before it
+  do not refuse, and the kernel then anchors every query of the block at its last position
+  (sglang PR #35209 measured the same kernel): wrong masks, so the rule refuses for every
+  release. VANILLA and FA4 pass both window bounds (PR #16914).
+* disaggregated serving (:func:`refuse_disaggregated`): the generation server receives the
+  target's KV cache but not the drafter's context, so it drafts without the prompt: output
+  stays correct, acceptance collapses. TensorRT-LLM only warns (PR #19352).
+* quantized drafters (:func:`refuse_quantized_drafter`): TensorRT-LLM's DFlash loader takes an
+  fp16/bf16 drafter; peers keep drafters unquantized too (SGLang
+  ``--speculative-draft-model-quantization unquant``; vLLM issue #51581: a weight-quantized
+  drafter can corrupt output silently).
 """
 
 from __future__ import annotations
@@ -53,6 +70,48 @@ def attention_backend(requested: str, gpu: GPU, release: Release, warnings: list
                         "the flash_attn package (TensorRT-LLM's requirements do not install it)")
         return "VANILLA"
     return best
+
+
+def windowed_non_causal(cfg) -> list[int]:
+    """The layers of drafter config ``cfg`` that are non-causal inside a finite sliding window
+    (``cfg``: ``num_hidden_layers``, ``layer_window(i)``, ``layer_causal(i)``)."""
+    return [i for i in range(cfg.num_hidden_layers) if cfg.layer_window(i) is not None and not cfg.layer_causal(i)]
+
+
+def draft_attention_backend(requested: str, cfg, sm: int, release: Release) -> str:
+    """``speculative.attention_backend`` given the drafter's layers: TRTLLM refused in one line
+    when any layer is non-causal inside a window; ``auto`` then becomes FA4 on SM90 where the
+    release has it, else VANILLA. Drafters without such layers pass ``requested`` unchanged."""
+    layers = windowed_non_causal(cfg)
+    if not layers:
+        return requested
+    if requested == "TRTLLM":
+        refused = "refuses it (PR #19159)" if release.refuses_windowed_trtllm else \
+            "has no such mode, and this release would run it with wrong masks"
+        raise RecipeError(f"speculative.attention_backend TRTLLM cannot run this drafter: its layer(s) "
+                          f"{', '.join(map(str, layers))} use a non-causal sliding window, which TensorRT-LLM "
+                          f"{release.version}'s TRTLLM draft attention {refused}; use VANILLA, FA4 (SM90), or auto")
+    if requested == "auto":
+        return "FA4" if sm == 90 and "FA4" in release.attention_backends else "VANILLA"
+    return requested
+
+
+def refuse_disaggregated(disaggregated: bool) -> None:
+    """A one-line RecipeError for DFlash under disaggregated serving (PR #19352 only warns)."""
+    if disaggregated:
+        raise RecipeError("serving.disaggregated: DFlash with disaggregated serving drafts without the prompt (the "
+                          "generation server gets the target's KV cache, not the drafter's context): output stays "
+                          "correct but acceptance collapses, and TensorRT-LLM only warns (PR #19352); serve aggregated")
+
+
+def refuse_quantized_drafter(quant: dict | None, drafter: str = "the drafter") -> None:
+    """A one-line RecipeError when the drafter checkpoint is quantized (``quant``: what
+    ``ingest.target_quantization`` reads from its directory; None: unquantized)."""
+    if quant:
+        how = quant.get("quant_algo") or quant.get("quant_method") or quant.get("method") or "quantized"
+        raise RecipeError(f"{drafter} is quantized ({how}): TensorRT-LLM's DFlash loader takes an fp16/bf16 drafter, "
+                          "and a quantized drafter loses acceptance or, in some stacks, output (SGLang serves drafters "
+                          "--speculative-draft-model-quantization unquant; vLLM issue #51581); use its BF16 checkpoint")
 
 
 def token_budget(memory_at: Callable[[ServingSpec], object], serving: ServingSpec, max_draft_len: int,

@@ -20,6 +20,8 @@ from dflash_trt.runtime.pair import (
                                     parse_dtype,
                                     stop_ids,
 )
+from dflash_trt.runtime.proposer import Proposer, SelectorProposer, proposer_for
+from dflash_trt.runtime.proposer import register as register_proposer
 from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample
 from dflash_trt.runtime.stats import Stats
 
@@ -29,8 +31,10 @@ __all__ = [
     "Engine",
     "Generation",
     "Pair",
+    "Proposer",
     "Request",
     "SamplingParams",
+    "SelectorProposer",
     "Stats",
     "Step",
     "TorchBackend",
@@ -45,6 +49,8 @@ __all__ = [
     "open_backend",
     "parse_dtype",
     "probs",
+    "proposer_for",
+    "register_proposer",
     "rejection_sample",
     "stop_ids",
 ]

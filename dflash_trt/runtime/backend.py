@@ -20,8 +20,9 @@ The calls, per batch of ``b`` rows:
 - ``draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)`` ->
   (tokens, q): the B-1 draft tokens per row and the distributions q the sampled rows drew them
   from (None when no row samples; tokens None at block size 1). Default: ``drafter_round``,
-  then :func:`~dflash_trt.runtime.sampling.propose` per row; a DFlash2 drafter instead walks
-  its candidate selector left to right (``TorchBackend`` overrides it).
+  then :func:`~dflash_trt.runtime.sampling.propose` per row; the backends hand it to the
+  drafter family's :class:`~dflash_trt.runtime.proposer.Proposer` (a DFlash2 drafter walks its
+  candidate selector left to right instead).
 - ``keep_rows(target_cache, draft_cache, rows)``: rows leaving the batch.
 - ``merge_rows(target_a, draft_a, target_b, draft_b)`` -> (target cache, drafter cache): rows
   joining, b's after a's (SGLang's ``merge_batch``); target caches of S_a and S_b columns
@@ -48,9 +49,10 @@ from abc import ABC, abstractmethod
 import torch
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import DFlash2Drafter, Drafter, Target
+from dflash_trt.model import Drafter, Target, family_of
 from dflash_trt.plugins import PagedKVCache
 from dflash_trt.runtime.decoder import lean_forward
+from dflash_trt.runtime.proposer import Proposer, proposer_for
 from dflash_trt.runtime.sampling import SamplingParams, propose
 from dflash_trt.runtime.target_cache import CachePolicy
 
@@ -141,6 +143,8 @@ class TorchBackend(Backend):
         self.drafter_block_size = drafter.cfg.block_size if drafter is not None else None
         self.lean = lean_forward(target.model) if lean else None
         self.caches = CachePolicy(target.model)
+        #: how the drafter's family drafts a block (``proposer.proposer_for``: the one dispatch)
+        self.proposer = proposer_for(family_of(drafter.cfg)) if drafter is not None else Proposer()
 
     def new_caches(self, batch: int, draft: bool):
         dcache = self.drafter.new_cache(batch, device=self.device) if draft else None
@@ -159,9 +163,9 @@ class TorchBackend(Backend):
         return self.caches.forward(run, ids, positions, attention_mask, cache)
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
-        return self._draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)[1]
+        return self.draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)[1]
 
-    def _draft_hidden_logits(self, target_hidden, n_new, anchor, block_size, cache):
+    def draft_hidden_logits(self, target_hidden, n_new, anchor, block_size, cache):
         """Inject, draft one block: (hidden [b, B-1, H], draft logits [b, B-1, V] float32)."""
         d, cfg = self.drafter, self.drafter.cfg
         d.inject(target_hidden.to(d.dtype), n_new, cache)
@@ -173,22 +177,8 @@ class TorchBackend(Backend):
         return hidden, d.logits(hidden, self.target.head).float()
 
     def draft_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first):
-        """A DFlash2 drafter walks its candidate selector (``DFlash2Drafter.propose``); q is the
-        walk's distribution over each position's candidates, the rows grouped by
-        :func:`walk_groups`. Others: ``Backend.draft_block``."""
-        if not isinstance(self.drafter, DFlash2Drafter):
-            return super().draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)
-        hidden, dlogits = self._draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)
-        if block_size == 1:
-            return None, None
-        tokens = torch.empty(dlogits.shape[:2], dtype=torch.long, device=dlogits.device)
-        q = None
-        for rows, temperature in walk_groups(params, keys):
-            tokens[rows], q_rows = self.drafter.propose(hidden[rows], dlogits[rows], anchor[rows], temperature, None)
-            if temperature > 0:
-                q = torch.zeros_like(dlogits, dtype=torch.float32)
-                q[rows] = q_rows
-        return tokens, q
+        """The drafter family's proposer drafts (``Proposer.torch_block``; DFlash: ``Backend.draft_block``)."""
+        return self.proposer.torch_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first)
 
     def keep_rows(self, target_cache, draft_cache, rows):
         self.caches.keep_rows(target_cache, rows)
@@ -209,20 +199,6 @@ class TorchBackend(Backend):
 
 
 # ---- cache surgery shared by backends -----------------------------------------------------
-def walk_groups(params: list[SamplingParams], keys: list) -> list[tuple[list[int], float]]:
-    """How a DFlash2 drafter's rows walk their selector: [(rows, temperature)], the argmax rows
-    first (greedy rows, and seeded rows, whose acceptance compares the draft with the target's own
-    noise-perturbed argmax, so any proposal keeps them lossless) at 0, then the unseeded sampled
-    rows at their temperature, which must be one setting for the batch (one-line DFlashError)."""
-    argmax = [r for r, (p, k) in enumerate(zip(params, keys, strict=True)) if p.greedy or k is not None]
-    sampled = [r for r in range(len(params)) if r not in set(argmax)]
-    if len({params[r] for r in sampled}) > 1:
-        raise DFlashError("a DFlash2 drafter samples a batch at one setting: unseeded requests with "
-                          "different sampling parameters in one batch are not supported yet")
-    groups = [(argmax, 0.0)] if argmax else []
-    return groups + ([(sampled, params[sampled[0]].temperature)] if sampled else [])
-
-
 def merge_paged(a: PagedKVCache, b: PagedKVCache) -> PagedKVCache:
     """``a`` with ``b``'s sequences appended: b's used pages are copied after a's, its page table
     renumbered, both tables padded to the wider one with -1."""

@@ -5,7 +5,7 @@ A bundle built with ``--engine tensorrt`` holds three graphs (``build/export.py`
 I/O): ``embed`` (token ids -> embedding rows), ``target`` (a forward with ``past_k``/``past_v``
 in and ``present_k``/``present_v`` out, plus target_hidden) and ``drafter`` (one round: KV
 injection, then the block forward, over the paged cache; a DFlash2 drafter's graph also walks its
-candidate selector and outputs the proposal, ``build/export_dflash2.py``, which
+candidate selector and outputs the proposal, ``export/onnx_dflash2.py``, which
 :meth:`GraphBackend.draft_block` turns into the loop's tokens and q). ONNX Runtime (``onnx_backend.py``)
 and TensorRT (``trt_backend.py``) differ only in how one graph runs (:meth:`GraphBackend.run`);
 everything around the calls is here:
@@ -31,14 +31,12 @@ import torch
 
 from dflash_trt import plugins
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime.backend import Backend, walk_groups
+from dflash_trt.runtime.backend import Backend
+from dflash_trt.runtime.proposer import graph_proposer
 
 #: each graph's outputs, in the order :meth:`GraphBackend.run` returns them (``build/export.py``)
 GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "present_k", "present_v"],
                  "drafter": ["logits", "k_cache_out", "v_cache_out"]}
-#: a DFlash2 drafter graph's outputs (``build/export_dflash2.py``); its extra inputs are
-#: anchor [b], uniforms [b, B-1] and temperature [1]
-DFLASH2_DRAFTER_OUTPUTS = ["tokens", "q", "candidates", "k_cache_out", "v_cache_out"]
 
 
 @dataclass
@@ -62,12 +60,13 @@ class GraphBackend(Backend):
     #: the name --backend gives this backend (messages say it)
     name = "graph"
 
-    def __init__(self, profile, mask_token_id: int, device: torch.device):
+    def __init__(self, profile, mask_token_id: int, device: torch.device, drafter_graph: str | None = None):
         self.profile, self.mask_token_id, self.device = profile, int(mask_token_id), torch.device(device)
         self.drafter_block_size = profile.block_size
-        #: a DFlash2 drafter graph (it takes the selector walk's anchor): the graph proposes the tokens
-        self.dflash2 = "anchor" in self.input_names("drafter")
-        self.graph_outputs = {**GRAPH_OUTPUTS, **({"drafter": DFLASH2_DRAFTER_OUTPUTS} if self.dflash2 else {})}
+        #: how the drafter family drafts through its graph (``proposer.graph_proposer``: the manifest's
+        #: ``engine.drafter_graph`` when given, else what the graph's inputs say)
+        self.proposer = graph_proposer(drafter_graph, self.input_names("drafter"))
+        self.graph_outputs = {**GRAPH_OUTPUTS, "drafter": self.proposer.graph_outputs}
         self.vocab_size = self.output_shape("target", "logits")[-1]
         L, _, kvh, _, d = self.input_shape("target", "past_k")          # [layers, b, kvh, P, d]
         self._target_dims = (L, kvh, d)
@@ -128,7 +127,7 @@ class GraphBackend(Backend):
             logits = logits[torch.arange(ids.shape[0], device=logits.device), logits_at][:, None]
         return logits, (target_hidden if capture else None)
 
-    def _round_feeds(self, target_hidden, n_new, anchor, block_size, cache) -> dict[str, torch.Tensor]:
+    def round_feeds(self, target_hidden, n_new, anchor, block_size, cache) -> dict[str, torch.Tensor]:
         """The drafter graph's common inputs for one round (pages reserved first: the graph writes
         into pages the runtime allocated)."""
         cache.reserve(n_new)
@@ -140,59 +139,17 @@ class GraphBackend(Backend):
                 "page_table": cache.page_table.contiguous(), "lengths": cache.lengths.contiguous()}
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
-        if self.dflash2:
-            raise DFlashError(f"--backend {self.name}: this bundle's DFlash2 drafter graph proposes tokens, not "
-                              "logits; draft with draft_block")
-        feeds = self._round_feeds(target_hidden, n_new, anchor, block_size, cache)
+        if not self.proposer.graph_logits:
+            raise DFlashError(f"--backend {self.name}: this bundle's {self.proposer.graph} drafter graph proposes "
+                              "tokens, not logits; draft with draft_block")
+        feeds = self.round_feeds(target_hidden, n_new, anchor, block_size, cache)
         logits, cache.k, cache.v = self.run("drafter", feeds)
         cache.lengths = cache.lengths + n_new
         return logits[:, 1:].float()             # [b, B-1, V]: block positions 1..B-1 are the drafts
 
     def draft_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first):
-        """A DFlash2 drafter graph: ``TorchBackend.draft_block``'s contract through the graph.
-
-        Rows decided by argmax (greedy and seeded rows) walk at temperature 0; the unseeded
-        sampled rows (one setting for the batch) walk at their temperature with uniforms drawn
-        from torch's global generator, as ``DFlash2Drafter.propose`` draws them; their q over the
-        candidates is scattered to the vocabulary [b, B-1, V] for rejection sampling. The graph is
-        exported for the full block, so a block-size-1 round (drafting off) runs it on the full
-        block for its KV injection and drops the proposal. Other drafter graphs: ``Backend``'s."""
-        if not self.dflash2:
-            return super().draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)
-        if block_size not in (1, self.profile.block_size):
-            raise DFlashError(f"--backend {self.name}: the DFlash2 drafter graph drafts blocks of "
-                              f"{self.profile.block_size}, not {block_size}; use --backend torch for shorter blocks")
-        feeds = self._round_feeds(target_hidden, n_new, anchor, self.profile.block_size, cache)
-        b, K = anchor.shape[0], self.profile.block_size - 1
-        if block_size == 1:                      # inject only: one greedy run, no uniforms drawn
-            self._walk(feeds, list(range(b)), b, anchor, 0.0, cache)
-            cache.lengths = cache.lengths + n_new
-            return None, None
-        tokens = torch.empty(b, K, dtype=torch.long, device=self.device)
-        q = None
-        for rows, temperature in walk_groups(params, keys):
-            t, q_k, cand = self._walk(feeds, rows, b, anchor, temperature, cache)
-            tokens[rows] = t.long()
-            if temperature > 0:
-                q = torch.zeros(b, K, self.vocab_size, device=self.device)
-                q[rows] = torch.zeros(len(rows), K, self.vocab_size, device=self.device).scatter(
-                    -1, cand.long(), q_k.float())
-        cache.lengths = cache.lengths + n_new
-        return tokens, q
-
-    def _walk(self, feeds, rows, b, anchor, temperature, cache):
-        """Run the DFlash2 drafter graph on batch rows ``rows`` (the pool is shared: each run
-        injects only its rows' pages); (tokens, q, candidates) for those rows."""
-        idx = None if len(rows) == b else torch.tensor(rows, device=self.device)
-        sub = {k: (v if idx is None or k in ("k_cache", "v_cache") else v[idx].contiguous()) for k, v in feeds.items()}
-        K = self.profile.block_size - 1
-        uniforms = (torch.rand(len(rows), K, device=self.device) if temperature > 0
-                    else torch.zeros(len(rows), K, device=self.device))
-        sub.update(k_cache=cache.k, v_cache=cache.v,
-                   anchor=(anchor if idx is None else anchor[idx]).long().contiguous(),
-                   uniforms=uniforms, temperature=torch.tensor([float(temperature)], device=self.device))
-        tokens, q_k, cand, cache.k, cache.v = self.run("drafter", sub)
-        return tokens, q_k, cand
+        """The drafter family's proposer drafts through the graph (``Proposer.graph_block``)."""
+        return self.proposer.graph_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first)
 
     def keep_rows(self, target_cache, draft_cache, rows):
         if target_cache.k is not None:

@@ -26,11 +26,14 @@ RETRY_STATUS = {429, 500, 502, 503, 504}
 
 @dataclass
 class Completion:
-    """One finished completion: the server's response ids (None when it sent only text)."""
+    """One finished completion: the server's response ids (None when it sent only text), and its
+    OpenAI ``logprobs`` object when asked for and sent (``tokens``, ``token_logprobs``,
+    ``top_logprobs``)."""
 
     token_ids: list[int] | None
     text: str
     finish_reason: str | None
+    logprobs: dict | None = None
 
 
 class CompletionClient:
@@ -66,7 +69,9 @@ class CompletionClient:
         choice = ((await self._send("POST", "/v1/completions", body)).json().get("choices") or [{}])[0]
         ids = choice.get("token_ids")
         ids = [int(t) for t in ids] if isinstance(ids, list) else None
-        return Completion(ids, str(choice.get("text") or ""), choice.get("finish_reason"))
+        lp = choice.get("logprobs")
+        return Completion(ids, str(choice.get("text") or ""), choice.get("finish_reason"),
+                          lp if isinstance(lp, dict) else None)
 
     async def _send(self, method: str, path: str, body: dict | None):
         """The response to one request, retrying what a busy or restarting server answers."""

@@ -14,6 +14,9 @@ Names (all prefixed ``dflash_``):
 - ``requests_total{status}``: finished requests by HTTP status (499: client went away).
 - ``prompt_tokens_total``, ``generation_tokens_total``, ``block_size``, ``draft_len`` (of the
   last round: the schedule's value for the live batch size).
+- ``draft_rounds_total{batch_size, draft_len}``: rounds run at each live batch size and the draft
+  length in force there, so a scraper reads the schedule a server applied per batch size
+  (``dflash-trt verify`` compares it with the plan).
 - histograms: ``batch_size`` (live rows per round; per batch when static),
   ``queue_seconds`` (arrival to prefill), ``time_to_first_token_seconds``,
   ``inter_token_seconds`` (between a request's consecutive commits, what a streaming client
@@ -62,6 +65,8 @@ class ServerMetrics:
                                         buckets=tuple(range(1, max(2, block_size) + 1)), registry=r)
         pc.Gauge("dflash_block_size", "Draft block size B (1: autoregressive).", registry=r).set(block_size)
         self.draft_len = pc.Gauge("dflash_draft_len", "Draft tokens per row in the last round.", registry=r)
+        self.draft_rounds = pc.Counter("dflash_draft_rounds", "Rounds by live batch size and the draft length "
+                                       "in force.", ["batch_size", "draft_len"], registry=r)
         self._rounds = 0
         self._committed = 0
         self._accepted_at = [0] * max(0, block_size - 1)
@@ -83,6 +88,8 @@ class ServerMetrics:
             self.batch_size.observe(batch_size)
         if draft_len is not None:
             self.draft_len.set(draft_len)
+            if batch_size:
+                self.draft_rounds.labels(batch_size=str(batch_size), draft_len=str(draft_len)).inc()
         self.rounds.inc(stats.rounds)
         self.committed.inc(stats.committed)
         self._rounds += stats.rounds

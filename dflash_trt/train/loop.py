@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import Drafter, Target
+from dflash_trt.model import DRAFTER_FAMILIES, Drafter, Target, family_of
 from dflash_trt.train import data as train_data
 from dflash_trt.train import dist, objective, regen
 from dflash_trt.train import features as train_features
@@ -48,8 +48,6 @@ from dflash_trt.train.checkpoint import (
 )
 from dflash_trt.train.dist import Ranks, init_ranks
 from dflash_trt.train.settings import (
-    ARCHS,
-    DFLASH2_DEFAULTS,
     RESUMABLE_FIELDS,
     SHAPE_FIELDS,
     Progress,
@@ -186,9 +184,9 @@ class DraftStep(nn.Module):
         drafter = self.drafter
         hidden = objective.train_forward(drafter, hidden_in, embeds, anchors)
         logits = drafter.logits(hidden[:, :, 1:], head)
-        picks = select = None
-        if drafter.cfg.is_dflash2:            # the selector picks among the candidates these logits propose
-            select, picks = objective.selector_loss(drafter, hidden[:, :, 1:], logits, block, labels, gamma, total)
+        # the family's term (DFlash2: the selector picks among the candidates these logits propose)
+        select, picks = objective.objective_for(family_of(drafter.cfg)).extra_loss(drafter, hidden[:, :, 1:], logits,
+                                                                                    block, labels, gamma, total)
         loss, m = objective.block_loss(logits, labels, gamma, normaliser=total, picks=picks)
         if select is not None:
             loss = loss + select
@@ -267,34 +265,37 @@ def _drafter_config(s: TrainSettings, model, tokenizer):
         raise DFlashError("--block-size must be >= 2 (the anchor and at least one draft position)")
     mask_id = s.mask_token_id if s.mask_token_id is not None else pick_mask_token(
         tokenizer, model.get_input_embeddings().weight.shape[0])
-    dflash2 = _dflash2_sizes(s)
+    family, sizes = _family_sizes(s)
     cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
-                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, dflash2=dflash2)
+                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, family=family,
+                                       sizes=sizes)
     s.block_size, s.layers = B, cfg.num_hidden_layers
     s.target_layer_ids, s.mask_token_id = cfg.target_layer_ids, mask_id
-    s.arch = "dflash2" if dflash2 else "dflash"
-    for name, value in (dflash2 or {}).items():
-        setattr(s, name, value)
+    s.arch = family
+    for name, value in sizes.items():
+        if hasattr(s, name):
+            setattr(s, name, value)
     return cfg
 
 
-def _dflash2_sizes(s: TrainSettings) -> dict | None:
-    """The four DFlash2 sizes for ``--arch dflash2`` (unset ones from ``DFLASH2_DEFAULTS``); None for
-    ``--arch dflash``, which refuses them."""
+def _family_sizes(s: TrainSettings) -> tuple[str, dict]:
+    """(the ``--arch`` family, its sizes: unset ones from its objective's defaults); sizes of another
+    family are refused in one line naming the ``--arch`` they need."""
     arch = s.arch or "dflash"
-    if arch not in ARCHS:
-        raise DFlashError(f"--arch {arch!r}: choose one of {', '.join(ARCHS)}")
-    given = {k: getattr(s, k) for k in DFLASH2_DEFAULTS if getattr(s, k) is not None}
-    if arch == "dflash":
-        if given:
-            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
-            raise DFlashError(f"{flags} size a DFlash2 drafter: add --arch dflash2")
-        return None
-    sizes = {**DFLASH2_DEFAULTS, **given}
-    bad = [k for k, v in sizes.items() if v < 1]
+    if arch not in DRAFTER_FAMILIES:
+        raise DFlashError(f"--arch {arch!r}: choose one of {', '.join(DRAFTER_FAMILIES)}")
+    family = DRAFTER_FAMILIES[arch]
+    for other in DRAFTER_FAMILIES.values():
+        stray = [k for k in other.fields if k not in family.fields and getattr(s, k, None) is not None]
+        if stray:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in stray)
+            raise DFlashError(f"{flags} size a {other.display} drafter: add --arch {other.name}")
+    defaults = objective.objective_for(family).defaults
+    sizes = {k: getattr(s, k, None) if getattr(s, k, None) is not None else defaults.get(k) for k in family.fields}
+    bad = [k for k, v in sizes.items() if v is None or v < 1]
     if bad:
         raise DFlashError(f"--{bad[0].replace('_', '-')} must be >= 1")
-    return sizes
+    return arch, sizes
 
 
 def _optimizer(drafter: Drafter, s: TrainSettings) -> torch.optim.AdamW:

@@ -17,7 +17,10 @@ Read top to bottom:
   ``hidden_norm(fc(target_hidden))`` with RoPE at the context tokens' absolute positions.
 * :func:`block_loss`: cross-entropy of block positions 1..B-1 through the target's LM
   head, weighted ``exp(-(k-1)/gamma)``.
-* DFlash2 (``--arch dflash2``) trains its convolutions inside the same forward (they are part of
+* A drafter family's training is its :class:`Objective` (the train stage's family hook,
+  ``model.family`` documents the seam; :func:`objective_for` finds it): its ``--arch`` sizes and
+  their defaults, its initialisation, and its extra loss. DFlash2 (``--arch dflash2``,
+  :class:`SelectorObjective`) trains its convolutions inside the same forward (they are part of
   ``block_forward``) and adds :func:`selector_loss`: the selector's cross-entropy over the top-k
   candidates each position's logits propose, after the true predecessor, with the same weights.
 
@@ -34,7 +37,8 @@ import torch.nn.functional as F
 
 from dflash_trt import plugins
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import Drafter, DrafterConfig, drafter_for
+from dflash_trt.model import DFlash2Family, Drafter, DrafterConfig, DrafterFamily, drafter_for, family_named, hook_for
+from dflash_trt.model import family_of as drafter_family
 
 # Loss decay from the paper (block size -> gamma); other sizes interpolate linearly.
 GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
@@ -65,10 +69,10 @@ def _text_config(config):
 
 def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
                        target_layer_ids: list[int] | None = None, mask_token_id: int,
-                       dflash2: dict | None = None) -> DrafterConfig:
-    """The drafter shape for a transformers causal LM (z-lab conventions). ``dflash2``: the four
-    DFlash2 sizes (``conv_kernel_size``, ``conv_group_size``, ``selector_rank``, ``selector_top_k``)
-    for a DFlash2 drafter; None for a DFlash one."""
+                       family: str = "dflash", sizes: dict | None = None) -> DrafterConfig:
+    """The drafter shape for a transformers causal LM (z-lab conventions). ``family``: the drafter
+    family (``--arch``); ``sizes``: its fields (DFlash2: ``conv_kernel_size``, ``conv_group_size``,
+    ``selector_rank``, ``selector_top_k``), checked against the target by its :class:`Objective`."""
     c = _text_config(target_model.config)
     n = int(c.num_hidden_layers)
     ids = list(target_layer_ids) if target_layer_ids else default_layer_ids(n)
@@ -89,7 +93,10 @@ def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
     if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
     heads = int(c.num_attention_heads)
-    _check_dflash2_sizes(dflash2, int(c.hidden_size), vocab)
+    fam = family_named(family)
+    hook_for(OBJECTIVES, fam)().check_sizes(sizes or {}, int(c.hidden_size), vocab)
+    typed = {k: v for k, v in (sizes or {}).items() if k in DrafterConfig.model_fields}
+    own = {k: v for k, v in (sizes or {}).items() if k not in typed}
     return DrafterConfig(
         hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
@@ -98,30 +105,13 @@ def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta),
         rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
         max_position_embeddings=int(getattr(c, "max_position_embeddings", 40960)),
-        attention_bias=bool(getattr(c, "attention_bias", False)), **(dflash2 or {}),
+        attention_bias=bool(getattr(c, "attention_bias", False)), family=fam.name, family_fields=own, **typed,
     )
 
 
-def _check_dflash2_sizes(sizes: dict | None, hidden: int, vocab: int) -> None:
-    """The DFlash2 sizes a target can take, each refusal one line naming the flag."""
-    if not sizes:
-        return
-    if hidden % sizes["conv_group_size"]:
-        raise DFlashError(f"--conv-group-size {sizes['conv_group_size']} does not divide the target's hidden size "
-                          f"{hidden} (each group of channels shares one dynamic tap)")
-    if not 2 <= sizes["selector_top_k"] <= vocab:
-        raise DFlashError(f"--selector-top-k {sizes['selector_top_k']} must be between 2 and the vocabulary "
-                          f"({vocab}): the selector chooses among that many candidates")
-
-
 def init_drafter(cfg: DrafterConfig, seed: int = 0) -> Drafter:
-    """A fresh drafter: linear weights N(0, 0.02), norms 1 (the Hugging Face init).
-
-    DFlash2 (``drafter_for``): the convolutions start as the identity (base tap 0 = 1, kernel
-    projections 0: ``DynamicConv``'s init), so the fresh drafter computes its DFlash backbone; the
-    codebooks start N(0, 0.02) like the linear weights (two zero codebooks would get no gradient:
-    each one's is proportional to the other).
-    """
+    """A fresh drafter: linear weights N(0, 0.02), norms 1 (the Hugging Face init), then its family's
+    :meth:`Objective.init`. Kernel projections (DFlash2's ``DynamicConv``) keep their zero init."""
     torch.manual_seed(seed)
     d = drafter_for(cfg)(cfg)
     for name, m in d.named_modules():
@@ -129,9 +119,7 @@ def init_drafter(cfg: DrafterConfig, seed: int = 0) -> Drafter:
             torch.nn.init.normal_(m.weight, std=0.02)
             if m.bias is not None:
                 torch.nn.init.zeros_(m.bias)
-    if cfg.is_dflash2:
-        torch.nn.init.normal_(d.candidate_selector.predecessor_codebook, std=0.02)
-        torch.nn.init.normal_(d.candidate_selector.successor_codebook, std=0.02)
+    objective_for(drafter_family(cfg)).init(d)
     return d.float()
 
 
@@ -298,3 +286,67 @@ def selector_loss(drafter, hidden: torch.Tensor, logits: torch.Tensor, block: to
     loss = (ce * weights * present).sum() / total.to(ce.device).clamp_min(1e-9)
     picks = cand.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
     return loss, picks.detach()
+
+
+# ---------------------------------------------------------------------------------------
+# The family hook: each drafter family's sizes, initialisation and extra loss
+# ---------------------------------------------------------------------------------------
+
+
+class Objective:
+    """DFlash: no sizes of its own, the Hugging Face init, the block loss alone."""
+
+    #: the family's sizes ``--arch`` takes (DrafterConfig fields) and their defaults
+    defaults: dict[str, int] = {}
+
+    def check_sizes(self, sizes: dict, hidden: int, vocab: int) -> None:
+        """Refuse sizes the target cannot take, each in one line naming its flag (default: any)."""
+
+    def init(self, drafter: Drafter) -> None:
+        """Initialise what the generic init does not (default: nothing)."""
+
+    def extra_loss(self, drafter, hidden: torch.Tensor, logits: torch.Tensor, block: torch.Tensor,
+                   labels: torch.Tensor, gamma: float, normaliser: float | None = None):
+        """(a loss term added to :func:`block_loss`, the tokens the drafter proposes [b, K, B-1]), each
+        None when the family adds nothing (the default). Arguments as :func:`selector_loss`."""
+        return None, None
+
+
+class SelectorObjective(Objective):
+    """DFlash2: the four sizes, random codebooks, the selector's term (:func:`selector_loss`)."""
+
+    #: those of z-lab/Qwen3.8-27B-DFlash2's config.json
+    defaults = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+
+    def check_sizes(self, sizes, hidden, vocab):
+        if hidden % sizes["conv_group_size"]:
+            raise DFlashError(f"--conv-group-size {sizes['conv_group_size']} does not divide the target's hidden "
+                              f"size {hidden} (each group of channels shares one dynamic tap)")
+        if not 2 <= sizes["selector_top_k"] <= vocab:
+            raise DFlashError(f"--selector-top-k {sizes['selector_top_k']} must be between 2 and the vocabulary "
+                              f"({vocab}): the selector chooses among that many candidates")
+
+    def init(self, drafter):
+        """The convolutions start as the identity (``DynamicConv``'s init), so the fresh drafter computes
+        its DFlash backbone; the codebooks N(0, 0.02) like the linear weights (two zero codebooks would
+        get no gradient: each one's is proportional to the other)."""
+        torch.nn.init.normal_(drafter.candidate_selector.predecessor_codebook, std=0.02)
+        torch.nn.init.normal_(drafter.candidate_selector.successor_codebook, std=0.02)
+
+    def extra_loss(self, drafter, hidden, logits, block, labels, gamma, normaliser=None):
+        """The selector picks among the candidates the logits propose."""
+        return selector_loss(drafter, hidden, logits, block, labels, gamma, normaliser)
+
+
+#: family class -> its objective class (``register``; found up the family's hierarchy by ``objective_for``)
+OBJECTIVES: dict[type, type[Objective]] = {DrafterFamily: Objective, DFlash2Family: SelectorObjective}
+
+
+def register(family: type[DrafterFamily], objective: type[Objective]) -> None:
+    """Train ``family`` (and its subclasses without their own) with ``objective``."""
+    OBJECTIVES[family] = objective
+
+
+def objective_for(family: DrafterFamily) -> Objective:
+    """The training objective of ``family`` (the nearest registered up its class hierarchy)."""
+    return hook_for(OBJECTIVES, family)()

@@ -19,10 +19,6 @@ from pathlib import Path
 
 SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id", "arch", "conv_kernel_size",
                 "conv_group_size", "selector_rank", "selector_top_k")
-#: ``--arch``: the drafter trained. ``dflash2`` adds DFlash2's convolutions and candidate selector.
-ARCHS = ("dflash", "dflash2")
-#: DFlash2 sizes when ``--arch dflash2`` names none: those of z-lab/Qwen3.8-27B-DFlash2's config.json.
-DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "samples", "eval_prompts", "seed",
                "chat_template", "thinking")
 RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "regen_endpoint", "regen_model", "regen_concurrency",
@@ -38,8 +34,8 @@ class TrainSettings:
     layers: int | None = None              # default 1
     target_layer_ids: list[int] | None = None
     mask_token_id: int | None = None       # default: the tokenizer's mask token, else a spare row
-    arch: str | None = None                # "dflash" (default) or "dflash2"
-    conv_kernel_size: int | None = None    # DFlash2 only (defaults: DFLASH2_DEFAULTS)
+    arch: str | None = None                # a drafter family (model.DRAFTER_FAMILIES): "dflash" (default), "dflash2"
+    conv_kernel_size: int | None = None    # DFlash2 only (defaults: objective.SelectorObjective.defaults)
     conv_group_size: int | None = None
     selector_rank: int | None = None
     selector_top_k: int | None = None

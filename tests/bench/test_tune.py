@@ -74,6 +74,7 @@ def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, cap
     assert {int(k): v for k, v in plan["draft_len_schedule"].items()} == sched
     assert plan["max_draft_len"] == spec["max_draft_len"] and plan["tuned"]["winners"] == r["winners"]
     check_bundle(bundle)   # still a bundle TensorRT-LLM's schema accepts
+    assert ingest.check_files(ingest.open_bundle(bundle)) == []   # and every file as the manifest records
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """serve.sh checks what the bundle was built for before it execs trtllm-serve: the installed
-tensorrt_llm version (a fake ``tensorrt_llm`` package on PYTHONPATH here) and the GPUs
-(a fake ``nvidia-smi`` printing what the real one prints for ``--query-gpu=...``)."""
+tensorrt_llm (a stand-in package on PYTHONPATH following the real LLM-API contract,
+:mod:`tests.deploy.fake_trtllm`) judges the config, and the GPUs (a fake ``nvidia-smi``
+printing what the real one prints for ``--query-gpu=...``) match the plan."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 
 from dflash_trt.deploy import serve_sh
 from dflash_trt.deploy import trtllm_config as trtllm
+
+from . import fake_trtllm
 
 H100_ROW = "NVIDIA H100 80GB HBM3, 9.0, 81559"
 H200_ROW = "NVIDIA H200, 9.0, 143771"
@@ -34,14 +37,15 @@ def bundle(tmp_path) -> Path:
     return root
 
 
-def _run(tmp_path, bundle, *, version=None, gpus=None, env=None, check_dir=None):
+def _run(tmp_path, bundle, *, version=None, gpus=None, env=None, check_dir=None, drop=(), cwd=None):
     """Run serve.sh with only fakes and the shell tools it needs on PATH."""
     bindir = tmp_path / "bin"
     shutil.rmtree(bindir, ignore_errors=True)
     bindir.mkdir()
-    for tool in ("bash", "dirname", "awk"):
+    for tool in ("bash", "dirname", "awk", "mkdir"):
         (bindir / tool).symlink_to(shutil.which(tool))
-    (bindir / "trtllm-serve").write_text('#!/usr/bin/env bash\necho "served from $PWD: $*"\n')
+    (bindir / "trtllm-serve").write_text('#!/usr/bin/env bash\necho "served from $PWD: $*"\n'
+                                         'echo "stats: ${TLLM_DFLASH_ACCEPT_STATS_DIR:-}" >&2\n')
     if gpus is not None:
         rows = "\n".join(gpus)
         (bindir / "nvidia-smi").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "{rows}"\n')
@@ -50,13 +54,11 @@ def _run(tmp_path, bundle, *, version=None, gpus=None, env=None, check_dir=None)
             f.chmod(0o755)
     pkgs = tmp_path / "site"
     shutil.rmtree(pkgs, ignore_errors=True)
-    if version is not None:  # a fake tensorrt_llm package, as the release ships its version.py
-        (pkgs / "tensorrt_llm").mkdir(parents=True)
-        (pkgs / "tensorrt_llm" / "__init__.py").write_text("raise ImportError('never imported by serve.sh')\n")
-        (pkgs / "tensorrt_llm" / "version.py").write_text(f'__version__ = "{version}"\n')
+    if version is not None:  # the stand-in tensorrt_llm, as the release ships its version.py and llmapi
+        fake_trtllm.write(pkgs, version, drop)
     run_env = {"PATH": str(bindir), "PYTHON": sys.executable, "PYTHONPATH": str(pkgs), "HOME": str(tmp_path),
                **(env or {})}
-    return subprocess.run([str((check_dir or bundle) / "trtllm" / "serve.sh"), "--port", "9"], cwd=tmp_path,
+    return subprocess.run([str((check_dir or bundle) / "trtllm" / "serve.sh"), "--port", "9"], cwd=cwd or tmp_path,
                           capture_output=True, text=True, env=run_env)
 
 
@@ -78,7 +80,7 @@ def test_the_right_release_on_the_planned_gpu_serves_from_the_bundle(tmp_path, b
 
 def test_a_wrong_installed_version_is_refused_naming_the_one_needed(tmp_path, bundle):
     err = _one_line_error(_run(tmp_path, bundle, version="1.3.0rc27", gpus=[H100_ROW]))
-    assert "TensorRT-LLM 1.3.0rc27 is installed" in err and "built for TensorRT-LLM 1.4.0rc1" in err
+    assert "TensorRT-LLM 1.3.0rc27 is installed" in err and "planned for TensorRT-LLM 1.4.0rc1" in err
     assert "tensorrt-llm==1.4.0rc1" in err
 
 
@@ -107,7 +109,7 @@ def test_a_bundle_planned_for_the_cpu_checks_only_the_version(tmp_path):
     check = serve_sh.ServeCheck(release="1.3.0rc27", gpu="cpu", sm=0, memory_gb=64, gpus=1)
     trtllm.write(root / "trtllm", _config(), "127.0.0.1", 8000, check)
     assert _run(tmp_path, root, version="1.3.0rc27", gpus=None).returncode == 0
-    assert "1.3.0rc27" in _one_line_error(_run(tmp_path, root, version="1.4.0rc1", gpus=None))
+    assert "1.3.0rc27" in _one_line_error(_run(tmp_path, root, version="1.3.0rc26", gpus=None))
 
 
 def test_serve_script_of_a_built_bundle_carries_the_plan(tmp_path):

@@ -193,11 +193,11 @@ def test_the_release_table_is_the_one_place_the_releases_live():
     root = Path(__file__).resolve().parents[2]
     known = list(T.KNOWN)
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trtllm"]
-    assert extra == [f"tensorrt-llm>={known[0]},<={known[-1]}"]
+    assert extra == [f"tensorrt-llm>={known[0]}"]   # newer releases: judged by their own classes (serve.sh)
     assert "trtllm" not in " ".join(tomllib.loads((root / "pyproject.toml").read_text())["project"]
                                      ["optional-dependencies"]["all"])
     assert T.DEFAULT_RELEASE == known[-1] == R.TrtllmSpec().release
     readme = (root / "README.md").read_text()
     for version in known:
-        assert f"| `{version}`" in readme, version
+        assert f"| `{version}` (" in readme, version
     assert all(r.image == f"nvcr.io/nvidia/tensorrt-llm/release:{r.version}" for r in T.RELEASES)

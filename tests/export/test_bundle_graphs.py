@@ -14,6 +14,7 @@ pytest.importorskip("onnxscript")
 from dflash_trt.export import bundle_graphs as graphs
 from dflash_trt.export import onnx_dflash2 as export_dflash2
 from dflash_trt.export import onnx_graphs as export
+from dflash_trt.export.rounds import DFlash2Export
 from tests.helpers import tiny_dflash2_drafter, tiny_drafter, tiny_target
 
 
@@ -36,7 +37,7 @@ def test_a_dflash2_drafter_gets_the_selector_graph_checked_at_two_temperatures(t
     assert kind == "dflash2" and "selector" in said[0]
     assert _inputs(tmp_path / "drafter.onnx") == export_dflash2.DFLASH2_INPUTS
     assert set(err) == {"k_cache", "v_cache", "q"} and max(err.values()) < export.DRAFTER_ONNX_ATOL
-    assert graphs.DFLASH2_CHECK_TEMPERATURES[0] == 0.0 and graphs.DFLASH2_CHECK_TEMPERATURES[1] > 0
+    assert DFlash2Export.temperatures[0] == 0.0 and DFlash2Export.temperatures[1] > 0
     _profile_covers(tmp_path / "drafter.onnx")
 
 

@@ -46,7 +46,8 @@ def test_manifest_round_trips_what_build_wrote(built, tmp_path):
     assert ingest.write_manifest(again, m) == json.loads(text)
     assert (again / "manifest.json").read_text() == text  # byte for byte
     # typed, with the values build planned
-    assert m.format == ingest.BUNDLE_FORMAT == "dflash-trt-bundle/2"
+    assert m.format == ingest.BUNDLE_FORMAT == "dflash-trt-bundle/3"
+    assert m.files == ingest.bundle_hashes(built) and "trtllm/config.yaml" in m.files and "manifest.json" not in m.files
     assert m.trtllm.release == m.plan["trtllm_release"] and m.trtllm.image.endswith(":" + m.trtllm.release)
     assert m.drafter.dtype == "bfloat16" and m.drafter.target_layer_ids == sorted(m.drafter.target_layer_ids)
     assert m.precision.weights == "bf16" and m.precision.quantized_by is None
@@ -115,7 +116,7 @@ def test_missing_manifest_is_one_line(bundle, capsys):
     assert ingest.open_bundle(bundle, require_manifest=False).name == "tiny"
 
 
-@pytest.mark.parametrize("fmt", ["dflash-trt-bundle/0", "dflash-trt-bundle/1", "dflash-trt-bundle/3", None])
+@pytest.mark.parametrize("fmt", ["dflash-trt-bundle/0", "dflash-trt-bundle/1", "dflash-trt-bundle/4", None])
 def test_other_format_versions_are_refused_in_one_line(bundle, fmt, capsys):
     _edit_manifest(bundle, lambda m: m.update(format=fmt) if fmt else m.pop("format"))
     with pytest.raises(CheckpointError, match="rebuild the bundle with 'dflash-trt build'") as exc:
@@ -159,3 +160,25 @@ def test_a_written_manifest_carries_its_format(tmp_path):
     b = ingest.open_bundle(tmp_path)
     assert b.name == "x" and b.serve.tp_size == 2 and b.serve.pp_size is None
     assert b.manifest.reference_runtime.target == ingest.Layout.TARGET  # the default layout
+
+
+def test_format_2_still_runs_but_has_no_hashes_to_verify(bundle):
+    """A format-2 bundle (no per-file hashes) still serves and runs as it is; only the file check,
+    which needs the hashes, refuses it in one line that says to rebuild."""
+    _edit_manifest(bundle, lambda m: (m.update(format="dflash-trt-bundle/2"), m.pop("files")))
+    b = ingest.open_bundle(bundle)
+    assert b.manifest.format == "dflash-trt-bundle/2" and b.manifest.files is None
+    with pytest.raises(CheckpointError, match=r"no per-file hashes.*rebuild the bundle") as exc:
+        ingest.check_files(b)
+    assert "\n" not in str(exc.value)
+
+
+def test_check_files_names_every_file_changed_missing_or_added(bundle):
+    b = ingest.open_bundle(bundle)
+    assert ingest.check_files(b) == []
+    (bundle / "trtllm" / "config.yaml").write_text((bundle / "trtllm" / "config.yaml").read_text() + "# edited\n")
+    (bundle / "drafter" / "config.json").unlink()
+    (bundle / "extra.txt").write_text("x")
+    assert ingest.check_files(b) == ["trtllm/config.yaml: sha256 differs from the manifest's",
+                                     "drafter/config.json: missing",
+                                     "extra.txt: not in the manifest (added after the build)"]

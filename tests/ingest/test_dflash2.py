@@ -70,7 +70,7 @@ def write_published(root: Path, config: dict | None = None, tensors: dict | None
 def test_raw_dflash2_is_read_with_its_sizes_and_attention_rule(tmp_path):
     spec = ingest.read_drafter(write_published(tmp_path / "d"))
     c = spec.config
-    assert spec.format == "dflash2" and c.is_dflash2
+    assert spec.format == "dflash2" and c.family == "dflash2"
     assert (c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k) == (TAPS, GROUP, RANK, TOP_K)
     assert c.block_size == 8 and c.rope_theta == 1e4 and c.mask_token_id == VOCAB - 1
     # is_causal: false makes the sliding layers windowed and non-causal (the authors' Qwen3DFlashAttention)

@@ -14,8 +14,8 @@ from dflash_trt.deploy import pipeline
 from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.errors import RecipeError
 from dflash_trt.model import DrafterConfig
+from dflash_trt.plan import check_drafter, drafter_attention_backend, get_release, trtllm_dflash2
 from dflash_trt.plan import recipe as R
-from dflash_trt.plan import trtllm_dflash2
 
 CONFIGS = Path(R.__file__).resolve().parents[1] / "recipes" / "configs"
 
@@ -29,43 +29,44 @@ def dflash2_config(**over) -> DrafterConfig:
 
 
 def test_only_the_releases_with_the_dflash2_path_serve_it():
-    trtllm_dflash2.check(dflash2_config(), "1.4.0rc1")
+    check_drafter(dflash2_config(), "1.4.0rc1")
     for release in ("1.3.0rc26", "1.3.0rc27"):
         with pytest.raises(RecipeError, match=f"TensorRT-LLM {release} does not serve DFlash2 drafters"):
-            trtllm_dflash2.check(dflash2_config(), release)
+            check_drafter(dflash2_config(), release)
     plain = dflash2_config(conv_kernel_size=None, conv_group_size=None, selector_rank=None, selector_top_k=None)
-    trtllm_dflash2.check(plain, "1.3.0rc26")                       # plain DFlash: untouched
+    check_drafter(plain, "1.3.0rc26")                       # plain DFlash: untouched
     with pytest.raises(RecipeError, match="selector_top_k of 1"):
-        trtllm_dflash2.check(dflash2_config(selector_top_k=1), "1.4.0rc1")
+        check_drafter(dflash2_config(selector_top_k=1), "1.4.0rc1")
 
 
 def test_the_release_table_s_dflash2_column_decides(monkeypatch):
-    """``serves`` reads ``Release.dflash2``: True only on 1.4.0rc1 (inferred, its notes say so);
+    """``serves`` reads ``Release.dflash2``: True only on 1.4.0rc1 (PR #18155 in its tag, its notes say so);
     flipping a row's column flips the answer, and the refusal names the releases whose column is True."""
     import dataclasses
 
     from dflash_trt.plan import trtllm_releases as T
 
     assert [r.version for r in T.RELEASES if r.dflash2] == ["1.4.0rc1"] == trtllm_dflash2.serving_releases()
-    assert "inferred" in T.KNOWN["1.4.0rc1"].notes and not trtllm_dflash2.serves("9.9.9")
+    assert "#18155" in T.KNOWN["1.4.0rc1"].notes and not trtllm_dflash2.serves("9.9.9")
     assert not hasattr(trtllm_dflash2, "SERVES")
     rows = tuple(dataclasses.replace(r, dflash2=r.version == "1.3.0rc27") for r in T.RELEASES)
     monkeypatch.setattr(T, "RELEASES", rows)
     monkeypatch.setattr(T, "KNOWN", {r.version: r for r in rows})
     assert trtllm_dflash2.serves("1.3.0rc27") and not trtllm_dflash2.serves("1.4.0rc1")
     with pytest.raises(RecipeError, match="set trtllm.release to 1.3.0rc27, or run"):
-        trtllm_dflash2.check(dflash2_config(), "1.4.0rc1")
+        check_drafter(dflash2_config(), "1.4.0rc1")
 
 
-def test_non_causal_windows_rule_out_the_trtllm_draft_attention():
-    cfg, all_three = dflash2_config(), ("VANILLA", "TRTLLM", "FA4")
-    assert trtllm_dflash2.attention_backend("auto", cfg, 90, all_three) == "FA4"
-    assert trtllm_dflash2.attention_backend("auto", cfg, 100, all_three) == "VANILLA"
-    assert trtllm_dflash2.attention_backend("VANILLA", cfg, 100, all_three) == "VANILLA"
-    with pytest.raises(RecipeError, match="TRTLLM cannot run this DFlash2 drafter's non-causal sliding window"):
-        trtllm_dflash2.attention_backend("TRTLLM", cfg, 100, all_three)
+def test_the_family_dispatch_applies_the_layer_rule_to_a_dflash2_drafter():
+    """DFlash2 has no attention override: its non-causal windows meet the rule every family shares."""
+    cfg, rc1 = dflash2_config(), get_release("1.4.0rc1")
+    assert drafter_attention_backend("auto", cfg, 90, rc1) == "FA4"
+    assert drafter_attention_backend("auto", cfg, 100, rc1) == "VANILLA"
+    assert drafter_attention_backend("VANILLA", cfg, 100, rc1) == "VANILLA"
+    with pytest.raises(RecipeError, match="non-causal sliding window"):
+        drafter_attention_backend("TRTLLM", cfg, 100, rc1)
     causal = dflash2_config(causal=True)                            # a causal window TRTLLM runs
-    assert trtllm_dflash2.attention_backend("auto", causal, 100, all_three) == "auto"
+    assert drafter_attention_backend("auto", causal, 100, rc1) == "auto"
 
 
 def _dflash2_recipe(tmp_path: Path, gpu: str, **sets) -> Path:

@@ -14,7 +14,7 @@ pytest.importorskip("onnxscript")
 from dflash_trt import ingest
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime import SamplingParams, TorchBackend, generate, load_bundle, open_backend
+from dflash_trt.runtime import SamplingParams, SelectorProposer, TorchBackend, generate, load_bundle, open_backend
 from tests.helpers import hf_greedy, save_pair
 from tests.helpers import prompts as random_prompts
 
@@ -59,7 +59,8 @@ def test_the_manifest_says_the_drafter_graph_is_dflash2(pair):
     assert {"k_cache", "v_cache", "q"} <= set(m.engine.drafter_onnx_max_error)
     graph = onnx.load(str(pair.root / "onnx" / "drafter.onnx")).graph
     assert [i.name for i in graph.input] == export_dflash2.DFLASH2_INPUTS
-    assert pair.backend.dflash2 and pair.backend.vocab_size == pair.drafter.cfg.vocab_size
+    assert isinstance(pair.backend.proposer, SelectorProposer)
+    assert pair.backend.vocab_size == pair.drafter.cfg.vocab_size
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -55,8 +55,8 @@ def test_teacher_forced_scores_are_the_walks_scores():
 def test_selector_loss_reaches_every_dflash2_weight_and_skips_labels_outside_the_candidates():
     model = tiny_target()
     cfg = objective.drafter_config_for(model, block_size=4, layers=1, mask_token_id=95,
-                                       dflash2=dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8,
-                                                    selector_top_k=4))
+                                       family="dflash2", sizes=dict(conv_kernel_size=2, conv_group_size=16,
+                                                                    selector_rank=8, selector_top_k=4))
     drafter = objective.init_drafter(cfg).double()
     assert isinstance(drafter, DFlash2Drafter)
     hidden, logits, anchors = _block(drafter, K=2)
@@ -138,8 +138,8 @@ def test_fitting_the_selector_alone_moves_its_picks_to_the_labels():
     argmax misses (the second candidate at every position): its loss falls and its picks follow."""
     model = tiny_target()
     cfg = objective.drafter_config_for(model, block_size=4, layers=1, mask_token_id=95,
-                                       dflash2=dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8,
-                                                    selector_top_k=4))
+                                       family="dflash2", sizes=dict(conv_kernel_size=2, conv_group_size=16,
+                                                                    selector_rank=8, selector_top_k=4))
     drafter = objective.init_drafter(cfg)
     hidden, logits, anchors = (t.float() if t.is_floating_point() else t for t in _block(drafter, K=2))
     logits = logits * 0.1                                  # candidates close enough for the pair term to reorder

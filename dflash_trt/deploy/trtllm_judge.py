@@ -1,0 +1,195 @@
+"""The installed TensorRT-LLM judges a bundle's ``trtllm/config.yaml`` before it is served.
+
+Invariant: a bundle is served by the TensorRT-LLM that is installed when, and only when, that
+release's own LLM-API argument classes accept the bundle's config and the release is not older
+than the one the plan was made for. A release newer than the plan's is served after that
+check, with one line naming the release the plan was made for; a key the installed release
+rejects is one line naming the key (exit 2).
+
+How ``trtllm-serve`` itself reads ``--config`` (``tensorrt_llm/commands/serve.py::serve``): the
+YAML dict goes through ``update_llm_args_with_extra_dict`` (``tensorrt_llm/llmapi/llm_utils.py``;
+``llm_args.py`` in older releases), which builds ``speculative_config`` with
+``DecodingBaseConfig.from_dict`` (dispatching on ``decoding_type`` to ``DFlashDecodingConfig``) and
+the other sections (``kv_cache_config``, ...) with their classes; ``launch_server`` then calls
+``LLM(**llm_args)``, which validates everything as ``TorchLlmArgs`` (``TorchLlmArgs.from_kwargs``).
+Those classes are ``StrictBaseModel`` (pydantic, ``extra="forbid"``), so an unknown key is a
+``ValidationError`` whose location names it. :func:`judge` runs exactly that path.
+
+This file is self-contained (the standard library; PyYAML, which TensorRT-LLM requires, to read
+the YAML; ``tensorrt_llm`` imported lazily, in :func:`llm_api` only): ``deploy.trtllm_config.write``
+copies it verbatim into every bundle as ``trtllm/judge.py``, which ``serve.sh`` runs on the GPU
+machine, where dflash-trt need not be installed; ``dflash-trt serve --check`` imports it.
+
+Not judged here, by design: what needs the GPU or the weights (kernels, memory), and what the
+release's validators only check when the model is built (``LLM.__init__`` past the arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+
+CONFIG = "trtllm/config.yaml"
+INDEX_URL = "https://pypi.nvidia.com"
+IMAGE = "nvcr.io/nvidia/tensorrt-llm/release"
+_STAGES = {"a": 0, "b": 1, "rc": 2, None: 3}
+
+
+def installed_version() -> str | None:
+    """The installed ``tensorrt_llm`` version, read WITHOUT importing it (importing initialises
+    CUDA): its ``version.py`` (``__version__``), else the distribution's metadata; None if absent."""
+    spec = importlib.util.find_spec("tensorrt_llm")
+    if spec is None:
+        return None
+    for loc in spec.submodule_search_locations or []:
+        f = Path(loc, "version.py")
+        m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read_text()) if f.is_file() else None
+        if m:
+            return m.group(1)
+    from importlib import metadata
+
+    try:
+        return metadata.version("tensorrt_llm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_key(v: str) -> tuple[int, ...]:
+    """``1.4.0rc1`` -> (1, 4, 0, 2, 1, 0): release, stage (a < b < rc < final), its number, post;
+    a local suffix (``+cu130``) is ignored. Unparseable: a ValueError."""
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:(a|b|rc)(\d+))?(?:\.post(\d+))?", v.split("+")[0].strip())
+    if not m:
+        raise ValueError(f"cannot read TensorRT-LLM version {v!r}")
+    major, minor, patch, stage, n, post = m.groups()
+    return int(major), int(minor), int(patch or 0), _STAGES[stage], int(n or 0), int(post or 0)
+
+
+def llm_api():
+    """``(TorchLlmArgs, update_llm_args_with_extra_dict)`` of the installed release (imports it)."""
+    from tensorrt_llm.llmapi import llm_args
+
+    try:
+        from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict as update
+    except ImportError:
+        update = llm_args.update_llm_args_with_extra_dict
+    return llm_args.TorchLlmArgs, update
+
+
+def _first_error(exc: Exception, section: str | None) -> tuple[str, str]:
+    """(dotted key, why) from a pydantic ValidationError (duck-typed: ``errors()``), else the message."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            e = errors()[0]
+        except Exception:  # an errors() of another contract: fall back to the message
+            e = None
+        if e is not None:
+            loc = [str(x) for x in e.get("loc", ())]
+            if section and (not loc or loc[0] != section):
+                loc = [section, *loc]
+            why = "no such key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            return ".".join(loc) or (section or "config"), why
+    return section or "config", (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def refuse_disaggregated(data: dict) -> str | None:
+    """One line when the config asks for disaggregated serving (its KV transceiver): DFlash there
+    drafts without the prompt and acceptance collapses; TensorRT-LLM only warns (PR #19352)."""
+    if isinstance(data, dict) and data.get("cache_transceiver_config") is not None:
+        return ("cache_transceiver_config: DFlash with disaggregated serving drafts without the prompt (the "
+                "generation server gets the target's KV cache, not the drafter's context), so acceptance collapses; "
+                "TensorRT-LLM only warns (PR #19352): serve aggregated")
+    return None
+
+
+def judge(data: dict, release: str, model: str = "./target") -> str | None:
+    """None when the installed release's LLM-API classes accept ``data`` (the config dict) the way
+    ``trtllm-serve --config`` reads it; else one line naming the first key they reject (a section
+    that fails to convert is found by converting each alone, so a nested error names it)."""
+    if not isinstance(data, dict):
+        return f"{CONFIG} is not a mapping of LLM-API keys"
+    TorchLlmArgs, update = llm_api()
+    try:
+        merged = update({"model": model}, copy.deepcopy(data), CONFIG)
+    except Exception as exc:
+        for key, value in data.items():  # which section: convert each alone
+            try:
+                update({}, {key: copy.deepcopy(value)}, CONFIG)
+            except Exception as one:
+                return _line(one, key, release)
+        return _line(exc, None, release)
+    try:
+        build = getattr(TorchLlmArgs, "from_kwargs", None) or TorchLlmArgs
+        build(**merged)
+    except Exception as exc:
+        return _line(exc, None, release)
+    return None
+
+
+def _line(exc: Exception, section: str | None, release: str) -> str:
+    key, why = _first_error(exc, section)
+    return f"{CONFIG}: {key}: TensorRT-LLM {release} rejects it ({why})"
+
+
+def check(planned: str, bundle: Path | str = ".", skip_config: bool = False) -> tuple[int, list[str]]:
+    """(exit code, lines to print) for serving ``bundle`` with the installed TensorRT-LLM:
+    2 with one line when it cannot be served; else 0, with a line when the release is newer."""
+    have = installed_version()
+    if have is None:
+        return 2, [f"tensorrt_llm is not installed; this bundle needs TensorRT-LLM {planned} (pip install "
+                   f"tensorrt-llm=={planned} --extra-index-url {INDEX_URL}, or the {IMAGE}:{planned} container)"]
+    try:
+        newer = version_key(have) > version_key(planned)
+        older = version_key(have) < version_key(planned)
+    except ValueError as exc:
+        return 2, [str(exc)]
+    if older:
+        return 2, [f"TensorRT-LLM {have} is installed; this bundle was planned for TensorRT-LLM {planned}, which is "
+                   f"newer: install tensorrt-llm=={planned}, or rebuild with --set trtllm.release=<a release "
+                   "dflash-trt knows>"]
+    import yaml  # TensorRT-LLM requires PyYAML
+
+    root = Path(bundle)
+    data = yaml.safe_load((root / CONFIG).read_text())
+    bad = refuse_disaggregated(data)
+    if bad:
+        return 2, [bad]
+    lines: list[str] = []
+    if not skip_config:
+        cwd = os.getcwd()
+        os.chdir(root)  # the config's paths (./drafter) are relative to the bundle
+        try:
+            bad = judge(data, have)
+        except ImportError as exc:
+            lines.append(f"could not load TensorRT-LLM {have}'s LLM-API classes ({exc}); serving without "
+                         "checking the config against them")
+        finally:
+            os.chdir(cwd)
+        if bad:
+            return 2, [bad]
+    if newer:
+        checked = "not checked against its classes" if lines or skip_config else "accepted by its LLM-API classes"
+        lines.append(f"TensorRT-LLM {have} is newer than {planned}, the release this bundle's plan was made for; "
+                     f"the config is {checked}, draft lengths and memory are as planned for {planned}")
+    return 0, lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Judge a dflash-trt bundle's TensorRT-LLM config with the installed "
+                                             "release's own LLM-API classes (run from the bundle directory).")
+    ap.add_argument("--planned", required=True, help="The TensorRT-LLM release the bundle was planned for.")
+    ap.add_argument("--prefix", default="serve.sh", help="What each printed line starts with.")
+    args = ap.parse_args(argv)
+    code, lines = check(args.planned, ".", skip_config=os.environ.get("DFLASH_SKIP_CONFIG_CHECK") == "1")
+    for line in lines:
+        print(f"{args.prefix}: {line}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

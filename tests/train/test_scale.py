@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import signal
 import subprocess
@@ -368,6 +369,13 @@ def test_one_process_fsdp_equals_no_engine(setup, tmp_path):
     assert json.loads((tmp_path / "fsdp" / "training.json").read_text())["parallel"] == "fsdp"
     assert_same_run(ref, tmp_path / "fsdp", tmp_path / "plain")
     assert got.heldout_tau == ref.heldout_tau
+    # the target held in bfloat16 (its head casts the fp32 drafter's states; the held-out τ drafts in bf16)
+    half = train_drafter(settings(root, tdir, tmp_path / "bf16", steps=3, save_every=3, eval_every=3,
+                                  parallel="fsdp", target_dtype="bfloat16"))
+    assert json.loads((tmp_path / "bf16" / "training.json").read_text())["target_dtype"] == "bfloat16"
+    # a bf16 target regenerates other responses: the same start, not the same run
+    assert all(math.isfinite(v) for v in half.losses) and abs(half.losses[0] - ref.losses[0]) < 0.15 * ref.losses[0]
+    assert half.heldout_tau >= 1.0
 
 
 @pytest.mark.slow

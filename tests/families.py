@@ -18,7 +18,7 @@ from tests.helpers import VOCAB
 H = 64
 WINDOW = 6  # sliding window of the tiny sliding-window targets: shorter than any test's output
 
-FAMILIES = ["qwen3", "llama", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma4",
+FAMILIES = ["qwen3", "llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma4",
             "deepseek_v3", "kimi_k25", "minimax_m2", "gpt_oss"]
 HYBRID = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
 HYBRID_2 = ["nemotron_h", "kimi_linear"]  # Mamba2 + attention + MoE; KDA + MLA + MoE
@@ -49,6 +49,9 @@ def _text_config(family: str):
         cls = {"qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config),
                "llama": (tf.LlamaForCausalLM, tf.LlamaConfig)}[family]
         return cls[0], cls[1](**c)
+    if family == "qwen3_moe":   # Qwen3-Coder-30B-A3B, Qwen3-30B-A3B: every layer sparse (decoder_sparse_step 1)
+        return tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(**c, **_MOE, head_dim=16, intermediate_size=2 * H,
+                                                         decoder_sparse_step=1, norm_topk_prob=True)
     if family == "qwen3_5":
         return tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(**c, **_LINEAR, intermediate_size=2 * H)
     if family == "qwen3_5_moe":

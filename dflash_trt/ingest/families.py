@@ -27,6 +27,7 @@ class TargetFamily:
 FAMILIES: dict[str, TargetFamily] = {
     "llama": TargetFamily(("llama",), "KV cache (truncated to the accepted prefix)"),
     "qwen3": TargetFamily(("qwen3",), "KV cache"),
+    "qwen3_moe": TargetFamily(("qwen3_moe",), "KV cache (MoE routing is per token: nothing to roll back)"),
     "qwen3_5": TargetFamily(("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
                             "KV cache + Gated DeltaNet recurrent and conv states (rolled back)"),
     "qwen3_next": TargetFamily(("qwen3_next",), "KV cache + Gated DeltaNet recurrent and conv states"),

@@ -108,7 +108,8 @@ def load_pair(target: str | Path, drafter: str | Path | None, spec: RunSpec | No
     run a bundle's graphs (:func:`load_bundle`)."""
     spec = spec or RunSpec()
     if spec.graphs:
-        raise DFlashError(f"--backend {spec.backend} runs a bundle's exported graphs: pass a bundle built with --graphs")
+        raise DFlashError(f"--backend {spec.backend} runs a bundle's exported graphs: "
+                          "pass a bundle built with --graphs")
     tdir = ingest.resolve(str(target), role="target")
     ddir = ingest.resolve(str(drafter), role="drafter") if drafter is not None else None
     # Configs + safetensors headers only: a mismatched or corrupt pair fails here, before any load.

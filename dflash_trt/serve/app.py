@@ -76,8 +76,8 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     cfg = pair.target.config
     B = pair.block_size(block_size)
     metrics = ServerMetrics(B)
-    batcher = make_batcher(pair, batching or pair.spec.batching, max_batch=max_batch or pair.max_batch_size or 8, max_queue=max_queue,
-                           block_size=B, metrics=metrics, batch_window_s=batch_window_s,
+    batcher = make_batcher(pair, batching or pair.spec.batching, max_batch=max_batch or pair.max_batch_size or 8,
+                           max_queue=max_queue, block_size=B, metrics=metrics, batch_window_s=batch_window_s,
                            torch_threads=torch_threads)
     server = ServerState(pair, model_name or pair.name,
                          context_len=max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),

@@ -1,12 +1,13 @@
 """Continuous batching for the embedded server: the runtime's scheduler behind the queue.
 
 The worker thread owns one :class:`dflash_trt.runtime.Scheduler` over the pair's backend (the
-one its run spec opened). Before every step it hands the scheduler the oldest waiting jobs that fit in ``max_batch`` live rows (first come, first served);
-the step prefills them, merges them into the running batch and runs one round, so a short
-request that arrives behind long ones starts at the next round instead of after them. Each
-job keeps its own sampling parameters, stop tokens and length, and leaves the batch when it
-finishes or its client goes away. The draft length of each round comes from the live batch
-size and the bundle's ``draft_len_schedule`` (TensorRT-LLM's lookup; see ``runtime.scheduler``).
+one its run spec opened). Before every step it hands the scheduler the oldest waiting jobs that
+fit in ``max_batch`` live rows (first come, first served); the step prefills them, merges them
+into the running batch and runs one round, so a short request that arrives behind long ones
+starts at the next round instead of after them. Each job keeps its own sampling parameters, stop
+tokens and length, and leaves the batch when it finishes or its client goes away. The draft
+length of each round comes from the live batch size and the bundle's ``draft_len_schedule``
+(TensorRT-LLM's lookup; see ``runtime.scheduler``).
 """
 
 from __future__ import annotations

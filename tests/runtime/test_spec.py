@@ -9,7 +9,6 @@ import pytest
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime import RunSpec, TorchBackend, load_bundle, resolve_run
-from tests.serve.helpers import bundle_dir  # noqa: F401 - fixture
 
 
 def test_torch_choices_resolve_as_given():
@@ -31,13 +30,13 @@ def test_what_cannot_run_is_one_line(kw, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_bundle_without_graphs_refuses_the_graph_backends(bundle_dir):  # noqa: F811 - fixture
+def test_a_bundle_without_graphs_refuses_the_graph_backends(bundle_dir):
     for backend in ("onnx", "tensorrt"):
         with pytest.raises(DFlashError, match="built with --graphs; this one has none"):
             resolve_run(backend, bundle=bundle_dir)
 
 
-def test_a_loaded_pair_is_complete_and_frozen(bundle_dir):  # noqa: F811 - fixture
+def test_a_loaded_pair_is_complete_and_frozen(bundle_dir):
     pair = load_bundle(bundle_dir, resolve_run("torch", "triton"))
     assert isinstance(pair.backend, TorchBackend) and pair.backend.drafter is pair.drafter
     assert pair.drafter.kernels == "triton" and pair.spec.kernels == "triton"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Engine-build checks CI runs on the CPU (no GPU, no network):
+# Bundle-build checks CI runs on the CPU (no GPU, no network):
 #   1. every bundled recipe whose shipped configs are complete plans from them (plan + build
 #      --dry-run); every one whose configs lack fields (hub-only) refuses an offline plan in one line,
 #      and a Hopper recipe plans for every TensorRT-LLM release the project knows;

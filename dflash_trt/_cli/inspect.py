@@ -130,8 +130,8 @@ def _capture(architecture: str | None) -> tuple[bool | None, str]:
     if ok:
         return True, f"TensorRT-LLM {release} captures hidden states for {architecture}"
     if why:
-        return False, (f"TensorRT-LLM's {architecture} has no hidden-state capture hook ({why}): build --engine "
-                       "trtllm refuses it; the reference runtime (generate, bench, serve) runs the pair")
+        return False, (f"TensorRT-LLM's {architecture} has no hidden-state capture hook ({why}): build without "
+                       "--graphs refuses it; the reference runtime (generate, bench, serve) runs the pair")
     return None, (f"TensorRT-LLM may not capture hidden states for {architecture} (its source was not read for "
                   "it); DFlash there is unverified (the reference runtime works)")
 

@@ -139,17 +139,18 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
                     shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg)
 
 
-def _refuse_engine(r: Resolved) -> None:
-    """``engine: trtllm`` on a target the recipe's TensorRT-LLM release cannot capture hidden states
-    from (``plan.trtllm_capture``), in one line naming the runtimes that still run the pair."""
-    if r.recipe.engine != "trtllm":
+def _refuse_trtllm_only(r: Resolved) -> None:
+    """A bundle for TensorRT-LLM alone (no ``graphs``) of a target the recipe's TensorRT-LLM release
+    cannot capture hidden states from (``plan.trtllm_capture``), in one line naming the runtimes
+    that still run the pair."""
+    if r.recipe.graphs:
         return
     spec = ingest.read_target(r.target_dir, require_weights=False)
     why = planner.capture_missing(spec.architecture, r.recipe.trtllm.release)
     if why:
         raise CompatibilityError(
             f"target {r.recipe.target.id}: TensorRT-LLM {r.recipe.trtllm.release}'s {spec.architecture} has no "
-            f"hidden-state capture hook ({why}), so DFlash cannot run there; use --engine tensorrt, or serve the "
+            f"hidden-state capture hook ({why}), so DFlash cannot run there; build with --graphs, or serve the "
             "pair with the reference runtime (dflash-trt generate / bench / serve)")
 
 
@@ -167,7 +168,7 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm)
     if calibration:
         cal, tau = planner.calibration_from_files(list(calibration), dep, p, planner.shipped_calibration(),
-                                                    planner.engine_for(r.gpu))
+                                                    planner.stack_for(r.gpu))
         if tau is not None and spec.acceptance is None:
             spec = spec.model_copy(update={"acceptance": tau})
         p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal)
@@ -197,7 +198,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     if not dry_run:
         output.check_output(out, force)
     r = resolve(recipe, weights=False)
-    _refuse_engine(r)
+    _refuse_trtllm_only(r)
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:
@@ -274,7 +275,7 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
     trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter, r.target), rc.serving.host, rc.serving.port,
                  serve_check(r, p))
-    engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
+    engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.graphs else None
 
     t = time.perf_counter()
     say("hashing inputs")

@@ -298,7 +298,7 @@ def export_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *, fi
     kind = getattr(hf_model.config, "model_type", "?")
     problem = target_export_problem(hf_model.config)
     if problem:
-        raise DFlashError(f"target {kind} does not export to target.onnx: {problem}; build it with --engine trtllm")
+        raise DFlashError(f"target {kind} does not export to target.onnx: {problem}; build it without --graphs")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     module = TargetWithTaps(hf_model, layer_ids)
@@ -315,7 +315,7 @@ def export_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *, fi
     except Exception as exc:  # noqa: BLE001 - torch.export's errors are pages long; one line says which
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise DFlashError(f"target {kind} does not export to target.onnx ({type(exc).__name__}: {first}); "
-                          "build it with --engine trtllm") from None
+                          "build it without --graphs") from None
     onnx.checker.check_model(prog.model_proto)
     prog.save(str(path))
     return path

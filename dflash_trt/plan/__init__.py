@@ -24,7 +24,7 @@ from dflash_trt.plan.deployment import make as make_plan
 from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
 from dflash_trt.plan.hardware import get as get_gpu
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
-from dflash_trt.plan.perf_model import Acceptance, Calibration, engine_for
+from dflash_trt.plan.perf_model import Acceptance, Calibration, stack_for
 from dflash_trt.plan.perf_model import shipped as shipped_calibration
 from dflash_trt.plan.published import lacking
 from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, SpeculativeSpec
@@ -83,7 +83,6 @@ __all__ = [
     "check_schedule",
     "choose_schedule",
     "drafter_attention_backend",
-    "engine_for",
     "expand_draft_lengths",
     "expected_tau",
     "fit_alpha",
@@ -103,6 +102,7 @@ __all__ = [
     "refuse_quantized_drafter",
     "schedule_runs",
     "shipped_calibration",
+    "stack_for",
     "step_model",
     "windowed_non_causal",
     "TRTLLM_CAPTURES",

@@ -16,7 +16,7 @@ The calls, per batch of ``b`` rows:
 - ``drafter_round(target_hidden, n_new, anchor, block_size, cache)`` -> draft logits: KV
   injection of the tokens committed since the last round, then one block forward over
   ``[anchor, MASK x (B-1)]`` (the exported ``drafter.onnx`` is exactly this round). Block
-  size 1 (a round the engine's draft-length schedule turns drafting off for) only injects.
+  size 1 (a round the scheduler's draft-length schedule turns drafting off for) only injects.
 - ``draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)`` ->
   (tokens, q): the B-1 draft tokens per row and the distributions q the sampled rows drew them
   from (None when no row samples; tokens None at block size 1). Default: ``drafter_round``,
@@ -39,7 +39,7 @@ The calls, per batch of ``b`` rows:
   outside the shapes this backend runs (optional: the exported graphs' engine profile).
 
 Every call works per step on whatever rows are live, with the block size given per call, so
-the step-level engine batches continuously through this interface alone.
+the scheduler batches continuously through this interface alone.
 """
 
 from __future__ import annotations
@@ -137,6 +137,9 @@ class TorchBackend(Backend):
     lean forward over the same weights and cache (``lean=False``: transformers' own forward).
     """
 
+    #: the name --backend gives this backend (messages and reports say it)
+    name = "torch"
+
     def __init__(self, target: Target, drafter: Drafter | None, *, lean: bool = True):
         self.target, self.drafter = target, drafter
         self.device = target.device
@@ -222,7 +225,7 @@ def merge_paged(a: PagedKVCache, b: PagedKVCache) -> PagedKVCache:
 def repack_paged(cache: PagedKVCache) -> None:
     """Free the pages of sequences that left (``select`` keeps them allocated): once fewer than
     half the allocated pages are still in some page table, copy the live ones to the front of
-    the pool and renumber the tables (a continuously batching engine would grow forever else)."""
+    the pool and renumber the tables (a continuously batching scheduler would grow forever else)."""
     live = cache.page_table[cache.page_table >= 0]
     if 2 * live.numel() >= cache.used_pages:
         return

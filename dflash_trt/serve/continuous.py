@@ -1,19 +1,20 @@
-"""Continuous batching for the embedded server: the runtime's step-level engine behind the queue.
+"""Continuous batching for the embedded server: the runtime's scheduler behind the queue.
 
-The worker thread owns one :class:`dflash_trt.runtime.Engine`. Before every step it hands the
-engine the oldest waiting jobs that fit in ``max_batch`` live rows (first come, first served);
-the step prefills them, merges them into the running batch and runs one round, so a short
-request that arrives behind long ones starts at the next round instead of after them. Each
-job keeps its own sampling parameters, stop tokens and length, and leaves the batch when it
-finishes or its client goes away. The draft length of each round comes from the live batch
-size and the bundle's ``draft_len_schedule`` (TensorRT-LLM's lookup; see ``runtime.engine``).
+The worker thread owns one :class:`dflash_trt.runtime.Scheduler` over the pair's backend (the
+one its run spec opened). Before every step it hands the scheduler the oldest waiting jobs that
+fit in ``max_batch`` live rows (first come, first served); the step prefills them, merges them
+into the running batch and runs one round, so a short request that arrives behind long ones
+starts at the next round instead of after them. Each job keeps its own sampling parameters, stop
+tokens and length, and leaves the batch when it finishes or its client goes away. The draft
+length of each round comes from the live batch size and the bundle's ``draft_len_schedule``
+(TensorRT-LLM's lookup; see ``runtime.scheduler``).
 """
 
 from __future__ import annotations
 
 import time
 
-from dflash_trt.runtime import Engine, Pair, Request, Step, TorchBackend
+from dflash_trt.runtime import Pair, Request, Scheduler, Step
 from dflash_trt.serve.batcher import Batcher, Job
 
 
@@ -22,9 +23,8 @@ class ContinuousBatcher(Batcher):
 
     def __init__(self, pair: Pair, *, draft_len_schedule: dict[int, int] | None = None, **kw):
         super().__init__(pair, **kw)
-        drafter = pair.drafter if self.block_size > 1 else None
-        self.engine = Engine(TorchBackend(pair.target, drafter), block_size=self.block_size,
-                             max_batch=self.max_batch, draft_len_schedule=draft_len_schedule)
+        self.scheduler = Scheduler(pair.backend, block_size=self.block_size, max_batch=self.max_batch,
+                                   draft_len_schedule=draft_len_schedule)
         self._jobs: dict[Request, Job] = {}
 
     def _request(self, job: Job) -> Request:
@@ -33,7 +33,7 @@ class ContinuousBatcher(Batcher):
                        should_stop=lambda: job.cancelled)
 
     def _admit(self) -> bool:
-        """Block until there is work; hand the engine what fits. False: stopped and drained."""
+        """Block until there is work; hand the scheduler what fits. False: stopped and drained."""
         with self._cond:
             while not self._jobs and (not self._pending or self._paused):
                 if self._stopping and not self._pending:
@@ -43,7 +43,7 @@ class ContinuousBatcher(Batcher):
                 job = self._pending.popleft()
                 req = self._request(job)
                 self._jobs[req] = job
-                self.engine.add(req)
+                self.scheduler.add(req)
             self._running = list(self._jobs.values())
             self._gauge()
         return True
@@ -51,9 +51,9 @@ class ContinuousBatcher(Batcher):
     def _loop(self) -> None:
         while self._admit():
             try:
-                step = self.engine.step()
+                step = self.scheduler.step()
             except Exception as exc:  # a runtime failure fails the running jobs, not the server
-                for req in self.engine.abort():
+                for req in self.scheduler.abort():
                     self._jobs.pop(req).fail(f"generation failed: {type(exc).__name__}: {exc}")
                 continue
             self._account(step)

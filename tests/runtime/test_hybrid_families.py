@@ -5,7 +5,7 @@ The verify kernels (``runtime/linear_states.py``) must compute what transformers
 kernels compute, and the state they select for a prefix of n tokens must be the state
 transformers reaches over those n tokens alone; then greedy output is the target's own
 greedy decoding, with drafts mostly rejected and mostly accepted (every acceptance length),
-at batch 1 and 3, rows joining and leaving the continuous engine, and a seeded row samples
+at batch 1 and 3, rows joining and leaving the scheduler, and a seeded row samples
 the same tokens whatever shares its batch.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_trt.runtime import Engine, Request, SamplingParams, TorchBackend, generate
+from dflash_trt.runtime import Request, SamplingParams, Scheduler, TorchBackend, generate
 from dflash_trt.runtime import linear_states as ls
 from tests.families import GLM5_NEXT, HYBRID_2, family_drafter, family_target
 from tests.helpers import hf_greedy, wrap
-from tests.runtime.test_engine import run
 from tests.runtime.test_families import MAX_NEW, case
+from tests.runtime.test_scheduler import run
 
 
 def _gdn_case(g):
@@ -101,7 +101,7 @@ def test_greedy_is_lossless_on_the_second_wave_hybrids_full_matrix(family, batch
     assert got == c.expected()
 
 
-def _engine(family: str):
+def _scheduled(family: str):
     c = case(family)
     drafter = family_drafter(c.model, block_size=6)
     return TorchBackend(wrap(c.model, drafter), drafter), c
@@ -111,9 +111,9 @@ def _engine(family: str):
                                     pytest.param("kimi_linear", marks=pytest.mark.slow),
                                     pytest.param("qwen3_5", marks=pytest.mark.slow)])
 def test_rows_joining_and_leaving_a_hybrid_batch_keep_their_tokens(family):
-    backend, c = _engine(family)
+    backend, c = _scheduled(family)
     reqs = [Request(p, MAX_NEW if i % 2 else 7) for i, p in enumerate(c.prompts)]  # short rows leave early
-    steps = run(Engine(backend, max_batch=3), {0: reqs[:2], 2: reqs[2:4], 5: reqs[4:]})
+    steps = run(Scheduler(backend, max_batch=3), {0: reqs[:2], 2: reqs[2:4], 5: reqs[4:]})
     assert [r.token_ids for r in reqs] == [c.truth(i)[:len(r.token_ids)] for i, r in enumerate(reqs)]
     assert [len(r.token_ids) for r in reqs] == [7, MAX_NEW] * 3
     assert any(s.admitted and s.batch_size > len(s.admitted) for s in steps), "no row joined a running batch"
@@ -122,16 +122,16 @@ def test_rows_joining_and_leaving_a_hybrid_batch_keep_their_tokens(family):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", HYBRID_2)
 def test_a_seeded_row_on_a_hybrid_reproduces_whatever_shares_its_batch(family):
-    backend, c = _engine(family)
+    backend, c = _scheduled(family)
     ps = c.prompts
     params = SamplingParams(temperature=0.9, top_k=40, seed=7)
     schedule = {1: 5, 2: 3, 4: 1}  # the draft length changes with the live batch size
     alone = Request(ps[0], MAX_NEW, params)
-    run(Engine(backend, max_batch=8, draft_len_schedule=schedule), {0: [alone]})
+    run(Scheduler(backend, max_batch=8, draft_len_schedule=schedule), {0: [alone]})
     crowd = Request(ps[0], MAX_NEW, params)
     mates = [Request(ps[1], MAX_NEW), Request(ps[2], 9, SamplingParams(temperature=1.0)),
              Request(ps[3], MAX_NEW, SamplingParams(temperature=0.7, seed=99)), Request(ps[4], 3)]
-    run(Engine(backend, max_batch=8, draft_len_schedule=schedule), {0: mates[:2], 1: [crowd], 2: mates[2:]})
+    run(Scheduler(backend, max_batch=8, draft_len_schedule=schedule), {0: mates[:2], 1: [crowd], 2: mates[2:]})
     assert crowd.token_ids == alone.token_ids
     assert generate(None, None, [ps[0]], max_new_tokens=MAX_NEW, sampling=params,
                     backend=backend).token_ids[0] == alone.token_ids

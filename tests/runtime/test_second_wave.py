@@ -6,7 +6,7 @@ indexer must never choose a rejected draft's key; DeepSeek V4, whose compressors
 take in a rejected token; and the sliding-window families (mimo_v2_flash, laguna, muse_glimmer,
 gemma4_unified). Each with a mostly rejected (random) and a mostly accepted drafter (the
 oracle, corrupted at a varying position so every round rolls back), and rows joining and leaving
-the step-level engine. The default run takes one case per family; the full matrix is slow.
+the step-level scheduler. The default run takes one case per family; the full matrix is slow.
 
 The tiny sparse targets give their indexers 8 heads: with 2, a query's scores tie at exactly
 zero (ReLU) often enough that ``topk`` breaks the tie differently for different shapes, and
@@ -92,14 +92,14 @@ def test_greedy_is_lossless_full_matrix(family, batch, block, kind):
     assert got == c.expected(6)
 
 
-def _engine_joins_and_leaves(family: str) -> None:
+def _scheduler_joins_and_leaves(family: str) -> None:
     """Rows join a running batch at later steps (prefilled apart, merged), more than max_batch
     wait, one is cancelled mid-flight, the rest finish: each row stays the target's greedy decoding."""
-    from dflash_trt.runtime.engine import Engine
+    from dflash_trt.runtime import Scheduler
 
     c = case(family)
-    drafter = c.drafter("random", 4, [])  # the oracle double cannot follow rows merged by the engine
-    engine = Engine(TorchBackend(wrap(c.model, drafter), drafter), max_batch=3)
+    drafter = c.drafter("random", 4, [])  # the oracle double cannot follow rows merged by the scheduler
+    scheduler = Scheduler(TorchBackend(wrap(c.model, drafter), drafter), max_batch=3)
     asked = {"n": 0}
 
     def cancel_second():
@@ -110,10 +110,10 @@ def _engine_joins_and_leaves(family: str) -> None:
     arrivals = {0: reqs[:2], 2: reqs[2:4], 3: reqs[4:]}
     for k in range(200):
         for req in arrivals.get(k, []):
-            engine.add(req)
-        if engine.idle and k > max(arrivals):
+            scheduler.add(req)
+        if scheduler.idle and k > max(arrivals):
             break
-        engine.step()
+        scheduler.step()
     assert reqs[1].finish_reason == "cancelled"
     assert reqs[1].token_ids == c.truth(1)[: len(reqs[1].token_ids)]
     for i, r in enumerate(reqs):
@@ -122,14 +122,14 @@ def _engine_joins_and_leaves(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", ["glm_moe_dsa", "deepseek_v4"])
-def test_the_engine_joins_and_drops_sparse_rows_mid_flight(family):
-    _engine_joins_and_leaves(family)
+def test_the_scheduler_joins_and_drops_sparse_rows_mid_flight(family):
+    _scheduler_joins_and_leaves(family)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("glm_moe_dsa", "deepseek_v4")])
 def test_the_engine_joins_and_drops_rows_mid_flight_slow(family):
-    _engine_joins_and_leaves(family)
+    _scheduler_joins_and_leaves(family)
 
 
 def test_the_graph_export_refuses_each_in_one_line():

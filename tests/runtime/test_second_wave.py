@@ -128,7 +128,7 @@ def test_the_scheduler_joins_and_drops_sparse_rows_mid_flight(family):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("glm_moe_dsa", "deepseek_v4")])
-def test_the_engine_joins_and_drops_rows_mid_flight_slow(family):
+def test_the_scheduler_joins_and_drops_rows_mid_flight_slow(family):
     _scheduler_joins_and_leaves(family)
 
 

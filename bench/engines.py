@@ -1,7 +1,7 @@
 """Device check of the standalone path: the speculative loop through the TensorRT engines (GPU), next
-to ONNX Runtime and the PyTorch reference, on one bundle built with ``--engine tensorrt``.
+to ONNX Runtime and the PyTorch reference, on one bundle built with ``--graphs``.
 
-Builds the embedded tiny recipe with ``--engine tensorrt`` (engines are built where TensorRT and a
+Builds the embedded tiny recipe with ``--graphs`` (engines are built where TensorRT and a
 GPU are) unless ``--bundle`` names one, then generates greedily through every backend asked for,
 at each batch size, and reports per backend: τ, per-position acceptance, tokens/s, and whether
 every output is token-identical to the PyTorch backend's (the target's own greedy decoding).
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=Path, help="a bundle built with --engine tensorrt (default: build tiny)")
+    p.add_argument("--bundle", type=Path, help="a bundle built with --graphs (default: build tiny)")
     p.add_argument("--backends", nargs="+", default=["torch", "onnx", "tensorrt"])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 3])
     p.add_argument("--prompts", type=int, default=6, help="held-out prompts of the tiny pair to run")
@@ -39,17 +39,17 @@ def parse_args(argv=None):
 
 
 def build_tiny(out: Path) -> Path:
-    """``dflash-trt build --engine tensorrt -o out`` in a subprocess (its own progress on stderr)."""
-    cmd = [sys.executable, "-m", "dflash_trt", "build", "--engine", "tensorrt", "-o", str(out)]
+    """``dflash-trt build --graphs -o out`` in a subprocess (its own progress on stderr)."""
+    cmd = [sys.executable, "-m", "dflash_trt", "build", "--graphs", "-o", str(out)]
     subprocess.run(cmd, check=True)
     return out
 
 
 def run_backend(pair, name: str, bundle: Path, prompts: list[list[int]], batches: list[int], max_new: int) -> dict:
     """Every prompt through one backend at each batch size: tokens, τ, tokens/s."""
-    from dflash_trt.runtime import generate, open_backend
+    from dflash_trt.runtime import generate, load_bundle, resolve_run
 
-    backend = open_backend(name, bundle, pair)
+    backend = load_bundle(bundle, resolve_run(name, bundle=bundle)).backend
     generate(pair.target, pair.drafter, prompts[:1], max_new_tokens=8, backend=backend)   # warm-up
     out = {}
     for b in batches:

@@ -4,14 +4,14 @@
     python bench/fit_perf_model.py --write    # ... and write dflash_trt/assets/perf/calibration.json
     python bench/fit_perf_model.py --add-tune tune.json --source "..."   # this machine's CPU rows
 
-``--add-tune`` replaces the CPU rows (engine ``reference``) of the measurements file with the
+``--add-tune`` replaces the CPU rows (stack ``reference``) of the measurements file with the
 levels of ``dflash-trt tune BUNDLE --dry-run --json`` (the embedded tiny pair on this machine).
 
 Reads ``dflash_trt/assets/perf/measurements.json`` (one row per published measurement, with its
 source). For every row: what was measured, what the full fit predicts, and what a fit WITHOUT
 that row predicts (leave-one-out: the error a new deployment like it should expect). Then, per
 model with several concurrencies, whether the predicted speedup moves the way the measured one
-does. The CPU rows (engine ``reference``) are this project's own ``dflash-trt bench`` runs.
+does. The CPU rows (stack ``reference``) are this project's own ``dflash-trt bench`` runs.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     rows = perf_fit.load_rows()
     cases = [perf_fit.case_of(r) for r in rows]
     full = perf_fit.fit(cases, source=f"{len(rows)} published and measured rows, {perf_fit.MEASUREMENTS_FILE}",
-                        engines=perf_model.ENGINES)
+                        stacks=perf_model.STACKS)
     table = perf_fit.leave_one_out(cases, full)
     errors = []
     print(f"{'row':46s} {'quantity':22s} {'measured':>10s} {'fit':>10s} {'LOO':>10s} {'LOO err':>8s}")
@@ -54,11 +54,11 @@ def main(argv=None) -> int:
     print("\ntrend with concurrency (leave-one-out predictions):")
     for tr in perf_fit.trends(cases, {t["id"]: t["loo"] for t in table}):
         mark = "ok " if tr["right"] else "NO "
-        print(f"  {mark} {tr['engine']:12s} {tr['gpu']:6s} {tr['target']:38s} "
+        print(f"  {mark} {tr['stack']:12s} {tr['gpu']:6s} {tr['target']:38s} "
               f"c={tr['concurrency'][0]}->{tr['concurrency'][1]}: "
               f"measured {tr['measured']}, predicted {tr['predicted']}")
     print()
-    for e in full.engines:
+    for e in full.stacks:
         print(" ", full.describe(e))
     print("  shared:", {k: round(v, 4) for k, v in full.as_dict()["shared"].items()},
           "MoE rows:", full.rows.get("shared"))
@@ -78,12 +78,12 @@ def add_tune(path: Path, source: str, max_tokens: int) -> None:
     f = perf_model.data_dir() / perf_fit.MEASUREMENTS_FILE
     data = json.loads(f.read_text())
     sweep = json.loads(Path(path).read_text())
-    rows = [r for r in data["rows"] if r["engine"] != "reference"]
+    rows = [r for r in data["rows"] if r["stack"] != "reference"]
     for L, levels in sorted(sweep["measured"].items(), key=lambda kv: int(kv[0])):
         for lv in levels:
             L_, c = int(L), lv["concurrency"]
             rate = {"tokens_per_s" if L_ else "baseline_tokens_per_s": lv["tokens_per_second_per_user"]}
-            rows.append({"id": f"reference-cpu-tiny-draft{L_}-c{c}", "engine": "reference", "gpu": "cpu",
+            rows.append({"id": f"reference-cpu-tiny-draft{L_}-c{c}", "stack": "reference", "gpu": "cpu",
                          "target": "embedded:tiny/target", "drafter": "embedded:tiny/drafter", "precision": "bf16",
                          "tp": 1, "concurrency": c, "draft_len": L_, "tau": lv["acceptance_length"] if L_ else None,
                          "tau_source": "measured", "context": 64 + max_tokens // 2, "per_user": True, "weight": 1.0,
@@ -91,7 +91,7 @@ def add_tune(path: Path, source: str, max_tokens: int) -> None:
                          "notes": "decode tokens/s per user (TTFT excluded), embedded server, continuous batching"})
     data["rows"] = rows
     f.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{f}: {sum(r['engine'] == 'reference' for r in rows)} CPU rows from {path}")
+    print(f"{f}: {sum(r['stack'] == 'reference' for r in rows)} CPU rows from {path}")
 
 
 if __name__ == "__main__":

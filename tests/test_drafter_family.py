@@ -197,24 +197,24 @@ def test_the_family_s_export_round_writes_drafter_onnx_checked_by_onnx_runtime(c
 
 @pytest.mark.slow
 def test_bundle_exports_the_family_round_and_runs_through_onnx_runtime(checkpoint, tmp_path):
-    """``build --engine tensorrt`` on the gated pair: its export round writes and checks drafter.onnx
+    """``build --graphs`` on the gated pair: its export round writes and checks drafter.onnx
     (ONNX Runtime against PyTorch), and the bundle's ONNX backend decodes the target's greedy tokens."""
     from dflash_trt.cli import run
-    from dflash_trt.runtime import load_bundle, open_backend
+    from dflash_trt.runtime import load_bundle, resolve_run
 
     model, _, root = checkpoint
     out = tmp_path / "bundle"
     CALLS.clear()
-    assert run(["build", "-t", str(root / "target"), "-d", str(root / "drafter"), "--gpu", "cpu", "--engine",
-                "tensorrt", "-o", str(out), "--set", "serving.max_seq_len=128",
+    assert run(["build", "-t", str(root / "target"), "-d", str(root / "drafter"), "--gpu", "cpu", "--graphs",
+                "-o", str(out), "--set", "serving.max_seq_len=128",
                 "--set", "serving.max_batch_size=4"]) == 0
     assert CALLS == ["export"]
     manifest = ingest.read_manifest(out)
     assert manifest.engine.drafter_graph == "dflash" and max(manifest.engine.drafter_onnx_max_error.values()) < 1e-4
     assert json.loads((out / "drafter" / "config.json").read_text())["architectures"] == ["DFlashGatedDraftModel"]
-    pair = load_bundle(out)
+    pair = load_bundle(out, resolve_run("onnx", bundle=out))
     assert type(pair.drafter) is GatedDrafter
-    backend = open_backend("onnx", out, pair)
+    backend = pair.backend
     ps = prompts(2, seed=9, lo=2, hi=20)
     got = generate(None, None, ps, max_new_tokens=MAX_NEW, backend=backend)
     assert got.token_ids == [hf_greedy(model, p, MAX_NEW) for p in ps]

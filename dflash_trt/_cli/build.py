@@ -27,7 +27,23 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 
 # The recipe field each flag sets, as the typed value typer parsed (never re-read as YAML).
 FLAG_FIELDS = {"--gpu": "gpu.name", "--gpus": "gpu.count", "--precision": "precision.weights",
-               "--kv-cache-dtype": "precision.kv_cache", "--calib": "precision.calib", "--engine": "engine"}
+               "--kv-cache-dtype": "precision.kv_cache", "--calib": "precision.calib", "--graphs": "graphs"}
+#: ``--engine``, the old spelling of ``--graphs`` (hidden): the value of the recipe's ``graphs``
+OLD_ENGINE = {"tensorrt": True, "trtllm": False}
+
+
+def graphs_flag(graphs: bool, engine: str | None) -> bool | None:
+    """The recipe's ``graphs`` the flags set (None: the recipe's own): ``--graphs``, or the old
+    ``--engine tensorrt|trtllm``."""
+    from dflash_trt.errors import RecipeError
+
+    if engine is None:
+        return True if graphs else None
+    if engine not in OLD_ENGINE:
+        raise RecipeError(f"--engine {engine!r}: Input should be 'trtllm' or 'tensorrt' (the old spelling of --graphs)")
+    if graphs and not OLD_ENGINE[engine]:
+        raise RecipeError("--graphs and --engine trtllm disagree: give --graphs only")
+    return OLD_ENGINE[engine]
 
 
 def flag_fields(target: str | None, drafter: str | None, flags: dict[str, object]) -> list:
@@ -77,9 +93,12 @@ def build(
         "--dry-run", help="Resolve, validate and plan from configs; write nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle: only the files its "
                                                     "manifest lists; other files in the directory are kept.")] = False,
+    graphs: Annotated[bool, typer.Option(
+        "--graphs", help="Also export the standalone path: ONNX graphs with the DFlash custom ops to OUT/onnx, and "
+                         "TensorRT engines to OUT/engines where TensorRT and a GPU are present (run by --backend "
+                         "onnx|tensorrt).")] = False,
     engine: Annotated[str | None, typer.Option(
-        "--engine", help="trtllm (TensorRT-LLM PyTorch backend), or tensorrt: also export ONNX with the DFlash custom "
-                         "ops to OUT/onnx and build OUT/engines where TensorRT and a GPU are present.")] = None,
+        "--engine", hidden=True, help="Old spelling of --graphs: tensorrt = --graphs, trtllm = without.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh.
@@ -91,7 +110,7 @@ def build(
     from dflash_trt import deploy as pipeline
 
     flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype,
-             "--calib": calib, "--engine": engine}
+             "--calib": calib, "--graphs": graphs_flag(graphs, engine)}
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True) as bar:

@@ -1,9 +1,12 @@
-"""Options and helpers shared by the commands."""
+"""Options and helpers shared by the commands: one definition per flag, so ``--backend``,
+``--kernels``, ``--dtype`` mean the same in generate, bench and serve, and one function
+(:func:`run_spec`) that resolves them (``runtime.resolve_run``) and says its notes once."""
 
 from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from typing import Annotated
 
 import typer
@@ -20,7 +23,8 @@ DrafterOpt = Annotated[str | None, typer.Option(
 DtypeOpt = Annotated[str, typer.Option(
     "--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
 KernelsOpt = Annotated[str, typer.Option(
-    "--kernels", help="DFlash op implementations: reference (PyTorch) or triton (needs a GPU, or TRITON_INTERPRET=1).")]
+    "--kernels", help="DFlash op implementations inside the torch backend: reference (PyTorch) or triton (needs a "
+                      "GPU, or TRITON_INTERPRET=1).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 BundleArg = Annotated[str | None, typer.Argument(
     help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
@@ -28,7 +32,17 @@ BundleOpt = Annotated[str | None, typer.Option("--bundle", help="A bundle direct
 BackendOpt = Annotated[str, typer.Option(
     "--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over "
                       "the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle "
-                      "built with --engine tensorrt.")]
+                      "built with --graphs.")]
+
+
+class Batching(str, Enum):
+    continuous = "continuous"
+    static = "static"
+
+
+BatchingOpt = Annotated[Batching, typer.Option(
+    "--batching", help="Embedded server: continuous (requests join the running batch every round) or static (one "
+                       "batch at a time, for comparison; what --backend onnx|tensorrt run).")]
 
 
 def print_json(obj) -> None:
@@ -57,29 +71,31 @@ def default_prompts() -> str:
 SMALL_MODEL_PARAMS = 50_000_000
 
 
+def run_spec(backend: str = "torch", kernels: str = "reference", batching: str | None = None,
+             bundle: str | None = None, dtype: str = "auto"):
+    """The resolved ``runtime.RunSpec`` for the flags (one DFlashError line if they cannot run);
+    what resolving changed is said here, once, on stderr."""
+    from dflash_trt.runtime import resolve_run
+
+    spec = resolve_run(backend, kernels, batching, bundle=bundle, dtype=dtype)
+    for note in spec.notes:
+        err.print(note)
+    return spec
+
+
 def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
                    bundle: str | None = None, bundle_opt: str | None = None, kernels: str = "reference",
                    backend: str = "torch"):
-    """The pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair; with
-    ``backend`` onnx or tensorrt, a bundle's, answered by its exported graphs (``pair.backend``)."""
+    """The finished pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair,
+    under the run spec the flags resolve to (``pair.backend`` answers its model calls)."""
     from dflash_trt.errors import DFlashError
-    from dflash_trt.plugins import KERNELS
-    from dflash_trt.runtime import BACKENDS, open_backend
 
-    if kernels not in KERNELS:
-        raise DFlashError(f"--kernels {kernels!r}: choose one of {', '.join(KERNELS)}")
-    if backend not in BACKENDS:
-        raise DFlashError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    if backend != "torch" and (bundle or bundle_opt) is None:
-        raise DFlashError(f"--backend {backend} runs a bundle's exported graphs: pass a bundle built with "
-                          "--engine tensorrt")
-    pair = _load(target, drafter, dtype, need_drafter, bundle, bundle_opt)
+    if bundle is not None and bundle_opt is not None and bundle != bundle_opt:
+        raise DFlashError("give the bundle once: as an argument or with --bundle")
+    bundle = bundle or bundle_opt
+    spec = run_spec(backend, kernels, bundle=bundle, dtype=dtype)
+    pair = _load(target, drafter, dtype, need_drafter, bundle, spec)
     _threads_for(pair)
-    if pair.drafter is not None:
-        pair.drafter.kernels = kernels
-    if backend != "torch":
-        with err.status(f"opening the {backend} backend"):
-            pair.backend = open_backend(backend, bundle or bundle_opt, pair, dtype)
     return pair
 
 
@@ -101,18 +117,15 @@ def _threads_for(pair) -> None:
         torch.set_num_threads(1)
 
 
-def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
+def _load(target, drafter, dtype, need_drafter, bundle, spec):
     from dflash_trt.errors import DFlashError
     from dflash_trt.runtime import load_bundle, load_pair
 
-    if bundle is not None and bundle_opt is not None and bundle != bundle_opt:
-        raise DFlashError("give the bundle once: as an argument or with --bundle")
-    bundle = bundle or bundle_opt
     if bundle is not None:
         if target is not None or drafter is not None:
             raise DFlashError("a bundle brings its own target and drafter: drop --target/--drafter")
-        with err.status("loading bundle"):
-            return load_bundle(bundle, dtype=dtype)
+        with err.status("loading bundle" + (f" ({spec.backend} backend)" if spec.graphs else "")):
+            return load_bundle(bundle, spec, dtype=dtype)
     if target is None:
         if drafter is not None:
             raise DFlashError("--drafter needs --target: pass both, or neither for the embedded tiny pair")
@@ -122,7 +135,7 @@ def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
     elif drafter is None and need_drafter:
         raise DFlashError("no drafter given: pass --drafter DIR_OR_HUB_ID")
     with err.status("loading models"):
-        return load_pair(target, drafter, dtype=dtype)
+        return load_pair(target, drafter, spec, dtype=dtype)
 
 
 def save_then_plot(report: dict, path, draw) -> str | None:

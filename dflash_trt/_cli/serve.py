@@ -10,18 +10,20 @@ from typing import Annotated
 
 import typer
 
-from dflash_trt._cli.common import BackendOpt, DtypeOpt, err, out
+from dflash_trt._cli.common import BackendOpt, Batching, BatchingOpt, DtypeOpt, KernelsOpt, err, out, run_spec
 
 
-class Runtime(str, Enum):
+class Server(str, Enum):
+    """What answers HTTP: trtllm-serve, or the embedded server on the reference runtime."""
+
     auto = "auto"
     trtllm = "trtllm"
-    reference = "reference"
+    embedded = "embedded"
 
 
-class Batching(str, Enum):
-    continuous = "continuous"
-    static = "static"
+#: ``--runtime``, the old spelling of ``--server`` (hidden; its ``reference`` is ``embedded``)
+OLD_RUNTIME = {"auto": Server.auto, "trtllm": Server.trtllm, "reference": Server.embedded,
+               "embedded": Server.embedded}
 
 
 class Emit(str, Enum):
@@ -35,8 +37,12 @@ def serve(
     bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    runtime: Annotated[Runtime, typer.Option(help="auto: trtllm-serve when it is on PATH, else the embedded "
-                                             "server on the reference runtime.")] = Runtime.auto,
+    server: Annotated[Server, typer.Option("--server", help="What answers HTTP: trtllm (trtllm-serve), embedded "
+                                           "(the embedded server on the reference runtime), or auto: trtllm-serve "
+                                           "when it is on PATH and --backend/--kernels are left as they are, else "
+                                           "embedded.")] = Server.auto,
+    runtime: Annotated[str | None, typer.Option("--runtime", hidden=True, help="Old spelling of --server "
+                                                "(reference = embedded).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the trtllm-serve command and exit.")] = False,
     check: Annotated[bool, typer.Option("--check", help="Validate the bundle's trtllm/config.yaml with the "
                                         "installed TensorRT-LLM's own LLM-API classes (what serve.sh does before "
@@ -56,9 +62,7 @@ def serve(
     max_batch: Annotated[int | None, typer.Option(
         "--max-batch", min=1, help="Embedded server: requests per runtime batch (default: the bundle's planned "
                                    "max_batch_size, else 8).")] = None,
-    batching: Annotated[Batching, typer.Option(
-        help="Embedded server: continuous (requests join the running batch every round) or static (one batch at a "
-             "time, for comparison).")] = Batching.continuous,
+    batching: BatchingOpt = Batching.continuous,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
     block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
@@ -67,16 +71,21 @@ def serve(
                                                    "(default: all cores but one, left to the event loop).")] = None,
     dtype: DtypeOpt = "auto",
     backend: BackendOpt = "torch",
+    kernels: KernelsOpt = "reference",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="DFLASH_API_KEY", help="Embedded server: "
                                                    "answer 401 to requests without 'Authorization: Bearer KEY' "
                                                    "(env DFLASH_API_KEY).")] = None,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, help="Embedded server: largest request "
                                                "body in MiB (413 above it).")] = 4.0,
+    drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="Embedded server: on SIGTERM, "
+                                                 "seconds in-flight requests may still run before what is left is "
+                                                 "failed and the server stops.")] = 30.0,
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from dflash_trt.errors import DFlashError
     from dflash_trt.serve import launch
 
+    server = _server(server, runtime)
     b = launch.read_bundle(bundle)
     if check:
         return _check_trtllm(b)
@@ -88,14 +97,15 @@ def serve(
         return
     trtllm = launch.find_trtllm_serve()
     if dry_run:
-        return _print_dry_run(b, host, port, trtllm, runtime)
-    if backend != "torch" and runtime is Runtime.trtllm:
-        raise DFlashError(f"--backend {backend} answers the embedded server's model calls; --runtime trtllm "
-                          "serves with trtllm-serve: use --runtime reference (or auto)")
-    if runtime is Runtime.trtllm or (runtime is Runtime.auto and trtllm is not None and backend == "torch"):
+        return _print_dry_run(b, host, port, trtllm, server)
+    if (backend != "torch" or kernels != "reference") and server is Server.trtllm:
+        raise DFlashError("--backend/--kernels choose how the embedded server runs the models; --server trtllm "
+                          "serves with trtllm-serve: use --server embedded (or auto)")
+    if server is Server.trtllm or (server is Server.auto and trtllm is not None and backend == "torch"
+                                   and kernels == "reference"):
         if trtllm is None:
             raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
-                              "or use --runtime reference")
+                              "or use --server embedded")
         argv = launch.trtllm_argv(b, host, port)
         err.print(f"[dim]running {shlex.join(argv)}[/dim]")
         code = launch.run(argv, host, port)
@@ -104,11 +114,25 @@ def serve(
             exc.exit_code = code if code > 0 else 128 - code  # killed by a signal: 128 + signum
             raise exc
         return
-    serve_reference(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
-                    batching.value, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)))
+    serve_embedded(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
+                   batching.value, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
+                   drain_timeout=drain_timeout)
 
 
-def _print_dry_run(b, host: str, port: int, trtllm: str | None, runtime: Runtime) -> None:
+def _server(server: Server, runtime: str | None) -> Server:
+    """``--server``, or its old spelling ``--runtime auto|trtllm|reference`` when that was given."""
+    from dflash_trt.errors import DFlashError
+
+    if runtime is None:
+        return server
+    if runtime not in OLD_RUNTIME:
+        raise DFlashError(f"--runtime {runtime!r} (the old spelling of --server): choose one of auto, trtllm, embedded")
+    if server is not Server.auto and OLD_RUNTIME[runtime] is not server:
+        raise DFlashError(f"--runtime {runtime} and --server {server.value} disagree: give --server only")
+    return OLD_RUNTIME[runtime]
+
+
+def _print_dry_run(b, host: str, port: int, trtllm: str | None, server: Server) -> None:
     """What ``serve`` would run: the bundle's trtllm-serve command (and what serve.sh execs)."""
     from dflash_trt.serve import launch
 
@@ -116,7 +140,7 @@ def _print_dry_run(b, host: str, port: int, trtllm: str | None, runtime: Runtime
     inner = launch.script_command(b)
     if inner:
         out.print(f"# {b.serve_sh} runs: {inner} --host {host} --port {port}", markup=False)
-    if trtllm is None and runtime is not Runtime.trtllm:
+    if trtllm is None and server is not Server.trtllm:
         out.print("# trtllm-serve is not on PATH here: 'serve' would use the embedded server "
                   "on the reference runtime", markup=False)
 
@@ -152,11 +176,13 @@ def _warn_chat(b) -> None:
         err.print(f"[yellow]warning:[/yellow] {chat}")
 
 
-def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
-                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
-                    batching: str = "continuous", api_key: str | None = None, max_body_bytes: int = 4 << 20) -> int:
+def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
+                   block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
+                   batching: str = "continuous", api_key: str | None = None, max_body_bytes: int = 4 << 20,
+                   kernels: str = "reference", drain_timeout: float = 30.0) -> int:
+    """The embedded server on the reference runtime, its pair loaded under the resolved run spec."""
     from dflash_trt.errors import DFlashError, require
-    from dflash_trt.runtime import load_bundle, open_backend, parse_dtype
+    from dflash_trt.runtime import load_bundle, parse_dtype
     from dflash_trt.serve import check_fits_cpu, create_app
     from dflash_trt.serve import serve as run_server
 
@@ -164,26 +190,23 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
     require("uvicorn", "serve", "the embedded server")
     itemsize = parse_dtype(dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
+    spec = run_spec(backend, kernels, batching, bundle=b.root, dtype=dtype)
     with err.status("loading models"):
-        pair = load_bundle(b.root, dtype=dtype)
-        pair.backend = open_backend(backend, b.root, pair, dtype)
+        pair = load_bundle(b.root, spec, dtype=dtype)
     if block_size is not None and block_size > 1 and pair.drafter is not None \
             and block_size > pair.drafter.cfg.block_size:
         raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
-    if pair.backend is not None:
+    if spec.graphs:
         _check_profile(pair.backend, backend, max_batch, block_size)
-        if batching == "continuous":  # graph backends cannot merge rows into a running batch yet
-            err.print(f"the {backend} backend batches statically (rows join between batches)")
-            batching = "static"
     app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                     block_size=block_size, torch_threads=threads, batching=batching,
+                     block_size=block_size, torch_threads=threads, batching=spec.batching,
                      max_model_len=b.serve.max_seq_len, api_key=api_key, max_body_bytes=max_body_bytes)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: listening on {host} without --api-key: anyone who reaches this port can use the model")
     through = f", {backend} backend" if backend != "torch" else ""
-    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, {batching} "
+    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, {spec.batching} "
               f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")
-    return run_server(app, host, port)
+    return run_server(app, host, port, drain_timeout=drain_timeout)
 
 
 def _check_profile(graphs, backend: str, max_batch: int | None, block_size: int | None) -> None:

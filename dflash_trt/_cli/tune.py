@@ -67,7 +67,7 @@ def tune(
             print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows})
         else:
             _show_fit(rows, cal, t)
-            out.print(f"{cal.describe(build_engine(t))}; {t.root} unchanged", markup=False)
+            out.print(f"{cal.describe(build_stack(t))}; {t.root} unchanged", markup=False)
         return
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
     with _bar(len(sweep) * len(levels)) as (bar, task):
@@ -77,10 +77,10 @@ def tune(
     _finish(T, t, measured, max_tokens, plot, dry_run, as_json)
 
 
-def build_engine(t) -> str:
-    from dflash_trt.plan import engine_for, get_gpu
+def build_stack(t) -> str:
+    from dflash_trt.plan import get_gpu, stack_for
 
-    return engine_for(get_gpu(t.manifest.gpu.name)) if t.manifest.gpu else "reference"
+    return stack_for(get_gpu(t.manifest.gpu.name)) if t.manifest.gpu else "reference"
 
 
 def _finish(T, t, measured, max_tokens, plot, dry_run, as_json) -> None:

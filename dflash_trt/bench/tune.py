@@ -29,6 +29,7 @@ are measured once, at what that server runs, and the calibration is refitted.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -102,11 +103,10 @@ def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, 
         raise DFlashError("trtllm-serve is installed here: tune drives the embedded server only; start trtllm-serve "
                           "at each setting and measure it with 'dflash-trt tune BUNDLE --endpoint URL'")
     serve.check_fits_cpu(t.name, [t.root / ingest.Layout.TARGET, t.root / ingest.Layout.DRAFTER], 2)
-    pair = runtime.load_bundle(t.root)
+    # each setting drafts one fixed length: no schedule (a changed pair is a new one)
+    pair = dataclasses.replace(runtime.load_bundle(t.root), draft_len_schedule=None)
     out: dict[int, list[dict]] = {}
     for L in setting_list:
-        if hasattr(pair, "draft_len_schedule"):
-            pair.draft_len_schedule = None   # each setting drafts one fixed length
         app = serve.create_app(pair, t.name, block_size=L + 1 if L else 1, max_batch=t.max_batch_size,
                                max_queue=max(64, 4 * max(levels)), torch_threads=threads,
                                max_model_len=int(t.config.get("max_seq_len") or 0) or None)
@@ -268,16 +268,16 @@ def fit(t: Tunable, report: dict) -> tuple[object, list[dict]]:
     """The calibration refitted on ``report`` for this bundle's deployment, and per measured level
     the predicted and measured tokens/s per user."""
     dep, tp, plan = planner.bundle_deployment(t.root, t.manifest)
-    engine = planner.engine_for(dep.gpu)
+    stack = planner.stack_for(dep.gpu)
     acc = planner.Acceptance(alpha=float(plan.get("alpha") or 0.7))
     lengths = planner.expand_draft_lengths(plan.get("draft_lengths") or []) or [t.max_draft_len]
-    cases = planner.cases_from_bench(report, engine=engine, target=dep.target, drafter=dep.drafter, gpu=dep.gpu,
+    cases = planner.cases_from_bench(report, stack=stack, target=dep.target, drafter=dep.drafter, gpu=dep.gpu,
                                      precision=dep.precision, kv_cache=dep.kv_cache, tp=tp,
                                      draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
-    cal = planner.refit(planner.shipped_calibration(), engine, cases, source=f"tune of {t.name}, {len(cases)} levels")
+    cal = planner.refit(planner.shipped_calibration(), stack, cases, source=f"tune of {t.name}, {len(cases)} levels")
     rows = []
     for c in cases:
-        pred = c.predict(cal.constants(engine), cal.shared)
+        pred = c.predict(cal.constants(stack), cal.shared)
         key = "tokens_per_s" if c.row.draft_len else "baseline_tokens_per_s"
         rows.append({"concurrency": c.row.concurrency, "draft_len": c.row.draft_len,
                      "measured_tokens_per_second_per_user": round(getattr(c.row, key), 3),

@@ -36,7 +36,7 @@ def export_graphs(drafter, hf_model, onnx_dir, profile, say=lambda msg: None) ->
     problem = target_export_problem(hf_model.config)
     if problem:  # before the (slow) drafter export
         raise DFlashError(f"target {getattr(hf_model.config, 'model_type', '?')} does not export to target.onnx: "
-                          f"{problem}; build it with --engine trtllm")
+                          f"{problem}; build it without --graphs")
     onnx_dir = Path(onnx_dir)
     head = hf_model.get_output_embeddings().weight.detach()
     kind, d_err = export_drafter(drafter, head, onnx_dir, profile.page_size, say)

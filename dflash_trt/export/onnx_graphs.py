@@ -227,8 +227,10 @@ def target_export_problem(config) -> str | None:
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers} - {"DynamicLayer"})
     if kinds:
-        hybrid = any("Linear" in k or "Mamba" in k for k in kinds)
-        what = "recurrent/conv state (hybrid)" if hybrid else "sliding-window"
+        what = ("recurrent/conv state (hybrid)" if any("Linear" in k or "Mamba" in k for k in kinds)
+                else "sparse-attention indexer key" if any("Indexed" in k for k in kinds)
+                else "compressor state (DeepSeek V4)" if any(k.endswith(("HCACache", "CSACache")) for k in kinds)
+                else "sliding-window")
         return f"its cache has {what} layers ({', '.join(kinds)}), which the stacked past_k/past_v cannot carry"
     if getattr(cfg, "kv_lora_rank", None):
         return "its attention is MLA (compressed K/V of a different width than V), which past_k/past_v do not carry"
@@ -296,7 +298,7 @@ def export_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *, fi
     kind = getattr(hf_model.config, "model_type", "?")
     problem = target_export_problem(hf_model.config)
     if problem:
-        raise DFlashError(f"target {kind} does not export to target.onnx: {problem}; build it with --engine trtllm")
+        raise DFlashError(f"target {kind} does not export to target.onnx: {problem}; build it without --graphs")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     module = TargetWithTaps(hf_model, layer_ids)
@@ -313,7 +315,7 @@ def export_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *, fi
     except Exception as exc:  # noqa: BLE001 - torch.export's errors are pages long; one line says which
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise DFlashError(f"target {kind} does not export to target.onnx ({type(exc).__name__}: {first}); "
-                          "build it with --engine trtllm") from None
+                          "build it without --graphs") from None
     onnx.checker.check_model(prog.model_proto)
     prog.save(str(path))
     return path

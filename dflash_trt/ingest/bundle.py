@@ -9,7 +9,7 @@ Layout, relative to the bundle's root::
     drafter/             the drafter in z-lab form, BF16 (what TensorRT-LLM's DFlash loader reads)
     trtllm/config.yaml   the TensorRT-LLM LLM-API config
     trtllm/serve.sh      the ``trtllm-serve`` launch script
-    onnx/  engines/      the standalone TensorRT path (``engine: tensorrt`` recipes only)
+    onnx/  engines/      the standalone TensorRT path (``graphs: true`` recipes, ``build --graphs``, only)
 
 ``build`` writes the manifest with :func:`write_manifest`; ``runtime``, ``serve`` and ``bench``
 read it with :func:`open_bundle` / :func:`read_manifest`. Both go through :class:`Manifest`,
@@ -178,7 +178,7 @@ class EngineProfile(_Section):
 
 
 class EngineInfo(_Section):
-    """The standalone TensorRT path of an ``engine: tensorrt`` bundle: the graphs exported into
+    """The standalone TensorRT path of a bundle built with ``--graphs``: the graphs exported into
     ``onnx/``, their parity with PyTorch, whether ``engines/`` was built, and the profile (bundles
     written before the profile was recorded have none; the graph runtimes then refuse them)."""
 

@@ -24,12 +24,14 @@ def embedded_dir(name: str) -> Path:
 
 
 def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None,
-            hub_only: bool = False) -> Path:
+            configs_only: bool = False, hub_only: bool = False) -> Path:
     """A local directory for a model reference.
 
     ``embedded:NAME`` -> the packaged asset; an existing directory -> itself;
     ``org/name[@revision]`` -> a Hugging Face snapshot (configs, tokenizer, safetensors only),
-    after checking ``expected_bytes`` (its size, when known) against the free disk space.
+    after checking ``expected_bytes`` (its size, when known) against the free disk space;
+    ``configs_only``: configs and tokenizer only (what planning reads). A short commit prefix as
+    ``revision`` is resolved (``hub.expand_revision``).
     ``hub_only``: never a local directory (a recipe's id by its path rule, ``plan.PATH_RULE``).
     """
     ref = str(ref)
@@ -45,7 +47,7 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
         if hub_id is None:
             raise CheckpointError(f"{role} {ref!r}: not a hub id org/name[@revision]; a local directory starts "
                                   "with ./, ../ or /")
-        return hub.download(hub_id[0], revision or hub_id[1], role, expected_bytes)
+        return hub.download(hub_id[0], revision or hub_id[1], role, expected_bytes, configs_only=configs_only)
     try:
         path = Path(ref).expanduser()
     except RuntimeError:  # "~nosuchuser/x": no such user's home
@@ -65,7 +67,7 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
         raise CheckpointError(f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
                               f"use an absolute path, or run elsewhere for the hub id)")
     repo_id, rev = hub_id
-    return hub.download(repo_id, revision or rev, role, expected_bytes)
+    return hub.download(repo_id, revision or rev, role, expected_bytes, configs_only=configs_only)
 
 
 def _no_constant(name: str):

@@ -24,16 +24,21 @@ from dflash_trt.plan.deployment import make as make_plan
 from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
 from dflash_trt.plan.hardware import get as get_gpu
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
-from dflash_trt.plan.perf_model import Acceptance, Calibration, engine_for
+from dflash_trt.plan.perf_model import Acceptance, Calibration, stack_for
 from dflash_trt.plan.perf_model import shipped as shipped_calibration
+from dflash_trt.plan.published import lacking
 from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, SpeculativeSpec
 from dflash_trt.plan.recipe import bundled as bundled_recipes
 from dflash_trt.plan.recipe import from_dict as recipe_from_dict
 from dflash_trt.plan.recipe import load as load_recipe
+from dflash_trt.plan.recipe_status import Status, recipe_status
 from dflash_trt.plan.schedule import batch_grid
 from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
+from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
+from dflash_trt.plan.trtllm_capture import missing as capture_missing
+from dflash_trt.plan.trtllm_capture import supported as capture_supported
 from dflash_trt.plan.trtllm_dflash2 import DFlash2Rules
 from dflash_trt.plan.trtllm_family import TrtllmRules, check_drafter, drafter_attention_backend, rules_for
 from dflash_trt.plan.trtllm_family import register as register_trtllm_rules
@@ -78,7 +83,6 @@ __all__ = [
     "check_schedule",
     "choose_schedule",
     "drafter_attention_backend",
-    "engine_for",
     "expand_draft_lengths",
     "expected_tau",
     "fit_alpha",
@@ -98,6 +102,13 @@ __all__ = [
     "refuse_quantized_drafter",
     "schedule_runs",
     "shipped_calibration",
+    "stack_for",
     "step_model",
     "windowed_non_causal",
+    "TRTLLM_CAPTURES",
+    "Status",
+    "capture_missing",
+    "capture_supported",
+    "lacking",
+    "recipe_status",
 ]

@@ -1,10 +1,10 @@
-"""The user's own calibration: refit one engine's constants on ``bench --endpoint`` measurements.
+"""The user's own calibration: refit one stack's constants on ``bench --endpoint`` measurements.
 
 ``dflash-trt plan --calibration FILE`` (repeatable) reads the JSON that ``dflash-trt bench
 --endpoint URL --concurrency ... --json`` writes (``--baseline URL2`` for the same target without
 drafting, or two files: one with drafting, one without), turns every level into a measurement of
 this deployment (decode tokens/s per user, TTFT excluded, and τ where the server reports it), and
-refits the constants of the engine the plan is for, the package's as the prior
+refits the constants of the stack the plan is for, the package's as the prior
 (:func:`dflash_trt.plan.perf_fit.fit`). The plan then says which calibration it used.
 
 What a level does not say is assumed from the plan: the draft length the server ran at that
@@ -82,7 +82,7 @@ def _drafting(report: dict, key: str) -> bool:
     return any((lv.get("acceptance_length") or 0) > 1 for lv in report[key]["levels"])
 
 
-def cases_from_bench(report: dict, *, engine: str, target: TargetShape, drafter: DraftShape,
+def cases_from_bench(report: dict, *, stack: str, target: TargetShape, drafter: DraftShape,
                      gpu: hardware.GPU, precision: str, kv_cache: str, tp: int, draft_len_at,
                      tau_at) -> list[Case]:
     """One case per measured level: decode tokens/s per user (TTFT excluded) with drafting or
@@ -101,7 +101,7 @@ def cases_from_bench(report: dict, *, engine: str, target: TargetShape, drafter:
                 continue
             L = int(lv.get("draft_len", draft_len_at(c))) if drafts else 0
             tau = (lv.get("acceptance_length") or tau_at(L)) if L else None
-            row = Row(id=f"{key}-c{c}", engine=engine, gpu=gpu.name, target="(deployment)", drafter="(deployment)",
+            row = Row(id=f"{key}-c{c}", stack=stack, gpu=gpu.name, target="(deployment)", drafter="(deployment)",
                       precision=precision, tp=tp, concurrency=c, draft_len=L, tau=tau, context=ctx, per_user=True,
                       kv_cache=kv_cache, source=str(report[key].get("url", key)),
                       **({"tokens_per_s": rate} if L else {"baseline_tokens_per_s": rate}))
@@ -112,11 +112,11 @@ def cases_from_bench(report: dict, *, engine: str, target: TargetShape, drafter:
     return cases
 
 
-def refit(cal: Calibration, engine: str, cases: list[Case], source: str) -> Calibration:
-    """``cal`` with ``engine``'s constants refitted on ``cases`` (the shipped ones as the prior)."""
-    start = Calibration({engine: cal.constants(engine)}, cal.shared)
+def refit(cal: Calibration, stack: str, cases: list[Case], source: str) -> Calibration:
+    """``cal`` with ``stack``'s constants refitted on ``cases`` (the shipped ones as the prior)."""
+    start = Calibration({stack: cal.constants(stack)}, cal.shared)
     mine = fit(cases, start=start, source=source, fit_shared=False)
-    return cal.with_engine(engine, mine.constants(engine), source, {k: len(cases) for k in CONSTANTS})
+    return cal.with_stack(stack, mine.constants(stack), source, {k: len(cases) for k in CONSTANTS})
 
 
 def expand(draft_lengths: list[dict]) -> list[int]:
@@ -124,7 +124,7 @@ def expand(draft_lengths: list[dict]) -> list[int]:
     return [r["draft_len"] for r in draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
 
 
-def from_files(paths: list[Path], dep, first, cal: Calibration, engine: str) -> tuple[Calibration, float | None]:
+def from_files(paths: list[Path], dep, first, cal: Calibration, stack: str) -> tuple[Calibration, float | None]:
     """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
     with ``cal``), and the measured τ scaled to the full block (None: no level reported τ)."""
     from dflash_trt.plan.acceptance import expected_tau, fit_alpha
@@ -134,11 +134,11 @@ def from_files(paths: list[Path], dep, first, cal: Calibration, engine: str) -> 
     acc = Acceptance(alpha=first.alpha)
     cases: list[Case] = []
     for path in paths:
-        cases += cases_from_bench(read_bench(path), engine=engine, target=dep.target, drafter=dep.drafter,
+        cases += cases_from_bench(read_bench(path), stack=stack, target=dep.target, drafter=dep.drafter,
                                   gpu=dep.gpu, precision=dep.precision, kv_cache=dep.kv_cache, tp=first.tp,
                                   draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
     names = ", ".join(Path(p).name for p in paths)
-    new = refit(cal, engine, cases, source=f"your measurements: {names}, {len(cases)} levels")
+    new = refit(cal, stack, cases, source=f"your measurements: {names}, {len(cases)} levels")
     measured = [(c.row.tau, c.row.draft_len) for c in cases
                 if c.row.draft_len and c.row.tau and c.row.tau != acc.tau(c.row.draft_len)]
     if not measured:

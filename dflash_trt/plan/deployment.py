@@ -44,7 +44,7 @@ Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU 
 Step model for draft length and back-off
 ----------------------------------------
 Step times come from :mod:`dflash_trt.plan.perf_model` (every term and why it is there) with
-the constants fitted for the engine the plan is for (TensorRT-LLM on a GPU, the reference
+the constants fitted for the stack the plan is for (TensorRT-LLM on a GPU, the reference
 runtime on ``cpu``): the package's calibration, or the user's (``plan --calibration``). A
 decode context of ``S = min(max_seq_len / 2, 2048)`` per sequence; then::
 
@@ -202,10 +202,10 @@ def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
 
 
 def step_model(dep: Deployment, tp: int, ctx: int, calibration: Calibration | None = None,
-               engine: str | None = None) -> StepModel:
+               stack: str | None = None) -> StepModel:
     """The deployment's step times at ``tp`` and decode context ``ctx`` (:mod:`perf_model`)."""
     cal = calibration or perf_model.shipped()
-    k = cal.constants(engine or perf_model.engine_for(dep.gpu))
+    k = cal.constants(stack or perf_model.stack_for(dep.gpu))
     return StepModel(dep.target, dep.drafter, dep.gpu, dep.precision, dep.kv_cache, tp, ctx, k,
                      weight_bytes(dep.target, dep.precision), cal.shared)
 
@@ -356,8 +356,8 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
     acc = Acceptance.from_tau(tau, block, spec.per_position_acceptance)
     cal = calibration or perf_model.shipped()
-    engine = perf_model.engine_for(gpu)
-    roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, engine)
+    stack = perf_model.stack_for(gpu)
+    roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
     if spec.max_draft_len == "auto":
         max_len = _best_len(roof, 1, block - 1, acc)
     else:
@@ -377,7 +377,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),
                 alpha=round(acc.alpha, 4),
                 attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
-                curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(engine),
+                curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(stack),
                 predicted=predicted(roof, lengths, acc, tp_),
                 draft_lengths=[r.as_dict() for r in sched_mod.runs(lengths)], trtllm_release=release.version,
                 max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,

@@ -94,7 +94,7 @@ CATALOG: tuple[GPU, ...] = (
     GPU("A100 80GB", 80, 80, 2.0, 312, frozenset({"bf16"}), ("a100", "a100-80gb", "a100-sxm", "a100-80g")),
     GPU("A100 40GB", 80, 40, 1.555, 312, frozenset({"bf16"}), ("a100-40gb", "a100-40g")),
     # The embedded path: the reference runtime on the host. Memory: the machine's own (``get``);
-    # bandwidth and FLOPs are nominal: the CPU calibration (engine "reference") is fitted on them.
+    # bandwidth and FLOPs are nominal: the CPU calibration (stack "reference") is fitted on them.
     GPU("cpu", 0, 64, 0.05, 1.0, frozenset({"bf16"}), ("cpu", "host"), kind="cpu"),
 )
 

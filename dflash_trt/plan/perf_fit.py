@@ -1,27 +1,27 @@
-"""Fitting the step model's per-engine constants to measurements, and checking the fit.
+"""Fitting the step model's per-stack constants to measurements, and checking the fit.
 
 A measurement (:class:`Row`) is one published run, or one level of ``dflash-trt bench
---endpoint``: a model pair on a GPU with an engine, at one concurrency and draft length, with
+--endpoint``: a model pair on a GPU with a stack, at one concurrency and draft length, with
 what was measured (speedup, DFlash tokens/s, autoregressive tokens/s, each where known) and τ.
 The published rows live in ``dflash_trt/assets/perf/measurements.json``, each with its source.
 
-**What is fitted.** Per engine, the four :class:`~dflash_trt.plan.perf_model.EngineConstants`
+**What is fitted.** Per stack, the four :class:`~dflash_trt.plan.perf_model.StackConstants`
 (bandwidth share, compute share, cost per forward, cost per layer); the rest is shared and
-fixed (:class:`~dflash_trt.plan.perf_model.Shared`). Rows are few, so each engine's constant
-is a *pooled* value (one per hardware pool: GPUs, or the host CPU) times an engine offset,
-and an engine gets its own offset only where its rows can carry it:
+fixed (:class:`~dflash_trt.plan.perf_model.Shared`). Rows are few, so each stack's constant
+is a *pooled* value (one per hardware pool: GPUs, or the host CPU) times a stack offset,
+and a stack gets its own offset only where its rows can carry it:
 
 =============  =========================================
-rows of engine offsets fitted for it
+rows of stack offsets fitted for it
 =============  =========================================
 >= 8           all four
 3 .. 7         cost per forward, cost per layer
 1 .. 2         cost per layer
 =============  =========================================
 
-(an engine alone in its pool is the pool). Residuals are log ratios (predicted / measured),
+(a stack alone in its pool is the pool). Residuals are log ratios (predicted / measured),
 weighted by how well the row is known (``weight``); weak priors keep directions the rows
-cannot see at the defaults (pooled values toward ``EngineConstants()``, offsets toward 0).
+cannot see at the defaults (pooled values toward ``StackConstants()``, offsets toward 0).
 :func:`fit` solves it by Levenberg-Marquardt on log / logit parameters; :func:`leave_one_out`
 refits without each row and predicts it.
 """
@@ -41,10 +41,10 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.plan import hardware
 from dflash_trt.plan.deployment import weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
-from dflash_trt.plan.perf_model import Calibration, EngineConstants, Shared, StepModel, data_dir
+from dflash_trt.plan.perf_model import Calibration, Shared, StackConstants, StepModel, data_dir
 
 CONSTANTS = ("bandwidth_share", "compute_share", "step_s", "layer_s")
-# Shared constants fitted across engines, and the rows each rests on (see ``Layout.of``).
+# Shared constants fitted across stacks, and the rows each rests on (see ``Layout.of``).
 SHARED_FITTED = ("gemm_tail_rows", "expert_locality", "moe_gemm_efficiency", "dequant_efficiency")
 SHARES = ("bandwidth_share", "compute_share", "expert_locality", "moe_gemm_efficiency", "dequant_efficiency")
 PRIOR_POOLED, PRIOR_OFFSET = 0.1, 0.3          # prior weights (per parameter, in log / logit units)
@@ -56,7 +56,7 @@ class Row:
     """One measurement. Tokens/s are aggregate over the batch unless ``per_user``."""
 
     id: str
-    engine: str
+    stack: str
     gpu: str
     target: str                 # recipes/configs/<dir>, or embedded:NAME
     drafter: str
@@ -91,12 +91,12 @@ class Case:
     gpu: hardware.GPU
     weights_bytes: int
 
-    def model(self, k: EngineConstants, shared: Shared) -> StepModel:
+    def model(self, k: StackConstants, shared: Shared) -> StepModel:
         r = self.row
         return StepModel(self.target, self.drafter, self.gpu, r.precision, r.kv_cache, r.tp, r.context, k,
                          self.weights_bytes, shared)
 
-    def predict(self, k: EngineConstants, shared: Shared) -> dict[str, float]:
+    def predict(self, k: StackConstants, shared: Shared) -> dict[str, float]:
         """What the model says for what this row measured."""
         r, m = self.row, self.model(k, shared)
         scale = 1 if r.per_user else r.concurrency
@@ -149,12 +149,19 @@ def case_of(row: Row) -> Case:
     return Case(row, t, d, hardware.get(row.gpu), weight_bytes(t, row.precision))
 
 
+def row_from_dict(r: dict) -> Row:
+    """One measurement row; files written before the word "stack" say "engine" (read the same)."""
+    if "engine" in r and "stack" not in r:
+        r = {("stack" if k == "engine" else k): v for k, v in r.items()}
+    return Row(**r)
+
+
 def load_rows(path: Path | None = None) -> list[Row]:
     """The published measurements (``assets/perf/measurements.json``)."""
     f = Path(path) if path else data_dir() / MEASUREMENTS_FILE
     try:
         data = json.loads(f.read_text())
-        return [Row(**r) for r in data["rows"]]
+        return [row_from_dict(r) for r in data["rows"]]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise DFlashError(f"{f}: cannot read measurements ({exc})") from None
 
@@ -185,65 +192,65 @@ def pool_of(gpu: str) -> str:
 @dataclass
 class Layout:
     """Which parameters exist, in this order: pooled ones per (pool, constant), offsets per
-    (engine, constant), then the shared constants the MoE rows fit (where there are >= 2)."""
+    (stack, constant), then the shared constants the MoE rows fit (where there are >= 2)."""
 
     pooled: list[tuple[str, str]]
     offsets: list[tuple[str, str]]
     shared: list[str]
-    engine_pool: dict[str, str]
-    rows: dict[str, dict[str, int]] = field(default_factory=dict)   # engine -> constant -> rows it rests on
+    stack_pool: dict[str, str]
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)   # stack -> constant -> rows it rests on
 
     @classmethod
-    def of(cls, cases: list[Case], engines: tuple[str, ...] = ()) -> Layout:
+    def of(cls, cases: list[Case], stacks: tuple[str, ...] = ()) -> Layout:
         count: dict[str, int] = {}
-        engine_pool: dict[str, str] = {}
+        stack_pool: dict[str, str] = {}
         for c in cases:
-            count[c.row.engine] = count.get(c.row.engine, 0) + 1
-            engine_pool[c.row.engine] = pool_of(c.row.gpu)
-        for e in engines:
-            engine_pool.setdefault(e, "cpu" if e == "reference" else "gpu")
-        pooled = [(p, k) for p in sorted(set(engine_pool.values())) for k in CONSTANTS]
+            count[c.row.stack] = count.get(c.row.stack, 0) + 1
+            stack_pool[c.row.stack] = pool_of(c.row.gpu)
+        for e in stacks:
+            stack_pool.setdefault(e, "cpu" if e == "reference" else "gpu")
+        pooled = [(p, k) for p in sorted(set(stack_pool.values())) for k in CONSTANTS]
         offsets, rows = [], {}
-        for e, p in sorted(engine_pool.items()):
-            alone = sum(1 for f, q in engine_pool.items() if q == p and count.get(f, 0)) <= 1
-            own = () if alone else _owned(count.get(e, 0))   # alone in its pool: the pool is the engine
+        for e, p in sorted(stack_pool.items()):
+            alone = sum(1 for f, q in stack_pool.items() if q == p and count.get(f, 0)) <= 1
+            own = () if alone else _owned(count.get(e, 0))   # alone in its pool: the pool is the stack
             offsets += [(e, k) for k in own]
-            in_pool = sum(n for f, n in count.items() if engine_pool[f] == p)
+            in_pool = sum(n for f, n in count.items() if stack_pool[f] == p)
             rows[e] = {k: (count.get(e, 0) if k in own else in_pool) for k in CONSTANTS}
         informed = {"gemm_tail_rows": sum(1 for c in cases if pool_of(c.row.gpu) == "gpu"),
                     "expert_locality": sum(1 for c in cases if c.target.experts),
                     "moe_gemm_efficiency": sum(1 for c in cases if c.target.experts),
-                    "dequant_efficiency": sum(1 for c in cases if c.model(EngineConstants(), Shared())
+                    "dequant_efficiency": sum(1 for c in cases if c.model(StackConstants(), Shared())
                                               ._dequantizes(c.row.precision))}
         shared = [k for k in SHARED_FITTED if informed[k] >= 2]
         rows["shared"] = {k: (informed[k] if k in shared else 0) for k in SHARED_FITTED}
-        return cls(pooled, offsets, shared, engine_pool, rows)
+        return cls(pooled, offsets, shared, stack_pool, rows)
 
-    def constants(self, x: np.ndarray, engine: str) -> EngineConstants:
-        pool = self.engine_pool[engine]
+    def constants(self, x: np.ndarray, stack: str) -> StackConstants:
+        pool = self.stack_pool[stack]
         values = {}
         for k in CONSTANTS:
             theta = x[self.pooled.index((pool, k))]
-            if (engine, k) in self.offsets:
-                theta += x[len(self.pooled) + self.offsets.index((engine, k))]
+            if (stack, k) in self.offsets:
+                theta += x[len(self.pooled) + self.offsets.index((stack, k))]
             values[k] = _from_param(k, theta)
-        return EngineConstants(**values)
+        return StackConstants(**values)
 
     def shared_of(self, x: np.ndarray, base: Shared) -> Shared:
         first = len(self.pooled) + len(self.offsets)
         return replace(base, **{k: _from_param(k, x[first + i]) for i, k in enumerate(self.shared)})
 
-    def start(self, prior: dict[str, EngineConstants], base: Shared) -> np.ndarray:
+    def start(self, prior: dict[str, StackConstants], base: Shared) -> np.ndarray:
         return np.array([_to_param(k, getattr(prior[p], k)) for p, k in self.pooled] + [0.0] * len(self.offsets)
                         + [_to_param(k, getattr(base, k)) for k in self.shared])
 
 
-def _residuals(x: np.ndarray, layout: Layout, cases: list[Case], base: Shared, prior: dict[str, EngineConstants],
+def _residuals(x: np.ndarray, layout: Layout, cases: list[Case], base: Shared, prior: dict[str, StackConstants],
                prior_weight: float) -> np.ndarray:
     out = []
     shared = layout.shared_of(x, base)
     for c in cases:
-        pred, obs = c.predict(layout.constants(x, c.row.engine), shared), c.observed()
+        pred, obs = c.predict(layout.constants(x, c.row.stack), shared), c.observed()
         out += [c.row.weight * math.log(pred[key] / v) for key, v in obs.items() if key in pred]
     x0 = layout.start(prior, base)
     n_pooled, n_offsets = len(layout.pooled), len(layout.offsets)
@@ -280,28 +287,28 @@ def _levenberg_marquardt(fun, x0: np.ndarray, iters: int = 60) -> np.ndarray:
 
 
 def fit(cases: list[Case], *, start: Calibration | None = None, source: str = "fit",
-        engines: tuple[str, ...] = (), prior_weight: float = PRIOR_POOLED, fit_shared: bool = True) -> Calibration:
-    """Constants per engine from ``cases`` (see the module docstring). ``start`` gives the prior
-    and the first guess (default: ``EngineConstants()``); ``engines`` adds engines without rows
+        stacks: tuple[str, ...] = (), prior_weight: float = PRIOR_POOLED, fit_shared: bool = True) -> Calibration:
+    """Constants per stack from ``cases`` (see the module docstring). ``start`` gives the prior
+    and the first guess (default: ``StackConstants()``); ``stacks`` adds stacks without rows
     (they get their pool's values); ``fit_shared=False`` keeps ``start``'s shared constants."""
     start = start or Calibration({})
-    layout = Layout.of(cases, tuple(engines) + tuple(start.engines))
+    layout = Layout.of(cases, tuple(stacks) + tuple(start.stacks))
     if not fit_shared:
         layout.shared = []
     prior = {p: _pool_prior(start, layout, p) for p in {p for p, _ in layout.pooled}}
     x = _levenberg_marquardt(lambda v: _residuals(v, layout, cases, start.shared, prior, prior_weight),
                              layout.start(prior, start.shared))
-    consts = {e: layout.constants(x, e) for e in layout.engine_pool}
+    consts = {e: layout.constants(x, e) for e in layout.stack_pool}
     return Calibration(consts, layout.shared_of(x, start.shared), source, layout.rows)
 
 
-def _pool_prior(start: Calibration, layout: Layout, pool: str) -> EngineConstants:
-    """The first guess of a pool: the geometric mean of its engines' starting constants."""
-    mine = [start.engines[e] for e, p in layout.engine_pool.items() if p == pool and e in start.engines]
+def _pool_prior(start: Calibration, layout: Layout, pool: str) -> StackConstants:
+    """The first guess of a pool: the geometric mean of its stacks' starting constants."""
+    mine = [start.stacks[e] for e, p in layout.stack_pool.items() if p == pool and e in start.stacks]
     if not mine:
-        return EngineConstants() if pool == "gpu" else EngineConstants(0.5, 0.3, 1e-3, 1e-4)
+        return StackConstants() if pool == "gpu" else StackConstants(0.5, 0.3, 1e-3, 1e-4)
     vals = {k: _from_param(k, sum(_to_param(k, getattr(m, k)) for m in mine) / len(mine)) for k in CONSTANTS}
-    return EngineConstants(**vals)
+    return StackConstants(**vals)
 
 
 def leave_one_out(cases: list[Case], full: Calibration, start: Calibration | None = None) -> list[dict]:
@@ -310,10 +317,10 @@ def leave_one_out(cases: list[Case], full: Calibration, start: Calibration | Non
     out = []
     for i, c in enumerate(cases):
         rest = cases[:i] + cases[i + 1:]
-        loo = fit(rest, start=start, source="loo", engines=tuple(full.engines))
-        out.append({"id": c.row.id, "engine": c.row.engine, "observed": c.observed(),
-                    "fitted": c.predict(full.constants(c.row.engine), full.shared),
-                    "loo": c.predict(loo.constants(c.row.engine), loo.shared)})
+        loo = fit(rest, start=start, source="loo", stacks=tuple(full.stacks))
+        out.append({"id": c.row.id, "stack": c.row.stack, "observed": c.observed(),
+                    "fitted": c.predict(full.constants(c.row.stack), full.shared),
+                    "loo": c.predict(loo.constants(c.row.stack), loo.shared)})
     return out
 
 
@@ -324,7 +331,7 @@ def trends(cases: list[Case], predicted: dict[str, dict[str, float]], flat: floa
     for c in cases:
         r = c.row
         if r.speedup is not None:
-            groups.setdefault((r.engine, r.gpu, r.target, r.tp, r.precision), []).append(c)
+            groups.setdefault((r.stack, r.gpu, r.target, r.tp, r.precision), []).append(c)
 
     def way(first: float, last: float) -> str:
         change = last / first - 1
@@ -338,7 +345,7 @@ def trends(cases: list[Case], predicted: dict[str, dict[str, float]], flat: floa
         hi = max(members, key=lambda m: m.row.concurrency)
         measured = way(lo.row.speedup, hi.row.speedup)
         model = way(predicted[lo.row.id]["speedup"], predicted[hi.row.id]["speedup"])
-        out.append({"engine": key[0], "gpu": key[1], "target": key[2],
+        out.append({"stack": key[0], "gpu": key[1], "target": key[2],
                     "concurrency": (lo.row.concurrency, hi.row.concurrency),
                     "measured": measured, "predicted": model, "right": measured == model})
     return out

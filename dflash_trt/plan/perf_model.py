@@ -1,20 +1,20 @@
 """The planner's step model: how long one decode step takes, with and without DFlash drafting.
 
-A serving engine runs in *steps*: every live sequence advances once per step. Without drafting a
+A serving stack runs in *steps*: every live sequence advances once per step. Without drafting a
 step is one target forward over ``b`` sequences x 1 token; with DFlash it is one drafter forward
 and one target forward that verifies ``b x (L + 1)`` tokens and commits τ(L) tokens per sequence
 on average. Everything below is per tensor-parallel rank (``tp``), at a typical decode context of
 ``S`` tokens per sequence. Terms, each with why it is there:
 
-* **Fixed cost per forward** (``step_s``, per engine): scheduling the batch, sampling or argmax,
+* **Fixed cost per forward** (``step_s``, per stack): scheduling the batch, sampling or argmax,
   the host-device sync that decides the next step, kernel launches outside the layers. It does
   not shrink with the model, so it is what makes small models gain less than their τ: an
   autoregressive step pays it once, a DFlash round twice (drafter, then target).
-* **Cost per layer** (``layer_s``, per engine): launches and the small kernels of every decoder
+* **Cost per layer** (``layer_s``, per stack): launches and the small kernels of every decoder
   layer (norms, RoPE, residuals, cache writes). CUDA graphs make it microseconds; eager PyTorch
   (Transformers, the reference runtime) tens of microseconds or more.
 * **Weights and KV streamed from memory** at ``bandwidth_share`` x the datasheet bandwidth
-  (per engine): every weight but the input embedding is read once per forward (a tied LM head
+  (per stack): every weight but the input embedding is read once per forward (a tied LM head
   reads the embedding matrix); each sequence's context K/V is read once per forward, whatever
   its number of query tokens (flash attention streams the cache per query block).
 * **MoE experts touched**: a forward over ``M`` tokens reads only the experts some token picked,
@@ -22,7 +22,7 @@ on average. Everything below is per tensor-parallel rank (``tp``), at a typical 
   verify step (``M = b x (L + 1)``) many, which is why MoE speedups stay flat as batches grow:
   the verify pays for experts the decode step would soon pay for too.
 * **GEMMs whose efficiency depends on the tokens per forward**: ``2 x M x P`` FLOPs at
-  ``compute_share`` (per engine) x the precision's peak x ``M / (max(M, 64) + 32)``: a GEMM over
+  ``compute_share`` (per stack) x the precision's peak x ``M / (max(M, 64) + 32)``: a GEMM over
   16 rows computes a whole 64-row tile (a quarter of the peak a GEMM over 2,048 rows reaches);
   an MoE's expert GEMMs, a few scattered rows per expert, run at ``moe_gemm_efficiency`` of a
   dense GEMM's rate, which is what makes a wide verify expensive for an MoE. A forward takes
@@ -50,7 +50,7 @@ Then, for a batch of ``b`` sequences::
     speedup(b,L) = τ(L) x t_AR(b) / t_DFlash(b, L)
     tokens/s per user = τ(L) / t_DFlash(b, L)   (1 / t_AR(b) without drafting)
 
-The per-engine constants are fitted against published measurements
+The per-stack constants are fitted against published measurements
 (``bench/fit_perf_model.py``, :mod:`dflash_trt.plan.perf_fit`); the shared ones below are fixed
 (:class:`Shared`, each with its source).
 """
@@ -72,13 +72,15 @@ from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 # on Hopper, NVLink 3 on A100; PCIe Gen5 x16 where a card has no NVLink). Host: memory copies.
 LINK_GBS = {"B300": 900, "B200": 900, "GB200": 900, "H200": 450, "H100": 450, "H100 PCIe": 64, "L40S": 32,
             "A100 80GB": 300, "A100 40GB": 300, "RTX PRO 6000 Blackwell": 64, "cpu": 10}
-ENGINES = ("trtllm", "sglang", "vllm", "transformers", "reference")
+#: the serving software a measurement or calibration row came from (its "stack"; files written
+#: before the word was chosen say "engine" / "engines", and are read the same)
+STACKS = ("trtllm", "sglang", "vllm", "transformers", "reference")
 CALIBRATION_FILE = "calibration.json"
 
 
 @dataclass(frozen=True)
-class EngineConstants:
-    """What one serving engine achieves on one class of hardware (fitted; see the module docstring)."""
+class StackConstants:
+    """What one serving stack achieves on one class of hardware (fitted; see the module docstring)."""
 
     bandwidth_share: float = 0.8   # of the datasheet memory bandwidth, streaming weights and KV
     compute_share: float = 0.6     # of the dense tensor-core peak, for a large GEMM
@@ -91,11 +93,11 @@ class EngineConstants:
 
 @dataclass(frozen=True)
 class Shared:
-    """Constants every engine shares (not fitted: the published rows cannot tell them apart)."""
+    """Constants every stack shares (not fitted: the published rows cannot tell them apart)."""
 
     # A tensor-core GEMM over M token rows computes whole tiles of ``gemm_tile_rows`` rows (the M of
     # Hopper's wgmma and of the usual CUTLASS/cuBLAS tiles is 64) and loses a tail of waves and
-    # epilogue worth ``gemm_tail_rows`` more: efficiency M / (max(M, tile) + tail) of the engine's
+    # epilogue worth ``gemm_tail_rows`` more: efficiency M / (max(M, tile) + tail) of the stack's
     # compute share (NVIDIA "Matrix Multiplication Background" guide: tile and wave quantisation).
     gemm_tile_rows: float = 64.0
     gemm_tail_rows: float = 32.0
@@ -139,39 +141,40 @@ class Acceptance:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Fitted constants per engine, where they came from, and how many rows each rests on."""
+    """Fitted constants per stack, where they came from, and how many rows each rests on."""
 
-    engines: dict[str, EngineConstants]
+    stacks: dict[str, StackConstants]
     shared: Shared = Shared()
     source: str = "defaults"                         # what the constants were fitted on
-    rows: dict[str, dict[str, int]] = field(default_factory=dict)   # engine -> constant -> rows
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)   # stack -> constant -> rows
 
-    def constants(self, engine: str) -> EngineConstants:
-        if engine in self.engines:
-            return self.engines[engine]
-        raise DFlashError(f"no calibration for engine {engine!r}; calibrated: {', '.join(self.engines)}")
+    def constants(self, stack: str) -> StackConstants:
+        if stack in self.stacks:
+            return self.stacks[stack]
+        raise DFlashError(f"no calibration for stack {stack!r}; calibrated: {', '.join(self.stacks)}")
 
-    def with_engine(self, engine: str, k: EngineConstants, source: str, rows: dict[str, int]) -> Calibration:
-        engines = {**self.engines, engine: k}
-        return Calibration(engines, self.shared, source, {**self.rows, engine: rows})
+    def with_stack(self, stack: str, k: StackConstants, source: str, rows: dict[str, int]) -> Calibration:
+        stacks = {**self.stacks, stack: k}
+        return Calibration(stacks, self.shared, source, {**self.rows, stack: rows})
 
-    def describe(self, engine: str) -> str:
-        k, n = self.constants(engine), self.rows.get(engine, {})
+    def describe(self, stack: str) -> str:
+        k, n = self.constants(stack), self.rows.get(stack, {})
         lo, hi = (min(n.values()), max(n.values())) if n else (0, 0)
         rows = f"{lo}" if lo == hi else f"{lo}-{hi}"
-        return (f"{engine} calibration ({self.source}; {rows} measurement rows per constant): bandwidth "
+        return (f"{stack} calibration ({self.source}; {rows} measurement rows per constant): bandwidth "
                 f"{k.bandwidth_share:.0%}, compute {k.compute_share:.0%}, {k.step_s * 1e6:.0f} us per forward, "
                 f"{k.layer_s * 1e6:.1f} us per layer")
 
     def as_dict(self) -> dict:
         return {"source": self.source, "shared": asdict(self.shared),
-                "engines": {e: k.as_dict() for e, k in self.engines.items()}, "rows": self.rows}
+                "stacks": {e: k.as_dict() for e, k in self.stacks.items()}, "rows": self.rows}
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "calibration") -> Calibration:
         try:
-            engines = {e: EngineConstants(**k) for e, k in data["engines"].items()}
-            return cls(engines, Shared(**data.get("shared", {})), str(data.get("source", where)),
+            by_stack = data["stacks"] if "stacks" in data else data["engines"]   # "engines": the old key
+            stacks = {e: StackConstants(**k) for e, k in by_stack.items()}
+            return cls(stacks, Shared(**data.get("shared", {})), str(data.get("source", where)),
                        {e: {c: int(n) for c, n in r.items()} for e, r in data.get("rows", {}).items()})
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise DFlashError(f"{where}: not a dflash-trt calibration ({exc})") from None
@@ -189,12 +192,12 @@ def shipped() -> Calibration:
     """The constants fitted on the published measurements (``bench/fit_perf_model.py`` writes them)."""
     f = data_dir() / CALIBRATION_FILE
     if not f.is_file():
-        return Calibration({e: EngineConstants() for e in ENGINES})
+        return Calibration({e: StackConstants() for e in STACKS})
     return Calibration.from_dict(json.loads(f.read_text()), where=str(f))
 
 
-def engine_for(gpu: GPU) -> str:
-    """The engine a plan is for: TensorRT-LLM on a GPU, the reference runtime on the host."""
+def stack_for(gpu: GPU) -> str:
+    """The stack a plan is for: TensorRT-LLM on a GPU, the reference runtime on the host."""
     return "reference" if gpu.kind == "cpu" else "trtllm"
 
 
@@ -213,7 +216,7 @@ class StepModel:
     kv_cache: str
     tp: int
     ctx: int
-    k: EngineConstants
+    k: StackConstants
     weights_bytes: int
     shared: Shared = Shared()
 

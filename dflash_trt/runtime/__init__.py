@@ -1,6 +1,7 @@
 """Runtime: the speculative loop (the executable specification) over a backend (the PyTorch
 modules, ONNX Runtime over a bundle's onnx/, TensorRT over its engines/), sampling and
-acceptance, statistics, the step-level engine that batches continuously, and pair loading.
+acceptance, statistics, the scheduler that batches continuously, the run spec (backend,
+kernels, batching: ``resolve_run``) and pair loading.
 
 Other subpackages import from here, never from the modules inside.
 """
@@ -8,32 +9,26 @@ from __future__ import annotations
 
 from dflash_trt.runtime.backend import Backend, TorchBackend
 from dflash_trt.runtime.dequantize import dequantize_state
-from dflash_trt.runtime.engine import Engine, Step, draft_len_for_batch_size
 from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
-from dflash_trt.runtime.pair import (
-                                    BACKENDS,
-                                    Pair,
-                                    load_bundle,
-                                    load_pair,
-                                    load_tokenizer,
-                                    open_backend,
-                                    parse_dtype,
-                                    stop_ids,
-)
+from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
 from dflash_trt.runtime.proposer import Proposer, SelectorProposer, proposer_for
 from dflash_trt.runtime.proposer import register as register_proposer
 from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample
+from dflash_trt.runtime.scheduler import Scheduler, Step, draft_len_for_batch_size
+from dflash_trt.runtime.spec import BACKENDS, BATCHING, RunSpec, resolve_run
 from dflash_trt.runtime.stats import Stats
 
 __all__ = [
     "BACKENDS",
+    "BATCHING",
     "Backend",
-    "Engine",
     "Generation",
     "Pair",
     "Proposer",
     "Request",
+    "RunSpec",
     "SamplingParams",
+    "Scheduler",
     "SelectorProposer",
     "Stats",
     "Step",
@@ -46,11 +41,11 @@ __all__ = [
     "load_bundle",
     "load_pair",
     "load_tokenizer",
-    "open_backend",
     "parse_dtype",
     "probs",
     "proposer_for",
     "register_proposer",
     "rejection_sample",
+    "resolve_run",
     "stop_ids",
 ]

@@ -16,7 +16,7 @@ The calls, per batch of ``b`` rows:
 - ``drafter_round(target_hidden, n_new, anchor, block_size, cache)`` -> draft logits: KV
   injection of the tokens committed since the last round, then one block forward over
   ``[anchor, MASK x (B-1)]`` (the exported ``drafter.onnx`` is exactly this round). Block
-  size 1 (a round the engine's draft-length schedule turns drafting off for) only injects.
+  size 1 (a round the scheduler's draft-length schedule turns drafting off for) only injects.
 - ``draft_block(target_hidden, n_new, anchor, block_size, cache, params, keys, first)`` ->
   (tokens, q): the B-1 draft tokens per row and the distributions q the sampled rows drew them
   from (None when no row samples; tokens None at block size 1). Default: ``drafter_round``,
@@ -39,7 +39,7 @@ The calls, per batch of ``b`` rows:
   outside the shapes this backend runs (optional: the exported graphs' engine profile).
 
 Every call works per step on whatever rows are live, with the block size given per call, so
-the step-level engine batches continuously through this interface alone.
+the scheduler batches continuously through this interface alone.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from dflash_trt.plugins import PagedKVCache
 from dflash_trt.runtime.decoder import lean_forward
 from dflash_trt.runtime.proposer import Proposer, proposer_for
 from dflash_trt.runtime.sampling import SamplingParams, propose
-from dflash_trt.runtime.target_cache import CachePolicy
+from dflash_trt.runtime.target_cache import cache_policy
 
 
 class Backend(ABC):
@@ -137,12 +137,15 @@ class TorchBackend(Backend):
     lean forward over the same weights and cache (``lean=False``: transformers' own forward).
     """
 
+    #: the name --backend gives this backend (messages and reports say it)
+    name = "torch"
+
     def __init__(self, target: Target, drafter: Drafter | None, *, lean: bool = True):
         self.target, self.drafter = target, drafter
         self.device = target.device
         self.drafter_block_size = drafter.cfg.block_size if drafter is not None else None
         self.lean = lean_forward(target.model) if lean else None
-        self.caches = CachePolicy(target.model)
+        self.caches = cache_policy(target.model)
         #: how the drafter's family drafts a block (``proposer.proposer_for``: the one dispatch)
         self.proposer = proposer_for(family_of(drafter.cfg)) if drafter is not None else Proposer()
 
@@ -151,16 +154,18 @@ class TorchBackend(Backend):
         return self.caches.new_cache(batch), dcache
 
     def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):
-        def run(model_mask):  # the cache policy builds the model's mask and settles the cache around this
+        def run(model_mask, ids=ids, positions=positions, cache=cache):
+            """The cache policy builds the model's mask and settles the cache around this call
+            (a policy running rows apart, ``row_cache.RowReplayPolicy``, passes each row's own)."""
             if self.lean is not None:  # plain decoders only: the policy passes their 2D mask through
                 return self.lean.forward(ids, positions, attention_mask, cache,
                                          self.target.layer_ids if capture else None, logits_at)
-            logits, hidden = self.target.forward(ids, positions, model_mask, cache, capture=capture)
-            if logits_at is not None:
-                logits = logits[torch.arange(ids.shape[0], device=ids.device), logits_at][:, None]
-            return logits, hidden
+            return self.target.forward(ids, positions, model_mask, cache, capture=capture)
 
-        return self.caches.forward(run, ids, positions, attention_mask, cache)
+        logits, hidden = self.caches.forward(run, ids, positions, attention_mask, cache)
+        if logits_at is not None and self.lean is None:
+            logits = logits[torch.arange(ids.shape[0], device=ids.device), logits_at][:, None]
+        return logits, hidden
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
         return self.draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)[1]
@@ -220,7 +225,7 @@ def merge_paged(a: PagedKVCache, b: PagedKVCache) -> PagedKVCache:
 def repack_paged(cache: PagedKVCache) -> None:
     """Free the pages of sequences that left (``select`` keeps them allocated): once fewer than
     half the allocated pages are still in some page table, copy the live ones to the front of
-    the pool and renumber the tables (a continuously batching engine would grow forever else)."""
+    the pool and renumber the tables (a continuously batching scheduler would grow forever else)."""
     live = cache.page_table[cache.page_table >= 0]
     if 2 * live.numel() >= cache.used_pages:
         return

@@ -28,7 +28,7 @@ changes between rounds: :meth:`Batch.filter` lets rows leave, :meth:`Batch.merge
 that :func:`admit` just prefilled join (SGLang's ``filter_batch`` / ``merge_batch``), each
 through the backend, so a row's tokens never depend on what shares its batch.
 :func:`generate` admits every prompt at once and runs rounds until none is left; the
-step-level engine (``engine.py``) admits and rounds step by step with the same functions.
+scheduler (``scheduler.py``) admits and rounds step by step with the same functions.
 """
 
 from __future__ import annotations

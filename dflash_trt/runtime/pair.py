@@ -1,9 +1,10 @@
-"""A loaded (target, drafter, tokenizer) ready for the reference runtime.
+"""A loaded (target, drafter, tokenizer) with what runs it: a finished :class:`Pair`.
 
-``load_pair`` is the one place the commands that run models (generate, bench, serve) get
-their models from, whatever the user named: local directories, hub ids, a bundle
-directory, or the embedded default. ``open_backend`` gives a bundle's pair the backend that
-answers the loop's calls when it is not the PyTorch modules themselves (``--backend``).
+``load_pair`` and ``load_bundle`` are the one place the commands that run models (generate,
+bench, serve) get their models from, whatever the user named: local directories, hub ids, a
+bundle directory, or the embedded default. Each takes the resolved
+:class:`~dflash_trt.runtime.spec.RunSpec` and returns the pair complete, its backend open
+(``--backend``); nothing sets a field of a pair after loading (it is frozen).
 """
 
 from __future__ import annotations
@@ -16,31 +17,41 @@ import torch
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError, DFlashError
 from dflash_trt.model import Drafter, Target, load_target
-from dflash_trt.runtime.backend import Backend
+from dflash_trt.runtime.backend import Backend, TorchBackend
 from dflash_trt.runtime.loop import block_size_for
-
-#: what ``--backend`` chooses: the PyTorch modules, ONNX Runtime over onnx/, TensorRT over engines/
-BACKENDS = ("torch", "onnx", "tensorrt")
+from dflash_trt.runtime.spec import RunSpec
 
 # The dtypes the reference runtime computes in (``ingest.RUNTIME_DTYPES``, the one dtype table's).
 DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pair:
-    """Models and tokenizer; from a bundle also its serving plan: ``max_batch_size`` and the
-    ``draft_len_schedule`` ({batch size: draft length}, TensorRT-LLM's lookup) of its
-    ``trtllm/config.yaml`` (None: not planned)."""
+    """Models and tokenizer, the :class:`RunSpec` they run under and the backend that answers the
+    loop's model calls (built from the modules, ``TorchBackend``, when not given); from a bundle
+    also its serving plan: ``max_batch_size`` and the ``draft_len_schedule`` ({batch size: draft
+    length}, TensorRT-LLM's lookup) of its ``trtllm/config.yaml`` (None: not planned).
+    A changed pair is a new one (``dataclasses.replace``)."""
 
     target: Target
     drafter: Drafter | None
     tokenizer: object
     stop_token_ids: list[int] = field(default_factory=list)
     name: str = "model"
-    #: what answers the loop's model calls (``generate(..., backend=)``); None: the modules above
-    backend: Backend | None = None
+    #: what answers the loop's model calls (``generate(..., backend=pair.backend)``); always set
+    backend: Backend = None  # type: ignore[assignment]  # None on construction: TorchBackend(target, drafter)
+    spec: RunSpec = RunSpec()
     max_batch_size: int | None = None
     draft_len_schedule: dict[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            if self.spec.graphs:
+                raise DFlashError(f"a pair run by the {self.spec.backend} backend needs that backend opened: "
+                                  "load it with load_bundle")
+            object.__setattr__(self, "backend", TorchBackend(self.target, self.drafter))
+        if self.drafter is not None:  # the torch backend's dflash ops (``plugins.dispatch``)
+            self.drafter.kernels = self.spec.kernels
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         tok = self.tokenizer
@@ -90,9 +101,15 @@ def stop_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def load_pair(target: str | Path, drafter: str | Path | None, *, dtype: str = "auto",
-              device: str = "cpu") -> Pair:
-    """Load a target and (optionally) a drafter in any supported format, validated as a pair first."""
+def load_pair(target: str | Path, drafter: str | Path | None, spec: RunSpec | None = None, *,
+              dtype: str = "auto", device: str = "cpu") -> Pair:
+    """Load a target and (optionally) a drafter in any supported format, validated as a pair first,
+    to run under ``spec`` (default: the torch backend, reference kernels); the graph backends
+    run a bundle's graphs (:func:`load_bundle`)."""
+    spec = spec or RunSpec()
+    if spec.graphs:
+        raise DFlashError(f"--backend {spec.backend} runs a bundle's exported graphs: "
+                          "pass a bundle built with --graphs")
     tdir = ingest.resolve(str(target), role="target")
     ddir = ingest.resolve(str(drafter), role="drafter") if drafter is not None else None
     # Configs + safetensors headers only: a mismatched or corrupt pair fails here, before any load.
@@ -108,11 +125,13 @@ def load_pair(target: str | Path, drafter: str | Path | None, *, dtype: str = "a
         d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
         ingest.check_pair_runtime(model, d, where=str(ddir))
     layer_ids = d.cfg.target_layer_ids if d is not None else None
-    return Pair(Target(model, layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=tdir.name)
+    return Pair(Target(model, layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=tdir.name, spec=spec)
 
 
-def load_bundle(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -> Pair:
-    """Load a ``dflash-trt build`` bundle for the reference runtime.
+def load_bundle(path: str | Path, spec: RunSpec | None = None, *, dtype: str = "auto",
+                device: str = "cpu") -> Pair:
+    """Load a ``dflash-trt build`` bundle to run under ``spec`` (default: the torch backend;
+    resolve a graph backend's with ``resolve_run(..., bundle=path)``), its backend open.
 
     BF16 and as-shipped bundles load their ``target/`` directly. A bundle ModelOpt
     quantized (fp8 / nvfp4) is dequantized on load (``quantize.dequantize_state``): the
@@ -120,21 +139,23 @@ def load_bundle(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -
     activations are not quantized), so acceptance reflects the quantized target. The
     manifest also records the unquantized source (``reference_runtime.source_target``).
     """
+    spec = spec or RunSpec()
     bundle = ingest.open_bundle(path)
     ref = bundle.manifest.reference_runtime
     tdir, ddir = bundle.root / ref.target, bundle.root / ref.drafter
+    torch_dtype = parse_dtype(dtype, device)
     if not ref.dequantize:
-        pair = load_pair(tdir, ddir, dtype=dtype, device=device)
+        ingest.validate_pair(tdir, ddir)
+        model = load_target(tdir, dtype=torch_dtype, device=device)
     else:
-        torch_dtype = parse_dtype(dtype, device)
         model = _load_dequantized(tdir, torch_dtype, device)
-        tokenizer = load_tokenizer(tdir)
-        d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
-        ingest.check_pair_runtime(model, d, where=str(ddir))
-        pair = Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer))
-    pair.name = bundle.root.name
-    pair.max_batch_size, pair.draft_len_schedule = serving_plan(bundle.trtllm_config)
-    return pair
+    tokenizer = load_tokenizer(tdir)
+    d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
+    ingest.check_pair_runtime(model, d, where=str(ddir))
+    max_batch_size, schedule = serving_plan(bundle.trtllm_config)
+    return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer),
+                name=bundle.root.name, backend=_graph_backend(spec, bundle, d), spec=spec,
+                max_batch_size=max_batch_size, draft_len_schedule=schedule)
 
 
 def serving_plan(config_yaml: Path) -> tuple[int | None, dict[int, int] | None]:
@@ -182,32 +203,20 @@ def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):
     return model.to(device).eval()
 
 
-def open_backend(kind: str, bundle: str | Path, pair: Pair, dtype: str = "auto") -> Backend | None:
-    """The backend ``--backend kind`` names for a loaded bundle (None for ``torch``: the pair's
-    own modules). ``onnx`` and ``tensorrt`` run the graphs of a bundle built with ``--engine
-    tensorrt`` at the shapes its manifest records; anything missing is one DFlashError line."""
-    if kind not in BACKENDS:
-        raise DFlashError(f"--backend {kind!r}: choose one of {', '.join(BACKENDS)}")
-    if kind == "torch":
+def _graph_backend(spec: RunSpec, bundle, drafter: Drafter) -> Backend | None:
+    """The backend ``spec`` names over ``bundle``'s graphs (None for torch: the pair's modules).
+    :func:`~dflash_trt.runtime.spec.resolve_run` has checked the bundle has them."""
+    if not spec.graphs:
         return None
-    b = ingest.open_bundle(bundle)
-    engine = b.manifest.engine
-    if engine is None:
-        raise DFlashError(f"{b.root}: --backend {kind} runs the exported graphs of a bundle built with "
-                          "--engine tensorrt; this one has none (rebuild it so, or use --backend torch)")
-    if engine.profile is None or not (b.onnx / "embed.onnx").is_file():
-        raise DFlashError(f"{b.root}: its onnx/ predates the recorded engine profile; "
-                          "rebuild it with --engine tensorrt")
-    if dtype not in ("auto", "float32"):
-        raise DFlashError(f"--backend {kind} runs the float32 graphs the build exported; drop --dtype {dtype}")
-    mask = pair.drafter.cfg.mask_token_id
-    if kind == "onnx":
+    graphs = bundle.manifest.engine
+    if graphs is None or graphs.profile is None:
+        raise DFlashError(f"{bundle.root}: --backend {spec.backend} needs a bundle built with --graphs "
+                          "(resolve the run spec with resolve_run first)")
+    mask = drafter.cfg.mask_token_id
+    if spec.backend == "onnx":
         from dflash_trt.runtime.onnx_backend import OnnxBackend
 
-        return OnnxBackend(b.onnx, engine.profile, mask)
-    from dflash_trt.runtime.trt_backend import TensorRTBackend, tensorrt_problem
+        return OnnxBackend(bundle.onnx, graphs.profile, mask)
+    from dflash_trt.runtime.trt_backend import TensorRTBackend
 
-    if tensorrt_problem() is None and not engine.engines_built:
-        raise DFlashError(f"{b.root}: no engines/ in this bundle (the build said: {engine.engines_reason}); "
-                          "rebuild it where TensorRT and a GPU are, or use --backend onnx")
-    return TensorRTBackend(b.engines, engine.profile, mask)
+    return TensorRTBackend(bundle.engines, graphs.profile, mask)

@@ -1,7 +1,7 @@
 """Serve: the embedded OpenAI-compatible server and TensorRT-LLM launch files.
 
 Modules: ``protocol`` (request models, OpenAI-style errors), ``batcher`` (the bounded queue, jobs,
-and the static worker), ``continuous`` (the worker over the runtime's step-level engine),
+and the static worker), ``continuous`` (the worker over the runtime's scheduler),
 ``metrics`` (Prometheus), ``state`` (what one app serves), ``routes`` (one handler per endpoint,
 request checks and error answers in one place) and ``responses`` (OpenAI bodies, SSE chunks),
 both importing fastapi and imported on use, ``app`` (``create_app`` wiring, ``serve``,

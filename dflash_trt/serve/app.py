@@ -7,9 +7,11 @@ template), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus, see
 
 Behaviour a client can rely on:
 
-- concurrent requests are batched continuously (:mod:`dflash_trt.serve.continuous`): a request
-  joins the running batch at the next round and leaves it when done (``batching="static"``
-  keeps the older one-batch-at-a-time policy, :mod:`dflash_trt.serve.batcher`); at
+- every model call goes through the pair's backend, the one its run spec opened
+  (``runtime.resolve_run``), and the batching is the spec's: continuous
+  (:mod:`dflash_trt.serve.continuous`: a request joins the running batch at the next round and
+  leaves it when done) or static (one batch at a time, :mod:`dflash_trt.serve.batcher`; what
+  the graph backends run until they batch continuously); at
   temperature 0 every completion equals the target's own greedy decoding, and a request with
   a seed gives the same tokens, whatever else shares its batch;
 - admission is first come first served; the wait queue is bounded: a request that finds it
@@ -41,18 +43,20 @@ import time
 from contextlib import asynccontextmanager
 
 from dflash_trt.errors import DFlashError, require
-from dflash_trt.runtime import Pair
+from dflash_trt.runtime import BATCHING, Pair
 from dflash_trt.serve.batcher import Batcher, StaticBatcher
 from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.state import ServerState
 
-BATCHING = ("continuous", "static")
 DRAIN_TIMEOUT_S = 30.0   # serve --drain-timeout: how long SIGTERM lets in-flight requests run
 
 
 def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, block_size: int, metrics,
                  batch_window_s: float, torch_threads: int | None) -> Batcher:
-    """The worker for ``batching``: the step-level engine, or one static batch at a time."""
+    """The worker for ``batching``: the runtime's scheduler, or one static batch at a time."""
+    if batching == "continuous" and pair.spec.graphs:
+        raise DFlashError(f"the {pair.spec.backend} backend batches statically: its run spec says "
+                          f"batching={pair.spec.batching} (resolve_run)")
     common = dict(max_batch=max_batch, max_queue=max_queue, block_size=block_size, metrics=metrics,
                   torch_threads=torch_threads)
     if batching == "continuous":
@@ -63,10 +67,11 @@ def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, b
 
 
 def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int | None = None,
-               block_size: int | None = None, max_model_len: int | None = None, batching: str = "continuous",
+               block_size: int | None = None, max_model_len: int | None = None, batching: str | None = None,
                default_max_tokens: int = 16, batch_window_s: float = 0.005, torch_threads: int | None = None,
                api_key: str | None = None, max_body_bytes: int = 4 << 20):
     """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan.
+    ``batching`` defaults to the pair's run spec's (``pair.spec.batching``).
     ``max_batch`` defaults to the bundle's planned ``max_batch_size`` (else 8). ``api_key``: every
     request but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise); bodies over
     ``max_body_bytes`` are answered 413 (``serve/guard.py``)."""
@@ -77,8 +82,8 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     cfg = pair.target.config
     B = pair.block_size(block_size)
     metrics = ServerMetrics(B)
-    batcher = make_batcher(pair, batching, max_batch=max_batch or pair.max_batch_size or 8, max_queue=max_queue,
-                           block_size=B, metrics=metrics, batch_window_s=batch_window_s,
+    batcher = make_batcher(pair, batching or pair.spec.batching, max_batch=max_batch or pair.max_batch_size or 8,
+                           max_queue=max_queue, block_size=B, metrics=metrics, batch_window_s=batch_window_s,
                            torch_threads=torch_threads)
     server = ServerState(pair, model_name or pair.name,
                          context_len=max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),

@@ -6,7 +6,7 @@ the batch slots free right now, so an idle server never refuses; a closing serve
 Two workers take jobs from it:
 
 - :class:`~dflash_trt.serve.continuous.ContinuousBatcher` (the default): the runtime's
-  step-level engine; a job joins the running batch at the next round and leaves when done.
+  scheduler; a job joins the running batch at the next round and leaves when done.
 - :class:`StaticBatcher` (``--batching static``, kept for comparison): the oldest waiting
   job and every other one that can share a runtime call with it (same sampling parameters;
   seeded jobs alone), up to ``max_batch``, run through :func:`dflash_trt.runtime.generate`

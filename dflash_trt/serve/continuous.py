@@ -1,14 +1,15 @@
-"""Continuous batching for the embedded server: the runtime's step-level engine behind the queue.
+"""Continuous batching for the embedded server: the runtime's scheduler behind the queue.
 
-The worker thread owns one :class:`dflash_trt.runtime.Engine`. Before every step it hands the
-engine the oldest waiting jobs that fit in ``max_batch`` live rows (first come, first served);
-the step prefills them, merges them into the running batch and runs one round, so a short
-request that arrives behind long ones starts at the next round instead of after them. Each
-job keeps its own sampling parameters, stop tokens and length, and leaves the batch when it
-finishes or its client goes away. The draft length of each round comes from the live batch
-size and the bundle's ``draft_len_schedule`` (TensorRT-LLM's lookup; see ``runtime.engine``).
+The worker thread owns one :class:`dflash_trt.runtime.Scheduler` over the pair's backend (the
+one its run spec opened). Before every step it hands the scheduler the oldest waiting jobs that
+fit in ``max_batch`` live rows (first come, first served); the step prefills them, merges them
+into the running batch and runs one round, so a short request that arrives behind long ones
+starts at the next round instead of after them. Each job keeps its own sampling parameters, stop
+tokens and length, and leaves the batch when it finishes or its client goes away. The draft
+length of each round comes from the live batch size and the bundle's ``draft_len_schedule``
+(TensorRT-LLM's lookup; see ``runtime.scheduler``).
 
-Failures are isolated per request: a prefill that fails fails that request alone (the engine
+Failures are isolated per request: a prefill that fails fails that request alone (the scheduler
 retries the others one by one); a job whose tokens cannot be handed on (``stream``) is failed
 and its row cancelled, the others untouched; a round that raises fails the rows of that round
 (one forward: no row of it can be told apart) and the worker goes on with the queue. Every
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from dflash_trt.runtime import Engine, Pair, Request, Step, TorchBackend
+from dflash_trt.runtime import Pair, Request, Scheduler, Step
 from dflash_trt.serve.batcher import Batcher, Job
 
 
@@ -29,9 +30,8 @@ class ContinuousBatcher(Batcher):
 
     def __init__(self, pair: Pair, *, draft_len_schedule: dict[int, int] | None = None, **kw):
         super().__init__(pair, **kw)
-        drafter = pair.drafter if self.block_size > 1 else None
-        self.engine = Engine(TorchBackend(pair.target, drafter), block_size=self.block_size,
-                             max_batch=self.max_batch, draft_len_schedule=draft_len_schedule)
+        self.scheduler = Scheduler(pair.backend, block_size=self.block_size, max_batch=self.max_batch,
+                                   draft_len_schedule=draft_len_schedule)
         self._jobs: dict[Request, Job] = {}
 
     def _request(self, job: Job) -> Request:
@@ -56,7 +56,7 @@ class ContinuousBatcher(Batcher):
             self.metrics.request_failed(stage)
 
     def _admit(self) -> bool:
-        """Block until there is work; hand the engine what fits. False: stopped and drained."""
+        """Block until there is work; hand the scheduler what fits. False: stopped and drained."""
         with self._cond:
             while not self._jobs and (not self._pending or self._paused):
                 if self._stopping and not self._pending:
@@ -66,8 +66,8 @@ class ContinuousBatcher(Batcher):
                 job = self._pending.popleft()
                 req = self._request(job)
                 try:
-                    self.engine.add(req)
-                except Exception as exc:  # refused by the engine: this job alone
+                    self.scheduler.add(req)
+                except Exception as exc:  # refused by the scheduler: this job alone
                     self._fail(job, "admit", exc)
                     continue
                 self._jobs[req] = job
@@ -78,15 +78,15 @@ class ContinuousBatcher(Batcher):
     def _loop(self) -> None:
         while self._admit():
             try:
-                step = self.engine.step()
+                step = self.scheduler.step()
             except Exception as exc:  # a round failed: its rows fail, the server and the queue go on
-                self.engine.abort()
+                self.scheduler.abort()
                 self._drop_all("step", exc)
                 continue
             self._account(step)
 
     def _drop_all(self, stage: str, exc: BaseException | str) -> None:
-        """Fail every job the engine held (it dropped them all): no job is left waiting forever."""
+        """Fail every job the scheduler held (it dropped them all): no job is left waiting forever."""
         for req in list(self._jobs):
             self._fail(self._jobs.pop(req), stage, exc)
         with self._cond:
@@ -107,7 +107,7 @@ class ContinuousBatcher(Batcher):
             job.finish(req.finish_reason)
             if self.metrics is not None:
                 self.metrics.observe_request(job)
-        if self._jobs and self.engine.idle:   # never spin on jobs the engine no longer has
+        if self._jobs and self.scheduler.idle:   # never spin on jobs the scheduler no longer has
             self._drop_all("step", "the request was lost by the scheduler")
         if self.metrics is not None:  # tokens this step: each admitted row's first, then the round's
             self.metrics.observe_round(step.stats, step.batch_size, step.seconds,

@@ -1,6 +1,6 @@
 """Will a checkpoint fit in this machine's RAM? Estimated from file sizes and configs alone.
 
-The reference runtime computes on the CPU, so ``dflash-trt serve --runtime reference`` refuses,
+The reference runtime computes on the CPU, so ``dflash-trt serve --server embedded`` refuses,
 in one line and before loading anything, a model whose weights would not fit.
 """
 
@@ -52,4 +52,4 @@ def check_fits_cpu(name: str, model_dirs, runtime_itemsize: int, fraction: float
         raise HardwareError(
             f"{name}: its weights need ~{need / 2**30:.1f} GiB at {runtime_itemsize * 8}-bit on the CPU "
             f"but this machine has {total / 2**30:.1f} GiB; too large for the reference runtime: serve it "
-            "with trtllm-serve on a GPU (dflash-trt serve OUT --runtime trtllm, where TensorRT-LLM is installed)")
+            "with trtllm-serve on a GPU (dflash-trt serve OUT --server trtllm, where TensorRT-LLM is installed)")

@@ -37,10 +37,10 @@ def test_a_sliding_window_target_is_refused_in_one_line(tmp_path, capsys):
     tdir, ddir = _sliding_pair(tmp_path)
     capsys.readouterr()                       # save_pretrained's progress bar is not the build's
     out = tmp_path / "out"
-    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--engine", "tensorrt",
+    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--graphs",
                 "-o", str(out), "--set", "serving.max_seq_len=256"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "does not export to target.onnx" in err and "sliding-window" in err and "--engine trtllm" in err
+    assert "does not export to target.onnx" in err and "sliding-window" in err and "without --graphs" in err
     assert len(err.splitlines()) == 1
     assert not out.exists() and not list(tmp_path.glob(".out.partial*"))
 

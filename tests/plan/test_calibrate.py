@@ -21,7 +21,7 @@ def _truth_model(plan, r):
     """A deployment that is not the shipped calibration: slower steps, less bandwidth."""
     res = pipeline.resolve(r)
     dep = P.Deployment(res.target, res.drafter, res.gpu, res.gpus, res.precision, r.precision.kv_cache)
-    cal = M.Calibration({"trtllm": M.EngineConstants(0.55, 0.35, 2.5e-3, 15e-6)}, M.shipped().shared)
+    cal = M.Calibration({"trtllm": M.StackConstants(0.55, 0.35, 2.5e-3, 15e-6)}, M.shipped().shared)
     return P.step_model(dep, plan.tp, 64 + 128 // 2, cal)
 
 

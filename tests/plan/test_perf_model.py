@@ -21,7 +21,7 @@ PAIRS = {"qwen3-8b": ("Qwen--Qwen3-8B", "z-lab--Qwen3-8B-DFlash-b16"),
 
 def _case(pair, gpu, c, L, tau, **kw):
     t, d = PAIRS[pair]
-    row = F.Row(id=f"{pair}-{gpu}-{c}-{L}", engine=kw.pop("engine", "sglang"), gpu=gpu, target=t, drafter=d,
+    row = F.Row(id=f"{pair}-{gpu}-{c}-{L}", stack=kw.pop("stack", "sglang"), gpu=gpu, target=t, drafter=d,
                 precision=kw.pop("precision", "bf16"), tp=kw.pop("tp", 1), concurrency=c, draft_len=L, tau=tau, **kw)
     return F.case_of(row)
 
@@ -35,7 +35,7 @@ def _observe(case, k, shared, noise=1.0):
 
 
 def test_the_fit_recovers_the_constants_a_synthetic_data_set_was_made_with():
-    truth = M.EngineConstants(bandwidth_share=0.7, compute_share=0.45, step_s=6e-4, layer_s=12e-6)
+    truth = M.StackConstants(bandwidth_share=0.7, compute_share=0.45, step_s=6e-4, layer_s=12e-6)
     shared = replace(M.Shared(), gemm_tail_rows=30.0)
     grid = [(p, g, c, L, tau) for p, tau in (("qwen3-8b", 6.5), ("qwen3-4b", 7.5), ("llama", 4.0))
             for g in ("B200", "H100") for c in (1, 4, 16, 64) for L in (3, 9)]
@@ -48,9 +48,9 @@ def test_the_fit_recovers_the_constants_a_synthetic_data_set_was_made_with():
     assert cal.rows["sglang"]["step_s"] == len(cases)
 
 
-def test_each_engine_gets_its_own_constants_only_where_its_rows_carry_them():
+def test_each_stack_gets_its_own_constants_only_where_its_rows_carry_them():
     many = [_case("qwen3-8b", "B200", c, 9, 6.0, speedup=3.0) for c in (1, 2, 4, 8, 16, 32, 64, 128)]
-    few = [_case("qwen3-8b", "H100", c, 9, 6.0, speedup=3.0, engine="vllm") for c in (1, 8)]
+    few = [_case("qwen3-8b", "H100", c, 9, 6.0, speedup=3.0, stack="vllm") for c in (1, 8)]
     layout = F.Layout.of(many + few, ("trtllm",))
     assert {k for e, k in layout.offsets if e == "sglang"} == set(F.CONSTANTS)
     assert {k for e, k in layout.offsets if e == "vllm"} == {"layer_s"}
@@ -61,16 +61,16 @@ def test_each_engine_gets_its_own_constants_only_where_its_rows_carry_them():
 def test_the_shipped_constants_are_the_fit_of_the_shipped_measurements():
     rows = F.load_rows()
     assert len({r.id for r in rows}) == len(rows) and all(r.source for r in rows)
-    refit = F.fit([F.case_of(r) for r in rows], engines=M.ENGINES)
+    refit = F.fit([F.case_of(r) for r in rows], stacks=M.STACKS)
     shipped = M.shipped()
-    for e in M.ENGINES:
+    for e in M.STACKS:
         for name in F.CONSTANTS:
             assert getattr(shipped.constants(e), name) == pytest.approx(getattr(refit.constants(e), name), rel=0.02), \
                 f"{e}.{name}: run bench/fit_perf_model.py --write"
 
 
 def test_leave_one_out_predicts_rows_it_did_not_see_and_reports_trends():
-    truth = M.EngineConstants(0.75, 0.5, 8e-4, 6e-6)
+    truth = M.StackConstants(0.75, 0.5, 8e-4, 6e-6)
     cases = [_observe(_case("qwen3-4b", "B200", c, 15, 7.5), truth, M.Shared()) for c in (1, 4, 8, 16, 32)]
     full = F.fit(cases)
     table = F.leave_one_out(cases, full)
@@ -78,19 +78,19 @@ def test_leave_one_out_predicts_rows_it_did_not_see_and_reports_trends():
     for t in table:
         assert t["loo"]["speedup"] == pytest.approx(t["observed"]["speedup"], rel=0.08)
     trend = F.trends(cases, {t["id"]: t["loo"] for t in table})
-    assert trend == [{"engine": "sglang", "gpu": "B200", "target": "Qwen--Qwen3-4B", "concurrency": (1, 32),
+    assert trend == [{"stack": "sglang", "gpu": "B200", "target": "Qwen--Qwen3-4B", "concurrency": (1, 32),
                       "measured": "falls", "predicted": "falls", "right": True}]
 
 
-def _shipped_model(pair, gpu, precision="bf16", tp=1, ctx=512, engine="trtllm"):
+def _shipped_model(pair, gpu, precision="bf16", tp=1, ctx=512, stack="trtllm"):
     t, d = F._shapes(*PAIRS[pair]) if pair in PAIRS else F._shapes(*pair)
     cal = M.shipped()
-    return M.StepModel(t, d, hw.get(gpu), precision, "auto", tp, ctx, cal.constants(engine),
+    return M.StepModel(t, d, hw.get(gpu), precision, "auto", tp, ctx, cal.constants(stack),
                        F.weight_bytes(t, precision), cal.shared)
 
 
 def test_dense_speedups_fall_with_concurrency_as_the_published_runs_do():
-    m = _shipped_model("qwen3-4b", "B200", engine="sglang")
+    m = _shipped_model("qwen3-4b", "B200", stack="sglang")
     acc = M.Acceptance.from_tau(7.8, 16)
     s = [m.speedup(b, 15, acc) for b in (1, 8, 32, 64)]
     # decode only (no prefill stalls): flat to batch 8, then verification turns compute-bound
@@ -116,9 +116,24 @@ def test_the_cpu_plans_from_this_machines_memory_and_the_reference_calibration()
 
     gpu = hw.get("cpu")
     assert gpu.memory_bytes == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), rel=1e-3)
-    assert M.engine_for(gpu) == "reference" and M.engine_for(hw.get("h100")) == "trtllm"
+    assert M.stack_for(gpu) == "reference" and M.stack_for(hw.get("h100")) == "trtllm"
     from dflash_trt.deploy import pipeline
 
     p = pipeline.make_plan(pipeline.resolve(R.load("tiny")))
     assert p.memory.capacity == gpu.memory_bytes and p.calibration.startswith("reference calibration")
     assert not math.isclose(p.memory.capacity, 64e9)
+
+
+def test_files_written_with_the_old_word_engine_read_the_same(tmp_path):
+    """Calibration and measurement files say "stack"; ones written before say "engine(s)"."""
+    import json
+
+    new = M.shipped().as_dict()
+    assert "stacks" in new and "engines" not in new
+    old = {("engines" if k == "stacks" else k): v for k, v in new.items()}
+    assert M.Calibration.from_dict(old) == M.Calibration.from_dict(new)
+    rows = json.loads((M.data_dir() / F.MEASUREMENTS_FILE).read_text())["rows"]
+    assert all("stack" in r and "engine" not in r for r in rows)
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps({"rows": [{("engine" if k == "stack" else k): v for k, v in r.items()} for r in rows]}))
+    assert F.load_rows(f) == F.load_rows()

@@ -94,13 +94,13 @@ def test_flags_land_in_typed_fields_without_yaml():
     from dflash_trt._cli.build import recipe_from_flags
 
     flags = {"--gpu": "100", "--gpus": 2, "--precision": "fp8", "--kv-cache-dtype": "fp8",
-             "--calib": "calib #1.txt", "--engine": "tensorrt"}
+             "--calib": "calib #1.txt", "--graphs": True}
     r = recipe_from_flags("qwen3-8b-h100-fp8", "org/t", None, flags, None)
     # YAML would have read "100" as an int (refused for a name) and cut "calib #1.txt" at the comment.
     assert r.gpu.name == "100" and r.gpu.count == 2 and isinstance(r.gpu.count, int)
     calib = str(Path.cwd() / "calib #1.txt")   # typed on the command line: relative to the working directory
     assert (r.precision.weights, r.precision.kv_cache, r.precision.calib) == ("fp8", "fp8", calib)
-    assert r.engine == "tensorrt"
+    assert r.graphs is True
     assert (r.target.id, r.target.config, r.target.revision) == ("org/t", None, None)  # the recipe's config dir goes
     assert r.drafter == R.load("qwen3-8b-h100-fp8").drafter
     # Without a recipe: named after the target and precision; --set still applies after the flags.
@@ -108,6 +108,28 @@ def test_flags_land_in_typed_fields_without_yaml():
                           ["precision.weights=bf16", "serving.max_batch_size=8"])
     assert r.name == "my-target-nvfp4" and r.precision.weights == "bf16" and r.serving.max_batch_size == 8
     assert r.source is None
+
+
+def test_the_old_engine_spellings_still_set_graphs(tmp_path, monkeypatch):
+    """Users' scripts and recipes say ``engine``: ``build --engine tensorrt|trtllm``, the recipe key
+    ``engine: tensorrt|trtllm`` and ``--set engine=...`` all set ``graphs`` (never written back)."""
+    from dflash_trt import deploy
+    from dflash_trt.errors import DFlashError
+
+    seen = []
+
+    def build(recipe, *args, **kw):      # the recipe the command resolved, then stop before any work
+        seen.append(recipe.graphs)
+        raise DFlashError("stop")
+
+    monkeypatch.setattr(deploy, "build", build)
+    for argv in (["--graphs"], ["--engine", "tensorrt"], [], ["--engine", "trtllm"], ["--set", "engine=tensorrt"]):
+        assert run(["build", *argv, "--dry-run"]) == 2
+    assert seen == [True, True, False, False, True]
+    for old, graphs in (("tensorrt", True), ("trtllm", False)):
+        r = R.load(write(tmp_path, {**BASE, "engine": old}))
+        assert r.graphs is graphs and "engine" not in yaml.safe_load(r.to_yaml())
+    assert R.load(write(tmp_path, {**BASE, "engine": "tensorrt", "graphs": False})).graphs is False  # new key wins
 
 
 def test_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""The loop through the exported graphs: the tiny bundle built with --engine tensorrt, run by ONNX
+"""The loop through the exported graphs: the tiny bundle built with --graphs, run by ONNX
 Runtime, is token-identical to the target's own greedy decoding and to the PyTorch backend (τ
 too), over many rounds of the paged cache, and refuses what its engine profile does not cover."""
 
@@ -18,7 +18,7 @@ from dflash_trt import ingest
 from dflash_trt.bench.inprocess import read_prompts
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime import SamplingParams, generate, load_bundle, open_backend
+from dflash_trt.runtime import SamplingParams, generate, load_bundle, resolve_run
 from dflash_trt.runtime.graph_backend import request_shapes
 from dflash_trt.runtime.onnx_backend import OnnxBackend
 from tests.helpers import hf_greedy
@@ -30,15 +30,13 @@ MAX_NEW = 40
 def bundle(tmp_path_factory):
     """The embedded tiny recipe built with the standalone path: onnx/ (engines/ where TensorRT is)."""
     out = tmp_path_factory.mktemp("engines") / "tiny-trt"
-    assert run(["build", "--engine", "tensorrt", "-o", str(out)]) == 0
+    assert run(["build", "--graphs", "-o", str(out)]) == 0
     return out
 
 
 @pytest.fixture(scope="module")
 def pair(bundle):
-    p = load_bundle(bundle)
-    p.backend = open_backend("onnx", bundle, p)
-    return p
+    return load_bundle(bundle, resolve_run("onnx", bundle=bundle))
 
 
 @pytest.fixture(scope="module")
@@ -191,9 +189,9 @@ def test_generate_and_bench_cli_through_onnx(bundle, tmp_path, capsys):
         assert o[run_]["tokens_per_second"] > 0
 
 
-def test_the_embedded_server_answers_through_onnx(pair):
-    """The server's batches go through the pair's backend: concurrent greedy completions equal
-    the PyTorch backend's tokens."""
+def test_the_embedded_server_answers_through_onnx(pair, monkeypatch):
+    """The server's batches go through the pair's backend: every model call of the concurrent
+    greedy completions is an ONNX Runtime session run, and their tokens equal the PyTorch backend's."""
     import asyncio
 
     httpx = pytest.importorskip("httpx")
@@ -210,13 +208,34 @@ def test_the_embedded_server_answers_through_onnx(pair):
                 "model": "tiny", "prompt": t, "max_tokens": 16, "temperature": 0, "ignore_eos": True}) for t in texts))
             return [(r.status_code, r.json()["choices"][0]["text"]) for r in rs]
 
-    with ServerThread(create_app(pair, "tiny", max_batch=4, max_queue=8)) as srv:
+    graphs_run = {"embed": 0, "target": 0, "drafter": 0}
+    real_run = pair.backend.run
+
+    def counted(graph, feeds):
+        graphs_run[graph] += 1
+        return real_run(graph, feeds)
+
+    monkeypatch.setattr(pair.backend, "run", counted)
+    assert pair.spec.batching == "static"        # resolved: the graph backends batch statically
+    app = create_app(pair, "tiny", max_batch=4, max_queue=8)
+    assert app.state.batcher.pair.backend is pair.backend
+    with ServerThread(app) as srv:
         got = asyncio.run(ask(srv.url))
     assert got == [(200, want[t]) for t in texts]
+    assert graphs_run["target"] > 0 and graphs_run["drafter"] > 0, graphs_run
+
+
+def test_continuous_batching_on_the_graphs_resolves_to_static_said_once(bundle):
+    spec = resolve_run("onnx", batching="continuous", bundle=bundle)
+    assert (spec.backend, spec.batching) == ("onnx", "static") and len(spec.notes) == 1
+    assert "batches statically" in spec.notes[0]
+    assert resolve_run("onnx", bundle=bundle).notes == ()          # not asked for: nothing to say
+    with pytest.raises(DFlashError, match="drop --dtype bfloat16"):
+        resolve_run("onnx", bundle=bundle, dtype="bfloat16")
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["generate", "-p", "x", "--backend", "onnx"], "pass a bundle built with --engine tensorrt"),
+    (["generate", "-p", "x", "--backend", "onnx"], "pass a bundle built with --graphs"),
     (["generate", "-p", "x", "--backend", "tvm"], "choose one of torch, onnx, tensorrt"),
 ])
 def test_backend_flag_errors_are_one_line(argv, needle, capsys):
@@ -246,21 +265,20 @@ def test_bundles_without_graphs_or_profile_are_refused(bundle, tmp_path, capsys)
     del data["engine"]
     (old / "manifest.json").write_text(json.dumps(data))
     assert run(["generate", str(old), "--backend", "onnx", "-p", "x"]) == 2
-    assert "--engine tensorrt" in capsys.readouterr().err
+    assert "built with --graphs" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_a_llama_target_exports_and_runs_losslessly(tmp_path):
-    """The other test family: a tiny Llama pair built with --engine tensorrt, batch 1 and 3."""
+    """The other test family: a tiny Llama pair built with --graphs, batch 1 and 3."""
     from tests.helpers import prompts as random_prompts
     from tests.helpers import save_pair
 
     tdir, ddir = save_pair(tmp_path / "pair", arch="llama")
     out = tmp_path / "llama-trt"
-    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--engine", "tensorrt", "-o", str(out),
+    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--graphs", "-o", str(out),
                 "--set", "serving.max_seq_len=256"]) == 0
-    p = load_bundle(out)
-    p.backend = open_backend("onnx", out, p)
+    p = load_bundle(out, resolve_run("onnx", bundle=out))
     ps = random_prompts(6, seed=5, lo=2, hi=40)
     for batch in (1, 3):
         for i in range(0, len(ps), batch):

@@ -1,4 +1,4 @@
-"""A DFlash2 pair built with --engine tensorrt runs through ONNX Runtime: the drafter graph's
+"""A DFlash2 pair built with --graphs runs through ONNX Runtime: the drafter graph's
 selector walk proposes what ``TorchBackend`` proposes (tokens every round; at T > 0 the same q over
 the vocabulary, from the same uniforms), and greedy output is the target's own greedy decoding."""
 
@@ -14,7 +14,7 @@ pytest.importorskip("onnxscript")
 from dflash_trt import ingest
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime import SamplingParams, SelectorProposer, TorchBackend, generate, load_bundle, open_backend
+from dflash_trt.runtime import SamplingParams, SelectorProposer, TorchBackend, generate, load_bundle, resolve_run
 from tests.helpers import hf_greedy, save_pair
 from tests.helpers import prompts as random_prompts
 
@@ -22,17 +22,20 @@ MAX_NEW = 16
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """A tiny qwen3 target + random DFlash2 drafter, built with the standalone path, loaded with its onnx backend."""
+def bundle(tmp_path_factory):
+    """A tiny qwen3 target + random DFlash2 drafter, built with the standalone path (--graphs)."""
     root = tmp_path_factory.mktemp("dflash2-trt")
     tdir, ddir = save_pair(root / "pair", dflash2=True)
     out = root / "bundle"
-    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--engine", "tensorrt", "-o", str(out),
+    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--graphs", "-o", str(out),
                 "--set", "serving.max_seq_len=128", "--set", "serving.max_batch_size=4"]) == 0
-    p = load_bundle(out)
-    p.backend = open_backend("onnx", out, p)
-    p.root = out
-    return p
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(bundle):
+    """That bundle loaded with its onnx backend."""
+    return load_bundle(bundle, resolve_run("onnx", bundle=bundle))
 
 
 def recording(backend):
@@ -49,15 +52,15 @@ def recording(backend):
     return backend
 
 
-def test_the_manifest_says_the_drafter_graph_is_dflash2(pair):
+def test_the_manifest_says_the_drafter_graph_is_dflash2(bundle, pair):
     import onnx
 
     from dflash_trt.export import onnx_dflash2 as export_dflash2
 
-    m = ingest.read_manifest(pair.root)
+    m = ingest.read_manifest(bundle)
     assert m.engine.drafter_graph == "dflash2" and type(pair.drafter).__name__ == "DFlash2Drafter"
     assert {"k_cache", "v_cache", "q"} <= set(m.engine.drafter_onnx_max_error)
-    graph = onnx.load(str(pair.root / "onnx" / "drafter.onnx")).graph
+    graph = onnx.load(str(bundle / "onnx" / "drafter.onnx")).graph
     assert [i.name for i in graph.input] == export_dflash2.DFLASH2_INPUTS
     assert isinstance(pair.backend.proposer, SelectorProposer)
     assert pair.backend.vocab_size == pair.drafter.cfg.vocab_size
@@ -116,7 +119,7 @@ def _prefilled(backend, ps):
 
 
 def test_drafting_off_still_injects_and_odd_blocks_and_logits_are_refused(pair):
-    """A block-size-1 round (the engine's schedule turning drafting off) through the DFlash2 graph
+    """A block-size-1 round (the scheduler's schedule turning drafting off) through the DFlash2 graph
     proposes nothing but injects the context as TorchBackend does; a block the graph was not
     exported for, and asking it for logits, which it does not output, are one line each."""
     ps = random_prompts(2, seed=7, lo=2, hi=20)

@@ -73,23 +73,23 @@ def test_an_unsupported_layer_type_is_one_line():
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "gpt_oss", "gemma4"])
-def test_the_engine_joins_hybrid_and_sliding_rows_mid_flight(family):
+def test_the_scheduler_joins_hybrid_and_sliding_rows_mid_flight(family):
     """Continuous batching on the families whose caches need more than masks: rows join a
     running batch at later steps (prefilled apart, merged through the cache policy), more
     than max_batch wait, rows leave; each row's tokens stay the target's greedy decoding."""
-    from dflash_trt.runtime.engine import Engine
+    from dflash_trt.runtime.scheduler import Scheduler
 
     model = family_target(family)
     drafter = family_drafter(model, block_size=6)
     ps = prompts(6, seed=21, lo=2, hi=30)
     truth = [hf_greedy(model, p, MAX_NEW) for p in ps]
-    engine = Engine(TorchBackend(wrap(model, drafter), drafter), max_batch=3)
+    sched = Scheduler(TorchBackend(wrap(model, drafter), drafter), max_batch=3)
     reqs = [Request(p, MAX_NEW) for p in ps]
     arrivals = {0: reqs[:2], 2: reqs[2:4], 3: reqs[4:]}
     for k in range(200):
         for req in arrivals.get(k, []):
-            engine.add(req)
-        if engine.idle and k > max(arrivals):
+            sched.add(req)
+        if sched.idle and k > max(arrivals):
             break
-        engine.step()
+        sched.step()
     assert [r.token_ids for r in reqs] == truth

@@ -268,7 +268,7 @@ def test_batcher_groups_by_sampling_and_caps_each_jobs_tokens(pair):
 
 def test_sigterm_drains_in_flight_requests_and_exits_0(bundle_dir):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "serve", str(bundle_dir), "--runtime", "reference",
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "serve", str(bundle_dir), "--server", "embedded",
                              "--port", str(port), "--max-batch", "2"], env=subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -315,7 +315,8 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(bundle_dir):
             proc.wait()
 
 
-def test_a_model_too_large_for_the_cpu_is_refused(bundle_dir, tmp_path, capsys):
+@pytest.mark.parametrize("server", [["--server", "embedded"], ["--runtime", "reference"]])  # and the old spelling
+def test_a_model_too_large_for_the_cpu_is_refused(bundle_dir, tmp_path, capsys, server):
     import shutil
 
     big = tmp_path / "big"
@@ -324,7 +325,7 @@ def test_a_model_too_large_for_the_cpu_is_refused(bundle_dir, tmp_path, capsys):
         shutil.copy(bundle_dir / sub / "config.json", big / sub / "config.json")
     with open(big / "target" / "model-00001-of-00001.safetensors", "wb") as f:
         f.truncate(1 << 42)  # 4 TiB, sparse: nothing is written or read
-    assert run(["serve", str(big), "--runtime", "reference"]) == 2
+    assert run(["serve", str(big), *server]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "too large" in err and "trtllm-serve" in err
 

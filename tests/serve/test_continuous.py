@@ -120,8 +120,8 @@ def test_batch_size_and_draft_schedule_come_from_the_bundles_plan(tmp_path):
     assert (pair.max_batch_size, pair.draft_len_schedule) == (3, {1: 7, 2: 3})
     app = create_app(pair, "tiny")
     batcher = app.state.batcher
-    assert batcher.max_batch == 3 and batcher.engine.schedule == {1: 7, 2: 3}
-    assert [batcher.engine.draft_len(n) for n in (1, 2, 3)] == [7, 3, 0]
+    assert batcher.max_batch == 3 and batcher.scheduler.schedule == {1: 7, 2: 3}
+    assert [batcher.scheduler.draft_len(n) for n in (1, 2, 3)] == [7, 3, 0]
     assert create_app(pair, "tiny", max_batch=5).state.batcher.max_batch == 5   # the flag wins
 
 
@@ -160,8 +160,9 @@ def test_chat_works_on_the_embedded_tiny_model(capsys):
 
 def test_a_failing_round_fails_its_requests_not_the_server(pair, monkeypatch):
     app = create_app(pair, "tiny", max_batch=2)
-    engine = app.state.batcher.engine
-    real, calls = engine.step, {"n": 0}
+    sched = app.state.batcher.scheduler
+    assert sched.backend is pair.backend                 # the pair's backend, not one of its own
+    real, calls = sched.step, {"n": 0}
 
     def flaky():
         calls["n"] += 1
@@ -169,7 +170,7 @@ def test_a_failing_round_fails_its_requests_not_the_server(pair, monkeypatch):
             raise RuntimeError("boom")
         return real()
 
-    monkeypatch.setattr(engine, "step", flaky)
+    monkeypatch.setattr(sched, "step", flaky)
     with ServerThread(app) as srv:
         bad = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 20, "temperature": 0},
                          timeout=60)

@@ -71,14 +71,14 @@ def test_health_answers_while_a_large_body_is_being_tokenised(pair, monkeypatch)
     from dflash_trt.serve.app import ServerThread
 
     started, release = threading.Event(), threading.Event()
-    real = pair.encode
+    real = type(pair).encode                      # a pair is frozen: hold its class's tokeniser
 
-    def held_encode(text, chat=False):
+    def held_encode(self, text, chat=False):
         started.set()
         release.wait(30)
-        return real(text, chat=chat)
+        return real(self, text, chat=chat)
 
-    monkeypatch.setattr(pair, "encode", held_encode)
+    monkeypatch.setattr(type(pair), "encode", held_encode)
     app = create_app(pair, "m", max_body_bytes=8 << 20)
     result: dict = {}
     with ServerThread(app) as srv:

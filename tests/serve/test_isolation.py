@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from dflash_trt.runtime import engine as engine_mod
+from dflash_trt.runtime import scheduler as engine_mod
 from dflash_trt.runtime.pair import load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
 from dflash_trt.serve.batcher import Job

@@ -60,15 +60,16 @@ def test_with_trtllm_serve_on_path_the_bundles_command_runs(bundle, fake_trtllm,
     assert "DFLASH_HOST=0.0.0.0 DFLASH_PORT=9002" in Path(str(fake_trtllm) + ".env").read_text()
 
 
-def test_trtllm_serve_failure_is_reported_with_its_status(bundle, fake_trtllm, monkeypatch, capsys):
+@pytest.mark.parametrize("server", [["--server", "trtllm"], ["--runtime", "trtllm"]])  # and the old spelling
+def test_trtllm_serve_failure_is_reported_with_its_status(bundle, fake_trtllm, monkeypatch, capsys, server):
     monkeypatch.setenv("FAKE_EXIT", "3")
-    assert run(["serve", str(bundle), "--runtime", "trtllm"]) == 3
+    assert run(["serve", str(bundle), *server]) == 3
     assert "exited with status 3" in capsys.readouterr().err
 
 
-def test_runtime_trtllm_without_trtllm_serve_is_a_one_line_error(bundle, monkeypatch, capsys):
+def test_server_trtllm_without_trtllm_serve_is_a_one_line_error(bundle, monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    assert run(["serve", str(bundle), "--runtime", "trtllm"]) == 2
+    assert run(["serve", str(bundle), "--server", "trtllm"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "trtllm-serve is not on PATH" in err
 

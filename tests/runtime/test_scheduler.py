@@ -1,4 +1,4 @@
-"""The step-level engine: rows join and leave a running batch without changing anyone's tokens.
+"""The scheduler (step-level continuous batching): rows join and leave a running batch without changing anyone's tokens.
 
 Fidelity is checked for every target family the runtime runs (``FAMILIES``): a new family is
 one more entry there, its tiny model built by ``tests.helpers.tiny_target``.
@@ -12,9 +12,9 @@ import torch
 from dflash_trt.errors import DFlashError
 from dflash_trt.plugins import PagedKVCache
 from dflash_trt.runtime.backend import TorchBackend, merge_paged, repack_paged
-from dflash_trt.runtime.engine import Engine, draft_len_for_batch_size
 from dflash_trt.runtime.loop import Request, generate
 from dflash_trt.runtime.sampling import SamplingParams
+from dflash_trt.runtime.scheduler import Scheduler, draft_len_for_batch_size
 from tests.helpers import OracleDrafter, hf_greedy, prompts, tiny_drafter, tiny_drafter_config, tiny_target, wrap
 
 FAMILIES = ["qwen3", "llama"]
@@ -30,16 +30,16 @@ def family(request):
     return TorchBackend(wrap(model, drafter), drafter), ps, truth
 
 
-def run(engine: Engine, arrivals: dict[int, list[Request]], limit: int = 400) -> list:
+def run(sched: Scheduler, arrivals: dict[int, list[Request]], limit: int = 400) -> list:
     """Step until idle, adding ``arrivals[k]`` before step k; returns every Step."""
     steps = []
     for k in range(limit):
         for req in arrivals.get(k, []):
-            engine.add(req)
-        if engine.idle and k > max(arrivals, default=0):
+            sched.add(req)
+        if sched.idle and k > max(arrivals, default=0):
             return steps
-        steps.append(engine.step())
-    raise AssertionError("the engine did not finish")
+        steps.append(sched.step())
+    raise AssertionError("the scheduler did not finish")
 
 
 def test_rows_joining_mid_flight_are_greedy_identical_to_a_lone_run(family):
@@ -47,7 +47,7 @@ def test_rows_joining_mid_flight_are_greedy_identical_to_a_lone_run(family):
     reqs = [Request(p, MAX_NEW) for p in ps]
     # Two rows start; others join at later steps (a longer prompt than the running rows' too),
     # more than max_batch wait their turn.
-    steps = run(Engine(backend, max_batch=4), {0: reqs[:2], 2: reqs[2:4], 3: reqs[4:7], 6: reqs[7:]})
+    steps = run(Scheduler(backend, max_batch=4), {0: reqs[:2], 2: reqs[2:4], 3: reqs[4:7], 6: reqs[7:]})
     assert [r.token_ids for r in reqs] == truth
     assert all(r.finish_reason == "length" for r in reqs)
     joins = [s for s in steps if s.admitted and s.batch_size > len(s.admitted)]
@@ -62,13 +62,13 @@ def test_rows_leaving_or_cancelled_leave_the_others_untouched(family):
     cancelled = Request(ps[2], MAX_NEW, should_stop=lambda: gone["flag"])
     stopped = Request(ps[3], MAX_NEW, stop_token_ids=frozenset({truth[3][6]}))
     others = [Request(ps[0], MAX_NEW), Request(ps[4], MAX_NEW)]
-    engine = Engine(backend, max_batch=8)
+    sched = Scheduler(backend, max_batch=8)
     for r in (others[0], short, cancelled, stopped, others[1]):
-        engine.add(r)
-    engine.step()
-    engine.step()
+        sched.add(r)
+    sched.step()
+    sched.step()
     gone["flag"] = True                                         # the client went away
-    run(engine, {})
+    run(sched, {})
     assert short.token_ids == truth[1][:5] and short.finish_reason == "length"
     assert cancelled.finish_reason == "cancelled" and cancelled.token_ids == truth[2][: len(cancelled.token_ids)]
     assert len(cancelled.token_ids) < MAX_NEW
@@ -79,11 +79,11 @@ def test_rows_leaving_or_cancelled_leave_the_others_untouched(family):
 
 def test_a_request_cancelled_while_waiting_never_runs(family):
     backend, ps, _ = family
-    engine = Engine(backend, max_batch=1)
+    sched = Scheduler(backend, max_batch=1)
     first, waiting = Request(ps[0], 4), Request(ps[1], 4, should_stop=lambda: True)
-    engine.add(first)
-    engine.add(waiting)
-    run(engine, {})
+    sched.add(first)
+    sched.add(waiting)
+    run(sched, {})
     assert waiting.finish_reason == "cancelled" and waiting.token_ids == []
 
 
@@ -94,12 +94,12 @@ def test_a_seeded_row_reproduces_whatever_shares_its_batch(family):
     # to 4 rows, none above. The seeded row must not notice.
     schedule = {1: 5, 2: 3, 4: 1}
     alone = Request(ps[0], MAX_NEW, params)
-    run(Engine(backend, max_batch=8, draft_len_schedule=schedule), {0: [alone]})
+    run(Scheduler(backend, max_batch=8, draft_len_schedule=schedule), {0: [alone]})
     crowd = Request(ps[0], MAX_NEW, params)
     mates = [Request(ps[1], MAX_NEW), Request(ps[2], 9, SamplingParams(temperature=1.0)),
              Request(ps[3], MAX_NEW, SamplingParams(temperature=0.7, seed=99)),
              Request(ps[4], 3), Request(ps[5], MAX_NEW, SamplingParams(temperature=1.2))]
-    steps = run(Engine(backend, max_batch=8, draft_len_schedule=schedule),
+    steps = run(Scheduler(backend, max_batch=8, draft_len_schedule=schedule),
                 {0: mates[:2], 1: [crowd], 2: mates[2:4], 4: mates[4:]})
     assert crowd.token_ids == alone.token_ids
     assert {s.draft_len for s in steps if s.batch_size} >= {0, 1}   # the length did change
@@ -119,7 +119,7 @@ def test_rounds_without_drafting_keep_the_drafter_fed():
     truth = [p + hf_greedy(model, p, MAX_NEW + 8) for p in ps]
     oracle = OracleDrafter(tiny_drafter_config(model, block_size=6), truth).to(model.dtype)
     reqs = [Request(ps[0], MAX_NEW), Request(ps[1], 6), Request(ps[2], 8)]
-    steps = run(Engine(TorchBackend(wrap(model, oracle), oracle), max_batch=4, draft_len_schedule={1: 5}),
+    steps = run(Scheduler(TorchBackend(wrap(model, oracle), oracle), max_batch=4, draft_len_schedule={1: 5}),
                 {0: reqs})
     crowded, alone = [s for s in steps if s.batch_size > 1], [s for s in steps if s.batch_size == 1]
     assert crowded and all(s.draft_len == 0 and s.stats.committed == s.batch_size for s in crowded)
@@ -139,17 +139,17 @@ def test_draft_len_is_tensorrt_llms_lookup():
 def test_admission_is_first_come_first_served_within_max_batch(family):
     backend, ps, _ = family
     reqs = [Request(p, 3) for p in ps[:5]]
-    steps = run(Engine(backend, max_batch=2), {0: reqs})
+    steps = run(Scheduler(backend, max_batch=2), {0: reqs})
     admitted = [r for s in steps for r in s.admitted]
     assert admitted == reqs and max(s.batch_size for s in steps) == 2
 
 
-def test_engine_refuses_what_it_cannot_run(family):
+def test_the_scheduler_refuses_what_it_cannot_run(family):
     backend, ps, _ = family
     with pytest.raises(DFlashError, match="block size 8"):
-        Engine(backend, block_size=8)
+        Scheduler(backend, block_size=8)
     with pytest.raises(DFlashError, match="at least one token"):
-        Engine(backend).add(Request([], 3))
+        Scheduler(backend).add(Request([], 3))
 
 
 def test_paged_caches_merge_and_repack_without_moving_a_row():
@@ -212,7 +212,7 @@ def test_joined_rows_keep_drafting_from_the_right_context():
     truth = [p + hf_greedy(model, p, MAX_NEW + 8) for p in ps]   # admitted in this order below
     oracle = OracleDrafter(tiny_drafter_config(model, block_size=6), truth).to(model.dtype)
     reqs = [Request(p, MAX_NEW if i != 1 else 7) for i, p in enumerate(ps)]
-    steps = run(Engine(_OracleBackend(wrap(model, oracle), oracle), max_batch=8),
+    steps = run(Scheduler(_OracleBackend(wrap(model, oracle), oracle), max_batch=8),
                 {0: reqs[:2], 1: reqs[2:3], 3: reqs[3:]})
     assert [r.token_ids for r in reqs] == [t[len(p):][: r.max_new_tokens]
                                            for p, t, r in zip(ps, truth, reqs, strict=True)]

@@ -1,6 +1,6 @@
-"""The step-level engine: continuous batching over the speculative round.
+"""The scheduler: continuous batching over the speculative round, one step at a time.
 
-One :meth:`Engine.step`:
+One :meth:`Scheduler.step`:
 
 1. **admit**: requests waiting are admitted first come first served, up to ``max_batch`` live
    rows; their prompts are prefilled together in one target forward (``loop.admit``) and the
@@ -58,7 +58,7 @@ def _failed(req: Request, exc: BaseException, step: Step) -> None:
 
 @dataclass
 class Step:
-    """What one :meth:`Engine.step` did: the requests admitted and finished in it, the live batch
+    """What one :meth:`Scheduler.step` did: the requests admitted and finished in it, the live batch
     size and draft length of its round (0 / None without a round), and its counters."""
 
     admitted: list[Request] = field(default_factory=list)
@@ -70,7 +70,7 @@ class Step:
     seconds: float = 0.0
 
 
-class Engine:
+class Scheduler:
     """Requests in, tokens out, one step at a time (not thread-safe: one thread owns it)."""
 
     def __init__(self, backend: Backend, *, block_size: int | None = None, max_batch: int = 8,

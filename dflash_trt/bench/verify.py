@@ -71,6 +71,10 @@ def check_files(bundle: ingest.Bundle) -> dict:
 def _plan_rules(bundle: ingest.Bundle, cfg: dict) -> list[str]:
     """Where the config says other than the plan it was written from (one line each)."""
     p, spec = bundle.manifest.plan, cfg.get("speculative_config") or {}
+    need = ("tp", "max_draft_len", "attention_backend", "kv_cache", "schedule")
+    lacking = [k for k in need if k not in p] if isinstance(p, dict) else list(need)
+    if lacking:   # a manifest edited by hand (or fuzzed): a finding, not a traceback
+        return [f"the manifest's plan lacks {lacking[0]!r}; rebuild the bundle with 'dflash-trt build'"]
     out = []
     want = {"tensor_parallel_size": (cfg.get("tensor_parallel_size", 1), p["tp"]),
             "speculative_config.max_draft_len": (spec.get("max_draft_len"), p["max_draft_len"]),

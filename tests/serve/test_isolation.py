@@ -159,3 +159,53 @@ def test_a_drain_out_of_time_fails_what_is_left(server):
     t0 = time.time()
     batcher.stop(timeout=30)
     assert time.time() - t0 < 30 and not batcher._thread.is_alive()
+
+
+@pytest.mark.slow   # a server subprocess (~20 s); the abandon path is tested in-process above
+def test_sigterm_with_a_drain_timeout_stops_in_bounded_time(bundle_dir):
+    """serve --drain-timeout 0: SIGTERM fails the running request (an OpenAI error object) and the
+    server exits 0 at once instead of waiting for it."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.serve.helpers import free_port, subprocess_env
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "serve", str(bundle_dir), "--server", "embedded",
+                             "--port", str(port), "--drain-timeout", "0"], env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline
+            time.sleep(0.2)
+        out = {}
+
+        def send():
+            out["r"] = httpx.post(f"{url}/v1/completions", json={"prompt": "drain", "max_tokens": 500,
+                                                                  "ignore_eos": True, "temperature": 0}, timeout=120)
+        t = threading.Thread(target=send)
+        t.start()
+        while metric(httpx.get(f"{url}/metrics", timeout=5).text, "dflash_running_requests") < 1:
+            assert time.time() < deadline and "r" not in out
+            time.sleep(0.02)
+        t0 = time.time()
+        proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        code = proc.wait(60)
+        log = proc.stdout.read().decode(errors="replace")
+        assert code == 0 and time.time() - t0 < 30, log
+        r = out["r"]
+        assert r.status_code == 500 and "shutting down" in r.json()["error"]["message"], r.text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -100,6 +100,11 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    archs, model_type = data.get("architectures"), data.get("model_type")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise CheckpointError(f"{path}: architectures is {archs!r}; it must be a list of class names")
+    if model_type is not None and not isinstance(model_type, str):
+        raise CheckpointError(f"{path}: model_type is {model_type!r}; it must be a string")
     return data
 
 

@@ -71,7 +71,9 @@ class GraphBackend(Backend):
         L, _, kvh, _, d = self.input_shape("target", "past_k")          # [layers, b, kvh, P, d]
         self._target_dims = (L, kvh, d)
         Ld, _, page_size, kvh_d, dd = self.input_shape("drafter", "k_cache")  # [L, pages, page_size, kvh, d]
-        self._drafter_dims = (Ld, kvh_d, dd)
+        if Ld is None or page_size is None or kvh_d is None or dd is None:   # static axes in every export
+            raise DFlashError("the drafter graph's k_cache has a dynamic layer, page or head axis; rebuild the bundle")
+        self._drafter_dims: tuple[int, int, int] = (Ld, kvh_d, dd)
         if page_size != profile.page_size:
             raise DFlashError(f"drafter graph pages hold {page_size} slots, the manifest's profile says "
                               f"{profile.page_size}; rebuild the bundle")

@@ -36,6 +36,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import cast
 
 import torch
 
@@ -165,6 +167,7 @@ class Batch:
         self.last = torch.cat([self.last, other.last])
         self.n_new = torch.cat([self.n_new, other.n_new])
         if self.target_hidden is not None:
+            assert other.target_hidden is not None, "merged batches both draft (or neither does)"
             T = max(self.target_hidden.shape[1], other.target_hidden.shape[1])
             self.target_hidden = torch.cat([_pad(self.target_hidden, 1, T), _pad(other.target_hidden, 1, T)])
 
@@ -210,6 +213,7 @@ def draft(backend: Backend, batch: Batch, B: int) -> tuple[torch.Tensor, torch.T
     anchor = batch.last[:, None]                                                # [n, 1]
     if batch.draft_cache is None:
         return anchor, None
+    assert batch.target_hidden is not None, "a drafting batch carries the target's hidden states"
     tokens, q = backend.draft_block(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache,
                                     *_sampling(batch.rows), (batch.positions + 1).tolist())  # [n, B-1], [n, B-1, V]
     if tokens is None:
@@ -319,13 +323,16 @@ def generate(
     ``backend`` answers every model call (default: ``TorchBackend(target, drafter)``; when
     given, ``target`` and ``drafter`` are unused).
     """
-    backend = backend or TorchBackend(target, drafter)
+    if backend is None:
+        if target is None:
+            raise DFlashError("generate needs a target or a backend")
+        backend = TorchBackend(target, drafter)
     B = _checked_block_size(backend, block_size, prompts, max_new_tokens)
     backend.check_request(prompts, max_new_tokens, B)
     stops = frozenset(stop_token_ids)
     rows = [Request(p, max_new_tokens, sampling, stops, stream=i,
-                    on_commit=(lambda toks, i=i: on_commit(i, toks)) if on_commit else None,
-                    should_stop=(lambda i=i: should_stop(i)) if should_stop else None)
+                    on_commit=partial(on_commit, i) if on_commit else None,
+                    should_stop=partial(should_stop, i) if should_stop else None)
             for i, p in enumerate(prompts)]
     stats = Stats(block_size=B)
     if max_new_tokens == 0:
@@ -338,4 +345,5 @@ def generate(
         pass
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = sum(len(r.token_ids) for r in rows)
-    return Generation([r.token_ids for r in rows], [r.finish_reason for r in rows], stats)
+    reasons = [r.finish_reason for r in rows]   # every row has finished when the loop ends
+    return Generation([r.token_ids for r in rows], cast(list[str], reasons), stats)

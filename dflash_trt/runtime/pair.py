@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ class Pair:
 
     target: Target
     drafter: Drafter | None
-    tokenizer: object
+    tokenizer: Any   # a transformers tokenizer (PreTrainedTokenizerBase)
     stop_token_ids: list[int] = field(default_factory=list)
     name: str = "model"
     #: what answers the loop's model calls (``generate(..., backend=pair.backend)``); always set
@@ -141,7 +142,7 @@ def load_bundle(path: str | Path, spec: RunSpec | None = None, *, dtype: str = "
     """
     spec = spec or RunSpec()
     bundle = ingest.open_bundle(path)
-    ref = bundle.manifest.reference_runtime
+    ref = bundle.built.reference_runtime
     tdir, ddir = bundle.root / ref.target, bundle.root / ref.drafter
     torch_dtype = parse_dtype(dtype, device)
     if not ref.dequantize:
@@ -153,9 +154,10 @@ def load_bundle(path: str | Path, spec: RunSpec | None = None, *, dtype: str = "
     d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
     ingest.check_pair_runtime(model, d, where=str(ddir))
     max_batch_size, schedule = serving_plan(bundle.trtllm_config)
+    graph = _graph_backend(spec, bundle, d)   # None: the pair's modules answer (TorchBackend)
     return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer),
-                name=bundle.root.name, backend=_graph_backend(spec, bundle, d), spec=spec,
-                max_batch_size=max_batch_size, draft_len_schedule=schedule)
+                name=bundle.root.name, spec=spec, max_batch_size=max_batch_size, draft_len_schedule=schedule,
+                **({"backend": graph} if graph is not None else {}))
 
 
 def serving_plan(config_yaml: Path) -> tuple[int | None, dict[int, int] | None]:

@@ -53,6 +53,7 @@ class Resolved:
     shipped_quant: dict | None
     warnings: list[str] = field(default_factory=list)
     drafter_config: object | None = None   # the DrafterConfig (its family's TensorRT-LLM rules read it)
+    mtp_layers: int = 0                    # MTP layers the target's config declares: build also writes the MTP arm
 
 
 def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
@@ -111,7 +112,8 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
-                    shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg)
+                    shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg,
+                    mtp_layers=planner.mtp_layers_of(tdir))
 
 
 def _refuse_engine(r: Resolved) -> None:
@@ -131,7 +133,7 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     are first refitted on those measurements (:mod:`dflash_trt.plan.calibrate`)."""
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
-                             kv_cache=rc.precision.kv_cache)
+                             kv_cache=rc.precision.kv_cache, mtp_layers=r.mtp_layers)
     spec = rc.speculative
     if r.drafter_config is not None:   # non-causal windowed drafter layers rule out the TRTLLM draft attention
         backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
@@ -143,7 +145,9 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
                                                     planner.engine_for(r.gpu))
         if tau is not None and spec.acceptance is None:
             spec = spec.model_copy(update={"acceptance": tau})
-        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal)
+        errors = planner.calibration_errors(list(calibration), dep, p, planner.shipped_calibration(),
+                                            planner.engine_for(r.gpu))
+        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors)
     p.warnings = r.warnings + p.warnings
     return p
 

@@ -24,6 +24,8 @@ from dflash_trt.plan.deployment import make as make_plan
 from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
 from dflash_trt.plan.hardware import get as get_gpu
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
+from dflash_trt.plan.mtp import layers_of as mtp_layers_of
+from dflash_trt.plan.mtp import winner as arm_winner
 from dflash_trt.plan.perf_model import Acceptance, Calibration, engine_for
 from dflash_trt.plan.perf_model import shipped as shipped_calibration
 from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, SpeculativeSpec
@@ -34,6 +36,7 @@ from dflash_trt.plan.schedule import batch_grid
 from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
+from dflash_trt.plan.schedule_vllm import trtllm_to_vllm, vllm_lengths, vllm_to_trtllm
 from dflash_trt.plan.trtllm_dflash2 import DFlash2Rules
 from dflash_trt.plan.trtllm_family import TrtllmRules, check_drafter, drafter_attention_backend, rules_for
 from dflash_trt.plan.trtllm_family import register as register_trtllm_rules
@@ -47,6 +50,7 @@ from dflash_trt.plan.trtllm_rules import (
     refuse_quantized_drafter,
     windowed_non_causal,
 )
+from dflash_trt.plan.uncertainty import from_files as calibration_errors
 
 __all__ = [
     "Acceptance",
@@ -69,8 +73,10 @@ __all__ = [
     "TrtllmRules",
     "TargetShape",
     "batch_grid",
+    "arm_winner",
     "bundle_deployment",
     "bundled_recipes",
+    "calibration_errors",
     "calibration_from_files",
     "cases_from_bench",
     "check_drafter",
@@ -87,6 +93,7 @@ __all__ = [
     "ignored_drafter_keys",
     "load_recipe",
     "make_plan",
+    "mtp_layers_of",
     "predicted",
     "quant_precision",
     "read_sizes",
@@ -99,5 +106,8 @@ __all__ = [
     "schedule_runs",
     "shipped_calibration",
     "step_model",
+    "trtllm_to_vllm",
+    "vllm_lengths",
+    "vllm_to_trtllm",
     "windowed_non_causal",
 ]

@@ -174,7 +174,8 @@ def show_plan(p, r) -> None:
         if p.mtp:
             cells.append(f"{row['mtp_speedup']:.2f}x")
         cells += [{"autoregressive": "AR"}.get(row.get("winner", ""), row.get("winner", "")),
-                  f"{r.get('tokens_per_second_per_user', 0):.0f}", f"{r.get('output_tokens_per_second_per_gpu', 0):.0f}"]
+                  f"{r.get('tokens_per_second_per_user', 0):.0f}",
+                  f"{r.get('output_tokens_per_second_per_gpu', 0):.0f}"]
         s.add_row(*cells)
     out.print(s)
     if p.calibration:

@@ -249,8 +249,9 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
     drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
+    mtp = trtllm.config(rc, p, target=r.target, arm="mtp") if p.mtp else None   # the arm users compare with
     trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter, r.target), rc.serving.host, rc.serving.port,
-                 serve_check(r, p))
+                 serve_check(r, p), mtp=mtp)
     engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.engine == "tensorrt" else None
 
     t = time.perf_counter()
@@ -285,7 +286,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         reference_runtime={"target": L.TARGET, "drafter": L.DRAFTER, "dequantize": r.quantize,
                            "source_target": str(r.target_dir.resolve())},
         outputs={"target": L.TARGET, "drafter": L.DRAFTER, "trtllm_config": L.TRTLLM_CONFIG, "serve": L.SERVE_SH,
-                 **_engine_outputs(engine_info)},
+                 **({"mtp_config": f"trtllm/{trtllm.MTP_CONFIG}"} if p.mtp else {}), **_engine_outputs(engine_info)},
         # What `dflash-trt serve` reads: the multi-node launch files must match the plan's
         # parallelism, and the embedded server advertises the planned context length.
         serve={"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,

@@ -19,6 +19,7 @@ from dflash_trt.plan.acceptance import expected_tau, fit_alpha
 from dflash_trt.plan.calibrate import bundle_deployment, cases_from_bench, refit
 from dflash_trt.plan.calibrate import expand as expand_draft_lengths
 from dflash_trt.plan.calibrate import from_files as calibration_from_files
+from dflash_trt.plan.calibrate_loo import from_files as calibration_errors
 from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, Plan, predicted, step_model
 from dflash_trt.plan.deployment import make as make_plan
 from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
@@ -50,7 +51,6 @@ from dflash_trt.plan.trtllm_rules import (
     refuse_quantized_drafter,
     windowed_non_causal,
 )
-from dflash_trt.plan.uncertainty import from_files as calibration_errors
 
 __all__ = [
     "Acceptance",

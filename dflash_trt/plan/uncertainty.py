@@ -19,7 +19,7 @@ rows are taken from the first tier that has at least :data:`MIN_ROWS` rows:
 The published rows' errors ship in ``assets/perf/loo.json`` (``bench/fit_perf_model.py --write``
 refits 44 times to write them: far too slow for ``plan``). Your own rows (``plan --calibration``,
 ``verify``'s measurement rows) replace them: each is predicted by the stack's constants refitted
-on your OTHER rows (:func:`from_cases`), and they are the same stack and GPU by construction, so
+on your OTHER rows (:mod:`calibrate_loo`), and they are the same stack and GPU by construction, so
 a few of them narrow the range to what this deployment has shown.
 """
 
@@ -148,36 +148,3 @@ def speedup_range(speedup: float, errors: list[RowError], stack: str, gpu: str, 
     hi_e, lo_e = max(max(e.error for e in rows), 0.0), min(min(e.error for e in rows), 0.0)
     return Range(round(speedup / (1 + hi_e), 3), round(speedup / (1 + lo_e), 3), len(rows),
                  f"{label}, {len(rows)} rows")
-
-
-def from_cases(cases: list, cal, stack: str) -> list[RowError]:
-    """Leave-one-out errors of the user's own rows (``calibrate.cases_from_bench``): each
-    predicted by ``stack``'s constants refitted on the others, ``cal`` as the prior."""
-    from dflash_trt.plan.calibrate import refit
-
-    out = []
-    if len(cases) < 2:
-        return out
-    for i, c in enumerate(cases):
-        loo = refit(cal, stack, cases[:i] + cases[i + 1:], source="loo")
-        pred = c.predict(loo.constants(stack), loo.shared)
-        for key, v in c.observed().items():
-            if key in pred and v:
-                out.append(RowError(c.row.id, stack, c.row.gpu, c.row.concurrency, key, round(pred[key] / v - 1, 4)))
-    return out
-
-
-def from_files(paths: list[Path], dep, first, cal, stack: str) -> list[RowError]:
-    """Leave-one-out errors of the levels in ``paths`` (``bench --endpoint --json`` reports, what
-    ``plan --calibration`` reads), for deployment ``dep`` first planned as ``first``."""
-    from dflash_trt.plan.calibrate import cases_from_bench, expand, read_bench
-    from dflash_trt.plan.perf_model import Acceptance
-
-    lengths = expand(first.draft_lengths) or [first.max_draft_len]
-    acc = Acceptance(alpha=first.alpha)
-    cases = []
-    for path in paths:
-        cases += cases_from_bench(read_bench(path), engine=stack, target=dep.target, drafter=dep.drafter,
-                                  gpu=dep.gpu, precision=dep.precision, kv_cache=dep.kv_cache, tp=first.tp,
-                                  draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
-    return from_cases(cases, cal, stack)

@@ -126,3 +126,21 @@ def test_shipped_loo_table_covers_every_published_row():
     legacy = uncertainty.RowError.from_dict({"id": "x", "engine": "vllm", "gpu": "H200", "concurrency": 4,
                                              "quantity": "speedup", "error": 0.1})
     assert legacy.stack == "vllm"
+
+
+def test_your_measurements_narrow_the_ranges(tmp_path, capsys):
+    """plan --calibration: the ranges rest on the user's own levels (leave-one-out over them)."""
+    from dflash_trt.cli import run
+    from tests.plan import test_calibrate as tc
+
+    r = R.load(tc.RECIPE, tc.SETS)
+    first = pipeline.make_plan(pipeline.resolve(r))
+    tc._bench_json(tmp_path / "bench.json", first, tc._truth_model(first, r))
+    assert run(["plan", tc.RECIPE, *sum((["--set", s] for s in tc.SETS), []), "--json",
+                "--calibration", str(tmp_path / "bench.json")]) == 0
+    cal = json.loads(capsys.readouterr().out)["plan"]
+    for a, b in zip(first.curve, cal["curve"], strict=True):
+        assert b["range_basis"].startswith("your measurements")
+        assert b["speedup_range"][0] <= b["speedup"] <= b["speedup_range"][1]
+        width = (b["speedup_range"][1] - b["speedup_range"][0]) / b["speedup"]
+        assert width < (a["speedup_range"][1] - a["speedup_range"][0]) / a["speedup"]

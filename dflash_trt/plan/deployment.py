@@ -73,7 +73,7 @@ from dataclasses import asdict, dataclass, field
 
 from dflash_trt.errors import HardwareError, RecipeError
 from dflash_trt.plan import mtp as mtp_mod
-from dflash_trt.plan import perf_model, trtllm_releases, uncertainty
+from dflash_trt.plan import perf_model, schedule_vllm, trtllm_releases, uncertainty
 from dflash_trt.plan import schedule as sched_mod
 from dflash_trt.plan import trtllm_rules as rules
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha  # noqa: F401 - planner's public names
@@ -248,6 +248,9 @@ class Plan:
     # The target's own MTP heads as the other arm (plan.mtp.MtpArm.as_dict); None: it has none.
     # Every curve row then carries mtp_speedup; every row a winner (dflash | mtp | autoregressive).
     mtp: dict | None = None
+    # The same draft lengths for vLLM (num_speculative_tokens + _per_batch_size: inclusive ranges,
+    # gaps inherit), converted from what TensorRT-LLM drafts, never copied (plan.schedule_vllm)
+    vllm_schedule: dict | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -393,6 +396,9 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 moe_backend=rules.moe_backend(t.model_type, gpu, release))
     _ranges(plan, engine, errors)
     _arms(plan, roof, dep.mtp_layers, acc)
+    if any(lengths):
+        n, entries = schedule_vllm.from_lengths(lengths)
+        plan.vllm_schedule = {"num_speculative_tokens": n, "num_speculative_tokens_per_batch_size": entries}
     return plan
 
 

@@ -144,3 +144,8 @@ def test_your_measurements_narrow_the_ranges(tmp_path, capsys):
         assert b["speedup_range"][0] <= b["speedup"] <= b["speedup_range"][1]
         width = (b["speedup_range"][1] - b["speedup_range"][0]) / b["speedup"]
         assert width < (a["speedup_range"][1] - a["speedup_range"][0]) / a["speedup"]
+
+
+def test_winner_is_the_fastest_arm():
+    assert mtp.winner(1.5, 1.8) == "mtp" and mtp.winner(2.0, 1.8) == "dflash"
+    assert mtp.winner(0.9, None) == "autoregressive" and mtp.winner(0.9, 0.95) == "autoregressive"

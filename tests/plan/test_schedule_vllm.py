@@ -101,3 +101,14 @@ def test_copying_a_schedule_would_be_wrong():
 def test_vllm_rules_refused(bad):
     with pytest.raises(RecipeError):
         sv.check_vllm(bad)
+
+
+def test_the_plan_carries_its_schedule_for_vllm():
+    """plan --json: the vLLM form of what TensorRT-LLM drafts reads back the same at every batch."""
+    from dflash_trt.deploy import pipeline
+    from dflash_trt.plan import recipe as R
+
+    p = pipeline.make_plan(pipeline.resolve(R.load("gpt-oss-120b-8xb300", [])))
+    want = [r["draft_len"] for r in p.draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
+    v = p.vllm_schedule
+    assert vllm_dense(v["num_speculative_tokens_per_batch_size"], v["num_speculative_tokens"], len(want)) == want

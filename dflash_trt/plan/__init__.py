@@ -5,7 +5,9 @@ rules), ``family_shapes`` / ``model_shapes`` (parameter, KV and state bytes read
 ``published`` (which fields a config-only recipe still lacks), ``trtllm_releases`` /
 ``trtllm_rules`` / ``trtllm_family`` / ``trtllm_dflash2`` (TensorRT-LLM's releases, the rules each one
 applies, and each drafter family's),
-``schedule`` (draft lengths as TensorRT-LLM reads them), ``acceptance`` (τ from a per-position
+``schedule`` (draft lengths as TensorRT-LLM reads them), ``schedule_vllm`` (converted for vLLM),
+``mtp`` (the target's own MTP heads as the other arm), ``uncertainty`` / ``calibrate_loo`` (the
+ranges from leave-one-out errors), ``acceptance`` (τ from a per-position
 rate), ``perf_model`` (the step model the speedups come from), ``perf_fit`` (its constants fitted
 on measurements), ``calibrate`` (refitted on yours), ``deployment`` (memory, TP, draft lengths: the
 plan itself).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Engine-build checks CI runs on the CPU (no GPU, no network):
-#   1. every complete bundled recipe validates and plans from its shipped configs (plan + build
-#      --dry-run), every one marked incomplete refuses in one line,
+#   1. every bundled recipe whose shipped configs are complete plans from them (plan + build
+#      --dry-run); every one whose configs lack fields (hub-only) refuses an offline plan in one line,
 #      and a Hopper recipe plans for every TensorRT-LLM release the project knows;
 #   2. the tiny recipe builds at bf16, fp8 and nvfp4 (ModelOpt calibrates on the CPU) and each
 #      bundle is checked (build.check_bundle): layout, manifest, trtllm config against the
@@ -13,18 +13,23 @@ WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
 DT="python -m dflash_trt"
 
-LIST="from dflash_trt import plan as R; import sys; want = sys.argv[1] == 'incomplete'
-print(' '.join(n for n in R.bundled_recipes() if bool(R.load_recipe(n).incomplete) == want))"
+# Recipes by what their configs allow (plan.recipe_status / plan.lacking): every recipe whose shipped
+# configs are complete plans and dry-runs offline; every one whose configs lack fields must refuse an
+# offline plan in one line (an empty HF cache, HF_HUB_OFFLINE=1) naming what is missing.
+LIST="from dflash_trt import plan as R; import sys; want = sys.argv[1] == 'lacking'
+rs = {n: R.load_recipe(n) for n in R.bundled_recipes()}
+print(' '.join(n for n, r in rs.items() if bool(R.lacking(r, 'target') + R.lacking(r, 'drafter')) == want))"
 for recipe in $(python -c "$LIST" complete); do
   echo "== plan $recipe"
   $DT plan "$recipe" --json > "$WORK/plan-$recipe.json"
   $DT build "$recipe" --dry-run > /dev/null
 done
-for recipe in $(python -c "$LIST" incomplete); do   # marked incomplete: refused in one line, exit 2
-  echo "== plan $recipe (incomplete: must refuse)"
-  code=0; $DT plan "$recipe" 2> "$WORK/refuse-$recipe.txt" > /dev/null || code=$?
-  [ "$code" = 2 ] && [ "$(wc -l < "$WORK/refuse-$recipe.txt")" -le 1 ] && grep -q incomplete "$WORK/refuse-$recipe.txt" \
-    || { echo "error: incomplete recipe $recipe did not refuse in one line" >&2; cat "$WORK/refuse-$recipe.txt" >&2; exit 1; }
+mkdir -p "$WORK/empty-hf-cache"
+for recipe in $(python -c "$LIST" lacking); do   # hub-only offline: refused in one line, exit 2
+  echo "== plan $recipe (configs lack fields, offline: must refuse)"
+  code=0; HF_HUB_OFFLINE=1 HF_HUB_CACHE="$WORK/empty-hf-cache" $DT plan "$recipe" 2> "$WORK/refuse-$recipe.txt" > /dev/null || code=$?
+  [ "$code" = 2 ] && [ "$(wc -l < "$WORK/refuse-$recipe.txt")" -le 1 ] && grep -q "shipped configs lack" "$WORK/refuse-$recipe.txt" \
+    || { echo "error: recipe $recipe did not refuse offline in one line" >&2; cat "$WORK/refuse-$recipe.txt" >&2; exit 1; }
 done
 
 for release in $(python -c "from dflash_trt.plan import KNOWN_RELEASES as k; print(' '.join(k))"); do

@@ -18,9 +18,11 @@ from tests.helpers import VOCAB
 H = 64
 WINDOW = 6  # sliding window of the tiny sliding-window targets: shorter than any test's output
 
-FAMILIES = ["qwen3", "llama", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma4",
+FAMILIES = ["qwen3", "llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gemma4",
             "deepseek_v3", "kimi_k25", "minimax_m2", "gpt_oss"]
 HYBRID = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
+HYBRID_2 = ["nemotron_h", "kimi_linear"]  # Mamba2 + attention + MoE; KDA + MLA + MoE
+GLM5_NEXT = "glm5_next"  # KDA-like + position-free MLA with a pooled sparse indexer (a VLM wrapper)
 SLIDING = ["gemma4", "gpt_oss"]
 VLM = ["qwen3_5_vlm", "gemma4_vlm", "kimi_k25"]
 
@@ -47,6 +49,9 @@ def _text_config(family: str):
         cls = {"qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config),
                "llama": (tf.LlamaForCausalLM, tf.LlamaConfig)}[family]
         return cls[0], cls[1](**c)
+    if family == "qwen3_moe":   # Qwen3-Coder-30B-A3B, Qwen3-30B-A3B: every layer sparse (decoder_sparse_step 1)
+        return tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(**c, **_MOE, head_dim=16, intermediate_size=2 * H,
+                                                         decoder_sparse_step=1, norm_topk_prob=True)
     if family == "qwen3_5":
         return tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(**c, **_LINEAR, intermediate_size=2 * H)
     if family == "qwen3_5_moe":
@@ -76,7 +81,30 @@ def _text_config(family: str):
             sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2,
             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
                              "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0})
+    if family in HYBRID_2:
+        return _hybrid_2(family, c)
     raise ValueError(family)
+
+
+def _hybrid_2(family: str, c: dict):
+    """nemotron_h (Mamba2 mixers, GQA attention, MoE and relu2 MLP layers; chunk 8 so a
+    prompt spans chunks) and kimi_linear (KDA mixers with per-channel decay, MLA, MoE)."""
+    import transformers as tf
+
+    if family == "nemotron_h":
+        c.update(num_hidden_layers=5, head_dim=16, intermediate_size=2 * H)
+        return tf.NemotronHForCausalLM, tf.NemotronHConfig(
+            **c, layers_block_type=["mamba", "attention", "mamba", "moe", "mamba"], ssm_state_size=8,
+            mamba_num_heads=4, mamba_head_dim=16, n_groups=2, conv_kernel=4, chunk_size=8,
+            n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=32)
+    c.update(_MLA, num_hidden_layers=4)
+    for k in ("n_routed_experts", "first_k_dense_replace", "rope_parameters"):
+        c.pop(k)
+    return tf.KimiLinearForCausalLM, tf.KimiLinearConfig(
+        **c, num_local_experts=4, linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
 
 
 def _vlm(family: str):
@@ -107,11 +135,34 @@ def _vlm(family: str):
     raise ValueError(family)
 
 
+def _glm5_next():
+    """glm5_next: linear layers, MLA without RoPE dims (``head_dim: 0``), a sparse indexer that
+    keeps 4 pools of 2 tokens (so short contexts already drop positions), 2 hyper-connection
+    streams; only ``Glm5NextForConditionalGeneration`` exists, so a tiny vision tower too."""
+    from transformers.models.glm5_next import configuration_glm5_next as cf
+    from transformers.models.glm5_next import modeling_glm5_next as md
+
+    text = cf.Glm5NextTextConfig(
+        vocab_size=VOCAB, hidden_size=H, intermediate_size=2 * H, moe_intermediate_size=32, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4, kv_lora_rank=16,
+        q_lora_rank=32, qk_rope_head_dim=0, v_head_dim=16, qk_nope_head_dim=16, num_experts_per_tok=2,
+        max_position_embeddings=512, index_topk=8, index_head_dim=16, index_n_heads=2, head_dim=0,
+        layer_types=["linear_attention", "indexed_attention"] * 2, mlp_layer_types=["dense"] + ["sparse"] * 3,
+        indexer_types=["full"] * 4, linear_head_dim=16, linear_num_heads=4, hc_mult=2, index_kpool=2,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    vision = dict(depth=1, hidden_size=16, num_heads=2, patch_size=2, temporal_patch_size=1, out_hidden_size=H,
+                  intermediate_size=32, projection_intermediate_size=32, image_size=8)
+    ids = {k: VOCAB - 2 - i for i, k in enumerate(("image_token_id", "video_token_id", "image_start_token_id",
+                                                  "image_end_token_id", "video_start_token_id", "video_end_token_id"))}
+    return md.Glm5NextForConditionalGeneration, cf.Glm5NextConfig(
+        text_config=text.to_dict(), vision_config=vision, **ids)
+
+
 def family_target(family: str, seed: int = 0, dtype=torch.float64):
     """A random tiny target of ``family`` (see FAMILIES and VLM), weights drawn wide enough that
     greedy text varies (the default init makes tiny models repeat one token)."""
     torch.manual_seed(seed)
-    cls, cfg = _vlm(family) if family in VLM else _text_config(family)
+    cls, cfg = _glm5_next() if family == GLM5_NEXT else _vlm(family) if family in VLM else _text_config(family)
     # grouped_mm (the default experts kernel) has no float64: the eager loop over experts.
     for c in {id(cfg): cfg, id(cfg.get_text_config()): cfg.get_text_config()}.values():
         c._experts_implementation = "eager"

@@ -58,7 +58,8 @@ def _rows(info: dict) -> list[tuple[str, str]]:
             ("quantization", "none" if not q else f"{q['quant_algo']} ({q['method']}, {q['source']})"
              + (f", KV cache {q['kv_cache_quant_algo']}" if q.get("kv_cache_quant_algo") else "")),
             ("tokenizer", ", ".join(info["tokenizer_files"]) or "absent"),
-            ("hidden-state capture (TensorRT-LLM)", "yes" if info["hidden_state_capture"] else "not known"),
+            ("hidden-state capture (TensorRT-LLM)", {True: "yes", False: "no"}.get(info["hidden_state_capture"],
+                                                                                     "not known")),
         ]
     rope = f"theta {info['rope_theta']:g}" if info["rope_theta"] else "?"
     if info["rope_scaling"]:
@@ -83,6 +84,7 @@ def inspect(
         path = ingest.resolve(ref, role="drafter")
         tdir = ingest.resolve(target, role="target")
         report = ingest.validate_pair(tdir, path, require_weights=False, raise_on_error=False)
+        _capture_check(report)
         info = report.drafter.to_dict()
         info["pair"] = {"target": str(tdir), **report.to_dict()}
     else:
@@ -91,6 +93,7 @@ def inspect(
             info = ingest.read_drafter(path, require_weights=False).to_dict()
         else:
             info = ingest.read_target(path, require_weights=False).to_dict()
+            info["hidden_state_capture"] = _capture(info["architecture"])[0]
     if as_json:
         print_json(info)
     else:
@@ -115,6 +118,27 @@ def inspect(
             out.print("[green]compatible[/green]" if report.ok else f"[red]{len(report.errors)} problem(s)[/red]")
     if report is not None and not report.ok:
         raise CompatibilityError(report.errors[0])
+
+
+def _capture(architecture: str | None) -> tuple[bool | None, str]:
+    """TensorRT-LLM's verdict for a target architecture (``plan.trtllm_capture``): (supported, detail)."""
+    from dflash_trt import plan
+
+    release = plan.DEFAULT_RELEASE
+    why = plan.capture_missing(architecture, release)
+    ok = plan.capture_supported(architecture, release)
+    if ok:
+        return True, f"TensorRT-LLM {release} captures hidden states for {architecture}"
+    if why:
+        return False, (f"TensorRT-LLM's {architecture} has no hidden-state capture hook ({why}): build --engine "
+                       "trtllm refuses it; the reference runtime (generate, bench, serve) runs the pair")
+    return None, (f"TensorRT-LLM may not capture hidden states for {architecture} (its source was not read for "
+                  "it); DFlash there is unverified (the reference runtime works)")
+
+
+def _capture_check(report) -> None:
+    ok, detail = _capture(report.target.architecture)
+    report.add("hidden-state capture", "ok" if ok else "warn", detail)
 
 
 def register(app: typer.Typer) -> None:

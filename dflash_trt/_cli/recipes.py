@@ -18,22 +18,26 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a fiel
 
 
 @recipes_app.command("list")
-def list_() -> None:
-    """List the bundled recipes."""
+def list_(
+    reasons: Annotated[bool, typer.Option("--reasons", help="Also print why each recipe is not ready.")] = False,
+) -> None:
+    """List the bundled recipes and what the project can do with each (derived from their configs)."""
     from dflash_trt import plan as R
 
-    t = Table(caption="dflash-trt recipes show NAME: the full recipe (target and drafter ids, knobs); "
-                      "incomplete: its published configs leave fields out, so plan refuses it")
+    t = Table(caption="status: ready (plans offline) | hub-only (plans from the hub or the local HF cache) | "
+                      "id-unconfirmed | unsupported (target family not in the runtime's registry); "
+                      "--reasons says why; recipes show NAME: the full recipe")
     t.add_column("name", no_wrap=True)  # the handle users copy: never split across lines
     t.add_column("gpus", no_wrap=True)
     t.add_column("weights", no_wrap=True)
     t.add_column("status", no_wrap=True)
-    t.add_column("description")
+    if reasons:
+        t.add_column("reason")
     for name, path in R.bundled_recipes().items():
         r = R.load_recipe(path)
-        # configs only partly published: plan/build refuse it, naming what is missing (recipe.incomplete)
-        status = "incomplete" if r.incomplete else "ready"
-        t.add_row(name, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}", r.precision.weights, status, r.description)
+        st = R.recipe_status(r)
+        row = [name, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}", r.precision.weights, st.kind]
+        t.add_row(*row, *([st.reason] if reasons else []))
     out.print(t)
 
 

@@ -86,12 +86,20 @@ def train_drafter(
     regen_concurrency: Annotated[int, typer.Option(
         "--regen-concurrency", min=1, help="Requests in flight to --regen-endpoint, per rank.")] = 32,
     feature_cache: Annotated[Path | None, typer.Option(
-        "--feature-cache", help="Folder for the target's hidden states as safetensors shards, written once and read by "
-                                "every step and rank. Default: computed online.")] = None,
+        "--feature-cache", help="Feature folder: the target's hidden states as safetensors shards (README: 'The "
+                                "feature folder'), written once by this run or converted from a serving engine's "
+                                "capture, checked, then read by every step and rank. Default: online.")] = None,
     feature_shard_mb: Annotated[float, typer.Option(
         "--feature-shard-mb", min=0.001, help="Size of one --feature-cache shard, in MB.")] = 1024.0,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Data-parallel ranks on this machine, started with "
                                                               "torch's launcher (torchrun). The batch is global.")] = 1,
+    parallel: Annotated[str, typer.Option(
+        "--parallel", help="torch's engine over the ranks: fsdp (FSDP2: drafter, its AdamW state and the target's "
+                           "decoder layers sharded), ddp (whole copies, gradients all-reduced) or none (one process). "
+                           "Default auto: fsdp with several ranks, none alone.")] = "auto",
+    target_dtype: Annotated[str, typer.Option(
+        "--target-dtype", help="Precision of the frozen target: bfloat16, float16, float32, or auto (as it ships; "
+                               "bfloat16 when its config names none).")] = "auto",
     as_json: JsonOpt = False,
 ) -> None:
     # One line: typer lists a command by its docstring's first line.
@@ -107,7 +115,7 @@ def train_drafter(
         samples=samples, eval_every=eval_every, save_every=save_every, seed=seed, resume=resume,
         chat_template=chat_template, thinking=thinking, regen_endpoint=regen_endpoint, regen_model=regen_model,
         regen_concurrency=regen_concurrency, feature_cache=None if feature_cache is None else str(feature_cache),
-        feature_shard_mb=feature_shard_mb,
+        feature_shard_mb=feature_shard_mb, parallel=parallel, target_dtype=target_dtype,
     )
     result = launch(settings, nproc) if nproc > 1 else _run_with_bars(settings)
     summary = _summary(result)

@@ -5,7 +5,9 @@ Stages, each a plain function called in order by :func:`build`:
 1. :func:`resolve` -- the GPU and precision rules (refused before any work), the model
    config directories, the pair check (``ingest.validate_pair``), whether the target
    is already quantized, and the shapes the planner needs. Config directories only: a
-   recipe's ``target.config``/``drafter.config`` when given, else the checkpoints.
+   recipe's ``target.config``/``drafter.config`` where they hold every field the planner
+   needs, else the hub's (or the local Hugging Face cache's) configs at the pinned revision;
+   offline with nothing cached, a recipe whose configs lack fields is refused in one line.
 2. :func:`dflash_trt.plan.deployment.make` -- memory, TP size, draft length and back-off.
 3. (not ``--dry-run``) the weights: the target copied (bf16 / as shipped) or calibrated
    and exported by ModelOpt (fp8 / nvfp4) and verified from its safetensors; the drafter
@@ -57,14 +59,39 @@ class Resolved:
 
 
 def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
+    """The directory ``role`` is read from: for planning, the recipe's shipped configs where they
+    hold every field the planner needs, else the hub's (or the local cache's) configs at the
+    pinned revision; with ``weights``, the checkpoint itself."""
     ref = getattr(recipe, role)
-    if not weights and ref.config:
+    lacking = planner.lacking(recipe, role)
+    if not weights and ref.config and not lacking:
         path = recipe.resolve_path(ref.config)
         if not (path / "config.json").exists():
             raise DFlashError(f"{role}.config {path}: no config.json there")
         return path
     kwargs = {"revision": ref.revision} if ref.revision else {}
-    return ingest.resolve(ref.id, role, expected_bytes=_expected_bytes(recipe, ref), **kwargs)
+    try:
+        return ingest.resolve(ref.id, role, expected_bytes=_expected_bytes(recipe, ref), configs_only=not weights,
+                              **kwargs)
+    except CheckpointError as exc:
+        if weights or not lacking:
+            raise
+        raise RecipeError(_offline_refusal(recipe, role, lacking)) from exc
+
+
+def _offline_refusal(recipe: Recipe, role: str, lacking: list[str]) -> str:
+    """The one line an offline ``plan`` gives for a recipe whose shipped configs lack fields and
+    whose hub files are not cached: what is missing (both models'), and the commands that work."""
+    ref = getattr(recipe, role)
+    at = f"@{ref.revision}" if ref.revision else ""
+    roles = [r for r in ("target", "drafter") if r == role or planner.lacking(recipe, r)]
+    fields = [f for r in roles for f in (lacking if r == role else planner.lacking(recipe, r))]
+    fetch = " and ".join(f"`hf download {getattr(recipe, r).id}"
+                         + (f" --revision {getattr(recipe, r).revision}" if getattr(recipe, r).revision else "")
+                         + " --include '*.json'`" for r in roles)
+    return (f"recipe {recipe.name}: its shipped configs lack {', '.join(fields)} and {role} {ref.id}{at} is not "
+            f"in the Hugging Face cache (and the hub is offline or unreachable); fetch the configs with {fetch} "
+            "(or run with hub access), or pass --target DIR --drafter DIR")
 
 
 def _expected_bytes(recipe: Recipe, ref) -> int | None:
@@ -76,9 +103,6 @@ def _expected_bytes(recipe: Recipe, ref) -> int | None:
 
 def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     """Everything the plan needs, from configs; ``weights=True`` resolves the checkpoints."""
-    if recipe.incomplete:
-        raise RecipeError(f"recipe {recipe.name} is incomplete: {'; '.join(recipe.incomplete)}; it cannot be planned "
-                          "until those configs are published (the drafter alone still runs with inspect)")
     gpu = planner.get_gpu(recipe.gpu.name)
     gpus = recipe.gpu.count * recipe.gpu.nodes
     requested, kv = recipe.precision.weights, recipe.precision.kv_cache
@@ -111,21 +135,24 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     planner.refuse_quantized_drafter(ingest.target_quantization(ddir), f"drafter {recipe.drafter.id}")
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
-                    target=TargetShape.from_dir(tdir, shipped_precision=shipped), drafter=DraftShape.from_dir(ddir),
+                    target=TargetShape.from_dir(tdir, shipped_precision=shipped),
+                    drafter=DraftShape.from_dir(ddir, zlab=dcfg.to_zlab()),
                     shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg,
                     mtp_layers=planner.mtp_layers_of(tdir))
 
 
 def _refuse_engine(r: Resolved) -> None:
-    """``engine: trtllm`` on a target TensorRT-LLM cannot capture hidden states from (one line)."""
+    """``engine: trtllm`` on a target the recipe's TensorRT-LLM release cannot capture hidden states
+    from (``plan.trtllm_capture``), in one line naming the runtimes that still run the pair."""
     if r.recipe.engine != "trtllm":
         return
     spec = ingest.read_target(r.target_dir, require_weights=False)
-    if spec.capture_missing:
+    why = planner.capture_missing(spec.architecture, r.recipe.trtllm.release)
+    if why:
         raise CompatibilityError(
-            f"target {r.recipe.target.id}: TensorRT-LLM's {spec.architecture} has no hidden-state capture hook "
-            f"({spec.capture_missing}), so DFlash cannot run there; use --engine tensorrt, or serve the pair with "
-            "the reference runtime (dflash-trt generate / bench / serve)")
+            f"target {r.recipe.target.id}: TensorRT-LLM {r.recipe.trtllm.release}'s {spec.architecture} has no "
+            f"hidden-state capture hook ({why}), so DFlash cannot run there; use --engine tensorrt, or serve the "
+            "pair with the reference runtime (dflash-trt generate / bench / serve)")
 
 
 def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Plan:
@@ -270,7 +297,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         format=BUNDLE_FORMAT,
         name=rc.name,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        recipe=rc.model_dump(mode="json", exclude={"source", "incomplete"}),   # only complete recipes build
+        recipe=rc.model_dump(mode="json", exclude={"source", "incomplete"}),   # the inputs record what was read
         recipe_source=str(rc.source) if rc.source else None,
         inputs={"target": _input(rc.target, r.target_dir), "drafter": _input(rc.drafter, r.drafter_dir),
                 "calibration": _calib_input(rc)},

@@ -217,6 +217,20 @@ def validate(data: dict, release: str | None = None) -> LlmApiConfig:
     return cfg
 
 
+def check_layer_ids(ids: list[int], zlab_ids: list[int]) -> None:
+    """``speculative_config.target_layer_ids`` are z-lab ids: TensorRT-LLM captures the hidden state
+    after decoder layer i, 0-based (``tensorrt_llm/_torch/speculative/dflash.py``, DFlashSpecMetadata).
+    speculators' ``aux_hidden_state_layer_ids`` are ``output_hidden_states`` indices, one higher: passed
+    straight through, every capture lands one layer late and acceptance collapses without an error."""
+    ids, zlab = sorted(ids), sorted(zlab_ids)
+    if ids == zlab:
+        return
+    if ids == [i + 1 for i in zlab]:
+        raise DFlashError(f"TensorRT-LLM config: target_layer_ids {ids} are the drafter's speculators ids "
+                          f"(output_hidden_states, +1); TensorRT-LLM reads z-lab ids {zlab}")
+    raise DFlashError(f"TensorRT-LLM config: target_layer_ids {ids} are not the drafter's {zlab}")
+
+
 def _speculative(recipe, plan, drafter) -> dict:
     sp = recipe.speculative
     spec = {"decoding_type": "DFlash", "max_draft_len": plan.max_draft_len, "speculative_model": DRAFTER_REL,
@@ -226,6 +240,7 @@ def _speculative(recipe, plan, drafter) -> dict:
             spec["mask_token_id"] = drafter.mask_token_id
         # the bundle's drafter has them ascending (bundle_drafter): TensorRT-LLM sorts the captured layers
         spec["target_layer_ids"] = sorted(drafter.target_layer_ids)
+        check_layer_ids(spec["target_layer_ids"], drafter.target_layer_ids)
     if plan.schedule == "max_concurrency":
         spec["max_concurrency"] = plan.max_concurrency
     elif plan.schedule == "draft_len_schedule":

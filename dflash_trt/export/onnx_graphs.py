@@ -227,8 +227,10 @@ def target_export_problem(config) -> str | None:
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers} - {"DynamicLayer"})
     if kinds:
-        hybrid = any("Linear" in k or "Mamba" in k for k in kinds)
-        what = "recurrent/conv state (hybrid)" if hybrid else "sliding-window"
+        what = ("recurrent/conv state (hybrid)" if any("Linear" in k or "Mamba" in k for k in kinds)
+                else "sparse-attention indexer key" if any("Indexed" in k for k in kinds)
+                else "compressor state (DeepSeek V4)" if any(k.endswith(("HCACache", "CSACache")) for k in kinds)
+                else "sliding-window")
         return f"its cache has {what} layers ({', '.join(kinds)}), which the stacked past_k/past_v cannot carry"
     if getattr(cfg, "kv_lora_rank", None):
         return "its attention is MLA (compressed K/V of a different width than V), which past_k/past_v do not carry"

@@ -70,7 +70,7 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
     ``CompatibilityError`` with the first problem (``raise_on_error=False`` returns the
     report with ``.errors`` instead). Warnings are in ``.warnings``. The checks run in
     the order of ``PairReport.checks``: files, hidden size and heads, vocabulary and mask
-    row, target layers, RoPE, dtype/quantization, tokenizer, hidden-state capture.
+    row, target layers, RoPE, dtype/quantization, tokenizer, draft head.
     """
     t = read_target(target_dir, require_weights=require_weights)
     d = read_drafter(drafter_dir, require_weights=require_weights)
@@ -218,18 +218,10 @@ def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> Non
 
 
 def _check_capture(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
-    """What TensorRT-LLM's DFlash path supports: hidden-state capture for this architecture and
-    the target's LM head (a reduced draft vocabulary needs its own)."""
-    c, (_, tcfg) = d.config, _configs(t, d)
-    if t.capture_supported:
-        r.add("hidden-state capture", "ok", f"TensorRT-LLM captures hidden states for {t.architecture}")
-    elif t.capture_missing:
-        r.add("hidden-state capture", "warn", f"{tcfg}: TensorRT-LLM's {t.architecture} has no hidden-state "
-              f"capture hook ({t.capture_missing}): build --engine trtllm refuses it; the reference runtime "
-              "(generate, bench, serve) runs the pair")
-    else:
-        r.add("hidden-state capture", "warn", f"{tcfg}: TensorRT-LLM may not capture hidden states for "
-              f"{t.architecture}; DFlash there is unverified (the reference runtime works)")
+    """The target's LM head against TensorRT-LLM's DFlash loader (a reduced draft vocabulary needs its
+    own). Whether TensorRT-LLM captures the target's hidden states is ``plan.trtllm_capture``'s verdict
+    (``inspect`` and ``build`` read it there)."""
+    c = d.config
     if c.draft_vocab_size:
         r.add("draft head", "warn", f"{d.path}: reduced draft vocabulary ({c.draft_vocab_size}) with its own "
               "lm_head; TensorRT-LLM's DFlash loader uses the target's LM head instead, which destroys "

@@ -23,7 +23,11 @@ speculators (vllm-project/speculators, ``train/vocab_mapping.py``): ``d2t[i]`` i
 vocabulary with exactly ``draft_vocab_size`` set entries, the draft ids being the set
 target ids in increasing order. ``Drafter.d2t`` holds *absolute* target ids, so the
 offsets are added here. Its converter from z-lab writes ``aux_hidden_state_layer_ids =
-target_layer_ids + 1`` and vLLM maps back with ``- 1``: the shift is undone here.
+target_layer_ids + 1`` and vLLM maps back with ``- 1``: the shift is undone here (TensorRT-LLM
+reads the z-lab ids: ``deploy.trtllm_config.check_layer_ids`` refuses the +1 ones). speculators
+0.9 trains every layer sliding (``window=(W-1, W-1)``) and non-causal unless
+``sliding_window_non_causal: false``: an absent key reads as non-causal (``causal: false`` in the
+z-lab form), and the per-layer windows must be one window shared by every sliding layer.
 
 Drafter families other than DFlash (DFlash2, ...) are recognised, checked and renamed by their
 ``model.DrafterFamily`` (``recognises``, ``check_checkpoint``, ``tensor_name``,
@@ -250,9 +254,12 @@ def _speculators_decoder(cfg: dict, where: str) -> dict:
         if cfg.get(flag):
             raise CheckpointError(f"{where}: {flag}=true changes what each block position predicts; "
                                   "only standard DFlash drafters are supported")
+    tl = _one_window(tl, f"{where}: transformer_layer_config")
     model_type = str(tl.get("model_type") or "qwen3")
     try:
-        return AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"}).to_dict()
+        full = AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"}).to_dict()
+        # transformers' Qwen3Config drops the window unless use_sliding_window: keep the published one
+        return {**full, "sliding_window": tl["sliding_window"]}
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{where}: transformer_layer_config (model_type {model_type!r}) is not a "
                               f"transformers config: {str(exc).splitlines()[0]}") from exc
@@ -279,6 +286,25 @@ def _speculators_ids(cfg: dict, full: dict, where: str) -> tuple[list[int], int,
     return aux, vocab, draft_vocab
 
 
+def _one_window(tl: dict, where: str) -> dict:
+    """``transformer_layer_config`` with one ``sliding_window`` for every sliding layer: the z-lab form,
+    the runtime and TensorRT-LLM's DFlash path take one window; a per-layer list must hold one value
+    over the sliding layers (full layers' entries are ignored), and sliding layers need a window."""
+    window, types = tl.get("sliding_window"), list(tl.get("layer_types") or [])
+    if isinstance(window, list):
+        if types and len(window) != len(types):
+            raise CheckpointError(f"{where}: {len(window)} per-layer sliding windows for {len(types)} layers")
+        sizes = {w for w, t in zip(window, types or ["sliding_attention"] * len(window), strict=True)
+                 if t == "sliding_attention" and w}
+        if len(sizes) > 1:
+            raise CheckpointError(f"{where}: per-layer sliding windows {sorted(sizes)} differ; the runtime and "
+                                  "TensorRT-LLM's DFlash path take one window for every sliding layer")
+        window = sizes.pop() if sizes else None
+    if "sliding_attention" in types and not window:
+        raise CheckpointError(f"{where}: sliding_attention layers without a sliding_window")
+    return {**tl, "sliding_window": window}
+
+
 def _speculators_zlab(cfg: dict, full: dict, aux: list[int], vocab: int, draft_vocab: int) -> dict:
     """The z-lab config.json: layer ids shifted back by one, the decoder fields flattened."""
     hidden = full["hidden_size"]
@@ -286,8 +312,11 @@ def _speculators_zlab(cfg: dict, full: dict, aux: list[int], vocab: int, draft_v
     types = full.get("layer_types")
     sliding = bool(types and "sliding_attention" in types)
     dflash = {"mask_token_id": cfg["mask_token_id"], "target_layer_ids": [a - 1 for a in aux]}
-    if sliding and cfg.get("sliding_window_non_causal"):
-        dflash["causal"] = False  # sliding layers bidirectional; full layers always are
+    # speculators 0.9 trains every layer sliding and non-causal unless told otherwise: an absent
+    # ``sliding_window_non_causal`` reads as True (vLLM's speculators converter does the same,
+    # ``test_dflash_speculators_config_defaults_to_non_causal_swa``); ``false`` keeps z-lab's causal windows.
+    if sliding and cfg.get("sliding_window_non_causal", True):
+        dflash["causal"] = False  # sliding layers bidirectional inside their window; full layers always are
     if draft_vocab < vocab:
         dflash["draft_vocab_size"] = int(draft_vocab)
     return {

@@ -16,6 +16,9 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+# What planning reads (configs, quantization config, tokenizer and chat template): no weights.
+CONFIG_PATTERNS = ["*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+_SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
 IGNORE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.py", "*.pyc", "*.msgpack", "*.h5",
                    "*.gguf", "*.onnx", "*.tflite", "*.ot"]
 
@@ -44,6 +47,30 @@ def _cache_dir() -> str | None:
     return None
 
 
+def _repo_folder(repo_id: str) -> Path:
+    from huggingface_hub import constants
+
+    return Path(_cache_dir() or constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+
+
+def expand_revision(repo_id: str, revision: str | None) -> str | None:
+    """A short commit prefix (7-39 hex digits, as recipes and model cards quote them) -> the full
+    commit of the one cached snapshot, or of a ``refs/`` entry, that starts with it; anything else
+    as given. Online, huggingface_hub resolves a prefix the cache does not hold through the hub;
+    offline, ``snapshot_download`` only matches a full hash or a ref name, hence this lookup."""
+    if not revision or not _SHORT_SHA.match(revision):
+        return revision
+    folder = _repo_folder(repo_id)
+    found = {p.name for p in (folder / "snapshots").glob(f"{revision}*") if p.is_dir()}
+    refs = folder / "refs"
+    for ref in (refs.rglob("*") if refs.is_dir() else ()):
+        if ref.is_file():
+            sha = ref.read_text().strip()
+            if sha.startswith(revision):
+                found.add(sha)
+    return found.pop() if len(found) == 1 else revision
+
+
 def _check_disk(repo_id: str, revision: str | None, ref: str, role: str, expected_bytes: int | None) -> None:
     """Refuse, before any byte is fetched, a download the cache's disk cannot hold (a snapshot
     already in the cache needs nothing)."""
@@ -69,20 +96,23 @@ def _check_disk(repo_id: str, revision: str | None, ref: str, role: str, expecte
                               f"free in {where}; free space or point HF_HUB_CACHE elsewhere")
 
 
-def download(repo_id: str, revision: str | None, role: str, expected_bytes: int | None = None) -> Path:
+def download(repo_id: str, revision: str | None, role: str, expected_bytes: int | None = None,
+             configs_only: bool = False) -> Path:
     """The local snapshot of ``repo_id`` (from the cache, downloading what is missing).
     ``expected_bytes`` (the checkpoint's size, when a recipe knows it) is checked against the
-    cache's free disk space first."""
+    cache's free disk space first. ``configs_only``: what planning reads, no weights."""
     from huggingface_hub import errors as hf_errors
     from huggingface_hub import snapshot_download
 
     ref = f"{repo_id}@{revision}" if revision else repo_id
     terms = f"https://huggingface.co/{repo_id}"
-    _check_disk(repo_id, revision, ref, role, expected_bytes)
+    revision = expand_revision(repo_id, revision)
+    if not configs_only:
+        _check_disk(repo_id, revision, ref, role, expected_bytes)
     try:
         path = snapshot_download(
             repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=_offline(),
-            allow_patterns=ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS,
+            allow_patterns=CONFIG_PATTERNS if configs_only else ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS,
         )
     except hf_errors.LocalEntryNotFoundError as exc:
         why = "HF_HUB_OFFLINE is set" if _offline() else "the hub is unreachable"

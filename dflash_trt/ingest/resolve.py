@@ -22,12 +22,15 @@ def embedded_dir(name: str) -> Path:
     return Path(str(resources.files("dflash_trt") / "assets" / name))
 
 
-def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None) -> Path:
+def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None,
+            configs_only: bool = False) -> Path:
     """A local directory for a model reference.
 
     ``embedded:NAME`` -> the packaged asset; an existing directory -> itself;
     ``org/name[@revision]`` -> a Hugging Face snapshot (configs, tokenizer, safetensors only),
-    after checking ``expected_bytes`` (its size, when known) against the free disk space.
+    after checking ``expected_bytes`` (its size, when known) against the free disk space;
+    ``configs_only``: configs and tokenizer only (what planning reads). A short commit prefix as
+    ``revision`` is resolved (``hub.expand_revision``).
     """
     ref = str(ref)
     if ref.startswith(EMBEDDED_PREFIX):
@@ -53,7 +56,7 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
         raise CheckpointError(f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
                               f"use an absolute path, or run elsewhere for the hub id)")
     repo_id, rev = hub_id
-    return hub.download(repo_id, revision or rev, role, expected_bytes)
+    return hub.download(repo_id, revision or rev, role, expected_bytes, configs_only=configs_only)
 
 
 def read_json(path: Path) -> dict:

@@ -16,27 +16,8 @@ from dflash_trt.ingest import files
 from dflash_trt.ingest.formats import flatten_rope
 from dflash_trt.ingest.resolve import open_dir, positive_int, read_json
 
-# Target architectures whose TensorRT-LLM PyTorch models capture hidden states for
-# DFlash/EAGLE-3 (Llama, Qwen3, Qwen3-MoE, Qwen3.5, Qwen3-Next, GPT-OSS, Kimi, Laguna): their
-# decoder layers call ``spec_metadata.maybe_capture_hidden_states`` (e.g.
-# tensorrt_llm/_torch/models/modeling_qwen3_next.py, Qwen3NextFullAttentionDecoderLayer.forward).
-CAPTURE_ARCHITECTURES = {
-    "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
-    "KimiK2ForCausalLM", "KimiK25ForConditionalGeneration", "LagunaForCausalLM",
-}
-
-# Architectures whose TensorRT-LLM model has no capture hook at all, read from its source:
-# tensorrt_llm/_torch/models/modeling_gemma4.py (Gemma4DecoderLayer / Gemma4TextModel.forward
-# never see spec_metadata; Gemma4ForCausalLM is a plain DecoderModelForCausalLM) and
-# modeling_minimaxm2.py (the same). DFlash cannot run on them there: ``build --engine trtllm``
-# refuses; the reference runtime (generate, bench, serve) runs them.
-NO_CAPTURE_ARCHITECTURES = {
-    "Gemma4ForCausalLM": "tensorrt_llm/_torch/models/modeling_gemma4.py",
-    "Gemma4ForConditionalGeneration": "tensorrt_llm/_torch/models/modeling_gemma4.py",
-    "MiniMaxM2ForCausalLM": "tensorrt_llm/_torch/models/modeling_minimaxm2.py",
-}
+# Whether TensorRT-LLM captures a target's hidden states is the release table's business:
+# ``dflash_trt.plan.trtllm_capture`` (one row per family, read in TensorRT-LLM's source).
 
 
 _LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
@@ -143,15 +124,6 @@ class TargetSpec:
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def capture_supported(self) -> bool:
-        return self.architecture in CAPTURE_ARCHITECTURES
-
-    @property
-    def capture_missing(self) -> str | None:
-        """The TensorRT-LLM source file showing this architecture has no capture hook, or None."""
-        return NO_CAPTURE_ARCHITECTURES.get(self.architecture)
-
-    @property
     def num_parameters(self) -> int | None:
         if not self.weights.present:
             return None
@@ -173,7 +145,7 @@ class TargetSpec:
             "stored_dtypes": sorted(self.weights.dtypes()), "quantization": self.quantization,
             "num_parameters": self.num_parameters, "bytes_on_disk": self.weights.bytes_on_disk,
             "weights_present": self.weights.present, "tokenizer_files": self.tokenizer_files,
-            "hidden_state_capture": self.capture_supported, "warnings": self.warnings,
+            "warnings": self.warnings,
         }
 
 
@@ -203,7 +175,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     size = lambda key, default=None: positive_int(text, key, where, default)  # noqa: E731
     hidden, layers, heads = size("hidden_size"), size("num_hidden_layers"), size("num_attention_heads")
     vocab = positive_int(text if "vocab_size" in text else raw, "vocab_size", where)
-    kv_heads, head_dim = size("num_key_value_heads", heads), size("head_dim", hidden // heads)
+    kv_heads, head_dim = size("num_key_value_heads", heads), _head_dim(text, where, hidden // heads)
     theta, scaling = flatten_rope(text)
     ws = files.scan(path, require=require_weights, what="target")
     spec = TargetSpec(
@@ -251,13 +223,15 @@ def _check_target_tensors(spec: TargetSpec) -> None:
 
 def _check_unquantized(spec: TargetSpec) -> None:
     """A target without a quantization config stores float weights, in the shapes its config implies."""
-    ints = sorted(n for n, t in spec.weights.tensors.items() if _LAYER.search(n) and t.dtype not in files.FLOAT_DTYPES)
+    meta = _meta_state(spec)
+    ints = sorted(n for n, t in spec.weights.tensors.items() if _LAYER.search(n) and t.dtype not in files.FLOAT_DTYPES
+                  and not _integer_by_design(n, meta))
     if ints:
         t = spec.weights.tensors[ints[0]]
         raise CheckpointError(f"{spec.path / t.file}: {ints[0]} is {t.dtype} but the target has no quantization "
                               "config (ModelOpt hf_quant_config.json, compressed-tensors or MXFP4 "
                               "quantization_config); refusing to run integer weights as floats")
-    expected = _expected_shapes(spec)
+    expected = {k: tuple(v.shape) for k, v in meta.items()}
     for name, info in sorted(spec.weights.tensors.items()):
         want = expected.get(name)
         if want is not None and tuple(want) != tuple(info.shape):
@@ -265,8 +239,20 @@ def _check_unquantized(spec: TargetSpec) -> None:
                                   f"{list(want)}; config and weights do not match (a transposed or foreign tensor)")
 
 
-def _expected_shapes(spec: TargetSpec) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of the config's architecture, built on the meta device (no memory, no weights)."""
+#: integer tables an architecture stores as such (not quantized weights), for when its meta model
+#: cannot be built: DeepSeek V4's hash routing ``mlp.gate.tid2eid`` [vocab, top_k] (token -> experts).
+INTEGER_TABLES = ("tid2eid",)
+
+
+def _integer_by_design(name: str, meta: dict) -> bool:
+    """Whether the architecture itself declares tensor ``name`` integer (a lookup table, not a weight)."""
+    if name in meta:
+        return not (meta[name].dtype.is_floating_point or meta[name].dtype.is_complex)
+    return name.rsplit(".", 1)[-1] in INTEGER_TABLES
+
+
+def _meta_state(spec: TargetSpec) -> dict:
+    """The state dict of the config's architecture, built on the meta device (no memory, no weights)."""
     import torch
     import transformers
 
@@ -279,5 +265,14 @@ def _expected_shapes(spec: TargetSpec) -> dict[str, tuple[int, ...]]:
             model = cls(cfg)
     except Exception:  # noqa: BLE001 - a config transformers cannot build is refused where it is loaded
         return {}
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return dict(model.state_dict())
 
+
+def _head_dim(text: dict, where, default: int) -> int:
+    """``head_dim``; 0 is what transformers writes for an MLA config without RoPE dims (glm5_next's
+    position-free attention: ``qk_rope_head_dim: 0``), whose query/key head is then
+    ``qk_nope_head_dim + qk_rope_head_dim``."""
+    if text.get("head_dim") == 0 and "qk_nope_head_dim" in text:
+        qk = {**text, "head_dim": int(text.get("qk_nope_head_dim") or 0) + int(text.get("qk_rope_head_dim") or 0)}
+        return positive_int(qk, "head_dim", where)
+    return positive_int(text, "head_dim", where, default)

@@ -3,7 +3,11 @@
 :class:`Target` wraps any transformers causal LM. ``target_hidden`` (the DFlash authors' word,
 used throughout this package) is the concatenation of the hidden states of the target layers
 the drafter conditions on (``target_layer_ids``): layer id ``i`` is the output of decoder layer ``i``, i.e.
-``output_hidden_states[i + 1]`` in transformers (the DFlash paper's convention).
+``output_hidden_states[i + 1]`` in transformers (the DFlash paper's convention). A target whose
+residual is several hyper-connection streams (DeepSeek V4: ``hc_mult`` of them, hidden states
+[b, T, hc_mult, H]) is tapped where TensorRT-LLM taps it for DFlash and EAGLE-3: the output of
+layer ``i``'s MoE block, [b, T, H], before it is mixed back into the streams
+(``tensorrt_llm/_torch/models/modeling_deepseekv4.py``, ``DeepseekV4DecoderLayer.forward_MoE``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class Target:
         # transformers 5.x renamed past_key_values to cache; accept either generation.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        text = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        self._mlp_taps = getattr(text, "hc_mult", None) is not None
 
     @property
     def device(self) -> torch.device:
@@ -59,6 +65,8 @@ class Target:
     def forward(self, ids, position_ids, attention_mask, cache, capture: bool = True):
         """Returns (logits [b, T, V], target_hidden [b, T, n_tap*H] or None)."""
         want_hidden = capture and bool(self.layer_ids)
+        if want_hidden and self._mlp_taps:
+            return self._forward_mlp_taps(ids, position_ids, attention_mask, cache)
         out = self.model(
             input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
             use_cache=True, output_hidden_states=want_hidden, **{self._cache_kw: cache},
@@ -66,6 +74,20 @@ class Target:
         if want_hidden:
             return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         return out.logits, None
+
+    def _forward_mlp_taps(self, ids, position_ids, attention_mask, cache):
+        """``forward`` for hyper-connection targets: target_hidden from the tapped layers' MoE outputs."""
+        layers = self.model.get_decoder().layers
+        taps: dict[int, torch.Tensor] = {}
+        hooks = [layers[i].mlp.register_forward_hook(lambda _m, _a, out, i=i: taps.__setitem__(i, out))
+                 for i in self.layer_ids]
+        try:
+            out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
+                             use_cache=True, **{self._cache_kw: cache})
+        finally:
+            for h in hooks:
+                h.remove()
+        return out.logits, torch.cat([taps[i] for i in self.layer_ids], dim=-1)
 
 
 def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> nn.Module:

@@ -31,15 +31,20 @@ from dflash_trt.plan.mtp import layers_of as mtp_layers_of
 from dflash_trt.plan.mtp import winner as arm_winner
 from dflash_trt.plan.perf_model import Acceptance, Calibration, engine_for
 from dflash_trt.plan.perf_model import shipped as shipped_calibration
+from dflash_trt.plan.published import lacking
 from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, SpeculativeSpec
 from dflash_trt.plan.recipe import bundled as bundled_recipes
 from dflash_trt.plan.recipe import from_dict as recipe_from_dict
 from dflash_trt.plan.recipe import load as load_recipe
+from dflash_trt.plan.recipe_status import Status, recipe_status
 from dflash_trt.plan.schedule import batch_grid
 from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
 from dflash_trt.plan.schedule_vllm import trtllm_to_vllm, vllm_lengths, vllm_to_trtllm
+from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
+from dflash_trt.plan.trtllm_capture import missing as capture_missing
+from dflash_trt.plan.trtllm_capture import supported as capture_supported
 from dflash_trt.plan.trtllm_dflash2 import DFlash2Rules
 from dflash_trt.plan.trtllm_family import TrtllmRules, check_drafter, drafter_attention_backend, rules_for
 from dflash_trt.plan.trtllm_family import register as register_trtllm_rules
@@ -112,4 +117,10 @@ __all__ = [
     "vllm_lengths",
     "vllm_to_trtllm",
     "windowed_non_causal",
+    "TRTLLM_CAPTURES",
+    "Status",
+    "capture_missing",
+    "capture_supported",
+    "lacking",
+    "recipe_status",
 ]

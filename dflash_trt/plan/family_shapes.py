@@ -18,9 +18,10 @@ Families: ``qwen3_5`` / ``qwen3_5_moe`` (hybrid, gated full attention, shared ex
 ``qwen3_next`` (the same layout), ``deepseek_v3`` / ``kimi_k2`` (MLA, ``first_k_dense_replace``
 dense layers then routed + shared experts), ``gemma4`` (sliding and global layers with their
 own head size and KV heads, K = V on global layers, a dense MLP beside the MoE block),
-``minimax_m2`` (GQA + MoE, per-layer full-width QK norm). A VLM's vision tower is counted apart
-(:func:`vision_params`): it is loaded with the checkpoint and stays BF16 when the text
-model is quantized.
+``minimax_m2`` (GQA + MoE, per-layer full-width QK norm); ``nemotron_h`` (Mamba2), ``kimi_linear``
+(KDA + MLA) and ``glm5_next`` (KDA-like + MLA with a pooled sparse indexer) in ``hybrid_shapes``. A
+VLM's vision tower is counted apart (:func:`vision_params`): it is loaded with the checkpoint and
+stays BF16 when the text model is quantized.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 HYBRID = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 MLA = ("deepseek_v3", "kimi_k2", "kimi_k25")
 GEMMA = ("gemma4", "gemma4_text")
-FAMILIES = HYBRID + MLA + GEMMA + ("minimax_m2",)
+SECOND_WAVE = ("nemotron_h", "kimi_linear", "glm5_next", "glm5_next_text")  # hybrid_shapes.py
+FAMILIES = HYBRID + MLA + GEMMA + ("minimax_m2",) + SECOND_WAVE
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,22 @@ class KVGroup:
     window: int = 0     # 0: the whole context; else at most this many tokens
     split: bool = True  # KV heads split across tensor-parallel ranks
     flop_dims: int = 0  # q.k + p.v elements per query head per cached token (0: dims)
+    stride: int = 1     # tokens per cached entry (a compressor emits one per stride: DeepSeek V4)
+    attend: int = 0     # 0: a query reads every entry; else at most this many (a sparse indexer's top-k)
+    sliding: int = 0    # the layer's own sliding window, not applied to ``bytes`` unless ``windowed``
 
-    def bytes(self, tp: int, kv_bytes: int, tokens: int) -> int:
-        """One sequence's K/V bytes per rank at ``tokens`` of context."""
+    def bytes(self, tp: int, kv_bytes: int, tokens: int, windowed: bool = False) -> int:
+        """One sequence's K/V bytes per rank at ``tokens`` of context (``windowed``: sliding
+        layers capped at their own window, as the reference runtime keeps them)."""
         heads = -(-self.kv_heads // tp) if self.split else self.kv_heads
-        held = min(tokens, self.window) if self.window else tokens
+        cap = self.window or (self.sliding if windowed else 0)
+        held = (min(tokens, cap) if cap else tokens) // self.stride
         return self.layers * heads * self.dims * kv_bytes * held
+
+    def attended(self, ctx: int) -> int:
+        """Entries one query reads at ``ctx`` tokens of context."""
+        held = (min(ctx, self.window) if self.window else ctx) // self.stride
+        return min(held, self.attend) if self.attend else held
 
 
 @dataclass(frozen=True)
@@ -222,6 +234,10 @@ def required_target_fields(cfg: dict) -> list[str]:
         extra = _REQUIRED["gemma4"]
     elif mt == "minimax_m2":
         extra = _REQUIRED["minimax_m2"]
+    elif mt in SECOND_WAVE:
+        from dflash_trt.plan import hybrid_shapes
+
+        extra = hybrid_shapes.required(mt)
     else:
         moe = cfg.get("num_experts") or cfg.get("num_local_experts")
         extra = ("moe_intermediate_size",) if moe and mt != "gpt_oss" else _REQUIRED["plain"]
@@ -239,6 +255,10 @@ def layer_counts(cfg: dict) -> Counts | None:
         return _gemma4(cfg)
     if mt == "minimax_m2":
         return _minimax(cfg)
+    if mt in SECOND_WAVE:
+        from dflash_trt.plan import hybrid_shapes
+
+        return hybrid_shapes.counts(cfg, Counts, KVGroup, StateGroup)
     return None
 
 

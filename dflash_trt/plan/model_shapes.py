@@ -21,6 +21,7 @@ from pathlib import Path
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError
 from dflash_trt.model import recognise_family
+from dflash_trt.plan import sparse_shapes
 from dflash_trt.plan.family_shapes import (
     FAMILIES,
     KVGroup,
@@ -29,6 +30,7 @@ from dflash_trt.plan.family_shapes import (
     required_target_fields,
     vision_params,
 )
+from dflash_trt.plan.sparse_shapes import FAMILIES as SECOND_WAVE
 
 
 def read_config(path: Path, role: str = "target") -> dict:
@@ -89,11 +91,12 @@ class TargetShape:
     def params(self) -> int:
         return self.embed_params + self.lm_head_params + self.linear_params + self.other_params
 
-    def cache_bytes(self, tp: int, kv_bytes: int, tokens: int) -> int:
+    def cache_bytes(self, tp: int, kv_bytes: int, tokens: int, windowed: bool = False) -> int:
         """One sequence's cache per rank at ``tokens`` of context: K/V of the attention layers
-        (windowed ones capped, MLA's latent replicated) plus linear-attention states."""
+        (windowed ones capped, MLA's latent replicated, a sparse indexer's keys, compressed
+        entries) plus linear-attention states; ``windowed``: sliding layers at their own window."""
         groups = self.kv_groups or (KVGroup(self.layers, self.kv_heads, 2 * self.head_dim),)
-        return (sum(g.bytes(tp, kv_bytes, tokens) for g in groups)
+        return (sum(g.bytes(tp, kv_bytes, tokens, windowed) for g in groups)
                 + sum(s.bytes(tp) for s in self.state_groups))
 
     def sequence_bytes(self, tp: int, kv_cache: str, tokens: int) -> int:
@@ -105,15 +108,14 @@ class TargetShape:
     def attention_flops(self, tokens: int, ctx: int) -> int:
         """Score + value FLOPs of ``tokens`` new tokens over ``ctx`` cached ones (all ranks)."""
         groups = self.kv_groups or (KVGroup(self.layers, self.kv_heads, 2 * self.head_dim),)
-        return sum(2 * tokens * (min(ctx, g.window) if g.window else ctx) * self.heads * (g.flop_dims or g.dims)
-                   * g.layers for g in groups)
+        return sum(2 * tokens * g.attended(ctx) * self.heads * (g.flop_dims or g.dims) * g.layers for g in groups)
 
     @classmethod
     def from_config(cls, cfg: dict, shipped_bytes: int | None = None,
                     shipped_precision: str | None = None, vision: int = 0) -> TargetShape:
         if shipped_precision is None and cfg.get("quantization_config"):
             shipped_precision = quant_precision(cfg["quantization_config"])
-        if str(cfg.get("model_type", "")) in FAMILIES:
+        if str(cfg.get("model_type", "")) in FAMILIES + SECOND_WAVE:
             return cls._from_counts(cfg, shipped_bytes, shipped_precision, vision)
         try:
             H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
@@ -163,10 +165,14 @@ class TargetShape:
     @classmethod
     def _from_counts(cls, cfg: dict, shipped_bytes, shipped_precision, vision: int) -> TargetShape:
         """Hybrid, MLA, gemma-4 and MiniMax targets (``family_shapes``)."""
-        missing = [f for f in required_target_fields(cfg) if cfg.get(f) is None]
+        mt = str(cfg.get("model_type", ""))
+        wave2 = mt in SECOND_WAVE  # deepseek_v32/v4, glm_moe_dsa, mimo, laguna, muse_glimmer, gemma4_unified
+        fields = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]
+        required = fields + list(sparse_shapes.required(mt)) if wave2 else required_target_fields(cfg)
+        missing = [f for f in required if cfg.get(f) is None]
         if missing:
             raise CheckpointError(f"target config lacks {missing[0]!r}; cannot plan")
-        c = layer_counts(cfg)
+        c = sparse_shapes.counts(cfg) if wave2 else layer_counts(cfg)
         H, V, nh = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
         tied = bool(cfg.get("tie_word_embeddings", False))
         kv = c.kv[-1]  # the layers whose cache grows with the context
@@ -236,8 +242,10 @@ class DraftShape:
         return self.shipped_bytes or 2 * self.params
 
     @classmethod
-    def from_dir(cls, path: Path) -> DraftShape:
-        cfg = read_config(path, role="drafter")
+    def from_dir(cls, path: Path, zlab: dict | None = None) -> DraftShape:
+        """``zlab``: the drafter's config in z-lab form (``DrafterConfig.to_zlab``) where its
+        ``config.json`` is another published format (speculators: nested, +1 layer ids)."""
+        cfg = zlab if zlab is not None else read_config(path, role="drafter")
         size = safetensors_bytes(path) or (read_sizes(path) or {}).get("bytes")
         return cls.from_config(cfg, shipped_bytes=size)
 

@@ -72,3 +72,22 @@ def missing(recipe) -> list[str]:
             continue
         found += fn(path)
     return found
+
+
+def _hub_id(ref: str) -> bool:
+    return "/" in ref and not ref.startswith(("embedded:", "/", ".", "~")) and not Path(ref).expanduser().exists()
+
+
+def lacking(recipe, role: str) -> list[str]:
+    """What stops planning ``role`` from the recipe's shipped configs: the fields they lack
+    (:func:`missing`) and the recipe's ``incomplete`` entries for that role. An unknown revision
+    alone does not: planning reads configs, and the build records the revision it fetched."""
+    ref = getattr(recipe, role)
+    path = recipe.resolve_path(ref.config) if ref.config else None
+    found = (missing_target if role == "target" else missing_drafter)(path) if path is not None else []
+    if path is None and recipe.source is not None and _hub_id(ref.id):   # published, configs not shipped here
+        found.append(f"{role}.config (not shipped)")
+    found += [f for f in recipe.incomplete if f.startswith(f"{role}.") and not f.startswith(f"{role}.revision")]
+    if path is not None and not (path / "config.json").is_file() and not found:
+        found.append(f"{role}.config (only partly published)")
+    return list(dict.fromkeys(found))

@@ -36,6 +36,8 @@ class ModelRef(_Strict):
         None, description="Directory with the model's config files, for offline validation and planning "
         "(relative paths are relative to the recipe file).",
     )
+    seen: str | None = Field(None, description="Where a public source names this repository id (a URL or "
+                             "project/file), when no config or revision recorded here confirms it.")
 
 
 class GpuSpec(_Strict):
@@ -146,7 +148,8 @@ class Recipe(_Strict):
         "trtllm", description="trtllm: TensorRT-LLM PyTorch backend; tensorrt: also export ONNX/engines with the "
                               "DFlash plugins.")
     incomplete: list[str] = Field(default_factory=list, description="What the published configs lack (one entry "
-                                  "each); plan and build refuse a recipe that lists anything here.")
+                                  "each): with neither the hub nor a cached copy, an offline plan refuses in "
+                                  "one line naming them and the command that fetches them.")
 
     source: Path | None = Field(None, exclude=True, description="Where the recipe was loaded from (not a YAML key).")
 

@@ -54,7 +54,7 @@ from dflash_trt.plugins import PagedKVCache
 from dflash_trt.runtime.decoder import lean_forward
 from dflash_trt.runtime.proposer import Proposer, proposer_for
 from dflash_trt.runtime.sampling import SamplingParams, propose
-from dflash_trt.runtime.target_cache import CachePolicy
+from dflash_trt.runtime.target_cache import cache_policy
 
 
 class Backend(ABC):
@@ -142,7 +142,7 @@ class TorchBackend(Backend):
         self.device = target.device
         self.drafter_block_size = drafter.cfg.block_size if drafter is not None else None
         self.lean = lean_forward(target.model) if lean else None
-        self.caches = CachePolicy(target.model)
+        self.caches = cache_policy(target.model)
         #: how the drafter's family drafts a block (``proposer.proposer_for``: the one dispatch)
         self.proposer = proposer_for(family_of(drafter.cfg)) if drafter is not None else Proposer()
 
@@ -151,16 +151,18 @@ class TorchBackend(Backend):
         return self.caches.new_cache(batch), dcache
 
     def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):
-        def run(model_mask):  # the cache policy builds the model's mask and settles the cache around this
+        def run(model_mask, ids=ids, positions=positions, cache=cache):
+            """The cache policy builds the model's mask and settles the cache around this call
+            (a policy running rows apart, ``row_cache.RowReplayPolicy``, passes each row's own)."""
             if self.lean is not None:  # plain decoders only: the policy passes their 2D mask through
                 return self.lean.forward(ids, positions, attention_mask, cache,
                                          self.target.layer_ids if capture else None, logits_at)
-            logits, hidden = self.target.forward(ids, positions, model_mask, cache, capture=capture)
-            if logits_at is not None:
-                logits = logits[torch.arange(ids.shape[0], device=ids.device), logits_at][:, None]
-            return logits, hidden
+            return self.target.forward(ids, positions, model_mask, cache, capture=capture)
 
-        return self.caches.forward(run, ids, positions, attention_mask, cache)
+        logits, hidden = self.caches.forward(run, ids, positions, attention_mask, cache)
+        if logits_at is not None and self.lean is None:
+            logits = logits[torch.arange(ids.shape[0], device=ids.device), logits_at][:, None]
+        return logits, hidden
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
         return self.draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)[1]

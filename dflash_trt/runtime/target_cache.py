@@ -12,9 +12,18 @@ to them behind :class:`~dflash_trt.runtime.backend.TorchBackend`:
   each commit those layers keep, per row, only the last ``W - 1`` committed columns (their
   own columns, right-aligned, tracked in ``TargetCache.win_valid`` / ``win_pos``), the
   bounded cache transformers' ``DynamicSlidingWindowLayer`` keeps for a single sequence.
-* **Linear-attention layers** (Gated DeltaNet: qwen3_5, qwen3_5_moe, qwen3_next). A recurrent
-  or conv state cannot mask a token it has absorbed: ``recurrent.py`` snapshots the states
-  before a verify and, at commit, replays only the accepted tokens from the snapshot.
+* **Linear-attention layers** (Gated DeltaNet: qwen3_5, qwen3_5_moe, qwen3_next; Mamba2:
+  nemotron_h; KDA: kimi_linear). A recurrent or conv state cannot mask a token it has
+  absorbed: ``recurrent.py`` keeps a verify's state after every position and, at commit,
+  selects the accepted prefix's (prefills: snapshot and replay).
+* **Indexed-attention layers** (DeepSeek sparse attention: deepseek_v32, glm_moe_dsa). An
+  indexer keeps a key per cache column and picks each query's top-k columns; its key cache
+  follows the KV cache column for column (``sparse_cache.py``), and each verify first packs
+  every row's committed columns to the front, so a rejected draft's key is gone from both
+  caches before any later query could choose it.
+* **Compressing layers** (deepseek_v4): a running compressor state no mask or column can
+  undo, kept per batch by transformers; :func:`cache_policy` gives those targets
+  ``row_cache.RowReplayPolicy`` instead of this class.
 
 Masks follow transformers' conventions (``masking_utils``): a 2D padding mask where the model
 builds its own (every family without sliding layers, as before), else a dict of additive 4D
@@ -34,8 +43,26 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.recurrent import RecurrentStates
+from dflash_trt.runtime.sparse_cache import merge_indexer, pack
 
-SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "dummy"}
+SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "indexed_attention", "dummy"}
+#: indexed-attention families whose indexer the front-packing of ``sparse_cache.pack`` cannot keep exact:
+#: glm5_next pools consecutive cache columns from a row's first valid one and keeps each written
+#: column's valid flag (rows need their committed columns packed against the next block, not to the
+#: front), and its layers emit hyper-connection streams [b, T, hc, H] no published drafter taps yet.
+UNEXACT_INDEXERS = {"glm5_next": "its indexer pools consecutive cache columns (a rejected draft column "
+                                 "would stay selectable) and its hyper-connection streams have no drafter tap"}
+
+
+def cache_policy(model):
+    """The cache policy ``model`` needs: :class:`CachePolicy`, or ``RowReplayPolicy`` for a
+    target whose layers compress the tokens they see (``row_cache.COMPRESSING``)."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    from dflash_trt.runtime.row_cache import COMPRESSING, RowReplayPolicy
+
+    types, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    return RowReplayPolicy(model) if set(types) & COMPRESSING else CachePolicy(model)
 
 
 class CachePolicy:
@@ -48,11 +75,15 @@ class CachePolicy:
         text = model.config.get_text_config(decoder=True)
         types, kwargs = get_layer_types_and_kwargs(text)
         unknown = sorted(set(types) - SUPPORTED)
+        if "indexed_attention" in types and text.model_type.removesuffix("_text") in UNEXACT_INDEXERS:
+            raise DFlashError(f"{text.model_type}: layer type indexed_attention is not supported by the reference "
+                              f"runtime for this family yet: {UNEXACT_INDEXERS[text.model_type.removesuffix('_text')]}")
         if unknown:
             raise DFlashError(f"{text.model_type}: layer type {unknown[0]} is not supported by the "
                               f"reference runtime (supported: {', '.join(sorted(SUPPORTED - {'dummy'}))})")
         self.sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
-        self.full = [i for i, t in enumerate(types) if t == "full_attention"]
+        self.indexed = [i for i, t in enumerate(types) if t == "indexed_attention"]
+        self.full = [i for i, t in enumerate(types) if t == "full_attention"] + self.indexed
         windows = {kwargs[i]["sliding_window"] for i in self.sliding}
         if len(windows) > 1:
             raise DFlashError(f"{text.model_type}: sliding layers with different windows {sorted(windows)} "
@@ -77,7 +108,7 @@ class CachePolicy:
         T = ids.shape[1]
         fresh = attention_mask.shape[1] == T
         mask = self._model_mask(cache, positions, attention_mask)
-        with self.recurrent.capture(cache) if self.recurrent else nullcontext():
+        with self.recurrent.capture(cache, per_token=not fresh and T > 1) if self.recurrent else nullcontext():
             logits, hidden = run(mask)
         cache.pending, cache.pending_pos = attention_mask[:, -T:], positions
         if fresh:
@@ -93,6 +124,8 @@ class CachePolicy:
         """Drop columns that are holes in every row from the full-attention layers (the loop's
         columns; sliding layers keep their own, linear layers have none): attention and mask
         cost then follow committed tokens instead of growing by B per round."""
+        if self.indexed:  # a rejected draft's indexer key must go, not wait behind a mask
+            return pack(cache, self.full, col_valid)
         keep = col_valid.any(0)
         if bool(keep.all()):
             return col_valid
@@ -131,6 +164,8 @@ class CachePolicy:
         S = max((c.layers[i].keys.shape[-2] for c in caches for i in self.full if _has_kv(c.layers[i])), default=0)
         for i in self.full:
             _merge_kv(out.layers[i], [c.layers[i] for c in caches], batches, S)
+        for i in self.indexed:
+            merge_indexer(out.layers[i], [c.layers[i] for c in caches], batches, S)
         L = max(c.win_valid.shape[1] for c in caches)
         for i in self.sliding:
             _merge_kv(out.layers[i], [c.layers[i] for c in caches], batches, L)

@@ -1,29 +1,42 @@
-"""Checkpoints of a training run: safetensors and JSON, nothing pickled, rank 0 the only writer.
+"""Checkpoints of a training run: torch's distributed checkpoint in safetensors, nothing pickled.
 
-``.train/state.safetensors`` holds the fp32 drafter weights (``model.*``), the AdamW moments
-(``opt.<param index>.<name>``) and, in its metadata, the step, the optimiser's param groups
-and the evaluation history: one file, renamed into place, is the whole resumable state, so a
-run killed at any moment resumes from its last complete checkpoint. ``state.json`` is a
-readable copy of the metadata. The state is not sharded (every rank holds the whole drafter),
-so a run resumes on any number of ranks.
+``.train/state/`` is the resumable state, written by every rank with
+``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict`` from
+``torch.distributed.checkpoint.state_dict``) through its safetensors storage
+(``HuggingFaceStorageWriter(save_distributed=True)``): each rank writes the shards it holds
+(``shard-<rank>-model-*.safetensors``, each tensor's offset in the safetensors metadata), and
+reading maps the saved shards onto whatever the loading ranks hold, so a run saved by 2 fsdp
+ranks resumes in 1 process, or on 4 ranks, or under ddp. It holds the fp32 drafter weights
+(``model.<name>``) and the AdamW moments and step counts (``optim.state.<name>.<moment>``);
+what is not a tensor (the step, the optimiser's param groups, the evaluation history) is JSON,
+``state/train.json``. The folder is written as ``state.tmp/`` and renamed into place, so a
+run killed at any moment resumes from its last complete checkpoint. ``state.json`` beside it
+is a readable copy of ``train.json``. (Runs saved before by one process, as
+``state.safetensors``, still resume in one process.)
 
 ``OUT/config.json`` + ``OUT/model.safetensors`` (the z-lab drafter) and ``OUT/training.json``
 (how it was trained: target, data, regeneration source, chat template and thinking setting,
-features, ranks) are rewritten at every checkpoint.
+features, ranks) are rewritten at every checkpoint by rank 0, from the full weights gathered
+from every rank (:func:`full_drafter`).
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import json
+import shutil
+import warnings
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter
+from dflash_trt.train.dist import Ranks
 
 METADATA_FILE = "training.json"
+STATE_DIR = "state"
 
 
 def write_json(path: Path, obj) -> None:
@@ -32,22 +45,93 @@ def write_json(path: Path, obj) -> None:
     tmp.replace(path)
 
 
-def save_state(work: Path, drafter: Drafter, opt: torch.optim.Optimizer, step: int, history: list) -> None:
-    from safetensors.torch import save_file
-
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
-    sd = opt.state_dict()
-    for idx, st in sd["state"].items():
-        for name, t in st.items():
-            tensors[f"opt.{idx}.{name}"] = t.detach().cpu().reshape(-1).contiguous()
-    meta = {"step": step, "param_groups": sd["param_groups"], "history": history}
-    tmp = work / "state.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"state": json.dumps(meta)})
-    tmp.replace(work / "state.safetensors")
-    write_json(work / "state.json", meta)
+@contextlib.contextmanager
+def _one_process_ok():
+    """DCP warns that it works without a process group; here that is the plain one-process run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is .*uninitialized")
+        yield
 
 
-def load_state(work: Path, drafter: Drafter, opt: torch.optim.Optimizer) -> tuple[int, list]:
+def _tensors_only(osd: dict) -> dict:
+    return {"state": osd["state"]}
+
+
+def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: int, history: list,
+               ranks: Ranks) -> None:
+    """Every rank writes its shards of the drafter and its moments; rank 0 renames the folder."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(module, opt)
+    tmp, final = work / (STATE_DIR + ".tmp"), work / STATE_DIR
+    if ranks.main and tmp.exists():
+        shutil.rmtree(tmp)
+    ranks.barrier()
+    with _one_process_ok():
+        dcp.save({"model": msd, "optim": _tensors_only(osd)},
+                 storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
+                 no_dist=not torch.distributed.is_initialized())
+    ranks.barrier()
+    if ranks.main:
+        meta = {"step": step, "param_groups": osd["param_groups"], "history": history, "ranks": ranks.world,
+                "parallel": ranks.parallel}
+        write_json(tmp / "train.json", meta)
+        old = work / (STATE_DIR + ".old")
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            final.replace(old)
+        tmp.replace(final)
+        shutil.rmtree(old, ignore_errors=True)
+        write_json(work / "state.json", meta)
+    ranks.barrier()
+
+
+def has_state(work: Path) -> bool:
+    return (work / STATE_DIR / "train.json").exists() or (work / "state.safetensors").exists()
+
+
+def load_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, list]:
+    """Read the saved state into this rank's shards (any rank count, any engine); (step, history)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    folder = work / STATE_DIR
+    if not (folder / "train.json").exists():
+        return _load_legacy(work, module, opt)
+    meta = json.loads((folder / "train.json").read_text())
+    msd, osd = get_state_dict(module, opt)
+    state = {"model": msd, "optim": _tensors_only(osd)}
+    try:
+        with _one_process_ok():
+            dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
+                     no_dist=not torch.distributed.is_initialized())
+    except Exception as exc:  # noqa: BLE001 - DCP raises its own CheckpointException with every rank's error
+        raise DFlashError(f"{folder}: the saved training state does not match this drafter "
+                          f"({str(exc).splitlines()[0][:200]})") from None
+    set_state_dict(module, opt, model_state_dict=state["model"],
+                   optim_state_dict={"state": state["optim"]["state"], "param_groups": meta["param_groups"]})
+    return int(meta["step"]), list(meta.get("history", []))
+
+
+def read_state(work: Path) -> dict[str, torch.Tensor]:
+    """The whole saved state as flat full tensors (``model.<name>``, ``optim.state.<name>.<moment>``),
+    gathered from every rank's shards: what tests and tools compare."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    reader = HuggingFaceStorageReader(str(work / STATE_DIR))
+    meta = reader.read_metadata()
+    out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.state_dict_metadata.items()}
+    with _one_process_ok():
+        dcp.load(out, storage_reader=reader, no_dist=True)
+    return out
+
+
+def _load_legacy(work: Path, drafter: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, list]:
+    """``state.safetensors`` of a run saved by one process before the distributed checkpoint."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -86,8 +170,23 @@ def write_drafter(drafter: Drafter, out: Path, dtype: str, metadata: dict) -> No
     if tmp.exists():
         for f in tmp.iterdir():
             f.unlink()
-    d = copy.deepcopy(drafter).to(getattr(torch, dtype))
+    d = drafter.to(getattr(torch, dtype))
     d.save(tmp)
     for name in ("config.json", "model.safetensors"):
         (tmp / name).replace(out / name)
     write_json(out / METADATA_FILE, metadata)
+
+
+def full_drafter(module: nn.Module, like: Drafter, ranks: Ranks, everywhere: bool = False) -> Drafter | None:
+    """A plain copy of the trained drafter, its full weights gathered from every rank's shards
+    (a collective: every rank calls it). On rank 0 only (None elsewhere) unless ``everywhere``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    offload = ranks.world > 1 and not everywhere
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
+    if offload and not ranks.main:
+        return None
+    prefix = "drafter."
+    state = {k.removeprefix(prefix): v.detach().clone() for k, v in state.items()}
+    d = type(like).from_state(like.cfg, state)
+    return d.to(ranks.device)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,14 +28,33 @@ from dflash_trt.errors import DFlashError
 
 @dataclass
 class Regenerated:
-    """Padded token ids [N, T], real lengths [N], prompt lengths [N]."""
+    """Token ids [N, T] (right-padded), real lengths [N], prompt lengths [N].
 
-    tokens: torch.Tensor
+    Loaded from ``regen.safetensors`` (:meth:`load`), only the two length vectors are held
+    (16 bytes a sequence); :meth:`rows` reads a batch's rows from the memory-mapped file, so no
+    rank holds the set (800K x 2K tokens is 13 GB as int64).
+    """
+
+    tokens: torch.Tensor | None
     lengths: torch.Tensor
     prompt_lengths: torch.Tensor
+    path: Path | None = None
+    _file: object = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
-        return self.tokens.shape[0]
+        return self.lengths.shape[0]
+
+    def rows(self, idx: torch.Tensor, width: int) -> torch.Tensor:
+        """Token ids of sequences ``idx`` [b], cut to ``width`` columns: [b, width]."""
+        if self.tokens is not None:
+            return self.tokens[idx, :width]
+        if self._file is None:
+            from safetensors import safe_open
+
+            self._file = safe_open(str(self.path), "pt")
+        part = self._file.get_slice("tokens")
+        return torch.cat([part[i: i + 1, :width] for i in idx.tolist()]) if len(idx) else \
+            torch.zeros(0, width, dtype=torch.long)
 
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
@@ -47,10 +66,29 @@ class Regenerated:
 
     @classmethod
     def load(cls, path: Path) -> Regenerated:
-        from safetensors.torch import load_file
+        """The set in ``path``, its token ids left on disk (read per batch by :meth:`rows`)."""
+        from safetensors import safe_open
 
-        t = load_file(str(path))
-        return cls(t["tokens"], t["lengths"], t["prompt_lengths"])
+        with safe_open(str(path), "pt") as f:
+            return cls(None, f.get_tensor("lengths"), f.get_tensor("prompt_lengths"), Path(path))
+
+    def disk_bytes(self) -> int:
+        return int(self.path.stat().st_size) if self.path is not None else self.tokens.numel() * 8
+
+
+def memory_line(regen: Regenerated, s, cfg, target, features, ranks) -> str:
+    """The bounded memory a rank holds for its data, said at the start: the length index, and
+    per step its rows' token ids and features (the set itself stays on disk)."""
+    rows = -(-s.batch_size // ranks.world)                      # this rank's rows of the global batch
+    T = int(regen.lengths.max())
+    feat = rows * T * len(cfg.target_layer_ids) * cfg.hidden_size * target.dtype.itemsize
+    index = 2 * len(regen) * regen.lengths.element_size()
+    where = "computed online" if type(features).__name__ == "OnlineFeatures" else "read from the feature folder"
+    mb = 2 ** 20
+    return (f"data: {len(regen)} sequences on disk ({regen.disk_bytes() / mb:.1f} MB), streamed per rank: "
+            f"{index / mb:.2f} MB length index + per step {rows} rows x {T} tokens "
+            f"({rows * T * 8 / mb:.2f} MB token ids, {feat / mb:.1f} MB features {where}); engine "
+            f"{ranks.parallel} on {ranks.world} rank(s)")
 
 
 def _read_text(path: Path) -> str | None:

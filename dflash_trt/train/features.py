@@ -1,20 +1,38 @@
-"""Target features (``target_hidden``): computed online at every step, or cached once in shards.
+"""Target features (``target_hidden``): computed online at every step, or read from a feature folder.
 
 Online (the default): each rank runs the frozen target over its rows of the batch, as the
 paper's recipe must at scale (its cache would take tens of TB).
 
-Cached (``feature_cache``): the tapped hidden states of every regenerated sequence are
-written once as safetensors shards, ``features-<k>.safetensors`` (``hidden``: the real
-tokens of its sequences back to back, [tokens, n_tap*H]; ``offsets``: where each sequence
-starts, [n + 1]; metadata: the cache key and its rows), then ``cache.json`` (the key and the
-shard table), which marks the cache complete. Every step of every rank reads its rows from
-the shards (memory-mapped). The size is printed before the first shard is written; shards
-are split between the ranks and each is renamed into place when complete, so a full disk is
-a one-line error that leaves every finished shard, and the rerun writes only the others.
+**The feature folder** (``--feature-cache DIR``) is the one on-disk contract for the target's
+hidden states. The reference runtime writes it (the default producer, once, split between the
+ranks); a converter can write it from a serving engine's capture (TensorRT-LLM, vLLM, SGLang)
+and training reads it the same way. ``DIR`` holds:
 
-The key covers what the features depend on (:func:`cache_key`): the target's config and
-weights, the tapped layers, the dtype and the regenerated token ids. A folder holding a complete cache under
-another key is refused, not overwritten.
+* ``features-<k:05d>.safetensors``, one per shard of consecutive sequences ``[a, b)``:
+  ``hidden`` [tokens, n_tap*H] (bfloat16, float16 or float32: the target's precision), the real
+  tokens of the shard's sequences back to back; ``offsets`` int64 [b - a + 1], where each
+  sequence starts in ``hidden`` (``offsets[0] = 0``); ``tokens`` int64 [tokens], the token ids
+  the rows belong to (optional for a converter; checked when present);
+* ``cache.json``, written last (it marks the folder complete): ``format`` (1), ``producer``,
+  ``layer_ids``, ``hidden_size`` H, ``dim`` = len(layer_ids) x H, ``dtype``, ``vocab_size`` and
+  ``tokenizer_sha256`` (:func:`tokenizer_digest`), ``sequences`` N, ``shards`` [[a, b], ...],
+  ``bytes``; ours add ``key`` (:func:`cache_key`) and ``target``.
+
+Layer ids are z-lab's: id i is the output of decoder layer i (``hidden_states[i + 1]`` of a
+transformers forward with ``output_hidden_states``; layer 0's input, the embedding, has no id);
+a row concatenates the tapped layers in ``layer_ids`` order. Token alignment: row t of a
+sequence is the state at its token t (after reading tokens 0..t), for t = 0 .. length-1, over
+prompt and response, no shift, no padding. Sequence j of the folder is sequence j of the
+regenerated training set (``.train/regen.safetensors``), with its length and token ids.
+
+Before training starts, :func:`check_folder` compares the folder with the drafter's
+``target_layer_ids``, the target's hidden size, the tokenizer and the regenerated set (its
+lengths and, where stored, its token ids); a mismatch is one line and exit code 2. A folder of
+ours whose key (target weights, taps, dtype, token ids) differs is refused, not overwritten.
+
+Every step of every rank reads its rows from the shards (memory-mapped). The size is printed
+before the first shard is written; shards are renamed into place when complete, so a full
+disk is a one-line error that leaves every finished shard, and the rerun writes only the others.
 """
 
 from __future__ import annotations
@@ -37,6 +55,9 @@ from dflash_trt.train.dist import Ranks
 from dflash_trt.train.settings import Progress
 
 FULL = {errno.ENOSPC, errno.EDQUOT}
+FORMAT = 1
+PRODUCER = "dflash-trt reference runtime"
+FEATURE_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def target_hidden(target: Target, layer_ids: list[int], tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -90,8 +111,10 @@ def cache_key(target: Target, layer_ids: list[int], regen: Regenerated) -> str:
     for p in target.model.parameters():
         flat = p.detach().reshape(-1)
         h.update(flat[:: max(1, flat.numel() // 64)][:64].float().cpu().numpy().tobytes())
-    for t in (regen.tokens, regen.lengths):
-        h.update(t.contiguous().numpy().tobytes())
+    width = int(regen.lengths.max())
+    for a in range(0, len(regen), 1024):                  # the token ids in chunks: the set stays on disk
+        h.update(regen.rows(torch.arange(a, min(len(regen), a + 1024)), width).contiguous().numpy().tobytes())
+    h.update(regen.lengths.contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -121,15 +144,17 @@ def _write_shard(folder: Path, k: int, rows: tuple[int, int], target: Target, la
                  regen: Regenerated, key: str, done_before: int, total: int, batch: int = 8) -> None:
     """Compute and write shard ``k`` (rows [a, b)) under a temporary name, then rename it."""
     a, b = rows
-    parts, offsets = [], [0]
+    parts, offsets, ids = [], [0], []
     for s in range(a, b, batch):
         lengths = regen.lengths[s: min(b, s + batch)]
-        tokens = regen.tokens[s: s + len(lengths), : int(lengths.max())].to(target.device)
+        tokens = regen.rows(torch.arange(s, s + len(lengths)), int(lengths.max())).to(target.device)
         hidden = target_hidden(target, layer_ids, tokens, lengths.to(target.device)).cpu()
         for h, n in zip(hidden, lengths.tolist(), strict=True):
             parts.append(h[:n])
             offsets.append(offsets[-1] + n)
-    tensors = {"hidden": torch.cat(parts).contiguous(), "offsets": torch.tensor(offsets)}
+        ids.extend(t[:n] for t, n in zip(tokens.cpu(), lengths.tolist(), strict=True))
+    tensors = {"hidden": torch.cat(parts).contiguous(), "offsets": torch.tensor(offsets),
+               "tokens": torch.cat(ids).contiguous()}
     path, tmp = folder / _shard_name(k), folder / (_shard_name(k) + ".tmp")
     try:
         save_file(tensors, str(tmp), metadata={"key": key, "rows": f"{a}:{b}"})
@@ -141,20 +166,74 @@ def _write_shard(folder: Path, k: int, rows: tuple[int, int], target: Target, la
                           "shards stay: free space (or choose another folder) and rerun to write the rest") from None
 
 
+def tokenizer_digest(tokenizer) -> str:
+    """sha256 of the tokenizer's vocabulary (token -> id, sorted): two tokenizers with one digest
+    map text to the same ids."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def check_folder(folder: Path, table: dict, layer_ids: list[int], hidden_size: int, tokenizer,
+                 regen: Regenerated) -> None:
+    """The feature folder against the drafter, the tokenizer and the regenerated set (one line each)."""
+    where = f"--feature-cache {folder}"
+    theirs = table.get("layer_ids")
+    if theirs is not None and list(theirs) != list(layer_ids):
+        raise DFlashError(f"{where}: its features tap target layers {list(theirs)}, the drafter taps "
+                          f"{list(layer_ids)} (--target-layer-ids)")
+    if table.get("dtype") not in FEATURE_DTYPES:
+        raise DFlashError(f"{where}: dtype {table.get('dtype')!r} is not one of {', '.join(FEATURE_DTYPES)}")
+    if int(table.get("dim", -1)) != len(layer_ids) * hidden_size:
+        raise DFlashError(f"{where}: rows of {table.get('dim')} values, the drafter reads {len(layer_ids)} layers "
+                          f"x hidden size {hidden_size} = {len(layer_ids) * hidden_size}")
+    if "tokenizer_sha256" in table and table["tokenizer_sha256"] != tokenizer_digest(tokenizer):
+        raise DFlashError(f"{where}: made with another tokenizer (vocabulary digest differs from the target's)")
+    if int(table.get("sequences", -1)) != len(regen):
+        raise DFlashError(f"{where}: holds {table.get('sequences')} sequences, the regenerated set "
+                          f"{len(regen)}: the features of another target or data set")
+    _check_alignment(folder, table, regen)
+
+
+def _check_alignment(folder: Path, table: dict, regen: Regenerated) -> None:
+    """Every sequence's length (and token ids, where stored) equal the regenerated set's."""
+    from safetensors import safe_open
+
+    for k, (a, b) in enumerate(table["shards"]):
+        with safe_open(str(folder / _shard_name(k)), "pt") as f:
+            if f.get_slice("hidden").get_dtype() != {"bfloat16": "BF16", "float16": "F16",
+                                                     "float32": "F32"}[table["dtype"]]:
+                raise DFlashError(f"--feature-cache {folder}: shard {k} is not {table['dtype']} as cache.json says")
+            offsets = f.get_tensor("offsets")
+            lengths = regen.lengths[a:b]
+            bad = (offsets.diff() != lengths).nonzero()
+            if len(offsets) != b - a + 1 or len(bad):
+                first = a + (int(bad[0]) if len(bad) else 0)
+                raise DFlashError(f"--feature-cache {folder}: sequence {first}'s length differs from the regenerated "
+                                  "set's: the features of another target or data set")
+            if "tokens" in f.keys():
+                ids = regen.rows(torch.arange(a, b), int(lengths.max()))
+                want = torch.cat([row[:n] for row, n in zip(ids, lengths.tolist(), strict=True)])
+                if not torch.equal(f.get_tensor("tokens"), want):
+                    raise DFlashError(f"--feature-cache {folder}: shard {k}'s token ids differ from the regenerated "
+                                      "set's: the features of another target or data set")
+
+
 def open_cache(folder: str | Path, target_ref: str, target: Target, layer_ids: list[int], regen: Regenerated,
-               ranks: Ranks, progress: Progress, shard_mb: float = 1024.0) -> CachedFeatures:
-    """The cache for this target and set in ``folder``, writing what is missing first."""
+               ranks: Ranks, progress: Progress, shard_mb: float = 1024.0, tokenizer=None) -> CachedFeatures:
+    """The features for this target and set in ``folder``, checked; ours are written first where missing."""
     folder = Path(folder).expanduser()
-    key = cache_key(target, layer_ids, regen)
+    hidden = int(target.model.get_input_embeddings().weight.shape[1])
     table_path = folder / "cache.json"
     if table_path.exists():
         table = json.loads(table_path.read_text())
-        if table.get("key") == key:
-            progress.log(f"reusing the feature cache in {folder} ({_human(table['bytes'])}, "
-                         f"{len(table['shards'])} shards)")
-            return CachedFeatures(folder, table)
-        raise DFlashError(f"--feature-cache {folder} holds the features of another target or data set: "
-                          "choose another folder, or empty this one")
+        check_folder(folder, table, layer_ids, hidden, tokenizer, regen)
+        if table.get("producer", PRODUCER) == PRODUCER and table.get("key") != cache_key(target, layer_ids, regen):
+            raise DFlashError(f"--feature-cache {folder} holds the features of another target or data set: "
+                              "choose another folder, or empty this one")
+        progress.log(f"reading the features in {folder} ({_human(table['bytes'])}, {len(table['shards'])} shards, "
+                     f"{table.get('producer', PRODUCER)})")
+        return CachedFeatures(folder, table)
+    key = cache_key(target, layer_ids, regen)
     plan = ranks.together(lambda: _plan(folder, key, target, layer_ids, regen, ranks, progress, shard_mb))
     todo = plan.pop("todo")
     ranks.together(lambda: _write_mine(folder, key, target, layer_ids, regen, ranks, progress, plan, todo))
@@ -165,7 +244,11 @@ def open_cache(folder: str | Path, target_ref: str, target: Target, layer_ids: l
             if lost:
                 raise DFlashError(f"--feature-cache {folder}: shard {lost[0]} is missing after every rank wrote "
                                   "its share; is the folder shared by every node?")
-            write_json(table_path, {"key": key, "target": target_ref, **plan})
+            write_json(table_path, {"format": FORMAT, "producer": PRODUCER, "key": key, "target": target_ref,
+                                    "layer_ids": list(layer_ids), "hidden_size": plan["dim"] // len(layer_ids),
+                                    **({} if tokenizer is None else {"vocab_size": len(tokenizer),
+                                                                     "tokenizer_sha256": tokenizer_digest(tokenizer)}),
+                                    **plan})
 
     ranks.together(seal)
     return CachedFeatures(folder, json.loads(table_path.read_text()))
@@ -204,6 +287,43 @@ def _write_mine(folder: Path, key: str, target: Target, layer_ids: list[int], re
                      len(shards))
         if ranks.main:
             progress.advance(min(len(shards), len(shards) - len(todo) + (n + 1) * ranks.world), {})
+
+
+def write_capture(folder: str | Path, sequences, *, layer_ids: list[int], hidden_size: int, tokenizer,
+                  producer: str, shard_mb: float = 1024.0) -> dict:
+    """Write a feature folder from another producer's capture (a serving engine's hidden states,
+    converted): ``sequences`` yields (token ids [n], hidden [n, len(layer_ids)*hidden_size]) in the
+    regenerated set's order, rows aligned as the module docstring says. Shards are written as
+    they fill (bounded memory), ``cache.json`` last; returns it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dim, limit = len(layer_ids) * hidden_size, shard_mb * 2 ** 20
+    shards, pending, start, n, dtype = [], [], 0, 0, None
+
+    def flush() -> None:
+        hidden = torch.cat([h for _, h in pending]).contiguous()
+        offsets = torch.tensor([0] + [len(t) for t, _ in pending]).cumsum(0)
+        save_file({"hidden": hidden, "offsets": offsets, "tokens": torch.cat([t for t, _ in pending]).long()},
+                  str(folder / _shard_name(len(shards))))
+        shards.append((start, start + len(pending)))
+
+    for ids, hidden in sequences:
+        if hidden.shape != (len(ids), dim):
+            raise DFlashError(f"sequence {n}: hidden states {tuple(hidden.shape)}, expected ({len(ids)}, {dim})")
+        dtype = dtype or hidden.dtype
+        pending.append((torch.as_tensor(ids), hidden.to(dtype)))
+        n += 1
+        if sum(h.numel() for _, h in pending) * dtype.itemsize >= limit:
+            flush()
+            start, pending = n, []
+    if pending:
+        flush()
+    table = {"format": FORMAT, "producer": producer, "layer_ids": list(layer_ids), "hidden_size": hidden_size,
+             "dim": dim, "dtype": str(dtype).removeprefix("torch."), "vocab_size": len(tokenizer),
+             "tokenizer_sha256": tokenizer_digest(tokenizer), "sequences": n, "shards": shards,
+             "bytes": sum((folder / _shard_name(k)).stat().st_size for k in range(len(shards)))}
+    write_json(folder / "cache.json", table)
+    return table
 
 
 def _human(n: float) -> str:

@@ -7,16 +7,18 @@ each of the processes torchrun starts (``python -m dflash_trt.train``). Output d
     OUT/training.json                        how it was trained (regeneration, chat template, ranks)
     OUT/.train/settings.json                 what the run was started with
     OUT/.train/regen.safetensors             the target-regenerated training set (+ regen.json)
-    OUT/.train/state.safetensors             fp32 drafter weights + AdamW moments + step (+ state.json)
+    OUT/.train/state/                        fp32 drafter weights + AdamW moments, sharded (+ state.json)
     OUT/.train/result.json                   the summary of the last invocation
 
 Every file is written to a temporary name and renamed, so an interrupted run leaves the
 last complete checkpoint. Batches are drawn from a generator seeded by (seed, step), so a
 resumed run sees the same batches as an uninterrupted one, on any number of ranks: each
-rank trains its rows of the step's global batch (:mod:`dflash_trt.train.dist`), and rank 0
-alone writes. The target's features come online or from a cache
-(:mod:`dflash_trt.train.features`); the training set from the reference runtime or a server
-(:mod:`dflash_trt.train.regen`).
+rank trains its rows of the step's global batch under torch's engine (FSDP2, DDP or none:
+:mod:`dflash_trt.train.dist`). The drafter's training forward is one module,
+:class:`DraftStep`, so the engine sees one forward and one backward per step. The target's
+features come online or from a feature folder (:mod:`dflash_trt.train.features`); the
+training set from the reference runtime or a server (:mod:`dflash_trt.train.regen`), both
+made before the target is sharded (the reference runtime's generation is not lockstep).
 """
 
 from __future__ import annotations
@@ -28,13 +30,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import DRAFTER_FAMILIES, Drafter, Target, family_of
 from dflash_trt.train import data as train_data
+from dflash_trt.train import dist, objective, regen
 from dflash_trt.train import features as train_features
-from dflash_trt.train import objective, regen
-from dflash_trt.train.checkpoint import load_state, save_state, saved_step, write_drafter, write_json
+from dflash_trt.train.checkpoint import (
+    full_drafter,
+    has_state,
+    load_state,
+    save_state,
+    saved_step,
+    write_drafter,
+    write_json,
+)
 from dflash_trt.train.dist import Ranks, init_ranks
 from dflash_trt.train.settings import (
     RESUMABLE_FIELDS,
@@ -74,6 +85,7 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
             raise DFlashError(f"--resume: {out} holds no training run to resume")
         saved = json.loads((work / "settings.json").read_text())
         saved.setdefault("arch", "dflash")      # runs saved before --arch existed trained DFlash drafters
+        saved.setdefault("target_dtype", "float32")   # and before --target-dtype, a float32 target
         for name in SHAPE_FIELDS:
             mine, theirs = getattr(s, name), saved.get(name)
             if mine is not None and mine != theirs:
@@ -115,7 +127,7 @@ def train_drafter(settings: TrainSettings, progress: Progress | None = None) -> 
     Under torchrun every rank calls this with the same settings; ``progress`` is reported by
     rank 0 only.
     """
-    ranks = init_ranks(settings.device)
+    ranks = init_ranks(settings.device, settings.parallel)
     try:
         return _train(settings, ranks, progress if progress is not None and ranks.main else Progress())
     finally:
@@ -145,10 +157,40 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
         features = train_features.OnlineFeatures(target, cfg.target_layer_ids)
     else:
         features = train_features.open_cache(s.feature_cache, s.target, target, cfg.target_layer_ids, regen_set,
-                                             ranks, progress, s.feature_shard_mb)
-    run = _Run(s, out, work, target, regen_set, regen_meta, stops, progress, ranks, features)
+                                             ranks, progress, s.feature_shard_mb, tokenizer)
+    dist.shard_target(model, ranks)          # after regeneration and the feature cache: those are not lockstep
     drafter = objective.init_drafter(cfg, seed=s.seed).to(ranks.device)
-    return _optimise(run, drafter, _optimizer(drafter, s))
+    module = dist.wrap_drafter(DraftStep(drafter), ranks)
+    progress.log(train_data.memory_line(regen_set, s, cfg, target, features, ranks))
+    mb = 2 ** 20   # weights, then AdamW: fp32 weights, gradients and two moments, 16 bytes a parameter
+    dtype = str(target.dtype).removeprefix("torch.")
+    progress.log(f"weights per rank: target {dist.local_bytes(model) / mb:.1f} MB ({dtype}), "
+                 f"drafter with AdamW {4 * dist.local_bytes(drafter) / mb:.1f} MB ({ranks.parallel})")
+    run = _Run(s, out, work, target, regen_set, regen_meta, stops, progress, ranks, features, drafter, module)
+    return _optimise(run, _optimizer(drafter, s))
+
+
+class DraftStep(nn.Module):
+    """The drafter's training forward as one module, the unit torch's engines wrap: this rank's
+    share of the block loss (and the batch's metrics) from the target's features and block
+    embeddings. The target's head is an argument, not a child: it is frozen and not the engine's."""
+
+    def __init__(self, drafter: Drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, hidden_in: torch.Tensor, embeds: torch.Tensor, anchors: torch.Tensor, block: torch.Tensor,
+                labels: torch.Tensor, gamma: float, total: float, head) -> tuple[torch.Tensor, dict]:
+        drafter = self.drafter
+        hidden = objective.train_forward(drafter, hidden_in, embeds, anchors)
+        logits = drafter.logits(hidden[:, :, 1:], head)
+        # the family's term (DFlash2: the selector picks among the candidates these logits propose)
+        select, picks = objective.objective_for(family_of(drafter.cfg)).extra_loss(drafter, hidden[:, :, 1:], logits,
+                                                                                    block, labels, gamma, total)
+        loss, m = objective.block_loss(logits, labels, gamma, normaliser=total, picks=picks)
+        if select is not None:
+            loss = loss + select
+        return loss, m
 
 
 @dataclass
@@ -167,6 +209,8 @@ class _Run:
     progress: Progress
     ranks: Ranks
     features: object         # OnlineFeatures | CachedFeatures: (idx, tokens, lengths) -> target_hidden
+    drafter: Drafter         # the drafter inside module (under fsdp: this rank's shards)
+    module: nn.Module        # DraftStep under the engine
 
     @property
     def eval_ids(self) -> list[list[int]]:
@@ -176,7 +220,8 @@ class _Run:
         """training.json: how the drafter in OUT was trained."""
         s = self.s
         return {"target": s.target, "data": s.data, "step": step, "steps": s.steps,
-                "global_batch_size": s.batch_size, "ranks": self.ranks.world, "arch": s.arch,
+                "global_batch_size": s.batch_size, "ranks": self.ranks.world, "parallel": self.ranks.parallel,
+                "arch": s.arch, "target_dtype": str(self.target.dtype).removeprefix("torch."),
                 "block_size": s.block_size,
                 "target_layer_ids": s.target_layer_ids, "mask_token_id": s.mask_token_id,
                 "prompt_len": s.prompt_len, "gen_len": s.gen_len, "sequences": len(self.regen),
@@ -184,14 +229,29 @@ class _Run:
                 "features": "online" if s.feature_cache is None else f"cached in {s.feature_cache}"}
 
 
+TARGET_DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def target_dtype(s: TrainSettings, tdir) -> torch.dtype:
+    """``--target-dtype``: auto = the precision the target ships in (its config's dtype), bfloat16
+    when it names none."""
+    if s.target_dtype not in TARGET_DTYPES:
+        raise DFlashError(f"--target-dtype {s.target_dtype!r}: choose one of {', '.join(TARGET_DTYPES)}")
+    if s.target_dtype != "auto":
+        return getattr(torch, s.target_dtype)
+    cfg = json.loads((Path(tdir) / "config.json").read_text())
+    shipped = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
+    return getattr(torch, shipped) if shipped in TARGET_DTYPES[1:] else torch.bfloat16
+
+
 def _frozen_target(s: TrainSettings, device: torch.device):
-    """(target model in float32 without gradients, its tokenizer, its stop token ids)."""
+    """(target model in its --target-dtype without gradients, its tokenizer, its stop token ids)."""
     from dflash_trt import ingest
     from dflash_trt.model import load_target
     from dflash_trt.runtime import load_tokenizer, stop_ids
 
     tdir = ingest.resolve(s.target, role="target")
-    model = load_target(tdir, dtype=torch.float32, device=str(device))
+    model = load_target(tdir, dtype=target_dtype(s, tdir), device=str(device))
     for p in model.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(tdir)
@@ -248,72 +308,81 @@ def _optimizer(drafter: Drafter, s: TrainSettings) -> torch.optim.AdamW:
                               {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
 
 
-def _optimise(run: _Run, drafter: Drafter, opt: torch.optim.Optimizer) -> Result:
+def _optimise(run: _Run, opt: torch.optim.Optimizer) -> Result:
     """Steps from the saved one (0 when fresh) to ``s.steps``: update, evaluate, checkpoint."""
-    s, progress = run.s, run.progress
+    s, progress, module = run.s, run.progress, run.module
     step, history = 0, []
-    if s.resume and (run.work / "state.safetensors").exists():
-        step, history = load_state(run.work, drafter, opt)
+    if s.resume and has_state(run.work):
+        step, history = load_state(run.work, module, opt)
         progress.log(f"resuming at step {step}" + (f" on {run.ranks.world} ranks" if run.ranks.world > 1 else ""))
     gamma = objective.loss_gamma(s.block_size)
     progress.phase("training", s.steps)
     progress.advance(step, {})
     start = time.time()
-    loss_v, tau_v, heldout, losses = math.nan, math.nan, None, []
-    drafter.train()
+    loss_v, tau_v, heldout, losses, norms = math.nan, math.nan, None, [], []
+    module.train()
     while step < s.steps:
-        loss_v, tau_v = _update(run, drafter, opt, step, gamma)
+        loss_v, tau_v, norm = _update(run, opt, step, gamma)
         step += 1
         losses.append(loss_v)
+        norms.append(norm)
         info = {"loss": loss_v, "tau": tau_v}
         if run.eval_ids and (step % s.eval_every == 0 or step == s.steps):
-            heldout = _evaluate(run, drafter, step, loss_v, tau_v, history)
+            heldout = _evaluate(run, step, loss_v, tau_v, history)
             info["heldout_tau"] = heldout
         progress.advance(step, info)
-        if run.ranks.main and (step % s.save_every == 0 or step == s.steps):
-            save_state(run.work, drafter, opt, step, history)
-            write_drafter(drafter, run.out, s.save_dtype, run.metadata(step))
+        if step % s.save_every == 0 or step == s.steps:
+            save_state(run.work, module, opt, step, history, run.ranks)
+            whole = full_drafter(module, run.drafter, run.ranks)       # gathered on rank 0
+            if run.ranks.main:
+                write_drafter(whole, run.out, s.save_dtype, run.metadata(step))
     if not losses and history:            # resumed a finished run: report where it stands
         loss_v, tau_v, heldout = history[-1]["loss"], history[-1]["train_tau"], history[-1]["heldout_tau"]
-    result = Result(run.out, step, loss_v, tau_v, heldout, time.time() - start, history, losses)
+    result = Result(run.out, step, loss_v, tau_v, heldout, time.time() - start, history, losses, norms)
     if run.ranks.main:
         write_json(run.work / "result.json", {**asdict(result), "out": str(run.out)})
     return result
 
 
-def _update(run: _Run, drafter: Drafter, opt: torch.optim.Optimizer, step: int, gamma: float) -> tuple[float, float]:
-    """One optimiser step on the batch drawn for ``step`` (seeded by (seed, step)); (loss, train τ)."""
+def _update(run: _Run, opt: torch.optim.Optimizer, step: int, gamma: float) -> tuple[float, float, float]:
+    """One optimiser step on the batch drawn for ``step`` (seeded by (seed, step)); (loss, train τ,
+    the gradient's norm before clipping: the one-process gradient's under every engine)."""
     s = run.s
     g = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
-    loss, m = train_step(drafter, run.target, run.regen, run.features, s, gamma, g, run.ranks)
+    loss, m = train_step(run.module, run.target, run.regen, run.features, s, gamma, g, run.ranks)
     for group in opt.param_groups:
         group["lr"] = lr_at(step, s)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
-    run.ranks.sum_grads(list(drafter.parameters()))
-    torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+    dist.engine_loss(loss, run.ranks).backward()      # the engine averages the ranks' gradients
+    norm = torch.nn.utils.clip_grad_norm_(run.module.parameters(), 1.0)
     opt.step()
-    return m["loss"], m["tau"]
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm      # fsdp: a replicated DTensor
+    return m["loss"], m["tau"], float(norm)
 
 
-def _evaluate(run: _Run, drafter: Drafter, step: int, loss_v: float, tau_v: float, history: list) -> float:
-    """Held-out τ after ``step`` (every rank takes its share of the prompts), appended to ``history``."""
+def _evaluate(run: _Run, step: int, loss_v: float, tau_v: float, history: list) -> float:
+    """Held-out τ after ``step``, appended to ``history``: a whole copy of the drafter in the target's
+    dtype (as it ships) drafts for the target. Every rank takes its share of the prompts; under
+    fsdp every rank decodes all of them, because the sharded target's forwards are collectives
+    that the ranks must run in lockstep, and greedy decoding of the same prompts is."""
+    drafter = full_drafter(run.module, run.drafter, run.ranks, everywhere=True).to(run.target.dtype)
     heldout = heldout_tau(run.target, drafter, run.eval_ids, run.s.block_size, run.s.eval_tokens, run.stops,
-                          run.ranks)
+                          Ranks(device=run.ranks.device) if run.ranks.sharded else run.ranks, run.ranks.sharded)
     history.append({"step": step, "loss": round(loss_v, 4), "train_tau": round(tau_v, 3),
                     "heldout_tau": round(heldout, 3)})
     run.progress.log(f"step {step}: loss {loss_v:.3f}, train τ {tau_v:.2f}, held-out τ {heldout:.2f}")
     return heldout
 
 
-def train_step(drafter: Drafter, target: Target, regen_set: train_data.Regenerated, features, s: TrainSettings,
+def train_step(module: nn.Module, target: Target, regen_set: train_data.Regenerated, features, s: TrainSettings,
                gamma: float, g: torch.Generator, ranks: Ranks = Ranks()):
     """This rank's loss on its rows of one global batch, and the batch's (loss, τ) over all ranks.
 
     The global batch (``s.batch_size`` sequences) and its anchors are drawn from ``g`` on
     every rank alike; this rank takes rows ``rank, rank + world, ...``. Its loss is divided by
     the global batch's weight, so the ranks' losses (and gradients) add up to the one-process
-    ones. ``features(idx, tokens, lengths)`` gives ``target_hidden`` [b, T, n_tap*H].
+    ones. ``features(idx, tokens, lengths)`` gives ``target_hidden`` [b, T, n_tap*H]. ``module``
+    is :class:`DraftStep` (under its engine).
     """
     B, mask_id, dev = s.block_size, s.mask_token_id, ranks.device
     idx = torch.randperm(len(regen_set), generator=g)[: s.batch_size]
@@ -321,31 +390,35 @@ def train_step(drafter: Drafter, target: Target, regen_set: train_data.Regenerat
     rows = torch.tensor(ranks.mine(range(len(idx))), dtype=torch.long)
     idx, anchors, valid = idx[rows], anchors[rows].to(dev), valid[rows].to(dev)
     lengths = regen_set.lengths[idx]
-    tokens = regen_set.tokens[idx, : int(lengths.max())].to(dev)
+    tokens = regen_set.rows(idx, int(lengths.max())).to(dev)
     lengths = lengths.to(dev)
     hidden_in = features(idx, tokens, lengths)
     with torch.no_grad():
         block, labels = objective.block_inputs(tokens, anchors, B, mask_id, lengths)
         labels = torch.where(valid[..., None], labels, -100)
         b, K = anchors.shape
+        drafter = dist.inner(module).drafter
         embeds = target.embed(block.view(b, K * B), drafter.cfg.input_embedding_scale).view(b, K, B, -1)
     (total,) = ranks.sum([objective.loss_weights(labels, gamma).sum().item()])
-    hidden = objective.train_forward(drafter, hidden_in.to(drafter.dtype), embeds.to(drafter.dtype), anchors)
-    logits = drafter.logits(hidden[:, :, 1:], target.head)
-    # the family's term (DFlash2: the selector picks among the candidates these logits propose)
-    select, picks = objective.objective_for(family_of(drafter.cfg)).extra_loss(drafter, hidden[:, :, 1:], logits,
-                                                                                block, labels, gamma, total)
-    loss, m = objective.block_loss(logits, labels, gamma, normaliser=total, picks=picks)
-    if select is not None:
-        loss = loss + select
+    loss, m = module(hidden_in.to(drafter.dtype), embeds.to(drafter.dtype), anchors, block, labels, gamma, total,
+                     _head_in(target, drafter.dtype))
     loss_all, tau_sum, blocks = ranks.sum([loss.item(), m["tau_sum"], m["blocks"]])
     return loss, {"loss": loss_all, "tau": tau_sum / blocks if blocks else math.nan}
 
 
+def _head_in(target: Target, dtype: torch.dtype):
+    """The target's (frozen) head on the drafter's hidden states: in the target's dtype, the
+    logits back in the drafter's."""
+    head = target.head
+    if target.dtype == dtype:
+        return head
+    return lambda h: head(h.to(target.dtype)).to(dtype)
+
+
 def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: int, n_tokens: int,
-                stops, ranks: Ranks = Ranks()) -> float:
+                stops, ranks: Ranks = Ranks(), sharded: bool = False) -> float:
     """τ of the drafter on prompts it never trained on (greedy, the reference runtime), over all ranks."""
-    from dflash_trt.runtime import generate
+    from dflash_trt.runtime import TorchBackend, generate
 
     mine = ranks.mine(prompts)
     committed = rounds = 0
@@ -353,7 +426,11 @@ def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: i
         was = drafter.training
         drafter.eval()
         try:
-            stats = generate(target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops).stats
+            # A sharded target runs transformers' forward (its FSDP hooks gather each layer); the
+            # runtime's lean forward reads the weights directly and would see this rank's shards.
+            backend = TorchBackend(target, drafter, lean=False) if sharded else None
+            stats = generate(target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops,
+                             backend=backend).stats
         finally:
             drafter.train(was)
         committed, rounds = stats.committed, stats.rounds

@@ -22,7 +22,7 @@ SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id", "ar
 DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "samples", "eval_prompts", "seed",
                "chat_template", "thinking")
 RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "regen_endpoint", "regen_model", "regen_concurrency",
-                    "feature_cache", "feature_shard_mb", "device")
+                    "feature_cache", "feature_shard_mb", "device", "parallel")
 
 
 @dataclass
@@ -63,6 +63,8 @@ class TrainSettings:
     feature_cache: str | None = None       # folder of target_hidden shards; None: computed online
     feature_shard_mb: float = 1024.0
     device: str = "auto"                      # auto: cuda:LOCAL_RANK when CUDA is available, else cpu
+    parallel: str = "auto"                    # fsdp | ddp | none; auto: fsdp under torchrun, none alone
+    target_dtype: str = "auto"                # the frozen target's precision; auto: as it ships (else bf16)
 
 
 @dataclass
@@ -84,3 +86,4 @@ class Result:
     seconds: float
     history: list[dict] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)   # every step of this invocation
+    grad_norms: list[float] = field(default_factory=list)   # before clipping, every step of this invocation

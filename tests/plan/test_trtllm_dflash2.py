@@ -118,5 +118,5 @@ def test_the_published_dflash2_recipes_are_incomplete_and_refused_in_one_line(na
     assert r.drafter.config and "DFlash2DraftModel" in (r.resolve_path(r.drafter.config) / "config.json").read_text()
     assert run(["plan", name]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"recipe {name} is incomplete" in err, err
+    assert len(err.splitlines()) == 1 and f"recipe {name}: its shipped configs lack" in err, err
     assert "incomplete" in r.to_yaml() and "incomplete" not in R.load("tiny").to_yaml()

@@ -173,31 +173,3 @@ def test_dflash2_user_errors_are_one_line_and_write_nothing(train_setup, tmp_pat
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (out / "config.json").exists()
-
-
-@pytest.mark.slow
-def test_two_gloo_ranks_train_the_same_dflash2_drafter_as_one(train_setup, tmp_path):
-    """The selector term is divided by the global batch's weight like the block loss, so two
-    data-parallel ranks give the one-process run (weights, losses)."""
-    import subprocess
-    import sys
-
-    from dflash_trt.train import TrainSettings, train_drafter
-    from tests.serve.helpers import subprocess_env
-    from tests.train.test_scale import argv, assert_same_state
-
-    root, tdir = train_setup
-    common = dict(target=str(tdir), data=str(root / "data.txt"), block_size=4, layers=1, steps=3, batch_size=4,
-                  anchors=4, prompt_len=12, gen_len=8, samples=12, eval_prompts=2, eval_every=100, save_every=3,
-                  lr=3e-3, arch="dflash2", selector_rank=8, selector_top_k=4)
-    ref = train_drafter(TrainSettings(out=str(tmp_path / "one"), **common))
-    two = TrainSettings(out=str(tmp_path / "two"), **common)
-    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "dflash_trt.train", *argv(two, "eval_prompts", "arch", "selector_rank",
-                                                           "selector_top_k")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_state(tmp_path / "one", tmp_path / "two")
-    got = json.loads((tmp_path / "two" / ".train" / "result.json").read_text())
-    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref.losses), atol=1e-5, rtol=1e-5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from dflash_trt.train import TrainSettings, train_drafter
 from dflash_trt.train import features as train_features
 from dflash_trt.train import launcher as train_launch
 from dflash_trt.train import regen as train_regen
+from dflash_trt.train.checkpoint import read_state
 from tests.helpers import save_pair
 from tests.serve.helpers import subprocess_env
 
@@ -65,8 +67,8 @@ def argv(s: TrainSettings, *more: str) -> list[str]:
 
 
 def assert_same_state(a, b, atol=1e-5):
-    wa, wb = load_file(str(a / ".train" / "state.safetensors")), load_file(str(b / ".train" / "state.safetensors"))
-    assert wa.keys() == wb.keys()
+    wa, wb = read_state(a / ".train"), read_state(b / ".train")
+    assert wa.keys() == wb.keys() and any(k.endswith("exp_avg") for k in wa)
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=atol, rtol=1e-4)
 
@@ -218,6 +220,57 @@ def test_feature_cache_is_written_once_and_reused(setup, tmp_path, monkeypatch):
         train_drafter(settings(root, tdir, tmp_path / "c3", feature_cache=str(cache), samples=10))
 
 
+def test_a_converted_capture_trains_as_in_process_features_and_mismatches_are_one_line(setup, tmp_path, capsys):
+    """A feature folder written by another producer (here: transformers' own hidden states, as a
+    converter of an engine's capture would write them) trains what in-process features train; a
+    folder for other layers, another tokenizer or other tokens is refused in one line (exit 2)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash_trt.train.data import Regenerated
+
+    root, tdir, _ = setup
+    online = train_drafter(settings(root, tdir, tmp_path / "online", steps=3, save_every=3))
+    ids = json.loads((tmp_path / "online" / "training.json").read_text())["target_layer_ids"]
+    regen = Regenerated.load(tmp_path / "online" / ".train" / "regen.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(tdir)
+
+    def capture():
+        for i in range(len(regen)):
+            n = int(regen.lengths[i])
+            row = regen.rows(torch.tensor([i]), n)
+            with torch.no_grad():
+                states = model(input_ids=row, output_hidden_states=True).hidden_states
+            yield row[0], torch.cat([states[j + 1][0] for j in ids], -1)      # z-lab id j: layer j's output
+
+    folder = tmp_path / "captured"
+    table = train_features.write_capture(folder, capture(), layer_ids=ids, hidden_size=model.config.hidden_size,
+                                         tokenizer=tok, producer="test converter", shard_mb=0.02)
+    assert len(table["shards"]) > 1 and "key" not in table
+    got = train_drafter(settings(root, tdir, tmp_path / "from-disk", steps=3, save_every=3,
+                                 feature_cache=str(folder)))
+    torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(online.losses), atol=1e-5, rtol=1e-5)
+    assert_same_state(tmp_path / "online", tmp_path / "from-disk")
+
+    s = settings(root, tdir, tmp_path / "bad", steps=1)
+    for field, value, says in (("layer_ids", [0], "its features tap target layers [0], the drafter taps"),
+                               ("tokenizer_sha256", "0" * 64, "made with another tokenizer"),
+                               ("dtype", "int8", "dtype 'int8' is not one of")):
+        bad = json.loads((folder / "cache.json").read_text())
+        (folder / "cache.json").write_text(json.dumps({**bad, field: value}))
+        assert run(["train-drafter", *argv(s), "--feature-cache", str(folder)]) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert err[-1].startswith("error: --feature-cache ") and says in err[-1], err
+        (folder / "cache.json").write_text(json.dumps(bad))
+    shard = load_file(str(folder / "features-00000.safetensors"))
+    shard["tokens"][3] += 1                                           # one token id off: misaligned
+    from safetensors.torch import save_file
+
+    save_file(shard, str(folder / "features-00000.safetensors"))
+    assert run(["train-drafter", *argv(s), "--feature-cache", str(folder)]) == 2
+    assert "shard 0's token ids differ from the regenerated set's" in capsys.readouterr().err
+
+
 def test_a_full_disk_is_one_line_and_keeps_the_finished_shards(setup, tmp_path, monkeypatch, capsys):
     root, tdir, _ = setup
     real = train_features.save_file
@@ -280,32 +333,87 @@ def test_a_rank_reports_a_user_error_in_one_line(setup, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.slow
-def test_two_gloo_ranks_match_one_rank_and_resume_on_another_number(setup, tmp_path):
-    """torchrun with 2 gloo ranks = 1 process at the same global batch; a 1-rank run resumed
-    with --nproc 2 = an uninterrupted 1-rank run (up to float noise)."""
-    root, tdir, _ = setup
-    one = settings(root, tdir, tmp_path / "one", steps=4, eval_every=2)
-    ref = train_drafter(one)
-    two = settings(root, tdir, tmp_path / "two", steps=4, eval_every=2, feature_cache=str(tmp_path / "cache"),
-                   feature_shard_mb=0.02)
+def torchrun(s: TrainSettings, *flags: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m dflash_trt.train`` with ``s`` (gloo on this CPU)."""
     env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+    extra = [str(f) for f in flags]
+    for name in ("arch", "selector_rank", "selector_top_k", "feature_cache", "feature_shard_mb"):
+        if getattr(s, name) is not None:
+            extra += [f"--{name.replace('_', '-')}", str(getattr(s, name))]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "dflash_trt.train", *argv(two, "eval_prompts"), "--feature-cache", two.feature_cache,
-                           "--feature-shard-mb", "0.02"], env=env, capture_output=True, text=True, timeout=600)
+                           "-m", "dflash_trt.train", *argv(s, "eval_prompts"), *extra], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "drafter written to" in proc.stdout and proc.stdout.count("drafter written") == 1  # rank 0 only
-    assert_same_state(tmp_path / "one", tmp_path / "two")
-    got = json.loads((tmp_path / "two" / ".train" / "result.json").read_text())
-    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref.losses), atol=1e-5, rtol=1e-5)
-    assert [h["heldout_tau"] for h in got["history"]] == [h["heldout_tau"] for h in ref.history]
-    assert json.loads((tmp_path / "two" / "training.json").read_text())["ranks"] == 2
-    assert len(shard_files(tmp_path / "cache")) > 2          # the two ranks wrote the shards between them
+    assert proc.stdout.count("drafter written") == 1          # rank 0 alone reports
+    return proc
 
-    half = settings(root, tdir, tmp_path / "half", steps=2, eval_every=2)
+
+def assert_same_run(ref, out, ref_dir, atol=1e-5):
+    """Same fp32 weights and AdamW moments, losses and held-out τ as the 1-process run ``ref``."""
+    assert_same_state(ref_dir, out, atol=atol)
+    got = json.loads((out / ".train" / "result.json").read_text())
+    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref.losses), atol=1e-5, rtol=1e-5)
+    # the gradient before clipping (the clip at norm 1 would hide a gradient off by the rank count)
+    torch.testing.assert_close(torch.tensor(got["grad_norms"]), torch.tensor(ref.grad_norms), atol=1e-5, rtol=1e-4)
+    assert [h["heldout_tau"] for h in got["history"]] == [h["heldout_tau"] for h in ref.history]
+
+
+def test_one_process_fsdp_equals_no_engine(setup, tmp_path):
+    """FSDP2 over a one-rank gloo group (drafter and target decoder layers fully_shard-ed, the
+    sharded checkpoint) trains what one plain process trains."""
+    root, tdir, _ = setup
+    ref = train_drafter(settings(root, tdir, tmp_path / "plain", steps=3, save_every=3, eval_every=3))
+    got = train_drafter(settings(root, tdir, tmp_path / "fsdp", steps=3, save_every=3, eval_every=3,
+                                 parallel="fsdp"))
+    assert not torch.distributed.is_initialized()                # the run closed the group it made
+    assert json.loads((tmp_path / "fsdp" / "training.json").read_text())["parallel"] == "fsdp"
+    assert_same_run(ref, tmp_path / "fsdp", tmp_path / "plain")
+    assert got.heldout_tau == ref.heldout_tau
+    # the target held in bfloat16 (its head casts the fp32 drafter's states; the held-out τ drafts in bf16)
+    half = train_drafter(settings(root, tdir, tmp_path / "bf16", steps=3, save_every=3, eval_every=3,
+                                  parallel="fsdp", target_dtype="bfloat16"))
+    assert json.loads((tmp_path / "bf16" / "training.json").read_text())["target_dtype"] == "bfloat16"
+    # a bf16 target regenerates other responses: the same start, not the same run
+    assert all(math.isfinite(v) for v in half.losses) and abs(half.losses[0] - ref.losses[0]) < 0.15 * ref.losses[0]
+    assert half.heldout_tau >= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, parallel", [("dflash", "fsdp"), ("dflash2", "fsdp"), ("dflash", "ddp")])
+def test_two_gloo_ranks_equal_one_process(setup, tmp_path, arch, parallel):
+    """torchrun with 2 gloo ranks under FSDP2 (DDP) = 1 process at the same global batch: weights,
+    moments, losses, held-out τ. The DFlash FSDP run also writes the feature folder between its ranks."""
+    root, tdir, _ = setup
+    kw = dict(steps=4, eval_every=2)
+    if arch == "dflash2":
+        kw.update(arch="dflash2", selector_rank=8, selector_top_k=4)
+    ref = train_drafter(settings(root, tdir, tmp_path / "one", **kw))
+    cache = arch == "dflash" and parallel == "fsdp"
+    two = settings(root, tdir, tmp_path / "two", **kw, **(dict(feature_cache=str(tmp_path / "cache"),
+                                                                feature_shard_mb=0.02) if cache else {}))
+    torchrun(two, "--parallel", parallel)
+    assert_same_run(ref, tmp_path / "two", tmp_path / "one")
+    meta = json.loads((tmp_path / "two" / "training.json").read_text())
+    assert (meta["ranks"], meta["parallel"], meta["arch"]) == (2, parallel, arch)
+    if cache:
+        assert len(shard_files(tmp_path / "cache")) > 2          # the two ranks wrote the shards between them
+
+
+@pytest.mark.slow
+def test_resume_on_another_number_of_ranks(setup, tmp_path):
+    """2 fsdp ranks saved at step 2, resumed in 1 process; 1 process saved, resumed on 2 ranks
+    (--nproc 2): both equal an uninterrupted 1-process run."""
+    root, tdir, _ = setup
+    train_drafter(settings(root, tdir, tmp_path / "one", steps=4, eval_every=2))
+    torchrun(settings(root, tdir, tmp_path / "down", steps=2, eval_every=2))
+    assert len(list((tmp_path / "down" / ".train" / "state").glob("shard-*.safetensors"))) == 2  # one per rank
+    train_drafter(settings(root, tdir, tmp_path / "down", steps=4, eval_every=2, resume=True))
+    assert_same_state(tmp_path / "one", tmp_path / "down")
+
+    half = settings(root, tdir, tmp_path / "up", steps=2, eval_every=2)
     train_drafter(half)
     assert run(["train-drafter", *argv(half), "--steps", "4", "--resume", "--nproc", "2", "--json"]) == 0
-    assert_same_state(tmp_path / "one", tmp_path / "half")
+    assert_same_state(tmp_path / "one", tmp_path / "up")
 
 
 @pytest.mark.slow

@@ -141,6 +141,7 @@ class Outputs(_Section):
     drafter: str = Layout.DRAFTER
     trtllm_config: str = Layout.TRTLLM_CONFIG
     serve: str = Layout.SERVE_SH
+    mtp_config: str | None = None        # trtllm/config.mtp.yaml: the target's own MTP arm, where it has one
     onnx: str | None = None
     engines: str | None = None
 

@@ -73,7 +73,7 @@ def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_dra
     if backend != "torch" and (bundle or bundle_opt) is None:
         raise DFlashError(f"--backend {backend} runs a bundle's exported graphs: pass a bundle built with "
                           "--engine tensorrt")
-    pair = _load(target, drafter, dtype, need_drafter, bundle, bundle_opt)
+    pair = _load(target, drafter, dtype, need_drafter, bundle, bundle_opt, graphs=backend != "torch")
     _threads_for(pair)
     if pair.drafter is not None:
         pair.drafter.kernels = kernels
@@ -95,15 +95,17 @@ def _threads_for(pair) -> None:
 
     import torch
 
-    if "OMP_NUM_THREADS" in os.environ or pair.target.device.type != "cpu":
+    if "OMP_NUM_THREADS" in os.environ or pair.target.device.type not in ("cpu", "meta"):  # meta: graphs on a CPU
         return
     if sum(p.numel() for p in pair.target.model.parameters()) < SMALL_MODEL_PARAMS:
         torch.set_num_threads(1)
 
 
-def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
+def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt, graphs: bool = False):
+    """``graphs``: a graph backend runs the bundle, so its PyTorch modules are not loaded
+    (``runtime.load_graph_pair``: configs and tokenizer only)."""
     from dflash_trt.errors import DFlashError
-    from dflash_trt.runtime import load_bundle, load_pair
+    from dflash_trt.runtime import load_bundle, load_graph_pair, load_pair
 
     if bundle is not None and bundle_opt is not None and bundle != bundle_opt:
         raise DFlashError("give the bundle once: as an argument or with --bundle")
@@ -112,7 +114,7 @@ def _load(target, drafter, dtype, need_drafter, bundle, bundle_opt):
         if target is not None or drafter is not None:
             raise DFlashError("a bundle brings its own target and drafter: drop --target/--drafter")
         with err.status("loading bundle"):
-            return load_bundle(bundle, dtype=dtype)
+            return load_graph_pair(bundle) if graphs else load_bundle(bundle, dtype=dtype)
     if target is None:
         if drafter is not None:
             raise DFlashError("--drafter needs --target: pass both, or neither for the embedded tiny pair")

@@ -156,7 +156,7 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
                     block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
                     batching: str = "continuous", api_key: str | None = None, max_body_bytes: int = 4 << 20) -> int:
     from dflash_trt.errors import DFlashError, require
-    from dflash_trt.runtime import load_bundle, open_backend, parse_dtype
+    from dflash_trt.runtime import load_bundle, load_graph_pair, open_backend, parse_dtype
     from dflash_trt.serve import check_fits_cpu, create_app
     from dflash_trt.serve import serve as run_server
 
@@ -165,7 +165,7 @@ def serve_reference(b, host: str, port: int, model_name: str | None, max_batch: 
     itemsize = parse_dtype(dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
     with err.status("loading models"):
-        pair = load_bundle(b.root, dtype=dtype)
+        pair = load_bundle(b.root, dtype=dtype) if backend == "torch" else load_graph_pair(b.root)
         pair.backend = open_backend(backend, b.root, pair, dtype)
     if block_size is not None and block_size > 1 and pair.drafter is not None \
             and block_size > pair.drafter.cfg.block_size:

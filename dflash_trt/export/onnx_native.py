@@ -3,7 +3,9 @@
 ``drafter.onnx`` carries the two ``dflash::`` custom ops (the TensorRT form: plugins write the
 paged cache in place). ONNX Runtime can only run those as Python custom ops, which copy the
 page pool every round; ``drafter_ort.onnx`` is the same round over a *dense per-row* context
-cache, in MatMul / Softmax / Where / Concat nodes, so no Python runs inside a round:
+cache in standard ops (opset 23: each layer's block attention is one ``Attention`` node with a
+boolean mask and grouped-query heads; the injection is MatMul / RMSNorm / RoPE arithmetic), so no
+Python runs inside a round:
 
     inputs : target_hidden [b, T, n_tap*H], n_new [b] int64, block_embeds [b, B, H],
              k_ctx, v_ctx [L, b, kvh, S, d] (row i's column j holds position j; valid where
@@ -29,12 +31,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dflash_trt import plugins
 from dflash_trt.errors import require
 
 NATIVE_FILE = "drafter_ort.onnx"
+#: opset 23: block attention is one standard ``Attention`` node (GQA, boolean mask; ONNX Runtime >= 1.22)
+OPSET = 23
 NATIVE_INPUTS = ["target_hidden", "n_new", "block_embeds", "k_ctx", "v_ctx", "lengths"]
 NATIVE_OUTPUTS = ["logits", "k_new", "v_new"]
 NATIVE_AXES = {"target_hidden": {0: "batch", 1: "tokens"}, "n_new": {0: "batch"}, "block_embeds": {0: "batch"},
@@ -42,7 +47,7 @@ NATIVE_AXES = {"target_hidden": {0: "batch", 1: "tokens"}, "n_new": {0: "batch"}
 
 
 def key_mask(lengths, n_new, S: int, T: int, B: int, causal: bool, window: int | None) -> torch.Tensor:
-    """Boolean [b, 1, 1, B, S+T+B]: which of (context, new, block) keys each block query sees."""
+    """Boolean [b, 1, B, S+T+B]: which of (context, new, block) keys each block query sees."""
     dev, b = lengths.device, lengths.shape[0]
     j, t, tb = (torch.arange(n, device=dev) for n in (S, T, B))
     ctx_len = lengths + n_new                                                     # [b]
@@ -56,19 +61,15 @@ def key_mask(lengths, n_new, S: int, T: int, B: int, causal: bool, window: int |
     if window is not None:
         q_pos = ctx_len[:, None] + tb                                             # [b, B]
         vis = vis & ((q_pos[:, :, None] - k_pos[:, None, :]).abs() < window)
-    return vis[:, None, None]
+    return vis[:, None]
 
 
 def masked_attention(q, keys, vals, mask, scale: float) -> torch.Tensor:
-    """q [b, B, h, d]; keys, vals [b, kvh, K, d]; mask [b, 1, 1, B, K] -> [b, B, h, d].
-    Grouped-query by broadcasting: query head h reads kv head h // (h / kvh), no K/V copies."""
-    b, B, h, d = q.shape
-    kvh = keys.shape[1]
-    qg = q.permute(0, 2, 1, 3).reshape(b, kvh, h // kvh, B, d)                   # [b, kvh, g, B, d]
-    scores = (qg @ keys[:, :, None].transpose(-1, -2)) * scale                   # [b, kvh, g, B, K]
-    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    out = probs @ vals[:, :, None]                                                # [b, kvh, g, B, d]
-    return out.reshape(b, h, B, d).permute(0, 2, 1, 3)
+    """q [b, B, h, d]; keys, vals [b, kvh, K, d]; mask [b, 1, B, K] -> [b, B, h, d]. Exported as
+    one opset-23 ``Attention`` node (grouped-query: query head h reads kv head h // (h / kvh))."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, scale=scale,
+                                         enable_gqa=q.shape[2] != keys.shape[1])
+    return out.transpose(1, 2)
 
 
 class NativeRound(nn.Module):
@@ -156,7 +157,7 @@ def export_native_drafter_onnx(drafter, out_dir, head_weight: torch.Tensor, *, f
         warnings.simplefilter("ignore")
         prog = torch.onnx.export(module, tuple(inputs[n] for n in NATIVE_INPUTS), dynamo=True, dynamic_shapes=dyn,
                                  input_names=NATIVE_INPUTS, output_names=NATIVE_OUTPUTS, optimize=True,
-                                 verbose=False)
+                                 opset_version=OPSET, verbose=False)
     onnx.checker.check_model(prog.model_proto, full_check=True)
     onnx.save(prog.model_proto, str(path))
     return path

@@ -1,9 +1,9 @@
 """ONNX Runtime over a bundle's ``onnx/``: the speculative loop through the exported graphs, on a CPU.
 
 Every graph runs natively: the target and embedding graphs are plain ONNX, and so is the
-drafter's ONNX Runtime form ``drafter_ort.onnx`` (``export/onnx_native.py``: attention and KV
-injection as MatMul / Softmax / Where over a dense per-row context cache that the graph reads
-and whose new columns it returns). A bundle built before that form existed has only
+drafter's ONNX Runtime form ``drafter_ort.onnx`` (``export/onnx_native.py``: block attention as opset-23
+``Attention`` nodes, KV injection in arithmetic ops, over a dense per-row context cache that the
+graph reads and whose new columns it returns). A bundle built before that form existed has only
 ``drafter.onnx`` (the TensorRT form, two ``dflash::`` custom ops): its ops then run as
 onnxruntime-extensions Python custom ops (``plugins.onnx_ops``), which copy the page pool every
 round. Tensors cross into onnxruntime as numpy views of CPU tensors and come back the same way;

@@ -29,6 +29,7 @@ def test_the_native_round_is_standard_onnx_and_matches_pytorch(tmp_path):
     assert {o.domain for o in model.opset_import} <= {"", "ai.onnx"}
     assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
     assert [i.name for i in model.graph.input] == onnx_native.NATIVE_INPUTS
+    assert sum(n.op_type == "Attention" for n in model.graph.node) == drafter.cfg.num_hidden_layers
     for shape in ({"batch": 3, "T": 4, "seed": 1}, {"batch": 1, "T": 1, "seed": 2}):
         err = onnx_native.check_native_drafter_onnx(drafter, path, head, **shape)
         assert max(err.values()) < DRAFTER_ONNX_ATOL, (shape, err)

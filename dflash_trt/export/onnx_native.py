@@ -38,7 +38,8 @@ from dflash_trt import plugins
 from dflash_trt.errors import require
 
 NATIVE_FILE = "drafter_ort.onnx"
-#: opset 23: block attention is one standard ``Attention`` node (GQA, boolean mask; ONNX Runtime >= 1.23, microsoft/onnxruntime#25156)
+#: opset 23: block attention is one standard ``Attention`` node (GQA, boolean mask); its CPU kernel
+#: is in ONNX Runtime >= 1.23 (microsoft/onnxruntime#25156)
 OPSET = 23
 NATIVE_INPUTS = ["target_hidden", "n_new", "block_embeds", "k_ctx", "v_ctx", "lengths"]
 NATIVE_OUTPUTS = ["logits", "k_new", "v_new"]

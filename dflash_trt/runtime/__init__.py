@@ -9,7 +9,7 @@ from __future__ import annotations
 from dflash_trt.runtime.backend import Backend, TorchBackend
 from dflash_trt.runtime.dequantize import dequantize_state
 from dflash_trt.runtime.engine import Engine, Step, draft_len_for_batch_size
-from dflash_trt.runtime.graph_backend import load_graph_pair
+from dflash_trt.runtime.graph_pair import load_graph_pair
 from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
 from dflash_trt.runtime.pair import (
                                     BACKENDS,

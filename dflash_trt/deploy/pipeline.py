@@ -174,7 +174,7 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
         if tau is not None and spec.acceptance is None:
             spec = spec.model_copy(update={"acceptance": tau})
         errors = planner.calibration_errors(list(calibration), dep, p, planner.shipped_calibration(),
-                                            planner.engine_for(r.gpu))
+                                            planner.stack_for(r.gpu))
         p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors)
     p.warnings = r.warnings + p.warnings
     return p

@@ -83,6 +83,7 @@ class ChatMessage(BaseModel):
     function_call: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
     refusal: str | None = None
+    tool_call_id: str | None = None  # tool messages: their role is refused
 
     def check(self, i: int) -> None:
         """Roles the chat template takes (tools are refused), message fields at no-op values."""

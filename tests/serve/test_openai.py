@@ -7,6 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dflash_trt.runtime.pair import Pair, load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
@@ -104,10 +106,6 @@ def test_chat_stop_sequences_streamed_and_not(client):
 
 
 def test_text_stream_never_sends_a_possible_match_and_cuts_at_the_first():
-    class Chars:  # a tokenizer whose token i is chr(i)
-        def decode(self, ids, skip_special_tokens=True):
-            return "".join(map(chr, ids))
-
     ts = TextStream(Chars(), ("cde", "bcx"))
     sent = []
     for piece in ("ab", "c", "d", "ezz"):
@@ -115,6 +113,36 @@ def test_text_stream_never_sends_a_possible_match_and_cuts_at_the_first():
         sent.append(ts.pop())
     assert sent == ["a", "", "b", ""] and cut == 1 and ts.text == "ab"  # "c" (of "cde") never sent
     assert held_back("xxab", ("abc",)) == 2 and held_back("abc", ("abc",)) == 0
+
+
+class Chars:
+    """A tokenizer whose token i is chr(i)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text("abc", max_size=30), stops=st.lists(st.text("abc", min_size=1, max_size=4), max_size=4),
+       cuts=st.lists(st.integers(1, 5), max_size=30))
+def test_text_stream_sends_exactly_the_text_before_the_first_match(text, stops, cuts):
+    ts = TextStream(Chars(), tuple(stops))
+    pos, sent, kept = 0, "", 0
+    for n in [*cuts, len(text)]:  # commits of random sizes, as rounds and chunks fall
+        piece = [ord(ch) for ch in text[pos : pos + n]]
+        pos += n
+        took = ts.feed(piece)
+        kept += len(piece) if took is None else took
+        sent += ts.pop()
+        if took is not None:
+            break
+    ts.finish()
+    sent += ts.pop()
+    hits = [i for i in (text[:kept].find(s) for s in stops) if i >= 0]
+    want = text[: min(hits)] if hits else text
+    assert sent == want
+    # the row kept tokens exactly up to the one that completed the first match
+    assert kept == (min(text.find(s) + len(s) for s in stops if s in text) if hits else len(text))
 
 
 REFUSED = [  # (endpoint, body fields, the param named)
@@ -176,3 +204,18 @@ def test_the_openai_client_gets_param_and_no_op_defaults_pass(client):
         user="u-1", metadata={"k": "v"}, store=False, response_format={"type": "text"}, tool_choice="none",
         parallel_tool_calls=True, service_tier="auto", modalities=["text"])
     assert r.choices[0].message.role == "assistant"
+
+
+def test_static_batching_stops_at_the_match_too(pair):
+    with ServerThread(create_app(pair, "tiny", batching="static", max_batch=2)) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
+        full = greedy(client).choices[0]
+        stop = full.text[6:9]
+        want = full.text[: full.text.find(stop)]
+        c = greedy(client, stop=stop).choices[0]
+        assert (c.text, c.finish_reason) == (want, "stop")
+        assert c.token_ids == full.token_ids[: len(c.token_ids)] and stop not in pair.decode(c.token_ids[:-1])
+        streamed, reason = stream_text(client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=N, temperature=0, stream=True, stop=stop,
+            extra_body={"ignore_eos": True}))
+        assert ("".join(streamed), reason) == (want, "stop")

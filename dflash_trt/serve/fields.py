@@ -32,6 +32,8 @@ class StreamOptions(BaseModel):
 class CompletionFields(BaseModel):
     """Completions fields not implemented: accepted only at their no-op values (:data:`COMPLETION_NOOPS`)."""
 
+    model_config = ConfigDict(strict=True)
+
     best_of: int | None = None
     echo: bool = False
     frequency_penalty: float | None = None
@@ -44,6 +46,8 @@ class CompletionFields(BaseModel):
 
 class ChatFields(BaseModel):
     """Chat fields not implemented: accepted only at their no-op values (:data:`CHAT_NOOPS`)."""
+
+    model_config = ConfigDict(strict=True)
 
     audio: dict[str, Any] | None = None
     frequency_penalty: float | None = None

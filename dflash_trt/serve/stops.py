@@ -58,6 +58,9 @@ class TextStream:
         a stop string (the rest are not taken), or None when none does."""
         if self.matched:
             return 0
+        if not self.stops:  # nothing to find: one decode per commit, as streaming did before
+            self._append(self.detok.add(list(tokens)))
+            return None
         for j, tok in enumerate(tokens):
             if self._append(self.detok.add([tok])):
                 return j + 1

@@ -79,6 +79,7 @@ class Request:
     stream: int = 0
     on_commit: Callable[[list[int]], None] | None = None
     should_stop: Callable[[], bool] | None = None
+    match_stop: Callable[[list[int]], int | None] | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length" or "cancelled" once finished
     rounds: int = 0                   # rounds this row went through (prefill excluded)
@@ -97,7 +98,7 @@ class Request:
 
 def take(rows: list[Request], new: list[list[int]]) -> tuple[list[int], list[int]]:
     """The one place finishing is decided: append ``new[r]`` to row r, cut at its length limit
-    and after a stop token, then ask whether it goes on. Returns (tokens kept per row, the
+    after a stop token or a stop string's match, then ask whether it goes on. Returns (tokens kept per row, the
     indices of the rows that go on)."""
     kept, going = [], []
     for r, (req, toks) in enumerate(zip(rows, new, strict=True)):
@@ -107,6 +108,8 @@ def take(rows: list[Request], new: list[list[int]]) -> tuple[list[int], list[int
                 toks = toks[: j + 1]
                 req.finish_reason = "stop"
                 break
+        if req.match_stop is not None and (cut := req.match_stop(toks)) is not None:
+            toks, req.finish_reason = toks[:cut], "stop"  # a stop string: the row ends like at EOS
         req.token_ids.extend(toks)
         kept.append(len(toks))
         if req.on_commit is not None:
@@ -310,6 +313,7 @@ def generate(
     stop_token_ids: list[int] | tuple[int, ...] = (),
     on_commit: Callable[[int, list[int]], None] | None = None,
     should_stop: Callable[[int], bool] | None = None,
+    match_stop: Callable[[int, list[int]], int | None] | None = None,
     backend: Backend | None = None,
 ) -> Generation:
     """Generate for a batch of tokenized prompts; block_size 1 (or no drafter) is autoregressive.
@@ -318,7 +322,8 @@ def generate(
     ``on_commit(row, new_token_ids)`` is called after every commit with the prompt's index
     in ``prompts`` (for streaming). ``should_stop(row)`` is asked after every commit; when
     it says yes the row finishes as ``"cancelled"`` and leaves the batch (a client that
-    went away frees its slot). With ``sampling.seed``, prompt i draws the noise stream
+    went away frees its slot). ``match_stop(row, new)``: ``Request.match_stop`` per row.
+    With ``sampling.seed``, prompt i draws the noise stream
     ``(seed, i)``: the call reproduces, and equal prompts still sample independently.
     ``backend`` answers every model call (default: ``TorchBackend(target, drafter)``; when
     given, ``target`` and ``drafter`` are unused).
@@ -332,7 +337,8 @@ def generate(
     stops = frozenset(stop_token_ids)
     rows = [Request(p, max_new_tokens, sampling, stops, stream=i,
                     on_commit=partial(on_commit, i) if on_commit else None,
-                    should_stop=partial(should_stop, i) if should_stop else None)
+                    should_stop=partial(should_stop, i) if should_stop else None,
+                    match_stop=partial(match_stop, i) if match_stop else None)
             for i, p in enumerate(prompts)]
     stats = Stats(block_size=B)
     if max_new_tokens == 0:

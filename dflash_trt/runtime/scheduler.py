@@ -66,7 +66,7 @@ class Step:
     failed: list[Request] = field(default_factory=list)     # their prefill raised (Request.error says why)
     batch_size: int = 0
     draft_len: int | None = None
-    stats: Stats | None = None
+    stats: Stats = field(default_factory=lambda: Stats(block_size=1))  # replaced by the step's own
     seconds: float = 0.0
 
 

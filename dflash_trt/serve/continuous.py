@@ -44,7 +44,7 @@ class ContinuousBatcher(Batcher):
                 self._fail(job, "stream", exc)
 
         return Request(job.prompt, job.max_tokens, job.sampling, self.stops_for(job), on_commit=on_commit,
-                       should_stop=lambda: job.cancelled or job.finished)
+                       should_stop=lambda: job.cancelled or job.finished, match_stop=job.match_stop)
 
     def _fail(self, job: Job, stage: str, exc: BaseException | str) -> None:
         """Fail ``job`` alone: its error event, its row cancelled, the failure counted."""

@@ -27,7 +27,6 @@ import torch
 
 from dflash_trt.errors import DFlashError
 
-
 SHARD_BYTES = 256 * 2 ** 20   # token-id bytes a shard of the regenerated set holds at most (or one row)
 
 

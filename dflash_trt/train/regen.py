@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Target
 from dflash_trt.train import data as train_data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import save_file
@@ -93,3 +94,15 @@ def test_an_older_single_file_set_still_reads(tmp_path):
     assert len(old.shards) == 1 and torch.equal(old.rows(torch.tensor([1, 0]), 4), tokens[[1, 0]])
     train_data.ShardWriter(tmp_path / "regen").close()   # a finished shard folder takes precedence
     assert train_regen.set_path(tmp_path) == tmp_path / "regen"
+
+
+def test_the_memory_line_states_the_shard_bound(tmp_path):
+    prompts, _, prints = _prompts_and_journals(tmp_path)
+    regen, _ = train_regen._assemble(prompts, train_regen.Journal.read_all(tmp_path, prints), tmp_path / "regen",
+                                     8 * 20 * 3)
+    ns = SimpleNamespace
+    line = train_data.memory_line(regen, ns(batch_size=4), ns(target_layer_ids=[0, 1], hidden_size=8),
+                                  ns(dtype=torch.float32), object(), Ranks(world=2))
+    largest = max(sh["bytes"] for sh in regen.shards) / 2 ** 20
+    assert f"in {len(regen.shards)} shard(s), largest {largest:.1f} MB" in line
+    assert f"per step 2 rows x {int(regen.lengths.max())} tokens" in line

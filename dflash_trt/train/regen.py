@@ -240,7 +240,7 @@ def training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, 
     if saved is not None:
         path = set_path(work)
         progress.log(f"reusing {saved['sequences']} regenerated sequences from {path}")
-        return train_data.Regenerated.load(set_path(work)), saved
+        return train_data.Regenerated.load(path), saved
     prompts_text, texts = data
     chat = train_data.chat_record(tokenizer, prompts_text, chat_template=s.chat_template, thinking=s.thinking)
     prompts = train_data.build_prompts(tokenizer, prompts_text, texts, prompt_len=s.prompt_len, gen_len=s.gen_len,

@@ -15,9 +15,11 @@ metadata records of it. Regeneration itself is in :mod:`dflash_trt.train.regen`.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,67 +27,148 @@ import torch
 
 from dflash_trt.errors import DFlashError
 
+SHARD_BYTES = 256 * 2 ** 20   # token-id bytes a shard of the regenerated set holds at most (or one row)
+
 
 @dataclass
 class Regenerated:
     """Token ids [N, T] (right-padded), real lengths [N], prompt lengths [N].
 
-    Loaded from ``regen.safetensors`` (:meth:`load`), only the two length vectors are held
-    (16 bytes a sequence); :meth:`rows` reads a batch's rows from the memory-mapped file, so no
-    rank holds the set (800K x 2K tokens is 13 GB as int64).
+    On disk (:meth:`load`) the set is a folder of shards written by :class:`ShardWriter`
+    (``shard-00000.safetensors``, ...: consecutive sequences, each shard padded to its own
+    longest row) and ``index.json``; an older single ``regen.safetensors`` still loads (one
+    shard). Only the two length vectors are held (16 bytes a sequence); :meth:`rows` reads a
+    batch's rows from the memory-mapped shards it touches, so no rank holds the set (800K x 2K
+    tokens is 13 GB as int64).
     """
 
     tokens: torch.Tensor | None
     lengths: torch.Tensor
     prompt_lengths: torch.Tensor
     path: Path | None = None
-    _file: object = field(default=None, init=False, repr=False, compare=False)
+    shards: list[dict] = field(default_factory=list)   # {"file", "start", "stop", "width", "bytes"}
+    _files: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return self.lengths.shape[0]
 
     def rows(self, idx: torch.Tensor, width: int) -> torch.Tensor:
-        """Token ids of sequences ``idx`` [b], cut to ``width`` columns: [b, width]."""
+        """Token ids of sequences ``idx`` [b], cut (or zero-padded) to ``width`` columns: [b, width]."""
         if self.tokens is not None:
             return self.tokens[idx, :width]
-        if self._file is None:
+        out = torch.zeros(len(idx), width, dtype=torch.long)
+        stops = [sh["stop"] for sh in self.shards]
+        for n, i in enumerate(idx.tolist()):
+            k = bisect.bisect_right(stops, i)
+            sh, part = self.shards[k], self._part(k)
+            w = min(width, sh["width"])
+            out[n, :w] = part[i - sh["start"]: i - sh["start"] + 1, :w][0]
+        return out
+
+    def _part(self, k: int):
+        """Shard k's token ids, memory-mapped on first touch."""
+        if k not in self._files:
             from safetensors import safe_open
 
-            self._file = safe_open(str(self.path), "pt")
-        part = self._file.get_slice("tokens")
-        return torch.cat([part[i: i + 1, :width] for i in idx.tolist()]) if len(idx) else \
-            torch.zeros(0, width, dtype=torch.long)
-
-    def save(self, path: Path) -> None:
-        from safetensors.torch import save_file
-
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({"tokens": self.tokens.contiguous(), "lengths": self.lengths.contiguous(),
-                   "prompt_lengths": self.prompt_lengths.contiguous()}, str(tmp))
-        tmp.replace(path)
+            self._files[k] = safe_open(str(self.path / self.shards[k]["file"]), "pt").get_slice("tokens")
+        return self._files[k]
 
     @classmethod
     def load(cls, path: Path) -> Regenerated:
-        """The set in ``path``, its token ids left on disk (read per batch by :meth:`rows`)."""
+        """The set in ``path`` (a shard folder, or an old single file), token ids left on disk."""
         from safetensors import safe_open
 
-        with safe_open(str(path), "pt") as f:
-            return cls(None, f.get_tensor("lengths"), f.get_tensor("prompt_lengths"), Path(path))
+        path = Path(path)
+        if path.is_dir():
+            shards = json.loads((path / "index.json").read_text())["shards"]
+            folder = path
+        else:
+            with safe_open(str(path), "pt") as f:
+                width = f.get_slice("tokens").get_shape()[1]
+                n = f.get_slice("lengths").get_shape()[0]
+            shards = [{"file": path.name, "start": 0, "stop": n, "width": width, "bytes": path.stat().st_size}]
+            folder = path.parent
+        lengths, prompts = [], []
+        for sh in shards:
+            with safe_open(str(folder / sh["file"]), "pt") as f:
+                lengths.append(f.get_tensor("lengths"))
+                prompts.append(f.get_tensor("prompt_lengths"))
+        return cls(None, torch.cat(lengths), torch.cat(prompts), folder, shards)
 
     def disk_bytes(self) -> int:
-        return int(self.path.stat().st_size) if self.path is not None else self.tokens.numel() * 8
+        return sum(sh["bytes"] for sh in self.shards) if self.shards else self.tokens.numel() * 8
+
+    def largest_shard(self) -> int:
+        return max((sh["bytes"] for sh in self.shards), default=self.disk_bytes())
+
+
+class ShardWriter:
+    """Writes the set sequence by sequence, holding one shard's rows at most.
+
+    :meth:`add` takes the sequences in order; the rows held are written as a shard (padded to
+    their longest) before one that would take them over ``budget`` bytes of int64 token ids.
+    :meth:`close` writes ``index.json`` last: a folder without it is incomplete and rewritten.
+    ``peak`` is the most rows ever held (what the tests bound).
+    """
+
+    def __init__(self, folder: Path, budget: int | None = None):
+        self.folder, self.budget = Path(folder), budget or SHARD_BYTES
+        if self.folder.exists():                     # a torn earlier assembly
+            shutil.rmtree(self.folder)
+        self.folder.mkdir(parents=True)
+        self.seqs: list[list[int]] = []
+        self.prompts: list[int] = []
+        self.shards: list[dict] = []
+        self.count = self.peak = self.width = 0   # width: the longest row held
+
+    def add(self, seq: list[int], prompt_len: int) -> None:
+        if self.seqs and (len(self.seqs) + 1) * max(self.width, len(seq)) * 8 > self.budget:
+            self._flush()
+        self.seqs.append(list(seq))
+        self.prompts.append(prompt_len)
+        self.width = max(self.width, len(seq))
+        self.peak = max(self.peak, len(self.seqs))
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        n, T = len(self.seqs), self.width
+        tokens = torch.zeros(n, T, dtype=torch.long)                     # [n, T] right-padded
+        for r, q in enumerate(self.seqs):
+            tokens[r, : len(q)] = torch.tensor(q, dtype=torch.long)
+        name = f"shard-{len(self.shards):05d}.safetensors"
+        tmp = self.folder / (name + ".tmp")
+        save_file({"tokens": tokens, "lengths": torch.tensor([len(q) for q in self.seqs]),
+                   "prompt_lengths": torch.tensor(self.prompts)}, str(tmp))
+        tmp.replace(self.folder / name)
+        self.shards.append({"file": name, "start": self.count, "stop": self.count + n, "width": T,
+                            "bytes": (self.folder / name).stat().st_size})
+        self.count += n
+        self.seqs, self.prompts, self.width = [], [], 0
+
+    def close(self) -> Path:
+        """Writes the last shard and ``index.json``; returns the folder."""
+        if self.seqs:
+            self._flush()
+        tmp = self.folder / "index.json.tmp"
+        tmp.write_text(json.dumps({"format": 1, "sequences": self.count, "shard_bytes": self.budget,
+                                   "shards": self.shards}, indent=1))
+        tmp.replace(self.folder / "index.json")
+        return self.folder
 
 
 def memory_line(regen: Regenerated, s, cfg, target, features, ranks) -> str:
     """The bounded memory a rank holds for its data, said at the start: the length index, and
-    per step its rows' token ids and features (the set itself stays on disk)."""
+    per step its rows' token ids and features (the set itself stays on disk, in shards no
+    larger than the largest one named, which bounds what writing it held)."""
     rows = -(-s.batch_size // ranks.world)                      # this rank's rows of the global batch
     T = int(regen.lengths.max())
     feat = rows * T * len(cfg.target_layer_ids) * cfg.hidden_size * target.dtype.itemsize
     index = 2 * len(regen) * regen.lengths.element_size()
     where = "computed online" if type(features).__name__ == "OnlineFeatures" else "read from the feature folder"
     mb = 2 ** 20
-    return (f"data: {len(regen)} sequences on disk ({regen.disk_bytes() / mb:.1f} MB), streamed per rank: "
+    return (f"data: {len(regen)} sequences on disk ({regen.disk_bytes() / mb:.1f} MB in {len(regen.shards)} "
+            f"shard(s), largest {regen.largest_shard() / mb:.1f} MB: the most assembly held), streamed per rank: "
             f"{index / mb:.2f} MB length index + per step {rows} rows x {T} tokens "
             f"({rows * T * 8 / mb:.2f} MB token ids, {feat / mb:.1f} MB features {where}); engine "
             f"{ranks.parallel} on {ranks.world} rank(s)")

@@ -23,7 +23,7 @@ transformers forward with ``output_hidden_states``; layer 0's input, the embeddi
 a row concatenates the tapped layers in ``layer_ids`` order. Token alignment: row t of a
 sequence is the state at its token t (after reading tokens 0..t), for t = 0 .. length-1, over
 prompt and response, no shift, no padding. Sequence j of the folder is sequence j of the
-regenerated training set (``.train/regen.safetensors``), with its length and token ids.
+regenerated training set (``.train/regen/``), with its length and token ids.
 
 Before training starts, :func:`check_folder` compares the folder with the drafter's
 ``target_layer_ids``, the target's hidden size, the tokenizer and the regenerated set (its

@@ -6,7 +6,7 @@ each of the processes torchrun starts (``python -m dflash_trt.train``). Output d
     OUT/config.json, OUT/model.safetensors   the drafter, z-lab format (rewritten at each checkpoint)
     OUT/training.json                        how it was trained (regeneration, chat template, ranks)
     OUT/.train/settings.json                 what the run was started with
-    OUT/.train/regen.safetensors             the target-regenerated training set (+ regen.json)
+    OUT/.train/regen/                        the target-regenerated training set, sharded (+ regen.json)
     OUT/.train/state/                        fp32 drafter weights + AdamW moments, sharded (+ state.json)
     OUT/.train/result.json                   the summary of the last invocation
 

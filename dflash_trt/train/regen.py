@@ -13,8 +13,11 @@ Resumable: each rank appends every finished response to its journal,
 ``{"i": prompt index, "response": [ids], ...}`` per line, flushed as written), so a crash
 loses only the work in flight; a rerun reads every journal with the same fingerprint (any
 number of ranks wrote them) and regenerates only what is missing. With several ranks, rank r
-regenerates prompts ``r, r + world, ...``; rank 0 then assembles ``regen.safetensors`` and
-``regen.json`` (the set, the held-out prompts, and how they were made).
+regenerates prompts ``r, r + world, ...``; rank 0 then streams the journals, in prompt order,
+into the shard folder ``regen/`` (:class:`~dflash_trt.train.data.ShardWriter`: at most one
+shard of at most ``data.SHARD_BYTES`` held, never the set) and writes ``regen.json`` (the
+held-out prompts, and how the set was made). An older single-file ``regen.safetensors`` is
+still read.
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Target
@@ -55,18 +56,24 @@ class Journal:
         self.synced = time.monotonic()
 
     @staticmethod
-    def read_all(work: Path, prints: str) -> dict[int, dict]:
-        """Every finished response in every journal written for these prompts, by prompt index."""
-        done: dict[int, dict] = {}
+    def read_all(work: Path, prints: str) -> dict[int, tuple[Path, int]]:
+        """Where every finished response in every journal written for these prompts is, by
+        prompt index: (journal, byte offset of its line). The responses stay on disk."""
+        done: dict[int, tuple[Path, int]] = {}
         for path in sorted(work.glob("regen-*.jsonl")):
             if _header(path) != prints:
                 continue
-            for line in path.read_text(encoding="utf-8").splitlines()[1:]:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:     # the torn last line of a killed run
-                    continue
-                done[int(row["i"])] = row
+            with path.open("rb") as f:
+                f.readline()
+                offset = f.tell()
+                for line in f:
+                    try:
+                        i = int(json.loads(line)["i"])
+                    except (json.JSONDecodeError, UnicodeDecodeError):   # the torn last line of a killed run
+                        i = None
+                    if i is not None:
+                        done[i] = (path, offset)
+                    offset += len(line)
         return done
 
     def add(self, i: int, response: list[int], source: str, retokenized: bool = False) -> None:
@@ -177,29 +184,48 @@ def _regenerate_mine(s: TrainSettings, work: Path, train_prompts: list[list[int]
         journal.close()
 
 
-def _assemble(train_prompts: list[list[int]], rows: dict[int, dict]) -> tuple[train_data.Regenerated, dict]:
-    """The padded set from the journals' rows (prompt + response per prompt, in prompt order)."""
-    missing = [i for i in range(len(train_prompts)) if i not in rows]
+def _assemble(train_prompts: list[list[int]], where: dict[int, tuple[Path, int]], folder: Path,
+              budget: int | None = None) -> tuple[train_data.Regenerated, dict]:
+    """The sharded set from the journals (prompt + response per prompt, in prompt order).
+
+    Streams: each response is read from its journal line (``where``: its file and offset) as
+    its turn comes and handed to a :class:`~dflash_trt.train.data.ShardWriter`, so at most one
+    shard's rows are held, never the set.
+    """
+    missing = [i for i in range(len(train_prompts)) if i not in where]
     if missing:
         raise DFlashError(f"regeneration is missing {len(missing)} responses (first: prompt {missing[0]}); "
                           "rerun to finish it")
-    seqs = [train_prompts[i] + list(rows[i]["response"]) for i in range(len(train_prompts))]
-    T = max(len(q) for q in seqs)
-    tokens = torch.zeros(len(seqs), T, dtype=torch.long)
-    for i, q in enumerate(seqs):
-        tokens[i, : len(q)] = torch.tensor(q)
-    regen = train_data.Regenerated(tokens, torch.tensor([len(q) for q in seqs]),
-                                   torch.tensor([len(p) for p in train_prompts]))
-    info = {"sources": sorted({str(r.get("source", RUNTIME)) for r in rows.values()}),
-            "retokenized_responses": sum(bool(r.get("retokenized")) for r in rows.values()),
-            "temperature": 0.0}
-    return regen, info
+    writer = train_data.ShardWriter(folder, budget)
+    sources, retokenized, files = set(), 0, {}
+    try:
+        for i, prompt in enumerate(train_prompts):
+            path, offset = where[i]
+            f = files.get(path) or files.setdefault(path, path.open("rb"))
+            f.seek(offset)
+            row = json.loads(f.readline())
+            writer.add(prompt + list(row["response"]), len(prompt))
+            sources.add(str(row.get("source", RUNTIME)))
+            retokenized += bool(row.get("retokenized"))
+    finally:
+        for f in files.values():
+            f.close()
+    info = {"sources": sorted(sources), "retokenized_responses": retokenized, "temperature": 0.0}
+    return train_data.Regenerated.load(writer.close()), info
+
+
+def set_path(work: Path) -> Path | None:
+    """The finished set in ``work``: the shard folder, else an older single file, else None."""
+    if (work / "regen" / "index.json").exists():
+        return work / "regen"
+    old = work / "regen.safetensors"    # written before sharding: still read as one shard
+    return old if old.exists() else None
 
 
 def cached_set(s: TrainSettings, work: Path) -> dict | None:
     """regen.json of a finished regeneration made with these data settings, else None."""
     mpath = work / "regen.json"
-    if not ((work / "regen.safetensors").exists() and mpath.exists()):
+    if set_path(work) is None or not mpath.exists():
         return None
     saved = json.loads(mpath.read_text())
     defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
@@ -210,9 +236,9 @@ def cached_set(s: TrainSettings, work: Path) -> dict | None:
 def training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, stops: list[int], ranks: Ranks,
                  progress: Progress) -> tuple[train_data.Regenerated, dict]:
     """(the regenerated training set, its regen.json: held-out prompts and how the set was made)."""
-    path = work / "regen.safetensors"
     saved = cached_set(s, work)
     if saved is not None:
+        path = set_path(work)
         progress.log(f"reusing {saved['sequences']} regenerated sequences from {path}")
         return train_data.Regenerated.load(path), saved
     prompts_text, texts = data
@@ -227,15 +253,16 @@ def training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, 
     def assemble() -> None:
         if not ranks.main:
             return
-        regen, info = _assemble(train_prompts, Journal.read_all(work, fingerprint(train_prompts, s.gen_len)))
-        regen.save(path)
+        where = Journal.read_all(work, fingerprint(train_prompts, s.gen_len))
+        regen, info = _assemble(train_prompts, where, work / "regen")
         write_json(work / "regen.json", {"settings": {k: getattr(s, k) for k in DATA_FIELDS}, "sequences": len(regen),
                                          "eval_prompts": eval_ids, "regeneration": {**info, "chat": chat}})
-        for journal in work.glob("regen-*.jsonl"):   # regen.safetensors holds it all now
+        for journal in work.glob("regen-*.jsonl"):   # the shards hold it all now
             journal.unlink()
+        (work / "regen.safetensors").unlink(missing_ok=True)   # an older set of other settings
 
     ranks.together(assemble)
     saved = cached_set(s, work)
     if saved is None:
         raise DFlashError(f"{work}: rank 0 did not write the regenerated set (is {work} shared by every node?)")
-    return train_data.Regenerated.load(path), saved
+    return train_data.Regenerated.load(set_path(work)), saved

@@ -23,6 +23,7 @@ from dflash_trt.train import features as train_features
 from dflash_trt.train import launcher as train_launch
 from dflash_trt.train import regen as train_regen
 from dflash_trt.train.checkpoint import read_state
+from dflash_trt.train.data import Regenerated
 from tests.helpers import save_pair
 from tests.serve.helpers import subprocess_env
 
@@ -127,11 +128,11 @@ def test_regeneration_through_the_embedded_server_equals_in_process(setup, serve
     train_drafter(remote, Progress(log=lines.append))     # the rerun sends only the missing prompts
     assert len(sent) == 10 - done and f"regeneration: {done} of 10 responses already done, resuming" in lines
 
-    a = load_file(str(tmp_path / "local" / ".train" / "regen.safetensors"))
-    b = load_file(str(tmp_path / "remote" / ".train" / "regen.safetensors"))
-    for k in ("tokens", "lengths", "prompt_lengths"):
-        assert torch.equal(a[k], b[k]), k
-    assert int((a["lengths"] - a["prompt_lengths"]).sum()) > 10 * 5     # real responses, not empty ones
+    a, b = (Regenerated.load(tmp_path / run / ".train" / "regen") for run in ("local", "remote"))
+    assert torch.equal(a.lengths, b.lengths) and torch.equal(a.prompt_lengths, b.prompt_lengths)
+    every, width = torch.arange(len(a)), int(a.lengths.max())
+    assert torch.equal(a.rows(every, width), b.rows(every, width))
+    assert int((a.lengths - a.prompt_lengths).sum()) > 10 * 5     # real responses, not empty ones
     meta = json.loads((tmp_path / "remote" / "training.json").read_text())["regeneration"]
     assert meta["sources"] == [f"{server.url} (model tiny)"] and meta["retokenized_responses"] == 0
     assert meta["chat"]["chat_template_applied"] and meta["chat"]["enable_thinking"] is False
@@ -226,12 +227,10 @@ def test_a_converted_capture_trains_as_in_process_features_and_mismatches_are_on
     folder for other layers, another tokenizer or other tokens is refused in one line (exit 2)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_trt.train.data import Regenerated
-
     root, tdir, _ = setup
     online = train_drafter(settings(root, tdir, tmp_path / "online", steps=3, save_every=3))
     ids = json.loads((tmp_path / "online" / "training.json").read_text())["target_layer_ids"]
-    regen = Regenerated.load(tmp_path / "online" / ".train" / "regen.safetensors")
+    regen = Regenerated.load(tmp_path / "online" / ".train" / "regen")
     model = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(tdir)
 

@@ -149,12 +149,22 @@ class TargetSpec:
         }
 
 
+def _config_mapping_names():
+    """transformers' model_type -> config class names, read without importing its config classes
+    (``configuration_auto`` imports torch: reading a config directory must not). ``dir(transformers)``
+    lists the architectures the same way, without importing their modeling code."""
+    try:  # transformers >= 5: the generated table the auto classes extend
+        from transformers.models.auto.auto_mappings import CONFIG_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - older transformers keep it in configuration_auto
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    return CONFIG_MAPPING_NAMES
+
+
 def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     """Read a Hugging Face causal LM directory from its configs and safetensors headers."""
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-
+    CONFIG_MAPPING_NAMES = _config_mapping_names()
     path = open_dir(path, "Hugging Face model")
     where = path / "config.json"
     raw = read_json(where)
@@ -163,7 +173,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
                               "--target and --drafter?")
     archs = [str(a) for a in raw.get("architectures") or []]
     model_type = str(raw.get("model_type") or "")
-    if model_type not in CONFIG_MAPPING_NAMES or (archs and not hasattr(transformers, archs[0])):
+    if model_type not in CONFIG_MAPPING_NAMES or (archs and archs[0] not in dir(transformers)):
         if raw.get("auto_map"):
             raise CheckpointError(f"{where}: {archs[0] if archs else model_type or 'this model'} is only defined "
                                   "by custom code in the checkpoint (auto_map), which dflash-trt never runs "
@@ -188,7 +198,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         tokenizer_files=files.tokenizer_files(path),
         weights=ws, warnings=list(ws.warnings),
     )
-    if archs and not hasattr(transformers, archs[0]):
+    if archs and archs[0] not in dir(transformers):
         spec.warnings.append(f"{where}: architecture {archs[0]} is not in transformers {transformers.__version__}; "
                              "the reference runtime may not load it")
     if spec.rope_theta is None:
@@ -197,11 +207,14 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         base = _class_defaults(model_type)
         spec.rope_theta, spec.rope_scaling = base.get("rope_theta"), spec.rope_scaling or base.get("rope_scaling")
     if ws.present:
-        _check_target_tensors(spec)
+        _check_target_tensors(spec, model_code=require_weights)
     return spec
 
 
-def _check_target_tensors(spec: TargetSpec) -> None:
+def _check_target_tensors(spec: TargetSpec, model_code: bool = True) -> None:
+    """Tensor names and shapes against the config, from the safetensors headers; ``model_code``
+    also builds the architecture on the meta device (torch) to check every unquantized shape:
+    done where the weights are required (build, load), not for a config-only read (``plan``)."""
     names = [n for n in spec.weights.tensors if n.endswith("embed_tokens.weight")]
     if names:
         name = min(names, key=len)
@@ -217,7 +230,7 @@ def _check_target_tensors(spec: TargetSpec) -> None:
     if found and max(found) + 1 < spec.num_layers:
         raise CheckpointError(f"{spec.path}: the weights hold decoder layers 0..{max(found)} but config.json says "
                               f"{spec.num_layers}; a shard is missing: download the checkpoint again")
-    if spec.quantization is None:
+    if spec.quantization is None and model_code:
         _check_unquantized(spec)
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress
 from rich.table import Table
 
 from dflash_trt._cli.common import (
@@ -18,11 +17,13 @@ from dflash_trt._cli.common import (
     JsonOpt,
     KernelsOpt,
     TargetOpt,
+    check_refs,
     default_prompts,
     err,
     load_pair_from,
     out,
     print_json,
+    steps,
 )
 
 
@@ -67,8 +68,11 @@ def bench(
     With --endpoint URL: drive any OpenAI-compatible server (trtllm-serve, vLLM, SGLang, 'dflash-trt serve')
     and report per concurrency output tokens/s, tokens/s per user, TTFT, ITL and τ when the server reports it.
     """
-    from dflash_trt.bench import inprocess
     from dflash_trt.errors import DFlashError
+
+    if endpoint is None:
+        check_refs(target, drafter, True, bundle or bundle_opt)  # before the runtime (torch) loads
+    from dflash_trt.bench import inprocess
 
     if endpoint is not None and backend != "torch":
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
@@ -85,10 +89,9 @@ def bench(
     texts = inprocess.read_prompts(prompts)
     pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels,
                           backend=backend)
-    with Progress(console=err, transient=True) as bar:
-        task = bar.add_task("prompts", total=len(texts))
+    with steps("prompts", len(texts)) as step:
         report = inprocess.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
-                       progress=lambda k: bar.update(task, completed=k))
+                               progress=step)
     if as_json:
         print_json(report)
         return
@@ -137,11 +140,11 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
     except ValueError:
         raise DFlashError(f"--concurrency {concurrency!r}: expected comma-separated integers, e.g. 1,4,16,32") from None
     texts = inprocess.read_prompts(prompts) if prompts else None
-    with err.status("benchmarking") as status:
+    with steps("benchmarking", len(levels) * (2 if baseline else 1)) as step:
         report = loadgen.run(endpoint, model=model, baseline=baseline, prompts=texts, concurrency=levels,
                              requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,
                              ignore_eos=ignore_eos,
-                             progress=lambda url, c: status.update(f"benchmarking: {url} concurrency {c} done"))
+                             progress=lambda url, c: step(desc=f"benchmarking: {url} concurrency {c} done"))
     if plot is not None:
         predicted, gpus = planned_curve(bundle)
         loadgen.plot(report, plot, predicted=predicted, gpus=gpus)

@@ -107,7 +107,8 @@ def build(
              "--calib": calib, "--graphs": graphs_flag(graphs, engine)}
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
+                  TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as bar:  # off in a log: a refusal stays one line
         task = bar.add_task(f"building {r.name}", total=None)
 
         def status(msg):

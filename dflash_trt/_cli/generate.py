@@ -15,6 +15,7 @@ from dflash_trt._cli.common import (
     JsonOpt,
     KernelsOpt,
     TargetOpt,
+    check_refs,
     err,
     load_pair_from,
     out,
@@ -45,6 +46,7 @@ def generate(
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text with DFlash speculative decoding and print acceptance statistics."""
+    check_refs(target, drafter, block_size != 1, bundle or bundle_opt)  # before the runtime (torch) loads
     from dflash_trt.runtime import SamplingParams
     from dflash_trt.runtime import generate as run
 

@@ -79,7 +79,10 @@ def serve(
                                                "body in MiB (413 above it).")] = 4.0,
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    from dflash_trt._cli.common import check_refs
     from dflash_trt.errors import DFlashError
+
+    check_refs(bundle=bundle)  # a bad path is one line before the server's imports (torch)
     from dflash_trt.serve import launch
 
     server = _server(server, runtime)

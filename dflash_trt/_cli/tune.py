@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dflash_trt._cli.common import JsonOpt, err, out, print_json
+from dflash_trt._cli.common import JsonOpt, check_refs, err, out, print_json, steps
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
@@ -51,6 +50,7 @@ def tune(
     """Measure instead of predicting: serve the bundle with drafting off and at a few draft lengths, sweep concurrency
     1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
     as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was."""
+    check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
     from dflash_trt.bench import inprocess
     from dflash_trt.bench import tune as T
     from dflash_trt.plan import batch_grid
@@ -59,9 +59,9 @@ def tune(
     levels = _ints(concurrency, "--concurrency") or batch_grid(t.max_batch_size)
     texts = inprocess.read_prompts(prompts) if prompts else None
     if endpoint is not None:
-        with _bar(len(levels)) as (bar, task):
+        with steps("measuring", len(levels)) as step:
             report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                        model=model, progress=lambda _L, c: bar.advance(task))
+                                        model=model, progress=lambda _L, c: step(desc=f"concurrency {c}"))
         cal, rows = T.fit(t, report)
         if as_json:
             print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows})
@@ -70,10 +70,10 @@ def tune(
             out.print(f"{cal.describe(build_stack(t))}; {t.root} unchanged", markup=False)
         return
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
-    with _bar(len(sweep) * len(levels)) as (bar, task):
+    with steps("measuring", len(sweep) * len(levels)) as step:
         measured = T.measure_embedded(t, sweep, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                      threads=threads, progress=lambda L, c: bar.update(
-                                          task, advance=1, description=f"draft {L or 'off'}, concurrency {c}"))
+                                      threads=threads,
+                                      progress=lambda L, c: step(desc=f"draft {L or 'off'}, concurrency {c}"))
     _finish(T, t, measured, max_tokens, plot, dry_run, as_json)
 
 
@@ -112,15 +112,7 @@ def _finish(T, t, measured, max_tokens, plot, dry_run, as_json) -> None:
         out.print(f"wrote {what} into {t.root} (previous: {', '.join(p.name for p in prevs)})")
 
 
-def _bar(total: int):
-    from contextlib import contextmanager
 
-    @contextmanager
-    def ctx():
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
-            yield bar, bar.add_task("measuring", total=total)
-    return ctx()
 
 
 def _show_sweep(measured: dict, wins: dict) -> None:

@@ -22,6 +22,12 @@ def embedded_dir(name: str) -> Path:
     return Path(str(resources.files("dflash_trt") / "assets" / name))
 
 
+def embedded_names() -> list[str]:
+    """The valid ``embedded:NAME`` names: every packaged asset directory holding a config.json."""
+    root = embedded_dir("")
+    return sorted(str(p.parent.relative_to(root)) for p in root.glob("**/config.json"))
+
+
 def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None,
             configs_only: bool = False) -> Path:
     """A local directory for a model reference.
@@ -36,7 +42,8 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
     if ref.startswith(EMBEDDED_PREFIX):
         path = embedded_dir(ref[len(EMBEDDED_PREFIX):])
         if not (path / "config.json").exists():
-            raise CheckpointError(f"{role} {ref!r}: no such embedded model in this installation")
+            names = ", ".join(EMBEDDED_PREFIX + n for n in embedded_names())
+            raise CheckpointError(f"{role} {ref!r}: no such embedded model; this installation has {names}")
         return path
     try:
         path = Path(ref).expanduser()

@@ -207,14 +207,22 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         base = _class_defaults(model_type)
         spec.rope_theta, spec.rope_scaling = base.get("rope_theta"), spec.rope_scaling or base.get("rope_scaling")
     if ws.present:
-        _check_target_tensors(spec, model_code=require_weights)
+        _check_target_tensors(spec, model_code=require_weights or not _packaged(path))
     return spec
+
+
+def _packaged(path: Path) -> bool:
+    """Whether ``path`` is inside the installed package's embedded assets."""
+    from dflash_trt.ingest.resolve import embedded_dir
+
+    return Path(path).resolve().is_relative_to(embedded_dir("").resolve())
 
 
 def _check_target_tensors(spec: TargetSpec, model_code: bool = True) -> None:
     """Tensor names and shapes against the config, from the safetensors headers; ``model_code``
     also builds the architecture on the meta device (torch) to check every unquantized shape:
-    done where the weights are required (build, load), not for a config-only read (``plan``)."""
+    for every directory of the user's; the packaged embedded pair (checked by the project's tests)
+    is read config-only where weights are not required, so ``plan tiny`` needs no torch."""
     names = [n for n in spec.weights.tensors if n.endswith("embed_tokens.weight")]
     if names:
         name = min(names, key=len)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from dflash_trt._cli.common import (
     BackendOpt,
+    BlockSizeOpt,
     BundleArg,
     BundleOpt,
     DrafterOpt,
@@ -38,8 +39,7 @@ def bench(
         "--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
     max_new_tokens: Annotated[int, typer.Option(
         "--max-new-tokens", "--max-tokens", "-n", min=1, help="Tokens per prompt at most.")] = 128,
-    block_size: Annotated[int | None, typer.Option(
-        "--block-size", "-b", min=2, help="Draft block size B (default: the drafter's).")] = None,
+    block_size: BlockSizeOpt = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",

@@ -34,7 +34,23 @@ KernelsOpt = Annotated[str, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 BundleArg = Annotated[str | None, typer.Argument(
     help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
-BundleOpt = Annotated[str | None, typer.Option("--bundle", help="A bundle directory from `dflash-trt build`.")]
+BundleOpt = Annotated[str | None, typer.Option(
+    "--bundle", hidden=True, help="Old spelling of the BUNDLE argument (the convention of serve, tune, verify).")]
+BlockSizeOpt = Annotated[int | None, typer.Option(
+    "--block-size", "-b", min=1, help="Draft block size B (default: the drafter's trained block); 1 is plain "
+                                      "autoregressive decoding.")]
+GpusPerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node.")]
+#: ``--gpus``, the old spelling of ``--gpus-per-node`` in build/plan (hidden)
+GpusOldOpt = Annotated[int | None, typer.Option("--gpus", min=1, hidden=True, help="Old spelling of --gpus-per-node.")]
+
+
+def one_spelling(new, old, new_name: str, old_name: str):
+    """The value of a flag given under its name or its old hidden spelling (refused when they differ)."""
+    from dflash_trt.errors import DFlashError
+
+    if new is not None and old is not None and new != old:
+        raise DFlashError(f"{old_name} {old} and {new_name} {new} disagree: give {new_name} only")
+    return new if new is not None else old
 BackendOpt = Annotated[str, typer.Option(
     "--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over "
                       "the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle "
@@ -47,8 +63,9 @@ class Batching(str, Enum):
 
 
 BatchingOpt = Annotated[Batching, typer.Option(
-    "--batching", help="Embedded server: continuous (requests join the running batch every round) or static (one "
-                       "batch at a time, for comparison; what --backend onnx|tensorrt run).")]
+    "--batching", case_sensitive=False,
+    help="Embedded server: continuous (requests join the running batch every round) or static (one "
+         "batch at a time, for comparison; what --backend onnx|tensorrt run).")]
 
 
 @contextmanager
@@ -112,6 +129,8 @@ def run_spec(backend: str = "torch", kernels: str = "reference", batching: str |
     what resolving changed is said here, once, on stderr."""
     from dflash_trt.runtime import resolve_run
 
+    # choices are case-insensitive, as typer's case_sensitive=False makes the enum flags
+    backend, kernels, dtype = backend.lower(), kernels.lower(), dtype.lower()
     spec = resolve_run(backend, kernels, batching, bundle=bundle, dtype=dtype)
     for note in spec.notes:
         err.print(note)

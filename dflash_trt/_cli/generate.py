@@ -8,6 +8,7 @@ import typer
 
 from dflash_trt._cli.common import (
     BackendOpt,
+    BlockSizeOpt,
     BundleArg,
     BundleOpt,
     DrafterOpt,
@@ -36,9 +37,7 @@ def generate(
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")] = 0,
     seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
-    block_size: Annotated[int | None, typer.Option(
-        "--block-size", "-b", min=1, help="Draft block size B (default: the drafter's); 1 is plain autoregressive "
-                                          "decoding.")] = None,
+    block_size: BlockSizeOpt = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",

@@ -140,3 +140,66 @@ def test_damaged_bundle_speaks_of_bundles(bundle_dir, tmp_path, capsys):
     assert run(["generate", str(b), "-p", "hi", "-n", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bundle is damaged" in err and "download" not in err, err
+
+
+def _level(c: int) -> dict:
+    return {"concurrency": c, "ok": 64, "requests": 64, "output_tokens_per_second": 12345.6,
+            "tokens_per_second_per_user": 123.4, "ttft_ms": {"median": 1234.5, "p99": 2345.6},
+            "itl_ms": {"median": 12.3, "p99": 45.6}, "acceptance_length": 3.21, "errors": []}
+
+
+def _endpoint_report(baseline: bool) -> dict:
+    r = {"endpoint": {"url": "http://127.0.0.1:8000", "model": "qwen3-8b-h100-fp8", "levels": [_level(1), _level(32)]},
+         "max_tokens": 128, "temperature": 0.0}
+    if baseline:
+        r["baseline"] = {"url": "http://127.0.0.1:8001", "model": "qwen3-8b", "levels": [_level(1), _level(32)]}
+        r["comparison"] = {"speedup": [{"concurrency": 1, "speedup": 2.5}, {"concurrency": 32, "speedup": 0.9}],
+                           "stops_paying_at": 32}
+    return r
+
+
+def _at_80_columns(monkeypatch, module, show, *args) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    monkeypatch.setattr(module, "out", Console(file=buf, width=80, highlight=False, soft_wrap=True))
+    show(*args)
+    return buf.getvalue().splitlines()
+
+
+def test_endpoint_table_fits_80_columns_with_whole_headers(monkeypatch):
+    from dflash_trt._cli import bench
+
+    lines = _at_80_columns(monkeypatch, bench, bench.show_endpoint, _endpoint_report(baseline=True))
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    text = "\n".join(lines)
+    assert "…" not in text and "speedup" in text and "TTFT" in text and "12346" in text
+
+
+def test_recipes_list_fits_80_columns(monkeypatch):
+    from dflash_trt._cli import recipes
+
+    lines = _at_80_columns(monkeypatch, recipes, recipes.list_, True)
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert "…" not in "\n".join(lines)
+    assert any(re.match(r"^[\w.-]+: \w", line) for line in lines)  # --reasons: one line per recipe, under the table
+
+
+@pytest.mark.parametrize("baseline, device, unit", [(False, "cpu", "per process (CPU)"), (True, "H100", "per GPU"),
+                                                    (False, None, "per server")])
+def test_endpoint_plot_title_panels_and_units(baseline, device, unit, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from dflash_trt.bench import endpoint
+
+    figs, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figs.append)
+    endpoint.plot(_endpoint_report(baseline), tmp_path / "p.png", device=device, name="my-bundle")
+    fig = figs[0]
+    assert fig._suptitle.get_text() == "my-bundle, max 128 tokens, temperature 0.0"
+    assert len(fig.axes) == (4 if baseline else 3) and all(ax.axison and ax.has_data() for ax in fig.axes)
+    close(fig)
+    assert fig.axes[0].get_ylabel() == f"output tokens/s {unit}"

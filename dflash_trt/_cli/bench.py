@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from dflash_trt._cli.common import (
@@ -119,14 +120,15 @@ def show(r: dict) -> None:
               f"(autoregressive forward {s['autoregressive_forward_ms']:.2f} ms)")
 
 
-def planned_curve(bundle) -> tuple[list[dict] | None, int]:
-    """A bundle's predicted curves (``plan.predicted``) and the GPUs one server uses (its tp)."""
+def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
+    """A bundle's predicted curves (``plan.predicted``), the GPUs one server uses (its tp) and
+    the device it was planned for (``plan.gpu``: a GPU model, or cpu; None without a bundle)."""
     from dflash_trt import ingest
 
     if bundle is None:
-        return None, 1
+        return None, 1, None
     plan = ingest.open_bundle(bundle).manifest.plan or {}
-    return plan.get("predicted") or None, int(plan.get("tp") or 1)
+    return plan.get("predicted") or None, int(plan.get("tp") or 1), plan.get("gpu")
 
 
 def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
@@ -146,8 +148,9 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
                              ignore_eos=ignore_eos,
                              progress=lambda url, c: step(desc=f"benchmarking: {url} concurrency {c} done"))
     if plot is not None:
-        predicted, gpus = planned_curve(bundle)
-        loadgen.plot(report, plot, predicted=predicted, gpus=gpus)
+        predicted, gpus, device = planned_curve(bundle)
+        loadgen.plot(report, plot, predicted=predicted, gpus=gpus, device=device,
+                     name=Path(bundle).name if bundle else None)
         report["plot"] = str(plot)
     if as_json:
         print_json(report)
@@ -165,15 +168,17 @@ def show_endpoint(r: dict) -> None:
         if key not in r:
             continue
         e = r[key]
-        t = Table(title=f"{key}: {e['url']} ({e['model']}), max {r['max_tokens']} tokens, T={r['temperature']}")
-        for col in ("concurrency", "ok/total", "tok/s", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms",
-                    "ITL p50 ms", "ITL p99 ms", "τ"):
+        # short headers that wrap at spaces and a light box: all ten columns fit 80 columns whole
+        t = Table(title=f"{key}: {e['url']} ({e['model']}), max {r['max_tokens']} tokens, T={r['temperature']}",
+                  caption="conc: concurrent requests; TTFT, ITL in ms", box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("conc", "ok", "tok/s", "tok/s per user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "τ"):
             t.add_column(col, justify="right")
         if key == "endpoint" and speed:
-            t.add_column("speedup", justify="right")
+            t.add_column("speedup", justify="right", min_width=7)
         for lv in e["levels"]:
-            row = [str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", _fmt(lv["output_tokens_per_second"]),
-                   _fmt(lv["tokens_per_second_per_user"]), _fmt(lv["ttft_ms"]["median"]), _fmt(lv["ttft_ms"]["p99"]),
+            row = [str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", _fmt(lv["output_tokens_per_second"], ".0f"),
+                   _fmt(lv["tokens_per_second_per_user"]), _fmt(lv["ttft_ms"]["median"], ".0f"),
+                   _fmt(lv["ttft_ms"]["p99"], ".0f"),
                    _fmt(lv["itl_ms"]["median"]), _fmt(lv["itl_ms"]["p99"]), _fmt(lv["acceptance_length"], ".2f")]
             if key == "endpoint" and speed:
                 row.append(_fmt(speed.get(lv["concurrency"]), ".2f") + "x")

@@ -203,3 +203,12 @@ def test_endpoint_plot_title_panels_and_units(baseline, device, unit, tmp_path, 
     assert len(fig.axes) == (4 if baseline else 3) and all(ax.axison and ax.has_data() for ax in fig.axes)
     close(fig)
     assert fig.axes[0].get_ylabel() == f"output tokens/s {unit}"
+
+
+def test_bench_prints_a_line_per_step_without_a_terminal(tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("import os\nclass A:\n")
+    assert run(["bench", "-t", "embedded:tiny/target", "-d", "embedded:tiny/drafter", "--prompts", str(prompts),
+                "-n", "4", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^prompts: 1/2 \(\d+ s\)$", err, re.M) and re.search(r"^prompts: 2/2 ", err, re.M), err

@@ -146,9 +146,9 @@ def detect(cfg: dict, names: list[str], root: Path) -> str:
 
 
 def _known_arch(arch: str) -> bool:
-    import transformers
+    from dflash_trt.ingest.resolve import transformers_names
 
-    return arch in dir(transformers)  # dir: without importing the modeling code (torch)
+    return arch in transformers_names()  # without importing the modeling code (torch)
 
 
 def _is_modelopt(cfg: dict, names: list[str], root: Path) -> bool:

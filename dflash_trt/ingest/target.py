@@ -14,7 +14,7 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest import files
 from dflash_trt.ingest.formats import flatten_rope
-from dflash_trt.ingest.resolve import open_dir, positive_int, read_json
+from dflash_trt.ingest.resolve import open_dir, positive_int, read_json, transformers_names
 
 # Whether TensorRT-LLM captures a target's hidden states is the release table's business:
 # ``dflash_trt.plan.trtllm_capture`` (one row per family, read in TensorRT-LLM's source).
@@ -151,8 +151,8 @@ class TargetSpec:
 
 def _config_mapping_names():
     """transformers' model_type -> config class names, read without importing its config classes
-    (``configuration_auto`` imports torch: reading a config directory must not). ``dir(transformers)``
-    lists the architectures the same way, without importing their modeling code."""
+    (``configuration_auto`` imports torch: reading a config directory must not); architectures
+    are looked up in ``resolve.transformers_names()`` the same way."""
     try:  # transformers >= 5: the generated table the auto classes extend
         from transformers.models.auto.auto_mappings import CONFIG_MAPPING_NAMES
     except ImportError:  # pragma: no cover - older transformers keep it in configuration_auto
@@ -173,7 +173,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
                               "--target and --drafter?")
     archs = [str(a) for a in raw.get("architectures") or []]
     model_type = str(raw.get("model_type") or "")
-    if model_type not in CONFIG_MAPPING_NAMES or (archs and archs[0] not in dir(transformers)):
+    if model_type not in CONFIG_MAPPING_NAMES or (archs and archs[0] not in transformers_names()):
         if raw.get("auto_map"):
             raise CheckpointError(f"{where}: {archs[0] if archs else model_type or 'this model'} is only defined "
                                   "by custom code in the checkpoint (auto_map), which dflash-trt never runs "
@@ -198,7 +198,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         tokenizer_files=files.tokenizer_files(path),
         weights=ws, warnings=list(ws.warnings),
     )
-    if archs and archs[0] not in dir(transformers):
+    if archs and archs[0] not in transformers_names():
         spec.warnings.append(f"{where}: architecture {archs[0]} is not in transformers {transformers.__version__}; "
                              "the reference runtime may not load it")
     if spec.rope_theta is None:

@@ -212,3 +212,16 @@ def test_bench_prints_a_line_per_step_without_a_terminal(tmp_path, capsys):
                 "-n", "4", "--json"]) == 0
     err = capsys.readouterr().err
     assert re.search(r"^prompts: 1/2 \(\d+ s\)$", err, re.M) and re.search(r"^prompts: 2/2 ", err, re.M), err
+
+
+def test_readme_lists_every_recipe_with_its_status():
+    from dflash_trt import plan as R
+
+    text = README.read_text()
+    listed = {}
+    for line in text.splitlines():
+        if m := re.match(r"^\| `([\w-]+)` \(\d+\) \| (.*) \|$", line):
+            listed.update({name: m.group(1) for name in re.findall(r"`([^`]+)`", m.group(2))})
+    actual = {n: R.recipe_status(R.load_recipe(p)).kind for n, p in R.bundled_recipes().items()}
+    assert listed == actual, ("README's recipe list differs from `dflash-trt recipes list`: "
+                              f"{sorted(set(listed.items()) ^ set(actual.items()))}")

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from dflash_trt._cli.common import (
     DrafterOpt,
@@ -213,8 +214,8 @@ def show_plan(p, r) -> None:
     else:
         out.print(no_backoff_verdict(p.curve))
     out.print(f"TensorRT-LLM {p.trtllm_release} drafts, by batch size: {p.describe_draft_lengths()}", markup=False)
-    for w in p.warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}")
+    for w in dict.fromkeys(p.warnings):  # each said once, in order
+        err.print(Text.assemble(("warning:", "yellow"), " ", w))  # w as written: no markup in file names
 
 
 def no_backoff_verdict(curve: list[dict]) -> str:

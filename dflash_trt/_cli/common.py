@@ -161,7 +161,7 @@ def check_refs(target=None, drafter=None, need_drafter: bool = True, bundle=None
     from dflash_trt.errors import DFlashError
 
     if bundle is not None:
-        ingest.open_bundle(str(bundle))
+        ingest.open_bundle(str(bundle), require_manifest=False)  # serve takes a hand-made trtllm directory too
         return
     if target is None and drafter is not None:
         raise DFlashError("--drafter needs --target: pass both, or neither for the embedded tiny pair")

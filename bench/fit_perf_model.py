@@ -68,6 +68,18 @@ def main(argv=None) -> int:
         f = perf_model.data_dir() / perf_model.CALIBRATION_FILE
         full.save(f)
         print(f"wrote {f}")
+        write_loo(table, rows)
+
+
+def write_loo(table: list[dict], rows) -> None:
+    """The rows' leave-one-out errors, what ``plan`` states its ranges from (``plan.uncertainty``)."""
+    from dflash_trt.plan import perf_model, uncertainty
+
+    where = {r.id: (r.gpu, r.concurrency) for r in rows}
+    f = perf_model.data_dir() / uncertainty.LOO_FILE
+    uncertainty.save(uncertainty.errors_of(table, where), f,
+                     f"bench/fit_perf_model.py --write: leave-one-out over {len(rows)} rows")
+    print(f"wrote {f}")
     return 0
 
 

@@ -50,6 +50,10 @@ def bench(
                                                     "(URL) instead of running models in-process.")] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="With --endpoint: a second server to compare "
                                                     "against (e.g. the same target without drafting).")] = None,
+    mtp_endpoint: Annotated[str | None, typer.Option("--mtp-endpoint", help="With --endpoint: the same target "
+                                                        "drafting with its own MTP layers (a bundle's "
+                                                        "trtllm/config.mtp.yaml); reports which arm wins per "
+                                                        "concurrency.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request "
                                                  "(default: the server's first).")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="With --endpoint: comma-separated "
@@ -79,10 +83,10 @@ def bench(
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
     if endpoint is not None:
         bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_new_tokens, temperature,
-                       chat, ignore_eos, plot, as_json, bundle=bundle or bundle_opt)
+                       chat, ignore_eos, plot, as_json, bundle=bundle or bundle_opt, mtp=mtp_endpoint)
         return
-    if baseline is not None or plot is not None:
-        raise DFlashError("--baseline and --plot go with --endpoint URL")
+    if baseline is not None or plot is not None or mtp_endpoint is not None:
+        raise DFlashError("--baseline, --mtp-endpoint and --plot go with --endpoint URL")
     if prompts is None:
         if target is not None or bundle is not None or bundle_opt is not None:
             raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
@@ -132,7 +136,7 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
 
 
 def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
-                   ignore_eos, plot, as_json, bundle=None) -> None:
+                   ignore_eos, plot, as_json, bundle=None, mtp=None) -> None:
     from dflash_trt.bench import endpoint as loadgen
     from dflash_trt.bench import inprocess
     from dflash_trt.errors import DFlashError
@@ -142,8 +146,8 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
     except ValueError:
         raise DFlashError(f"--concurrency {concurrency!r}: expected comma-separated integers, e.g. 1,4,16,32") from None
     texts = inprocess.read_prompts(prompts) if prompts else None
-    with steps("benchmarking", len(levels) * (2 if baseline else 1)) as step:
-        report = loadgen.run(endpoint, model=model, baseline=baseline, prompts=texts, concurrency=levels,
+    with steps("benchmarking", len(levels) * (1 + bool(baseline) + bool(mtp))) as step:
+        report = loadgen.run(endpoint, model=model, baseline=baseline, mtp=mtp, prompts=texts, concurrency=levels,
                              requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,
                              ignore_eos=ignore_eos,
                              progress=lambda url, c: step(desc=f"benchmarking: {url} concurrency {c} done"))
@@ -164,7 +168,7 @@ def _fmt(x, spec: str = ".1f") -> str:
 
 def show_endpoint(r: dict) -> None:
     speed = {row["concurrency"]: row["speedup"] for row in r.get("comparison", {}).get("speedup", [])}
-    for key in ("endpoint", "baseline"):
+    for key in ("endpoint", "mtp", "baseline"):
         if key not in r:
             continue
         e = r[key]
@@ -191,8 +195,21 @@ def show_endpoint(r: dict) -> None:
         stop = r["comparison"]["stops_paying_at"]
         out.print("drafting pays at every concurrency measured" if stop is None
                   else f"drafting stops paying at concurrency {stop} (speedup < 1)")
+    if r.get("mtp"):
+        show_arms(r["arms"])
     if r.get("plot"):
         out.print(f"plot: {r['plot']}")
+
+
+def show_arms(rows: list[dict]) -> None:
+    """Output tokens/s of DFlash, MTP and autoregressive per concurrency, and the winner."""
+    t = Table(title="arms: output tok/s per concurrency")
+    for col in ("concurrency", "DFlash", "MTP", "autoregressive", "winner", "margin"):
+        t.add_column(col, justify="right")
+    for row in rows:
+        t.add_row(str(row["concurrency"]), _fmt(row["dflash"]), _fmt(row["mtp"]), _fmt(row["autoregressive"]),
+                  row["winner"], "-" if row["margin"] is None else f"+{row['margin']:.0%}")
+    out.print(t)
 
 
 def register(app: typer.Typer) -> None:

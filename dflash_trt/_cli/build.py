@@ -196,17 +196,31 @@ def show_plan(p, r) -> None:
     out.print(t)
     s = Table(title=f"drafting: block {p.block_size}, max_draft_len {p.max_draft_len}, expected τ {p.acceptance} "
               f"(α {p.alpha}), draft attention {p.attention_backend}")
-    for col in ("batch", "draft len", "predicted speedup", "tok/s per user", "tok/s per GPU"):
+    cols = ["batch", "draft", "speedup (range)"] + (["MTP"] if p.mtp else []) + ["best", "tok/s/user", "tok/s/GPU"]
+    for col in cols:
         s.add_column(col, justify="right")
     pred = {r["batch"]: r for r in p.predicted}
     for row in p.curve:
         r = pred.get(row["batch"], {})
-        s.add_row(str(row["batch"]), str(row["draft_len"]) if row["draft_len"] else "off", f"{row['speedup']:.2f}x",
+        lo, hi = row.get("speedup_range", [row["speedup"], row["speedup"]])
+        cells = [str(row["batch"]), str(row["draft_len"]) if row["draft_len"] else "off",
+                 f"{row['speedup']:.2f}x ({lo:.2f}-{hi:.2f})"]
+        if p.mtp:
+            cells.append(f"{row['mtp_speedup']:.2f}x")
+        cells += [{"autoregressive": "AR"}.get(row.get("winner", ""), row.get("winner", "")),
                   f"{r.get('tokens_per_second_per_user', 0):.0f}",
-                  f"{r.get('output_tokens_per_second_per_gpu', 0):.0f}")
+                  f"{r.get('output_tokens_per_second_per_gpu', 0):.0f}"]
+        s.add_row(*cells)
     out.print(s)
     if p.calibration:
         out.print(f"step model: {p.calibration}", markup=False)
+    if p.curve and "range_basis" in p.curve[0]:
+        bases = dict.fromkeys(row["range_basis"] for row in p.curve)
+        out.print(f"ranges: leave-one-out errors of {'; '.join(bases)}", markup=False)
+    if p.mtp:
+        out.print(f"MTP arm: {p.mtp['layers']} MTP layer(s), num_nextn_predict_layers "
+                  f"{p.mtp['num_nextn_predict_layers']}, expected τ {p.mtp['acceptance']} "
+                  f"({p.mtp['tau_ratio_to_dflash']} x DFlash's, published)", markup=False)
     if p.schedule == "max_concurrency":
         out.print(f"back-off: max_concurrency {p.max_concurrency} (drafting off above it)")
     elif p.schedule == "draft_len_schedule":

@@ -192,7 +192,7 @@ def _threads_for(pair) -> None:
 
     import torch
 
-    if "OMP_NUM_THREADS" in os.environ or pair.target.device.type != "cpu":
+    if "OMP_NUM_THREADS" in os.environ or pair.target.device.type not in ("cpu", "meta"):  # meta: graphs on a CPU
         return
     if sum(p.numel() for p in pair.target.model.parameters()) < SMALL_MODEL_PARAMS:
         torch.set_num_threads(1)

@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from dflash_trt._cli.bench import show_arms
 from dflash_trt._cli.common import JsonOpt, check_refs, err, out, print_json, steps
+from dflash_trt.errors import DFlashError
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
@@ -31,6 +33,12 @@ def tune(
         "--endpoint", help="Measure this running server (one it did not start) and refit the calibration; the bundle "
                            "is not changed.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request.")] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="With --endpoint: the same target without "
+                                                    "drafting (the autoregressive arm).")] = None,
+    mtp_endpoint: Annotated[str | None, typer.Option(
+        "--mtp-endpoint", help="The same target drafting with its own MTP layers (serve.sh --config "
+                               "./trtllm/config.mtp.yaml): DFlash, MTP and autoregressive are compared per "
+                               "concurrency and the manifest records which arm won where (plan.arms).")] = None,
     draft_lens: Annotated[str | None, typer.Option("--draft-lens", help="Draft lengths to sweep, comma-separated "
                                                       "(default: max_draft_len, about half, 1; off always).")] = None,
     concurrency: Annotated[str | None, typer.Option("--concurrency", help="Concurrency levels (default: 1, 2, 4, "
@@ -58,23 +66,39 @@ def tune(
     t = T.read(bundle)
     levels = _ints(concurrency, "--concurrency") or batch_grid(t.max_batch_size)
     texts = inprocess.read_prompts(prompts) if prompts else None
+    if baseline is not None and endpoint is None:
+        raise DFlashError("--baseline goes with --endpoint URL (the sweep measures drafting off itself)")
     if endpoint is not None:
-        with steps("measuring", len(levels)) as step:
+        with steps("measuring", len(levels) * (1 + bool(baseline) + bool(mtp_endpoint))) as step:
             report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                        model=model, progress=lambda _L, c: step(desc=f"concurrency {c}"))
+                                        model=model, progress=lambda _L, c: step(desc=f"concurrency {c}"),
+                                        baseline=baseline, mtp=mtp_endpoint)
         cal, rows = T.fit(t, report)
+        written = bool(mtp_endpoint) and not dry_run   # the manifest records the arms; nothing else changes
+        if written:
+            T.commit(T.arms_files(t, report["arms"], f"tune --endpoint {endpoint} --mtp-endpoint {mtp_endpoint}"))
         if as_json:
-            print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows})
+            print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows,
+                        "arms_written": written})
         else:
             _show_fit(rows, cal, t)
-            out.print(f"{cal.describe(build_stack(t))}; {t.root} unchanged", markup=False)
+            if report.get("arms"):
+                show_arms(report["arms"])
+            out.print(f"{cal.describe(build_stack(t))}; {t.root} "
+                      + ("manifest: plan.arms recorded" if written else "unchanged"), markup=False)
         return
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
     with steps("measuring", len(sweep) * len(levels)) as step:
         measured = T.measure_embedded(t, sweep, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
                                       threads=threads,
                                       progress=lambda L, c: step(desc=f"draft {L or 'off'}, concurrency {c}"))
-    _finish(T, t, measured, max_tokens, plot, dry_run, as_json)
+    mtp_levels = None
+    if mtp_endpoint is not None:
+        with steps("measuring the MTP arm", len(levels)) as step:
+            mtp_report = T.measure_endpoint(mtp_endpoint, levels, requests=requests, max_tokens=max_tokens,
+                                            prompts=texts, progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"))
+        mtp_levels = mtp_report["endpoint"]["levels"]
+    _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels)
 
 
 def build_stack(t) -> str:
@@ -83,24 +107,27 @@ def build_stack(t) -> str:
     return stack_for(get_gpu(t.manifest.gpu.name)) if t.manifest.gpu else "reference"
 
 
-def _finish(T, t, measured, max_tokens, plot, dry_run, as_json) -> None:
+def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None) -> None:
     warnings: list[str] = []
     wins = T.winners(measured, warnings)
+    arms = T.sweep_arms(measured, wins, mtp_levels) if mtp_levels else None
     lengths = T.lengths_for(wins, t.max_batch_size)
     max_len, sched, drafted = T.schedule(t, lengths)
     cal, rows = T.fit(t, T.as_report(measured, max_tokens))
-    files = T.new_files(t, max_len, sched, drafted, T.tuned_record(measured, wins, cal.source))
+    files = T.new_files(t, max_len, sched, drafted, T.tuned_record(measured, wins, cal.source, arms))
     prevs = [] if dry_run else T.commit(files)
     if plot is not None:
         _plot(T, t, measured, wins, cal, drafted, plot)
     if as_json:
         print_json({"bundle": str(t.root), "measured": {str(k): v for k, v in measured.items()}, "winners": wins,
                     "max_draft_len": max_len, "draft_len_schedule": sched, "written": not dry_run,
-                    "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings,
+                    "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings, "arms": arms,
                     "plot": str(plot) if plot is not None else None})
         return
     _show_sweep(measured, wins)
     _show_fit(rows, cal, t)
+    if arms:
+        show_arms(arms)
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {w}")
     if plot is not None:

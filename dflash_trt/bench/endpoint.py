@@ -279,6 +279,7 @@ async def _run_endpoint(url: str, model: str | None, prompts: list[str], levels:
 
 
 def run(url: str, *, model: str | None = None, baseline: str | None = None, baseline_model: str | None = None,
+        mtp: str | None = None, mtp_model: str | None = None,
         prompts: list[str] | None = None, concurrency: list[int] = (1, 4, 16, 32), requests: int | None = None,
         max_tokens: int = 128, temperature: float = 0.0, chat: bool = False, ignore_eos: bool = False,
         progress=None, on_scrape=None) -> dict:
@@ -296,7 +297,33 @@ def run(url: str, *, model: str | None = None, baseline: str | None = None, base
     if baseline:
         report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, *args))
         report["comparison"] = compare(report["endpoint"], report["baseline"])
+    if mtp:  # the same target drafting with its own MTP layers (a bundle's trtllm/config.mtp.yaml)
+        report["mtp"] = asyncio.run(_run_endpoint(mtp, mtp_model, *args))
+    if mtp or baseline:
+        report["arms"] = arms(report)
     return report
+
+
+ARMS = (("dflash", "endpoint"), ("mtp", "mtp"), ("autoregressive", "baseline"))
+
+
+def arms(report: dict) -> list[dict]:
+    """Per concurrency: each measured arm's output tokens/s (DFlash: ``endpoint``, MTP: ``mtp``,
+    autoregressive: ``baseline``), the winner (the most tokens/s; only arms measured there
+    compete) and its margin over the runner-up (winner / runner-up - 1)."""
+    rates: dict[int, dict[str, float]] = {}
+    for arm, key in ARMS:
+        for lv in (report.get(key) or {}).get("levels", []):
+            if lv.get("output_tokens_per_second"):
+                rates.setdefault(int(lv["concurrency"]), {})[arm] = float(lv["output_tokens_per_second"])
+    rows = []
+    for c in sorted(rates):
+        r = rates[c]
+        order = sorted(r, key=lambda a: r[a], reverse=True)
+        margin = r[order[0]] / r[order[1]] - 1 if len(order) > 1 and r[order[1]] else None
+        rows.append({"concurrency": c, **{a: round(r[a], 2) if a in r else None for a, _ in ARMS},
+                     "winner": order[0], "margin": None if margin is None else round(margin, 4)})
+    return rows
 
 
 def compare(ep: dict, base: dict) -> dict:

@@ -118,10 +118,43 @@ def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, 
 
 
 def measure_endpoint(url: str, levels: list[int], *, requests: int | None, max_tokens: int,
-                     prompts: list[str] | None, model: str | None = None, progress=None) -> dict:
-    """The load generator's report for a server tune did not start."""
-    return loadgen.run(url, model=model, concurrency=levels, requests=requests, max_tokens=max_tokens, prompts=prompts,
-                       ignore_eos=True, progress=(lambda u, c: progress(None, c)) if progress else None)
+                     prompts: list[str] | None, model: str | None = None, progress=None,
+                     baseline: str | None = None, mtp: str | None = None) -> dict:
+    """The load generator's report for a server tune did not start (and, given, the same target
+    without drafting and with its MTP layers: the report's ``arms``)."""
+    return loadgen.run(url, model=model, baseline=baseline, mtp=mtp, concurrency=levels, requests=requests,
+                       max_tokens=max_tokens, prompts=prompts, ignore_eos=True,
+                       progress=(lambda u, c: progress(None, c)) if progress else None)
+
+
+# --- the arms: DFlash against MTP and autoregressive -------------------------------------
+
+
+def sweep_arms(measured: dict[int, list[dict]], wins: dict[int, int], mtp_levels: list[dict] | None) -> list[dict]:
+    """Per concurrency: the tuned DFlash (the winning length's level), MTP (``mtp_levels``, a
+    server running the bundle's ``trtllm/config.mtp.yaml``) and autoregressive (the sweep's
+    drafting-off levels), and the winner (:func:`loadgen.arms`)."""
+    by = {L: {lv["concurrency"]: lv for lv in rows} for L, rows in measured.items()}
+    report = {"endpoint": {"levels": [by[L][c] for c, L in sorted(wins.items()) if c in by.get(L, {})]}}
+    if 0 in measured:
+        report["baseline"] = {"levels": measured[0]}
+    if mtp_levels:
+        report["mtp"] = {"levels": mtp_levels}
+    return loadgen.arms(report)
+
+
+def arms_files(t: Tunable, rows: list[dict], source: str) -> dict[Path, str]:
+    """The manifest with ``plan.arms`` (which arm won where, measured) set, by path."""
+    import hashlib
+
+    m = t.manifest.to_json()
+    m["plan"] = {**(m.get("plan") or {}), "arms": {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "source": source, "measured": rows}}
+    if m.get("files") is not None:   # the .prev copy, so verify still holds
+        rel = ingest.Layout.MANIFEST
+        m["files"] = {**m["files"], f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()}
+    ingest.Manifest.model_validate(m)
+    return {t.root / ingest.Layout.MANIFEST: json.dumps(m, indent=2) + "\n"}
 
 
 # --- choosing ---------------------------------------------------------------------------
@@ -244,9 +277,10 @@ class _sigint_held:
             raise KeyboardInterrupt
 
 
-def tuned_record(measured: dict[int, list[dict]], wins: dict[int, int], calibration: str) -> dict:
+def tuned_record(measured: dict[int, list[dict]], wins: dict[int, int], calibration: str,
+                 arms: list[dict] | None = None) -> dict:
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "winners": wins,
-            "calibration": calibration,
+            "calibration": calibration, **({"arms": arms} if arms else {}),
             "measured": {str(L): [{"concurrency": lv["concurrency"], "output_tokens_per_second":
                                    lv["output_tokens_per_second"], "acceptance_length": lv["acceptance_length"]}
                                   for lv in levels] for L, levels in measured.items()}}

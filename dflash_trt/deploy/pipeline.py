@@ -55,6 +55,7 @@ class Resolved:
     shipped_quant: dict | None
     warnings: list[str] = field(default_factory=list)
     drafter_config: object | None = None   # the DrafterConfig (its family's TensorRT-LLM rules read it)
+    mtp_layers: int = 0                    # MTP layers the target's config declares: build also writes the MTP arm
 
 
 def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
@@ -136,7 +137,8 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
                     quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
                     target=TargetShape.from_dir(tdir, shipped_precision=shipped),
                     drafter=DraftShape.from_dir(ddir, zlab=dcfg.to_zlab()),
-                    shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg)
+                    shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg,
+                    mtp_layers=planner.mtp_layers_of(tdir))
 
 
 def _refuse_trtllm_only(r: Resolved) -> None:
@@ -159,7 +161,7 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     are first refitted on those measurements (:mod:`dflash_trt.plan.calibrate`)."""
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
-                             kv_cache=rc.precision.kv_cache)
+                             kv_cache=rc.precision.kv_cache, mtp_layers=r.mtp_layers)
     spec = rc.speculative
     if r.drafter_config is not None:   # non-causal windowed drafter layers rule out the TRTLLM draft attention
         backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
@@ -171,7 +173,9 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
                                                     planner.stack_for(r.gpu))
         if tau is not None and spec.acceptance is None:
             spec = spec.model_copy(update={"acceptance": tau})
-        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal)
+        errors = planner.calibration_errors(list(calibration), dep, p, planner.shipped_calibration(),
+                                            planner.stack_for(r.gpu))
+        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors)
     p.warnings = r.warnings + p.warnings
     return p
 
@@ -273,8 +277,9 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
     drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
+    mtp = trtllm.config(rc, p, target=r.target, arm="mtp") if p.mtp else None   # the arm users compare with
     trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter, r.target), rc.serving.host, rc.serving.port,
-                 serve_check(r, p))
+                 serve_check(r, p), mtp=mtp)
     engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.graphs else None
 
     t = time.perf_counter()
@@ -309,7 +314,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         reference_runtime={"target": L.TARGET, "drafter": L.DRAFTER, "dequantize": r.quantize,
                            "source_target": str(r.target_dir.resolve())},
         outputs={"target": L.TARGET, "drafter": L.DRAFTER, "trtllm_config": L.TRTLLM_CONFIG, "serve": L.SERVE_SH,
-                 **_engine_outputs(engine_info)},
+                 **({"mtp_config": f"trtllm/{trtllm.MTP_CONFIG}"} if p.mtp else {}), **_engine_outputs(engine_info)},
         # What `dflash-trt serve` reads: the multi-node launch files must match the plan's
         # parallelism, and the embedded server advertises the planned context length.
         serve={"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,

@@ -42,6 +42,7 @@ from dflash_trt.errors import DFlashError, RecipeError
 from dflash_trt.plan import Release, check_schedule, get_release
 
 DRAFTER_REL = "./drafter"
+MTP_CONFIG = "config.mtp.yaml"
 KV_DTYPES = ("auto", "fp8", "fp8_ds_mla", "nvfp4", "float16", "bfloat16", "float32")
 
 
@@ -136,6 +137,33 @@ class DFlashDecodingConfig(_Strict):
         return self
 
 
+class MTPDecodingConfig(_Strict):
+    """``MTPDecodingConfig`` (``tensorrt_llm/llmapi/llm_args.py``): the target's own MTP layers.
+    ``max_draft_len`` follows ``num_nextn_predict_layers`` (``set_max_total_draft_tokens``); a
+    checkpoint with one MTP layer runs it EAGLE-style for every draft token (``spec_dec_mode``:
+    MTP_EAGLE_ONE_MODEL unless ``use_mtp_vanilla``), several run one layer per token."""
+
+    decoding_type: Literal["MTP"] = "MTP"
+    num_nextn_predict_layers: int = Field(1, gt=0, description="Draft tokens per step (MTP modules run).")
+    max_draft_len: int | None = Field(None, ge=0, description="Overwritten with num_nextn_predict_layers.")
+    use_relaxed_acceptance_for_thinking: bool = False
+    relaxed_topk: int = Field(1, ge=1)
+    relaxed_delta: float = Field(0.0, ge=0)
+    use_mtp_vanilla: bool = False
+    mtp_eagle_one_model: bool = True
+    begin_thinking_phase_token: int | None = None
+    end_thinking_phase_token: int | None = None
+    max_concurrency: int | None = Field(None, gt=0, description="Speculation off above this batch size.")
+    draft_len_schedule: dict[int, int] | None = None
+
+    @model_validator(mode="after")
+    def _lossless(self):
+        # relaxed acceptance accepts a draft that is not the target's top-1: not lossless
+        if self.use_relaxed_acceptance_for_thinking:
+            raise ValueError("use_relaxed_acceptance_for_thinking is not lossless; a dflash-trt bundle leaves it off")
+        return self
+
+
 class LlmApiConfig(_Strict):
     """The top-level ``TorchLlmArgs`` keys a DFlash bundle sets (``trtllm-serve --config`` YAML).
     ``cuda_graph_config`` left out means TensorRT-LLM's default (graphs on); ``None`` means off."""
@@ -153,12 +181,14 @@ class LlmApiConfig(_Strict):
     cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
     moe_config: MoeConfig | None = None
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
-    speculative_config: DFlashDecodingConfig
+    speculative_config: DFlashDecodingConfig | MTPDecodingConfig = Field(discriminator="decoding_type")
 
 
 def _release_keys(data: dict, release: Release) -> None:
     """The keys and values ``release`` does not have, refused in one line."""
     spec = dict(data.get("speculative_config") or {})
+    if spec.get("decoding_type", "DFlash") != "DFlash":  # the release table lists DFlashDecodingConfig's keys
+        return
     for key in spec:
         name = "speculative_model" if key == "speculative_model_dir" else key
         if not release.accepts(name):
@@ -220,6 +250,12 @@ def _speculative(recipe, plan, drafter) -> dict:
     return spec
 
 
+def _mtp(plan) -> dict:
+    if not plan.mtp:
+        raise RecipeError("the target's config declares no MTP layers: there is no MTP arm to write")
+    return {"decoding_type": "MTP", "num_nextn_predict_layers": plan.mtp["num_nextn_predict_layers"]}
+
+
 def _curated(data: dict, target) -> None:
     """The curated configs' keys for a VLM target served text-only and a hybrid target
     (``target`` a TargetShape; None: neither)."""
@@ -233,9 +269,11 @@ def _curated(data: dict, target) -> None:
         data["kv_cache_config"]["mamba_ssm_cache_dtype"] = ssm
 
 
-def config(recipe, plan, drafter=None, target=None) -> LlmApiConfig:
+def config(recipe, plan, drafter=None, target=None, arm: str = "dflash") -> LlmApiConfig:
     """The LLM-API config for a recipe and its plan (validated for the plan's release);
-    ``drafter`` a DraftShape, ``target`` a TargetShape (for the curated VLM / hybrid keys)."""
+    ``drafter`` a DraftShape, ``target`` a TargetShape (for the curated VLM / hybrid keys);
+    ``arm="mtp"``: the same deployment drafting with the target's own MTP layers instead
+    (``plan.mtp``), what users compare DFlash with."""
     s = recipe.serving
     data = {
         "tensor_parallel_size": plan.tp,
@@ -248,7 +286,7 @@ def config(recipe, plan, drafter=None, target=None) -> LlmApiConfig:
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": s.max_batch_size} if s.cuda_graphs else None,
         "kv_cache_config": {"dtype": plan.kv_cache, "free_gpu_memory_fraction": s.kv_cache_free_gpu_memory_fraction,
                             "enable_block_reuse": s.enable_block_reuse},
-        "speculative_config": _speculative(recipe, plan, drafter),
+        "speculative_config": _speculative(recipe, plan, drafter) if arm == "dflash" else _mtp(plan),
     }
     if plan.ep > 1:
         data["moe_expert_parallel_size"] = plan.ep
@@ -290,9 +328,14 @@ def serve_script(cfg: LlmApiConfig, host: str, port: int, check: serve_sh.ServeC
     return serve_sh.render(" ".join(shlex.quote(a) for a in serve_args(cfg, host, port)), check)
 
 
-def write(out_dir: Path, cfg: LlmApiConfig, host: str, port: int, check: serve_sh.ServeCheck | None = None) -> None:
-    """Write ``config.yaml``, ``judge.py`` and ``serve.sh`` into ``out_dir`` (the bundle's ``trtllm/``)."""
+def write(out_dir: Path, cfg: LlmApiConfig, host: str, port: int, check: serve_sh.ServeCheck | None = None,
+          mtp: LlmApiConfig | None = None) -> None:
+    """Write ``config.yaml``, ``judge.py`` and ``serve.sh`` into ``out_dir`` (the bundle's ``trtllm/``);
+    ``mtp``: also ``config.mtp.yaml``, the MTP arm (``./trtllm/serve.sh --config ./trtllm/config.mtp.yaml``:
+    trtllm-serve's last ``--config`` wins)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if mtp is not None:
+        (out_dir / MTP_CONFIG).write_text(to_yaml(mtp, check.release if check else None))
     (out_dir / "config.yaml").write_text(to_yaml(cfg, check.release if check else None))
     (out_dir / "judge.py").write_text(Path(trtllm_judge.__file__).read_text())  # what serve.sh runs
     script = out_dir / "serve.sh"

@@ -5,7 +5,9 @@ drafter round; what comes out of it depends on the family:
 
 * :class:`ExportRound` (DFlash, every family's default): ``onnx_graphs.export_drafter_onnx``,
   KV injection and the block forward with the two ``dflash::`` custom ops, the target's head:
-  logits out (graph kind ``dflash``). Checked against PyTorch on fresh shapes.
+  logits out (graph kind ``dflash``; the TensorRT form). Beside it ``drafter_ort.onnx``
+  (``onnx_native``): the same round in standard ops over a dense context cache, the form ONNX
+  Runtime runs natively. Both checked against PyTorch on fresh shapes.
 * :class:`DFlash2Export` (DFlash2): ``onnx_dflash2.export_dflash2_drafter_onnx``, the same round
   then the candidate selector's walk: anchor, uniforms, temperature in; tokens, q over the
   candidates, the candidates out (graph kind ``dflash2``). Checked at a greedy and a sampled
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export import onnx_dflash2
+from dflash_trt.export import onnx_dflash2, onnx_native
 from dflash_trt.export.onnx_graphs import DRAFTER_ONNX_ATOL, check_drafter_onnx, export_drafter_onnx
 from dflash_trt.model import DFlash2Family, DrafterFamily, hook_for
 
@@ -45,7 +47,13 @@ class ExportRound:
         err = check_drafter_onnx(drafter, path, head_weight=head, page_size=page_size)
         if max(err.values()) > DRAFTER_ONNX_ATOL:
             raise DFlashError(f"exported drafter ONNX disagrees with PyTorch (max error {max(err.values()):.2e})")
-        return err
+        say("exporting the drafter's ONNX Runtime form (standard ops over a dense context cache)")
+        native = onnx_native.export_native_drafter_onnx(drafter, onnx_dir, head)
+        n_err = onnx_native.check_native_drafter_onnx(drafter, native, head)
+        if max(n_err.values()) > DRAFTER_ONNX_ATOL:
+            raise DFlashError(f"exported drafter ONNX Runtime form disagrees with PyTorch "
+                              f"(max error {max(n_err.values()):.2e})")
+        return {**err, **{f"ort_{k}": v for k, v in n_err.items()}}
 
 
 class DFlash2Export(ExportRound):

@@ -141,6 +141,7 @@ class Outputs(_Section):
     drafter: str = Layout.DRAFTER
     trtllm_config: str = Layout.TRTLLM_CONFIG
     serve: str = Layout.SERVE_SH
+    mtp_config: str | None = None        # trtllm/config.mtp.yaml: the target's own MTP arm, where it has one
     onnx: str | None = None
     engines: str | None = None
 
@@ -255,6 +256,14 @@ class Bundle:
         return self.root / Layout.MANIFEST
 
     @property
+    def built(self) -> Manifest:
+        """The manifest of a bundle that has one; a one-line CheckpointError for a directory without."""
+        if self.manifest is None:
+            raise CheckpointError(f"{self.root}: not a dflash-trt bundle (no {Layout.MANIFEST}); build one with "
+                                  "'dflash-trt build'")
+        return self.manifest
+
+    @property
     def target(self) -> Path:
         return self.root / Layout.TARGET
 
@@ -303,7 +312,7 @@ def check_files(bundle: Bundle) -> list[str]:
     """What on disk differs from the manifest's ``files``: one line per file changed, missing or
     added (empty: every file is as built). The manifest must be of :data:`BUNDLE_FORMAT`."""
     check_format(bundle.manifest_path, bundle.manifest.format if bundle.manifest else None, (BUNDLE_FORMAT,))
-    recorded = bundle.manifest.files
+    recorded = bundle.built.files
     if recorded is None:
         raise CheckpointError(f"{bundle.manifest_path}: records no file hashes; rebuild the bundle with "
                               "'dflash-trt build'")
@@ -369,7 +378,7 @@ def check_bundle(path: str | Path) -> Bundle:
         if not (root / rel).is_file():
             raise CheckpointError(f"{root}: bundle lacks {rel}")
     bundle = open_bundle(root)
-    missing = [k for k in BUILD_SECTIONS if k not in bundle.manifest.model_fields_set]
+    missing = [k for k in BUILD_SECTIONS if k not in bundle.built.model_fields_set]
     if missing:
         raise CheckpointError(f"{root}: manifest lacks {missing[0]!r}")
     if not os.access(bundle.serve_sh, os.X_OK):

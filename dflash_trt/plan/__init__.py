@@ -5,7 +5,9 @@ rules), ``family_shapes`` / ``model_shapes`` (parameter, KV and state bytes read
 ``published`` (which fields a config-only recipe still lacks), ``trtllm_releases`` /
 ``trtllm_rules`` / ``trtllm_family`` / ``trtllm_dflash2`` (TensorRT-LLM's releases, the rules each one
 applies, and each drafter family's),
-``schedule`` (draft lengths as TensorRT-LLM reads them), ``acceptance`` (τ from a per-position
+``schedule`` (draft lengths as TensorRT-LLM reads them), ``schedule_vllm`` (converted for vLLM),
+``mtp`` (the target's own MTP heads as the other arm), ``uncertainty`` / ``calibrate_loo`` (the
+ranges from leave-one-out errors), ``acceptance`` (τ from a per-position
 rate), ``perf_model`` (the step model the speedups come from), ``perf_fit`` (its constants fitted
 on measurements), ``calibrate`` (refitted on yours), ``deployment`` (memory, TP, draft lengths: the
 plan itself).
@@ -19,11 +21,14 @@ from dflash_trt.plan.acceptance import expected_tau, fit_alpha
 from dflash_trt.plan.calibrate import bundle_deployment, cases_from_bench, refit
 from dflash_trt.plan.calibrate import expand as expand_draft_lengths
 from dflash_trt.plan.calibrate import from_files as calibration_from_files
+from dflash_trt.plan.calibrate_loo import from_files as calibration_errors
 from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, Plan, predicted, step_model
 from dflash_trt.plan.deployment import make as make_plan
 from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
 from dflash_trt.plan.hardware import get as get_gpu
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
+from dflash_trt.plan.mtp import layers_of as mtp_layers_of
+from dflash_trt.plan.mtp import winner as arm_winner
 from dflash_trt.plan.perf_model import Acceptance, Calibration, stack_for
 from dflash_trt.plan.perf_model import shipped as shipped_calibration
 from dflash_trt.plan.published import lacking
@@ -36,6 +41,7 @@ from dflash_trt.plan.schedule import batch_grid
 from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
+from dflash_trt.plan.schedule_vllm import trtllm_to_vllm, vllm_lengths, vllm_to_trtllm
 from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
 from dflash_trt.plan.trtllm_capture import missing as capture_missing
 from dflash_trt.plan.trtllm_capture import supported as capture_supported
@@ -74,8 +80,10 @@ __all__ = [
     "TrtllmRules",
     "TargetShape",
     "batch_grid",
+    "arm_winner",
     "bundle_deployment",
     "bundled_recipes",
+    "calibration_errors",
     "calibration_from_files",
     "cases_from_bench",
     "check_drafter",
@@ -91,6 +99,7 @@ __all__ = [
     "ignored_drafter_keys",
     "load_recipe",
     "make_plan",
+    "mtp_layers_of",
     "predicted",
     "quant_precision",
     "read_sizes",
@@ -104,6 +113,9 @@ __all__ = [
     "shipped_calibration",
     "stack_for",
     "step_model",
+    "trtllm_to_vllm",
+    "vllm_lengths",
+    "vllm_to_trtllm",
     "windowed_non_causal",
     "TRTLLM_CAPTURES",
     "Status",

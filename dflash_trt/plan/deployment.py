@@ -72,7 +72,8 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from dflash_trt.errors import HardwareError, RecipeError
-from dflash_trt.plan import perf_model, trtllm_releases
+from dflash_trt.plan import mtp as mtp_mod
+from dflash_trt.plan import perf_model, schedule_vllm, trtllm_releases, uncertainty
 from dflash_trt.plan import schedule as sched_mod
 from dflash_trt.plan import trtllm_rules as rules
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha  # noqa: F401 - planner's public names
@@ -98,6 +99,7 @@ class Deployment:
     gpus: int           # GPUs available in all (per node x nodes)
     precision: str      # resolved: bf16 | fp8 | nvfp4 | mxfp4 (not the recipe's "auto")
     kv_cache: str       # auto | fp8
+    mtp_layers: int = 0  # MTP layers the target's config declares (plan.mtp.layers)
 
 
 # --- Memory -----------------------------------------------------------------------------
@@ -243,6 +245,12 @@ class Plan:
     # [{batch, draft_len, tokens_per_second_per_user, baseline_..., output_tokens_per_second_per_gpu,
     #   baseline_..., speedup}] at 1, 2, 4, ..., max_batch_size: what bench --plot overlays
     predicted: list[dict] = field(default_factory=list)
+    # The target's own MTP heads as the other arm (plan.mtp.MtpArm.as_dict); None: it has none.
+    # Every curve row then carries mtp_speedup; every row a winner (dflash | mtp | autoregressive).
+    mtp: dict | None = None
+    # The same draft lengths for vLLM (num_speculative_tokens + _per_batch_size: inclusive ranges,
+    # gaps inherit), converted from what TensorRT-LLM drafts, never copied (plan.schedule_vllm)
+    vllm_schedule: dict | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -335,9 +343,12 @@ def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -
 
 
 def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
-         trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None) -> Plan:
+         trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None,
+         errors: list[uncertainty.RowError] | None = None) -> Plan:
     """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections;
-    step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`)."""
+    step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`); every
+    predicted speedup's range from ``errors`` (the user's own rows' leave-one-out errors), else
+    the published rows' (:mod:`uncertainty`)."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
     release = trtllm_releases.get((trtllm or TrtllmSpec()).release)
     rules.refuse_disaggregated(serving.disaggregated)
@@ -373,7 +384,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, acc), spec,
                                               max_len, release)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
-    return Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
+    plan = Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
                 memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),
                 alpha=round(acc.alpha, 4),
                 attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
@@ -383,3 +394,31 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
                 enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
                 moe_backend=rules.moe_backend(t.model_type, gpu, release))
+    _ranges(plan, stack, errors)
+    _arms(plan, roof, dep.mtp_layers, acc)
+    if any(lengths):
+        n, entries = schedule_vllm.from_lengths(lengths)
+        plan.vllm_schedule = {"num_speculative_tokens": n, "num_speculative_tokens_per_batch_size": entries}
+    return plan
+
+
+def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None:
+    """The MTP arm's predicted speedup beside DFlash's, and which arm wins, per curve row."""
+    arm = mtp_mod.plan_arm(roof, mtp_layers, acc) if mtp_layers else None
+    plan.mtp = arm.as_dict() if arm else None
+    for row in plan.curve:
+        m = None
+        if arm:
+            m = row["mtp_speedup"] = round(mtp_mod.speedup(roof, row["batch"], arm.draft_len,
+                                                            mtp_mod.acceptance(acc)), 3)
+        row["winner"] = mtp_mod.winner(row["speedup"] if row["draft_len"] else 1.0, m)
+
+
+def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None) -> None:
+    """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on."""
+    own = bool(errors)
+    rows = errors if own else uncertainty.shipped()
+    for table in (plan.curve, plan.predicted):
+        for row in table:
+            r = uncertainty.speedup_range(row["speedup"], rows, stack, plan.gpu, row["batch"], own=own)
+            row["speedup_range"], row["range_basis"] = [r.low, r.high], r.basis

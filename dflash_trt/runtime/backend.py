@@ -150,7 +150,7 @@ class TorchBackend(Backend):
         self.proposer = proposer_for(family_of(drafter.cfg)) if drafter is not None else Proposer()
 
     def new_caches(self, batch: int, draft: bool):
-        dcache = self.drafter.new_cache(batch, device=self.device) if draft else None
+        dcache = self.drafter.new_cache(batch, device=self.device) if draft and self.drafter is not None else None
         return self.caches.new_cache(batch), dcache
 
     def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):

@@ -17,7 +17,9 @@ probe input: the backend then runs transformers' forward, which is always correc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +65,10 @@ def _layer(layer, h: int, kvh: int, fuse: bool) -> _Layer:
     """One layer's weights; ``fuse`` stacks q/k/v and gate/up into one matrix each (copies)."""
     a, m = layer.self_attn, layer.mlp
     qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-    qk_norm = torch.cat([qn.weight.expand(h, -1), kn.weight.expand(kvh, -1)]) if qn is not None else None
-    stack = (lambda *ts: None if ts[0] is None else torch.cat(ts)) if fuse else (lambda *ts: ts)
+    qk_norm = None
+    if qn is not None and kn is not None:
+        qk_norm = torch.cat([qn.weight.expand(h, -1), kn.weight.expand(kvh, -1)])
+    stack: Callable[..., Any] = (lambda *ts: None if ts[0] is None else torch.cat(ts)) if fuse else (lambda *ts: ts)
     return _Layer(
         qkv=stack(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
         qkv_bias=stack(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias), o=a.o_proj.weight, o_bias=a.o_proj.bias,

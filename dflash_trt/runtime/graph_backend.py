@@ -37,6 +37,8 @@ from dflash_trt.runtime.proposer import graph_proposer
 #: each graph's outputs, in the order :meth:`GraphBackend.run` returns them (``build/export.py``)
 GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "present_k", "present_v"],
                  "drafter": ["logits", "k_cache_out", "v_cache_out"]}
+#: the dense-context drafter graph's outputs (``export/onnx_native.py``)
+DENSE_DRAFTER_OUTPUTS = ["logits", "k_new", "v_new"]
 
 
 @dataclass
@@ -45,6 +47,44 @@ class TargetCache:
 
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
+
+
+class DenseKVCache:
+    """The drafter's context as ONNX Runtime's drafter graph reads it (``export/onnx_native.py``).
+
+    k, v [L, b, kvh, S, d]: row i's column j holds position j, valid where j < lengths[i]; the
+    graph reads the whole buffer (S, the capacity, grows by ``chunk`` columns, so the graph is
+    fed the tensors themselves, never a sliced copy) and returns the new columns, written here.
+    """
+
+    #: capacity step (columns): a growth copies the cache, so it happens every ``chunk`` tokens at most
+    chunk = 64
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, batch: int, device=None):
+        self.k = torch.zeros(layers, batch, kv_heads, 0, head_dim, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def reserve(self, extra: torch.Tensor) -> None:
+        """Room for ``extra[i]`` more columns in row i (grown by whole chunks)."""
+        need = int((self.lengths + extra).max()) if self.lengths.numel() else 0
+        if need > self.k.shape[3]:
+            cap = -(-need // self.chunk) * self.chunk
+            pad = (*self.k.shape[:3], cap - self.k.shape[3], self.k.shape[4])
+            self.k, self.v = (torch.cat([t, t.new_zeros(pad)], 3) for t in (self.k, self.v))
+
+    def append(self, k_new: torch.Tensor, v_new: torch.Tensor, n_new: torch.Tensor) -> None:
+        """Write the first n_new[i] of k_new, v_new [L, b, kvh, T, d] at columns lengths[i] + t."""
+        t = torch.arange(k_new.shape[3], device=n_new.device)
+        rows, cols = (t[None] < n_new[:, None]).nonzero(as_tuple=True)
+        pos = self.lengths[rows] + cols
+        self.k[:, rows, :, pos] = k_new[:, rows, :, cols]
+        self.v[:, rows, :, pos] = v_new[:, rows, :, cols]
+        self.lengths = self.lengths + n_new
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these rows (finished ones leave the batch)."""
+        self.k, self.v, self.lengths = self.k[:, rows].contiguous(), self.v[:, rows].contiguous(), self.lengths[rows]
 
 
 class GraphBackend(Backend):
@@ -70,8 +110,18 @@ class GraphBackend(Backend):
         self.vocab_size = self.output_shape("target", "logits")[-1]
         L, _, kvh, _, d = self.input_shape("target", "past_k")          # [layers, b, kvh, P, d]
         self._target_dims = (L, kvh, d)
-        Ld, _, page_size, kvh_d, dd = self.input_shape("drafter", "k_cache")  # [L, pages, page_size, kvh, d]
-        self._drafter_dims = (Ld, kvh_d, dd)
+        #: the drafter graph reads a dense per-row context (``export/onnx_native.py``: ONNX Runtime's
+        #: form) rather than the paged pool the dflash custom ops read
+        self.dense_drafter = "k_ctx" in self.input_names("drafter")
+        if self.dense_drafter:
+            self.graph_outputs["drafter"] = DENSE_DRAFTER_OUTPUTS
+            Ld, _, kvh_d, _, dd = self.input_shape("drafter", "k_ctx")     # [L, b, kvh, S, d]
+            page_size = profile.page_size                                    # no pages in this form
+        else:
+            Ld, _, page_size, kvh_d, dd = self.input_shape("drafter", "k_cache")  # [L, pages, page_size, kvh, d]
+        if Ld is None or page_size is None or kvh_d is None or dd is None:   # static axes in every export
+            raise DFlashError("the drafter graph's cache has a dynamic layer, page or head axis; rebuild the bundle")
+        self._drafter_dims: tuple[int, int, int] = (Ld, kvh_d, dd)
         if page_size != profile.page_size:
             raise DFlashError(f"drafter graph pages hold {page_size} slots, the manifest's profile says "
                               f"{profile.page_size}; rebuild the bundle")
@@ -108,8 +158,10 @@ class GraphBackend(Backend):
 
     # -- the loop's calls ----------------------------------------------------------------
     def new_caches(self, batch: int, draft: bool):
-        dcache = None
-        if draft:
+        dcache: DenseKVCache | plugins.PagedKVCache | None = None
+        if draft and self.dense_drafter:
+            dcache = DenseKVCache(*self._drafter_dims, batch=batch, device=self.device)
+        elif draft:
             L, kvh, d = self._drafter_dims
             pages = self.initial_pages or self.profile.max_pages
             dcache = plugins.PagedKVCache(L, batch, kvh, d, page_size=self.profile.page_size, device=self.device,
@@ -142,10 +194,25 @@ class GraphBackend(Backend):
         if not self.proposer.graph_logits:
             raise DFlashError(f"--backend {self.name}: this bundle's {self.proposer.graph} drafter graph proposes "
                               "tokens, not logits; draft with draft_block")
+        if self.dense_drafter:
+            return self._dense_round(target_hidden, n_new, anchor, block_size, cache)
         feeds = self.round_feeds(target_hidden, n_new, anchor, block_size, cache)
         logits, cache.k, cache.v = self.run("drafter", feeds)
         cache.lengths = cache.lengths + n_new
         return logits[:, 1:].float()             # [b, B-1, V]: block positions 1..B-1 are the drafts
+
+    def _dense_round(self, target_hidden, n_new, anchor, block_size, cache):
+        """The round through a dense-context drafter graph: it reads the context and returns this
+        round's K/V, which the cache writes in place (no copy of the cache in or out)."""
+        cache.reserve(n_new)
+        block = anchor.new_full((anchor.shape[0], block_size), self.mask_token_id)      # [b, B]
+        block[:, 0] = anchor
+        (embeds,) = self.run("embed", {"input_ids": block})                             # [b, B, H]
+        logits, k_new, v_new = self.run("drafter", {
+            "target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
+            "block_embeds": embeds, "k_ctx": cache.k, "v_ctx": cache.v, "lengths": cache.lengths.contiguous()})
+        cache.append(k_new, v_new, n_new)
+        return logits[:, 1:].float()             # [b, B-1, V]
 
     def draft_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first):
         """The drafter family's proposer drafts through the graph (``Proposer.graph_block``)."""
@@ -208,3 +275,4 @@ def request_problem(profile, prompt_lengths: list[int], max_new_tokens: int, blo
         (need["pages"] > p.max_pages, f"{need['pages']} drafter pages > the pool's {p.max_pages}"),
     ]
     return next((why for bad, why in checks if bad), None)
+

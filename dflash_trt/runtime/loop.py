@@ -36,6 +36,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import cast
 
 import torch
 
@@ -77,6 +79,7 @@ class Request:
     stream: int = 0
     on_commit: Callable[[list[int]], None] | None = None
     should_stop: Callable[[], bool] | None = None
+    match_stop: Callable[[list[int]], int | None] | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length" or "cancelled" once finished
     rounds: int = 0                   # rounds this row went through (prefill excluded)
@@ -95,7 +98,7 @@ class Request:
 
 def take(rows: list[Request], new: list[list[int]]) -> tuple[list[int], list[int]]:
     """The one place finishing is decided: append ``new[r]`` to row r, cut at its length limit
-    and after a stop token, then ask whether it goes on. Returns (tokens kept per row, the
+    after a stop token or a stop string's match, then ask whether it goes on. Returns (tokens kept per row, the
     indices of the rows that go on)."""
     kept, going = [], []
     for r, (req, toks) in enumerate(zip(rows, new, strict=True)):
@@ -105,6 +108,8 @@ def take(rows: list[Request], new: list[list[int]]) -> tuple[list[int], list[int
                 toks = toks[: j + 1]
                 req.finish_reason = "stop"
                 break
+        if req.match_stop is not None and (cut := req.match_stop(toks)) is not None:
+            toks, req.finish_reason = toks[:cut], "stop"  # a stop string: the row ends like at EOS
         req.token_ids.extend(toks)
         kept.append(len(toks))
         if req.on_commit is not None:
@@ -165,6 +170,7 @@ class Batch:
         self.last = torch.cat([self.last, other.last])
         self.n_new = torch.cat([self.n_new, other.n_new])
         if self.target_hidden is not None:
+            assert other.target_hidden is not None, "merged batches both draft (or neither does)"
             T = max(self.target_hidden.shape[1], other.target_hidden.shape[1])
             self.target_hidden = torch.cat([_pad(self.target_hidden, 1, T), _pad(other.target_hidden, 1, T)])
 
@@ -210,6 +216,7 @@ def draft(backend: Backend, batch: Batch, B: int) -> tuple[torch.Tensor, torch.T
     anchor = batch.last[:, None]                                                # [n, 1]
     if batch.draft_cache is None:
         return anchor, None
+    assert batch.target_hidden is not None, "a drafting batch carries the target's hidden states"
     tokens, q = backend.draft_block(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache,
                                     *_sampling(batch.rows), (batch.positions + 1).tolist())  # [n, B-1], [n, B-1, V]
     if tokens is None:
@@ -306,6 +313,7 @@ def generate(
     stop_token_ids: list[int] | tuple[int, ...] = (),
     on_commit: Callable[[int, list[int]], None] | None = None,
     should_stop: Callable[[int], bool] | None = None,
+    match_stop: Callable[[int, list[int]], int | None] | None = None,
     backend: Backend | None = None,
 ) -> Generation:
     """Generate for a batch of tokenized prompts; block_size 1 (or no drafter) is autoregressive.
@@ -314,18 +322,23 @@ def generate(
     ``on_commit(row, new_token_ids)`` is called after every commit with the prompt's index
     in ``prompts`` (for streaming). ``should_stop(row)`` is asked after every commit; when
     it says yes the row finishes as ``"cancelled"`` and leaves the batch (a client that
-    went away frees its slot). With ``sampling.seed``, prompt i draws the noise stream
+    went away frees its slot). ``match_stop(row, new)``: ``Request.match_stop`` per row.
+    With ``sampling.seed``, prompt i draws the noise stream
     ``(seed, i)``: the call reproduces, and equal prompts still sample independently.
     ``backend`` answers every model call (default: ``TorchBackend(target, drafter)``; when
     given, ``target`` and ``drafter`` are unused).
     """
-    backend = backend or TorchBackend(target, drafter)
+    if backend is None:
+        if target is None:
+            raise DFlashError("generate needs a target or a backend")
+        backend = TorchBackend(target, drafter)
     B = _checked_block_size(backend, block_size, prompts, max_new_tokens)
     backend.check_request(prompts, max_new_tokens, B)
     stops = frozenset(stop_token_ids)
     rows = [Request(p, max_new_tokens, sampling, stops, stream=i,
-                    on_commit=(lambda toks, i=i: on_commit(i, toks)) if on_commit else None,
-                    should_stop=(lambda i=i: should_stop(i)) if should_stop else None)
+                    on_commit=partial(on_commit, i) if on_commit else None,
+                    should_stop=partial(should_stop, i) if should_stop else None,
+                    match_stop=partial(match_stop, i) if match_stop else None)
             for i, p in enumerate(prompts)]
     stats = Stats(block_size=B)
     if max_new_tokens == 0:
@@ -338,4 +351,5 @@ def generate(
         pass
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = sum(len(r.token_ids) for r in rows)
-    return Generation([r.token_ids for r in rows], [r.finish_reason for r in rows], stats)
+    reasons = [r.finish_reason for r in rows]   # every row has finished when the loop ends
+    return Generation([r.token_ids for r in rows], cast(list[str], reasons), stats)

@@ -1,11 +1,13 @@
 """ONNX Runtime over a bundle's ``onnx/``: the speculative loop through the exported graphs, on a CPU.
 
-The target and embedding graphs are plain ONNX (so is a DFlash2 drafter's selector walk); the
-drafter graph's ``dflash::KVInjection`` and ``dflash::BlockDiffusionAttention`` run as
-onnxruntime-extensions Python custom ops whose bodies are the ops' reference implementations
-(``plugins.onnx_ops``, the same path the build's parity check takes). Tensors cross into
-onnxruntime as numpy views of CPU tensors and come back the same way; the caches are
-:class:`~dflash_trt.runtime.graph_backend.GraphBackend`'s.
+Every graph runs natively: the target and embedding graphs are plain ONNX, and so is the
+drafter's ONNX Runtime form ``drafter_ort.onnx`` (``export/onnx_native.py``: block attention as opset-23
+``Attention`` nodes, KV injection in arithmetic ops, over a dense per-row context cache that the
+graph reads and whose new columns it returns). A bundle built before that form existed has only
+``drafter.onnx`` (the TensorRT form, two ``dflash::`` custom ops): its ops then run as
+onnxruntime-extensions Python custom ops (``plugins.onnx_ops``), which copy the page pool every
+round. Tensors cross into onnxruntime as numpy views of CPU tensors and come back the same way;
+the caches are :class:`~dflash_trt.runtime.graph_backend.GraphBackend`'s.
 """
 
 from __future__ import annotations
@@ -18,37 +20,43 @@ from dflash_trt.errors import require
 from dflash_trt.runtime.graph_backend import GraphBackend
 
 GRAPH_FILES = {"embed": "embed.onnx", "target": "target.onnx", "drafter": "drafter.onnx"}
+#: the drafter's ONNX Runtime form (standard ops, dense context; ``export/onnx_native.py``'s NATIVE_FILE)
+NATIVE_DRAFTER = "drafter_ort.onnx"
 
 
 class OnnxBackend(GraphBackend):
     """The three graphs of ``onnx_dir`` in onnxruntime sessions (CPUExecutionProvider).
 
     ``threads``: onnxruntime's intra-op threads per session (None: torch's current count, the
-    reference runtime's choice for the same models).
+    reference runtime's choice for the same models). ``native``: draft through ``drafter_ort.onnx``
+    when the bundle has it (False: the custom-op form through Python custom ops, for comparison).
     """
 
     name = "onnx"
     # The Python custom ops copy the pool on every round: start small, grow by doubling.
     initial_pages = 8
 
-    def __init__(self, onnx_dir: str | Path, profile, mask_token_id: int, threads: int | None = None):
+    def __init__(self, onnx_dir: str | Path, profile, mask_token_id: int, threads: int | None = None,
+                 native: bool = True):
         require("onnxruntime", "onnx", "--backend onnx")
-        require("onnxruntime_extensions", "onnx", "--backend onnx")
         import onnxruntime as ort
-
-        from dflash_trt.plugins import onnx_ops
 
         onnx_dir = Path(onnx_dir)
         threads = threads or torch.get_num_threads()
         so = ort.SessionOptions()
         so.intra_op_num_threads = so.inter_op_num_threads = threads
-        self.sessions = {
-            "embed": ort.InferenceSession(str(onnx_dir / GRAPH_FILES["embed"]), so,
-                                          providers=["CPUExecutionProvider"]),
-            "target": ort.InferenceSession(str(onnx_dir / GRAPH_FILES["target"]), so,
-                                           providers=["CPUExecutionProvider"]),
-            "drafter": onnx_ops.ort_session(onnx_dir / GRAPH_FILES["drafter"], threads=threads),
-        }
+
+        def session(name: str):
+            return ort.InferenceSession(str(onnx_dir / name), so, providers=["CPUExecutionProvider"])
+
+        self.sessions = {"embed": session(GRAPH_FILES["embed"]), "target": session(GRAPH_FILES["target"])}
+        if native and (onnx_dir / NATIVE_DRAFTER).is_file():
+            self.sessions["drafter"] = session(NATIVE_DRAFTER)
+        else:  # an older bundle: the custom-op form through Python custom ops
+            require("onnxruntime_extensions", "onnx", "--backend onnx on a bundle without drafter_ort.onnx")
+            from dflash_trt.plugins import onnx_ops
+
+            self.sessions["drafter"] = onnx_ops.ort_session(onnx_dir / GRAPH_FILES["drafter"], threads=threads)
         self._inputs = {g: {i.name: i for i in s.get_inputs()} for g, s in self.sessions.items()}
         self._outputs = {g: {o.name: o for o in s.get_outputs()} for g, s in self.sessions.items()}
         super().__init__(profile, mask_token_id, torch.device("cpu"))

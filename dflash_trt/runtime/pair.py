@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ class Pair:
 
     target: Target
     drafter: Drafter | None
-    tokenizer: object
+    tokenizer: Any   # a transformers tokenizer (PreTrainedTokenizerBase)
     stop_token_ids: list[int] = field(default_factory=list)
     name: str = "model"
     #: what answers the loop's model calls (``generate(..., backend=pair.backend)``); always set
@@ -138,6 +139,9 @@ def load_bundle(path: str | Path, spec: RunSpec | None = None, *, dtype: str = "
     reference runtime then runs the quantized weights in the runtime dtype (weight-only;
     activations are not quantized), so acceptance reflects the quantized target. The
     manifest also records the unquantized source (``reference_runtime.source_target``).
+    A graph backend (``spec.graphs``) runs the bundle's graphs and never the PyTorch modules:
+    they are built from their configs on the meta device (:func:`_graph_shell`: nothing read or
+    allocated), so configs, shapes, tokenizer, stop ids and the serving plan stay as here.
     """
     spec = spec or RunSpec()
     bundle = ingest.open_bundle(path)
@@ -162,22 +166,45 @@ def bundle_damage(exc: CheckpointError, root: Path) -> CheckpointError:
 
 
 def _load_bundle(bundle, spec: RunSpec, dtype: str, device: str) -> Pair:
-    ref = bundle.manifest.reference_runtime
+    ref = bundle.built.reference_runtime
     tdir, ddir = bundle.root / ref.target, bundle.root / ref.drafter
-    torch_dtype = parse_dtype(dtype, device)
-    if not ref.dequantize:
-        ingest.validate_pair(tdir, ddir)
-        model = load_target(tdir, dtype=torch_dtype, device=device)
+    if spec.graphs:
+        model, d = _graph_shell(tdir, ddir)
     else:
-        model = _load_dequantized(tdir, torch_dtype, device)
+        torch_dtype = parse_dtype(dtype, device)
+        if not ref.dequantize:
+            ingest.validate_pair(tdir, ddir)
+            model = load_target(tdir, dtype=torch_dtype, device=device)
+        else:
+            model = _load_dequantized(tdir, torch_dtype, device)
+        d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
+        ingest.check_pair_runtime(model, d, where=str(ddir))
     tokenizer = load_tokenizer(tdir)
-    d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
-    ingest.check_pair_runtime(model, d, where=str(ddir))
     max_batch_size, schedule = serving_plan(bundle.trtllm_config)
+    graph = _graph_backend(spec, bundle, d)   # None: the pair's modules answer (TorchBackend)
     return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer),
-                name=bundle.root.name, backend=_graph_backend(spec, bundle, d), spec=spec,
-                max_batch_size=max_batch_size, draft_len_schedule=schedule)
+                name=bundle.root.name, spec=spec, max_batch_size=max_batch_size, draft_len_schedule=schedule,
+                **({"backend": graph} if graph is not None else {}))
 
+
+def _graph_shell(tdir: Path, ddir: Path):
+    """(target, drafter) built from their configs on the meta device, for a pair whose backend runs
+    the exported graphs: configs, shapes and parameter counts readable, no weight read or allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from dflash_trt.model import drafter_for
+
+    ingest.validate_pair(tdir, ddir)                  # configs + safetensors headers only
+    cfg = AutoConfig.from_pretrained(str(tdir), trust_remote_code=False)
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    spec = ingest.read_drafter(ddir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False).eval()
+        drafter = drafter_for(spec.config)(spec.config).eval()
+    if (tdir / "generation_config.json").exists():
+        model.generation_config = GenerationConfig.from_pretrained(str(tdir))
+    return model, drafter
 
 def serving_plan(config_yaml: Path) -> tuple[int | None, dict[int, int] | None]:
     """(max_batch_size, draft_len_schedule) from a TensorRT-LLM config; (None, None) without one.

@@ -155,6 +155,7 @@ class RecurrentStates:
         state = _OneLayer(None if conv is None else conv[rows].clone(),
                           None if rec is None else rec[rows].clone())
         mixer(hidden_states=hidden[rows, :k], cache=state, attention_mask=None)
+        assert state.conv is not None and state.rec is not None, "a replayed layer has both states"
         layer.conv_states[0][rows] = state.conv.to(layer.conv_states[0].dtype)
         layer.recurrent_states[0][rows] = state.rec.to(layer.recurrent_states[0].dtype)
 

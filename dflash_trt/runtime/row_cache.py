@@ -24,7 +24,9 @@ compressor back in its own kernels: ``tensorrt_llm/_torch/attention_backend/spar
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -39,7 +41,7 @@ class RowCaches:
 
     rows: list = field(default_factory=list)
     pending: list | None = None
-    replay: object = None
+    replay: Callable[..., Any] | None = None
 
 
 class RowReplayPolicy:
@@ -78,6 +80,7 @@ class RowReplayPolicy:
 
     @torch.no_grad()
     def _settle(self, cache: RowCaches, n_keep: list[int]) -> None:
+        assert cache.pending is not None and cache.replay is not None, "settled only after a forward"
         for r, ((before, ids_r, pos_r), n) in enumerate(zip(cache.pending, n_keep, strict=True)):
             if n < ids_r.shape[1]:  # part of the draft was rejected: back to the copy, replay the rest
                 cache.rows[r] = before

@@ -131,6 +131,7 @@ def accept(draft: torch.Tensor, target_logits: torch.Tensor, q: torch.Tensor | N
     if draft.shape[1] == 0:
         return (torch.zeros(draft.shape[0], dtype=torch.long, device=draft.device),
                 draw(probs(target_logits[:, 0], p), gen))
+    assert q is not None, "sampled drafts carry the drafter's probabilities q"
     return rejection_sample(draft, q, probs(target_logits, p), gen)
 
 
@@ -205,7 +206,9 @@ def propose(draft_logits: torch.Tensor, params: Sequence[SamplingParams], keys: 
     if rows:
         tokens[rows] = _scores(draft_logits, rows, params, keys, first).argmax(-1)
     groups = _sampled_groups(params, keys)
-    q = torch.zeros_like(draft_logits, dtype=torch.float32) if groups else None
+    if not groups:
+        return tokens, None
+    q = torch.zeros_like(draft_logits, dtype=torch.float32)
     for p, rows in groups.items():
         q[rows] = probs(draft_logits[rows], p)
         tokens[rows] = draw(q[rows], None)

@@ -58,7 +58,7 @@ class Step:
     finished: list[Request] = field(default_factory=list)
     batch_size: int = 0
     draft_len: int | None = None
-    stats: Stats | None = None
+    stats: Stats = field(default_factory=lambda: Stats(block_size=1))  # replaced by the step's own
     seconds: float = 0.0
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dflash_trt.runtime import Pair, SamplingParams, generate
+from dflash_trt.serve.stops import TextStream
 
 
 class QueueFull(Exception):
@@ -45,13 +46,15 @@ _ids = itertools.count()
 @dataclass(eq=False)
 class Job:
     """One request's generation. ``sink(kind, payload)`` receives ``("tokens", [ids])``
-    after each commit and one final ``("done", finish_reason)`` or ``("error", message)``;
-    it is called from the worker thread."""
+    after each commit (then ``("text", str)``, the text now safe to stream, when the job has a
+    ``text``: its stop strings, :mod:`dflash_trt.serve.stops`) and one final
+    ``("done", finish_reason)`` or ``("error", message)``; it is called from the worker thread."""
 
     prompt: list[int]
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     ignore_eos: bool = False
+    text: TextStream | None = None  # the detokenized output, cut at a stop string
     sink: Callable[[str, object], None] = lambda kind, payload: None
     id: int = field(default_factory=lambda: next(_ids))
     tokens: list[int] = field(default_factory=list)
@@ -91,8 +94,20 @@ class Job:
         if new and not self.cancelled:
             self.tokens.extend(new)
             self.sink("tokens", new)
+            self._send_text()
+
+    def _send_text(self) -> None:
+        if self.text is not None and (delta := self.text.pop()):
+            self.sink("text", delta)
+
+    def match_stop(self, new: list[int]) -> int | None:
+        """``runtime.Request.match_stop``: the tokens of ``new`` up to a stop string's match."""
+        return self.text.feed(new) if self.text is not None else None
 
     def finish(self, reason: str) -> None:
+        if self.text is not None and reason != "cancelled":
+            self.text.finish()
+            self._send_text()
         self.finish_reason = reason
         self.finished_at = time.perf_counter()
         self.sink("done", reason)
@@ -272,12 +287,17 @@ class StaticBatcher(Batcher):
             j = jobs[row]
             return j.cancelled or len(j.tokens) >= j.max_tokens
 
+        def match_stop(row: int, new: list[int]) -> int | None:
+            j = jobs[row]  # the batch runs to the longest max_tokens: this job's own cut first
+            return j.match_stop(new[: j.max_tokens - len(j.tokens)])
+
         drafter = self.pair.drafter if self.block_size > 1 else None
         try:
             gen = generate(self.pair.target, drafter, [j.prompt for j in jobs],
                            max_new_tokens=max(j.max_tokens for j in jobs), sampling=jobs[0].sampling,
                            block_size=self.block_size, stop_token_ids=tuple(stops),
-                           on_commit=on_commit, should_stop=should_stop, backend=self.pair.backend)
+                           on_commit=on_commit, should_stop=should_stop, match_stop=match_stop,
+                           backend=self.pair.backend)
         except Exception as exc:  # a runtime failure fails this batch, not the server
             for j in jobs:
                 j.fail(f"generation failed: {type(exc).__name__}: {exc}")
@@ -286,7 +306,8 @@ class StaticBatcher(Batcher):
             if j.cancelled:
                 j.finish("cancelled")
             else:
-                j.finish("stop" if j.tokens and j.tokens[-1] in stops else "length")
+                matched = j.text is not None and j.text.matched
+                j.finish("stop" if matched or (j.tokens and j.tokens[-1] in stops) else "length")
         if self.metrics is not None:
             self.metrics.observe_round(gen.stats, len(jobs), gen.stats.seconds, sum(len(j.tokens) for j in jobs))
             for j in jobs:

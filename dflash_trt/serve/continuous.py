@@ -30,7 +30,7 @@ class ContinuousBatcher(Batcher):
     def _request(self, job: Job) -> Request:
         return Request(job.prompt, job.max_tokens, job.sampling, self.stops_for(job),
                        on_commit=lambda new: job.committed(new, self.metrics),
-                       should_stop=lambda: job.cancelled)
+                       should_stop=lambda: job.cancelled, match_stop=job.match_stop)
 
     def _admit(self) -> bool:
         """Block until there is work; hand the scheduler what fits. False: stopped and drained."""

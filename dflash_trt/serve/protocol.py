@@ -6,6 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dflash_trt.serve import fields
+from dflash_trt.serve.fields import ChatFields, CompletionFields, StreamOptions
+
 
 class APIError(Exception):
     """Answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
@@ -17,9 +20,9 @@ class APIError(Exception):
 
 
 class _Common(BaseModel):
-    # Unknown fields are ignored, as OpenAI-compatible servers do; fields that would change
-    # the output and that this server cannot honour are refused in check_supported().
-    model_config = ConfigDict(extra="ignore")
+    # Every field is honoured or refused by name (serve/fields.py): types are strict, unknown
+    # fields refused, unimplemented ones accepted only at their no-op values (check_supported).
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -27,36 +30,37 @@ class _Common(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)
     seed: int | None = None
-    n: int = 1
+    n: int | None = 1
     stop: None | str | list[str] = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
     ignore_eos: bool = False
 
+    def stops(self) -> tuple[str, ...]:
+        """The stop sequences (a string or up to 4, none empty: checked in check_supported)."""
+        return fields.stop_strings(self.stop)[0]
+
+    def check_fields(self, noops: dict[str, tuple]) -> None:
+        """Unimplemented fields only at their no-op values; stop sequences OpenAI allows."""
+        if (bad := fields.unsupported(self, noops)) is not None:
+            raise APIError(400, bad[1], param=bad[0])
+        if (why := fields.stop_strings(self.stop)[1]) is not None:
+            raise APIError(400, why, param="stop")
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
+
     def check_supported(self) -> None:
-        if self.n != 1:
-            raise APIError(400, "only n = 1 is supported", param="n")
-        if self.stop:
-            raise APIError(400, "stop sequences are not supported by the embedded server", param="stop")
         if self.top_k == -1:  # vLLM's spelling of "no top-k"
             self.top_k = 0
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(_Common, CompletionFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = None
-    best_of: int | None = None
     return_token_ids: bool = False  # vLLM's extension: the response ids in choices[0].token_ids
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise APIError(400, "echo is not supported", param="echo")
-        if self.logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs")
-        if self.best_of not in (None, 1):
-            raise APIError(400, "best_of is not supported", param="best_of")
+        self.check_fields(fields.COMPLETION_NOOPS)
 
     def prompt_value(self) -> str | list[int]:
         p = self.prompt
@@ -70,22 +74,36 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     role: str
     content: None | str | list[dict[str, Any]] = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    refusal: str | None = None
+    tool_call_id: str | None = None  # tool messages: their role is refused
+
+    def check(self, i: int) -> None:
+        """Roles the chat template takes (tools are refused), message fields at no-op values."""
+        if self.role not in fields.ROLES:
+            raise APIError(400, f"messages[{i}].role {self.role!r} is not supported; use one of "
+                           f"{', '.join(sorted(fields.ROLES))}", param=f"messages[{i}].role")
+        if (bad := fields.unsupported(self, fields.MESSAGE_NOOPS)) is not None:
+            raise APIError(400, f"messages[{i}].{bad[1]}", param=f"messages[{i}].{bad[0]}")
 
 
-class ChatRequest(_Common):
+class ChatRequest(_Common, ChatFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
     add_generation_prompt: bool = True
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs:
-            raise APIError(400, "logprobs are not supported", param="logprobs")
+        self.check_fields(fields.CHAT_NOOPS)
+        for i, m in enumerate(self.messages):
+            m.check(i)
 
     def encode(self, tokenizer) -> list[int]:
         if not getattr(tokenizer, "chat_template", None):
@@ -97,7 +115,10 @@ class ChatRequest(_Common):
                 if any(part.get("type") != "text" for part in content):
                     raise APIError(400, "only text content parts are supported", param="messages")
                 content = "".join(str(part.get("text", "")) for part in content)
-            msgs.append({"role": m.role, "content": content or ""})
+            msg = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+            if m.name is not None:
+                msg["name"] = m.name
+            msgs.append(msg)
         try:
             text = tokenizer.apply_chat_template(msgs, add_generation_prompt=self.add_generation_prompt,
                                                  tokenize=False)

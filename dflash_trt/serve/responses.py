@@ -20,7 +20,6 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from dflash_trt.serve.batcher import Job
-from dflash_trt.serve.protocol import IncrementalDetokenizer
 
 DONE = "data: [DONE]\n\n"
 
@@ -96,20 +95,17 @@ def chunk(reply: Reply, delta: str | None, finish: str | None = None, role: bool
 
 async def stream_events(reply: Reply, events: asyncio.Queue, job: Job, tokenizer, block_size: int,
                         include_usage: bool) -> AsyncIterator[str]:
-    """SSE chunks from the job's events (``tokens``, then ``done`` or ``error``), then [DONE]."""
-    detok = IncrementalDetokenizer(tokenizer)
+    """SSE chunks from the job's events (``text``: what its :class:`~dflash_trt.serve.stops.TextStream`
+    says is safe to send, never past a stop string; then ``done`` or ``error``), then [DONE]."""
     if reply.chat:
         yield chunk(reply, "", role=True)
     while True:
         kind, payload = await events.get()
-        if kind == "tokens":
-            text = detok.add(payload)
-            if text:
-                yield chunk(reply, text)
+        if kind == "text":
+            yield chunk(reply, payload)
+        elif kind == "tokens":
+            continue
         elif kind == "done":
-            rest = detok.flush()
-            if rest:
-                yield chunk(reply, rest)
             yield chunk(reply, None if reply.chat else "", finish=payload)
             if include_usage:
                 yield sse({**reply.head(reply.chunk_object), "choices": [], "usage": usage(job),

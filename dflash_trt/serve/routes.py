@@ -26,6 +26,7 @@ from dflash_trt.serve.batcher import Draining, Job, QueueFull
 from dflash_trt.serve.protocol import APIError, ChatRequest, CompletionRequest, validation_message
 from dflash_trt.serve.responses import JobStream, Reply, completion_body, error_body, stream_events
 from dflash_trt.serve.state import ServerState
+from dflash_trt.serve.stops import TextStream
 
 
 def server_of(request: Request) -> ServerState:
@@ -91,7 +92,9 @@ def make_job(server: ServerState, req, prompt_ids: list[int], requested: int | N
         sampling = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
     except Exception as exc:  # DFlashError from the checks in SamplingParams
         raise APIError(400, str(exc)) from None
-    return Job(prompt=prompt_ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=req.ignore_eos)
+    # the text as it is committed, cut at a stop string: what a stream sends (serve/stops.py)
+    text = TextStream(server.pair.tokenizer, req.stops()) if req.stream or req.stop else None
+    return Job(prompt=prompt_ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=req.ignore_eos, text=text)
 
 
 def submit(server: ServerState, job: Job) -> asyncio.Queue:
@@ -128,7 +131,7 @@ async def respond(request: Request, server: ServerState, req, job: Job, chat: bo
 
 def respond_stream(server: ServerState, req, job: Job, events: asyncio.Queue, chat: bool) -> JobStream:
     reply = Reply.new(chat, server.model_name)
-    include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
     body = stream_events(reply, events, job, server.pair.tokenizer, server.block_size, include_usage)
 
     def closed(gone: bool) -> None:
@@ -161,7 +164,8 @@ async def respond_full(request: Request, server: ServerState, job: Job, events: 
             raise APIError(500, str(payload), "server_error")
         if kind == "done":
             break
-    body = completion_body(reply, server.pair.decode(job.tokens), job, server.block_size)
+    text = job.text.text if job.text is not None else server.pair.decode(job.tokens)
+    body = completion_body(reply, text, job, server.block_size)
     server.metrics.request_done(200)
     return body
 

@@ -155,3 +155,20 @@ def test_winners_respect_what_a_schedule_can_say():
     wins = T.winners(measured, warnings)
     assert wins == {1: 3, 2: 0} and not warnings
     assert T.lengths_for({1: 7, 4: 3, 8: 0}, 10) == [7, 3, 3, 3, 0, 0, 0, 0, 0, 0]
+
+
+def test_tune_endpoint_records_which_arm_won(bundle, capsys):
+    """--mtp-endpoint: the three arms per concurrency, written into the manifest's plan.arms (the
+    bundle still verifies); the same embedded server stands in for each arm."""
+    from dflash_trt.runtime import load_bundle
+    from dflash_trt.serve import ServerThread, create_app
+
+    app = create_app(load_bundle(bundle), "tiny", max_batch=4)
+    with ServerThread(app) as srv:
+        assert run(["tune", str(bundle), "--endpoint", srv.url, "--baseline", srv.url, "--mtp-endpoint", srv.url,
+                    "--concurrency", "1", "--max-tokens", "4", "--requests", "2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["arms_written"] and [a["concurrency"] for a in r["arms"]] == [1]
+    arms = ingest.open_bundle(bundle).manifest.plan["arms"]
+    assert arms["measured"] == r["arms"] and arms["measured"][0]["winner"] in ("dflash", "mtp", "autoregressive")
+    check_bundle(bundle)

@@ -36,7 +36,12 @@ def bundle(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pair(bundle):
-    return load_bundle(bundle, resolve_run("onnx", bundle=bundle))
+    """The ONNX Runtime backend beside the bundle's PyTorch modules (the reference the tests hold
+    it to): a graph backend's own pair builds its modules on the meta device."""
+    import dataclasses
+
+    graphs = load_bundle(bundle, resolve_run("onnx", bundle=bundle))
+    return dataclasses.replace(load_bundle(bundle), backend=graphs.backend, spec=graphs.spec)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +52,9 @@ def prompts(pair):
 
 def test_the_manifest_records_the_graphs_and_their_profile(bundle):
     m = ingest.read_manifest(bundle)
-    assert m.engine.onnx == ["drafter.onnx", "embed.onnx", "target.onnx"]
+    assert m.engine.onnx == ["drafter.onnx", "drafter_ort.onnx", "embed.onnx", "target.onnx"]
     assert max(m.engine.target_onnx_max_error.values()) < 1e-3
+    assert max(v for k, v in m.engine.drafter_onnx_max_error.items() if k.startswith("ort_")) < 1e-4
     p = m.engine.profile
     serving = m.recipe["serving"]
     assert (p.max_batch, p.block_size, p.page_size) == (serving["max_batch_size"], 8, 16)
@@ -56,8 +62,11 @@ def test_the_manifest_records_the_graphs_and_their_profile(bundle):
     assert p.max_pages == p.max_batch * p.max_pages_per_seq
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [4, pytest.param(1, marks=pytest.mark.slow)])
 def test_greedy_through_onnx_is_the_targets_own_and_torchs(pair, prompts, batch):
+    """The drafter's native form (drafter_ort.onnx: no Python in a round) is lossless, and drafts
+    exactly what PyTorch drafts (same acceptance per position)."""
+    assert pair.backend.dense_drafter
     for i in range(0, len(prompts), batch):
         ps = prompts[i : i + batch]
         onnx = generate(None, None, ps, max_new_tokens=MAX_NEW, backend=pair.backend)
@@ -79,10 +88,11 @@ def test_autoregressive_and_sampling_through_onnx_match_torch(pair, prompts):
 
 
 class Recording(OnnxBackend):
-    """The ONNX backend, recording the largest extent of every profile dimension it is fed."""
+    """The ONNX backend with the custom-op drafter form (``drafter.onnx``, the TensorRT form, here
+    through Python custom ops), recording the largest extent of every profile dimension it is fed."""
 
     def __init__(self, *args):
-        super().__init__(*args)
+        super().__init__(*args, native=False)
         self.seen = dict.fromkeys(("batch", "tokens", "seq", "pages_per_seq", "pages"), 0)
         self.tables = []
 
@@ -106,7 +116,8 @@ class Recording(OnnxBackend):
 
 
 def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompts):
-    """Rows of different lengths cross many page boundaries, interleave their pages, and leave at
+    """The TensorRT form's paged cache (run here by ONNX Runtime's Python custom ops): rows of
+    different lengths cross many page boundaries, interleave their pages, and leave at
     different rounds; every token still matches the PyTorch backend, the shapes stay within the
     bound the profile is checked against, and compaction by row keeps the target cache narrow."""
     m = ingest.read_manifest(bundle)
@@ -135,6 +146,19 @@ def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompt
     row0 = rec.tables[0][0][0]
     row0 = row0[row0 >= 0]
     assert len(row0) >= 5 and bool((row0[1:] - row0[:-1] != 1).any())   # its pages interleave with other rows'
+    native = generate(None, None, ps, max_new_tokens=n, should_stop=stopper(), backend=pair.backend)
+    assert pair.backend.dense_drafter and native.token_ids == want.token_ids      # the dense form, rows leaving
+    assert native.stats.accepted_at == want.stats.accepted_at
+
+
+def test_a_graph_backend_loads_configs_and_tokenizer_not_the_weights(bundle, pair):
+    """Under a graph backend ``load_bundle`` builds the modules on the meta device (nothing allocated),
+    and what the commands read from a pair (stop ids, block size, MASK, serving plan) is unchanged."""
+    shell = load_bundle(bundle, resolve_run("onnx", bundle=bundle))
+    assert shell.target.device.type == "meta" and {p.device.type for p in shell.drafter.parameters()} == {"meta"}
+    assert (shell.stop_token_ids, shell.name, shell.max_batch_size, shell.block_size()) == \
+        (pair.stop_token_ids, pair.name, pair.max_batch_size, pair.block_size())
+    assert shell.drafter.cfg == pair.drafter.cfg and shell.encode("def f(x):") == pair.encode("def f(x):")
 
 
 def test_compaction_moves_each_rows_valid_columns_to_the_front(pair):

@@ -34,8 +34,12 @@ def bundle(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pair(bundle):
-    """That bundle loaded with its onnx backend."""
-    return load_bundle(bundle, resolve_run("onnx", bundle=bundle))
+    """That bundle's onnx backend beside its PyTorch modules (the reference the tests hold it to;
+    a graph backend's own pair builds its modules on the meta device)."""
+    import dataclasses
+
+    graphs = load_bundle(bundle, resolve_run("onnx", bundle=bundle))
+    return dataclasses.replace(load_bundle(bundle), backend=graphs.backend, spec=graphs.spec)
 
 
 def recording(backend):

@@ -61,7 +61,8 @@ def test_bench_json(tiny_pair_dir, tmp_path, capsys):
     (["generate", "--prompt", "x", "--target", "/nonexistent", "--drafter", "/nonexistent"], "no such directory"),
     (["generate"], "Missing option"),
     (["generate", "-p", "x", "--top-k", "-1"], "top-k"),
-    (["bench", "--prompts", "/nonexistent/file", "-t", "x", "-d", "y"], "does not exist"),
+    (["bench", "--prompts", "/nonexistent/file", "-t", "embedded:tiny/target", "-d", "embedded:tiny/drafter"],
+     "does not exist"),
     (["recipes", "show", "no-such-recipe"], "no recipe"),
     (["frobnicate"], "No such command"),
 ])

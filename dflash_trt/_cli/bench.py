@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import Progress
+from rich import box
 from rich.table import Table
 
 from dflash_trt._cli.common import (
     BackendOpt,
+    BlockSizeOpt,
     BundleArg,
     BundleOpt,
     DrafterOpt,
@@ -18,12 +19,14 @@ from dflash_trt._cli.common import (
     JsonOpt,
     KernelsOpt,
     TargetOpt,
+    check_refs,
     default_prompts,
     err,
     load_pair_from,
     out,
     print_json,
     save_then_plot,
+    steps,
 )
 
 
@@ -38,8 +41,7 @@ def bench(
         "--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
     max_new_tokens: Annotated[int, typer.Option(
         "--max-new-tokens", "--max-tokens", "-n", min=1, help="Tokens per prompt at most.")] = 128,
-    block_size: Annotated[int | None, typer.Option(
-        "--block-size", "-b", min=2, help="Draft block size B (default: the drafter's).")] = None,
+    block_size: BlockSizeOpt = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",
@@ -72,8 +74,11 @@ def bench(
     With --endpoint URL: drive any OpenAI-compatible server (trtllm-serve, vLLM, SGLang, 'dflash-trt serve')
     and report per concurrency output tokens/s, tokens/s per user, TTFT, ITL and τ when the server reports it.
     """
-    from dflash_trt.bench import inprocess
     from dflash_trt.errors import DFlashError
+
+    if endpoint is None:
+        check_refs(target, drafter, True, bundle or bundle_opt)  # before the runtime (torch) loads
+    from dflash_trt.bench import inprocess
 
     if endpoint is not None and backend != "torch":
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
@@ -90,10 +95,9 @@ def bench(
     texts = inprocess.read_prompts(prompts)
     pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels,
                           backend=backend)
-    with Progress(console=err, transient=True) as bar:
-        task = bar.add_task("prompts", total=len(texts))
+    with steps("prompts", len(texts)) as step:
         report = inprocess.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
-                       progress=lambda k: bar.update(task, completed=k))
+                               progress=step)
     if as_json:
         print_json(report)
         return
@@ -121,14 +125,15 @@ def show(r: dict) -> None:
               f"(autoregressive forward {s['autoregressive_forward_ms']:.2f} ms)")
 
 
-def planned_curve(bundle) -> tuple[list[dict] | None, int]:
-    """A bundle's predicted curves (``plan.predicted``) and the GPUs one server uses (its tp)."""
+def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
+    """A bundle's predicted curves (``plan.predicted``), the GPUs one server uses (its tp) and
+    the device it was planned for (``plan.gpu``: a GPU model, or cpu; None without a bundle)."""
     from dflash_trt import ingest
 
     if bundle is None:
-        return None, 1
+        return None, 1, None
     plan = ingest.open_bundle(bundle).manifest.plan or {}
-    return plan.get("predicted") or None, int(plan.get("tp") or 1)
+    return plan.get("predicted") or None, int(plan.get("tp") or 1), plan.get("gpu")
 
 
 def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
@@ -142,15 +147,17 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
     except ValueError:
         raise DFlashError(f"--concurrency {concurrency!r}: expected comma-separated integers, e.g. 1,4,16,32") from None
     texts = inprocess.read_prompts(prompts) if prompts else None
-    with err.status("benchmarking") as status:
+    with steps("benchmarking", len(levels) * (1 + bool(baseline) + bool(mtp))) as step:
         report = loadgen.run(endpoint, model=model, baseline=baseline, mtp=mtp, prompts=texts, concurrency=levels,
                              requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,
                              ignore_eos=ignore_eos,
-                             progress=lambda url, c: status.update(f"benchmarking: {url} concurrency {c} done"))
+                             progress=lambda url, c: step(desc=f"benchmarking: {url} concurrency {c} done"))
     refused = None
     if plot is not None:   # the results are saved (PLOT.json) before the figure is drawn
-        predicted, gpus = planned_curve(bundle)
-        refused = save_then_plot(report, plot, lambda p: loadgen.plot(report, p, predicted=predicted, gpus=gpus))
+        predicted, gpus, device = planned_curve(bundle)
+        refused = save_then_plot(report, plot, lambda p: loadgen.plot(report, p, predicted=predicted, gpus=gpus,
+                                                                      device=device,
+                                                                      name=Path(bundle).name if bundle else None))
         report["plot"] = None if refused else str(plot)
     if as_json:
         print_json(report)
@@ -170,15 +177,17 @@ def show_endpoint(r: dict) -> None:
         if key not in r:
             continue
         e = r[key]
-        t = Table(title=f"{key}: {e['url']} ({e['model']}), max {r['max_tokens']} tokens, T={r['temperature']}")
-        for col in ("concurrency", "ok/total", "tok/s", "tok/s/user", "TTFT p50 ms", "TTFT p99 ms",
-                    "ITL p50 ms", "ITL p99 ms", "τ"):
+        # short headers that wrap at spaces and a light box: all ten columns fit 80 columns whole
+        t = Table(title=f"{key}: {e['url']} ({e['model']}), max {r['max_tokens']} tokens, T={r['temperature']}",
+                  caption="conc: concurrent requests; TTFT, ITL in ms", box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("conc", "ok", "tok/s", "tok/s per user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "τ"):
             t.add_column(col, justify="right")
         if key == "endpoint" and speed:
-            t.add_column("speedup", justify="right")
+            t.add_column("speedup", justify="right", min_width=7)
         for lv in e["levels"]:
-            row = [str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", _fmt(lv["output_tokens_per_second"]),
-                   _fmt(lv["tokens_per_second_per_user"]), _fmt(lv["ttft_ms"]["median"]), _fmt(lv["ttft_ms"]["p99"]),
+            row = [str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", _fmt(lv["output_tokens_per_second"], ".0f"),
+                   _fmt(lv["tokens_per_second_per_user"]), _fmt(lv["ttft_ms"]["median"], ".0f"),
+                   _fmt(lv["ttft_ms"]["p99"], ".0f"),
                    _fmt(lv["itl_ms"]["median"]), _fmt(lv["itl_ms"]["p99"]), _fmt(lv["acceptance_length"], ".2f")]
             if key == "endpoint" and speed:
                 row.append(_fmt(speed.get(lv["concurrency"]), ".2f") + "x")

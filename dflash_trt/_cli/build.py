@@ -8,8 +8,19 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from dflash_trt._cli.common import DrafterOpt, JsonOpt, TargetOpt, err, out, print_json
+from dflash_trt._cli.common import (
+    DrafterOpt,
+    GpusOldOpt,
+    GpusPerNodeOpt,
+    JsonOpt,
+    TargetOpt,
+    err,
+    one_spelling,
+    out,
+    print_json,
+)
 
 DEFAULT_RECIPE = "tiny"
 
@@ -17,7 +28,6 @@ RecipeArg = Annotated[str | None, typer.Argument(help="Bundled recipe name or YA
                                                     "or none when --target and --drafter are given).")]
 GpuOpt = Annotated[str | None, typer.Option(
     "--gpu", help="GPU model: B300, B200, GB200, H200, H100, L40S, A100, cpu ...")]
-GpusOpt = Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs available per node.")]
 PrecisionOpt = Annotated[str | None, typer.Option(
     "--precision", help="Target weights: bf16, fp8, nvfp4, or auto (as shipped).")]
 KvOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="KV cache dtype: auto or fp8.")]
@@ -26,7 +36,7 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 
 
 # The recipe field each flag sets, as the typed value typer parsed (never re-read as YAML).
-FLAG_FIELDS = {"--gpu": "gpu.name", "--gpus": "gpu.count", "--precision": "precision.weights",
+FLAG_FIELDS = {"--gpu": "gpu.name", "--gpus-per-node": "gpu.count", "--precision": "precision.weights",
                "--kv-cache-dtype": "precision.kv_cache", "--calib": "precision.calib", "--graphs": "graphs"}
 #: ``--engine``, the old spelling of ``--graphs`` (hidden): the value of the recipe's ``graphs``
 OLD_ENGINE = {"tensorrt": True, "trtllm": False}
@@ -81,7 +91,8 @@ def build(
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     gpu: GpuOpt = None,
-    gpus: GpusOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    gpus: GpusOldOpt = None,
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
     calib: Annotated[str | None, typer.Option(
@@ -109,11 +120,13 @@ def build(
     org/name[@revision]. One build at a time per output (a second fails at once)."""
     from dflash_trt import deploy as pipeline
 
-    flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype,
+    flags = {"--gpu": gpu, "--gpus-per-node": one_spelling(gpus_per_node, gpus, "--gpus-per-node", "--gpus"),
+             "--precision": precision, "--kv-cache-dtype": kv_cache_dtype,
              "--calib": calib, "--graphs": graphs_flag(graphs, engine)}
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
+                  TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as bar:  # off in a log: a refusal stays one line
         task = bar.add_task(f"building {r.name}", total=None)
 
         def status(msg):
@@ -146,7 +159,8 @@ def plan(
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     gpu: GpuOpt = None,
-    gpus: GpusOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    gpus: GpusOldOpt = None,
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
     set_: SetOpt = None,
@@ -159,7 +173,8 @@ def plan(
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
     from dflash_trt import deploy as pipeline
 
-    flags = {"--gpu": gpu, "--gpus": gpus, "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
+    flags = {"--gpu": gpu, "--gpus-per-node": one_spelling(gpus_per_node, gpus, "--gpus-per-node", "--gpus"),
+             "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
     p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration)
     if as_json:
@@ -217,10 +232,21 @@ def show_plan(p, r) -> None:
     elif p.schedule == "draft_len_schedule":
         out.print(f"back-off: draft_len_schedule {p.draft_len_schedule}")
     else:
-        out.print("back-off: none (drafting pays at every planned batch size)")
+        out.print(no_backoff_verdict(p.curve))
     out.print(f"TensorRT-LLM {p.trtllm_release} drafts, by batch size: {p.describe_draft_lengths()}", markup=False)
-    for w in p.warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}")
+    for w in dict.fromkeys(p.warnings):  # each said once, in order
+        err.print(Text.assemble(("warning:", "yellow"), " ", w))  # w as written: no markup in file names
+
+
+def no_backoff_verdict(curve: list[dict]) -> str:
+    """The line for a plan without back-off, true to its own table: it says drafting pays only
+    where every drafted row of ``curve`` predicts a speedup of at least 1."""
+    slow = [row["batch"] for row in curve if row["draft_len"] and row["speedup"] < 1]
+    if not slow:
+        return "back-off: none (drafting predicted to pay at every planned batch size)"
+    where = f"batch {slow[0]}" if len(slow) == 1 else f"batch {slow[0]}-{slow[-1]}"
+    return (f"back-off: none, yet the table predicts a slowdown at {where}: "
+            "--set speculative.schedule=auto stops drafting there")
 
 
 def register(app: typer.Typer) -> None:

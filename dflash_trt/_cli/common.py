@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from enum import Enum
 from typing import Annotated
 
@@ -15,11 +16,16 @@ from rich.console import Console
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
+#: the ``embedded:`` references --help lists (tests/test_cli_conventions.py checks them against
+#: ``ingest.resolve.embedded_names()``; written out so --help need not import ingest)
+EMBEDDED_REFS = ("embedded:tiny/target", "embedded:tiny/drafter")
 TargetOpt = Annotated[str | None, typer.Option(
     "--target", "-t",
-    help="Target model: local directory or hub id (org/name\\[@rev]). Default: the embedded tiny pair.")]
+    help="Target model: local directory, hub id (org/name\\[@rev]) or embedded:NAME "
+         f"({EMBEDDED_REFS[0]}). Default: the embedded tiny pair.")]
 DrafterOpt = Annotated[str | None, typer.Option(
-    "--drafter", "-d", help="DFlash drafter: local directory or hub id, any published format.")]
+    "--drafter", "-d", help="DFlash drafter: local directory, hub id (any published format) or embedded:NAME "
+                            f"({EMBEDDED_REFS[1]}).")]
 DtypeOpt = Annotated[str, typer.Option(
     "--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
 KernelsOpt = Annotated[str, typer.Option(
@@ -28,7 +34,23 @@ KernelsOpt = Annotated[str, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 BundleArg = Annotated[str | None, typer.Argument(
     help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
-BundleOpt = Annotated[str | None, typer.Option("--bundle", help="A bundle directory from `dflash-trt build`.")]
+BundleOpt = Annotated[str | None, typer.Option(
+    "--bundle", hidden=True, help="Old spelling of the BUNDLE argument (the convention of serve, tune, verify).")]
+BlockSizeOpt = Annotated[int | None, typer.Option(
+    "--block-size", "-b", min=1, help="Draft block size B (default: the drafter's trained block); 1 is plain "
+                                      "autoregressive decoding.")]
+GpusPerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node.")]
+#: ``--gpus``, the old spelling of ``--gpus-per-node`` in build/plan (hidden)
+GpusOldOpt = Annotated[int | None, typer.Option("--gpus", min=1, hidden=True, help="Old spelling of --gpus-per-node.")]
+
+
+def one_spelling(new, old, new_name: str, old_name: str):
+    """The value of a flag given under its name or its old hidden spelling (refused when they differ)."""
+    from dflash_trt.errors import DFlashError
+
+    if new is not None and old is not None and new != old:
+        raise DFlashError(f"{old_name} {old} and {new_name} {new} disagree: give {new_name} only")
+    return new if new is not None else old
 BackendOpt = Annotated[str, typer.Option(
     "--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over "
                       "the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle "
@@ -41,8 +63,38 @@ class Batching(str, Enum):
 
 
 BatchingOpt = Annotated[Batching, typer.Option(
-    "--batching", help="Embedded server: continuous (requests join the running batch every round) or static (one "
-                       "batch at a time, for comparison; what --backend onnx|tensorrt run).")]
+    "--batching", case_sensitive=False,
+    help="Embedded server: continuous (requests join the running batch every round) or static (one "
+         "batch at a time, for comparison; what --backend onnx|tensorrt run).")]
+
+
+@contextmanager
+def steps(description: str, total: int | None):
+    """Progress of a long loop: yields ``step(completed=None, description=None)`` (None: one more).
+    On a terminal a transient rich bar; otherwise (CI logs, ``| tee``), where a live bar shows
+    nothing, one stderr line per step, so a minute-long bench or tune is not silent."""
+    import time
+
+    if err.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as bar:
+            task = bar.add_task(description, total=total)
+
+            def update(completed=None, desc=None):
+                bar.update(task, **({"advance": 1} if completed is None else {"completed": completed}),
+                           **({"description": desc} if desc else {}))
+            yield update
+        return
+    start, done = time.perf_counter(), [0]
+
+    def line(completed=None, desc=None):
+        done[0] = done[0] + 1 if completed is None else completed
+        of = f"/{total}" if total else ""
+        print(f"{desc or description}: {done[0]}{of} ({time.perf_counter() - start:.0f} s)", file=sys.stderr,
+              flush=True)
+    yield line
 
 
 def print_json(obj) -> None:
@@ -77,6 +129,8 @@ def run_spec(backend: str = "torch", kernels: str = "reference", batching: str |
     what resolving changed is said here, once, on stderr."""
     from dflash_trt.runtime import resolve_run
 
+    # choices are case-insensitive, as typer's case_sensitive=False makes the enum flags
+    backend, kernels, dtype = backend.lower(), kernels.lower(), dtype.lower()
     spec = resolve_run(backend, kernels, batching, bundle=bundle, dtype=dtype)
     for note in spec.notes:
         err.print(note)
@@ -93,10 +147,37 @@ def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_dra
     if bundle is not None and bundle_opt is not None and bundle != bundle_opt:
         raise DFlashError("give the bundle once: as an argument or with --bundle")
     bundle = bundle or bundle_opt
+    check_refs(target, drafter, need_drafter, bundle)
     spec = run_spec(backend, kernels, bundle=bundle, dtype=dtype)
     pair = _load(target, drafter, dtype, need_drafter, bundle, spec)
     _threads_for(pair)
     return pair
+
+
+def check_refs(target=None, drafter=None, need_drafter: bool = True, bundle=None) -> None:
+    """A bad path or a missing flag is refused from the file system alone, before the runtime
+    (torch, transformers' model code) is imported: one line in well under a second."""
+    from dflash_trt import ingest
+    from dflash_trt.errors import DFlashError
+
+    if bundle is not None:
+        ingest.open_bundle(str(bundle), require_manifest=False)  # serve takes a hand-made trtllm directory too
+        return
+    if target is None and drafter is not None:
+        raise DFlashError("--drafter needs --target: pass both, or neither for the embedded tiny pair")
+    if target is not None and drafter is None and need_drafter:
+        raise DFlashError("no drafter given: pass --drafter DIR_OR_HUB_ID")
+    for ref, role in ((target, "target"), (drafter, "drafter")):
+        if ref is not None and _local(ref):  # hub ids are fetched when loaded, once
+            ingest.resolve(ref, role)
+
+
+def _local(ref: str) -> bool:
+    """A reference ``ingest.resolve`` answers from this machine (no hub call): embedded, a path,
+    or a name that cannot be a hub id."""
+    from pathlib import Path
+
+    return ref.startswith(("embedded:", "/", ".", "~")) or "/" not in ref or Path(ref.split("/")[0]).is_dir()
 
 
 def _threads_for(pair) -> None:

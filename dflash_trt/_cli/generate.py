@@ -9,6 +9,7 @@ import typer
 
 from dflash_trt._cli.common import (
     BackendOpt,
+    BlockSizeOpt,
     BundleArg,
     BundleOpt,
     DrafterOpt,
@@ -16,6 +17,7 @@ from dflash_trt._cli.common import (
     JsonOpt,
     KernelsOpt,
     TargetOpt,
+    check_refs,
     err,
     load_pair_from,
     out,
@@ -36,9 +38,7 @@ def generate(
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")] = 0,
     seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
-    block_size: Annotated[int | None, typer.Option(
-        "--block-size", "-b", min=1, help="Draft block size B (default: the drafter's); 1 is plain autoregressive "
-                                          "decoding.")] = None,
+    block_size: BlockSizeOpt = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")] = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "reference",
@@ -46,6 +46,7 @@ def generate(
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text with DFlash speculative decoding and print acceptance statistics."""
+    check_refs(target, drafter, block_size != 1, bundle or bundle_opt)  # before the runtime (torch) loads
     from dflash_trt.runtime import SamplingParams
     from dflash_trt.runtime import generate as run
 

@@ -71,8 +71,10 @@ def _rows(info: dict) -> list[tuple[str, str]]:
 
 def inspect(
     ref: Annotated[str, typer.Argument(
-        metavar="PATH_OR_ID", help="Drafter or target: local directory or hub id (org/name or org/name@revision).")],
-    target: Annotated[str | None, typer.Option("--target", "-t", help="Check the drafter against this target.")] = None,
+        metavar="PATH_OR_ID", help="Drafter or target: local directory, hub id (org/name or org/name@revision) "
+                                   "or embedded:NAME (embedded:tiny/target, embedded:tiny/drafter).")],
+    target: Annotated[str | None, typer.Option("--target", "-t", help="Check the drafter against this target "
+                                                                       "(also embedded:tiny/target).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Describe a checkpoint (format, layer ids, mask id, sizes, quantization); with --target, the pair verdict."""

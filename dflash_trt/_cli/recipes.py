@@ -31,14 +31,16 @@ def list_(
     t.add_column("gpus", no_wrap=True)
     t.add_column("weights", no_wrap=True)
     t.add_column("status", no_wrap=True)
-    if reasons:
-        t.add_column("reason")
+    why = []  # reasons go under the table, one line each: a fifth column is a few characters wide at 80
     for name, path in R.bundled_recipes().items():
         r = R.load_recipe(path)
         st = R.recipe_status(r)
-        row = [name, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}", r.precision.weights, st.kind]
-        t.add_row(*row, *([st.reason] if reasons else []))
-    out.print(t)
+        t.add_row(name, f"{r.gpu.count * r.gpu.nodes}x {r.gpu.name}", r.precision.weights, st.kind)
+        if reasons and st.reason:
+            why.append(f"{name}: {st.reason}")
+    out.print(t, soft_wrap=False)  # the caption wraps to the table's width
+    for line in why:
+        out.print(line, markup=False, soft_wrap=False)
 
 
 @recipes_app.command("show")

@@ -10,7 +10,17 @@ from typing import Annotated
 
 import typer
 
-from dflash_trt._cli.common import BackendOpt, Batching, BatchingOpt, DtypeOpt, KernelsOpt, err, out, run_spec
+from dflash_trt._cli.common import (
+    BackendOpt,
+    Batching,
+    BatchingOpt,
+    BlockSizeOpt,
+    DtypeOpt,
+    KernelsOpt,
+    err,
+    out,
+    run_spec,
+)
 
 
 class Server(str, Enum):
@@ -37,7 +47,8 @@ def serve(
     bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    server: Annotated[Server, typer.Option("--server", help="What answers HTTP: trtllm (trtllm-serve), embedded "
+    server: Annotated[Server, typer.Option("--server", case_sensitive=False,
+                                           help="What answers HTTP: trtllm (trtllm-serve), embedded "
                                            "(the embedded server on the reference runtime), or auto: trtllm-serve "
                                            "when it is on PATH and --backend/--kernels are left as they are, else "
                                            "embedded.")] = Server.auto,
@@ -47,7 +58,8 @@ def serve(
     check: Annotated[bool, typer.Option("--check", help="Validate the bundle's trtllm/config.yaml with the "
                                         "installed TensorRT-LLM's own LLM-API classes (what serve.sh does before "
                                         "it serves) and exit: 2 naming a key that release rejects.")] = False,
-    emit: Annotated[Emit | None, typer.Option(help="Write a multi-node launch file instead of serving.")] = None,
+    emit: Annotated[Emit | None, typer.Option(
+        case_sensitive=False, help="Write a multi-node launch file instead of serving.")] = None,
     nodes: Annotated[int, typer.Option(min=1, help="Nodes for --emit.")] = 1,
     gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node for --emit "
                                                          "(default: the manifest's, else 8).")] = None,
@@ -65,8 +77,7 @@ def serve(
     batching: BatchingOpt = Batching.continuous,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
-    block_size: Annotated[int | None, typer.Option("--block-size", "-b", min=1, help="Embedded server: draft block "
-                                                      "size (1: autoregressive).")] = None,
+    block_size: BlockSizeOpt = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads for generation "
                                                    "(default: all cores but one, left to the event loop).")] = None,
     dtype: DtypeOpt = "auto",
@@ -82,7 +93,10 @@ def serve(
                                                  "failed and the server stops.")] = 30.0,
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    from dflash_trt._cli.common import check_refs
     from dflash_trt.errors import DFlashError
+
+    check_refs(bundle=bundle)  # a bad path is one line before the server's imports (torch)
     from dflash_trt.serve import launch
 
     server = _server(server, runtime)

@@ -26,7 +26,8 @@ def _layer_ids(value: str | None) -> list[int] | None:
 
 def train_drafter(
     target: Annotated[str, typer.Option(
-        "--target", "-t", help="Target: local Hugging Face directory, hub id, or embedded:NAME.")],
+        "--target", "-t", help="Target: local Hugging Face directory, hub id, or embedded:NAME "
+                             "(embedded:tiny/target).")],
     data: Annotated[str, typer.Option(
         "--data", help="Prompts: JSONL with 'prompt', a text file, or a folder of text files (cut into prompts).")],
     out_dir: Annotated[Path, typer.Option(

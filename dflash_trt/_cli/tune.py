@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dflash_trt._cli.bench import show_arms
-from dflash_trt._cli.common import JsonOpt, err, out, print_json, save_then_plot
+from dflash_trt._cli.common import JsonOpt, check_refs, err, out, print_json, save_then_plot, steps
 from dflash_trt.errors import DFlashError
 
 
@@ -59,6 +58,7 @@ def tune(
     """Measure instead of predicting: serve the bundle with drafting off and at a few draft lengths, sweep concurrency
     1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
     as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was."""
+    check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
     from dflash_trt.bench import inprocess
     from dflash_trt.bench import tune as T
     from dflash_trt.plan import batch_grid
@@ -69,10 +69,10 @@ def tune(
     if baseline is not None and endpoint is None:
         raise DFlashError("--baseline goes with --endpoint URL (the sweep measures drafting off itself)")
     if endpoint is not None:
-        with _bar(len(levels) * (1 + bool(baseline) + bool(mtp_endpoint))) as (bar, task):
+        with steps("measuring", len(levels) * (1 + bool(baseline) + bool(mtp_endpoint))) as step:
             report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                        model=model, progress=lambda _L, c: bar.advance(task), baseline=baseline,
-                                        mtp=mtp_endpoint)
+                                        model=model, progress=lambda _L, c: step(desc=f"concurrency {c}"),
+                                        baseline=baseline, mtp=mtp_endpoint)
         cal, rows = T.fit(t, report)
         written = bool(mtp_endpoint) and not dry_run   # the manifest records the arms; nothing else changes
         if written:
@@ -88,15 +88,15 @@ def tune(
                       + ("manifest: plan.arms recorded" if written else "unchanged"), markup=False)
         return
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
-    with _bar(len(sweep) * len(levels)) as (bar, task):
+    with steps("measuring", len(sweep) * len(levels)) as step:
         measured = T.measure_embedded(t, sweep, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                      threads=threads, progress=lambda L, c: bar.update(
-                                          task, advance=1, description=f"draft {L or 'off'}, concurrency {c}"))
+                                      threads=threads,
+                                      progress=lambda L, c: step(desc=f"draft {L or 'off'}, concurrency {c}"))
     mtp_levels = None
     if mtp_endpoint is not None:
-        with _bar(len(levels)) as (bar, task):
+        with steps("measuring the MTP arm", len(levels)) as step:
             mtp_report = T.measure_endpoint(mtp_endpoint, levels, requests=requests, max_tokens=max_tokens,
-                                            prompts=texts, progress=lambda _L, c: bar.advance(task))
+                                            prompts=texts, progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"))
         mtp_levels = mtp_report["endpoint"]["levels"]
     _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels)
 
@@ -149,15 +149,7 @@ def _refused(message: str | None) -> None:
         raise DFlashError(message)
 
 
-def _bar(total: int):
-    from contextlib import contextmanager
 
-    @contextmanager
-    def ctx():
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
-            yield bar, bar.add_task("measuring", total=total)
-    return ctx()
 
 
 def _show_sweep(measured: dict, wins: dict) -> None:
@@ -195,7 +187,8 @@ def _plot(T, t, measured, wins, cal, drafted, path) -> None:
     if 0 in measured:
         report["baseline"] = {"model": t.name, "levels": measured[0]}
         report["comparison"] = loadgen.compare(report["endpoint"], report["baseline"])
-    loadgen.plot(report, path, predicted=T.predicted_curve(t, cal, drafted))
+    loadgen.plot(report, path, predicted=T.predicted_curve(t, cal, drafted), device=(t.manifest.plan or {}).get("gpu"),
+                 name=t.name)
 
 
 def register(app: typer.Typer) -> None:

@@ -342,7 +342,16 @@ def compare(ep: dict, base: dict) -> dict:
 
 
 # ---- the figure -------------------------------------------------------------------------------
-def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1) -> None:
+def throughput_unit(device: str | None) -> str:
+    """What the throughput axis is divided by: a GPU only where the bundle's plan says the server
+    runs on GPUs; a CPU run is one process; without a bundle the device is unknown (per server)."""
+    if device is None:
+        return "server"
+    return "process (CPU)" if device.lower() == "cpu" else "GPU"
+
+
+def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1, device: str | None = None,
+         name: str | None = None) -> None:
     """The charts deployments are compared by, in one PNG:
 
     * throughput per GPU (output tokens/s / ``gpus``) against tokens/s per user, one point per
@@ -350,17 +359,24 @@ def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1)
       quotes DFlash results on; with ``predicted`` (a plan's ``predicted`` rows) the planner's
       curves dashed beside them;
     * time to first token and inter-token latency (median, p99 dotted) against concurrency;
-    * with a baseline, the speedup against concurrency.
+    * with a baseline, the speedup against concurrency (without one, three panels, none blank).
+
+    Titled with ``name`` (the bundle, else the served model), max tokens and temperature; the
+    throughput unit follows ``device`` (:func:`throughput_unit`).
     """
     mpl = require("matplotlib", "bench", "--plot")
     mpl.use("Agg")
     import matplotlib.pyplot as plt
 
     has_base = "baseline" in report
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8.4))
+    fig, grid = plt.subplots(2, 2, figsize=(11, 8.4)) if has_base else plt.subplots(1, 3, figsize=(15, 4.6))
+    axes = grid if has_base else [[grid[0], grid[1]], [grid[2], None]]
+    run = [f"max {report['max_tokens']} tokens" if "max_tokens" in report else "",
+           f"temperature {report['temperature']}" if "temperature" in report else ""]
+    fig.suptitle(", ".join([name or report["endpoint"]["model"], *filter(None, run)]))
     styles = (("endpoint", "DFlash" if has_base else "endpoint", "o-", "tab:blue"),
               ("baseline", "baseline", "s-", "tab:gray"))
-    _frontier(axes[0][0], report, styles, predicted, max(1, gpus))
+    _frontier(axes[0][0], report, styles, predicted, max(1, gpus), throughput_unit(device))
     for ax, key, title in ((axes[0][1], "ttft_ms", "time to first token"),
                            (axes[1][0], "itl_ms", "inter-token latency")):
         for name, label, style, color in styles:
@@ -380,15 +396,13 @@ def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1)
                     label="planner")
         ax.axhline(1.0, color="gray", linestyle=":")
         _axes(ax, "concurrency", "speedup over baseline", "speedup")
-    else:
-        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
 
 
-def _frontier(ax, report: dict, styles, predicted: list[dict] | None, gpus: int) -> None:
-    """Throughput per GPU against tokens/s per user, each point labelled with its concurrency."""
+def _frontier(ax, report: dict, styles, predicted: list[dict] | None, gpus: int, unit: str = "GPU") -> None:
+    """Throughput per ``unit`` against tokens/s per user, each point labelled with its concurrency."""
     for name, label, style, color in styles:
         if name not in report:
             continue
@@ -404,7 +418,8 @@ def _frontier(ax, report: dict, styles, predicted: list[dict] | None, gpus: int)
         ax.plot([r["baseline_tokens_per_second_per_user"] for r in predicted],
                 [r["baseline_output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:gray",
                 label="planner: baseline")
-    _axes(ax, "tokens/s per user", "output tokens/s per GPU", "throughput per GPU vs tokens/s per user", log=False)
+    _axes(ax, "tokens/s per user", f"output tokens/s per {unit}", f"throughput per {unit} vs tokens/s per user",
+          log=False)
 
 
 def _nan(x: float | None) -> float:

@@ -19,16 +19,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from dflash_trt import ingest
-from dflash_trt.model import Drafter, drafter_for
+
+if TYPE_CHECKING:  # torch loads when a build writes weights, not when `plan` or `--dry-run` imports deploy
+    from dflash_trt.model import Drafter
 
 
 def sort_target_layers(drafter: Drafter) -> Drafter:
     """The same drafter with ascending ``target_layer_ids`` and ``fc``'s column blocks permuted
     to match (itself when already ascending). fc.weight: [H, n_tap*H], block j = tap j."""
+    import torch
+
+    from dflash_trt.model import drafter_for
+
     ids = list(drafter.cfg.target_layer_ids)
     order = sorted(range(len(ids)), key=lambda j: ids[j])
     if order == list(range(len(ids))):
@@ -47,6 +52,8 @@ def sort_target_layers(drafter: Drafter) -> Drafter:
 def write_drafter(src: Path, out: Path) -> dict:
     """Write ``src`` (any supported format) as the bundle's BF16 z-lab drafter at ``out``;
     returns the manifest's ``drafter`` section (what was changed, and why)."""
+    import torch
+
     stored = ingest.read_drafter(src).dtype       # the weights' dtype on disk
     drafter = ingest.load_drafter(src, dtype=torch.bfloat16)
     source_ids = list(drafter.cfg.target_layer_ids)

@@ -75,7 +75,7 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
     t = read_target(target_dir, require_weights=require_weights)
     d = read_drafter(drafter_dir, require_weights=require_weights)
     r = PairReport(t, d)
-    _file_warnings(r, t, d)
+    _file_warnings(r, t, d, require_weights)
     _check_hidden_layout(r, t, d)
     _check_vocab_and_mask(r, t, d)   # may fill the drafter's missing vocab_size from the target
     _check_target_layers(r, t, d)
@@ -95,11 +95,12 @@ def _configs(t: TargetSpec, d: DrafterSpec) -> tuple[Path, Path]:
     return d.path / "config.json", t.path / "config.json"
 
 
-def _file_warnings(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
-    for w in t.warnings:
-        r.add("target files", "warn", w)
-    for w in d.warnings:
-        r.add("drafter files", "warn", w)
+def _file_warnings(r: PairReport, t: TargetSpec, d: DrafterSpec, require_weights: bool = True) -> None:
+    """The files' warnings; absent weights are what a config-only read (plan, --dry-run) expects,
+    so there they are a check's detail, not a warning the user could act on."""
+    for check, spec in (("target files", t), ("drafter files", d)):
+        for w in spec.warnings:
+            r.add(check, "ok" if not require_weights and "weights absent" in w else "warn", w)
 
 
 def _check_hidden_layout(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
@@ -216,8 +217,8 @@ def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> Non
             r.add("tokenizer", "error", why)
         else:
             r.add("tokenizer", "ok", f"{', '.join(t.tokenizer_files)} (loads, round-trips a probe)")
-    elif not require_weights:
-        r.add("tokenizer", "warn", f"{t.path}: tokenizer absent (config-only directory)")
+    elif not require_weights:  # a config-only read (plan): the tokenizer is needed to serve, not to plan
+        r.add("tokenizer", "ok", "absent (config-only directory; needed to serve, not to plan)")
     else:
         r.add("tokenizer", "error", f"{t.path}: no tokenizer files (tokenizer.json / tokenizer_config.json / "
               "tokenizer.model); copy the model's tokenizer into the target directory")

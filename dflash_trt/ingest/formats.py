@@ -146,9 +146,9 @@ def detect(cfg: dict, names: list[str], root: Path) -> str:
 
 
 def _known_arch(arch: str) -> bool:
-    import transformers
+    from dflash_trt.ingest.resolve import transformers_names
 
-    return hasattr(transformers, arch)
+    return arch in transformers_names()  # without importing the modeling code (torch)
 
 
 def _is_modelopt(cfg: dict, names: list[str], root: Path) -> bool:
@@ -196,9 +196,10 @@ def _zlab(cfg: dict, names: list[str], root: Path, fmt: str) -> Normalised:
     notes: list[str] = []
     theta, scaling = flatten_rope(cfg)
     z["rope_theta"], z["rope_scaling"] = theta, scaling
-    base = _class_defaults(str(cfg.get("model_type") or "qwen3"))
-    for key in ("head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size",
-                "intermediate_size"):
+    keys = ("head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size", "intermediate_size")
+    # the config class (and with it torch) only when a field is missing: a complete config reads torch-free
+    base = _class_defaults(str(cfg.get("model_type") or "qwen3")) if any(z.get(k) is None for k in keys) else {}
+    for key in keys:
         if z.get(key) is None and key in base:
             z[key] = base[key]
             defaulted.append(key)

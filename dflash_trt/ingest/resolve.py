@@ -6,6 +6,7 @@ reader runs (a missing or malformed file is one line naming it).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -23,6 +24,21 @@ def embedded_dir(name: str) -> Path:
     return Path(str(resources.files("dflash_trt") / "assets" / name))
 
 
+@functools.cache
+def transformers_names() -> frozenset[str]:
+    """The names the installed transformers exports (its lazy ``__all__``): an architecture is
+    known without importing its modeling code (torch), and without ``dir()``'s 0.2 s per call."""
+    import transformers
+
+    return frozenset(transformers.__all__)
+
+
+def embedded_names() -> list[str]:
+    """The valid ``embedded:NAME`` names: every packaged asset directory holding a config.json."""
+    root = embedded_dir("")
+    return sorted(str(p.parent.relative_to(root)) for p in root.glob("**/config.json"))
+
+
 def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None,
             configs_only: bool = False, hub_only: bool = False) -> Path:
     """A local directory for a model reference.
@@ -38,7 +54,8 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
     if ref.startswith(EMBEDDED_PREFIX):
         path = embedded_dir(ref[len(EMBEDDED_PREFIX):])
         if not (path / "config.json").exists():
-            raise CheckpointError(f"{role} {ref!r}: no such embedded model in this installation")
+            names = ", ".join(EMBEDDED_PREFIX + n for n in embedded_names())
+            raise CheckpointError(f"{role} {ref!r}: no such embedded model; this installation has {names}")
         return path
     if hub_only:   # a recipe's id that is not a local path by the recipe path rule
         from dflash_trt.ingest import hub

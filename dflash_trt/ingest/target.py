@@ -15,7 +15,7 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest import files
 from dflash_trt.ingest.formats import flatten_rope
-from dflash_trt.ingest.resolve import open_dir, positive_int, read_json
+from dflash_trt.ingest.resolve import open_dir, positive_int, read_json, transformers_names
 
 # Whether TensorRT-LLM captures a target's hidden states is the release table's business:
 # ``dflash_trt.plan.trtllm_capture`` (one row per family, read in TensorRT-LLM's source).
@@ -150,12 +150,22 @@ class TargetSpec:
         }
 
 
+def _config_mapping_names():
+    """transformers' model_type -> config class names, read without importing its config classes
+    (``configuration_auto`` imports torch: reading a config directory must not); architectures
+    are looked up in ``resolve.transformers_names()`` the same way."""
+    try:  # transformers >= 5: the generated table the auto classes extend
+        from transformers.models.auto.auto_mappings import CONFIG_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - older transformers keep it in configuration_auto
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    return CONFIG_MAPPING_NAMES
+
+
 def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     """Read a Hugging Face causal LM directory from its configs and safetensors headers."""
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-
+    CONFIG_MAPPING_NAMES = _config_mapping_names()
     path = open_dir(path, "Hugging Face model")
     where = path / "config.json"
     raw = read_json(where)
@@ -164,7 +174,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
                               "--target and --drafter?")
     archs = [str(a) for a in raw.get("architectures") or []]
     model_type = str(raw.get("model_type") or "")
-    if model_type not in CONFIG_MAPPING_NAMES or (archs and not hasattr(transformers, archs[0])):
+    if model_type not in CONFIG_MAPPING_NAMES or (archs and archs[0] not in transformers_names()):
         if raw.get("auto_map"):
             raise CheckpointError(f"{where}: {archs[0] if archs else model_type or 'this model'} is only defined "
                                   "by custom code in the checkpoint (auto_map), which dflash-trt never runs "
@@ -190,7 +200,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         tokenizer_files=files.tokenizer_files(path),
         weights=ws, warnings=list(ws.warnings),
     )
-    if archs and not hasattr(transformers, archs[0]):
+    if archs and archs[0] not in transformers_names():
         spec.warnings.append(f"{where}: architecture {archs[0]} is not in transformers {transformers.__version__}; "
                              "the reference runtime may not load it")
     if spec.rope_theta is None:
@@ -199,7 +209,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         base = _class_defaults(model_type)
         spec.rope_theta, spec.rope_scaling = base.get("rope_theta"), spec.rope_scaling or base.get("rope_scaling")
     if ws.present:
-        _check_target_tensors(spec)
+        _check_target_tensors(spec, model_code=require_weights or not _packaged(path))
     return spec
 
 
@@ -225,7 +235,18 @@ def _check_numbers(text: dict, theta, where: Path) -> None:
         positive_int(text, "max_position_embeddings", where)
 
 
-def _check_target_tensors(spec: TargetSpec) -> None:
+def _packaged(path: Path) -> bool:
+    """Whether ``path`` is inside the installed package's embedded assets."""
+    from dflash_trt.ingest.resolve import embedded_dir
+
+    return Path(path).resolve().is_relative_to(embedded_dir("").resolve())
+
+
+def _check_target_tensors(spec: TargetSpec, model_code: bool = True) -> None:
+    """Tensor names and shapes against the config, from the safetensors headers; ``model_code``
+    also builds the architecture on the meta device (torch) to check every unquantized shape:
+    for every directory of the user's; the packaged embedded pair (checked by the project's tests)
+    is read config-only where weights are not required, so ``plan tiny`` needs no torch."""
     names = [n for n in spec.weights.tensors if n.endswith("embed_tokens.weight")]
     if names:
         name = min(names, key=len)
@@ -241,7 +262,7 @@ def _check_target_tensors(spec: TargetSpec) -> None:
     if found and max(found) + 1 < spec.num_layers:
         raise CheckpointError(f"{spec.path}: the weights hold decoder layers 0..{max(found)} but config.json says "
                               f"{spec.num_layers}; a shard is missing: download the checkpoint again")
-    if spec.quantization is None:
+    if spec.quantization is None and model_code:
         _check_unquantized(spec)
 
 

@@ -145,6 +145,27 @@ def load_bundle(path: str | Path, spec: RunSpec | None = None, *, dtype: str = "
     """
     spec = spec or RunSpec()
     bundle = ingest.open_bundle(path)
+    try:
+        return _load_bundle(bundle, spec, dtype, device)
+    except CheckpointError as exc:  # a damaged bundle: its advice is to rebuild, not to download
+        raise bundle_damage(exc, bundle.root) from exc
+
+
+#: the advice a checkpoint reader gives for a damaged file, and what it means inside a bundle
+_REDOWNLOAD = ("download the checkpoint again", "download it again", "download again")
+
+
+def bundle_damage(exc: CheckpointError, root: Path) -> CheckpointError:
+    """``exc`` said of a bundle: a damaged file is rebuilt with ``dflash-trt build``, not downloaded."""
+    msg = str(exc)
+    for phrase in _REDOWNLOAD:
+        if phrase in msg:
+            return CheckpointError(msg.replace(phrase, f"the bundle is damaged: rebuild it "
+                                                       f"('dflash-trt build ... -o {root} --force')"))
+    return exc
+
+
+def _load_bundle(bundle, spec: RunSpec, dtype: str, device: str) -> Pair:
     ref = bundle.built.reference_runtime
     tdir, ddir = bundle.root / ref.target, bundle.root / ref.drafter
     if spec.graphs:

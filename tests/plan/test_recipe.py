@@ -93,7 +93,7 @@ def test_recipes_cli(tmp_path, capsys):
 def test_flags_land_in_typed_fields_without_yaml():
     from dflash_trt._cli.build import recipe_from_flags
 
-    flags = {"--gpu": "100", "--gpus": 2, "--precision": "fp8", "--kv-cache-dtype": "fp8",
+    flags = {"--gpu": "100", "--gpus-per-node": 2, "--precision": "fp8", "--kv-cache-dtype": "fp8",
              "--calib": "calib #1.txt", "--graphs": True}
     r = recipe_from_flags("qwen3-8b-h100-fp8", "org/t", None, flags, None)
     # YAML would have read "100" as an int (refused for a name) and cut "calib #1.txt" at the comment.

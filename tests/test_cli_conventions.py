@@ -1,0 +1,227 @@
+"""One convention per flag, and documentation that matches the real CLI.
+
+The README's command table is read and every command, flag and positional argument it shows is
+looked up in the command typer builds (``typer.main.get_command``); shared flags have one range
+and one name everywhere; printed verdicts agree with the numbers beside them."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import typer
+
+from dflash_trt.cli import app, run
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+CLI = typer.main.get_command(app)
+
+
+def _readme_rows() -> list[str]:
+    """The code span of every command-table row: ``dflash-trt build [RECIPE] [--target T ...]``."""
+    rows = [m.group(1) for line in README.read_text().splitlines()
+            if (m := re.match(r"^\| `(dflash-trt [^`]*)` \|", line))]
+    assert len(rows) >= 10, "README command table not found"
+    return [r.replace("\\|", "|") for r in rows]
+
+
+def _invocations(row: str) -> list[tuple[str, list[str]]]:
+    """(command path, tokens) per command a row documents; ``recipes list | show NAME`` is four."""
+    words = row.split()[1:]
+    group = CLI.commands[words[0]]
+    if isinstance(group, typer.core.TyperGroup):
+        subs = " ".join(words[1:]).split("|")
+        return [(f"{words[0]} {s.split()[0]}", s.split()[1:]) for s in subs]
+    return [(words[0], words[1:])]
+
+
+def _command(path: str):
+    cmd = CLI
+    for part in path.split():
+        assert part in cmd.commands, f"README documents `dflash-trt {path}`, which does not exist"
+        cmd = cmd.commands[part]
+    return cmd
+
+
+@pytest.mark.parametrize("row", _readme_rows())
+def test_readme_command_table_matches_the_cli(row):
+    for path, tokens in _invocations(row):
+        cmd = _command(path)
+        opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
+        args = [p for p in cmd.params if isinstance(p, typer.core.TyperArgument)]
+        for flag in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", " ".join(tokens)):
+            assert flag in opts, f"README: `dflash-trt {path} {flag}` is not an option of the real CLI"
+        # positionals: upper-case words before the first flag ([RECIPE], OUT, NAME FILE, [RECIPE ...])
+        lead = []
+        for tok in tokens:
+            if tok.lstrip("[").startswith("-"):
+                break
+            lead.append(tok)
+        names = [t.strip("[]") for t in lead if re.fullmatch(r"\[?[A-Z][A-Z_]*\]?", t)]
+        assert len(names) <= len(args), f"README: `dflash-trt {path}` shows {names}; the CLI takes {len(args)}"
+        if "..." in lead or "...]" in lead:
+            assert args and args[0].nargs == -1, f"README: `dflash-trt {path}` shows a repeatable argument"
+
+
+def _param(cmd: str, name: str):
+    return next(p for p in _command(cmd).params if name in p.opts)
+
+
+def test_block_size_has_one_range_everywhere():
+    ranges = {c: (_param(c, "--block-size").min, _param(c, "--block-size").max)
+              for c in ("bench", "generate", "serve")}
+    assert len(set(ranges.values())) == 1, ranges
+
+
+def test_one_name_per_flag_old_spellings_hidden():
+    for cmd in ("build", "plan", "serve"):
+        assert not _param(cmd, "--gpus-per-node").hidden
+    for cmd in ("build", "plan"):
+        assert _param(cmd, "--gpus").hidden
+    for cmd in ("bench", "generate"):
+        assert _param(cmd, "--bundle").hidden
+        assert any(isinstance(p, typer.core.TyperArgument) and p.name == "bundle" for p in _command(cmd).params)
+
+
+def test_old_gpus_spelling_still_plans(capsys):
+    assert run(["plan", "tiny", "--gpus", "2", "--json"]) == 0
+    assert '"gpus": 2' in capsys.readouterr().out
+    assert run(["plan", "tiny", "--gpus", "2", "--gpus-per-node", "4"]) == 2
+    assert "disagree" in capsys.readouterr().err
+
+
+def test_choices_are_case_insensitive(capsys):
+    assert run(["serve", "/nonexistent", "--server", "EMBEDDED", "--batching", "Static"]) == 2
+    err = capsys.readouterr().err
+    assert "no such bundle directory" in err and "Invalid value" not in err
+
+
+def test_embedded_names_in_help_and_in_the_error(capsys):
+    from dflash_trt._cli.common import EMBEDDED_REFS
+    from dflash_trt.ingest.resolve import embedded_names
+
+    assert sorted(EMBEDDED_REFS) == sorted("embedded:" + n for n in embedded_names())
+    for cmd in ("generate", "bench", "build", "plan"):
+        helps = _param(cmd, "--target").help + _param(cmd, "--drafter").help
+        assert all(ref in helps for ref in EMBEDDED_REFS), cmd
+    assert run(["inspect", "embedded:nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(ref in err for ref in EMBEDDED_REFS), err
+
+
+def test_no_backoff_verdict_agrees_with_the_table(capsys):
+    """A plan kept drafting everywhere (schedule none) whose table predicts a slowdown says so."""
+    sets = ["--set", "speculative.schedule=none", "--set", "speculative.acceptance=1.5",
+            "--set", "serving.max_batch_size=64", "--set", "serving.max_seq_len=2048"]
+    assert run(["plan", "qwen3-8b-h100-fp8", *sets, "--json"]) == 0
+    import json
+
+    curve = json.loads(capsys.readouterr().out)["plan"]["curve"]
+    slow = [r["batch"] for r in curve if r["draft_len"] and r["speedup"] < 1]
+    assert slow  # the case this test is about
+    assert run(["plan", "qwen3-8b-h100-fp8", *sets]) == 0
+    text = capsys.readouterr().out
+    assert "pays at every" not in text and f"slowdown at batch {slow[0]}" in text
+
+
+def test_bundled_plan_prints_no_unactionable_warnings(capsys):
+    assert run(["plan", "qwen3-8b-h100-fp8"]) == 0
+    err = capsys.readouterr().err
+    assert "site-packages" not in err and "dflash_trt/recipes" not in err and "absent" not in err, err
+
+
+def test_damaged_bundle_speaks_of_bundles(bundle_dir, tmp_path, capsys):
+    b = tmp_path / "b"
+    shutil.copytree(bundle_dir, b)
+    shard = sorted((b / "target").glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:64])  # a truncated file: its header runs past the end
+    assert run(["generate", str(b), "-p", "hi", "-n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bundle is damaged" in err and "download" not in err, err
+
+
+def _level(c: int) -> dict:
+    return {"concurrency": c, "ok": 64, "requests": 64, "output_tokens_per_second": 12345.6,
+            "tokens_per_second_per_user": 123.4, "ttft_ms": {"median": 1234.5, "p99": 2345.6},
+            "itl_ms": {"median": 12.3, "p99": 45.6}, "acceptance_length": 3.21, "errors": []}
+
+
+def _endpoint_report(baseline: bool) -> dict:
+    r = {"endpoint": {"url": "http://127.0.0.1:8000", "model": "qwen3-8b-h100-fp8", "levels": [_level(1), _level(32)]},
+         "max_tokens": 128, "temperature": 0.0}
+    if baseline:
+        r["baseline"] = {"url": "http://127.0.0.1:8001", "model": "qwen3-8b", "levels": [_level(1), _level(32)]}
+        r["comparison"] = {"speedup": [{"concurrency": 1, "speedup": 2.5}, {"concurrency": 32, "speedup": 0.9}],
+                           "stops_paying_at": 32}
+    return r
+
+
+def _at_80_columns(monkeypatch, module, show, *args) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    monkeypatch.setattr(module, "out", Console(file=buf, width=80, highlight=False, soft_wrap=True))
+    show(*args)
+    return buf.getvalue().splitlines()
+
+
+def test_endpoint_table_fits_80_columns_with_whole_headers(monkeypatch):
+    from dflash_trt._cli import bench
+
+    lines = _at_80_columns(monkeypatch, bench, bench.show_endpoint, _endpoint_report(baseline=True))
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    text = "\n".join(lines)
+    assert "…" not in text and "speedup" in text and "TTFT" in text and "12346" in text
+
+
+def test_recipes_list_fits_80_columns(monkeypatch):
+    from dflash_trt._cli import recipes
+
+    lines = _at_80_columns(monkeypatch, recipes, recipes.list_, True)
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    assert "…" not in "\n".join(lines)
+    assert any(re.match(r"^[\w.-]+: \w", line) for line in lines)  # --reasons: one line per recipe, under the table
+
+
+@pytest.mark.parametrize("baseline, device, unit", [(False, "cpu", "per process (CPU)"), (True, "H100", "per GPU"),
+                                                    (False, None, "per server")])
+def test_endpoint_plot_title_panels_and_units(baseline, device, unit, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from dflash_trt.bench import endpoint
+
+    figs, close = [], plt.close
+    monkeypatch.setattr(plt, "close", figs.append)
+    endpoint.plot(_endpoint_report(baseline), tmp_path / "p.png", device=device, name="my-bundle")
+    fig = figs[0]
+    assert fig._suptitle.get_text() == "my-bundle, max 128 tokens, temperature 0.0"
+    assert len(fig.axes) == (4 if baseline else 3) and all(ax.axison and ax.has_data() for ax in fig.axes)
+    close(fig)
+    assert fig.axes[0].get_ylabel() == f"output tokens/s {unit}"
+
+
+def test_bench_prints_a_line_per_step_without_a_terminal(tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("import os\nclass A:\n")
+    assert run(["bench", "-t", "embedded:tiny/target", "-d", "embedded:tiny/drafter", "--prompts", str(prompts),
+                "-n", "4", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^prompts: 1/2 \(\d+ s\)$", err, re.M) and re.search(r"^prompts: 2/2 ", err, re.M), err
+
+
+def test_readme_lists_every_recipe_with_its_status():
+    from dflash_trt import plan as R
+
+    text = README.read_text()
+    listed = {}
+    for line in text.splitlines():
+        if m := re.match(r"^\| `([\w-]+)` \(\d+\) \| (.*) \|$", line):
+            listed.update({name: m.group(1) for name in re.findall(r"`([^`]+)`", m.group(2))})
+    actual = {n: R.recipe_status(R.load_recipe(p)).kind for n, p in R.bundled_recipes().items()}
+    assert listed == actual, ("README's recipe list differs from `dflash-trt recipes list`: "
+                              f"{sorted(set(listed.items()) ^ set(actual.items()))}")

@@ -209,7 +209,17 @@ def _check_dtype(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
 
 
 def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> None:
-    if t.tokenizer_files:
+    """With weights (inspect, build, the runtime) the tokenizer is loaded and probed; a config-only
+    read (plan, --dry-run) names its files only, so planning stays free of torch."""
+    if t.tokenizer_files and not require_weights:
+        from dflash_trt.ingest.tokenizer import probe_light
+
+        why = probe_light(t.path, t.vocab_size)
+        if why:
+            r.add("tokenizer", "error", why)
+        else:
+            r.add("tokenizer", "ok", f"{', '.join(t.tokenizer_files)} (fully probed when the bundle is built)")
+    elif t.tokenizer_files:
         from dflash_trt.ingest.tokenizer import probe
 
         why = probe(t.path, t.vocab_size)

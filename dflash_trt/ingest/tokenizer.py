@@ -49,3 +49,27 @@ def _probe(path: str, stamps: tuple, vocab_size: int | None) -> str | None:
     if "".join(text.split()) != "".join(PROBE.split()):
         return f"{path}: the tokenizer does not round-trip a probe text ({PROBE.strip()!r} came back as {text!r})"
     return None
+
+
+def probe_light(path: str | Path, vocab_size: int | None = None) -> str | None:
+    """:func:`probe` for a config-only read (plan, ``build --dry-run``): ``tokenizer.json`` parsed by
+    the ``tokenizers`` library alone (no torch, no transformers) and a probe encoded inside the
+    vocabulary; None when it passes or has no ``tokenizer.json``. The round trip, which needs the
+    tokenizer_config's settings, is the full probe's, when the bundle is built."""
+    f = Path(path) / "tokenizer.json"
+    if not f.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(f))
+        ids = tok.encode(PROBE, add_special_tokens=False).ids
+    except Exception as exc:  # noqa: BLE001 - any failure of the parser is "does not load"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return f"{path}: the tokenizer does not load ({type(exc).__name__}: {first})"
+    if not ids:
+        return f"{path}: the tokenizer encodes a probe text to no tokens"
+    bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if bad:
+        return f"{path}: the tokenizer gives id {bad[0]}, outside the target's vocabulary of {vocab_size}"
+    return None

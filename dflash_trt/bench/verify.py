@@ -151,11 +151,14 @@ def planned_draft_len(plan: dict, batch: int) -> int:
 
 
 def check_acceptance(w: verify_server.Window, m: ingest.Manifest, config: dict, source: str) -> dict:
-    plan = m.plan
     if w.tau is None:
-        return {"name": "acceptance", "status": "not measured",
-                "summary": "the server reports no speculative counters (embedded server metrics, trtllm-serve "
-                           "iteration stats with enable_iter_perf_stats, or --accept-stats DIR)"}
+        summary = ("the server reports no speculative counters (embedded server metrics, trtllm-serve "
+                   "iteration stats with enable_iter_perf_stats, or --accept-stats DIR)")
+        if config and not config.get("enable_iter_perf_stats"):
+            summary += ("; this bundle's config.yaml leaves enable_iter_perf_stats off (recipe "
+                        "serving.iter_perf_stats): rebuild with it on, or pass --accept-stats DIR")
+        return {"name": "acceptance", "status": "not measured", "summary": summary}
+    plan = m.plan
     alpha = float(plan["alpha"])
     runs = w.draft_rounds or {(0, int(plan["max_draft_len"])): 1}
     expected = sum(n * planner.expected_tau(alpha, L) for (_, L), n in runs.items()) / sum(runs.values())

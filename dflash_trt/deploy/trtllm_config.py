@@ -176,6 +176,9 @@ class LlmApiConfig(_Strict):
     enable_chunked_prefill: bool = False
     attn_backend: Literal["TRTLLM", "FLASHINFER", "VANILLA"] = "TRTLLM"
     disable_overlap_scheduler: bool = False
+    # TorchLlmArgs.enable_iter_perf_stats: trtllm-serve's GET /metrics returns the iteration stats
+    # (specDecodingStats: acceptance) only when it is on (tensorrt_llm/serve/openai_server.py)
+    enable_iter_perf_stats: bool = False
     trust_remote_code: Literal[False] = False
     disable_mm_encoder: bool | None = Field(None, description="Text-only use of a VLM target: no vision tower.")
     cuda_graph_config: CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)
@@ -282,6 +285,7 @@ def config(recipe, plan, drafter=None, target=None, arm: str = "dflash") -> LlmA
         "max_seq_len": s.max_seq_len,
         "enable_chunked_prefill": plan.enable_chunked_prefill,
         "disable_overlap_scheduler": s.disable_overlap_scheduler,
+        "enable_iter_perf_stats": s.iter_perf_stats,
         # BaseLlmArgs: CUDA graphs are on unless the config says cuda_graph_config: null
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": s.max_batch_size} if s.cuda_graphs else None,
         "kv_cache_config": {"dtype": plan.kv_cache, "free_gpu_memory_fraction": s.kv_cache_free_gpu_memory_fraction,

@@ -83,6 +83,10 @@ class ServingSpec(_Strict):
     enable_chunked_prefill: bool | None = Field(None, description="Chunked prefill; None: on where max_seq_len > "
                                                                   "max_num_tokens or context_recompute_tail is set.")
     disable_overlap_scheduler: bool = Field(False, description="Turn off TensorRT-LLM's overlap scheduler.")
+    iter_perf_stats: bool = Field(
+        True, description="TensorRT-LLM's per-iteration statistics (enable_iter_perf_stats): trtllm-serve's /metrics "
+                          "then reports acceptance, which `dflash-trt verify --endpoint` reads. Off saves a little "
+                          "host time per iteration; verify then needs --accept-stats.")
     disaggregated: bool = Field(
         False, description="Disaggregated (context/generation) serving. Refused with DFlash: the generation server "
                            "drafts without the prompt and acceptance collapses (TensorRT-LLM PR #19352 only warns).")

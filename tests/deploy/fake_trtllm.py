@@ -37,6 +37,7 @@ LLM_ARGS_FIELDS = {  # TorchLlmArgs keys a DFlash bundle writes (and the disaggr
     "max_batch_size": "int | None = None", "max_num_tokens": "int | None = None", "max_seq_len": "int | None = None",
     "enable_chunked_prefill": "bool = False", "attn_backend": "str = 'TRTLLM'",
     "disable_overlap_scheduler": "bool = False", "trust_remote_code": "bool = False",
+    "enable_iter_perf_stats": "bool = False",
     "cuda_graph_config": "CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)",
     "moe_config": "MoeConfig | None = None", "kv_cache_config": "KvCacheConfig = Field(default_factory=KvCacheConfig)",
     "speculative_config": "DFlashDecodingConfig | None = None", "disable_mm_encoder": "bool = False",

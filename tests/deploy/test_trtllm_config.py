@@ -33,7 +33,21 @@ def test_emitted_config_for_a_hopper_recipe():
     assert data["enable_chunked_prefill"] is False and "context_recompute_tail" not in spec
     assert data["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": 32}
     assert "moe_expert_parallel_size" not in data
+    assert data["enable_iter_perf_stats"] is True     # trtllm-serve's /metrics reports acceptance for verify
     assert trtllm.validate(data) == cfg  # round-trips through the schema
+
+
+def test_iteration_stats_can_be_turned_off_and_verify_then_says_why_acceptance_is_unmeasured():
+    from dflash_trt.bench import verify
+    from dflash_trt.bench.verify_server import Window
+
+    r, p, d = _cfg(sets=["serving.iter_perf_stats=false"])
+    data = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, d)))
+    assert data["enable_iter_perf_stats"] is False
+    check = verify.check_acceptance(Window(), None, data, "trtllm server metrics")
+    assert check["status"] == "not measured" and "leaves enable_iter_perf_stats off" in check["summary"]
+    data["enable_iter_perf_stats"] = True
+    assert "leaves" not in verify.check_acceptance(Window(), None, data, "trtllm server metrics")["summary"]
 
 
 def test_moe_recipe_sets_expert_parallel_and_blackwell_backend():

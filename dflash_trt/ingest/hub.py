@@ -8,10 +8,14 @@ huggingface_hub's own; the environment is read at call time, not at import.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
+import socket
+import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from dflash_trt.errors import CheckpointError
 
@@ -37,6 +41,44 @@ def parse_hub_id(ref: str) -> tuple[str, str | None] | None:
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+PROBE_SECONDS = 3.0
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy")
+
+
+@functools.cache
+def reachable() -> bool:
+    """Whether the hub endpoint (``HF_ENDPOINT``) answers a TCP connection within
+    :data:`PROBE_SECONDS`, asked once per process. Without it, huggingface_hub retries an
+    unresolvable host with back-off for about 25 s (and prints each retry) before it falls back
+    to the cache; with it, a machine without network goes straight to the cache. Behind a proxy
+    the endpoint cannot be probed directly: assumed reachable."""
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return True
+    url = urlsplit(_endpoint())
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return True
+    result: list[bool] = []
+
+    def probe() -> None:   # getaddrinfo ignores socket timeouts: the thread's join bounds it
+        try:
+            socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(PROBE_SECONDS)
+    return bool(result and result[0])
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT)
 
 
 def _cache_dir() -> str | None:
@@ -109,13 +151,16 @@ def download(repo_id: str, revision: str | None, role: str, expected_bytes: int 
     revision = expand_revision(repo_id, revision)
     if not configs_only:
         _check_disk(repo_id, revision, ref, role, expected_bytes)
+    unreachable = not _offline() and not reachable()
     try:
         path = snapshot_download(
-            repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=_offline(),
+            repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=_offline() or unreachable,
             allow_patterns=CONFIG_PATTERNS if configs_only else ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS,
         )
     except hf_errors.LocalEntryNotFoundError as exc:
-        why = "HF_HUB_OFFLINE is set" if _offline() else "the hub is unreachable"
+        host = urlsplit(_endpoint()).hostname
+        why = ("HF_HUB_OFFLINE is set" if _offline() else
+               f"the hub ({host}) is unreachable" if unreachable else "the hub is unreachable")
         raise CheckpointError(
             f"{role} {ref!r}: not in the local Hugging Face cache and {why}; download it once with network "
             "access (or unset HF_HUB_OFFLINE), or pass a local directory"

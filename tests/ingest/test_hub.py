@@ -164,3 +164,40 @@ def test_a_download_the_disk_cannot_hold_is_refused_before_it_starts(monkeypatch
     with pytest.raises(CheckpointError, match=r"needs 554\.3 GiB of disk, 1\.0 GiB free"):
         ingest.resolve("moonshotai/Kimi-K2.5", role="target", expected_bytes=int(554.3 * (1 << 30)))
     assert calls == [True]  # only the cache was asked; nothing was fetched
+
+
+def test_an_unreachable_hub_goes_straight_to_the_cache(monkeypatch, tmp_path, capsys):
+    """No network and no HF_HUB_OFFLINE: the probe sends huggingface_hub to the cache at once
+    (instead of ~25 s of retries), and the line says the hub is unreachable."""
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hub, "reachable", lambda: False)
+    rec = Recorder(error=errors.LocalEntryNotFoundError("not cached"))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", rec)
+    with pytest.raises(CheckpointError, match=r"is unreachable; download it once"):
+        ingest.resolve("org/model", role="target")
+    assert rec.calls[0][1]["local_files_only"] is True
+
+
+def test_the_probe_connects_to_the_endpoint_and_trusts_a_proxy(hub_answers, monkeypatch):
+    import socket
+
+    from huggingface_hub import constants
+
+    for var in hub._PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    hub_answers.cache_clear()
+    assert hub_answers() is True
+    server.close()
+    hub_answers.cache_clear()
+    assert hub_answers() is False            # nothing listens there now
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    hub_answers.cache_clear()
+    assert hub_answers() is True             # behind a proxy the endpoint is not probed
+    hub_answers.cache_clear()

@@ -252,4 +252,4 @@ def _check_family(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     said = family_of(c).pair_check(c, t.hidden_size, t.vocab_size)
     if said is not None:
         status, message = said
-        r.add(c.family, status, f"{dcfg}: {message}" if status == "error" else message)
+        r.add(c.family or family_of(c).name, status, f"{dcfg}: {message}" if status == "error" else message)

@@ -87,7 +87,7 @@ class DrafterSpec:
                 counts[t.dtype] = counts.get(t.dtype, 0) + t.numel
         if not counts:
             return self.config.dtype
-        return files.TORCH_NAMES[max(counts, key=counts.get)]
+        return files.TORCH_NAMES[max(counts, key=lambda k: counts[k])]
 
     def to_dict(self) -> dict:
         c = self.config

@@ -223,7 +223,10 @@ def _zlab(cfg: dict, names: list[str], root: Path, fmt: str) -> Normalised:
     prefix = _prefix(names, where)
     if prefix:
         notes.append(f"tensor prefix {prefix!r} stripped")
-    return Normalised(fmt, z, list(d.get("target_layer_ids") or cfg.get("target_layer_ids")), "zlab",
+    ids = d.get("target_layer_ids") or cfg.get("target_layer_ids")
+    if not ids:
+        raise CheckpointError(f"{where}: no target_layer_ids (the target layers the drafter reads)")
+    return Normalised(fmt, z, list(ids), "zlab",
                       prefix=prefix, defaulted=defaulted, notes=notes)
 
 

@@ -153,7 +153,7 @@ def download(repo_id: str, revision: str | None, role: str, expected_bytes: int 
         _check_disk(repo_id, revision, ref, role, expected_bytes)
     unreachable = not _offline() and not reachable()
     try:
-        path = snapshot_download(
+        snapshot = snapshot_download(
             repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=_offline() or unreachable,
             allow_patterns=CONFIG_PATTERNS if configs_only else ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS,
         )
@@ -185,7 +185,7 @@ def download(repo_id: str, revision: str | None, role: str, expected_bytes: int 
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = "" if _offline() else "; set HF_HUB_OFFLINE=1 to use the cache only"
         raise CheckpointError(f"{role} {ref!r}: cannot fetch from the hub ({why}){hint}") from exc
-    path = Path(path)
+    path = Path(snapshot)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{role} {ref!r}: the snapshot has no config.json; is this a model repository?")
     return path

@@ -30,7 +30,7 @@ def transformers_names() -> frozenset[str]:
     known without importing its modeling code (torch), and without ``dir()``'s 0.2 s per call."""
     import transformers
 
-    return frozenset(transformers.__all__)
+    return frozenset(transformers.__all__)  # type: ignore[attr-defined]  # the _LazyModule sets it
 
 
 def embedded_names() -> list[str]:

@@ -27,7 +27,7 @@ _LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
 _SCALE_SUFFIXES = ("_scale", "_scale_2", "_scales", "input_scale", "weight_scale")
 
 
-_KV_SCHEME = {("float", 8): "FP8", ("float", 4): "NVFP4", ("int", 8): "INT8"}
+_KV_SCHEME: dict[tuple[object, object], str] = {("float", 8): "FP8", ("float", 4): "NVFP4", ("int", 8): "INT8"}
 
 
 def _kv_scheme_algo(scheme) -> str | None:
@@ -182,7 +182,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         if model_type not in CONFIG_MAPPING_NAMES:
             raise CheckpointError(f"{where}: unknown model_type {model_type or '(none)'!r} for transformers "
                                   f"{transformers.__version__}; upgrade transformers or use another model")
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    text: dict = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
     size = lambda key, default=None: positive_int(text, key, where, default)  # noqa: E731
     hidden, layers, heads = size("hidden_size"), size("num_hidden_layers"), size("num_attention_heads")
     vocab = positive_int(text if "vocab_size" in text else raw, "vocab_size", where)

@@ -35,7 +35,7 @@ def _probe(path: str, stamps: tuple, vocab_size: int | None) -> str | None:
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         ids = tok(PROBE, add_special_tokens=False)["input_ids"]
-        text = tok.decode(ids, skip_special_tokens=True)
+        text = str(tok.decode(ids, skip_special_tokens=True))
     except Exception as exc:  # noqa: BLE001 - any failure of a third-party parser is "does not load"
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         return f"{path}: the tokenizer does not load ({type(exc).__name__}: {first})"

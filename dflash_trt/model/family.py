@@ -194,7 +194,7 @@ def recognise(cfg: dict, names: list[str]) -> DrafterFamily:
     return FAMILIES["dflash"]
 
 
-def drafter_for(cfg: DrafterConfig) -> type:
+def drafter_for(cfg: DrafterConfig) -> Any:
     """The torch module class a drafter config describes (its family's ``module_class``; imports torch)."""
     return family_of(cfg).module_class()
 

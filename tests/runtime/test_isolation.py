@@ -92,9 +92,34 @@ def check_isolation(model, drafter, stage: str, monkeypatch) -> None:
     assert later.token_ids == hf_greedy(model, short[4], MAX_NEW)
 
 
-def test_a_row_failing_in_a_shared_verify_fails_alone(monkeypatch):
+@pytest.fixture(scope="module")
+def qwen3():
     model = tiny_target("qwen3")
-    check_isolation(model, tiny_drafter(model, block_size=6), "verify", monkeypatch)
+    return model, tiny_drafter(model, block_size=6)
+
+
+def test_a_row_failing_in_a_shared_verify_fails_alone(qwen3, monkeypatch):
+    check_isolation(*qwen3, "verify", monkeypatch)
+
+
+def test_a_prefill_that_raised_after_first_tokens_rebuilds_those_rows(qwen3):
+    """The joint prefill raises once its second row has taken its first token (handing it on failed
+    once): the retry rebuilds the two rows that took one (never drawing a first token twice) and
+    prefills the third; all three are the target's greedy decoding."""
+    model, drafter = qwen3
+    ps = prompts(3, seed=9, lo=3, hi=12)
+    calls = []
+
+    def hiccup(new):
+        calls.append(new)
+        if len(calls) == 1:
+            raise RuntimeError("injected hand-on failure")
+
+    reqs = [Request(ps[0], MAX_NEW), Request(ps[1], MAX_NEW, on_commit=hiccup), Request(ps[2], MAX_NEW)]
+    steps = run(Scheduler(TorchBackend(wrap(model, drafter), drafter)), {0: reqs})
+    assert not steps[0].failed and len(steps[0].admitted) == 3
+    assert [r.token_ids for r in reqs] == [hf_greedy(model, p, MAX_NEW) for p in ps]
+    assert sum(calls, []) == reqs[1].token_ids   # every token handed on once, the first included
 
 
 @pytest.mark.slow   # every stage on a dense, a hybrid (recurrent) and a sliding-window target

@@ -18,7 +18,7 @@ from dflash_trt.runtime.loop import Request
 from dflash_trt.runtime.sampling import SamplingParams
 from dflash_trt.runtime.scheduler import Scheduler
 from tests.families import family_drafter, family_target
-from tests.helpers import hf_greedy, prompts, tiny_drafter, tiny_target, wrap
+from tests.helpers import VOCAB, hf_greedy, prompts, tiny_drafter, tiny_target, wrap
 from tests.runtime.test_scheduler import run
 
 MAX_NEW = 16
@@ -64,11 +64,11 @@ def inject(monkeypatch, backend, stage: str, at: int = AT) -> list[int]:
     return hits
 
 
-def check_isolation(model, drafter, stage: str, monkeypatch) -> None:
-    """Four rows (greedy and seeded) share rounds with the long row until it fails in ``stage``."""
-    backend = TorchBackend(wrap(model, drafter), drafter)
-    short = prompts(5, seed=5, lo=3, hi=12)
-    long = prompts(1, seed=6, lo=LONG, hi=LONG)[0]
+def check_isolation(backend, model, stage: str, monkeypatch, vocab: int = VOCAB) -> None:
+    """Four rows (greedy and seeded) share rounds with the long row until it fails in ``stage``;
+    ``model`` is the transformers target ``backend`` runs (the greedy reference)."""
+    short = prompts(5, seed=5, lo=3, hi=12, vocab=vocab)
+    long = prompts(1, seed=6, lo=LONG, hi=LONG, vocab=vocab)[0]
     truth = [hf_greedy(model, p, MAX_NEW) for p in short[:4]]
     alone = Request(short[0], MAX_NEW, SEEDED)
     run(Scheduler(backend), {0: [alone]})          # the seeded row's tokens alone, no fault yet
@@ -99,7 +99,8 @@ def qwen3():
 
 
 def test_a_row_failing_in_a_shared_verify_fails_alone(qwen3, monkeypatch):
-    check_isolation(*qwen3, "verify", monkeypatch)
+    model, drafter = qwen3
+    check_isolation(TorchBackend(wrap(model, drafter), drafter), model, "verify", monkeypatch)
 
 
 def test_a_prefill_that_raised_after_first_tokens_rebuilds_those_rows(qwen3):
@@ -127,4 +128,5 @@ def test_a_prefill_that_raised_after_first_tokens_rebuilds_those_rows(qwen3):
 @pytest.mark.parametrize("family", ["llama", "qwen3_next", "gemma4"])
 def test_a_row_failing_in_a_shared_round_fails_alone(family, stage, monkeypatch):
     model = family_target(family)
-    check_isolation(model, family_drafter(model, block_size=6), stage, monkeypatch)
+    drafter = family_drafter(model, block_size=6)
+    check_isolation(TorchBackend(wrap(model, drafter), drafter), model, stage, monkeypatch)

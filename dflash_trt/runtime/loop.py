@@ -26,7 +26,8 @@ a :class:`~dflash_trt.runtime.backend.Backend`.
 Rows are :class:`Request` objects, each with its own limits and sampling parameters. A batch
 changes between rounds: :meth:`Batch.filter` lets rows leave, :meth:`Batch.merge` lets rows
 that :func:`admit` just prefilled join (SGLang's ``filter_batch`` / ``merge_batch``), each
-through the backend, so a row's tokens never depend on what shares its batch.
+through the backend, so a row's tokens never depend on what shares its batch; :func:`readmit`
+rebuilds a row that already took tokens alone in fresh caches (after a shared round raised).
 :func:`generate` admits every prompt at once and runs rounds until none is left; the
 scheduler (``scheduler.py``) admits and rounds step by step with the same functions.
 """
@@ -195,18 +196,42 @@ def prefill(backend: Backend, rows: list[Request], draft: bool) -> Batch:
     holes from the start); each row's first token, drawn at its last prompt position, becomes
     its anchor. With ``draft``, the prompts' target_hidden [b, T, n_tap*H] waits for the
     first drafter round."""
+    batch, logits = _context(backend, rows, [r.prompt for r in rows], draft)
+    batch.last = select_rows(logits[:, 0], *_sampling(rows), batch.positions.tolist())  # [b]
+    return batch
+
+
+def _context(backend: Backend, rows: list[Request], seqs: list[list[int]], draft: bool
+             ) -> tuple[Batch, torch.Tensor]:
+    """``seqs`` right-padded [b, T] through fresh caches in one target forward: the batch whose
+    anchors are still to be set (zeros), and the logits at each row's last position [b, 1, V]."""
     dev = backend.device
-    lengths = torch.tensor([len(r.prompt) for r in rows], device=dev)            # [b]
+    lengths = torch.tensor([len(s) for s in seqs], device=dev)                  # [b]
     b, T = len(rows), int(lengths.max())
     ids = torch.zeros(b, T, dtype=torch.long, device=dev)
-    for i, r in enumerate(rows):
-        ids[i, : len(r.prompt)] = torch.tensor(r.prompt, device=dev)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, device=dev)
     col_valid = torch.arange(T, device=dev)[None] < lengths[:, None]           # [b, T]
     cache, dcache = backend.new_caches(b, draft)
     logits, target_hidden = backend.target_forward(ids, torch.arange(T, device=dev).expand(b, T),
                                                    col_valid, cache, capture=draft, logits_at=lengths - 1)
-    first = select_rows(logits[:, 0], *_sampling(rows), lengths.tolist())       # [b]
-    return Batch(list(rows), cache, dcache, col_valid, lengths, first, target_hidden, lengths)
+    return Batch(list(rows), cache, dcache, col_valid, lengths, torch.zeros_like(lengths), target_hidden,
+                 lengths), logits
+
+
+def readmit(backend: Backend, req: Request, draft: bool, stats: Stats) -> Batch:
+    """Rebuild the row of ``req``, which already took tokens, alone in fresh caches: its prompt and
+    every token it took but the last through one prefill, the last its anchor; no token is drawn.
+    The invariant of this module's docstring then holds as if the row had never left its batch
+    (every family: the caches are built by the same forward as a prompt's), so its tokens go on
+    unchanged: greedy is the target's own decoding, a seeded row's noise is drawn per token index."""
+    assert req.token_ids and req.finish_reason is None, "only a live row that took tokens is readmitted"
+    *ctx, anchor = req.prompt + req.token_ids
+    backend.check_request([ctx], 1, 1)   # the rebuild's forward fits the backend (one line if not)
+    batch, _ = _context(backend, [req], [ctx], draft)
+    batch.last = torch.full_like(batch.last, anchor)
+    stats.target_forwards += 1
+    return batch
 
 
 def draft(backend: Backend, batch: Batch, B: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -263,7 +288,12 @@ def admit(backend: Backend, rows: list[Request], draft: bool, stats: Stats) -> B
 
 def run_round(backend: Backend, batch: Batch, B: int, stats: Stats) -> bool:
     """One round for the whole batch with block size B: draft, verify, accept, commit; rows
-    that finish leave. Returns False when no row is left."""
+    that finish leave. Returns False when no row is left.
+
+    Every model call of the round (draft, verify, the cache commit) and the acceptance run before
+    any row takes a token (``take``: appended, streamed): a round that raises there has changed
+    no row, only the batch's caches (then unknown: the scheduler rebuilds its rows alone,
+    :func:`readmit`)."""
     t0 = time.perf_counter()
     block, q = draft(backend, batch, B)                                         # [n, B]
     t1 = time.perf_counter()
@@ -271,6 +301,7 @@ def run_round(backend: Backend, batch: Batch, B: int, stats: Stats) -> bool:
     t2 = time.perf_counter()
     acc, bonus = accept_rows(block[:, 1:], logits, q, *_sampling(batch.rows),
                              (batch.positions + 1).tolist())                    # [n], [n]
+    commit(backend, batch, block, acc, bonus, target_hidden)   # before any token is taken (below)
     acc_l, block_l = acc.tolist(), block.tolist()
     new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist(), strict=True)]  # accepted + bonus
     kept, going = take(batch.rows, new)
@@ -280,7 +311,6 @@ def run_round(backend: Backend, batch: Batch, B: int, stats: Stats) -> bool:
     stats.observe(acc_l, kept)
     stats.draft_seconds += t1 - t0
     stats.verify_seconds += t2 - t1
-    commit(backend, batch, block, acc, bonus, target_hidden)
     return batch.filter(backend, going)
 
 

@@ -10,6 +10,14 @@ One :meth:`Scheduler.step`:
    draft length the schedule gives for the live batch size; rows that finish (stop token,
    length) or are cancelled (``Request.should_stop``) leave the batch (``Batch.filter``).
 
+Failures are isolated per row. A joint prefill that raises is retried one request at a time. A
+shared round that raises leaves its batch's caches in an unknown state but no row changed (every
+model call of ``run_round`` comes before any token is taken), so the batch is dropped and each of
+its rows is rebuilt alone from its prompt and its tokens so far (``loop.readmit``: one prefill,
+no token drawn twice) and runs the round alone; a row whose own rebuild or round raises is failed
+(``Step.failed_rounds``), the others are merged back and the next round is shared again. Their
+tokens are unchanged by this, as by any change of what shares their batch (below).
+
 The draft length follows TensorRT-LLM's lookup (``tensorrt_llm/_torch/speculative/utils.py``,
 ``get_draft_len_for_batch_size``): without a schedule every round drafts ``B - 1`` tokens;
 with one, the value of the FIRST key >= the live batch size applies, and above the largest key
@@ -33,7 +41,7 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.backend import Backend
-from dflash_trt.runtime.loop import Batch, Request, admit, block_size_for, run_round
+from dflash_trt.runtime.loop import Batch, Request, admit, block_size_for, readmit, run_round
 from dflash_trt.runtime.stats import Stats
 
 
@@ -49,11 +57,11 @@ def draft_len_for_batch_size(schedule: dict[int, int] | None, batch_size: int, m
     return 0
 
 
-def _failed(req: Request, exc: BaseException, step: Step) -> None:
-    """Finish ``req`` as failed (``finish_reason = "error"``), the reason kept on it."""
+def _failed(req: Request, exc: BaseException, failed: list[Request]) -> None:
+    """Finish ``req`` as failed (``finish_reason = "error"``), the reason kept on it, listed in ``failed``."""
     req.finish_reason = "error"
     req.error = f"{type(exc).__name__}: {exc}"
-    step.failed.append(req)
+    failed.append(req)
 
 
 @dataclass
@@ -64,6 +72,7 @@ class Step:
     admitted: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)   # failed ones too (finish_reason "error")
     failed: list[Request] = field(default_factory=list)     # their prefill raised (Request.error says why)
+    failed_rounds: list[Request] = field(default_factory=list)  # their own round (or rebuild) raised
     batch_size: int = 0
     draft_len: int | None = None
     stats: Stats = field(default_factory=lambda: Stats(block_size=1))  # replaced by the step's own
@@ -115,8 +124,13 @@ class Scheduler:
             rows = self.batch.rows
             step.batch_size = len(rows)
             step.draft_len = self.draft_len(len(rows))
-            if not run_round(self.backend, self.batch, step.draft_len + 1, step.stats):
-                self.batch = None
+            try:
+                going = run_round(self.backend, self.batch, step.draft_len + 1, step.stats)
+            except Exception as exc:
+                self.batch = self._isolate(rows, step.draft_len + 1, step, exc)
+            else:
+                if not going:
+                    self.batch = None
             step.finished += [r for r in rows if r.finish_reason is not None]
         step.seconds = time.perf_counter() - start
         return step
@@ -145,27 +159,54 @@ class Scheduler:
         """The batches that go on after prefilling ``new`` together. A prefill that raises is
         retried one request at a time, so only a request whose own prefill fails is failed
         (``finish_reason = "error"``, ``Request.error``); one that already took its first token
-        is failed rather than prefilled twice. The running batch is untouched either way."""
+        is rebuilt from it (``loop.readmit``), never given a first token twice. The running batch
+        is untouched either way."""
         draft = self.block_size > 1
         try:
             joined = admit(self.backend, new, draft, step.stats)
             return [joined] if joined is not None else []
         except Exception as exc:
             if len(new) == 1:
-                _failed(new[0], exc, step)
+                _failed(new[0], exc, step.failed)
                 return []
         out = []
         for req in new:
-            if req.token_ids:
-                _failed(req, RuntimeError("its prefill was interrupted by another request's failure"), step)
+            if req.finish_reason is not None:   # finished at its first token before the failure
                 continue
             try:
-                joined = admit(self.backend, [req], draft, step.stats)
+                joined = (readmit(self.backend, req, draft, step.stats) if req.token_ids
+                          else admit(self.backend, [req], draft, step.stats))
             except Exception as exc:
-                _failed(req, exc, step)
+                _failed(req, exc, step.failed)
                 continue
             if joined is not None:
                 out.append(joined)
+        return out
+
+    def _isolate(self, rows: list[Request], B: int, step: Step, exc: Exception) -> Batch | None:
+        """The batch of ``rows`` raised in its round (``exc``): run each live row's round alone in a
+        rebuilt batch (``loop.readmit``), fail the rows whose own rebuild or round raises, and
+        return the others merged (None when none goes on). A batch of one row is failed at once."""
+        if len(rows) == 1:
+            if rows[0].finish_reason is None:
+                _failed(rows[0], exc, step.failed_rounds)
+            return None
+        out: Batch | None = None
+        for req in rows:
+            if req.finish_reason is not None:
+                continue
+            try:
+                solo = readmit(self.backend, req, self.block_size > 1, step.stats)
+                going = run_round(self.backend, solo, B, step.stats)
+            except Exception as own:
+                _failed(req, own, step.failed_rounds)
+                continue
+            if not going:
+                continue
+            if out is None:
+                out = solo
+            else:
+                out.merge(self.backend, solo)
         return out
 
     def abort(self) -> list[Request]:

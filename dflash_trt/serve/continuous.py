@@ -11,9 +11,11 @@ length of each round comes from the live batch size and the bundle's ``draft_len
 
 Failures are isolated per request: a prefill that fails fails that request alone (the scheduler
 retries the others one by one); a job whose tokens cannot be handed on (``stream``) is failed
-and its row cancelled, the others untouched; a round that raises fails the rows of that round
-(one forward: no row of it can be told apart) and the worker goes on with the queue. Every
-failed request gets an error event (an OpenAI error object), frees its slot, and is counted in
+and its row cancelled, the others untouched; a round that raises is rerun row by row on rebuilt
+caches, and only a row whose own round fails is failed (``step``; see ``runtime.scheduler``),
+the others go on with unchanged tokens. Should a step still raise (the scheduler's own state
+lost), every request it held is failed and the worker goes on with the queue. Every failed
+request gets an error event (an OpenAI error object), frees its slot, and is counted in
 ``dflash_request_failures_total{stage}``.
 """
 
@@ -79,7 +81,7 @@ class ContinuousBatcher(Batcher):
         while self._admit():
             try:
                 step = self.scheduler.step()
-            except Exception as exc:  # a round failed: its rows fail, the server and the queue go on
+            except Exception as exc:  # the scheduler's state is lost: its rows fail, the queue goes on
                 self.scheduler.abort()
                 self._drop_all("step", exc)
                 continue
@@ -99,6 +101,8 @@ class ContinuousBatcher(Batcher):
             self._jobs[req].started_at = now - step.seconds
         for req in step.failed:
             self._fail(self._jobs[req], "admit", req.error or "prefill failed")
+        for req in step.failed_rounds:
+            self._fail(self._jobs[req], "step", req.error or "round failed")
         for req in step.finished:
             job = self._jobs.pop(req)
             job.rounds, job.round_tokens = req.rounds, req.committed

@@ -13,8 +13,9 @@ Names (all prefixed ``dflash_``):
 - ``queue_depth``, ``running_requests``: waiting and running requests now.
 - ``requests_total{status}``: finished requests by HTTP status (499: client went away).
 - ``request_failures_total{stage}``: requests failed by the worker, by where it failed (``admit``:
-  the prefill that joins it to the batch, ``step``: a round it was in, ``stream``: handing its
-  tokens on); each failed only its own request (streamed: an error event; else a 500 error object).
+  the prefill that joins it to the batch, ``step``: its own round, rerun alone after a shared round
+  raised, ``stream``: handing its tokens on); each failed only its own request (streamed: an error
+  event; else a 500 error object).
 - ``prompt_tokens_total``, ``generation_tokens_total``, ``block_size``, ``draft_len`` (of the
   last round: the schedule's value for the live batch size).
 - ``draft_rounds_total{batch_size, draft_len}``: rounds run at each live batch size and the draft

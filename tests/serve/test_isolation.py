@@ -1,9 +1,10 @@
 """Failure isolation in the embedded server (issue 27): a failure injected for ONE request while it
-is admitted (its prefill), streamed (its tokens handed on) or stepped (a round it is in) fails that
-request with an OpenAI error object, frees its slot, leaves every other request's greedy output
-exactly the target's own, and is counted in ``dflash_request_failures_total{stage}``. A request
-whose sampling values used to break the draw (a tiny temperature) runs beside the others. A drain
-that runs out of time fails what is left instead of waiting forever."""
+is admitted (its prefill), streamed (its tokens handed on) or stepped (the backend's verify raising
+for its row inside a round it shares) fails that request with an OpenAI error object, frees its
+slot, leaves every other request's greedy output exactly the target's own (a seeded one's, its
+output alone), and is counted in ``dflash_request_failures_total{stage}``. A request whose sampling
+values used to break the draw (a tiny temperature) runs beside the others. A drain that runs out
+of time fails what is left instead of waiting forever."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from dflash_trt.runtime import scheduler as engine_mod
 from dflash_trt.runtime.pair import load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
 from dflash_trt.serve.batcher import Job
+from tests.helpers import prompts
+from tests.runtime.test_isolation import LONG, inject
 from tests.serve.test_app import expected, metric
 
 MARK = 77   # the injected failure hits the request whose prompt starts with this token id
@@ -101,27 +104,20 @@ def test_a_failing_stream_fails_only_its_request(server, pair, monkeypatch):
     _check(server, pair, _together(server, _bodies()), "stream")
 
 
-def test_a_failing_round_fails_its_rows_and_the_server_goes_on(server, pair, monkeypatch):
-    """A round is one forward for all its rows: they fail together; the queue and later requests go on."""
-    real, hit = engine_mod.run_round, []
-
-    def run_round(backend, batch, B, stats):
-        if any(r.prompt[0] == MARK for r in batch.rows) and not hit:
-            hit.append(len(batch.rows))
-            raise RuntimeError("injected round failure")
-        return real(backend, batch, B, stats)
-
-    monkeypatch.setattr(engine_mod, "run_round", run_round)
-    replies = _together(server, _bodies())
-    assert hit == [4]
-    for r in replies:
-        assert r.status_code == 500 and "step" in r.json()["error"]["message"], r.text
-    m = httpx.get(f"{server.url}/metrics").text
-    assert metric(m, "dflash_request_failures_total", stage="step") == 4
-    assert metric(m, "dflash_requests_total", status="500") == 4
-    replies = _together(server, _bodies()[:3])
-    for p, r in zip(PROMPTS, replies, strict=True):
-        assert r.json()["choices"][0]["text"] == pair.decode(expected(pair, p, 12))
+def test_a_failing_round_fails_only_its_row(server, pair, monkeypatch):
+    """The backend's verify raises for one row (its long prompt's positions) in the round it shares with
+    the others: that request alone gets the error, the greedy ones their greedy text, a seeded one the
+    text it gets alone."""
+    seeded = {"prompt": "x = 1", "max_tokens": 12, "temperature": 0.9, "seed": 7}
+    alone = httpx.post(f"{server.url}/v1/completions", json=seeded, timeout=120)
+    hits = inject(monkeypatch, pair.backend, "verify")
+    long = [MARK] + prompts(1, seed=6, lo=LONG - 1, hi=LONG - 1)[0]
+    *good, bad = _bodies()
+    *replies, mate = _together(server, [*good, {**bad, "prompt": long}, seeded])
+    assert hits[0] == 5 and hits[-1] == 1   # the shared round raised, then the long row's own
+    assert mate.status_code == 200 and mate.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
+    _check(server, pair, replies, "step")
+    assert "injected verify failure" in replies[-1].json()["error"]["message"]
 
 
 def test_a_tiny_temperature_runs_beside_greedy_requests(server, pair):

@@ -4,9 +4,14 @@ template on the tokenizer, ``trtllm/serve.sh`` and a minimal ``manifest.json`` (
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from dflash_trt.ingest import Manifest, write_manifest
@@ -56,3 +61,32 @@ def subprocess_env() -> dict:
     root = str(Path(__file__).resolve().parents[2])  # the repository: tests.* importable
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@contextlib.contextmanager
+def served(bundle: Path, *flags: str, wait_s: float = 120) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``dflash-trt serve BUNDLE --server embedded FLAGS`` in a subprocess, once ``/health`` says
+    200: ``(process, base url)``; killed on the way out if still running."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "serve", str(bundle), "--server", "embedded",
+                             "--port", str(port), *flags], env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + wait_s
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "exited"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

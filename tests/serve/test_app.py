@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,7 +18,7 @@ from dflash_trt.runtime.pair import Pair, load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
 from dflash_trt.serve.batcher import Batcher, Job, StaticBatcher
 from tests.helpers import OracleDrafter, hf_greedy
-from tests.serve.helpers import free_port, subprocess_env
+from tests.serve.helpers import served
 
 EOS = 2
 
@@ -267,22 +265,8 @@ def test_batcher_groups_by_sampling_and_caps_each_jobs_tokens(pair):
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_0(bundle_dir):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "serve", str(bundle_dir), "--server", "embedded",
-                             "--port", str(port), "--max-batch", "2"], env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with served(bundle_dir, "--max-batch", "2") as (proc, url):
         deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline
-            time.sleep(0.2)
         results: list = [None] * 4
 
         def send(i):
@@ -309,10 +293,6 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(bundle_dir):
             assert r.json()["usage"]["completion_tokens"] == 200
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"{url}/health", timeout=2)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.parametrize("server", [["--server", "embedded"], ["--runtime", "reference"]])  # and the old spelling

@@ -162,27 +162,11 @@ def test_sigterm_with_a_drain_timeout_stops_in_bounded_time(bundle_dir):
     """serve --drain-timeout 0: SIGTERM fails the running request (an OpenAI error object) and the
     server exits 0 at once instead of waiting for it."""
     import signal
-    import subprocess
-    import sys
 
-    from tests.serve.helpers import free_port, subprocess_env
+    from tests.serve.helpers import served
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "serve", str(bundle_dir), "--server", "embedded",
-                             "--port", str(port), "--drain-timeout", "0"], env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with served(bundle_dir, "--drain-timeout", "0") as (proc, url):
         deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline
-            time.sleep(0.2)
         out = {}
 
         def send():
@@ -201,7 +185,3 @@ def test_sigterm_with_a_drain_timeout_stops_in_bounded_time(bundle_dir):
         assert code == 0 and time.time() - t0 < 30, log
         r = out["r"]
         assert r.status_code == 500 and "shutting down" in r.json()["error"]["message"], r.text
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

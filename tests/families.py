@@ -137,7 +137,8 @@ def _vlm(family: str):
 
 def _glm5_next():
     """glm5_next: linear layers, MLA without RoPE dims (``head_dim: 0``), a sparse indexer that
-    keeps 4 pools of 2 tokens (so short contexts already drop positions), 2 hyper-connection
+    keeps 4 pools of 2 tokens (so short contexts already drop positions; 8 indexer heads, so pool
+    scores do not tie at the ReLU's zero, see test_second_wave.py), 2 hyper-connection
     streams; only ``Glm5NextForConditionalGeneration`` exists, so a tiny vision tower too."""
     from transformers.models.glm5_next import configuration_glm5_next as cf
     from transformers.models.glm5_next import modeling_glm5_next as md
@@ -146,7 +147,7 @@ def _glm5_next():
         vocab_size=VOCAB, hidden_size=H, intermediate_size=2 * H, moe_intermediate_size=32, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4, kv_lora_rank=16,
         q_lora_rank=32, qk_rope_head_dim=0, v_head_dim=16, qk_nope_head_dim=16, num_experts_per_tok=2,
-        max_position_embeddings=512, index_topk=8, index_head_dim=16, index_n_heads=2, head_dim=0,
+        max_position_embeddings=512, index_topk=8, index_head_dim=16, index_n_heads=8, head_dim=0,
         layer_types=["linear_attention", "indexed_attention"] * 2, mlp_layer_types=["dense"] + ["sparse"] * 3,
         indexer_types=["full"] * 4, linear_head_dim=16, linear_num_heads=4, hc_mult=2, index_kpool=2,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)

@@ -29,7 +29,6 @@ from torch import nn
 
 from dflash_trt.errors import CheckpointError
 
-
 #: hyper-connection targets whose target_hidden is each tapped layer's streams through ``hc_head``
 STREAM_MEAN_TAPS = frozenset({"glm5_next"})
 

@@ -13,14 +13,17 @@ to them behind :class:`~dflash_trt.runtime.backend.TorchBackend`:
   own columns, right-aligned, tracked in ``TargetCache.win_valid`` / ``win_pos``), the
   bounded cache transformers' ``DynamicSlidingWindowLayer`` keeps for a single sequence.
 * **Linear-attention layers** (Gated DeltaNet: qwen3_5, qwen3_5_moe, qwen3_next; Mamba2:
-  nemotron_h; KDA: kimi_linear). A recurrent or conv state cannot mask a token it has
+  nemotron_h; KDA: kimi_linear, glm5_next). A recurrent or conv state cannot mask a token it has
   absorbed: ``recurrent.py`` keeps a verify's state after every position and, at commit,
   selects the accepted prefix's (prefills: snapshot and replay).
-* **Indexed-attention layers** (DeepSeek sparse attention: deepseek_v32, glm_moe_dsa). An
+* **Indexed-attention layers** (DeepSeek sparse attention: deepseek_v32, glm_moe_dsa,
+  glm5_next). An
   indexer keeps a key per cache column and picks each query's top-k columns; its key cache
   follows the KV cache column for column (``sparse_cache.py``), and each verify first packs
   every row's committed columns to the front, so a rejected draft's key is gone from both
-  caches before any later query could choose it.
+  caches before any later query could choose it. glm5_next's indexer scores pools of
+  ``index_kpool`` consecutive columns counted from a row's first valid one: its committed
+  columns go to the back instead (``self.pooled``), right against the block being verified.
 * **Compressing layers** (deepseek_v4): a running compressor state no mask or column can
   undo, kept per batch by transformers; :func:`cache_policy` gives those targets
   ``row_cache.RowReplayPolicy`` instead of this class.

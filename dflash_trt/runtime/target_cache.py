@@ -17,9 +17,8 @@ to them behind :class:`~dflash_trt.runtime.backend.TorchBackend`:
   absorbed: ``recurrent.py`` keeps a verify's state after every position and, at commit,
   selects the accepted prefix's (prefills: snapshot and replay).
 * **Indexed-attention layers** (DeepSeek sparse attention: deepseek_v32, glm_moe_dsa,
-  glm5_next). An
-  indexer keeps a key per cache column and picks each query's top-k columns; its key cache
-  follows the KV cache column for column (``sparse_cache.py``), and each verify first packs
+  glm5_next). An indexer keeps a key per cache column and picks each query's top-k columns;
+  its key cache follows the KV cache column for column (``sparse_cache.py``), and each verify first packs
   every row's committed columns to the front, so a rejected draft's key is gone from both
   caches before any later query could choose it. glm5_next's indexer scores pools of
   ``index_kpool`` consecutive columns counted from a row's first valid one: its committed

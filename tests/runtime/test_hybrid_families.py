@@ -17,7 +17,7 @@ import torch
 
 from dflash_trt.runtime import Request, SamplingParams, Scheduler, TorchBackend, generate
 from dflash_trt.runtime import linear_states as ls
-from tests.families import GLM5_NEXT, HYBRID_2, family_drafter, family_target
+from tests.families import GLM5_NEXT, GLM5_NEXT_SHARED, HYBRID_2, family_drafter, family_target
 from tests.helpers import hf_greedy, wrap
 from tests.runtime.test_families import MAX_NEW, case, check_lossless, check_matrix_cell
 from tests.runtime.test_scheduler import run
@@ -139,6 +139,12 @@ def test_the_graph_backends_say_in_one_line_they_cannot_carry_hybrid_states(fami
 
     problem = target_export_problem(family_target(family).config)
     assert problem and "recurrent/conv state (hybrid)" in problem and "\n" not in problem
+
+
+@pytest.mark.slow
+def test_greedy_is_lossless_on_glm5_next_with_a_shared_indexer_layer():
+    """A layer reusing the previous layer's top-k reads the same back-packed columns."""
+    check_lossless(GLM5_NEXT_SHARED)
 
 
 def test_glm5_next_target_hidden_is_each_tapped_layers_streams_through_hc_head():

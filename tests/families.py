@@ -23,6 +23,7 @@ FAMILIES = ["qwen3", "llama", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next
 HYBRID = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
 HYBRID_2 = ["nemotron_h", "kimi_linear"]  # Mamba2 + attention + MoE; KDA + MLA + MoE
 GLM5_NEXT = "glm5_next"  # KDA-like + position-free MLA with a pooled sparse indexer (a VLM wrapper)
+GLM5_NEXT_SHARED = "glm5_next_shared"  # the same with a layer reusing the previous layer's top-k
 SLIDING = ["gemma4", "gpt_oss"]
 VLM = ["qwen3_5_vlm", "gemma4_vlm", "kimi_k25"]
 
@@ -135,10 +136,13 @@ def _vlm(family: str):
     raise ValueError(family)
 
 
-def _glm5_next():
+def _glm5_next(shared: bool = False):
     """glm5_next: linear layers, MLA without RoPE dims (``head_dim: 0``), a sparse indexer that
-    keeps 4 pools of 2 tokens (so short contexts already drop positions), 2 hyper-connection
-    streams; only ``Glm5NextForConditionalGeneration`` exists, so a tiny vision tower too."""
+    keeps 4 pools of 2 tokens (so short contexts already drop positions; 8 indexer heads, so pool
+    scores do not tie at the ReLU's zero, see test_second_wave.py), 2 hyper-connection
+    streams; only ``Glm5NextForConditionalGeneration`` exists, so a tiny vision tower too.
+    ``shared``: two indexed layers in a row, the second reusing the first's top-k (``indexer_types``
+    "shared", GLM-5.3's cross-layer sharing)."""
     from transformers.models.glm5_next import configuration_glm5_next as cf
     from transformers.models.glm5_next import modeling_glm5_next as md
 
@@ -146,9 +150,11 @@ def _glm5_next():
         vocab_size=VOCAB, hidden_size=H, intermediate_size=2 * H, moe_intermediate_size=32, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4, kv_lora_rank=16,
         q_lora_rank=32, qk_rope_head_dim=0, v_head_dim=16, qk_nope_head_dim=16, num_experts_per_tok=2,
-        max_position_embeddings=512, index_topk=8, index_head_dim=16, index_n_heads=2, head_dim=0,
-        layer_types=["linear_attention", "indexed_attention"] * 2, mlp_layer_types=["dense"] + ["sparse"] * 3,
-        indexer_types=["full"] * 4, linear_head_dim=16, linear_num_heads=4, hc_mult=2, index_kpool=2,
+        max_position_embeddings=512, index_topk=8, index_head_dim=16, index_n_heads=8, head_dim=0,
+        layer_types=(["linear_attention", "indexed_attention", "indexed_attention", "linear_attention"] if shared
+                     else ["linear_attention", "indexed_attention"] * 2), mlp_layer_types=["dense"] + ["sparse"] * 3,
+        indexer_types=["full", "full", "shared", "full"] if shared else ["full"] * 4,
+        linear_head_dim=16, linear_num_heads=4, hc_mult=2, index_kpool=2,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)
     vision = dict(depth=1, hidden_size=16, num_heads=2, patch_size=2, temporal_patch_size=1, out_hidden_size=H,
                   intermediate_size=32, projection_intermediate_size=32, image_size=8)
@@ -162,7 +168,10 @@ def family_target(family: str, seed: int = 0, dtype=torch.float64):
     """A random tiny target of ``family`` (see FAMILIES and VLM), weights drawn wide enough that
     greedy text varies (the default init makes tiny models repeat one token)."""
     torch.manual_seed(seed)
-    cls, cfg = _glm5_next() if family == GLM5_NEXT else _vlm(family) if family in VLM else _text_config(family)
+    if family.startswith(GLM5_NEXT):
+        cls, cfg = _glm5_next(family == GLM5_NEXT_SHARED)
+    else:
+        cls, cfg = _vlm(family) if family in VLM else _text_config(family)
     # grouped_mm (the default experts kernel) has no float64: the eager loop over experts.
     for c in {id(cfg): cfg, id(cfg.get_text_config()): cfg.get_text_config()}.values():
         c._experts_implementation = "eager"

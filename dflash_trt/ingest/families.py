@@ -46,6 +46,12 @@ FAMILIES: dict[str, TargetFamily] = {
                                 "cache per row (copied before a verify, accepted prefix replayed)",
                                 "hash-routing tid2eid is an integer table; target_hidden is each tapped layer's "
                                 "MoE output (TensorRT-LLM's tap)"),
+    # issue 25: tests/runtime/test_hybrid_families.py, test_sparse_cache.py
+    "glm5_next": TargetFamily(("glm5_next", "glm5_next_text"), "KDA recurrent and conv states (per-token) + MLA "
+                              "latent KV + pooled indexer cache, packed to the back before each verify (pools "
+                              "stay aligned on a row's first token; a rejected draft's key is gone)",
+                              "target_hidden is each tapped layer's hyper-connection streams through the "
+                              "model's hc_head (an unweighted mean); no published drafter fixes the tap yet"),
     "mimo_v2_flash": TargetFamily(("mimo_v2_flash",), "KV cache with sliding windows"),
     "laguna": TargetFamily(("laguna",), "KV cache with sliding windows"),
     "muse_glimmer": TargetFamily(("muse_glimmer", "muse_glimmer_text"), "KV cache with sliding windows"),

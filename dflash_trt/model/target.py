@@ -8,6 +8,14 @@ residual is several hyper-connection streams (DeepSeek V4: ``hc_mult`` of them, 
 [b, T, hc_mult, H]) is tapped where TensorRT-LLM taps it for DFlash and EAGLE-3: the output of
 layer ``i``'s MoE block, [b, T, H], before it is mixed back into the streams
 (``tensorrt_llm/_torch/models/modeling_deepseekv4.py``, ``DeepseekV4DecoderLayer.forward_MoE``).
+GLM-5.3-Flash (``glm5_next``) has no such capture in TensorRT-LLM (its ``Glm5NextDecoderLayer.forward``
+never sees ``spec_metadata``; only its MTP layer is fed, with ``norm(mean of the streams)``) and no
+published DFlash drafter, so its tap is chosen here: layer ``i``'s output streams collapsed by the
+model's own head, ``hc_head`` (an unweighted mean over the ``hc_mult`` streams, TensorRT-LLM's
+``glm5_next_hyper_head``), [b, T, H]. It is the one reduction the model itself applies to a layer's
+streams (the last layer's, before the final norm), so tap ``i`` is what the model would hand its
+head had it stopped after layer ``i``: the hyper-connection analogue of ``output_hidden_states[i + 1]``.
+The tap changes acceptance only, never the output (the target verifies every token).
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from torch import nn
 
 from dflash_trt.errors import CheckpointError
 
+#: hyper-connection targets whose target_hidden is each tapped layer's streams through ``hc_head``
+STREAM_MEAN_TAPS = frozenset({"glm5_next"})
+
 
 class Target:
     """A transformers causal LM seen through what DFlash needs from it."""
@@ -33,7 +44,8 @@ class Target:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         text = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
-        self._mlp_taps = getattr(text, "hc_mult", None) is not None
+        self._stream_taps = text.model_type.removesuffix("_text") in STREAM_MEAN_TAPS
+        self._mlp_taps = getattr(text, "hc_mult", None) is not None and not self._stream_taps
 
     @property
     def device(self) -> torch.device:
@@ -65,8 +77,8 @@ class Target:
     def forward(self, ids, position_ids, attention_mask, cache, capture: bool = True):
         """Returns (logits [b, T, V], target_hidden [b, T, n_tap*H] or None)."""
         want_hidden = capture and bool(self.layer_ids)
-        if want_hidden and self._mlp_taps:
-            return self._forward_mlp_taps(ids, position_ids, attention_mask, cache)
+        if want_hidden and (self._mlp_taps or self._stream_taps):
+            return self._forward_hooked_taps(ids, position_ids, attention_mask, cache)
         out = self.model(
             input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
             use_cache=True, output_hidden_states=want_hidden, **{self._cache_kw: cache},
@@ -75,12 +87,18 @@ class Target:
             return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         return out.logits, None
 
-    def _forward_mlp_taps(self, ids, position_ids, attention_mask, cache):
-        """``forward`` for hyper-connection targets: target_hidden from the tapped layers' MoE outputs."""
-        layers = self.model.get_decoder().layers
+    def _forward_hooked_taps(self, ids, position_ids, attention_mask, cache):
+        """``forward`` for hyper-connection targets: target_hidden from the tapped layers' MoE
+        outputs, or (``STREAM_MEAN_TAPS``) their output streams [b, T, hc, H] through ``hc_head``."""
+        decoder = self.model.get_decoder()
+        layers = decoder.layers
         taps: dict[int, torch.Tensor] = {}
-        hooks = [layers[i].mlp.register_forward_hook(lambda _m, _a, out, i=i: taps.__setitem__(i, out))
-                 for i in self.layer_ids]
+        if self._stream_taps:
+            hooks = [layers[i].register_forward_hook(
+                lambda _m, _a, out, i=i: taps.__setitem__(i, decoder.hc_head(out[0]))) for i in self.layer_ids]
+        else:
+            hooks = [layers[i].mlp.register_forward_hook(lambda _m, _a, out, i=i: taps.__setitem__(i, out))
+                     for i in self.layer_ids]
         try:
             out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
                              use_cache=True, **{self._cache_kw: cache})

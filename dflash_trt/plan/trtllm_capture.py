@@ -74,6 +74,10 @@ CAPTURES: tuple[Capture, ...] = (
     Capture("deepseek_v4", ("DeepseekV4ForCausalLM",), _NEWEST,
             _MODELS + "modeling_deepseekv4.py::DeepseekV4DecoderLayer.forward_MoE (each tapped layer's MoE output)",
             notes="read on main; tag not pinned"),
+    Capture("glm5_next", ("Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"), None,
+            _MODELS + "modeling_glm5_next.py", missing=_MODELS + "modeling_glm5_next.py (Glm5NextDecoderLayer.forward "
+            "and Glm5NextModel.forward never see spec_metadata; only its one-model MTP layer is fed)",
+            notes="read on main (commit 044d703d), the VLM wrapper runs this text model; tag not pinned"),
     Capture("muse_glimmer", ("MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration"), None,
             _MODELS + "_arch_index.py", missing=_NOT_IN_INDEX),
 )

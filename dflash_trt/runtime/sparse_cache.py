@@ -12,6 +12,19 @@ committed count is zero and masked. A rejected draft's key is therefore not in t
 later query scores: no indexer can choose it, whatever ``index_topk`` is, and a row's indexer
 sees exactly what a fresh prefill of its committed tokens would give it (keys carry their RoPE,
 so a column's index is free). Rows joining (``merge_indexer``) pad on the right like the KV.
+
+A pooled indexer (glm5_next: ``index_kpool`` consecutive columns scored as one candidate) needs
+the committed columns packed to the BACK instead (``back=True``: left padding). Its layer keeps
+no RoPE and stores each written column's padding flag beside its key (``[k | gate | valid]``);
+pools start at a row's first valid column and run over consecutive columns, a query sees the
+columns up to its own, and its incomplete tail pool is counted as "first valid column + visible
+count" (``Glm5NextTextIndexer.get_pooled_states`` / ``append_visible_tail``). All three hold for a
+row only when its committed columns are contiguous and end right where the next block starts:
+front-packing leaves holes between a short row's last committed column and the block, and a pool
+spanning them is dropped or its tail points at a hole. Back-packed, every row's cache is a fresh
+left-padded prefill of its committed tokens (pools aligned on its first token, as TensorRT-LLM
+aligns them on position 0: ``modeling_glm5_next.py::Glm5NextContextRows.build``), and a rejected
+draft's key, gate and flag are gone before any later query pools them.
 """
 
 from __future__ import annotations
@@ -19,15 +32,19 @@ from __future__ import annotations
 import torch
 
 
-def pack(cache, layers: list[int], col_valid: torch.Tensor) -> torch.Tensor:
-    """Move each row's valid columns [b, S] to the front of ``layers`` (KV and indexer keys),
-    zero the rest; returns the packed column mask [b, W], W = the most valid columns of a row."""
+def pack(cache, layers: list[int], col_valid: torch.Tensor, back: bool = False) -> torch.Tensor:
+    """Move each row's valid columns [b, S] to the front (``back``: the end) of ``layers`` (KV and
+    indexer keys), in order, zero the rest; returns the packed column mask [b, W], W = the most
+    valid columns of a row."""
     n = col_valid.sum(1)                                                         # [b]
     W = int(n.max()) if n.numel() else 0
-    packed = torch.arange(W, device=col_valid.device)[None] < n[:, None]       # [b, W]
+    cols = torch.arange(W, device=col_valid.device)[None]
+    packed = cols >= W - n[:, None] if back else cols < n[:, None]              # [b, W]
     if col_valid.shape[1] == W and bool((col_valid == packed).all()):
         return col_valid
-    order = torch.sort((~col_valid).to(torch.uint8), dim=1, stable=True).indices[:, :W]  # valid first
+    key = col_valid if back else ~col_valid                                      # stable: order kept
+    order = torch.sort(key.to(torch.uint8), dim=1, stable=True).indices          # [b, S]
+    order = order[:, order.shape[1] - W:] if back else order[:, :W]             # [b, W]
     for i in layers:
         layer = cache.layers[i]
         if getattr(layer, "keys", None) is not None and layer.keys.numel():

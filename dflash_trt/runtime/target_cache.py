@@ -13,14 +13,16 @@ to them behind :class:`~dflash_trt.runtime.backend.TorchBackend`:
   own columns, right-aligned, tracked in ``TargetCache.win_valid`` / ``win_pos``), the
   bounded cache transformers' ``DynamicSlidingWindowLayer`` keeps for a single sequence.
 * **Linear-attention layers** (Gated DeltaNet: qwen3_5, qwen3_5_moe, qwen3_next; Mamba2:
-  nemotron_h; KDA: kimi_linear). A recurrent or conv state cannot mask a token it has
+  nemotron_h; KDA: kimi_linear, glm5_next). A recurrent or conv state cannot mask a token it has
   absorbed: ``recurrent.py`` keeps a verify's state after every position and, at commit,
   selects the accepted prefix's (prefills: snapshot and replay).
-* **Indexed-attention layers** (DeepSeek sparse attention: deepseek_v32, glm_moe_dsa). An
-  indexer keeps a key per cache column and picks each query's top-k columns; its key cache
-  follows the KV cache column for column (``sparse_cache.py``), and each verify first packs
+* **Indexed-attention layers** (DeepSeek sparse attention: deepseek_v32, glm_moe_dsa,
+  glm5_next). An indexer keeps a key per cache column and picks each query's top-k columns;
+  its key cache follows the KV cache column for column (``sparse_cache.py``), and each verify first packs
   every row's committed columns to the front, so a rejected draft's key is gone from both
-  caches before any later query could choose it.
+  caches before any later query could choose it. glm5_next's indexer scores pools of
+  ``index_kpool`` consecutive columns counted from a row's first valid one: its committed
+  columns go to the back instead (``self.pooled``), right against the block being verified.
 * **Compressing layers** (deepseek_v4): a running compressor state no mask or column can
   undo, kept per batch by transformers; :func:`cache_policy` gives those targets
   ``row_cache.RowReplayPolicy`` instead of this class.
@@ -46,13 +48,6 @@ from dflash_trt.runtime.recurrent import RecurrentStates
 from dflash_trt.runtime.sparse_cache import merge_indexer, pack
 
 SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "indexed_attention", "dummy"}
-#: indexed-attention families whose indexer the front-packing of ``sparse_cache.pack`` cannot keep exact:
-#: glm5_next pools consecutive cache columns from a row's first valid one and keeps each written
-#: column's valid flag (rows need their committed columns packed against the next block, not to the
-#: front), and its layers emit hyper-connection streams [b, T, hc, H] no published drafter taps yet.
-UNEXACT_INDEXERS = {"glm5_next": "its indexer pools consecutive cache columns (a rejected draft column "
-                                 "would stay selectable) and its hyper-connection streams have no drafter tap"}
-
 
 def cache_policy(model):
     """The cache policy ``model`` needs: :class:`CachePolicy`, or ``RowReplayPolicy`` for a
@@ -75,15 +70,13 @@ class CachePolicy:
         text = model.config.get_text_config(decoder=True)
         types, kwargs = get_layer_types_and_kwargs(text)
         unknown = sorted(set(types) - SUPPORTED)
-        if "indexed_attention" in types and text.model_type.removesuffix("_text") in UNEXACT_INDEXERS:
-            raise DFlashError(f"{text.model_type}: layer type indexed_attention is not supported by the reference "
-                              f"runtime for this family yet: {UNEXACT_INDEXERS[text.model_type.removesuffix('_text')]}")
         if unknown:
             raise DFlashError(f"{text.model_type}: layer type {unknown[0]} is not supported by the "
                               f"reference runtime (supported: {', '.join(sorted(SUPPORTED - {'dummy'}))})")
         self.sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
         self.indexed = [i for i, t in enumerate(types) if t == "indexed_attention"]
         self.full = [i for i, t in enumerate(types) if t == "full_attention"] + self.indexed
+        self.pooled = getattr(text, "index_kpool", None) is not None  # glm5_next: back-packed (sparse_cache.py)
         windows = {kwargs[i]["sliding_window"] for i in self.sliding}
         if len(windows) > 1:
             raise DFlashError(f"{text.model_type}: sliding layers with different windows {sorted(windows)} "
@@ -125,7 +118,7 @@ class CachePolicy:
         columns; sliding layers keep their own, linear layers have none): attention and mask
         cost then follow committed tokens instead of growing by B per round."""
         if self.indexed:  # a rejected draft's indexer key must go, not wait behind a mask
-            return pack(cache, self.full, col_valid)
+            return pack(cache, self.full, col_valid, back=self.pooled)
         keep = col_valid.any(0)
         if bool(keep.all()):
             return col_valid

@@ -23,6 +23,7 @@ def test_every_row_cites_a_tensorrt_llm_file_and_says_captured_or_missing():
     ("KimiK25ForConditionalGeneration", True),
     ("Gemma4ForConditionalGeneration", False), ("Gemma4UnifiedForConditionalGeneration", False),
     ("MiniMaxM2ForCausalLM", False), ("MuseGlimmerForCausalLM", False), ("SomethingNewForCausalLM", None),
+    ("Glm5NextForConditionalGeneration", False),
 ])
 def test_the_verdict_per_architecture(arch, expected):
     assert capture_supported(arch) is expected

@@ -1,5 +1,6 @@
 """Hybrid targets keep exact recurrent states without a replay, and the second-wave hybrids
-(nemotron_h: Mamba2; kimi_linear: KDA + MLA) decode losslessly.
+(nemotron_h: Mamba2; kimi_linear: KDA + MLA; glm5_next: KDA-like + position-free MLA with a
+pooled sparse indexer and hyper-connection streams) decode losslessly.
 
 The verify kernels (``runtime/linear_states.py``) must compute what transformers' own torch
 kernels compute, and the state they select for a prefix of n tokens must be the state
@@ -16,7 +17,7 @@ import torch
 
 from dflash_trt.runtime import Request, SamplingParams, Scheduler, TorchBackend, generate
 from dflash_trt.runtime import linear_states as ls
-from tests.families import GLM5_NEXT, HYBRID_2, family_drafter, family_target
+from tests.families import GLM5_NEXT, GLM5_NEXT_SHARED, HYBRID_2, family_drafter, family_target
 from tests.helpers import hf_greedy, wrap
 from tests.runtime.test_families import MAX_NEW, case, check_lossless, check_matrix_cell
 from tests.runtime.test_scheduler import run
@@ -80,13 +81,13 @@ def test_per_token_kernels_are_transformers_and_select_any_prefix(make):
     assert T == 7
 
 
-@pytest.mark.parametrize("family", HYBRID_2)
+@pytest.mark.parametrize("family", HYBRID_2 + [GLM5_NEXT])
 def test_greedy_is_lossless_on_the_second_wave_hybrids(family):
     check_lossless(family)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", HYBRID_2)
+@pytest.mark.parametrize("family", HYBRID_2 + [GLM5_NEXT])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("block", [4, 8])
 @pytest.mark.parametrize("kind", ["random", "oracle"])
@@ -102,6 +103,7 @@ def _scheduled(family: str):
 
 @pytest.mark.parametrize("family", [pytest.param("nemotron_h"),
                                     pytest.param("kimi_linear", marks=pytest.mark.slow),
+                                    pytest.param(GLM5_NEXT, marks=pytest.mark.slow),
                                     pytest.param("qwen3_5", marks=pytest.mark.slow)])
 def test_rows_joining_and_leaving_a_hybrid_batch_keep_their_tokens(family):
     backend, c = _scheduled(family)
@@ -113,7 +115,7 @@ def test_rows_joining_and_leaving_a_hybrid_batch_keep_their_tokens(family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", HYBRID_2)
+@pytest.mark.parametrize("family", HYBRID_2 + [GLM5_NEXT])
 def test_a_seeded_row_on_a_hybrid_reproduces_whatever_shares_its_batch(family):
     backend, c = _scheduled(family)
     ps = c.prompts
@@ -139,11 +141,53 @@ def test_the_graph_backends_say_in_one_line_they_cannot_carry_hybrid_states(fami
     assert problem and "recurrent/conv state (hybrid)" in problem and "\n" not in problem
 
 
-def test_glm5_next_is_refused_by_the_runtime_until_its_indexer_is_exact():
-    """Its indexer pools consecutive cache columns and keeps a written column's valid flag, so
-    a rejected draft column would stay selectable: the runtime refuses it in one line."""
-    from dflash_trt.errors import DFlashError
+@pytest.mark.slow
+def test_greedy_is_lossless_on_glm5_next_with_a_shared_indexer_layer():
+    """A layer reusing the previous layer's top-k reads the same back-packed columns."""
+    check_lossless(GLM5_NEXT_SHARED)
+
+
+def test_glm5_next_target_hidden_is_each_tapped_layers_streams_through_hc_head():
+    """glm5_next's tap (``model/target.py``): layer i's [b, T, hc, H] output streams through the
+    model's own ``hc_head`` (an unweighted mean), so target_hidden is n_tap x H wide, the width
+    ingest expects of a drafter's ``fc.weight`` and planning counts (``n_taps * hidden``)."""
+    from dflash_trt.ingest.formats import expected_shapes
+    from tests.families import family_drafter_config
 
     model = family_target(GLM5_NEXT)
-    with pytest.raises(DFlashError, match="indexed_attention"):
-        TorchBackend(wrap(model), None)
+    cfg = family_drafter_config(model)
+    target = wrap(model, family_drafter(model))
+    ids = torch.tensor([[5, 9, 14, 3, 22, 7]])
+    with torch.no_grad():
+        _, hidden = target.forward(ids, torch.arange(6)[None], torch.ones_like(ids), None)
+        streams = model(ids, output_hidden_states=True).hidden_states          # [1, T, hc, H] per layer
+    H = model.config.get_text_config().hidden_size
+    assert hidden.shape == (1, 6, len(cfg.target_layer_ids) * H) == (1, 6, expected_shapes(cfg)["fc.weight"][1])
+    want = torch.cat([streams[i + 1].mean(2) for i in cfg.target_layer_ids], dim=-1)
+    torch.testing.assert_close(hidden, want, atol=1e-12, rtol=0)
+
+
+def test_glm5_next_runtime_cache_holds_what_planning_counts():
+    """The runtime's glm5_next cache grows per committed token by exactly the latent KV + indexer
+    elements ``plan/hybrid_shapes.py`` counts (back-packing moves columns, it adds none), and its
+    recurrent states are the planned size."""
+    from dflash_trt.plan.family_shapes import layer_counts
+    from dflash_trt.runtime.loop import prefill
+
+    model = family_target(GLM5_NEXT, dtype=torch.float32)
+    text = model.config.get_text_config(decoder=True)
+    counts = layer_counts({**text.to_dict(), "model_type": text.model_type})
+    backend = TorchBackend(wrap(model), None)
+    p = [5, 9, 14, 3, 22, 7, 31, 8, 40, 11]
+
+    def elements(n: int) -> tuple[int, int]:
+        cache = prefill(backend, [Request(p[:n], 4)], draft=False).target_cache
+        grows = sum(getattr(lay, k)[0].numel() for lay in cache.layers for k in ("keys", "values", "indexer_keys")
+                    if isinstance(getattr(lay, k, None), torch.Tensor))
+        state = sum(t[0].numel() for lay in cache.layers for t in (getattr(lay, "recurrent_states", {}) or {}).values()
+                    if t is not None)
+        return grows, state
+
+    (a, state), (b, _) = elements(9), elements(10)
+    assert b - a == sum(g.layers * g.kv_heads * g.dims for g in counts.kv) > 0
+    assert state == counts.states[0].layers * counts.states[0].recurrent

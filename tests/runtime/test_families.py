@@ -24,18 +24,19 @@ ALL = FAMILIES + [f for f in VLM if f not in FAMILIES]
 
 
 class Case:
-    """One family's target, prompts and the target's own greedy continuations (computed on
-    first use: the default run needs three, the slow matrix six)."""
+    """One family's target (``make(family)``: tests/families.py's by default, test_second_wave.py
+    passes its own), six prompts of 1 to ``hi`` tokens and the target's own greedy continuations
+    of ``max_new`` tokens (computed on first use: the default run needs three, the slow matrix six)."""
 
-    def __init__(self, family: str):
-        self.family = family
-        self.model = family_target(family)
-        self.prompts = prompts(6, seed=3, lo=1, hi=30)
+    def __init__(self, family: str, make=family_target, max_new: int = MAX_NEW, hi: int = 30):
+        self.family, self.max_new = family, max_new
+        self.model = make(family)
+        self.prompts = prompts(6, seed=3, lo=1, hi=hi)
         self._truth: dict[int, list[int]] = {}
 
     def truth(self, i: int) -> list[int]:
         if i not in self._truth:
-            self._truth[i] = hf_greedy(self.model, self.prompts[i], MAX_NEW + 8)
+            self._truth[i] = hf_greedy(self.model, self.prompts[i], self.max_new + 8)
         return self._truth[i]
 
     def run(self, drafter_kind: str, batch: int, block: int, n: int = 6) -> tuple[list[list[int]], float]:
@@ -44,14 +45,14 @@ class Case:
         got, taus = [], []
         for i in range(0, n, batch):
             rows = list(range(i, min(i + batch, n)))
-            d = self._drafter(drafter_kind, block, rows)
+            d = self.drafter(drafter_kind, block, rows)
             out = generate(wrap(self.model, d), d, [self.prompts[r] for r in rows],
-                           max_new_tokens=MAX_NEW, block_size=block)
+                           max_new_tokens=self.max_new, block_size=block)
             got += out.token_ids
             taus.append(out.stats.acceptance_length)
         return got, sum(taus) / len(taus)
 
-    def _drafter(self, kind: str, block: int, rows: list[int]):
+    def drafter(self, kind: str, block: int, rows: list[int]):
         if kind == "random":
             return family_drafter(self.model, block_size=block)
         full = [self.prompts[r] + self.truth(r) for r in rows]
@@ -60,15 +61,16 @@ class Case:
         return OracleDrafter(cfg, full, lambda rnd, row: (rnd + row) % (block - 1) + 1).to(torch.float64)
 
     def expected(self, n: int = 6) -> list[list[int]]:
-        return [self.truth(i)[:MAX_NEW] for i in range(n)]
+        return [self.truth(i)[:self.max_new] for i in range(n)]
 
 
 _cases: dict[str, Case] = {}
 
 
-def case(family: str) -> Case:
+def case(family: str, **kw) -> Case:
+    """The one :class:`Case` of ``family`` (built with ``kw`` on first use)."""
     if family not in _cases:
-        _cases[family] = Case(family)
+        _cases[family] = Case(family, **kw)
     return _cases[family]
 
 

@@ -16,59 +16,20 @@ transformers' own full-sequence forward then disagrees with its own incremental 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dflash_trt.runtime.backend import TorchBackend
-from dflash_trt.runtime.loop import Request, generate
-from tests.families import family_drafter, family_drafter_config
-from tests.helpers import OracleDrafter, hf_greedy, prompts, wrap
+from dflash_trt.runtime.loop import Request
+from tests.helpers import wrap
+from tests.runtime.test_families import Case
+from tests.runtime.test_families import case as families_case
 from tests.second_wave import FAMILIES, TEXT_ONLY, second_wave_target
 
 MAX_NEW = 12
 
 
-class Case:
-    """One family's target, prompts and the target's own greedy continuations (computed on first use)."""
-
-    def __init__(self, family: str):
-        self.model = second_wave_target(family)
-        self.prompts = prompts(6, seed=3, lo=1, hi=24)
-        self._truth: dict[int, list[int]] = {}
-
-    def truth(self, i: int) -> list[int]:
-        if i not in self._truth:
-            self._truth[i] = hf_greedy(self.model, self.prompts[i], MAX_NEW + 8)
-        return self._truth[i]
-
-    def drafter(self, kind: str, block: int, rows: list[int]):
-        if kind == "random":
-            return family_drafter(self.model, block_size=block)
-        full = [self.prompts[r] + self.truth(r) for r in rows]
-        cfg = family_drafter_config(self.model, block_size=block)  # corrupt position (round + row) % (B-1) + 1
-        return OracleDrafter(cfg, full, lambda rnd, row: (rnd + row) % (block - 1) + 1).to(torch.float64)
-
-    def run(self, kind: str, batch: int, block: int, n: int) -> tuple[list[list[int]], float]:
-        got, taus = [], []
-        for i in range(0, n, batch):
-            rows = list(range(i, min(i + batch, n)))
-            d = self.drafter(kind, block, rows)
-            out = generate(wrap(self.model, d), d, [self.prompts[r] for r in rows],
-                           max_new_tokens=MAX_NEW, block_size=block)
-            got += out.token_ids
-            taus.append(out.stats.acceptance_length)
-        return got, sum(taus) / len(taus)
-
-    def expected(self, n: int) -> list[list[int]]:
-        return [self.truth(i)[:MAX_NEW] for i in range(n)]
-
-
-_cases: dict[str, Case] = {}
-
-
 def case(family: str) -> Case:
-    if family not in _cases:
-        _cases[family] = Case(family)
-    return _cases[family]
+    """test_families' case, on this module's targets (12 new tokens, prompts of up to 24)."""
+    return families_case(family, make=second_wave_target, max_new=MAX_NEW, hi=24)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

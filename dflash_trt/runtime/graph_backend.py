@@ -1,9 +1,9 @@
 """The exported graphs as a :class:`~dflash_trt.runtime.backend.Backend`: the runtime owns the
 caches and feeds them in and out of every call.
 
-A bundle built with ``--graphs`` holds three graphs (``build/export.py`` documents their
+A bundle built with ``--graphs`` holds three graphs (``export/onnx_graphs.py`` documents their
 I/O): ``embed`` (token ids -> embedding rows), ``target`` (a forward with ``past_k``/``past_v``
-in and ``present_k``/``present_v`` out, plus target_hidden) and ``drafter`` (one round: KV
+in and the forward's ``new_k``/``new_v`` out, plus target_hidden) and ``drafter`` (one round: KV
 injection, then the block forward, over the paged cache; a DFlash2 drafter's graph also walks its
 candidate selector and outputs the proposal, ``export/onnx_dflash2.py``, which
 :meth:`GraphBackend.draft_block` turns into the loop's tokens and q). ONNX Runtime (``onnx_backend.py``)

@@ -8,6 +8,12 @@ ops: the path before the native form). At batch b the prompts run b at a time (o
 call per group, greedy); per backend and batch: tokens/s of DFlash and autoregressive, their
 ratio, τ, the round's draft / verify seconds, and ``lossless`` (DFlash token-identical to the
 same backend's autoregressive decoding *and* to torch's).
+
+The split per DFlash round, in milliseconds: ``draft_ms`` (the drafter round), ``verify_ms`` (the
+target forward over the block, its cache bookkeeping included) and, within it, ``cache_ms`` (the
+backend's ``compact`` + ``commit_cache``: the target cache's compaction or in-place commit).
+``cpu_speedup`` is the same ratio in this process's CPU seconds (one thread each: on a machine
+shared with other jobs it moves less with their load than the wall-clock ratio does).
 """
 
 from __future__ import annotations
@@ -20,45 +26,73 @@ import torch
 
 from dflash_trt import ingest
 from dflash_trt.bench.inprocess import read_prompts
-from dflash_trt.runtime import generate, load_bundle, resolve_run
+from dflash_trt.runtime import TorchBackend, generate, load_bundle, resolve_run
 from dflash_trt.runtime.onnx_backend import OnnxBackend
 
 
 def backend_for(kind: str, bundle: str, pair):
     if kind == "torch":
-        return None
+        return TorchBackend(pair.target, pair.drafter)
     if kind == "onnx":
         return load_bundle(bundle, resolve_run("onnx", bundle=bundle)).backend
     b = ingest.open_bundle(bundle)
     return OnnxBackend(b.onnx, b.manifest.engine.profile, pair.drafter.cfg.mask_token_id, native=False)
 
 
+def timed_cache(backend) -> dict:
+    """Seconds the backend spends in its target-cache bookkeeping (``compact``, ``commit_cache``),
+    accumulated in the returned dict's "s" while a DFlash run is on ("on")."""
+    acc = {"s": 0.0, "on": False}
+    for name in ("compact", "commit_cache"):
+        method = getattr(backend, name)
+
+        def wrapped(*a, _m=method, **k):
+            t0 = time.perf_counter()
+            try:
+                return _m(*a, **k)
+            finally:
+                acc["s"] += (time.perf_counter() - t0) if acc["on"] else 0.0
+        setattr(backend, name, wrapped)
+    return acc
+
+
 def measure(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict:
     B = pair.block_size()
+    cache = timed_cache(backend)
     stops = pair.stop_token_ids
     generate(pair.target, pair.drafter, prompts[:batch], max_new_tokens=8, block_size=B, stop_token_ids=stops,
              backend=backend)                                                       # warm-up
-    out: dict = {"dflash": [], "ar": [], "draft_s": 0.0, "verify_s": 0.0, "rounds": 0, "committed": 0}
+    out: dict = {"dflash": [], "ar": [], "draft_s": 0.0, "verify_s": 0.0, "rounds": 0, "committed": 0,
+                 "batch_rounds": 0}
     secs = {"dflash": 0.0, "ar": 0.0}
+    cpu = {"dflash": 0.0, "ar": 0.0}
     new = {"dflash": 0, "ar": 0}
     for i in range(0, len(prompts), batch):
         group = prompts[i:i + batch]
         for mode, drafter, bs in (("dflash", pair.drafter, B), ("ar", None, 1)):
-            t0 = time.perf_counter()
+            cache["on"] = mode == "dflash"
+            t0, c0 = time.perf_counter(), time.process_time()
             g = generate(pair.target, drafter, group, max_new_tokens=n, block_size=bs, stop_token_ids=stops,
                          backend=backend)
             secs[mode] += time.perf_counter() - t0
+            cpu[mode] += time.process_time() - c0
             new[mode] += sum(len(x) for x in g.token_ids)
             out[mode] += g.token_ids
             if mode == "dflash":
                 out["draft_s"] += g.stats.draft_seconds
                 out["verify_s"] += g.stats.verify_seconds
                 out["rounds"] += g.stats.rounds
+                out["batch_rounds"] += g.stats.target_forwards - 1       # a batched round per forward but prefill
                 out["committed"] += g.stats.committed
     tps = {m: new[m] / secs[m] for m in secs}
+    per_round = 1e3 / max(1, out["batch_rounds"])
     return {"dflash_tok_s": round(tps["dflash"], 1), "ar_tok_s": round(tps["ar"], 1),
-            "speedup": round(tps["dflash"] / tps["ar"], 3), "tau": round(out["committed"] / max(1, out["rounds"]), 3),
+            "speedup": round(tps["dflash"] / tps["ar"], 3),
+            "cpu_speedup": round(cpu["ar"] / new["ar"] / (cpu["dflash"] / new["dflash"]), 3),
+            "tau": round(out["committed"] / max(1, out["rounds"]), 3),
             "draft_s": round(out["draft_s"], 3), "verify_s": round(out["verify_s"], 3),
+            "draft_ms": round(out["draft_s"] * per_round, 2), "verify_ms": round(out["verify_s"] * per_round, 2),
+            "cache_ms": round(cache["s"] * per_round, 2),
             "lossless_self": out["dflash"] == out["ar"], "tokens": out["dflash"]}
 
 

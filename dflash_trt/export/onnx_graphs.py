@@ -26,7 +26,12 @@ its KV cache as stacked tensors:
 
     inputs : input_ids [b, T], attention_mask [b, P+T], position_ids [b, T],
              past_k, past_v [layers, b, kvh, P, head_dim]   (P may be 0)
-    outputs: logits [b, T, V], target_hidden [b, T, n_tap*H], present_k, present_v [layers, b, kvh, P+T, hd]
+    outputs: logits [b, T, V], target_hidden [b, T, n_tap*H], new_k, new_v [layers, b, kvh, T, hd]
+
+The graph returns only this forward's K/V (``new_k``/``new_v``, with their RoPE): the runtime owns
+the cache as a buffer it writes them into (``runtime.graph_backend.DenseTargetCache``: only the
+columns the verify accepted, so the cache stays packed by row and never goes through the graph's
+outputs whole). The past is read as-is; the mask says which of its P columns are valid.
 
 Only targets whose every layer keeps a plain full-attention K/V cache of one shape export
 this way (:func:`target_export_problem` says why another does not).
@@ -53,7 +58,7 @@ from dflash_trt.errors import DFlashError, require
 
 DRAFTER_INPUTS = ["target_hidden", "n_new", "block_embeds", "k_cache", "v_cache", "page_table", "lengths"]
 TARGET_INPUTS = ["input_ids", "attention_mask", "position_ids", "past_k", "past_v"]
-TARGET_OUTPUTS = ["logits", "target_hidden", "present_k", "present_v"]
+TARGET_OUTPUTS = ["logits", "target_hidden", "new_k", "new_v"]
 #: the graphs of a bundle's ``onnx/``, by role
 GRAPHS = {"drafter": "drafter.onnx", "target": "target.onnx", "embed": "embed.onnx"}
 
@@ -241,7 +246,7 @@ def target_export_problem(config) -> str | None:
 
 
 class TargetWithTaps(nn.Module):
-    """A causal LM forward with stacked KV-cache tensors in and out, plus the DFlash target_hidden."""
+    """A causal LM forward with the stacked KV cache in, this forward's K/V out, plus the DFlash target_hidden."""
 
     def __init__(self, model: nn.Module, layer_ids: list[int]):
         super().__init__()
@@ -261,9 +266,9 @@ class TargetWithTaps(nn.Module):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, output_hidden_states=True, **{self._cache_kw: cache})
         target_hidden = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        layers = cache.layers
-        return (out.logits, target_hidden, torch.stack([layers[i].keys for i in range(self.num_layers)]),
-                torch.stack([layers[i].values for i in range(self.num_layers)]))
+        layers, P = cache.layers, past_k.shape[3]
+        return (out.logits, target_hidden, torch.stack([layers[i].keys[:, :, P:] for i in range(self.num_layers)]),
+                torch.stack([layers[i].values[:, :, P:] for i in range(self.num_layers)]))   # [L, b, kvh, T, d]
 
 
 def target_example_inputs(model: nn.Module, batch: int = 2, past: int = 5, T: int = 3, seed: int = 0) -> dict:

@@ -1,23 +1,28 @@
 """The exported graphs as a :class:`~dflash_trt.runtime.backend.Backend`: the runtime owns the
 caches and feeds them in and out of every call.
 
-A bundle built with ``--graphs`` holds three graphs (``build/export.py`` documents their
+A bundle built with ``--graphs`` holds three graphs (``export/onnx_graphs.py`` documents their
 I/O): ``embed`` (token ids -> embedding rows), ``target`` (a forward with ``past_k``/``past_v``
-in and ``present_k``/``present_v`` out, plus target_hidden) and ``drafter`` (one round: KV
+in and the forward's ``new_k``/``new_v`` out, plus target_hidden) and ``drafter`` (one round: KV
 injection, then the block forward, over the paged cache; a DFlash2 drafter's graph also walks its
 candidate selector and outputs the proposal, ``export/onnx_dflash2.py``, which
 :meth:`GraphBackend.draft_block` turns into the loop's tokens and q). ONNX Runtime (``onnx_backend.py``)
 and TensorRT (``trt_backend.py``) differ only in how one graph runs (:meth:`GraphBackend.run`);
 everything around the calls is here:
 
-- the target cache (:class:`TargetCache`): k, v [layers, b, kvh, S, d], fed as the past and
-  replaced by the present; empty (S = 0) at prefill;
+- the target cache (:class:`DenseTargetCache`): k, v [layers, b, kvh, S, d], a buffer the graph
+  reads as its past (row i's first ``lengths[i]`` columns valid) and returns only the forward's
+  new K/V, which the runtime writes in place: all of a prefill's valid columns, and of a verify
+  only the ``n_new`` the acceptance keeps (``commit_cache``), so the cache stays packed by row and
+  a partial acceptance costs no compaction (rejected K/V are never written). A bundle exported
+  before that contract (``present_k``/``present_v`` out: :class:`TargetCache`) has its cache
+  replaced by the present every forward and compacted by row:
 - the drafter cache: a ``plugins.PagedKVCache`` whose pages the runtime allocates
   (``reserve``) before each round, as the drafter graph expects, and whose tensors the graph's
   ``k_cache_out`` / ``v_cache_out`` replace (TensorRT writes them in place);
-- compaction by row: keys carry their RoPE and the mask is explicit, so column order does not
-  matter to attention; each row's valid columns move to the front, and the cache is as wide as
-  the longest row's committed context, not the batch's history of rejected positions;
+  keys carry their RoPE and the mask is explicit, so column order does not matter to attention;
+  each row's valid columns move to the front, and the cache is as wide as the longest row's
+  committed context, not the batch's history of rejected positions;
 - the request check (:meth:`GraphBackend.check_request`) against ``ingest.EngineProfile``, the
   shapes the engines were built for: a request outside them is one line before any work.
 """
@@ -35,8 +40,10 @@ from dflash_trt.runtime.backend import Backend
 from dflash_trt.runtime.proposer import graph_proposer
 
 #: each graph's outputs, in the order :meth:`GraphBackend.run` returns them (``build/export.py``)
-GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "present_k", "present_v"],
+GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "new_k", "new_v"],
                  "drafter": ["logits", "k_cache_out", "v_cache_out"]}
+#: the target graph's outputs in bundles exported before the new-K/V contract (the whole present cache)
+PRESENT_TARGET_OUTPUTS = ["logits", "target_hidden", "present_k", "present_v"]
 #: the dense-context drafter graph's outputs (``export/onnx_native.py``)
 DENSE_DRAFTER_OUTPUTS = ["logits", "k_new", "v_new"]
 
@@ -60,31 +67,54 @@ class DenseKVCache:
     #: capacity step (columns): a growth copies the cache, so it happens every ``chunk`` tokens at most
     chunk = 64
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, batch: int, device=None):
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, batch: int, device=None,
+                 max_columns: int | None = None):
         self.k = torch.zeros(layers, batch, kv_heads, 0, head_dim, device=device)
         self.v = torch.zeros_like(self.k)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        #: the capacity never grows past this (an engine profile's bound), only to what a row needs
+        self.max_columns = max_columns
 
     def reserve(self, extra: torch.Tensor) -> None:
         """Room for ``extra[i]`` more columns in row i (grown by whole chunks)."""
         need = int((self.lengths + extra).max()) if self.lengths.numel() else 0
         if need > self.k.shape[3]:
             cap = -(-need // self.chunk) * self.chunk
+            cap = max(need, min(cap, self.max_columns or cap))
             pad = (*self.k.shape[:3], cap - self.k.shape[3], self.k.shape[4])
             self.k, self.v = (torch.cat([t, t.new_zeros(pad)], 3) for t in (self.k, self.v))
 
     def append(self, k_new: torch.Tensor, v_new: torch.Tensor, n_new: torch.Tensor) -> None:
-        """Write the first n_new[i] of k_new, v_new [L, b, kvh, T, d] at columns lengths[i] + t."""
-        t = torch.arange(k_new.shape[3], device=n_new.device)
-        rows, cols = (t[None] < n_new[:, None]).nonzero(as_tuple=True)
-        pos = self.lengths[rows] + cols
-        self.k[:, rows, :, pos] = k_new[:, rows, :, cols]
-        self.v[:, rows, :, pos] = v_new[:, rows, :, cols]
+        """Write the first n_new[i] of k_new, v_new [L, b, kvh, T, d] at columns lengths[i] + t
+        (one slice copy per row: cheaper than an index scatter at the batch sizes a round has)."""
+        for i, (at, n) in enumerate(zip(self.lengths.tolist(), n_new.tolist(), strict=True)):
+            self.k[:, i, :, at:at + n] = k_new[:, i, :, :n]
+            self.v[:, i, :, at:at + n] = v_new[:, i, :, :n]
         self.lengths = self.lengths + n_new
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only these rows (finished ones leave the batch)."""
-        self.k, self.v, self.lengths = self.k[:, rows].contiguous(), self.v[:, rows].contiguous(), self.lengths[rows]
+        """Keep only these rows (finished ones leave the batch). Only a row finishing could have
+        grown the capacity past ``max_columns`` (a row that goes on holds <= prompt + max_new - 2
+        columns, ``request_shapes``): the copy trims it back to what the rows kept need."""
+        self.lengths = self.lengths[rows]
+        cap = self.k.shape[3]
+        if self.max_columns is not None and cap > self.max_columns:
+            cap = max(self.max_columns, int(self.lengths.max()) if self.lengths.numel() else 0)
+        self.k, self.v = self.k[:, rows, :, :cap].contiguous(), self.v[:, rows, :, :cap].contiguous()
+
+
+class DenseTargetCache(DenseKVCache):
+    """The target's cache under the new-K/V contract (module docstring): a :class:`DenseKVCache`
+    plus ``pending``, the last verify's (new_k, new_v) [L, b, kvh, T, d] until ``commit_cache``
+    says how many columns of each row to keep."""
+
+    chunk = 32
+    pending: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def select(self, rows: torch.Tensor) -> None:
+        super().select(rows)
+        if self.pending is not None:
+            self.pending = (self.pending[0][:, rows], self.pending[1][:, rows])
 
 
 class GraphBackend(Backend):
@@ -107,12 +137,19 @@ class GraphBackend(Backend):
         #: ``engine.drafter_graph`` when given, else what the graph's inputs say)
         self.proposer = graph_proposer(drafter_graph, self.input_names("drafter"))
         self.graph_outputs = {**GRAPH_OUTPUTS, "drafter": self.proposer.graph_outputs}
+        #: the target graph returns only the forward's K/V (False: an older bundle's whole present)
+        self.new_kv = "new_k" in self.output_names("target")
+        if not self.new_kv:
+            self.graph_outputs["target"] = PRESENT_TARGET_OUTPUTS
         self.vocab_size = self.output_shape("target", "logits")[-1]
         L, _, kvh, _, d = self.input_shape("target", "past_k")          # [layers, b, kvh, P, d]
-        self._target_dims = (L, kvh, d)
+        if L is None or kvh is None or d is None:                          # static axes in every export
+            raise DFlashError("the target graph's cache has a dynamic layer or head axis; rebuild the bundle")
+        self._target_dims: tuple[int, int, int] = (L, kvh, d)
         #: the drafter graph reads a dense per-row context (``export/onnx_native.py``: ONNX Runtime's
         #: form) rather than the paged pool the dflash custom ops read
         self.dense_drafter = "k_ctx" in self.input_names("drafter")
+        self._past_columns: int | None = None      # the checked request's target-cache bound (check_request)
         if self.dense_drafter:
             self.graph_outputs["drafter"] = DENSE_DRAFTER_OUTPUTS
             Ld, _, kvh_d, _, dd = self.input_shape("drafter", "k_ctx")     # [L, b, kvh, S, d]
@@ -143,6 +180,10 @@ class GraphBackend(Backend):
     def input_names(self, graph: str) -> list[str]:
         """The names of one graph's inputs."""
 
+    @abstractmethod
+    def output_names(self, graph: str) -> list[str]:
+        """The names of one graph's outputs."""
+
     # -- the request check ---------------------------------------------------------------
     def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
         """Refuse, in one line, a request the engines were not built for (``ingest.EngineProfile``)."""
@@ -150,7 +191,11 @@ class GraphBackend(Backend):
         if block_size not in (1, p.block_size):
             raise DFlashError(f"--backend {self.name}: the drafter graph was exported for block size {p.block_size}, "
                               f"not {block_size}; use block size {p.block_size} (or 1), or --backend torch")
-        problem = request_problem(p, [len(x) for x in prompts], max_new_tokens, block_size)
+        lengths = [len(x) for x in prompts]
+        problem = request_problem(p, lengths, max_new_tokens, block_size)
+        #: the target cache's capacity for this request: the past a verify reads (request_shapes' seq
+        #: less the block) never passes it, so neither does any shape the engines are run at
+        self._past_columns = request_shapes(lengths, max_new_tokens, block_size, p.page_size)["seq"] - block_size
         if problem:
             raise DFlashError(f"request outside the engines' profile (batch <= {p.max_batch}, <= {p.max_tokens} "
                               f"tokens per forward, <= {p.max_seq_len} target-cache columns): {problem}; rebuild "
@@ -166,9 +211,15 @@ class GraphBackend(Backend):
             pages = self.initial_pages or self.profile.max_pages
             dcache = plugins.PagedKVCache(L, batch, kvh, d, page_size=self.profile.page_size, device=self.device,
                                           dtype=torch.float32, pages=pages)
-        return TargetCache(), dcache
+        if not self.new_kv:
+            return TargetCache(), dcache
+        p = self.profile      # without a checked request, the profile's bound: past + a block <= max_seq_len
+        past, self._past_columns = self._past_columns or p.max_seq_len - p.block_size, None
+        return DenseTargetCache(*self._target_dims, batch=batch, device=self.device, max_columns=past), dcache
 
     def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):
+        if self.new_kv:
+            return self._dense_target_forward(ids, positions, attention_mask, cache, capture, logits_at)
         if cache.k is None:
             L, kvh, d = self._target_dims
             cache.k = cache.v = torch.zeros(L, ids.shape[0], kvh, 0, d, device=self.device)
@@ -177,6 +228,29 @@ class GraphBackend(Backend):
             "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
         if logits_at is not None:  # the graph computes every position; keep the asked-for one per row
             logits = logits[torch.arange(ids.shape[0], device=logits.device), logits_at][:, None]
+        return logits, (target_hidden if capture else None)
+
+    def _dense_target_forward(self, ids, positions, attention_mask, cache, capture, logits_at):
+        """The forward over the cache buffer as it is (row i valid before ``lengths[i]``; the
+        loop's attention_mask [b, S+T] only says which of the T new tokens are real). A prefill's
+        K/V (the prompts, right-padded) are written at once; a verify's wait for ``commit_cache``."""
+        b, T = ids.shape
+        new_valid = attention_mask[:, -T:].bool()                                       # [b, T]
+        past = torch.arange(cache.k.shape[3], device=self.device)[None] < cache.lengths[:, None]
+        logits, target_hidden, k_new, v_new = self.run("target", {
+            "input_ids": ids.contiguous(), "attention_mask": torch.cat([past, new_valid], 1).long(),
+            "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
+        prefill = not bool(cache.lengths.any())
+        if prefill:  # right-padded prompts: row i's first n[i] tokens are real
+            n = new_valid.sum(1)
+            if not bool((new_valid == (torch.arange(T, device=self.device)[None] < n[:, None])).all()):
+                raise DFlashError("a prefill's prompts must be right-padded (each row's real tokens first)")
+            cache.reserve(n)
+            cache.append(k_new, v_new, n)
+        else:
+            cache.pending = (k_new, v_new)
+        if logits_at is not None:
+            logits = logits[torch.arange(b, device=logits.device), logits_at][:, None]
         return logits, (target_hidden if capture else None)
 
     def round_feeds(self, target_hidden, n_new, anchor, block_size, cache) -> dict[str, torch.Tensor]:
@@ -219,14 +293,29 @@ class GraphBackend(Backend):
         return self.proposer.graph_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first)
 
     def keep_rows(self, target_cache, draft_cache, rows):
-        if target_cache.k is not None:
+        if isinstance(target_cache, DenseTargetCache):
+            target_cache.select(rows)
+        elif target_cache.k is not None:
             target_cache.k, target_cache.v = target_cache.k[:, rows], target_cache.v[:, rows]
         if draft_cache is not None:
             draft_cache.select(rows)
 
+    def commit_cache(self, target_cache, col_valid, n_new):
+        """Write the verify's first n_new[r] K/V columns of row r after its committed ones
+        (the new-K/V contract; the rest, rejected, are never written)."""
+        if isinstance(target_cache, DenseTargetCache) and target_cache.pending is not None:
+            k_new, v_new = target_cache.pending
+            target_cache.pending = None
+            target_cache.reserve(n_new)
+            target_cache.append(k_new, v_new, n_new)
+
     def compact(self, target_cache, col_valid):
         """Each row's valid columns first, in order; col_valid [b, S] -> [b, S'] with S' the most
-        valid columns of any row (left-aligned: row r's first ``count_r`` columns are valid)."""
+        valid columns of any row (left-aligned: row r's first ``count_r`` columns are valid).
+        A :class:`DenseTargetCache` is packed already: its lengths say the layout, nothing moves."""
+        if isinstance(target_cache, DenseTargetCache):
+            lengths = target_cache.lengths
+            return torch.arange(int(lengths.max()), device=lengths.device)[None] < lengths[:, None]
         counts = col_valid.sum(1)                                                       # [b]
         width = int(counts.max())
         packed = torch.arange(col_valid.shape[1], device=col_valid.device)[None] < counts[:, None]

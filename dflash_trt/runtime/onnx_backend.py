@@ -70,6 +70,9 @@ class OnnxBackend(GraphBackend):
     def input_names(self, graph):
         return list(self._inputs[graph])
 
+    def output_names(self, graph):
+        return list(self._outputs[graph])
+
     def run(self, graph, feeds):
         arrays = {k: v.detach().contiguous().numpy() for k, v in feeds.items()}
         return [torch.from_numpy(o) for o in self.sessions[graph].run(self.graph_outputs[graph], arrays)]

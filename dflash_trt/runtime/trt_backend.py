@@ -84,6 +84,9 @@ class TensorRTBackend(GraphBackend):
     def input_names(self, graph):
         return self._names(graph, self.trt.TensorIOMode.INPUT)
 
+    def output_names(self, graph):
+        return self._names(graph, self.trt.TensorIOMode.OUTPUT)
+
     def _address(self, t: torch.Tensor) -> int:
         return t.data_ptr() if t.numel() else self._empty.data_ptr()
 

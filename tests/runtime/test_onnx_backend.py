@@ -19,7 +19,7 @@ from dflash_trt.bench.inprocess import read_prompts
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime import SamplingParams, generate, load_bundle, resolve_run
-from dflash_trt.runtime.graph_backend import request_shapes
+from dflash_trt.runtime.graph_backend import GRAPH_OUTPUTS, request_shapes
 from dflash_trt.runtime.onnx_backend import OnnxBackend
 from tests.helpers import hf_greedy
 
@@ -159,6 +159,65 @@ def test_a_graph_backend_loads_configs_and_tokenizer_not_the_weights(bundle, pai
     assert (shell.stop_token_ids, shell.name, shell.max_batch_size, shell.block_size()) == \
         (pair.stop_token_ids, pair.name, pair.max_batch_size, pair.block_size())
     assert shell.drafter.cfg == pair.drafter.cfg and shell.encode("def f(x):") == pair.encode("def f(x):")
+
+
+def test_a_verify_writes_only_the_accepted_columns_and_nothing_moves(pair):
+    """The target graph returns only the forward's K/V: a verify's wait until the acceptance says
+    how many of each row to keep, land after that row's committed ones, and the rest are never
+    written; "compaction" is the lengths read back (no column of the cache moves)."""
+    from dflash_trt.runtime.graph_backend import DenseTargetCache
+
+    be = pair.backend
+    assert be.new_kv
+    L, kvh, d = be._target_dims
+    cache = DenseTargetCache(L, kvh, d, batch=3, max_columns=40)
+    cache.reserve(torch.tensor([5, 2, 0]))
+    cache.lengths = torch.tensor([5, 2, 0])
+    cache.k[:] = cache.v[:] = -1.0
+    before = cache.k.clone()
+    k_new = torch.arange(L * 3 * kvh * 4 * d, dtype=torch.float32).reshape(L, 3, kvh, 4, d)
+    cache.pending = (k_new, -k_new)
+    be.commit_cache(cache, None, torch.tensor([2, 4, 1]))
+    assert cache.pending is None and cache.lengths.tolist() == [7, 6, 1]
+    for row, (at, n) in enumerate([(5, 2), (2, 4), (0, 1)]):
+        assert torch.equal(cache.k[:, row, :, at:at + n], k_new[:, row, :, :n])
+        assert torch.equal(cache.v[:, row, :, at:at + n], -k_new[:, row, :, :n])
+        assert torch.equal(cache.k[:, row, :, :at], before[:, row, :, :at])               # committed ones kept
+        assert torch.equal(cache.k[:, row, :, at + n:], before[:, row, :, at + n:])       # rejected: not written
+    k = cache.k.clone()
+    assert be.compact(cache, torch.ones(3, 9, dtype=torch.bool)).tolist() == \
+        (torch.arange(7)[None] < torch.tensor([[7], [6], [1]])).tolist()
+    assert torch.equal(cache.k, k)
+    cache.select(torch.tensor([2]))            # capacity past max_columns (a finishing row's) is trimmed
+    assert cache.k.shape[3] <= 40 and cache.lengths.tolist() == [1]
+
+
+class PresentTarget(OnnxBackend):
+    """A bundle's target graph as exported before the new-K/V contract (the whole present cache
+    out): the current graph with its past concatenated in front of its new K/V."""
+
+    def output_names(self, graph):
+        names = super().output_names(graph)
+        return [{"new_k": "present_k", "new_v": "present_v"}.get(n, n) for n in names] if graph == "target" else names
+
+    def run(self, graph, feeds):
+        if graph != "target":
+            return super().run(graph, feeds)
+        arrays = {k: v.contiguous().numpy() for k, v in feeds.items()}
+        logits, hidden, k, v = (torch.from_numpy(o) for o in self.sessions[graph].run(GRAPH_OUTPUTS[graph], arrays))
+        return [logits, hidden, torch.cat([feeds["past_k"], k], 3), torch.cat([feeds["past_v"], v], 3)]
+
+
+def test_an_older_bundles_present_cache_is_still_compacted_losslessly(bundle, pair, prompts):
+    """An older target graph (present_k/present_v) still runs: the runtime replaces its cache by
+    the present and compacts it by row, token-identical to PyTorch at batch 3."""
+    from dflash_trt.runtime.graph_backend import TargetCache
+
+    m = ingest.read_manifest(bundle)
+    old = PresentTarget(bundle / "onnx", m.engine.profile, pair.drafter.cfg.mask_token_id)
+    assert not old.new_kv and isinstance(old.new_caches(1, False)[0], TargetCache)
+    got = generate(None, None, prompts[:3], max_new_tokens=24, backend=old)
+    assert got.token_ids == generate(pair.target, pair.drafter, prompts[:3], max_new_tokens=24).token_ids
 
 
 def test_compaction_moves_each_rows_valid_columns_to_the_front(pair):

@@ -85,7 +85,8 @@ def train_drafter(
     regen_model: Annotated[str | None, typer.Option(
         "--regen-model", help="Model name to ask --regen-endpoint for. Default: the first it lists.")] = None,
     regen_concurrency: Annotated[int, typer.Option(
-        "--regen-concurrency", min=1, help="Requests in flight to --regen-endpoint, per rank.")] = 32,
+        "--regen-concurrency", min=1, help="Requests in flight to --regen-endpoint, per rank; without an "
+                                           "endpoint, rows per batch of the in-process regeneration.")] = 32,
     feature_cache: Annotated[Path | None, typer.Option(
         "--feature-cache", help="Feature folder: the target's hidden states as safetensors shards (README: 'The "
                                 "feature folder'), written once by this run or converted from a serving engine's "

@@ -1,7 +1,7 @@
 """Regeneration: the target's own greedy responses to the training prompts.
 
 Two sources, one result. By default the reference runtime regenerates in this process
-(batched greedy decoding; fine for small targets). With ``regen_endpoint`` any
+(batched greedy decoding, ``regen_concurrency`` rows a batch; fine for small targets). With ``regen_endpoint`` any
 OpenAI-compatible server does it (trtllm-serve, vLLM, SGLang, ``dflash-trt serve``): the
 prompts are sent as token ids at temperature 0, ``regen_concurrency`` at a time per rank, and
 the response ids are read back (``return_token_ids``; a server that sends only text has it
@@ -176,7 +176,8 @@ def _regenerate_mine(s: TrainSettings, work: Path, train_prompts: list[list[int]
 
     try:
         if s.regen_endpoint is None:
-            regenerate_local(target, todo, gen_len=s.gen_len, stops=stops, on_done=record)
+            regenerate_local(target, todo, gen_len=s.gen_len, stops=stops, on_done=record,
+                             batch_size=s.regen_concurrency)
         else:
             regenerate_endpoint(s.regen_endpoint, todo, gen_len=s.gen_len, stops=stops, tokenizer=tokenizer,
                                 on_done=record, model=model, concurrency=s.regen_concurrency)

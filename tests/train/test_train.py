@@ -252,3 +252,26 @@ def test_jsonl_messages_go_through_the_chat_template(tmp_path):
     tok.chat_template = None
     with pytest.raises(DFlashError, match="chat template, and it has none"):
         data.build_prompts(tok, prompts, [], prompt_len=64, gen_len=4, max_samples=10, seed=0)
+
+
+def test_local_regeneration_batches_by_regen_concurrency_and_gives_the_same_responses(train_setup, tmp_path,
+                                                                                       monkeypatch):
+    """--regen-concurrency sizes the in-process regeneration's batches; wider batches give the
+    same greedy responses (a row's tokens never depend on what shares its batch)."""
+    import dflash_trt.runtime as runtime
+    from dflash_trt.train.loop import TrainSettings, train_drafter
+
+    root, tdir = train_setup
+    widths: list[int] = []
+    real = runtime.generate
+    monkeypatch.setattr(runtime, "generate", lambda t, d, ps, **kw: (d is None and widths.append(len(ps)))
+                        or real(t, d, ps, **kw))
+    journals = {}
+    for width in (5, 32):
+        out = tmp_path / f"w{width}"
+        train_drafter(TrainSettings(target=str(tdir), data=str(root / "data.txt"), out=str(out), block_size=4,
+                                    layers=1, steps=1, batch_size=4, anchors=8, prompt_len=12, gen_len=8,
+                                    samples=12, eval_every=100, save_every=100, regen_concurrency=width))
+        journals[width] = {f.name: f.read_bytes() for f in (out / ".train" / "regen").iterdir()}
+    assert widths[:3] == [5, 5, 2] and widths[3] == 12     # 12 prompts: 5 + 5 + 2, then all at once
+    assert journals[5] == journals[32] and journals[5]      # the same regenerated set, byte for byte

@@ -16,13 +16,13 @@ everything around the calls is here:
   only the ``n_new`` the acceptance keeps (``commit_cache``), so the cache stays packed by row and
   a partial acceptance costs no compaction (rejected K/V are never written). A bundle exported
   before that contract (``present_k``/``present_v`` out: :class:`TargetCache`) has its cache
-  replaced by the present every forward and compacted by row:
+  replaced by the present every forward and compacted by row: keys carry their RoPE and the
+  mask is explicit, so column order does not matter to attention; each row's valid columns move
+  to the front, and the cache is as wide as the longest row's committed context, not the
+  batch's history of rejected positions;
 - the drafter cache: a ``plugins.PagedKVCache`` whose pages the runtime allocates
   (``reserve``) before each round, as the drafter graph expects, and whose tensors the graph's
   ``k_cache_out`` / ``v_cache_out`` replace (TensorRT writes them in place);
-  keys carry their RoPE and the mask is explicit, so column order does not matter to attention;
-  each row's valid columns move to the front, and the cache is as wide as the longest row's
-  committed context, not the batch's history of rejected positions;
 - the request check (:meth:`GraphBackend.check_request`) against ``ingest.EngineProfile``, the
   shapes the engines were built for: a request outside them is one line before any work.
 """

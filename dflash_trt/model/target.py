@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ class Target:
     def __init__(self, model: nn.Module, layer_ids: list[int] | None = None):
         self.model = model.eval()
         self.layer_ids = list(layer_ids or [])
-        self.config = model.config
+        self.config: Any = model.config   # a transformers PretrainedConfig
         # transformers 5.x renamed past_key_values to cache; accept either generation.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

@@ -41,6 +41,7 @@ import asyncio
 import threading
 import time
 from contextlib import asynccontextmanager
+from typing import Any
 
 from dflash_trt.errors import DFlashError, require
 from dflash_trt.runtime import BATCHING, Pair
@@ -121,7 +122,7 @@ def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info
     then fails what is left (``batcher.abandon``) and shuts uvicorn down; a second signal exits
     at once.
     """
-    uvicorn = require("uvicorn", "serve", "the embedded server")
+    uvicorn: Any = require("uvicorn", "serve", "the embedded server")
     app.state.drain_timeout = drain_timeout
 
     class DrainingServer(uvicorn.Server):
@@ -153,7 +154,7 @@ class ServerThread:
     """uvicorn in a background thread on an ephemeral port (tests, in-process benchmarks)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
-        uvicorn = require("uvicorn", "serve", "the embedded server")
+        uvicorn: Any = require("uvicorn", "serve", "the embedded server")
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.host = host

@@ -86,7 +86,7 @@ class Job:
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
-        else:
+        elif self.last_token_at is not None:
             self.gaps.append(now - self.last_token_at)
             if metrics is not None:
                 metrics.itl.observe(self.gaps[-1])

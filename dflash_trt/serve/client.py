@@ -56,7 +56,7 @@ class CompletionClient:
         if self.model is None:
             if not names:
                 raise DFlashError(f"{self.url} lists no models; name one (--regen-model)")
-            self.model = names[0]
+            self.model = str(names[0])
         elif names and self.model not in names:
             raise DFlashError(f"{self.url} serves {', '.join(map(str, names))}, not {self.model}")
         return self.model

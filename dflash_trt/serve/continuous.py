@@ -108,7 +108,7 @@ class ContinuousBatcher(Batcher):
             job.rounds, job.round_tokens = req.rounds, req.committed
             if job.finished:   # failed (admit, stream): its error event is out
                 continue
-            job.finish(req.finish_reason)
+            job.finish(req.finish_reason or "stop")   # set on every finished row
             if self.metrics is not None:
                 self.metrics.observe_request(job)
         if self._jobs and self.scheduler.idle:   # never spin on jobs the scheduler no longer has

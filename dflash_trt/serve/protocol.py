@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,7 +70,7 @@ class CompletionRequest(_Common, CompletionFields):
             p = p[0]
         if isinstance(p, list) and not p:
             raise APIError(400, "the prompt is empty", param="prompt")
-        return p
+        return cast("str | list[int]", p)   # one string or one id list, as the schema's union allows
 
 
 class ChatMessage(BaseModel):

@@ -55,7 +55,7 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-    message, param = validation_message(exc.errors())
+    message, param = validation_message(list(exc.errors()))
     return error(server_of(request), 400, message, param=param)
 
 
@@ -102,7 +102,7 @@ def make_job(server: ServerState, req, prompt_ids: list[int], requested: int | N
         raise APIError(400, f"prompt ({n} tokens) + max_tokens ({requested}) exceeds this model's context "
                        f"of {ctx_len} tokens", param="max_tokens", code="context_length_exceeded")
     max_tokens = requested if requested is not None else min(default, ctx_len - n)
-    vocab = server.pair.target.config.vocab_size
+    vocab = int(server.pair.target.config.vocab_size)
     if any(not 0 <= t < vocab for t in prompt_ids):
         raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
     try:
@@ -118,7 +118,10 @@ def submit(server: ServerState, job: Job) -> asyncio.Queue:
     """Queue ``job`` for the batch worker; its events (kind, payload) arrive on the returned queue."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    job.sink = lambda kind, payload: loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+    def sink(kind: str, payload: object) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+
+    job.sink = sink
     try:
         server.batcher.submit(job)
     except QueueFull as exc:
@@ -237,6 +240,6 @@ ERROR_HANDLERS = ((APIError, api_error), (RequestValidationError, invalid_reques
 def install(app: FastAPI) -> None:
     """Add the error handlers and the routes to ``app``."""
     for exc_type, handler in ERROR_HANDLERS:
-        app.add_exception_handler(exc_type, handler)
+        app.add_exception_handler(exc_type, handler)  # type: ignore[arg-type]  # each handler takes its own type
     for method, path, endpoint in ROUTES:
         app.add_api_route(path, endpoint, methods=[method])

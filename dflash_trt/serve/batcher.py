@@ -184,6 +184,15 @@ class Batcher:
                 job.cancel()
                 job.fail(message)
 
+    def _fail(self, job: Job, stage: str, exc: BaseException | str) -> None:
+        """Fail ``job`` alone: its error event, its row cancelled, the failure counted."""
+        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        job.cancel()
+        if not job.finished:
+            job.fail(f"generation failed ({stage}): {why}")
+        if self.metrics is not None:
+            self.metrics.request_failed(stage)
+
     def pause(self) -> None:
         """Hold queued jobs (running ones finish); for maintenance and for tests."""
         with self._cond:
@@ -284,44 +293,81 @@ class StaticBatcher(Batcher):
                 self._gauge()
 
     def _run(self, jobs: list[Job]) -> None:
-        stops = self.stops_for(jobs[0])
+        """One ``generate`` for ``jobs``. Should it raise, nothing tells its rows apart (one
+        forward for all), so every job not done yet runs again alone, from where it stands
+        (``_resume``): only a job whose own run raises fails. A job whose tokens cannot be handed
+        on fails alone at once (stage ``stream``); the others go on."""
         now = time.perf_counter()
         for j in jobs:
             j.started_at = now
+        try:
+            self._generate(jobs)
+        except Exception as exc:  # a runtime failure fails only the jobs whose own run fails
+            if len(jobs) == 1:
+                self._fail(jobs[0], "step" if jobs[0].tokens else "admit", exc)
+                return
+            for j in jobs:
+                if not j.finished:
+                    self._resume(j)
+
+    def _resume(self, job: Job) -> None:
+        """``job`` alone, after its batch raised: finished as it stands if it already reached its
+        end (length, a stop, a cancel), else generated on from its prompt and its tokens so far
+        (greedy: the target's own continuation; seeded: noise drawn per position, as before)."""
+        stops = self.stops_for(job)
+        done = len(job.tokens) >= job.max_tokens or (job.text is not None and job.text.matched)
+        if job.cancelled or done or (job.tokens and job.tokens[-1] in stops):
+            self._finish(job, stops)
+            return
+        try:
+            self._generate([job])
+        except Exception as exc:
+            self._fail(job, "step" if job.tokens else "admit", exc)
+
+    def _generate(self, jobs: list[Job]) -> None:
+        """``generate`` over each job's prompt and the tokens it already has, to its own
+        ``max_tokens``; finishes the jobs (not the failed ones) and observes the round."""
+        stops = self.stops_for(jobs[0])
 
         def on_commit(row: int, new: list[int]) -> None:
             j = jobs[row]
+            if j.finished:
+                return
             if j.first_token_at is not None:
                 j.rounds += 1
                 j.round_tokens += len(new)
-            j.committed(new[: j.max_tokens - len(j.tokens)], self.metrics)
+            try:
+                j.committed(new[: j.max_tokens - len(j.tokens)], self.metrics)
+            except Exception as exc:  # handing the tokens on failed: this job alone
+                self._fail(j, "stream", exc)
 
         def should_stop(row: int) -> bool:
             j = jobs[row]
-            return j.cancelled or len(j.tokens) >= j.max_tokens
+            return j.cancelled or j.finished or len(j.tokens) >= j.max_tokens
 
         def match_stop(row: int, new: list[int]) -> int | None:
             j = jobs[row]  # the batch runs to the longest max_tokens: this job's own cut first
             return j.match_stop(new[: j.max_tokens - len(j.tokens)])
 
         drafter = self.pair.drafter if self.block_size > 1 else None
-        try:
-            gen = generate(self.pair.target, drafter, [j.prompt for j in jobs],
-                           max_new_tokens=max(j.max_tokens for j in jobs), sampling=jobs[0].sampling,
-                           block_size=self.block_size, stop_token_ids=tuple(stops),
-                           on_commit=on_commit, should_stop=should_stop, match_stop=match_stop,
-                           backend=self.pair.backend)
-        except Exception as exc:  # a runtime failure fails this batch, not the server
-            for j in jobs:
-                j.fail(f"generation failed: {type(exc).__name__}: {exc}")
-            return
+        gen = generate(self.pair.target, drafter, [j.prompt + j.tokens for j in jobs],
+                       max_new_tokens=max(j.max_tokens - len(j.tokens) for j in jobs), sampling=jobs[0].sampling,
+                       block_size=self.block_size, stop_token_ids=tuple(stops),
+                       on_commit=on_commit, should_stop=should_stop, match_stop=match_stop,
+                       backend=self.pair.backend)
         for j in jobs:
-            if j.cancelled:
-                j.finish("cancelled")
-            else:
-                matched = j.text is not None and j.text.matched
-                j.finish("stop" if matched or (j.tokens and j.tokens[-1] in stops) else "length")
+            if not j.finished:
+                self._finish(j, stops)
         if self.metrics is not None:
             self.metrics.observe_round(gen.stats, len(jobs), gen.stats.seconds, sum(len(j.tokens) for j in jobs))
             for j in jobs:
-                self.metrics.observe_request(j)
+                if j.finish_reason != "error":
+                    self.metrics.observe_request(j)
+
+    @staticmethod
+    def _finish(job: Job, stops) -> None:
+        if job.cancelled:
+            job.finish("cancelled")
+        else:
+            matched = job.text is not None and job.text.matched
+            job.finish("stop" if matched or (job.tokens and job.tokens[-1] in stops) else "length")

@@ -48,15 +48,6 @@ class ContinuousBatcher(Batcher):
         return Request(job.prompt, job.max_tokens, job.sampling, self.stops_for(job), on_commit=on_commit,
                        should_stop=lambda: job.cancelled or job.finished, match_stop=job.match_stop)
 
-    def _fail(self, job: Job, stage: str, exc: BaseException | str) -> None:
-        """Fail ``job`` alone: its error event, its row cancelled, the failure counted."""
-        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-        job.cancel()
-        if not job.finished:
-            job.fail(f"generation failed ({stage}): {why}")
-        if self.metrics is not None:
-            self.metrics.request_failed(stage)
-
     def _admit(self) -> bool:
         """Block until there is work; hand the scheduler what fits. False: stopped and drained."""
         with self._cond:

@@ -373,3 +373,39 @@ def test_a_llama_target_exports_and_runs_losslessly(tmp_path):
             want = [hf_greedy(torch_pair.target.model, x, 24) for x in ps[i : i + batch]]
             assert onnx.token_ids == ref.token_ids == want
             assert onnx.stats.accepted_at == ref.stats.accepted_at
+
+
+def test_a_graph_backend_round_that_raises_fails_only_its_row_in_the_server(pair, monkeypatch):
+    """The graph backends serve with static batching: when the batch's verify through ONNX Runtime
+    raises for one row (a long prompt's positions), the others run on alone from where they stood
+    and get the PyTorch backend's tokens; that request alone gets an OpenAI error object."""
+    import asyncio
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from dflash_trt.serve.app import ServerThread, create_app
+    from tests.runtime.test_isolation import inject
+
+    texts = ["import os\n", "def add(a, b):", "class Node:"]
+    long = pair.encode(read_prompts(ingest.embedded_dir("tiny") / "heldout_prompts.jsonl")[0])[:60]
+    want = {t: pair.decode(generate(pair.target, pair.drafter, [pair.encode(t)], max_new_tokens=16).token_ids[0])
+            for t in texts}
+    hits = inject(monkeypatch, pair.backend, "verify", at=len(long) + 4)   # only the long row gets there
+    app = create_app(pair, "tiny", max_batch=4, max_queue=8)
+    app.state.batcher.pause()                                             # the four arrive as one batch
+
+    async def ask(url):
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            body = {"model": "tiny", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+            sent = [c.post("/v1/completions", json={**body, "prompt": p}) for p in [*texts, long]]
+            tasks = [asyncio.create_task(s) for s in sent]
+            while app.state.batcher.queue_depth < 4:
+                await asyncio.sleep(0.01)
+            app.state.batcher.resume()
+            return await asyncio.gather(*tasks)
+
+    with ServerThread(app) as srv:
+        *good, bad = asyncio.run(ask(srv.url))
+    assert hits[0] > 1 and hits[-1] == 1   # a shared forward raised (rows that finished left), then the row's own
+    assert [(r.status_code, r.json()["choices"][0]["text"]) for r in good] == [(200, want[t]) for t in texts]
+    assert bad.status_code == 500 and "injected verify failure" in bad.json()["error"]["message"]

@@ -185,3 +185,36 @@ def test_sigterm_with_a_drain_timeout_stops_in_bounded_time(bundle_dir):
         assert code == 0 and time.time() - t0 < 30, log
         r = out["r"]
         assert r.status_code == 500 and "shutting down" in r.json()["error"]["message"], r.text
+
+
+@pytest.fixture
+def static_server(pair):
+    app = create_app(pair, "tiny", max_batch=8, max_queue=16, batching="static")
+    with ServerThread(app) as srv:
+        srv.app = app
+        yield srv
+
+
+def test_static_batching_fails_only_the_row_whose_own_run_fails(static_server, pair, monkeypatch):
+    """``--batching static`` (what the graph backends serve with): the batch's one ``generate``
+    raises for the long row; every other job runs on alone from where it stood and gets its greedy
+    text, the long one alone gets the error (stage ``step``, counted)."""
+    hits = inject(monkeypatch, pair.backend, "verify")
+    long = [MARK] + prompts(1, seed=6, lo=LONG - 1, hi=LONG - 1)[0]
+    *good, bad = _bodies()
+    replies = _together(static_server, [*good, {**bad, "prompt": long}])
+    assert hits[0] == 4 and hits[-1] == 1   # the batch's forward raised, then the long row's own
+    _check(static_server, pair, replies, "step")
+    assert "injected verify failure" in replies[-1].json()["error"]["message"]
+
+
+def test_static_batching_fails_only_the_job_whose_stream_fails(static_server, pair, monkeypatch):
+    real = Job.committed
+
+    def committed(self, new, metrics=None):
+        if self.prompt[0] == MARK and self.tokens:   # its second commit: mid-generation
+            raise RuntimeError("injected streaming failure")
+        return real(self, new, metrics)
+
+    monkeypatch.setattr(Job, "committed", committed)
+    _check(static_server, pair, _together(static_server, _bodies()), "stream")

@@ -313,7 +313,8 @@ class StaticBatcher(Batcher):
     def _resume(self, job: Job) -> None:
         """``job`` alone, after its batch raised: finished as it stands if it already reached its
         end (length, a stop, a cancel), else generated on from its prompt and its tokens so far
-        (greedy: the target's own continuation; seeded: noise drawn per position, as before)."""
+        (greedy: the target's own continuation; unseeded sampling: a fresh draw from there on; a
+        seeded job never comes here, it always runs in a batch of its own, ``group_key``)."""
         stops = self.stops_for(job)
         done = len(job.tokens) >= job.max_tokens or (job.text is not None and job.text.matched)
         if job.cancelled or done or (job.tokens and job.tokens[-1] in stops):

@@ -164,15 +164,9 @@ def _glm5_next(shared: bool = False):
         text_config=text.to_dict(), vision_config=vision, **ids)
 
 
-def family_target(family: str, seed: int = 0, dtype=torch.float64):
-    """A random tiny target of ``family`` (see FAMILIES and VLM), weights drawn wide enough that
-    greedy text varies (the default init makes tiny models repeat one token)."""
-    torch.manual_seed(seed)
-    if family.startswith(GLM5_NEXT):
-        cls, cfg = _glm5_next(family == GLM5_NEXT_SHARED)
-    else:
-        cls, cfg = _vlm(family) if family in VLM else _text_config(family)
-    # grouped_mm (the default experts kernel) has no float64: the eager loop over experts.
+def random_model(cls, cfg):
+    """``cls(cfg)`` with its matrices drawn wide enough that greedy text varies (the default init
+    makes tiny models repeat one token); experts run eagerly (grouped_mm has no float64)."""
     for c in {id(cfg): cfg, id(cfg.get_text_config()): cfg.get_text_config()}.values():
         c._experts_implementation = "eager"
     model = cls(cfg)
@@ -180,7 +174,17 @@ def family_target(family: str, seed: int = 0, dtype=torch.float64):
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.2)
-    return model.to(dtype).eval()
+    return model
+
+
+def family_target(family: str, seed: int = 0, dtype=torch.float64):
+    """A random tiny target of ``family`` (see FAMILIES and VLM): :func:`random_model`."""
+    torch.manual_seed(seed)
+    if family.startswith(GLM5_NEXT):
+        cls, cfg = _glm5_next(family == GLM5_NEXT_SHARED)
+    else:
+        cls, cfg = _vlm(family) if family in VLM else _text_config(family)
+    return random_model(cls, cfg).to(dtype).eval()
 
 
 def family_drafter_config(model, block_size: int = 8, layers: int = 2, **kw):

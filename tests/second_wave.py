@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.families import _COMMON, WINDOW, H
+from tests.families import _COMMON, WINDOW, H, random_model
 from tests.helpers import VOCAB
 
 SPARSE = ["deepseek_v32", "glm_moe_dsa", "deepseek_v4"]
@@ -88,13 +88,8 @@ def second_wave_target(family: str, seed: int = 0, dtype=torch.float64):
     """A random tiny target of ``family`` (weights drawn wide, as tests/families.py does)."""
     torch.manual_seed(seed)
     cls, cfg = _config(family)
-    for sub in {id(cfg): cfg, id(cfg.get_text_config()): cfg.get_text_config()}.values():
-        sub._experts_implementation = "eager"
-    model = cls(cfg)
+    model = random_model(cls, cfg)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
         for name, buf in model.named_buffers():
             if name.endswith("tid2eid"):  # hash routing: a fixed random token -> experts table
                 g = torch.Generator().manual_seed(seed)

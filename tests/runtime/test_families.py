@@ -74,20 +74,21 @@ def case(family: str, **kw) -> Case:
     return _cases[family]
 
 
-def check_lossless(family: str) -> None:
-    """The default run's case: batch 3, block 8, a rejected and a mostly accepted drafter, each
-    token-identical to the target's greedy (test_hybrid_families.py runs it on its families too)."""
-    c = case(family)
+def check_lossless(family: str, c: Case | None = None, block: int = 8, min_tau: float = 2.5) -> None:
+    """The default run's case: batch 3, a rejected and a mostly accepted drafter (the oracle's τ
+    above ``min_tau``), each token-identical to the target's greedy (test_hybrid_families.py and
+    test_second_wave.py run it on their families too, the latter passing its own ``c``)."""
+    c = c or case(family)
     for kind in ("random", "oracle"):
-        got, tau = c.run(kind, batch=3, block=8, n=3)
+        got, tau = c.run(kind, batch=3, block=block, n=3)
         assert got == c.expected(3), f"{family}, {kind} drafter"
         if kind == "oracle":
-            assert tau > 2.5, f"{family}: the oracle should be mostly accepted (tau {tau:.2f})"
+            assert tau > min_tau, f"{family}: the oracle should be mostly accepted (tau {tau:.2f})"
 
 
-def check_matrix_cell(family: str, batch: int, block: int, kind: str) -> None:
+def check_matrix_cell(family: str, batch: int, block: int, kind: str, c: Case | None = None) -> None:
     """One cell of the slow matrix: token-identical to the target's greedy."""
-    c = case(family)
+    c = c or case(family)
     got, _ = c.run(kind, batch=batch, block=block)
     assert got == c.expected()
 

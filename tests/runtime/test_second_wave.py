@@ -20,7 +20,7 @@ import pytest
 from dflash_trt.runtime.backend import TorchBackend
 from dflash_trt.runtime.loop import Request
 from tests.helpers import wrap
-from tests.runtime.test_families import Case
+from tests.runtime.test_families import Case, check_lossless, check_matrix_cell
 from tests.runtime.test_families import case as families_case
 from tests.second_wave import FAMILIES, TEXT_ONLY, second_wave_target
 
@@ -34,12 +34,7 @@ def case(family: str) -> Case:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_is_lossless_on_second_wave_families(family):
-    c = case(family)
-    for kind in ("random", "oracle"):
-        got, tau = c.run(kind, batch=3, block=4, n=3)
-        assert got == c.expected(3), f"{family}, {kind} drafter"
-        if kind == "oracle":
-            assert tau > 1.8, f"{family}: the oracle should be mostly accepted (tau {tau:.2f})"
+    check_lossless(family, case(family), block=4, min_tau=1.8)
 
 
 @pytest.mark.slow
@@ -48,9 +43,7 @@ def test_greedy_is_lossless_on_second_wave_families(family):
 @pytest.mark.parametrize("block", [4, 8])
 @pytest.mark.parametrize("kind", ["random", "oracle"])
 def test_greedy_is_lossless_full_matrix(family, batch, block, kind):
-    c = case(family)
-    got, _ = c.run(kind, batch=batch, block=block, n=6)
-    assert got == c.expected(6)
+    check_matrix_cell(family, batch, block, kind, case(family))
 
 
 def _scheduler_joins_and_leaves(family: str) -> None:

@@ -31,12 +31,22 @@ def pair(bundle_dir):
     return load_bundle(bundle_dir, dtype="float64")
 
 
-@pytest.fixture
-def server(pair):
-    app = create_app(pair, "tiny", max_batch=8, max_queue=16)
+def _serving(pair, batching: str | None = None):
+    app = create_app(pair, "tiny", max_batch=8, max_queue=16, batching=batching)
     with ServerThread(app) as srv:
         srv.app = app
         yield srv
+
+
+@pytest.fixture
+def server(pair):
+    yield from _serving(pair)
+
+
+@pytest.fixture
+def static_server(pair):
+    """``--batching static``: what the graph backends serve with."""
+    yield from _serving(pair, "static")
 
 
 def _together(srv, bodies: list[dict]) -> list[httpx.Response]:
@@ -92,7 +102,9 @@ def test_a_failing_prefill_fails_only_its_request(server, pair, monkeypatch):
     _check(server, pair, _together(server, _bodies()), "admit")
 
 
-def test_a_failing_stream_fails_only_its_request(server, pair, monkeypatch):
+@pytest.mark.parametrize("policy", ["server", "static_server"])   # continuous and static batching
+def test_a_failing_stream_fails_only_its_request(policy, pair, monkeypatch, request):
+    srv = request.getfixturevalue(policy)
     real = Job.committed
 
     def committed(self, new, metrics=None):
@@ -101,7 +113,7 @@ def test_a_failing_stream_fails_only_its_request(server, pair, monkeypatch):
         return real(self, new, metrics)
 
     monkeypatch.setattr(Job, "committed", committed)
-    _check(server, pair, _together(server, _bodies()), "stream")
+    _check(srv, pair, _together(srv, _bodies()), "stream")
 
 
 def test_a_failing_round_fails_only_its_row(server, pair, monkeypatch):
@@ -187,14 +199,6 @@ def test_sigterm_with_a_drain_timeout_stops_in_bounded_time(bundle_dir):
         assert r.status_code == 500 and "shutting down" in r.json()["error"]["message"], r.text
 
 
-@pytest.fixture
-def static_server(pair):
-    app = create_app(pair, "tiny", max_batch=8, max_queue=16, batching="static")
-    with ServerThread(app) as srv:
-        srv.app = app
-        yield srv
-
-
 def test_static_batching_fails_only_the_row_whose_own_run_fails(static_server, pair, monkeypatch):
     """``--batching static`` (what the graph backends serve with): the batch's one ``generate``
     raises for the long row; every other job runs on alone from where it stood and gets its greedy
@@ -206,15 +210,3 @@ def test_static_batching_fails_only_the_row_whose_own_run_fails(static_server, p
     assert hits[0] == 4 and hits[-1] == 1   # the batch's forward raised, then the long row's own
     _check(static_server, pair, replies, "step")
     assert "injected verify failure" in replies[-1].json()["error"]["message"]
-
-
-def test_static_batching_fails_only_the_job_whose_stream_fails(static_server, pair, monkeypatch):
-    real = Job.committed
-
-    def committed(self, new, metrics=None):
-        if self.prompt[0] == MARK and self.tokens:   # its second commit: mid-generation
-            raise RuntimeError("injected streaming failure")
-        return real(self, new, metrics)
-
-    monkeypatch.setattr(Job, "committed", committed)
-    _check(static_server, pair, _together(static_server, _bodies()), "stream")

@@ -1,6 +1,6 @@
 """DFlash vs autoregressive through each backend of one bundle, at batch 1 and 4 (issue #28).
 
-    python bench/ort_native.py BUNDLE --prompts P.jsonl [-n 128] [--batches 1,4] [--json]
+    python bench/ort_native.py BUNDLE --prompts P.jsonl [-n 128] [--batches 1,4] [--threads 1] [--json]
 
 Backends: ``torch`` (the PyTorch modules), ``onnx`` (every graph native, the drafter through
 ``drafter_ort.onnx``) and ``onnx-customop`` (the drafter through ``drafter.onnx``'s Python custom
@@ -103,9 +103,11 @@ def main() -> None:
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--backends", default="torch,onnx,onnx-customop")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch and onnxruntime intra-op threads (1: dflash-trt bench's choice for the embedded pair)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(1)          # what dflash-trt bench picks for the embedded pair (_cli.common)
+    torch.set_num_threads(args.threads)
     pair = load_bundle(args.bundle)
     prompts = [pair.encode(t) for t in read_prompts(args.prompts)]
     rows = []

@@ -67,6 +67,10 @@ def train_drafter(
     prompt_len: Annotated[int, typer.Option("--prompt-len", min=2, help="Prompt tokens per training sequence.")] = 64,
     gen_len: Annotated[int, typer.Option(
         "--gen-len", min=1, help="Response tokens the target regenerates per prompt.")] = 128,
+    window_stride: Annotated[int | None, typer.Option(
+        "--window-stride", min=1, help="Text data: a prompt window starts every N tokens. Default --prompt-len + "
+                                       "--gen-len (windows never overlap the text they continue); smaller draws more "
+                                       "prompts from a small corpus.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, help="Training sequences to regenerate.")] = 1024,
     eval_every: Annotated[int, typer.Option(
         "--eval-every", min=1, help="Steps between held-out τ measurements.")] = 100,
@@ -114,7 +118,8 @@ def train_drafter(
         conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
         selector_top_k=selector_top_k, steps=steps,
         batch_size=batch_size, anchors=anchors, lr=lr, prompt_len=prompt_len, gen_len=gen_len,
-        samples=samples, eval_every=eval_every, save_every=save_every, seed=seed, resume=resume,
+        window_stride=window_stride, samples=samples, eval_every=eval_every, save_every=save_every, seed=seed,
+        resume=resume,
         chat_template=chat_template, thinking=thinking, regen_endpoint=regen_endpoint, regen_model=regen_model,
         regen_concurrency=regen_concurrency, feature_cache=None if feature_cache is None else str(feature_cache),
         feature_shard_mb=feature_shard_mb, parallel=parallel, target_dtype=target_dtype,

@@ -261,15 +261,17 @@ def chat_record(tokenizer, prompts: list, *, chat_template: bool, thinking: bool
 
 def build_prompts(tokenizer, prompts: list, texts: list[str], *, prompt_len: int, gen_len: int,
                   max_samples: int, seed: int, chat_template: bool = False,
-                  thinking: bool | None = None) -> list[list[int]]:
+                  thinking: bool | None = None, window_stride: int | None = None) -> list[list[int]]:
     """Token-id prompts: JSONL prompts as given (cut to their last prompt_len tokens), texts cut
-    into windows every prompt_len + gen_len tokens. Shuffled with ``seed``, at most max_samples."""
+    into prompt_len-token windows starting every ``window_stride`` tokens (default prompt_len +
+    gen_len: a window and the text it would have continued with never overlap the next window; a
+    smaller stride draws more prompts from a small corpus). Shuffled with ``seed``, at most max_samples."""
     out: list[list[int]] = []
     for s in prompts:
         ids = encode_prompt(tokenizer, s, chat_template=chat_template, thinking=thinking)[-prompt_len:]
         if ids:
             out.append(ids)
-    stride = prompt_len + gen_len
+    stride = window_stride or prompt_len + gen_len
     for t in texts:
         ids = tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]
         for s in range(0, max(1, len(ids) - prompt_len // 2), stride):

@@ -245,6 +245,7 @@ def training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, 
     prompts_text, texts = data
     chat = train_data.chat_record(tokenizer, prompts_text, chat_template=s.chat_template, thinking=s.thinking)
     prompts = train_data.build_prompts(tokenizer, prompts_text, texts, prompt_len=s.prompt_len, gen_len=s.gen_len,
+                                       window_stride=s.window_stride,
                                        max_samples=s.samples + s.eval_prompts, seed=s.seed,
                                        chat_template=s.chat_template, thinking=s.thinking)
     n_eval = min(s.eval_prompts, len(prompts) // 2)

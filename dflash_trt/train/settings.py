@@ -19,7 +19,7 @@ from pathlib import Path
 
 SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id", "arch", "conv_kernel_size",
                 "conv_group_size", "selector_rank", "selector_top_k")
-DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "samples", "eval_prompts", "seed",
+DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "window_stride", "samples", "eval_prompts", "seed",
                "chat_template", "thinking")
 RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "regen_endpoint", "regen_model", "regen_concurrency",
                     "feature_cache", "feature_shard_mb", "device", "parallel")
@@ -47,6 +47,7 @@ class TrainSettings:
     weight_decay: float = 0.01
     prompt_len: int = 64
     gen_len: int = 128
+    window_stride: int | None = None          # a text window starts every N tokens; None: prompt_len + gen_len
     samples: int = 1024
     eval_prompts: int = 8
     eval_every: int = 100

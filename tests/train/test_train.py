@@ -151,6 +151,17 @@ def test_build_prompts_cuts_text_into_windows():
     assert any(p == tok("abcd", add_special_tokens=False)["input_ids"] for p in prompts)
 
 
+def test_window_stride_draws_overlapping_windows():
+    """--window-stride: windows start every N tokens instead of every prompt_len + gen_len."""
+    tok = char_tokenizer()
+    text = "abcdefghij" * 3                                                   # 30 tokens
+    enc = tok(text, add_special_tokens=False)["input_ids"]
+    got = data.build_prompts(tok, [], [text], prompt_len=4, gen_len=6, max_samples=100, seed=0, window_stride=3)
+    assert sorted(got) == sorted(enc[s:s + 4] for s in range(0, 28, 3))     # starts 0, 3, ..., 27 (>= 2 tokens)
+    default = data.build_prompts(tok, [], [text], prompt_len=4, gen_len=6, max_samples=100, seed=0)
+    assert sorted(default) == sorted(enc[s:s + 4] for s in (0, 10, 20))
+
+
 # ---------------------------------------------------------------------------------------
 # train-drafter end to end
 # ---------------------------------------------------------------------------------------

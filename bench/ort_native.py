@@ -12,7 +12,9 @@ same backend's autoregressive decoding *and* to torch's).
 The split per DFlash round, in milliseconds: ``draft_ms`` (the drafter round), ``verify_ms`` (the
 target forward over the block, its cache bookkeeping included) and, within it, ``cache_ms`` (the
 backend's ``compact`` + ``commit_cache``: the target cache's compaction or in-place commit).
-``cpu_speedup`` is the same ratio in this process's CPU seconds (one thread each: on a machine
+``rounds_per_row`` (a row's DFlash rounds, mean) against ``rounds_per_group`` (a ``generate`` call's
+batched rounds, mean): a static batch runs until its slowest row is done, the rows that finished
+early leave it smaller. ``cpu_speedup`` is the same ratio in this process's CPU seconds (one thread each: on a machine
 shared with other jobs it moves less with their load than the wall-clock ratio does).
 """
 
@@ -93,6 +95,9 @@ def measure(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict
             "draft_s": round(out["draft_s"], 3), "verify_s": round(out["verify_s"], 3),
             "draft_ms": round(out["draft_s"] * per_round, 2), "verify_ms": round(out["verify_s"] * per_round, 2),
             "cache_ms": round(cache["s"] * per_round, 2),
+            # static batching waits for a group's slowest row: its rounds against the mean row's
+            "rounds_per_row": round(out["rounds"] / len(prompts), 1),
+            "rounds_per_group": round(out["batch_rounds"] / -(-len(prompts) // batch), 1),
             "lossless_self": out["dflash"] == out["ar"], "tokens": out["dflash"]}
 
 

@@ -2,7 +2,7 @@
 
     python bench/train_dflash2.py [--steps 400] [--samples 1024] [--selector-rank 64] [--selector-top-k 8]
 
-Trains one drafter of each architecture (2 layers, block 8, taps 1, 7, 13: the shipped drafter's
+Trains one drafter of each architecture (2 layers, block 8, taps 1, 7, 13: the first shipped drafter's
 shape) with the same data, seed, steps and learning rate, on the training split of this Python's
 ``Lib/*.py`` (the split ``scripts/train_tiny_target.py`` trained the target on: index % 8 == 5
 held out), then runs ``dflash-trt bench`` (held-out standard-library prompts, greedy) on each.

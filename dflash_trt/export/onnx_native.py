@@ -45,6 +45,12 @@ NATIVE_INPUTS = ["target_hidden", "n_new", "block_embeds", "k_ctx", "v_ctx", "le
 NATIVE_OUTPUTS = ["logits", "k_new", "v_new"]
 NATIVE_AXES = {"target_hidden": {0: "batch", 1: "tokens"}, "n_new": {0: "batch"}, "block_embeds": {0: "batch"},
                "k_ctx": {1: "batch", 3: "seq"}, "v_ctx": {1: "batch", 3: "seq"}, "lengths": {0: "batch"}}
+#: a DFlash2 drafter's form: the same round, then the candidate selector's walk (``onnx_dflash2``'s
+#: extra inputs and outputs: anchor [b], uniforms [b, B-1], temperature [1] in; tokens, q and the
+#: candidates out, before this round's K/V)
+DFLASH2_NATIVE_INPUTS = NATIVE_INPUTS + ["anchor", "uniforms", "temperature"]
+DFLASH2_NATIVE_OUTPUTS = ["tokens", "q", "candidates", "k_new", "v_new"]
+DFLASH2_NATIVE_AXES = {**NATIVE_AXES, "anchor": {0: "batch"}, "uniforms": {0: "batch"}, "temperature": {}}
 
 
 def key_mask(lengths, n_new, S: int, T: int, B: int, causal: bool, window: int | None) -> torch.Tensor:
@@ -100,6 +106,11 @@ class NativeRound(nn.Module):
         return k, kv[:, 1]
 
     def forward(self, target_hidden, n_new, block_embeds, k_ctx, v_ctx, lengths):
+        hidden, k_new, v_new = self.hidden(target_hidden, n_new, block_embeds, k_ctx, v_ctx, lengths)
+        return self.drafter.logits(hidden, self.head), k_new, v_new
+
+    def hidden(self, target_hidden, n_new, block_embeds, k_ctx, v_ctx, lengths):
+        """The block's normed hidden states [b, B, H] and this round's context K/V."""
         d, cfg = self.drafter, self.drafter.cfg
         k_new, v_new = self.new_kv(target_hidden, lengths)
         S, T, B = k_ctx.shape[3], target_hidden.shape[1], block_embeds.shape[1]
@@ -114,8 +125,26 @@ class NativeRound(nn.Module):
             return masked_attention(q, keys, vals, masks[key], cfg.head_dim ** -0.5)
 
         positions = (lengths + n_new)[:, None] + torch.arange(B, device=block_embeds.device)
-        hidden = d.block_forward(block_embeds, positions, attend)
-        return d.logits(hidden, self.head), k_new, v_new
+        return d.block_forward(block_embeds, positions, attend), k_new, v_new
+
+
+class NativeDFlash2Round(NativeRound):
+    """A DFlash2 round over a dense cache: :class:`NativeRound`'s hidden states, the head, then the
+    candidate selector's walk in standard ops (``onnx_dflash2.DFlash2Round``'s tail)."""
+
+    def forward(self, target_hidden, n_new, block_embeds, k_ctx, v_ctx, lengths, anchor, uniforms, temperature):
+        hidden, k_new, v_new = self.hidden(target_hidden, n_new, block_embeds, k_ctx, v_ctx, lengths)
+        h = hidden[:, 1:]                                                          # [b, B-1, H]
+        sel = self.drafter.candidate_selector
+        unary, cand = sel.candidates(self.drafter.logits(h, self.head))           # [b, B-1, k]
+        tokens, q = plugins.selector_walk_graph(unary, cand, sel.hidden_projection(h), sel.predecessor_codebook,
+                                                sel.successor_codebook, anchor, temperature, uniforms)
+        return tokens, q, cand, k_new, v_new
+
+
+def is_dflash2(drafter) -> bool:
+    """Whether ``drafter`` walks a candidate selector (its native form is :class:`NativeDFlash2Round`)."""
+    return hasattr(drafter, "candidate_selector")
 
 
 def dense_from_paged(cache, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,35 +158,46 @@ def dense_from_paged(cache, capacity: int | None = None) -> tuple[torch.Tensor, 
     return k.contiguous(), v.contiguous()
 
 
-def native_example(drafter, batch: int = 2, T: int = 5, seed: int = 0, prior: int = 7, slack: int = 3):
+def native_example(drafter, batch: int = 2, T: int = 5, seed: int = 0, prior: int = 7, slack: int = 3,
+                   temperature: float = 0.0):
     """(inputs, paged cache holding the same context) for one round; the dense cache has ``slack``
-    zero columns past the longest row, as the runtime's capacity leaves them."""
+    zero columns past the longest row, as the runtime's capacity leaves them. A DFlash2 drafter's
+    inputs add an anchor, uniforms and ``temperature``."""
     from dflash_trt.export.onnx_graphs import example_round
 
     paged, cache = example_round(drafter, batch=batch, T=T, seed=seed, prior=prior)
     k, v = dense_from_paged(cache, int(cache.lengths.max()) + slack)
     inputs = {"target_hidden": paged["target_hidden"], "n_new": paged["n_new"], "block_embeds": paged["block_embeds"],
               "k_ctx": k, "v_ctx": v, "lengths": paged["lengths"]}
+    if is_dflash2(drafter):
+        g = torch.Generator().manual_seed(seed + 1000)
+        inputs.update(anchor=torch.randint(drafter.cfg.vocab_size, (batch,), generator=g),
+                      uniforms=torch.rand(batch, drafter.cfg.block_size - 1, generator=g),
+                      temperature=torch.tensor([float(temperature)]))
     return inputs, cache
 
 
 def export_native_drafter_onnx(drafter, out_dir, head_weight: torch.Tensor, *, filename: str = NATIVE_FILE) -> Path:
-    """Export :class:`NativeRound` with dynamic batch / tokens / capacity; ``onnx.checker``-clean."""
+    """Export :class:`NativeRound` (:class:`NativeDFlash2Round` for a DFlash2 drafter) with dynamic
+    batch / tokens / capacity; ``onnx.checker``-clean."""
     onnx = require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")
     from torch.export import Dim
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    module = NativeRound(drafter, head_weight).eval()
+    two = is_dflash2(drafter)
+    module = (NativeDFlash2Round if two else NativeRound)(drafter, head_weight).eval()
+    names, outputs, axes = ((DFLASH2_NATIVE_INPUTS, DFLASH2_NATIVE_OUTPUTS, DFLASH2_NATIVE_AXES) if two
+                            else (NATIVE_INPUTS, NATIVE_OUTPUTS, NATIVE_AXES))
     inputs, _ = native_example(drafter, batch=3)   # sizes unlike L, kvh (no accidental specialisation)
     dims = {n: Dim(n) for n in ("batch", "tokens", "seq")}
-    dyn = {name: {axis: dims[dim] for axis, dim in axes.items()} for name, axes in NATIVE_AXES.items()}
+    dyn = {name: ({axis: dims[dim] for axis, dim in ax.items()} or None) for name, ax in axes.items()}
     path = out / filename
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        prog = torch.onnx.export(module, tuple(inputs[n] for n in NATIVE_INPUTS), dynamo=True, dynamic_shapes=dyn,
-                                 input_names=NATIVE_INPUTS, output_names=NATIVE_OUTPUTS, optimize=True,
+        prog = torch.onnx.export(module, tuple(inputs[n] for n in names), dynamo=True, dynamic_shapes=dyn,
+                                 input_names=names, output_names=outputs, optimize=True,
                                  opset_version=OPSET, verbose=False)
     onnx.checker.check_model(prog.model_proto, full_check=True)
     onnx.save(prog.model_proto, str(path))
@@ -182,6 +222,39 @@ def check_native_drafter_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, 
         want = drafter.logits(drafter.draft(inputs["block_embeds"], cache), head)
     k_all, v_all = dense_from_paged(cache)                                        # [L, b, kvh, len, d]
     err = {"logits": float(np.abs(logits - want.numpy()).max()), "k_new": 0.0, "v_new": 0.0}
+    for i in range(batch):
+        cols = slice(int(before[i]), int(before[i] + n_new[i]))
+        for name, got, ref in (("k_new", k_new, k_all), ("v_new", v_new, v_all)):
+            diff = np.abs(got[:, i, :, : int(n_new[i])] - ref[:, i, :, cols].numpy()).max()
+            err[name] = max(err[name], float(diff))
+    return err
+
+
+def check_native_dflash2_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, temperature: float = 0.0,
+                              batch: int = 3, T: int = 4, seed: int = 1) -> dict[str, float]:
+    """:func:`check_native_drafter_onnx` for the DFlash2 form: onnxruntime against ``inject`` +
+    ``draft`` + the selector's ``walk`` on the same uniforms. The max abs errors of q and the new
+    K/V, and how many tokens / candidates differ (which must be none)."""
+    import onnxruntime as ort
+
+    inputs, cache = native_example(drafter, batch=batch, T=T, seed=seed, temperature=temperature)
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    tokens, q, cand, k_new, v_new = sess.run(DFLASH2_NATIVE_OUTPUTS, {k: v.numpy() for k, v in inputs.items()})
+    before, n_new = cache.lengths.clone(), inputs["n_new"]
+    head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
+    head.weight = nn.Parameter(head_weight)
+    with torch.no_grad():
+        drafter.inject(inputs["target_hidden"], n_new, cache)
+        h = drafter.draft(inputs["block_embeds"], cache)[:, 1:]
+        sel = drafter.candidate_selector
+        unary, want_cand = sel.candidates(drafter.logits(h, head))
+        want_tokens, want_q = sel.walk(h, unary, want_cand, inputs["anchor"], temperature, inputs["uniforms"])
+    k_all, v_all = dense_from_paged(cache)
+    err = {"k_new": 0.0, "v_new": 0.0,
+           "tokens_differing": int((tokens != want_tokens.numpy()).sum()),
+           "candidates_differing": int((np.sort(cand, -1) != np.sort(want_cand.numpy(), -1)).sum())}
+    if want_q is not None:
+        err["q"] = float(np.abs(q - want_q.numpy()).max())
     for i in range(batch):
         cols = slice(int(before[i]), int(before[i] + n_new[i]))
         for name, got, ref in (("k_new", k_new, k_all), ("v_new", v_new, v_all)):

@@ -81,6 +81,16 @@ class DFlash2Export(ExportRound):
                                   f"(max error {worst:.2e})")
             for k, v in got.items():
                 err[k] = max(err.get(k, 0.0), v)
+        say("exporting the DFlash2 drafter's ONNX Runtime form (standard ops over a dense context cache)")
+        native = onnx_native.export_native_drafter_onnx(drafter, onnx_dir, head)
+        for t in self.temperatures:
+            got = onnx_native.check_native_dflash2_onnx(drafter, native, head, temperature=t)
+            differing = got.pop("tokens_differing") + got.pop("candidates_differing")
+            if differing or max(got.values()) > DRAFTER_ONNX_ATOL:
+                raise DFlashError(f"exported DFlash2 drafter ONNX Runtime form disagrees with PyTorch at temperature "
+                                  f"{t} ({differing} tokens / candidates differ, max error {max(got.values()):.2e})")
+            for k, v in got.items():
+                err[f"ort_{k}"] = max(err.get(f"ort_{k}", 0.0), v)
         return err
 
 

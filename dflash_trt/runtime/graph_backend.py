@@ -44,7 +44,8 @@ GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "new
                  "drafter": ["logits", "k_cache_out", "v_cache_out"]}
 #: the target graph's outputs in bundles exported before the new-K/V contract (the whole present cache)
 PRESENT_TARGET_OUTPUTS = ["logits", "target_hidden", "present_k", "present_v"]
-#: the dense-context drafter graph's outputs (``export/onnx_native.py``)
+#: the dense-context drafter graph's outputs (``export/onnx_native.py``; a DFlash2 drafter's:
+#: ``Proposer.dense_outputs``)
 DENSE_DRAFTER_OUTPUTS = ["logits", "k_new", "v_new"]
 
 
@@ -151,7 +152,7 @@ class GraphBackend(Backend):
         self.dense_drafter = "k_ctx" in self.input_names("drafter")
         self._past_columns: int | None = None      # the checked request's target-cache bound (check_request)
         if self.dense_drafter:
-            self.graph_outputs["drafter"] = DENSE_DRAFTER_OUTPUTS
+            self.graph_outputs["drafter"] = self.proposer.dense_outputs
             Ld, _, kvh_d, _, dd = self.input_shape("drafter", "k_ctx")     # [L, b, kvh, S, d]
             page_size = profile.page_size                                    # no pages in this form
         else:
@@ -275,16 +276,21 @@ class GraphBackend(Backend):
         cache.lengths = cache.lengths + n_new
         return logits[:, 1:].float()             # [b, B-1, V]: block positions 1..B-1 are the drafts
 
-    def _dense_round(self, target_hidden, n_new, anchor, block_size, cache):
-        """The round through a dense-context drafter graph: it reads the context and returns this
-        round's K/V, which the cache writes in place (no copy of the cache in or out)."""
+    def dense_feeds(self, target_hidden, n_new, anchor, block_size, cache) -> dict[str, torch.Tensor]:
+        """:meth:`round_feeds` for a dense-context drafter graph: the context buffer itself (room for
+        this round's columns made first; the graph returns them and :meth:`DenseKVCache.append`
+        writes them, so the cache is never copied in or out)."""
         cache.reserve(n_new)
         block = anchor.new_full((anchor.shape[0], block_size), self.mask_token_id)      # [b, B]
         block[:, 0] = anchor
         (embeds,) = self.run("embed", {"input_ids": block})                             # [b, B, H]
-        logits, k_new, v_new = self.run("drafter", {
-            "target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
-            "block_embeds": embeds, "k_ctx": cache.k, "v_ctx": cache.v, "lengths": cache.lengths.contiguous()})
+        return {"target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
+                "block_embeds": embeds, "k_ctx": cache.k, "v_ctx": cache.v, "lengths": cache.lengths.contiguous()}
+
+    def _dense_round(self, target_hidden, n_new, anchor, block_size, cache):
+        """The round through a dense-context drafter graph: it reads the context and returns this
+        round's K/V, which the cache writes in place (no copy of the cache in or out)."""
+        logits, k_new, v_new = self.run("drafter", self.dense_feeds(target_hidden, n_new, anchor, block_size, cache))
         cache.append(k_new, v_new, n_new)
         return logits[:, 1:].float()             # [b, B-1, V]
 

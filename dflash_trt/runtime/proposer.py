@@ -35,6 +35,8 @@ class Proposer:
     graph: ClassVar[str] = "dflash"
     #: the drafter graph's outputs, in the order the graph backend reads them
     graph_outputs: ClassVar[list[str]] = ["logits", "k_cache_out", "v_cache_out"]
+    #: the same for the graph's ONNX Runtime form over a dense context cache (``export/onnx_native.py``)
+    dense_outputs: ClassVar[list[str]] = ["logits", "k_new", "v_new"]
     #: the drafter graph's inputs beyond the DFlash round's (``export.onnx_graphs.DRAFTER_INPUTS``)
     graph_inputs: ClassVar[tuple[str, ...]] = ()
     #: whether the drafter graph returns the round's logits (``Backend.drafter_round``)
@@ -61,6 +63,7 @@ class SelectorProposer(Proposer):
 
     graph = "dflash2"
     graph_outputs = ["tokens", "q", "candidates", "k_cache_out", "v_cache_out"]
+    dense_outputs = ["tokens", "q", "candidates", "k_new", "v_new"]
     graph_inputs = ("anchor", "uniforms", "temperature")
     graph_logits = False
 
@@ -74,7 +77,7 @@ class SelectorProposer(Proposer):
         for rows, temperature in walk_groups(params, keys):
             tokens[rows], q_rows = backend.drafter.propose(hidden[rows], dlogits[rows], anchor[rows], temperature, None)
             if temperature > 0:
-                q = torch.zeros_like(dlogits, dtype=torch.float32)
+                q = torch.zeros_like(dlogits, dtype=torch.float32) if q is None else q
                 q[rows] = q_rows
         return tokens, q
 
@@ -82,61 +85,79 @@ class SelectorProposer(Proposer):
         """``torch_block``'s contract through the walking drafter graph.
 
         Rows decided by argmax (greedy and seeded rows) walk at temperature 0; the unseeded
-        sampled rows (one setting for the batch) walk at their temperature with uniforms drawn
-        from torch's global generator, as ``DFlash2Drafter.propose`` draws them; their q over the
-        candidates is scattered to the vocabulary [b, B-1, V] for rejection sampling. The graph is
-        exported for the full block, so a block-size-1 round (drafting off) runs it on the full
-        block for its KV injection and drops the proposal."""
+        sampled rows walk at their temperature (one run of the graph per temperature) with
+        uniforms drawn from torch's global generator, as ``DFlash2Drafter.propose`` draws them;
+        their q over the candidates is scattered to the vocabulary [b, B-1, V] for rejection
+        sampling. The graph is exported for the full block, so a block-size-1 round (drafting
+        off) runs it on the full block for its KV injection and drops the proposal.
+
+        Over the paged pool (``drafter.onnx``) each run injects its rows' pages; over a dense
+        context (``drafter_ort.onnx``) each run returns its rows' new K/V, written once after the
+        last run."""
         B = backend.profile.block_size
         if block_size not in (1, B):
             raise DFlashError(f"--backend {backend.name}: the DFlash2 drafter graph drafts blocks of {B}, not "
                               f"{block_size}; use --backend torch for shorter blocks")
-        feeds = backend.round_feeds(target_hidden, n_new, anchor, B, cache)
+        dense = backend.dense_drafter
+        feeds = (backend.dense_feeds if dense else backend.round_feeds)(target_hidden, n_new, anchor, B, cache)
         b, K = anchor.shape[0], B - 1
-        if block_size == 1:                      # inject only: one greedy run, no uniforms drawn
-            self._walk(backend, feeds, list(range(b)), b, anchor, 0.0, cache)
-            cache.lengths = cache.lengths + n_new
-            return None, None
+        groups = [(list(range(b)), 0.0)] if block_size == 1 else walk_groups(params, keys)
         tokens = torch.empty(b, K, dtype=torch.long, device=backend.device)
-        q = None
-        for rows, temperature in walk_groups(params, keys):
-            t, q_k, cand = self._walk(backend, feeds, rows, b, anchor, temperature, cache)
+        q, new_kv = None, None
+        for rows, temperature in groups:
+            t, q_k, cand, kv = self._walk(backend, feeds, rows, b, anchor, temperature, cache)
             tokens[rows] = t.long()
+            if dense:
+                new_kv = new_kv or [x.new_empty(x.shape[0], b, *x.shape[2:]) for x in kv]
+                for whole, part in zip(new_kv, kv, strict=True):
+                    whole[:, rows] = part
             if temperature > 0:
                 V = backend.vocab_size
-                q = torch.zeros(b, K, V, device=backend.device)
+                q = torch.zeros(b, K, V, device=backend.device) if q is None else q
                 q[rows] = torch.zeros(len(rows), K, V, device=backend.device).scatter(-1, cand.long(), q_k.float())
-        cache.lengths = cache.lengths + n_new
-        return tokens, q
+        if dense:
+            cache.append(*new_kv, n_new)
+        else:
+            cache.lengths = cache.lengths + n_new
+        return (None, None) if block_size == 1 else (tokens, q)
 
     @staticmethod
     def _walk(backend, feeds, rows, b, anchor, temperature, cache):
-        """Run the drafter graph on batch rows ``rows`` (the pool is shared: each run injects only its
-        rows' pages); (tokens, q, candidates) for those rows."""
+        """Run the drafter graph on batch rows ``rows``; (tokens, q, candidates, (k_new, v_new)) for
+        those rows. The paged pool is shared (each run injects only its rows' pages and the pool
+        comes back updated); a dense context is read by row and its new K/V returned for those rows."""
         idx = None if len(rows) == b else torch.tensor(rows, device=backend.device)
-        sub = {k: (v if idx is None or k in ("k_cache", "v_cache") else v[idx].contiguous()) for k, v in feeds.items()}
+        pooled = ("k_cache", "v_cache")
+        sub = {k: (v if idx is None or k in pooled else v[:, idx].contiguous() if k in ("k_ctx", "v_ctx")
+                   else v[idx].contiguous()) for k, v in feeds.items()}
         K = backend.profile.block_size - 1
         uniforms = (torch.rand(len(rows), K, device=backend.device) if temperature > 0
                     else torch.zeros(len(rows), K, device=backend.device))
         rows_anchor = (anchor if idx is None else anchor[idx]).long().contiguous()
-        sub.update(k_cache=cache.k, v_cache=cache.v, anchor=rows_anchor,
-                   uniforms=uniforms, temperature=torch.tensor([float(temperature)], device=backend.device))
+        sub.update(anchor=rows_anchor, uniforms=uniforms,
+                   temperature=torch.tensor([float(temperature)], device=backend.device))
+        if backend.dense_drafter:
+            tokens, q_k, cand, k_new, v_new = backend.run("drafter", sub)
+            return tokens, q_k, cand, (k_new, v_new)
+        sub.update(k_cache=cache.k, v_cache=cache.v)
         tokens, q_k, cand, cache.k, cache.v = backend.run("drafter", sub)
-        return tokens, q_k, cand
+        return tokens, q_k, cand, None
 
 
 def walk_groups(params: list[SamplingParams], keys: list) -> list[tuple[list[int], float]]:
     """How a selector's rows walk: [(rows, temperature)], the argmax rows first (greedy rows, and
     seeded rows, whose acceptance compares the draft with the target's own noise-perturbed argmax,
-    so any proposal keeps them lossless) at 0, then the unseeded sampled rows at their temperature,
-    which must be one setting for the batch (one-line DFlashError)."""
+    so any proposal keeps them lossless) at 0, then the unseeded sampled rows, one group per
+    temperature (in order of first appearance). A walk's q is the distribution its tokens were
+    drawn from, whatever the row's top-k / top-p: rejection sampling against the row's own target
+    distribution keeps every group lossless."""
     argmax = [r for r, (p, k) in enumerate(zip(params, keys, strict=True)) if p.greedy or k is not None]
-    sampled = [r for r in range(len(params)) if r not in set(argmax)]
-    if len({params[r] for r in sampled}) > 1:
-        raise DFlashError("a DFlash2 drafter samples a batch at one setting: unseeded requests with "
-                          "different sampling parameters in one batch are not supported yet")
-    groups = [(argmax, 0.0)] if argmax else []
-    return groups + ([(sampled, params[sampled[0]].temperature)] if sampled else [])
+    taken = set(argmax)
+    by_temperature: dict[float, list[int]] = {}
+    for r, p in enumerate(params):
+        if r not in taken:
+            by_temperature.setdefault(float(p.temperature), []).append(r)
+    return ([(argmax, 0.0)] if argmax else []) + [(rows, t) for t, rows in by_temperature.items()]
 
 
 #: family class -> its proposer class (``register``; found up the family's hierarchy by ``proposer_for``)

@@ -14,6 +14,7 @@ pytest.importorskip("onnxscript")
 from dflash_trt.export import bundle_graphs as graphs
 from dflash_trt.export import onnx_dflash2 as export_dflash2
 from dflash_trt.export import onnx_graphs as export
+from dflash_trt.export import onnx_native
 from dflash_trt.export.rounds import DFlash2Export
 from tests.helpers import tiny_dflash2_drafter, tiny_drafter, tiny_target
 
@@ -34,9 +35,11 @@ def test_a_dflash2_drafter_gets_the_selector_graph_checked_at_two_temperatures(t
     head = target.get_output_embeddings().weight.detach()
     said = []
     kind, err = graphs.export_drafter(d, head, tmp_path, 4, said.append)
-    assert kind == "dflash2" and "selector" in said[0]
+    assert kind == "dflash2" and "selector" in said[0] and "ONNX Runtime form" in said[1]
     assert _inputs(tmp_path / "drafter.onnx") == export_dflash2.DFLASH2_INPUTS
-    assert set(err) == {"k_cache", "v_cache", "q"} and max(err.values()) < export.DRAFTER_ONNX_ATOL
+    assert _inputs(tmp_path / "drafter_ort.onnx") == onnx_native.DFLASH2_NATIVE_INPUTS   # the walk, natively
+    assert set(err) == {"k_cache", "v_cache", "q", "ort_k_new", "ort_v_new", "ort_q"}
+    assert max(err.values()) < export.DRAFTER_ONNX_ATOL
     assert DFlash2Export.temperatures[0] == 0.0 and DFlash2Export.temperatures[1] > 0
     _profile_covers(tmp_path / "drafter.onnx")
 

@@ -108,3 +108,16 @@ def test_speculative_sampling_keeps_the_target_distribution(params):
         ok, msg = _chi2_ok(torch.bincount(toks[:, col], minlength=V).double(), expected, n)
         assert ok, f"token {col + 1}: {msg}"
     assert out.stats.accepted_at[0] > 0.05 * out.stats.rounds    # drafts were accepted, not only resampled
+
+
+def test_walk_groups_splits_unseeded_rows_by_temperature():
+    """Argmax rows (greedy, seeded) walk together at 0; unseeded sampled rows at different settings
+    (once refused in one batch) walk one group per temperature, top-k / top-p not splitting them."""
+    from dflash_trt.runtime.proposer import walk_groups
+
+    hot, warm = SamplingParams(temperature=0.9), SamplingParams(temperature=0.5, top_k=5)
+    params = [hot, SamplingParams(), warm, SamplingParams(temperature=0.9, top_p=0.8), hot, warm]
+    keys = [None, None, None, None, 7, None]            # row 4 is seeded: decided by argmax
+    assert walk_groups(params, keys) == [([1, 4], 0.0), ([0, 3], 0.9), ([2, 5], 0.5)]
+    assert walk_groups([hot, hot], [None, None]) == [([0, 1], 0.9)]
+    assert walk_groups([SamplingParams()], [None]) == [([0], 0.0)]

@@ -1,6 +1,8 @@
 """A DFlash2 pair built with --graphs runs through ONNX Runtime: the drafter graph's
 selector walk proposes what ``TorchBackend`` proposes (tokens every round; at T > 0 the same q over
-the vocabulary, from the same uniforms), and greedy output is the target's own greedy decoding."""
+the vocabulary, from the same uniforms), and greedy output is the target's own greedy decoding.
+Both forms: ``drafter_ort.onnx`` (standard ops over a dense context, the default) and
+``drafter.onnx`` (the TensorRT form, its custom ops as Python custom ops over the paged pool)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ pytest.importorskip("onnxscript")
 from dflash_trt import ingest
 from dflash_trt.cli import run
 from dflash_trt.errors import DFlashError
+from dflash_trt.export.onnx_native import dense_from_paged
 from dflash_trt.runtime import SamplingParams, SelectorProposer, TorchBackend, generate, load_bundle, resolve_run
+from dflash_trt.runtime.graph_backend import DenseKVCache
+from dflash_trt.runtime.onnx_backend import OnnxBackend
 from tests.helpers import hf_greedy, save_pair
 from tests.helpers import prompts as random_prompts
 
@@ -42,6 +47,22 @@ def pair(bundle):
     return dataclasses.replace(load_bundle(bundle), backend=graphs.backend, spec=graphs.spec)
 
 
+@pytest.fixture(scope="module")
+def customop(bundle, pair):
+    """The same bundle through its TensorRT form (``drafter.onnx``'s custom ops, the paged pool)."""
+    b = ingest.open_bundle(bundle)
+    return OnnxBackend(b.onnx, b.manifest.engine.profile, pair.drafter.cfg.mask_token_id, native=False)
+
+
+def context(cache) -> list[torch.Tensor]:
+    """Each row's drafter context [L, kvh, len, d] (k then v), from a dense or a paged cache."""
+    if isinstance(cache, DenseKVCache):
+        k, v = cache.k, cache.v
+    else:
+        k, v = dense_from_paged(cache)
+    return [x[:, i, :, :n].float() for i, n in enumerate(cache.lengths.tolist()) for x in (k, v)]
+
+
 def recording(backend):
     """``backend`` with every ``draft_block`` answer kept in ``backend.drafts``."""
     backend.drafts = []
@@ -63,17 +84,21 @@ def test_the_manifest_says_the_drafter_graph_is_dflash2(bundle, pair):
 
     m = ingest.read_manifest(bundle)
     assert m.engine.drafter_graph == "dflash2" and type(pair.drafter).__name__ == "DFlash2Drafter"
-    assert {"k_cache", "v_cache", "q"} <= set(m.engine.drafter_onnx_max_error)
+    assert {"k_cache", "v_cache", "q", "ort_k_new", "ort_q"} <= set(m.engine.drafter_onnx_max_error)
+    assert "drafter_ort.onnx" in m.engine.onnx
     graph = onnx.load(str(bundle / "onnx" / "drafter.onnx")).graph
     assert [i.name for i in graph.input] == export_dflash2.DFLASH2_INPUTS
-    assert isinstance(pair.backend.proposer, SelectorProposer)
+    native = onnx.load(str(bundle / "onnx" / "drafter_ort.onnx")).graph
+    assert {n.domain for n in native.node} <= {"", "ai.onnx"}      # no custom op: nothing Python per round
+    assert isinstance(pair.backend.proposer, SelectorProposer) and pair.backend.dense_drafter
     assert pair.backend.vocab_size == pair.drafter.cfg.vocab_size
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_through_onnx_is_the_targets_own_and_proposes_torchs_walk(pair, batch):
+@pytest.mark.parametrize("batch,form", [(1, "native"), (3, "native"), (3, "customop")])
+def test_greedy_through_onnx_is_the_targets_own_and_proposes_torchs_walk(pair, customop, batch, form):
     ps = random_prompts(3, seed=5, lo=2, hi=40)
-    onnx_b, torch_b = recording(pair.backend), recording(TorchBackend(pair.target, pair.drafter))
+    graph = pair.backend if form == "native" else customop
+    onnx_b, torch_b = recording(graph), recording(TorchBackend(pair.target, pair.drafter))
     try:
         for i in range(0, len(ps), batch):
             rows = ps[i : i + batch]
@@ -122,41 +147,47 @@ def _prefilled(backend, ps):
     return hidden, n, logits[:, 0].argmax(-1), dcache
 
 
-def test_drafting_off_still_injects_and_odd_blocks_and_logits_are_refused(pair):
+@pytest.mark.parametrize("form", ["native", "customop"])
+def test_drafting_off_still_injects_and_odd_blocks_and_logits_are_refused(pair, customop, form):
     """A block-size-1 round (the scheduler's schedule turning drafting off) through the DFlash2 graph
     proposes nothing but injects the context as TorchBackend does; a block the graph was not
     exported for, and asking it for logits, which it does not output, are one line each."""
     ps = random_prompts(2, seed=7, lo=2, hi=20)
+    graph = pair.backend if form == "native" else customop
     greedy, caches = [SamplingParams()] * 2, []
-    for backend in (pair.backend, TorchBackend(pair.target, pair.drafter)):
+    for backend in (graph, TorchBackend(pair.target, pair.drafter)):
         hidden, n, anchor, dcache = _prefilled(backend, ps)
         assert backend.draft_block(hidden, n, anchor, 1, dcache, greedy, [None, None], [0, 0]) == (None, None)
         caches.append(dcache)
     got, want = caches
     assert torch.equal(got.lengths, n) and torch.equal(want.lengths, n)
-    assert torch.equal(got.page_table, want.page_table)
-    used = want.used_pages
-    assert torch.allclose(got.k[:, :used], want.k[:, :used].float(), atol=1e-4)
-    hidden, n, anchor, dcache = _prefilled(pair.backend, ps)
+    for g, w in zip(context(got), context(want), strict=True):
+        assert torch.allclose(g, w, atol=1e-4)
+    hidden, n, anchor, dcache = _prefilled(graph, ps)
     with pytest.raises(DFlashError, match="drafts blocks of 8, not 4"):
-        pair.backend.draft_block(hidden, n, anchor, 4, dcache, greedy, [None, None], [0, 0])
+        graph.draft_block(hidden, n, anchor, 4, dcache, greedy, [None, None], [0, 0])
     with pytest.raises(DFlashError, match="proposes tokens, not logits"):
-        pair.backend.drafter_round(hidden, n, anchor, 8, dcache)
+        graph.drafter_round(hidden, n, anchor, 8, dcache)
 
 
-def test_a_batch_mixing_greedy_and_sampled_rows_is_torchs(pair):
-    """Greedy rows walk at temperature 0 and the sampled rows at theirs, in one round (two runs of
-    the graph over one shared pool): tokens, q and the caches as TorchBackend's."""
-    ps = random_prompts(3, seed=8, lo=2, hi=30)
-    params = [SamplingParams(), SamplingParams(temperature=0.9), SamplingParams()]
+@pytest.mark.parametrize("form", ["native", "customop"])
+def test_a_batch_mixing_greedy_and_sampled_rows_is_torchs(pair, customop, form):
+    """Greedy rows walk at temperature 0 and the unseeded sampled rows at theirs, one run of the graph
+    per temperature in one round (over one shared pool, or each run returning its rows' new
+    context): tokens, q and the caches as TorchBackend's."""
+    ps = random_prompts(4, seed=8, lo=2, hi=30)
+    params = [SamplingParams(), SamplingParams(temperature=0.9), SamplingParams(), SamplingParams(temperature=0.5)]
     out = []
-    for backend in (pair.backend, TorchBackend(pair.target, pair.drafter)):
+    for backend in (pair.backend if form == "native" else customop, TorchBackend(pair.target, pair.drafter)):
         hidden, n, anchor, dcache = _prefilled(backend, ps)
         torch.manual_seed(5)
-        tokens, q = backend.draft_block(hidden, n, anchor, 8, dcache, params, [None] * 3, [0] * 3)
+        tokens, q = backend.draft_block(hidden, n, anchor, 8, dcache, params, [None] * 4, [0] * 4)
         out.append((tokens, q, dcache))
     (t_o, q_o, c_o), (t_t, q_t, c_t) = out
     assert torch.equal(t_o, t_t) and torch.allclose(q_o, q_t.float(), atol=1e-4)
-    assert float(q_o[0].abs().sum()) == 0.0 and torch.allclose(q_o[1].sum(-1), torch.ones(7), atol=1e-4)
+    assert float(q_o[0].abs().sum()) == 0.0 and float(q_o[2].abs().sum()) == 0.0
+    for r in (1, 3):
+        assert torch.allclose(q_o[r].sum(-1), torch.ones(7), atol=1e-4)
     assert torch.equal(c_o.lengths, c_t.lengths)
-    assert torch.allclose(c_o.k[:, : c_t.used_pages], c_t.k[:, : c_t.used_pages].float(), atol=1e-4)
+    for g, w in zip(context(c_o), context(c_t), strict=True):
+        assert torch.allclose(g, w, atol=1e-4)

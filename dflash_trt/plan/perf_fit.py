@@ -138,8 +138,9 @@ def _config_dir(ref: str) -> Path:
 
 def _kept_config(ref: str) -> dict | None:
     """The config of a drafter measured here that no longer ships: ``assets/perf/configs/REF.json``
-    (the embedded pair's 2-layer drafter, which the CPU rows were run with before a 3-layer one
-    replaced it). A file, not a ``config.json`` folder: it is no ``embedded:`` model."""
+    (the embedded pair's 2-layer DFlash drafter, which the CPU rows were run with before a 3-layer
+    DFlash and then a 2-layer DFlash2 drafter replaced it). A file, not a ``config.json`` folder: it
+    is no ``embedded:`` model."""
     path = data_dir() / "configs" / f"{ref}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 

@@ -117,8 +117,9 @@ def test_serve_script_of_a_built_bundle_carries_the_plan(tmp_path):
     from dflash_trt.plan import recipe as R
 
     out = tmp_path / "tiny"
-    build(R.load("tiny", ["trtllm.release=1.3.0rc27"]), out)
+    build(R.load("tiny", ["trtllm.release=1.4.0rc1"]), out)    # the one release serving its DFlash2 drafter
     text = (out / "trtllm" / "serve.sh").read_text()
-    assert "NEED_TRTLLM=1.3.0rc27" in text and "TensorRT-LLM 1.3.0rc27" in text.splitlines()[1]
+    assert "NEED_TRTLLM=1.4.0rc1" in text and "TensorRT-LLM 1.4.0rc1" in text.splitlines()[1]
     assert os.access(out / "trtllm" / "serve.sh", os.X_OK)
-    assert _run(tmp_path, out, version="1.3.0rc27").returncode == 0   # planned for the CPU: no GPU check
+    assert _run(tmp_path, out, version="1.4.0rc1").returncode == 0   # planned for the CPU: no GPU check
+    assert "1.4.0rc1" in _one_line_error(_run(tmp_path, out, version="1.3.0rc27"))

@@ -108,11 +108,12 @@ class Recording(OnnxBackend):
             self._saw("pages_per_seq", feeds["page_table"].shape[1])
         return super().run(graph, feeds)
 
-    def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
-        out = super().drafter_round(target_hidden, n_new, anchor, block_size, cache)
+    def round_feeds(self, target_hidden, n_new, anchor, block_size, cache):
+        """Every drafter family's paged round passes here, its pages reserved: (table, lengths after it)."""
+        feeds = super().round_feeds(target_hidden, n_new, anchor, block_size, cache)
         self._saw("pages", cache.used_pages)
-        self.tables.append((cache.page_table.clone(), cache.lengths.clone()))
-        return out
+        self.tables.append((cache.page_table.clone(), cache.lengths + n_new))
+        return feeds
 
 
 def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompts):

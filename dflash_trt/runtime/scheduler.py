@@ -75,6 +75,9 @@ class Step:
     failed_rounds: list[Request] = field(default_factory=list)  # their own round (or rebuild) raised
     batch_size: int = 0
     draft_len: int | None = None
+    #: the live batch's round raised and each row was rerun alone (``_isolate``): a batch that
+    #: keeps doing so still answers every row, only slower, so it is counted where an operator sees it
+    isolated: bool = False
     stats: Stats = field(default_factory=lambda: Stats(block_size=1))  # replaced by the step's own
     seconds: float = 0.0
 
@@ -127,6 +130,7 @@ class Scheduler:
             try:
                 going = run_round(self.backend, self.batch, step.draft_len + 1, step.stats)
             except Exception as exc:
+                step.isolated = True
                 self.batch = self._isolate(rows, step.draft_len + 1, step, exc)
             else:
                 if not going:

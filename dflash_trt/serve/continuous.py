@@ -106,7 +106,8 @@ class ContinuousBatcher(Batcher):
             self._drop_all("step", "the request was lost by the scheduler")
         if self.metrics is not None:  # tokens this step: each admitted row's first, then the round's
             self.metrics.observe_round(step.stats, step.batch_size, step.seconds,
-                                       len(step.admitted) + step.stats.committed, draft_len=step.draft_len)
+                                       len(step.admitted) + step.stats.committed, draft_len=step.draft_len,
+                                       isolated=step.isolated)
         with self._cond:
             self._running = list(self._jobs.values())
             self._gauge()

@@ -16,6 +16,9 @@ Names (all prefixed ``dflash_``):
   the prefill that joins it to the batch, ``step``: its own round, rerun alone after a shared round
   raised, ``stream``: handing its tokens on); each failed only its own request (streamed: an error
   event; else a 500 error object).
+- ``isolated_rounds_total``: shared rounds that raised and were rerun one row at a time
+  (continuous batching); every row may still be answered, each alone, so a count that keeps
+  growing is a batch-level fault (or an unsupported mix of requests) costing throughput.
 - ``prompt_tokens_total``, ``generation_tokens_total``, ``block_size``, ``draft_len`` (of the
   last round: the schedule's value for the live batch size).
 - ``draft_rounds_total{batch_size, draft_len}``: rounds run at each live batch size and the draft
@@ -73,6 +76,8 @@ class ServerMetrics:
                                         buckets=tuple(range(1, max(2, block_size) + 1)), registry=r)
         pc.Gauge("dflash_block_size", "Draft block size B (1: autoregressive).", registry=r).set(block_size)
         self.draft_len = pc.Gauge("dflash_draft_len", "Draft tokens per row in the last round.", registry=r)
+        self.isolated = pc.Counter("dflash_isolated_rounds", "Shared rounds that raised and were rerun one row "
+                                   "at a time.", registry=r)
         self.draft_rounds = pc.Counter("dflash_draft_rounds", "Rounds by live batch size and the draft length "
                                        "in force.", ["batch_size", "draft_len"], registry=r)
         self._rounds = 0
@@ -91,9 +96,11 @@ class ServerMetrics:
         self.running.set(running)
 
     def observe_round(self, stats: Stats, batch_size: int, seconds: float, tokens: int,
-                      draft_len: int | None = None) -> None:
+                      draft_len: int | None = None, isolated: bool = False) -> None:
         """Counters of one runtime round (continuous) or batch (static): its Stats, live rows,
-        wall time and generated tokens."""
+        wall time and generated tokens; ``isolated``: the shared round raised and its rows ran alone."""
+        if isolated:
+            self.isolated.inc()
         if batch_size:
             self.batch_size.observe(batch_size)
         if draft_len is not None:

@@ -178,3 +178,37 @@ def test_a_failing_round_fails_its_requests_not_the_server(pair, monkeypatch):
                         timeout=60)
     assert bad.status_code == 500 and "boom" in bad.json()["error"]["message"]
     assert ok.status_code == 200
+
+
+def test_a_dflash2_batch_mixes_unseeded_temperatures(tmp_path):
+    """A DFlash2 selector walks each unseeded temperature as its own group: four requests at three
+    settings share one continuous batch and are all answered (a batch at more than one setting
+    was once refused), the greedy one with the target's own greedy decoding."""
+    from tests.helpers import save_pair
+
+    tdir, ddir = save_pair(tmp_path / "pair", dflash2=True)
+    pair = load_pair(tdir, ddir, dtype="float64")
+    want = pair.decode(expected(pair, "greedy", 10))
+    app = create_app(pair, "tiny", max_batch=8)
+    bodies = [{"prompt": "greedy", "max_tokens": 10, "temperature": 0},
+              {"prompt": "hot", "max_tokens": 10, "temperature": 1.0},
+              {"prompt": "warm", "max_tokens": 10, "temperature": 0.5, "top_k": 20},
+              {"prompt": "hot again", "max_tokens": 10, "temperature": 1.0, "top_p": 0.9}]
+    app.state.batcher.pause()                                    # the four arrive as one batch
+
+    async def ask(url):
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            tasks = [asyncio.create_task(c.post("/v1/completions", json=b)) for b in bodies]
+            while app.state.batcher.queue_depth < len(bodies):
+                await asyncio.sleep(0.01)
+            app.state.batcher.resume()
+            return await asyncio.gather(*tasks)
+
+    with ServerThread(app) as srv:
+        rs = asyncio.run(ask(srv.url))
+        m = httpx.get(f"{srv.url}/metrics", timeout=10).text
+    assert [r.status_code for r in rs] == [200] * 4, [r.text for r in rs]
+    assert rs[0].json()["choices"][0]["text"] == want
+    # drafted together: no shared round raised and reran its rows alone (which would still answer all four)
+    assert metric(m, "dflash_draft_rounds_total", batch_size="4", draft_len="7") >= 1
+    assert metric(m, "dflash_isolated_rounds_total") == 0

@@ -130,6 +130,7 @@ def test_a_failing_round_fails_only_its_row(server, pair, monkeypatch):
     assert mate.status_code == 200 and mate.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
     _check(server, pair, replies, "step")
     assert "injected verify failure" in replies[-1].json()["error"]["message"]
+    assert metric(httpx.get(f"{server.url}/metrics").text, "dflash_isolated_rounds_total") >= 1   # operators see it
 
 
 def test_a_tiny_temperature_runs_beside_greedy_requests(server, pair):

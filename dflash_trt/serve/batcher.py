@@ -306,6 +306,8 @@ class StaticBatcher(Batcher):
             if len(jobs) == 1:
                 self._fail(jobs[0], "step" if jobs[0].tokens else "admit", exc)
                 return
+            if self.metrics is not None:
+                self.metrics.isolated.inc()
             for j in jobs:
                 if not j.finished:
                     self._resume(j)

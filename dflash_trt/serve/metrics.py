@@ -16,9 +16,9 @@ Names (all prefixed ``dflash_``):
   the prefill that joins it to the batch, ``step``: its own round, rerun alone after a shared round
   raised, ``stream``: handing its tokens on); each failed only its own request (streamed: an error
   event; else a 500 error object).
-- ``isolated_rounds_total``: shared rounds that raised and were rerun one row at a time
-  (continuous batching); every row may still be answered, each alone, so a count that keeps
-  growing is a batch-level fault (or an unsupported mix of requests) costing throughput.
+- ``isolated_rounds_total``: shared rounds (continuous batching) or batches (static) that raised
+  and were rerun one row at a time; every row may still be answered, each alone, so a count that
+  keeps growing is a batch-level fault (or an unsupported mix of requests) costing throughput.
 - ``prompt_tokens_total``, ``generation_tokens_total``, ``block_size``, ``draft_len`` (of the
   last round: the schedule's value for the live batch size).
 - ``draft_rounds_total{batch_size, draft_len}``: rounds run at each live batch size and the draft
@@ -76,8 +76,8 @@ class ServerMetrics:
                                         buckets=tuple(range(1, max(2, block_size) + 1)), registry=r)
         pc.Gauge("dflash_block_size", "Draft block size B (1: autoregressive).", registry=r).set(block_size)
         self.draft_len = pc.Gauge("dflash_draft_len", "Draft tokens per row in the last round.", registry=r)
-        self.isolated = pc.Counter("dflash_isolated_rounds", "Shared rounds that raised and were rerun one row "
-                                   "at a time.", registry=r)
+        self.isolated = pc.Counter("dflash_isolated_rounds", "Shared rounds (static: batches) that raised and were "
+                                   "rerun one row at a time.", registry=r)
         self.draft_rounds = pc.Counter("dflash_draft_rounds", "Rounds by live batch size and the draft length "
                                        "in force.", ["batch_size", "draft_len"], registry=r)
         self._rounds = 0

@@ -211,3 +211,4 @@ def test_static_batching_fails_only_the_row_whose_own_run_fails(static_server, p
     assert hits[0] == 4 and hits[-1] == 1   # the batch's forward raised, then the long row's own
     _check(static_server, pair, replies, "step")
     assert "injected verify failure" in replies[-1].json()["error"]["message"]
+    assert metric(httpx.get(f"{static_server.url}/metrics").text, "dflash_isolated_rounds_total") == 1

@@ -74,6 +74,10 @@ def train_drafter(
     samples: Annotated[int, typer.Option("--samples", min=1, help="Training sequences to regenerate.")] = 1024,
     eval_every: Annotated[int, typer.Option(
         "--eval-every", min=1, help="Steps between held-out τ measurements.")] = 100,
+    eval_data: Annotated[str | None, typer.Option(
+        "--eval-data", help="Held-out τ on prompts cut from this data (JSONL or text, as --data), e.g. files kept "
+                            "out of training. Default: 8 windows held back from --data, which share its files and "
+                            "read higher than `dflash-trt bench` on held-out prompts.")] = None,
     save_every: Annotated[int, typer.Option("--save-every", min=1, help="Steps between checkpoints.")] = 100,
     seed: Annotated[int, typer.Option("--seed", help="Seed for data order, anchors and initialisation.")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run saved in --out.")] = False,
@@ -118,7 +122,8 @@ def train_drafter(
         conv_kernel_size=conv_kernel_size, conv_group_size=conv_group_size, selector_rank=selector_rank,
         selector_top_k=selector_top_k, steps=steps,
         batch_size=batch_size, anchors=anchors, lr=lr, prompt_len=prompt_len, gen_len=gen_len,
-        window_stride=window_stride, samples=samples, eval_every=eval_every, save_every=save_every, seed=seed,
+        window_stride=window_stride, samples=samples, eval_every=eval_every, eval_data=eval_data,
+        save_every=save_every, seed=seed,
         resume=resume,
         chat_template=chat_template, thinking=thinking, regen_endpoint=regen_endpoint, regen_model=regen_model,
         regen_concurrency=regen_concurrency, feature_cache=None if feature_cache is None else str(feature_cache),

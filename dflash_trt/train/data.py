@@ -182,20 +182,21 @@ def _read_text(path: Path) -> str | None:
     return text if "\x00" not in text else None
 
 
-def read_data(path: str | Path) -> tuple[list, list[str]]:
-    """(prompts, texts): JSONL gives prompts (strings, or message lists), text files give texts."""
+def read_data(path: str | Path, flag: str = "--data") -> tuple[list, list[str]]:
+    """(prompts, texts): JSONL gives prompts (strings, or message lists), text files give texts.
+    ``flag`` names the option in errors."""
     p = Path(path).expanduser()
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
         texts = [t for t in (_read_text(f) for f in files) if t and t.strip()]
         if not texts:
-            raise DFlashError(f"--data {p}: no readable UTF-8 text files in this folder")
+            raise DFlashError(f"{flag} {p}: no readable UTF-8 text files in this folder")
         return [], texts
     if not p.is_file():
-        raise DFlashError(f"--data {p}: no such file or folder")
+        raise DFlashError(f"{flag} {p}: no such file or folder")
     text = _read_text(p)
     if text is None:
-        raise DFlashError(f"--data {p}: not a UTF-8 text file")
+        raise DFlashError(f"{flag} {p}: not a UTF-8 text file")
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     if p.suffix == ".jsonl" or first.lstrip().startswith("{"):
         prompts = []
@@ -205,13 +206,13 @@ def read_data(path: str | Path) -> tuple[list, list[str]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DFlashError(f"--data {p}:{n}: invalid JSON: {exc.msg}") from None
-            prompts.append(_jsonl_prompt(obj, f"--data {p}:{n}"))
+                raise DFlashError(f"{flag} {p}:{n}: invalid JSON: {exc.msg}") from None
+            prompts.append(_jsonl_prompt(obj, f"{flag} {p}:{n}"))
         if not prompts:
-            raise DFlashError(f"--data {p}: no prompts")
+            raise DFlashError(f"{flag} {p}: no prompts")
         return prompts, []
     if not text.strip():
-        raise DFlashError(f"--data {p}: empty file")
+        raise DFlashError(f"{flag} {p}: empty file")
     return [], [text]
 
 
@@ -261,7 +262,8 @@ def chat_record(tokenizer, prompts: list, *, chat_template: bool, thinking: bool
 
 def build_prompts(tokenizer, prompts: list, texts: list[str], *, prompt_len: int, gen_len: int,
                   max_samples: int, seed: int, chat_template: bool = False,
-                  thinking: bool | None = None, window_stride: int | None = None) -> list[list[int]]:
+                  thinking: bool | None = None, window_stride: int | None = None,
+                  flag: str = "--data") -> list[list[int]]:
     """Token-id prompts: JSONL prompts as given (cut to their last prompt_len tokens), texts cut
     into prompt_len-token windows starting every ``window_stride`` tokens (default prompt_len +
     gen_len: a window and the text it would have continued with never overlap the next window; a
@@ -279,7 +281,7 @@ def build_prompts(tokenizer, prompts: list, texts: list[str], *, prompt_len: int
             if len(window) >= max(2, prompt_len // 2):
                 out.append(list(window))
     if not out:
-        raise DFlashError("--data gave no prompts (files too short for --prompt-len?)")
+        raise DFlashError(f"{flag} gave no prompts (files too short for --prompt-len?)")
     random.Random(seed).shuffle(out)
     return out[:max_samples]
 

@@ -119,6 +119,8 @@ def preflight(settings: TrainSettings, world: int) -> None:
     _check_numbers(s, world)
     if regen.cached_set(s, out / ".train") is None:
         train_data.read_data(s.data)
+    if s.eval_data is not None:
+        train_data.read_data(s.eval_data, flag="--eval-data")
 
 
 def train_drafter(settings: TrainSettings, progress: Progress | None = None) -> Result:
@@ -145,14 +147,17 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
         model, tokenizer, stops = _frozen_target(s, ranks.device)
         cfg = _drafter_config(s, model, tokenizer)
         data = None if regen.cached_set(s, work) else train_data.read_data(s.data)   # bad --data fails first
-        return s, model, tokenizer, stops, cfg, data
+        held = None if s.eval_data is None else train_data.read_data(s.eval_data, flag="--eval-data")
+        return s, model, tokenizer, stops, cfg, data, held
 
-    s, model, tokenizer, stops, cfg, data = ranks.together(setup)
+    s, model, tokenizer, stops, cfg, data, held = ranks.together(setup)
     work.mkdir(parents=True, exist_ok=True)
     if ranks.main and not s.resume:
         write_json(work / "settings.json", asdict(s))
     target = Target(model, cfg.target_layer_ids)
     regen_set, regen_meta = regen.training_set(s, work, data, tokenizer, target, stops, ranks, progress)
+    if held is not None:   # held-out τ on prompts from other files (the windows held back from --data go unused)
+        regen_meta = {**regen_meta, "eval_prompts": eval_prompts(s, tokenizer, held)}
     if s.feature_cache is None:
         features = train_features.OnlineFeatures(target, cfg.target_layer_ids)
     else:
@@ -225,6 +230,7 @@ class _Run:
                 "block_size": s.block_size,
                 "target_layer_ids": s.target_layer_ids, "mask_token_id": s.mask_token_id,
                 "prompt_len": s.prompt_len, "gen_len": s.gen_len, "sequences": len(self.regen),
+                "eval_data": s.eval_data or "windows held back from data",
                 "regeneration": self.regen_meta.get("regeneration", {"sources": ["unknown (an older run)"]}),
                 "features": "online" if s.feature_cache is None else f"cached in {s.feature_cache}"}
 
@@ -413,6 +419,15 @@ def _head_in(target: Target, dtype: torch.dtype):
     if target.dtype == dtype:
         return head
     return lambda h: head(h.to(target.dtype)).to(dtype)
+
+
+def eval_prompts(s: TrainSettings, tokenizer, data) -> list[list[int]]:
+    """``s.eval_prompts`` prompts cut from ``--eval-data`` (``read_data``'s prompts and texts) as the
+    training prompts are cut from ``--data``."""
+    prompts_text, texts = data
+    return train_data.build_prompts(tokenizer, prompts_text, texts, prompt_len=s.prompt_len, gen_len=s.gen_len,
+                                    window_stride=s.window_stride, max_samples=s.eval_prompts, seed=s.seed,
+                                    chat_template=s.chat_template, thinking=s.thinking, flag="--eval-data")
 
 
 def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: int, n_tokens: int,

@@ -21,8 +21,8 @@ SHAPE_FIELDS = ("block_size", "layers", "target_layer_ids", "mask_token_id", "ar
                 "conv_group_size", "selector_rank", "selector_top_k")
 DATA_FIELDS = ("target", "data", "prompt_len", "gen_len", "window_stride", "samples", "eval_prompts", "seed",
                "chat_template", "thinking")
-RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "regen_endpoint", "regen_model", "regen_concurrency",
-                    "feature_cache", "feature_shard_mb", "device", "parallel")
+RESUMABLE_FIELDS = ("steps", "eval_every", "eval_data", "save_every", "regen_endpoint", "regen_model",
+                    "regen_concurrency", "feature_cache", "feature_shard_mb", "device", "parallel")
 
 
 @dataclass
@@ -51,6 +51,10 @@ class TrainSettings:
     samples: int = 1024
     eval_prompts: int = 8
     eval_every: int = 100
+    #: held-out τ on prompts cut from this data (JSONL or text, like ``data``) rather than on
+    #: ``eval_prompts`` windows held back from ``data``: files the drafter never saw rank
+    #: candidates the way ``dflash-trt bench`` on held-out prompts does
+    eval_data: str | None = None
     eval_tokens: int = 64
     save_every: int = 100
     seed: int = 0

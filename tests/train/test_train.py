@@ -247,6 +247,39 @@ def test_train_drafter_user_errors(train_setup, tmp_path, capsys):
     assert not (tmp_path / "y").exists() and not (tmp_path / "z" / "config.json").exists()
 
 
+
+def test_eval_data_measures_heldout_tau_on_other_files(train_setup, tmp_path, monkeypatch, capsys):
+    """--eval-data: the held-out τ runs on prompts cut from those files (as --data's windows are
+    cut), not on windows held back from --data; training.json says which; a bad path is one line."""
+    from transformers import AutoTokenizer
+
+    from dflash_trt.train import loop
+
+    root, tdir = train_setup
+    held = tmp_path / "held.txt"
+    held.write_text("".join(f"class C{i}:\n    size = {i * 3}\n\n" for i in range(40)))
+    seen: list = []
+    real = loop.heldout_tau
+
+    def spy(target, drafter, prompts, *args, **kwargs):
+        seen.append(prompts)
+        return real(target, drafter, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "heldout_tau", spy)
+    s = loop.TrainSettings(target=str(tdir), data=str(root / "data.txt"), out=str(tmp_path / "d"), block_size=4,
+                           layers=1, steps=2, batch_size=2, anchors=4, prompt_len=12, gen_len=8, samples=8,
+                           eval_prompts=3, eval_every=2, save_every=2, eval_data=str(held))
+    res = loop.train_drafter(s)
+    tok = AutoTokenizer.from_pretrained(tdir)
+    want = loop.eval_prompts(s, tok, data.read_data(held))
+    assert len(want) == 3 and seen == [want] and res.heldout_tau is not None
+    assert all("class" in tok.decode(p) or "size" in tok.decode(p) for p in want)     # the held-out file's text
+    assert json.loads((tmp_path / "d" / "training.json").read_text())["eval_data"] == str(held)
+    assert run(_args(root, tdir, tmp_path / "e", 2, "--eval-data", str(tmp_path / "nope"))) == 2
+    err = capsys.readouterr().err
+    assert "--eval-data" in err and "no such file" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "e").exists()
+
 def test_jsonl_messages_go_through_the_chat_template(tmp_path):
     tok = char_tokenizer()
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<a>"

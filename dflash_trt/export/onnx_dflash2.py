@@ -50,23 +50,62 @@ class DFlash2Round(nn.Module):
                 uniforms, temperature):
         hidden, k_cache, v_cache = self.round(target_hidden, n_new, block_embeds, k_cache, v_cache, page_table,
                                               lengths)
-        h = hidden[:, 1:]                                                          # [b, B-1, H]
-        sel = self.drafter.candidate_selector
-        unary, cand = sel.candidates(self.drafter.logits(h, self.head))           # [b, B-1, k]
-        tokens, q = plugins.selector_walk_graph(unary, cand, sel.hidden_projection(h), sel.predecessor_codebook,
-                                                sel.successor_codebook, anchor, temperature, uniforms)
-        return tokens, q, cand, k_cache, v_cache
+        return (*walk_block(self.drafter, self.head, hidden, anchor, uniforms, temperature), k_cache, v_cache)
+
+
+def walk_block(drafter, head: nn.Module, hidden, anchor, uniforms, temperature):
+    """A DFlash2 round's tail in traceable ops, shared by both drafter graphs (this module's and
+    ``onnx_native``'s): the head over block positions 1..B-1 of ``hidden`` [b, B, H], their top-k,
+    and the selector's walk. (tokens [b, B-1], q [b, B-1, k], candidates [b, B-1, k])."""
+    h = hidden[:, 1:]                                                              # [b, B-1, H]
+    sel = drafter.candidate_selector
+    unary, cand = sel.candidates(drafter.logits(h, head))                         # [b, B-1, k]
+    tokens, q = plugins.selector_walk_graph(unary, cand, sel.hidden_projection(h), sel.predecessor_codebook,
+                                            sel.successor_codebook, anchor, temperature, uniforms)
+    return tokens, q, cand
+
+
+def selector_inputs(drafter, batch: int, seed: int, temperature: float) -> dict:
+    """The inputs a DFlash2 round adds (seeded): an anchor [b], uniforms [b, B-1], a temperature [1]."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    cfg = drafter.cfg
+    return {"anchor": torch.randint(cfg.vocab_size, (batch,), generator=g),
+            "uniforms": torch.rand(batch, cfg.block_size - 1, generator=g),
+            "temperature": torch.tensor([float(temperature)])}
+
+
+def reference_proposal(drafter, head_weight: torch.Tensor, inputs: dict, cache, temperature: float):
+    """PyTorch's proposal for one round's ``inputs`` (``inject`` advances ``cache``, then ``draft``,
+    the head, the selector's ``walk`` on the same uniforms): (tokens, q or None at 0, candidates)."""
+    head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
+    head.weight = nn.Parameter(head_weight)
+    with torch.no_grad():
+        drafter.inject(inputs["target_hidden"], inputs["n_new"], cache)
+        h = drafter.draft(inputs["block_embeds"], cache)[:, 1:]
+        sel = drafter.candidate_selector
+        unary, cand = sel.candidates(drafter.logits(h, head))
+        tokens, q = sel.walk(h, unary, cand, inputs["anchor"], temperature, inputs["uniforms"])
+    return tokens, q, cand
+
+
+def proposal_errors(tokens, q, cand, want) -> dict:
+    """A graph's proposal (numpy) against :func:`reference_proposal`'s ``want``: how many tokens and
+    candidates differ (as sets per position), and q's max abs error where the walk sampled."""
+    import numpy as np
+
+    want_tokens, want_q, want_cand = want
+    out = {"tokens_differing": int((tokens != want_tokens.numpy()).sum()),
+           "candidates_differing": int((np.sort(cand, -1) != np.sort(want_cand.numpy(), -1)).sum())}
+    if want_q is not None:
+        out["q"] = float(np.abs(q - want_q.numpy()).max())
+    return out
 
 
 def example_inputs(drafter, batch: int = 2, T: int = 5, page_size: int = 4, seed: int = 0,
                    temperature: float = 0.0) -> tuple[dict, object]:
     """``export.example_round``'s inputs plus an anchor, uniforms and a temperature."""
     inputs, cache = example_round(drafter, batch=batch, T=T, page_size=page_size, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1000)
-    cfg = drafter.cfg
-    inputs.update(anchor=torch.randint(cfg.vocab_size, (batch,), generator=g),
-                  uniforms=torch.rand(batch, cfg.block_size - 1, generator=g),
-                  temperature=torch.tensor([float(temperature)]))
+    inputs.update(selector_inputs(drafter, batch, seed, temperature))
     return inputs, cache
 
 
@@ -116,18 +155,7 @@ def check_dflash2_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor,
     inputs, cache = example_inputs(drafter, batch=batch, T=T, page_size=page_size, seed=seed,
                                    temperature=temperature)
     tokens, q, cand, k_out, v_out = run_drafter_onnx(onnx_path, inputs)
-    head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
-    head.weight = nn.Parameter(head_weight)
-    with torch.no_grad():
-        drafter.inject(inputs["target_hidden"], inputs["n_new"], cache)
-        h = drafter.draft(inputs["block_embeds"], cache)[:, 1:]
-        sel = drafter.candidate_selector
-        unary, want_cand = sel.candidates(drafter.logits(h, head))
-        want_tokens, want_q = sel.walk(h, unary, want_cand, inputs["anchor"], temperature, inputs["uniforms"])
-    out = {"k_cache": float(np.abs(k_out - cache.k.numpy()).max()),
-           "v_cache": float(np.abs(v_out - cache.v.numpy()).max()),
-           "tokens_differing": int((tokens != want_tokens.numpy()).sum()),
-           "candidates_differing": int((np.sort(cand, -1) != np.sort(want_cand.numpy(), -1)).sum())}
-    if want_q is not None:
-        out["q"] = float(np.abs(q - want_q.numpy()).max())
-    return out
+    want = reference_proposal(drafter, head_weight, inputs, cache, temperature)
+    return {"k_cache": float(np.abs(k_out - cache.k.numpy()).max()),
+            "v_cache": float(np.abs(v_out - cache.v.numpy()).max()),
+            **proposal_errors(tokens, q, cand, want)}

@@ -36,6 +36,7 @@ from torch import nn
 
 from dflash_trt import plugins
 from dflash_trt.errors import require
+from dflash_trt.export import onnx_dflash2
 
 NATIVE_FILE = "drafter_ort.onnx"
 #: opset 23: block attention is one standard ``Attention`` node (GQA, boolean mask); its CPU kernel
@@ -134,12 +135,7 @@ class NativeDFlash2Round(NativeRound):
 
     def forward(self, target_hidden, n_new, block_embeds, k_ctx, v_ctx, lengths, anchor, uniforms, temperature):
         hidden, k_new, v_new = self.hidden(target_hidden, n_new, block_embeds, k_ctx, v_ctx, lengths)
-        h = hidden[:, 1:]                                                          # [b, B-1, H]
-        sel = self.drafter.candidate_selector
-        unary, cand = sel.candidates(self.drafter.logits(h, self.head))           # [b, B-1, k]
-        tokens, q = plugins.selector_walk_graph(unary, cand, sel.hidden_projection(h), sel.predecessor_codebook,
-                                                sel.successor_codebook, anchor, temperature, uniforms)
-        return tokens, q, cand, k_new, v_new
+        return (*onnx_dflash2.walk_block(self.drafter, self.head, hidden, anchor, uniforms, temperature), k_new, v_new)
 
 
 def is_dflash2(drafter) -> bool:
@@ -170,10 +166,7 @@ def native_example(drafter, batch: int = 2, T: int = 5, seed: int = 0, prior: in
     inputs = {"target_hidden": paged["target_hidden"], "n_new": paged["n_new"], "block_embeds": paged["block_embeds"],
               "k_ctx": k, "v_ctx": v, "lengths": paged["lengths"]}
     if is_dflash2(drafter):
-        g = torch.Generator().manual_seed(seed + 1000)
-        inputs.update(anchor=torch.randint(drafter.cfg.vocab_size, (batch,), generator=g),
-                      uniforms=torch.rand(batch, drafter.cfg.block_size - 1, generator=g),
-                      temperature=torch.tensor([float(temperature)]))
+        inputs.update(onnx_dflash2.selector_inputs(drafter, batch, seed, temperature))
     return inputs, cache
 
 
@@ -220,9 +213,16 @@ def check_native_drafter_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, 
         head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
         head.weight = nn.Parameter(head_weight)
         want = drafter.logits(drafter.draft(inputs["block_embeds"], cache), head)
+    return {"logits": float(np.abs(logits - want.numpy()).max()), **new_kv_errors(k_new, v_new, cache, before, n_new)}
+
+
+def new_kv_errors(k_new, v_new, cache, before: torch.Tensor, n_new: torch.Tensor) -> dict[str, float]:
+    """A native graph's new K/V [L, b, kvh, T, d] (numpy) against the columns ``inject`` wrote into
+    the paged ``cache`` after each row's ``before`` committed ones: max abs error of each, over the
+    first n_new[i] columns of row i (the rest are padding the runtime drops)."""
     k_all, v_all = dense_from_paged(cache)                                        # [L, b, kvh, len, d]
-    err = {"logits": float(np.abs(logits - want.numpy()).max()), "k_new": 0.0, "v_new": 0.0}
-    for i in range(batch):
+    err = {"k_new": 0.0, "v_new": 0.0}
+    for i in range(len(n_new)):
         cols = slice(int(before[i]), int(before[i] + n_new[i]))
         for name, got, ref in (("k_new", k_new, k_all), ("v_new", v_new, v_all)):
             diff = np.abs(got[:, i, :, : int(n_new[i])] - ref[:, i, :, cols].numpy()).max()
@@ -232,32 +232,15 @@ def check_native_drafter_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, 
 
 def check_native_dflash2_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, temperature: float = 0.0,
                               batch: int = 3, T: int = 4, seed: int = 1) -> dict[str, float]:
-    """:func:`check_native_drafter_onnx` for the DFlash2 form: onnxruntime against ``inject`` +
-    ``draft`` + the selector's ``walk`` on the same uniforms. The max abs errors of q and the new
+    """:func:`check_native_drafter_onnx` for the DFlash2 form: onnxruntime against
+    ``onnx_dflash2.reference_proposal`` on the same uniforms. The max abs errors of q and the new
     K/V, and how many tokens / candidates differ (which must be none)."""
     import onnxruntime as ort
 
     inputs, cache = native_example(drafter, batch=batch, T=T, seed=seed, temperature=temperature)
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     tokens, q, cand, k_new, v_new = sess.run(DFLASH2_NATIVE_OUTPUTS, {k: v.numpy() for k, v in inputs.items()})
-    before, n_new = cache.lengths.clone(), inputs["n_new"]
-    head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
-    head.weight = nn.Parameter(head_weight)
-    with torch.no_grad():
-        drafter.inject(inputs["target_hidden"], n_new, cache)
-        h = drafter.draft(inputs["block_embeds"], cache)[:, 1:]
-        sel = drafter.candidate_selector
-        unary, want_cand = sel.candidates(drafter.logits(h, head))
-        want_tokens, want_q = sel.walk(h, unary, want_cand, inputs["anchor"], temperature, inputs["uniforms"])
-    k_all, v_all = dense_from_paged(cache)
-    err = {"k_new": 0.0, "v_new": 0.0,
-           "tokens_differing": int((tokens != want_tokens.numpy()).sum()),
-           "candidates_differing": int((np.sort(cand, -1) != np.sort(want_cand.numpy(), -1)).sum())}
-    if want_q is not None:
-        err["q"] = float(np.abs(q - want_q.numpy()).max())
-    for i in range(batch):
-        cols = slice(int(before[i]), int(before[i] + n_new[i]))
-        for name, got, ref in (("k_new", k_new, k_all), ("v_new", v_new, v_all)):
-            diff = np.abs(got[:, i, :, : int(n_new[i])] - ref[:, i, :, cols].numpy()).max()
-            err[name] = max(err[name], float(diff))
-    return err
+    before = cache.lengths.clone()
+    want = onnx_dflash2.reference_proposal(drafter, head_weight, inputs, cache, temperature)
+    return {**new_kv_errors(k_new, v_new, cache, before, inputs["n_new"]),
+            **onnx_dflash2.proposal_errors(tokens, q, cand, want)}

@@ -44,9 +44,6 @@ GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "new
                  "drafter": ["logits", "k_cache_out", "v_cache_out"]}
 #: the target graph's outputs in bundles exported before the new-K/V contract (the whole present cache)
 PRESENT_TARGET_OUTPUTS = ["logits", "target_hidden", "present_k", "present_v"]
-#: the dense-context drafter graph's outputs (``export/onnx_native.py``; a DFlash2 drafter's:
-#: ``Proposer.dense_outputs``)
-DENSE_DRAFTER_OUTPUTS = ["logits", "k_new", "v_new"]
 
 
 @dataclass
@@ -258,12 +255,16 @@ class GraphBackend(Backend):
         """The drafter graph's common inputs for one round (pages reserved first: the graph writes
         into pages the runtime allocated)."""
         cache.reserve(n_new)
+        return {"target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
+                "block_embeds": self._block_embeds(anchor, block_size), "k_cache": cache.k, "v_cache": cache.v,
+                "page_table": cache.page_table.contiguous(), "lengths": cache.lengths.contiguous()}
+
+    def _block_embeds(self, anchor, block_size: int) -> torch.Tensor:
+        """The round's block [anchor, MASK, ...] through the embedding graph: [b, B, H]."""
         block = anchor.new_full((anchor.shape[0], block_size), self.mask_token_id)      # [b, B]
         block[:, 0] = anchor
-        (embeds,) = self.run("embed", {"input_ids": block})                             # [b, B, H]
-        return {"target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
-                "block_embeds": embeds, "k_cache": cache.k, "v_cache": cache.v,
-                "page_table": cache.page_table.contiguous(), "lengths": cache.lengths.contiguous()}
+        (embeds,) = self.run("embed", {"input_ids": block})
+        return embeds
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
         if not self.proposer.graph_logits:
@@ -281,11 +282,9 @@ class GraphBackend(Backend):
         this round's columns made first; the graph returns them and :meth:`DenseKVCache.append`
         writes them, so the cache is never copied in or out)."""
         cache.reserve(n_new)
-        block = anchor.new_full((anchor.shape[0], block_size), self.mask_token_id)      # [b, B]
-        block[:, 0] = anchor
-        (embeds,) = self.run("embed", {"input_ids": block})                             # [b, B, H]
         return {"target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
-                "block_embeds": embeds, "k_ctx": cache.k, "v_ctx": cache.v, "lengths": cache.lengths.contiguous()}
+                "block_embeds": self._block_embeds(anchor, block_size), "k_ctx": cache.k, "v_ctx": cache.v,
+                "lengths": cache.lengths.contiguous()}
 
     def _dense_round(self, target_hidden, n_new, anchor, block_size, cache):
         """The round through a dense-context drafter graph: it reads the context and returns this

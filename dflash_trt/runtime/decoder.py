@@ -17,7 +17,6 @@ probe input: the backend then runs transformers' forward, which is always correc
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-FUSE_BYTES = 1 << 30   # models up to 1 GiB get fused q/k/v and gate/up matrices
+FUSE_BYTES = 1 << 30   # models up to 1 GiB get fused, [in, out] copies of their matrices
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # RoPE types whose tables do not change with length
 
 
@@ -46,43 +45,58 @@ def _signed(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([-sin[..., :half], sin[..., half:]], -1)
 
 
+class Matrix:
+    """One linear map ``x -> x @ W.T + b`` over the model's weights W [out, in]: as prepared
+    ``[in, out]`` copy (``fuse``; several W stack into one, their outputs side by side), or the
+    model's own tensors, one GEMM each.
+
+    Why the copy: on a CPU, ``x @ W_t`` over a contiguous [in, out] matrix runs the small GEMMs
+    of a decode step well faster than ``F.linear`` over [out, in] (measured on one core, fp32,
+    the embedded target's shapes: [8, 128] x [128, 768] 12 us against 22, the [128, 4096] head
+    81 us against 140; [1, 128] rows 6 against 10)."""
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], fuse: bool):
+        self.fused = fuse
+        if fuse:
+            self.w: Any = torch.cat(weights).t().contiguous()                  # [in, out]
+            self.b: Any = None if biases[0] is None else torch.cat(biases)    # type: ignore[arg-type]
+        else:
+            self.w, self.b = weights, biases
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            y = x @ self.w
+            return y if self.b is None else y + self.b
+        outs = [F.linear(x, w, b) for w, b in zip(self.w, self.b, strict=True)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+def matrix(fuse: bool, *linears) -> Matrix:
+    """A :class:`Matrix` of ``nn.Linear``-like modules (``.weight``, optional ``.bias``), stacked."""
+    return Matrix([m.weight for m in linears], [getattr(m, "bias", None) for m in linears], fuse)
+
+
 @dataclass
 class _Layer:
-    qkv: torch.Tensor | tuple    # [(h + 2*kvh) * d, H]: q_proj, k_proj, v_proj stacked (or the three)
-    qkv_bias: torch.Tensor | tuple | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Matrix                   # q_proj, k_proj, v_proj: [.., (h + 2*kvh) * d]
+    o: Matrix
     qk_norm: torch.Tensor | None  # [h + kvh, d]: q_norm per q head, then k_norm per k head (Qwen3)
-    gate_up: torch.Tensor | tuple  # [2*I, H]: gate_proj, up_proj stacked (or the two)
-    gate_up_bias: torch.Tensor | tuple | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Matrix               # gate_proj, up_proj: [.., 2*I]
+    down: Matrix
     ln1: torch.Tensor
     ln2: torch.Tensor
 
 
 def _layer(layer, h: int, kvh: int, fuse: bool) -> _Layer:
-    """One layer's weights; ``fuse`` stacks q/k/v and gate/up into one matrix each (copies)."""
+    """One layer's weights; ``fuse``: prepared [in, out] copies, q/k/v and gate/up stacked."""
     a, m = layer.self_attn, layer.mlp
     qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
     qk_norm = None
     if qn is not None and kn is not None:
         qk_norm = torch.cat([qn.weight.expand(h, -1), kn.weight.expand(kvh, -1)])
-    stack: Callable[..., Any] = (lambda *ts: None if ts[0] is None else torch.cat(ts)) if fuse else (lambda *ts: ts)
-    return _Layer(
-        qkv=stack(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
-        qkv_bias=stack(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias), o=a.o_proj.weight, o_bias=a.o_proj.bias,
-        qk_norm=qk_norm,
-        gate_up=stack(m.gate_proj.weight, m.up_proj.weight), gate_up_bias=stack(m.gate_proj.bias, m.up_proj.bias),
-        down=m.down_proj.weight, down_bias=m.down_proj.bias,
-        ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight)
-
-
-def _linear(x: torch.Tensor, w, b) -> torch.Tensor:
-    """x @ w.T + b for one matrix, or for a tuple of matrices (their outputs side by side)."""
-    if isinstance(w, torch.Tensor):
-        return F.linear(x, w, b)
-    return torch.cat([F.linear(x, wi, bi) for wi, bi in zip(w, b, strict=True)], dim=-1)
+    return _Layer(qkv=matrix(fuse, a.q_proj, a.k_proj, a.v_proj), o=matrix(fuse, a.o_proj), qk_norm=qk_norm,
+                  gate_up=matrix(fuse, m.gate_proj, m.up_proj), down=matrix(fuse, m.down_proj),
+                  ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight)
 
 
 class LeanDecoder:
@@ -98,8 +112,9 @@ class LeanDecoder:
         # dominates (small models), not for large ones.
         fuse = sum(p.numel() * p.element_size() for p in model.parameters()) <= FUSE_BYTES
         self.layers = [_layer(layer, self.h, self.kvh, fuse) for layer in self.inner.layers]
-        head = model.get_output_embeddings()
-        self.head, self.head_bias = head.weight, getattr(head, "bias", None)
+        out = model.get_output_embeddings()
+        self.head = matrix(fuse, out)
+        self.weight = out.weight      # a parameter of the model (device, dtype, the RoPE probe)
         self.rope_table = self._rope_table(cfg)
 
     def _rope_table(self, cfg) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -110,7 +125,7 @@ class LeanDecoder:
         P = int(getattr(cfg, "max_position_embeddings", 0) or 0)
         if getattr(rotary, "rope_type", "default") not in STATIC_ROPE or not 0 < P <= 1 << 16:
             return None
-        x = self.head[:1, None]
+        x = self.weight[:1, None]
         cos, sin = rotary(x, torch.arange(P, device=x.device)[None])
         return cos[0], _signed(sin[0])
 
@@ -124,7 +139,7 @@ class LeanDecoder:
     def _attention(self, L: _Layer, x, cos, sin, mask, cache, i):
         b, T, _ = x.shape
         h, kvh, d = self.h, self.kvh, self.d
-        qkv = _linear(rms_norm(x, L.ln1, self.eps), L.qkv, L.qkv_bias).view(b, T, h + 2 * kvh, d)
+        qkv = L.qkv(rms_norm(x, L.ln1, self.eps)).view(b, T, h + 2 * kvh, d)
         qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh :]
         if L.qk_norm is not None:                                # q_norm on q heads, k_norm on k heads
             qk = rms_norm(qk, L.qk_norm, self.eps)
@@ -132,7 +147,7 @@ class LeanDecoder:
         qk = rope(qk, cos, sin)                                  # on q and k at once
         k, v = cache.update(qk[:, h:], v.transpose(1, 2), i)     # [b, kvh, S+T, d]
         out = F.scaled_dot_product_attention(qk[:, :h], k, v, attn_mask=mask, scale=d ** -0.5, enable_gqa=h != kvh)
-        return F.linear(out.transpose(1, 2).reshape(b, T, h * d), L.o, L.o_bias)
+        return L.o(out.transpose(1, 2).reshape(b, T, h * d))
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, col_valid: torch.Tensor, cache,
                 layer_ids: list[int] | None, logits_at: torch.Tensor | None = None
@@ -152,8 +167,8 @@ class LeanDecoder:
         hidden = []
         for i, L in enumerate(self.layers):
             x = x + self._attention(L, x, cos, sin, mask, cache, i)
-            g, u = _linear(rms_norm(x, L.ln2, self.eps), L.gate_up, L.gate_up_bias).chunk(2, -1)
-            x = x + F.linear(F.silu(g) * u, L.down, L.down_bias)
+            g, u = L.gate_up(rms_norm(x, L.ln2, self.eps)).chunk(2, -1)
+            x = x + L.down(F.silu(g) * u)
             if i in taps:
                 hidden.append(x)
         x = rms_norm(x, self.inner.norm.weight, self.eps)
@@ -161,7 +176,7 @@ class LeanDecoder:
             hidden[-1] = x
         if logits_at is not None:
             x = x[torch.arange(b, device=dev), logits_at][:, None]               # [b, 1, H]
-        logits = F.linear(x, self.head, self.head_bias)
+        logits = self.head(x)
         ordered = [hidden[sorted(taps).index(i)] for i in layer_ids] if layer_ids else None
         return logits, (torch.cat(ordered, dim=-1) if ordered else None)
 
@@ -196,9 +211,9 @@ def _probed(model) -> LeanDecoder | None:
 
     lean = LeanDecoder(model)
     vocab = model.config.vocab_size
-    ids = torch.arange(7, device=lean.head.device)[None] * 131 % vocab                  # [1, 7]
+    ids = torch.arange(7, device=lean.weight.device)[None] * 131 % vocab                  # [1, 7]
     pos = torch.arange(7, device=ids.device)[None]
     want = model(input_ids=ids, position_ids=pos).logits.float()
     got = lean.forward(ids, pos, torch.ones_like(ids, dtype=torch.bool), DynamicCache(config=model.config), None)[0]
-    tol = {torch.float64: 1e-9, torch.float32: 1e-4}.get(lean.head.dtype, 5e-2)
+    tol = {torch.float64: 1e-9, torch.float32: 1e-4}.get(lean.weight.dtype, 5e-2)
     return lean if ((got.float() - want).abs().max() <= tol * (1 + want.abs().max())) else None

@@ -26,10 +26,11 @@ from dflash_trt.plugins.paged_cache import PagedKVCache
 from dflash_trt.plugins.primitives import apply_rope, rms_norm, rotate_half
 from dflash_trt.plugins.selector import walk as selector_walk
 from dflash_trt.plugins.selector import walk_graph as selector_walk_graph
+from dflash_trt.plugins.selector import walk_greedy as selector_walk_greedy
 
 # Public modules (imported where used: they register ops or need optional packages):
 # ``torch_ops`` (torch.library ops), ``onnx_ops`` (ONNX schemas and onnxruntime ops),
 # ``trt`` (TensorRT plugin definitions), ``triton_kernels`` (needs triton).
 __all__ = ["onnx_ops", "torch_ops", "trt", "triton_kernels", "KERNELS", "PagedKVCache", "apply_rope", "block_attention",
            "fused_kv", "fused_kv_weights", "grouped_dynamic_conv", "kv_injection", "rms_norm", "rotate_half",
-           "selector_walk", "selector_walk_graph"]
+           "selector_walk", "selector_walk_graph", "selector_walk_greedy"]

@@ -52,6 +52,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target, family_of
 from dflash_trt.plugins import PagedKVCache
 from dflash_trt.runtime.decoder import lean_forward
+from dflash_trt.runtime.lean_drafter import lean_drafter
 from dflash_trt.runtime.proposer import Proposer, proposer_for
 from dflash_trt.runtime.sampling import SamplingParams, propose
 from dflash_trt.runtime.target_cache import cache_policy
@@ -145,6 +146,9 @@ class TorchBackend(Backend):
         self.device = target.device
         self.drafter_block_size = drafter.cfg.block_size if drafter is not None else None
         self.lean = lean_forward(target.model) if lean else None
+        #: the drafter's lean round (``lean_drafter.py``), None: the reference ops
+        self.lean_drafter = (lean_drafter(drafter, self.lean.head if self.lean is not None else None, target.head)
+                             if lean and drafter is not None else None)
         self.caches = cache_policy(target.model)
         #: how the drafter's family drafts a block (``proposer.proposer_for``: the one dispatch)
         self.proposer = proposer_for(family_of(drafter.cfg)) if drafter is not None else Proposer()
@@ -173,13 +177,15 @@ class TorchBackend(Backend):
     def draft_hidden_logits(self, target_hidden, n_new, anchor, block_size, cache):
         """Inject, draft one block: (hidden [b, B-1, H], draft logits [b, B-1, V] float32)."""
         d, cfg = self.drafter, self.drafter.cfg
-        d.inject(target_hidden.to(d.dtype), n_new, cache)
+        run = self.lean_drafter or d   # the same round (``lean_drafter.py``), or the reference ops
+        run.inject(target_hidden.to(d.dtype), n_new, cache)
         if block_size == 1:  # a round with drafting off: the drafter only takes in the last commit
             return None, anchor.new_zeros(anchor.shape[0], 0, cfg.vocab_size, dtype=torch.float32)
         block = anchor.new_full((anchor.shape[0], block_size), cfg.mask_token_id)   # [b, B]
         block[:, 0] = anchor
-        hidden = d.draft(self.target.embed(block, cfg.input_embedding_scale).to(d.dtype), cache)[:, 1:]
-        return hidden, d.logits(hidden, self.target.head).float()
+        hidden = run.draft(self.target.embed(block, cfg.input_embedding_scale).to(d.dtype), cache)[:, 1:]
+        logits = self.lean_drafter.logits(hidden) if self.lean_drafter else d.logits(hidden, self.target.head)
+        return hidden, logits.float()
 
     def draft_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first):
         """The drafter family's proposer drafts (``Proposer.torch_block``; DFlash: ``Backend.draft_block``)."""

@@ -74,8 +74,12 @@ class SelectorProposer(Proposer):
             return None, None
         tokens = torch.empty(dlogits.shape[:2], dtype=torch.long, device=dlogits.device)
         q = None
+        lean = backend.lean_drafter   # the same proposal (``LeanDrafter.propose``), or the drafter's own
         for rows, temperature in walk_groups(params, keys):
-            tokens[rows], q_rows = backend.drafter.propose(hidden[rows], dlogits[rows], anchor[rows], temperature, None)
+            whole = len(rows) == len(tokens)
+            h, lg, a = (hidden, dlogits, anchor) if whole else (hidden[rows], dlogits[rows], anchor[rows])
+            tokens[rows], q_rows = (lean.propose(h, lg, a, temperature) if lean is not None
+                                    else backend.drafter.propose(h, lg, a, temperature, None))
             if temperature > 0:
                 q = torch.zeros_like(dlogits, dtype=torch.float32) if q is None else q
                 q[rows] = q_rows

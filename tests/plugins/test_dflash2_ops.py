@@ -93,6 +93,18 @@ def test_greedy_walk_follows_the_dense_score_table(seed):
     assert q is None and torch.equal(tokens, _walk_dense(c))
 
 
+@pytest.mark.parametrize("seed,strength", [(0, 1.0), (1, 1.0), (3, 3.0)])
+def test_the_table_walk_is_the_greedy_walk(seed, strength):
+    """``walk_greedy`` (the lean runtime's: every best successor first, then lookups) takes the
+    walk's path, where the transitions decide it too (strength 3: the path leaves the argmax)."""
+    c = _selector_case(seed=seed, r=6)
+    c["predecessor"], c["successor"] = c["predecessor"] * strength, c["successor"] * strength
+    tokens, _ = selector.walk(**c)
+    assert torch.equal(selector.walk_greedy(**c), tokens)
+    if strength > 1:
+        assert not torch.equal(tokens, c["candidates"][..., 0])
+
+
 def test_greedy_walk_is_not_an_argmax_per_position():
     # Strong transitions: the pairwise term decides, so the path leaves the per-position argmax.
     c = _selector_case(seed=3, r=6)

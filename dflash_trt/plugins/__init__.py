@@ -19,6 +19,7 @@ DFlash2's two additions need no custom op (standard ONNX ops express them, see e
 
 from __future__ import annotations
 
+from dflash_trt.plugins.attention import visibility as block_visibility
 from dflash_trt.plugins.dispatch import KERNELS, block_attention, fused_kv_weights, kv_injection
 from dflash_trt.plugins.dynamic_conv import grouped_dynamic_conv
 from dflash_trt.plugins.injection import fused_kv
@@ -31,6 +32,8 @@ from dflash_trt.plugins.selector import walk_greedy as selector_walk_greedy
 # Public modules (imported where used: they register ops or need optional packages):
 # ``torch_ops`` (torch.library ops), ``onnx_ops`` (ONNX schemas and onnxruntime ops),
 # ``trt`` (TensorRT plugin definitions), ``triton_kernels`` (needs triton).
-__all__ = ["onnx_ops", "torch_ops", "trt", "triton_kernels", "KERNELS", "PagedKVCache", "apply_rope", "block_attention",
-           "fused_kv", "fused_kv_weights", "grouped_dynamic_conv", "kv_injection", "rms_norm", "rotate_half",
-           "selector_walk", "selector_walk_graph", "selector_walk_greedy"]
+__all__ = [
+    "onnx_ops", "torch_ops", "trt", "triton_kernels", "KERNELS", "PagedKVCache", "apply_rope",
+    "block_attention", "block_visibility", "fused_kv", "fused_kv_weights", "grouped_dynamic_conv",
+    "kv_injection", "rms_norm", "rotate_half", "selector_walk", "selector_walk_graph", "selector_walk_greedy",
+]

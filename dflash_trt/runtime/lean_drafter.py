@@ -33,10 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash_trt import plugins
-from dflash_trt.model import Drafter
-from dflash_trt.plugins import PagedKVCache
-from dflash_trt.plugins.attention import visibility
-from dflash_trt.plugins.primitives import rms_norm
+from dflash_trt.model import DFlash2Drafter, Drafter
+from dflash_trt.plugins import PagedKVCache, block_visibility, rms_norm
 from dflash_trt.runtime.decoder import FUSE_BYTES, Matrix, matrix, rope
 
 MAX_TABLE = 1 << 16   # RoPE tables for drafters of up to this many positions (else computed per round)
@@ -178,7 +176,7 @@ class LeanDrafter:
         for i, L in enumerate(self.layers):
             key = (L.causal, L.window)
             if key not in masks:
-                masks[key] = (visibility(lengths, S, B, L.causal, L.window)[:, None]
+                masks[key] = (block_visibility(lengths, S, B, L.causal, L.window)[:, None]
                               if ragged or L.causal or L.window is not None else None)
             hn, dyn = self._conv_in(L.attention_conv, rms_norm(x, L.ln1, self.eps))
             qkv = L.qkv(hn).view(b, B, h + 2 * kvh, d)
@@ -234,8 +232,6 @@ def lean_drafter(drafter: Drafter, head: Matrix | None, head_module: torch.nn.Mo
     and its round reproduces the reference on a probe (same dtype, a small tolerance), else None.
     ``head``: the target's lean head (None: one is prepared from ``head_module``). Kept on the
     drafter and rebuilt only when a parameter changes (identity, version, dtype)."""
-    from dflash_trt.model.dflash2 import DFlash2Drafter
-
     if type(drafter) not in (Drafter, DFlash2Drafter):   # a subclass may compute its round otherwise
         return None
     if drafter.kernels != "reference" or drafter.lm_head is not None:

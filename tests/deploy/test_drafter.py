@@ -10,21 +10,23 @@ import torch
 from dflash_trt import ingest
 from dflash_trt.deploy import drafter as bundle_drafter
 from dflash_trt.runtime import generate
+from dflash_trt.runtime.backend import TorchBackend
 from tests.helpers import prompts, tiny_drafter, tiny_target, wrap
 
 
 def _drafts(target_model, drafter, batch):
-    """Every draft the reference runtime proposes (argmax of the drafter's logits, per round)."""
+    """Every block of draft tokens the reference runtime proposes, per round."""
     seen = []
-    plain = drafter.logits
+    backend = TorchBackend(wrap(target_model, drafter), drafter)
+    plain = backend.draft_block
 
-    def logits(hidden, head):
-        out = plain(hidden, head)
-        seen.append(out.argmax(-1).tolist())
-        return out
+    def draft_block(*args):
+        tokens, q = plain(*args)
+        seen.append(tokens.tolist())
+        return tokens, q
 
-    drafter.logits = logits
-    res = generate(wrap(target_model, drafter), drafter, batch, max_new_tokens=24, stop_token_ids=[])
+    backend.draft_block = draft_block
+    res = generate(None, None, batch, max_new_tokens=24, stop_token_ids=[], backend=backend)
     return seen, res.token_ids, res.stats.accepted_at
 
 

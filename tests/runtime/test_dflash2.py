@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dflash_trt.runtime import SamplingParams, generate, probs
+from dflash_trt.runtime.backend import TorchBackend
 from tests.helpers import hf_greedy, prompts, tiny_dflash2_drafter, tiny_target, wrap
 from tests.runtime.test_loop import _chi2_ok
 
@@ -34,21 +35,24 @@ def test_greedy_is_lossless(pair, batch):
 def test_the_runtime_proposes_the_selector_walk(pair):
     """The drafted block is the selector's walk, not the per-position argmax the v1 path takes."""
     model, drafter, ps, _ = pair
-    seen = []
-    real = drafter.propose
+    seen, argmax = [], []
+    backend = TorchBackend(wrap(model, drafter), drafter)   # the lean round and its table walk
+    round_, block = backend.draft_hidden_logits, backend.draft_block
 
-    def spy(hidden, logits, anchor, temperature=0.0, gen=None):
-        tokens, q = real(hidden, logits, anchor, temperature, gen)
-        seen.append((tokens, logits.argmax(-1)))
+    def draft_hidden_logits(*args):
+        hidden, logits = round_(*args)
+        argmax.append(logits.argmax(-1))
+        return hidden, logits
+
+    def draft_block(*args):
+        tokens, q = block(*args)
+        seen.append(tokens)
         return tokens, q
 
-    drafter.propose = spy
-    try:
-        generate(wrap(model, drafter), drafter, ps[:3], max_new_tokens=MAX_NEW)
-    finally:
-        del drafter.propose
-    assert seen and all(t.shape == a.shape for t, a in seen)
-    assert any(not torch.equal(t, a) for t, a in seen)
+    backend.draft_hidden_logits, backend.draft_block = draft_hidden_logits, draft_block
+    generate(None, None, ps[:3], max_new_tokens=MAX_NEW, backend=backend)
+    assert seen and len(seen) == len(argmax) and all(t.shape == a.shape for t, a in zip(seen, argmax, strict=True))
+    assert any(not torch.equal(t, a) for t, a in zip(seen, argmax, strict=True))
 
 
 def test_q_is_the_distribution_the_proposal_is_drawn_from():

@@ -107,4 +107,4 @@ def edge_scores(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Ten
     prev = torch.cat([anchor[:, None, None].expand(b, 1, k), candidates[:, :-1]], dim=1)    # [b, K, k]
     A = predecessor[prev].float() * hidden[:, :, None].float()                              # [b, K, k, r]
     Bc = successor[candidates].float()                                                       # [b, K, k, r]
-    return unary[:, :, None, :] + torch.einsum("btpr,btcr->btpc", A, Bc)
+    return unary[:, :, None, :] + A @ Bc.transpose(-1, -2)                                   # sum over r

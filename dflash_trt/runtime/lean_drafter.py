@@ -69,18 +69,19 @@ def _conv(module, fuse: bool) -> _Conv | None:
         return None
     K, H = module.base_kernel.shape[1:]
     gs = module.group_size
-    return _Conv(matrix(fuse, module.kernel_projection), module.base_kernel.view(2, K, 1, H // gs, gs), gs)
+    return _Conv(matrix(fuse, module.kernel_projection), module.base_kernel.detach().view(2, K, 1, H // gs, gs), gs)
 
 
 def _dynamic_conv(x: torch.Tensor, dyn: torch.Tensor, base: torch.Tensor, gs: int) -> torch.Tensor:
-    """``plugins.grouped_dynamic_conv`` over one block: x [b, n, H]; dyn [b, n, K, G]; base [K, 1, G, gs]."""
+    """``plugins.grouped_dynamic_conv`` over one block: x [b, n, H]; dyn [b, n, K, G]; base [K, 1, G, gs].
+    The same products and sums: tap o adds to positions o.. only (x[t - o] is zero before the
+    block's first position, so the reference adds zeros there)."""
     b, n, H = x.shape
     xs = x.view(b, n, H // gs, gs)
-    dyn = dyn[..., None]                                                  # [b, n, K, G, 1]
-    out = (base[0].to(x.dtype) + dyn[:, :, 0]) * xs
-    for o in range(1, min(base.shape[0], n)):  # x[t - o], zero before the block's first position
-        out = out + (base[o].to(x.dtype) + dyn[:, :, o]) * F.pad(xs[:, : n - o], (0, 0, 0, 0, o, 0))
-    return out.reshape(b, n, H)
+    out = (base[0] + dyn[:, :, 0, :, None]) * xs
+    for o in range(1, min(base.shape[0], n)):
+        out[:, o:] += (base[o] + dyn[:, o:, o, :, None]) * xs[:, : n - o]
+    return out.view(b, n, H)
 
 
 class LeanDrafter:

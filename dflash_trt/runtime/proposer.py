@@ -72,12 +72,16 @@ class SelectorProposer(Proposer):
         hidden, dlogits = backend.draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)
         if block_size == 1:
             return None, None
+        lean = backend.lean_drafter   # the same proposal (``LeanDrafter.propose``), or the drafter's own
+        groups = walk_groups(params, keys)
+        if len(groups) == 1 and groups[0][1] == 0:  # every row walks at temperature 0 (greedy batches)
+            if lean is not None:
+                return lean.propose(hidden, dlogits, anchor, 0.0)
+            return backend.drafter.propose(hidden, dlogits, anchor, 0.0, None)
         tokens = torch.empty(dlogits.shape[:2], dtype=torch.long, device=dlogits.device)
         q = None
-        lean = backend.lean_drafter   # the same proposal (``LeanDrafter.propose``), or the drafter's own
-        for rows, temperature in walk_groups(params, keys):
-            whole = len(rows) == len(tokens)
-            h, lg, a = (hidden, dlogits, anchor) if whole else (hidden[rows], dlogits[rows], anchor[rows])
+        for rows, temperature in groups:
+            h, lg, a = hidden[rows], dlogits[rows], anchor[rows]
             tokens[rows], q_rows = (lean.propose(h, lg, a, temperature) if lean is not None
                                     else backend.drafter.propose(h, lg, a, temperature, None))
             if temperature > 0:

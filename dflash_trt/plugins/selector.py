@@ -55,22 +55,27 @@ def walk_graph(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tens
                uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`walk` with the temperature a tensor [1] (0: greedy) and no Python branch on it, so
     one exported graph serves both modes. Returns tokens [b, K] and q [b, K, k] (at temperature
-    0 the softmax at temperature 1, which a greedy verifier ignores); equal to :func:`walk`'s."""
+    0 the softmax at temperature 1, which a greedy verifier ignores); equal to :func:`walk`'s.
+
+    Every step's choice is taken for every candidate it could stand on at once (:func:`edge_scores`,
+    the softmax, the inverse CDF against that step's uniform, the argmax: a handful of batched
+    nodes), so the walk itself is K pairs of gathers that follow the chosen index: a graph of
+    a few dozen nodes, not K unrolled rounds of gathers, products, softmax and CDF."""
     K, k = unary.shape[1], unary.shape[2]
     sampling = temperature > 0
     scale = torch.where(sampling, temperature, torch.ones_like(temperature))
-    prev = anchor
-    tokens, qs = [], []
+    scores = edge_scores(unary, candidates, hidden, predecessor, successor, anchor)    # [b, K, k_prev, k]
+    q_all = torch.softmax(scores / scale, dim=-1)
+    drawn = (q_all.cumsum(-1) <= uniforms[:, :, None, None]).sum(-1).clamp_max(k - 1)  # [b, K, k_prev]
+    choice = torch.where(sampling, drawn, scores.argmax(-1))                           # [b, K, k_prev]
+    row = torch.zeros_like(anchor)[:, None]          # [b, 1]: at t = 0 every predecessor row is the anchor
+    picks, qs = [], []
     for t in range(K):
-        context = predecessor[prev].float() * hidden[:, t].float()
-        scores = unary[:, t] + torch.einsum("br,bkr->bk", context, successor[candidates[:, t]].float())
-        q = torch.softmax(scores / scale, dim=-1)
-        drawn = (q.cumsum(-1) <= uniforms[:, t, None]).sum(-1).clamp_max(k - 1)
-        index = torch.where(sampling, drawn, scores.argmax(-1))
-        prev = candidates[:, t].gather(1, index[:, None])[:, 0]
-        tokens.append(prev)
-        qs.append(q)
-    return torch.stack(tokens, 1), torch.stack(qs, 1)
+        qs.append(q_all[:, t].gather(1, row[:, :, None].expand(-1, 1, k)))            # [b, 1, k]
+        row = choice[:, t].gather(1, row)                                              # [b, 1]
+        picks.append(row)
+    index = torch.cat(picks, dim=1)                                                    # [b, K]
+    return candidates.gather(2, index[:, :, None])[:, :, 0], torch.cat(qs, dim=1)
 
 
 def walk_greedy(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,

@@ -8,6 +8,7 @@ Other subpackages import from here, never from the modules inside.
 from __future__ import annotations
 
 from dflash_trt.runtime.backend import Backend, TorchBackend
+from dflash_trt.runtime.decoder import plain_decoder
 from dflash_trt.runtime.dequantize import dequantize_state
 from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
 from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
@@ -42,6 +43,7 @@ __all__ = [
     "load_pair",
     "load_tokenizer",
     "parse_dtype",
+    "plain_decoder",
     "probs",
     "proposer_for",
     "register_proposer",

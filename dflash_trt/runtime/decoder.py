@@ -181,7 +181,7 @@ class LeanDecoder:
         return logits, (torch.cat(ordered, dim=-1) if ordered else None)
 
 
-def _plain(model) -> bool:
+def plain_decoder(model) -> bool:
     cfg = model.config
     if getattr(cfg, "model_type", None) not in FAMILIES or getattr(cfg, "hidden_act", "silu") != "silu":
         return False
@@ -200,7 +200,7 @@ def lean_forward(model) -> LeanDecoder | None:
     key = tuple((t.data_ptr(), t._version, t.dtype) for t in model.parameters())
     cached = getattr(model, "_dflash_lean", None)
     if cached is None or cached[0] != key:
-        cached = (key, _probed(model) if _plain(model) else None)
+        cached = (key, _probed(model) if plain_decoder(model) else None)
         model._dflash_lean = cached
     return cached[1]
 

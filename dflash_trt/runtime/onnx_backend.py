@@ -22,6 +22,8 @@ from dflash_trt.runtime.graph_backend import GraphBackend
 GRAPH_FILES = {"embed": "embed.onnx", "target": "target.onnx", "drafter": "drafter.onnx"}
 #: the drafter's ONNX Runtime form (standard ops, dense context; ``export/onnx_native.py``'s NATIVE_FILE)
 NATIVE_DRAFTER = "drafter_ort.onnx"
+#: the target's ONNX Runtime form (opset-23 fused nodes, ``target.onnx``'s I/O; ``export/onnx_native_target.py``)
+NATIVE_TARGET = "target_ort.onnx"
 
 
 class OnnxBackend(GraphBackend):
@@ -29,7 +31,8 @@ class OnnxBackend(GraphBackend):
 
     ``threads``: onnxruntime's intra-op threads per session (None: torch's current count, the
     reference runtime's choice for the same models). ``native``: draft through ``drafter_ort.onnx``
-    when the bundle has it (False: the custom-op form through Python custom ops, for comparison).
+    and run the target through ``target_ort.onnx`` when the bundle has them (False: the custom-op
+    form through Python custom ops and transformers' traced ``target.onnx``, for comparison).
     """
 
     name = "onnx"
@@ -49,10 +52,15 @@ class OnnxBackend(GraphBackend):
         def session(name: str):
             return ort.InferenceSession(str(onnx_dir / name), so, providers=["CPUExecutionProvider"])
 
-        self.sessions = {"embed": session(GRAPH_FILES["embed"]), "target": session(GRAPH_FILES["target"])}
+        #: graph -> the file its session runs
+        own_target = native and (onnx_dir / NATIVE_TARGET).is_file()
+        self.files = {"embed": GRAPH_FILES["embed"], "target": NATIVE_TARGET if own_target else GRAPH_FILES["target"]}
+        self.sessions = {g: session(f) for g, f in self.files.items()}
         if native and (onnx_dir / NATIVE_DRAFTER).is_file():
+            self.files["drafter"] = NATIVE_DRAFTER
             self.sessions["drafter"] = session(NATIVE_DRAFTER)
         else:  # an older bundle: the custom-op form through Python custom ops
+            self.files["drafter"] = GRAPH_FILES["drafter"]
             require("onnxruntime_extensions", "onnx", "--backend onnx on a bundle without drafter_ort.onnx")
             from dflash_trt.plugins import onnx_ops
 

@@ -114,8 +114,11 @@ class SelectorProposer(Proposer):
         q, new_kv = None, None
         for rows, temperature in groups:
             t, q_k, cand, kv = self._walk(backend, feeds, rows, b, anchor, temperature, cache)
-            tokens[rows] = t.long()
-            if dense:
+            if len(rows) == b:   # one walk over the whole batch (a greedy batch): its outputs as they are
+                tokens, new_kv = t.long(), kv
+            else:
+                tokens[rows] = t.long()
+            if dense and len(rows) < b:
                 new_kv = new_kv or [x.new_empty(x.shape[0], b, *x.shape[2:]) for x in kv]
                 for whole, part in zip(new_kv, kv, strict=True):
                     whole[:, rows] = part

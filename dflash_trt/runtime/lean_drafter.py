@@ -231,7 +231,7 @@ class LeanDrafter:
 def lean_drafter(drafter: Drafter, head: Matrix | None, head_module: torch.nn.Module) -> LeanDrafter | None:
     """A :class:`LeanDrafter` when ``drafter`` runs the reference kernels without a reduced vocabulary
     and its round reproduces the reference on a probe (same dtype, a small tolerance), else None.
-    ``head``: the target's lean head (None: one is prepared from ``head_module``). Kept on the
+    ``head``: the target's lean head (None: ``head_module``'s weight as it is, never copied). Kept on the
     drafter and rebuilt only when a parameter changes (identity, version, dtype)."""
     if type(drafter) not in (Drafter, DFlash2Drafter):   # a subclass may compute its round otherwise
         return None
@@ -251,8 +251,8 @@ def _probed(drafter: Drafter, head: Matrix | None, head_module: torch.nn.Module)
     cfg = drafter.cfg
     weights = sum(p.numel() * p.element_size() for p in drafter.parameters())
     fuse = weights <= FUSE_BYTES
-    if head is None:
-        head = matrix(fuse, head_module)
+    if head is None:  # the target's own head as it is: a copy of a large vocabulary's head is gigabytes
+        head = matrix(False, head_module)
     lean = LeanDrafter(drafter, head, fuse)
     dev, dtype = drafter.fc.weight.device, drafter.dtype
     gen = torch.Generator().manual_seed(0)

@@ -73,14 +73,13 @@ def _conv(module, fuse: bool) -> _Conv | None:
 
 
 def _dynamic_conv(x: torch.Tensor, dyn: torch.Tensor, base: torch.Tensor, gs: int) -> torch.Tensor:
-    """``plugins.grouped_dynamic_conv`` over one block: x [b, n, H]; dyn [b, n, K, G]; base [K, 1, G, gs].
-    The same products and sums: tap o adds to positions o.. only (x[t - o] is zero before the
-    block's first position, so the reference adds zeros there)."""
+    """``plugins.grouped_dynamic_conv`` over one block: x [b, n, H]; dyn [b, n, K, G]; base [K, 1, G, gs]
+    (the same products and sums; no in-place update, so the ONNX export traces it too)."""
     b, n, H = x.shape
     xs = x.view(b, n, H // gs, gs)
     out = (base[0] + dyn[:, :, 0, :, None]) * xs
     for o in range(1, min(base.shape[0], n)):
-        out[:, o:] += (base[o] + dyn[:, o:, o, :, None]) * xs[:, : n - o]
+        out = out + (base[o] + dyn[:, :, o, :, None]) * F.pad(xs[:, : n - o], (0, 0, 0, 0, o, 0))
     return out.view(b, n, H)
 
 
@@ -115,9 +114,9 @@ class LeanDrafter:
         selector = getattr(drafter, "candidate_selector", None)
         self.selector = matrix(fuse, selector.hidden_projection) if selector is not None else None
         P = cfg.max_position_embeddings
-        self.table = self._rope(torch.arange(P, device=self.norm.device)) if 0 < P <= MAX_TABLE else None
+        self.table = self.rope_at(torch.arange(P, device=self.norm.device)) if 0 < P <= MAX_TABLE else None
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin (``decoder.rope``) at ``positions``, as ``Drafter.rope`` computes them."""
         cos, sin = self.drafter.rope(positions, self.norm.dtype)
         half = sin.shape[-1] // 2
@@ -126,7 +125,7 @@ class LeanDrafter:
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.table is not None and int(positions.max()) < len(self.table[0]):
             return self.table[0][positions], self.table[1][positions]
-        return self._rope(positions)
+        return self.rope_at(positions)
 
     # -- KV injection ----------------------------------------------------------------------
     def inject(self, target_hidden: torch.Tensor, n_new: torch.Tensor, cache: PagedKVCache) -> None:
@@ -161,7 +160,6 @@ class LeanDrafter:
     def draft(self, block_embeds: torch.Tensor, cache: PagedKVCache) -> torch.Tensor:
         """``Drafter.draft``: one forward over block_embeds [b, B, H] -> normed hidden [b, B, H]."""
         b, B, _ = block_embeds.shape
-        h, kvh, d = self.h, self.kvh, self.d
         dev = block_embeds.device
         lengths = cache.lengths
         S = int(lengths.max()) if b else 0
@@ -171,21 +169,33 @@ class LeanDrafter:
         ctx_v = cache.v[:, pages, (pos % cache.page_size)[None]]
         ragged = bool((lengths != S).any())
         masks: dict[tuple[bool, int | None], torch.Tensor | None] = {}
-        cos, sin = self.cos_sin(lengths[:, None] + torch.arange(B, device=dev))
-        cos, sin = cos[:, :, None], sin[:, :, None]
-        x = block_embeds
-        for i, L in enumerate(self.layers):
-            key = (L.causal, L.window)
+
+        def attend(i: int, layer: _Layer, q, k, v):
+            key = (layer.causal, layer.window)
             if key not in masks:
-                masks[key] = (block_visibility(lengths, S, B, L.causal, L.window)[:, None]
-                              if ragged or L.causal or L.window is not None else None)
+                masks[key] = (block_visibility(lengths, S, B, layer.causal, layer.window)[:, None]
+                              if ragged or layer.causal or layer.window is not None else None)
+            keys = torch.cat([ctx_k[i].to(q.dtype), k], dim=1).transpose(1, 2)          # [b, kvh, S+B, d]
+            vals = torch.cat([ctx_v[i].to(q.dtype), v], dim=1).transpose(1, 2)
+            return F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=masks[key],
+                                                  scale=self.d ** -0.5, enable_gqa=self.h != self.kvh)
+
+        cos, sin = self.cos_sin(lengths[:, None] + torch.arange(B, device=dev))
+        return self.layers_forward(block_embeds, cos, sin, attend)
+
+    def layers_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        """The layer stack over block tokens x [b, B, H] (``Drafter.block_forward``): cos / signed
+        sin [b, B, d] at their positions; ``attend(i, layer, q, k, v)`` with q [b, B, h, d] and the
+        block's own k, v [b, B, kvh, d] (RoPE applied) returns attention [b, h, B, d] over layer i's
+        context and the block."""
+        b, B, _ = x.shape
+        h, kvh, d = self.h, self.kvh, self.d
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        for i, L in enumerate(self.layers):
             hn, dyn = self._conv_in(L.attention_conv, rms_norm(x, L.ln1, self.eps))
             qkv = L.qkv(hn).view(b, B, h + 2 * kvh, d)
             qk = rope(rms_norm(qkv[:, :, : h + kvh], L.qk_norm, self.eps), cos, sin)
-            keys = torch.cat([ctx_k[i].to(qk.dtype), qk[:, :, h:]], dim=1).transpose(1, 2)   # [b, kvh, S+B, d]
-            vals = torch.cat([ctx_v[i].to(qk.dtype), qkv[:, :, h + kvh :]], dim=1).transpose(1, 2)
-            out = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), keys, vals, attn_mask=masks[key],
-                                                 scale=d ** -0.5, enable_gqa=h != kvh)
+            out = attend(i, L, qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh :])
             x = x + self._conv_out(L.attention_conv, L.o(out.transpose(1, 2).reshape(b, B, h * d)), dyn)
             hn, dyn = self._conv_in(L.mlp_conv, rms_norm(x, L.ln2, self.eps))
             g, u = L.gate_up(hn).chunk(2, -1)
@@ -270,3 +280,4 @@ def _probed(drafter: Drafter, head: Matrix | None, head_module: torch.nn.Module)
         if not (got - want).abs().max() <= tol * (1 + want.abs().max()):
             return None
     return lean
+

@@ -108,8 +108,8 @@ class LeanDecoder:
         self.h, self.kvh = cfg.num_attention_heads, cfg.num_key_value_heads
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
-        # Fused copies cost the layers' weights once more: worth it where per-call overhead
-        # dominates (small models), not for large ones.
+        # The [in, out] copies cost the model's matrices once more (the head's too): worth it where
+        # per-call overhead dominates (small models), not for large ones.
         fuse = sum(p.numel() * p.element_size() for p in model.parameters()) <= FUSE_BYTES
         self.layers = [_layer(layer, self.h, self.kvh, fuse) for layer in self.inner.layers]
         out = model.get_output_embeddings()

@@ -83,6 +83,9 @@ class NativeTarget(nn.Module):
                 self.register_buffer(f"o_bias{i}", a.o_proj.bias.detach(), persistent=False)
             self.register_buffer(f"gate_up{i}", _t(m.gate_proj, m.up_proj), persistent=False)
             self.register_buffer(f"down{i}", _t(m.down_proj), persistent=False)
+            if m.gate_proj.bias is not None:   # Llama's mlp_bias
+                self.register_buffer(f"gate_up_bias{i}", _bias(m.gate_proj, m.up_proj), persistent=False)
+                self.register_buffer(f"down_bias{i}", m.down_proj.bias.detach(), persistent=False)
             self.register_buffer(f"ln1_{i}", layer.input_layernorm.weight.detach(), persistent=False)
             self.register_buffer(f"ln2_{i}", layer.post_attention_layernorm.weight.detach(), persistent=False)
             if self.has_qk_norm:  # q_norm on each q head, then k_norm on each k head: [h + kvh, 1, d]
@@ -133,8 +136,11 @@ class NativeTarget(nn.Module):
             if hasattr(self, f"o_bias{i}"):
                 att = att + buf("o_bias")
             x = x + att
-            g, u = (self._norm(x, buf("ln2_")) @ buf("gate_up")).chunk(2, dim=-1)
-            x = x + (F.silu(g) * u) @ buf("down")
+            mlp_bias = hasattr(self, f"down_bias{i}")
+            gu = self._norm(x, buf("ln2_")) @ buf("gate_up")
+            g, u = (gu + buf("gate_up_bias") if mlp_bias else gu).chunk(2, dim=-1)
+            down = (F.silu(g) * u) @ buf("down")
+            x = x + (down + buf("down_bias") if mlp_bias else down)
             if i in taps:
                 hidden[i] = x
         x = self._norm(x, self.norm)

@@ -84,8 +84,8 @@ def _dynamic_conv(x: torch.Tensor, dyn: torch.Tensor, base: torch.Tensor, gs: in
 
 
 class LeanDrafter:
-    """``round(target_hidden, n_new, block_embeds, cache)`` -> normed block hidden states, and
-    ``logits(hidden)``: what ``Drafter.inject`` + ``Drafter.draft`` and ``Drafter.logits`` compute."""
+    """``inject``, ``draft``, ``logits`` and ``propose``: what the drafter's own methods of those
+    names compute (``Drafter.logits`` through the target's head given here)."""
 
     def __init__(self, drafter: Drafter, head: Matrix, fuse: bool):
         cfg = self.cfg = drafter.cfg

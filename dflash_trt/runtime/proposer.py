@@ -72,7 +72,7 @@ class SelectorProposer(Proposer):
         hidden, dlogits = backend.draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)
         if block_size == 1:
             return None, None
-        lean = backend.lean_drafter   # the same proposal (``LeanDrafter.propose``), or the drafter's own
+        lean = getattr(backend, "lean_drafter", None)   # the same proposal (``LeanDrafter.propose``) or None
         groups = walk_groups(params, keys)
         if len(groups) == 1 and groups[0][1] == 0:  # every row walks at temperature 0 (greedy batches)
             if lean is not None:

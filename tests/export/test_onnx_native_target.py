@@ -15,6 +15,20 @@ from dflash_trt.export.onnx_native_target import export_native_target_onnx, nati
 from tests.helpers import tiny_target
 
 
+def _llama_with_biases():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      attention_bias=True, mlp_bias=True)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model.float().eval()
+
+
 def _qwen2_with_biases():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -31,7 +45,8 @@ def _qwen2_with_biases():
 @pytest.mark.parametrize("make", [
     lambda: tiny_target("qwen3", dtype=torch.float32),
     pytest.param(lambda: tiny_target("llama", dtype=torch.float32), marks=pytest.mark.slow),
-    pytest.param(_qwen2_with_biases, marks=pytest.mark.slow)], ids=["qwen3", "llama", "qwen2-bias"])
+    pytest.param(_qwen2_with_biases, marks=pytest.mark.slow),
+    pytest.param(_llama_with_biases, marks=pytest.mark.slow)], ids=["qwen3", "llama", "qwen2-bias", "llama-bias"])
 def test_the_native_target_is_fused_standard_onnx_and_matches_transformers(tmp_path, make):
     import onnx
 

@@ -2,9 +2,10 @@
 
     python bench/ort_native.py BUNDLE --prompts P.jsonl [-n 128] [--batches 1,4] [--threads 1] [--json]
 
-Backends: ``torch`` (the PyTorch modules), ``onnx`` (every graph native, the drafter through
-``drafter_ort.onnx``) and ``onnx-customop`` (the drafter through ``drafter.onnx``'s Python custom
-ops: the path before the native form). At batch b the prompts run b at a time (one ``generate``
+Backends: ``torch`` (the PyTorch modules), ``onnx`` (every graph native: the drafter through
+``drafter_ort.onnx``, the target through ``target_ort.onnx`` where the bundle has it) and
+``onnx-customop`` (the drafter through ``drafter.onnx``'s Python custom ops and the target through
+``target.onnx``: the path before the native forms). At batch b the prompts run b at a time (one ``generate``
 call per group, greedy); per backend and batch: tokens/s of DFlash and autoregressive, their
 ratio, τ, the round's draft / verify seconds, and ``lossless`` (DFlash token-identical to the
 same backend's autoregressive decoding *and* to torch's).

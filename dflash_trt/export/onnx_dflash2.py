@@ -3,8 +3,9 @@
 The graph (``drafter.onnx`` for a DFlash2 drafter) is ``export.DrafterRound`` (KV injection with
 ``dflash::KVInjection``, the block forward with ``dflash::BlockDiffusionAttention``; DFlash2's
 convolutions come in through ``DFlash2Drafter.block_forward`` as standard Pad/Mul/Add nodes), the
-target's LM head, ``output_multiplier`` / softcapping, ``TopK``, and the selector's walk unrolled
-over the B-1 draft positions in standard ops (``plugins.selector.walk_graph``). One graph serves
+target's LM head, ``output_multiplier`` / softcapping, ``TopK``, and the selector's walk over the
+B-1 draft positions in standard ops (``plugins.selector.walk_graph``: every transition scored at
+once, then a pair of gathers per position). One graph serves
 greedy and sampled drafting: ``temperature`` 0 takes the argmax, above 0 the walk draws each
 position by inverse CDF of the given ``uniforms``::
 

@@ -13,8 +13,9 @@ through the selector's ``hidden_projection`` [r]. Greedy (temperature 0) takes t
 temperature T the walk draws from ``q_t = softmax(score_t / T)`` over the k candidates by
 inverse CDF of a uniform ``u_t`` (vLLM's walk), and ``q_t`` is the proposal distribution the
 verifier's rejection sampling must use. The walk is sequential in t (each step reads the last
-choice), over k candidates only: standard ONNX ops (Gather, Mul, ReduceSum, ArgMax, CumSum)
-express it unrolled over the fixed block, so it needs no custom op.
+choice), over k candidates only, so every step's choice can be taken for every candidate it could
+follow at once (:func:`edge_scores`): the exported walk (:func:`walk_graph`) and the lean runtime's
+greedy one (:func:`walk_greedy`) are a batch of standard ops and then K lookups; no custom op.
 """
 
 from __future__ import annotations

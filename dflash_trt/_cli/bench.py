@@ -106,6 +106,8 @@ def bench(
 
 def show(r: dict) -> None:
     through = f", {r['backend']} backend" if r.get("backend", "torch") != "torch" else ""
+    if r.get("graphs"):
+        through += f" ({r['graphs']['target']}, {r['graphs']['drafter']})"
     t = Table(title=f"DFlash vs autoregressive — {r['prompts']} prompts, B={r['block_size']}, greedy{through}")
     t.add_column("")
     t.add_column("DFlash", justify="right")

@@ -95,7 +95,7 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
     ar_forward = ar["verify_seconds"] / max(1, ar["rounds"])
     verify = dflash["verify_seconds"] / max(1, dflash["rounds"])
     draft = dflash["draft_seconds"] / max(1, dflash["rounds"])
-    return {
+    report = {
         "backend": getattr(be, "name", "torch"),
         "prompts": len(prompts),
         "block_size": B,
@@ -114,3 +114,6 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
             "step_cost_ratio": round((draft + verify) / verify, 4) if verify else None,
         },
     }
+    if getattr(be, "files", None):   # a graph backend: the graph file each model call ran
+        report["graphs"] = dict(be.files)
+    return report

@@ -270,6 +270,8 @@ def test_generate_and_bench_cli_through_onnx(bundle, tmp_path, capsys):
         reports[backend] = json.loads(capsys.readouterr().out)
     o, t = reports["onnx"], reports["torch"]
     assert o["backend"] == "onnx" and t["backend"] == "torch" and o["lossless"] is True
+    assert o["graphs"] == {"embed": "embed.onnx", "target": "target_ort.onnx", "drafter": "drafter_ort.onnx"}
+    assert "graphs" not in t
     for key in ("acceptance_length", "per_position_acceptance", "block_size"):
         assert o[key] == t[key]
     for run_ in ("dflash", "autoregressive"):

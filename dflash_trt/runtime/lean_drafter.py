@@ -6,7 +6,8 @@ the time goes to their overhead. The reference round (``Drafter.inject`` + ``Dra
 through ``plugins``, the specification of both DFlash ops) builds RoPE tables and the visibility
 mask and gathers the paged context per layer, and runs ``nn.Linear`` over [out, in] weights;
 measured on the embedded DFlash2 pair (one core, fp32) it took 3.1 ms a round against 2.7 ms
-for a whole 16-layer target step. This round, 1.1 ms there, is the same computation:
+for a whole 16-layer target step. This round (1.1 ms there in isolation, 1.4–1.6 ms inside the
+bench's loop) is the same computation:
 
 * KV injection: ``fc`` -> ``hidden_norm`` -> one GEMM over every layer's K and V, k_norm, RoPE
   from a table of every position (computed once, as the reference computes each position), the
@@ -20,8 +21,8 @@ for a whole 16-layer target step. This round, 1.1 ms there, is the same computat
 The paged cache is the same object the reference and every exported graph use, so rows join,
 leave and repack as before. :func:`lean_drafter` returns None for a drafter it does not cover
 (a class other than ``Drafter`` and ``DFlash2Drafter``, a reduced draft vocabulary, a kernel
-choice other than the reference) and for one whose round
-it does not reproduce on a probe: the backend then runs the reference, which is always correct.
+choice other than the reference) and for one whose round it does not reproduce on a probe: the
+backend then runs the reference, which is always correct.
 """
 
 from __future__ import annotations

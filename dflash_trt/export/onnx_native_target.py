@@ -34,10 +34,13 @@ MAX_BYTES = 1 << 30   # the lean forward's own bound (``decoder.FUSE_BYTES``): a
 
 def native_target_problem(model: nn.Module) -> str | None:
     """Why ``model`` gets no ``target_ort.onnx`` (None: it does)."""
-    from dflash_trt.runtime import plain_decoder
+    from dflash_trt.runtime import STATIC_ROPE, plain_decoder
 
     if not plain_decoder(model):
         return "not a plain decoder (Llama, Qwen2, Qwen3 without sliding windows)"
+    rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
+    if rope_type not in STATIC_ROPE:  # the graph's RoPE is one inv_freq for every length
+        return f"its RoPE ({rope_type}) changes with the sequence length"
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if size > MAX_BYTES:
         return f"its weights ({size / 2**30:.1f} GiB) exceed the {MAX_BYTES >> 30} GiB of the CPU form"

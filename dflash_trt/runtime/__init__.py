@@ -8,7 +8,7 @@ Other subpackages import from here, never from the modules inside.
 from __future__ import annotations
 
 from dflash_trt.runtime.backend import Backend, TorchBackend
-from dflash_trt.runtime.decoder import plain_decoder
+from dflash_trt.runtime.decoder import STATIC_ROPE, plain_decoder
 from dflash_trt.runtime.dequantize import dequantize_state
 from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
 from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
@@ -22,6 +22,7 @@ from dflash_trt.runtime.stats import Stats
 __all__ = [
     "BACKENDS",
     "BATCHING",
+    "STATIC_ROPE",
     "Backend",
     "Generation",
     "Pair",

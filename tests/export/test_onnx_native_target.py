@@ -72,3 +72,12 @@ def test_targets_it_does_not_cover_are_named():
                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, use_sliding_window=True,
                       sliding_window=4, max_window_layers=0, layer_types=["sliding_attention"] * 2)
     assert "not a plain decoder" in native_target_problem(Qwen3ForCausalLM(cfg))
+
+
+def test_a_rope_that_changes_with_length_is_named():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert "changes with the sequence length" in native_target_problem(LlamaForCausalLM(cfg))

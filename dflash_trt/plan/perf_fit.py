@@ -59,7 +59,7 @@ class Row:
     stack: str
     gpu: str
     target: str                 # recipes/configs/<dir>, or embedded:NAME
-    # drafter: the same, or assets/perf/configs/<ref>.json (a drafter measured here that no longer ships)
+    # drafter: the same
     drafter: str
     precision: str
     tp: int
@@ -136,21 +136,11 @@ def _config_dir(ref: str) -> Path:
     return path
 
 
-def _kept_config(ref: str) -> dict | None:
-    """The config of a drafter measured here that no longer ships: ``assets/perf/configs/REF.json``
-    (the embedded pair's 2-layer DFlash drafter, which the CPU rows were run with before a 3-layer
-    DFlash and then a 2-layer DFlash2 drafter replaced it). A file, not a ``config.json`` folder: it
-    is no ``embedded:`` model."""
-    path = data_dir() / "configs" / f"{ref}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 @cache
 def _shapes(target: str, drafter: str) -> tuple[TargetShape, DraftShape]:
     t = TargetShape.from_dir(_config_dir(target))
-    kept = _kept_config(drafter)
-    d = DraftShape.from_config(kept) if kept is not None else DraftShape.from_dir(_config_dir(drafter))
-    if "head_dim" not in (kept or json.loads((_config_dir(drafter) / "config.json").read_text())):
+    d = DraftShape.from_dir(_config_dir(drafter))
+    if "head_dim" not in json.loads((_config_dir(drafter) / "config.json").read_text()):
         d = replace(d, head_dim=t.head_dim)  # partial drafter configs: DFlash shares the target's heads
     return t, d
 

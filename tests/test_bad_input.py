@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,15 @@ def _tiny_recipe(tmp_path: Path, **speculative) -> Path:
     return f
 
 
+def _nan_acceptance(tmp_path: Path) -> Path:
+    """The tiny recipe with ``acceptance: .nan`` (YAML's NaN, which ``yaml.safe_dump`` never writes)."""
+    f = _tiny_recipe(tmp_path)
+    text, n = re.subn(r"(?m)^(\s+acceptance:) \S+$", r"\1 .nan", f.read_text())
+    assert n == 1, "the tiny recipe has one speculative.acceptance line"
+    f.write_text(text)
+    return f
+
+
 def _bench_report(levels) -> dict:
     return {"endpoint": {"url": "x", "levels": levels}}
 
@@ -42,8 +52,7 @@ CASES = {
     "recipe acceptance below 1": (lambda d: ["plan", str(_tiny_recipe(d, acceptance=0.5))], "acceptance"),
     "recipe per-position acceptance above 1": (
         lambda d: ["plan", str(_tiny_recipe(d, per_position_acceptance=[0.9, 1.5]))], "per_position_acceptance"),
-    "recipe acceptance NaN": (lambda d: ["plan", str(_bytes(d / "r.yaml", _tiny_recipe(d).read_bytes().replace(
-        b"acceptance: 3.1", b"acceptance: .nan")))], "finite"),
+    "recipe acceptance NaN": (lambda d: ["plan", str(_nan_acceptance(d))], "finite"),
     "--set per-position acceptance negative": (
         lambda d: ["plan", "--set", "speculative.per_position_acceptance=[-0.1]"], "per_position_acceptance"),
     "--set a list where a number goes": (lambda d: ["plan", "--set", "serving.max_batch_size=[1]"], "max_batch_size"),

@@ -173,7 +173,7 @@ def native_example(drafter, batch: int = 2, T: int = 5, seed: int = 0, prior: in
 def export_native_drafter_onnx(drafter, out_dir, head_weight: torch.Tensor, *, filename: str = NATIVE_FILE) -> Path:
     """Export :class:`NativeRound` (:class:`NativeDFlash2Round` for a DFlash2 drafter) with dynamic
     batch / tokens / capacity; ``onnx.checker``-clean."""
-    onnx = require("onnx", "onnx", "ONNX export")
+    require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")
     from torch.export import Dim
 
@@ -186,7 +186,14 @@ def export_native_drafter_onnx(drafter, out_dir, head_weight: torch.Tensor, *, f
     inputs, _ = native_example(drafter, batch=3)   # sizes unlike L, kvh (no accidental specialisation)
     dims = {n: Dim(n) for n in ("batch", "tokens", "seq")}
     dyn = {name: ({axis: dims[dim] for axis, dim in ax.items()} or None) for name, ax in axes.items()}
-    path = out / filename
+    return export_opset23(module, inputs, names, outputs, dyn, out / filename)
+
+
+def export_opset23(module: nn.Module, inputs: dict, names: list[str], outputs: list[str], dyn: dict,
+                   path: Path) -> Path:
+    """``module`` on ``inputs[n] for n in names`` through the dynamo exporter at :data:`OPSET`
+    (optimized), checked with ``onnx.checker`` (full) and saved at ``path``: ONNX Runtime's forms."""
+    onnx = require("onnx", "onnx", "ONNX export")
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         prog = torch.onnx.export(module, tuple(inputs[n] for n in names), dynamo=True, dynamic_shapes=dyn,

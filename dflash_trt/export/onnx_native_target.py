@@ -17,7 +17,6 @@ keep ``target.onnx`` alone.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
@@ -26,9 +25,9 @@ from torch import nn
 
 from dflash_trt.errors import require
 from dflash_trt.export.onnx_graphs import DYNAMIC_AXES, TARGET_INPUTS, TARGET_OUTPUTS, target_example_inputs
+from dflash_trt.export.onnx_native import export_opset23
 
 NATIVE_TARGET_FILE = "target_ort.onnx"
-OPSET = 23
 MAX_BYTES = 1 << 30   # the lean forward's own bound (``decoder.FUSE_BYTES``): a second copy of the weights
 
 
@@ -159,7 +158,7 @@ class NativeTarget(nn.Module):
 def export_native_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *,
                               filename: str = NATIVE_TARGET_FILE) -> Path:
     """Export :class:`NativeTarget` with ``target.onnx``'s I/O and dynamic axes; ``onnx.checker``-clean."""
-    onnx = require("onnx", "onnx", "ONNX export")
+    require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")
     from torch.export import Dim
 
@@ -168,12 +167,4 @@ def export_native_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir
     module = NativeTarget(hf_model, layer_ids).eval()
     inputs = target_example_inputs(hf_model)
     dyn = {name: {axis: Dim.DYNAMIC for axis in axes} for name, axes in DYNAMIC_AXES["target"].items()}
-    path = out / filename
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        prog = torch.onnx.export(module, tuple(inputs[n] for n in TARGET_INPUTS), dynamo=True, dynamic_shapes=dyn,
-                                 input_names=TARGET_INPUTS, output_names=TARGET_OUTPUTS, optimize=True,
-                                 opset_version=OPSET, verbose=False)
-    onnx.checker.check_model(prog.model_proto, full_check=True)
-    onnx.save(prog.model_proto, str(path))
-    return path
+    return export_opset23(module, inputs, TARGET_INPUTS, TARGET_OUTPUTS, dyn, out / filename)

@@ -13,6 +13,10 @@ same backend's autoregressive decoding *and* to torch's).
 The split per DFlash round, in milliseconds: ``draft_ms`` (the drafter round), ``verify_ms`` (the
 target forward over the block, its cache bookkeeping included) and, within it, ``cache_ms`` (the
 backend's ``compact`` + ``commit_cache``: the target cache's compaction or in-place commit).
+``decode_speedup`` is the ratio without the prompts' prefill (the same work in both modes),
+``prefill_share`` the prefill's part of DFlash's time, and ``free_draft_bound`` the ratio DFlash
+would reach if its drafter rounds cost nothing: what the verify forwards, the loop and a static
+batch's tail allow on this machine, whatever the drafter graph does.
 ``rounds_per_row`` (a row's DFlash rounds, mean) against ``rounds_per_group`` (a ``generate`` call's
 batched rounds, mean): a static batch runs until its slowest row is done, the rows that finished
 early leave it smaller. ``cpu_speedup`` is the same ratio in this process's CPU seconds (one thread each: on a machine
@@ -68,6 +72,7 @@ def measure(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict
     out: dict = {"dflash": [], "ar": [], "draft_s": 0.0, "verify_s": 0.0, "rounds": 0, "committed": 0,
                  "batch_rounds": 0}
     secs = {"dflash": 0.0, "ar": 0.0}
+    prefill = {"dflash": 0.0, "ar": 0.0}
     cpu = {"dflash": 0.0, "ar": 0.0}
     new = {"dflash": 0, "ar": 0}
     for i in range(0, len(prompts), batch):
@@ -78,6 +83,7 @@ def measure(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict
             g = generate(pair.target, drafter, group, max_new_tokens=n, block_size=bs, stop_token_ids=stops,
                          backend=backend)
             secs[mode] += time.perf_counter() - t0
+            prefill[mode] += g.stats.prefill_seconds
             cpu[mode] += time.process_time() - c0
             new[mode] += sum(len(x) for x in g.token_ids)
             out[mode] += g.token_ids
@@ -93,6 +99,12 @@ def measure(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict
             "speedup": round(tps["dflash"] / tps["ar"], 3),
             "cpu_speedup": round(cpu["ar"] / new["ar"] / (cpu["dflash"] / new["dflash"]), 3),
             "tau": round(out["committed"] / max(1, out["rounds"]), 3),
+            # the prompts' prefill is the same work in both modes and dilutes the ratio: without it
+            "decode_speedup": round((secs["ar"] - prefill["ar"]) / (secs["dflash"] - prefill["dflash"]), 3),
+            # the ratio if the drafter rounds cost nothing (prefill in): what the verify, the
+            # loop and the static batch's tail alone allow
+            "free_draft_bound": round(secs["ar"] / new["ar"] / ((secs["dflash"] - out["draft_s"]) / new["dflash"]), 3),
+            "prefill_share": round(prefill["dflash"] / secs["dflash"], 3),
             "draft_s": round(out["draft_s"], 3), "verify_s": round(out["verify_s"], 3),
             "draft_ms": round(out["draft_s"] * per_round, 2), "verify_ms": round(out["verify_s"] * per_round, 2),
             "cache_ms": round(cache["s"] * per_round, 2),

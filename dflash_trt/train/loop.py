@@ -131,7 +131,12 @@ def train_drafter(settings: TrainSettings, progress: Progress | None = None) -> 
     """
     ranks = init_ranks(settings.device, settings.parallel)
     try:
-        return _train(settings, ranks, progress if progress is not None and ranks.main else Progress())
+        result = _train(settings, ranks, progress if progress is not None and ranks.main else Progress())
+        # every rank's work is done (rank 0's last write included) before any rank ends the group:
+        # a rank that tore its gloo group down while a peer still worked was seen to abort at exit
+        # ("terminate called without an active exception", once in a loaded CI run)
+        ranks.barrier()
+        return result
     finally:
         ranks.close()
 

@@ -214,17 +214,20 @@ def test_metrics_report_the_runtimes_acceptance(pair):
 
 @pytest.fixture
 def held_until_hang_up(monkeypatch):
-    """The 500-token job's worker waits after its first commit until the server cancels it (30 s
-    at most): however fast the runtime, the job cannot finish before the hang-up is noticed, which
-    a race against the clock left to the machine's speed (a fast CI machine generated all 500
-    tokens inside the non-streaming poll's 0.5 s). Yields the jobs that were released by a cancel."""
+    """The 500-token job's worker waits once, after its first commit, until the server cancels it
+    (30 s at most): however fast the runtime, the job cannot finish before the hang-up is noticed.
+    Without the gate the tests raced the clock (a fast CI machine generated all 500 tokens inside
+    the non-streaming poll's 0.5 s). Returns the jobs a cancel released."""
+    held: set[int] = set()
     released: list[Job] = []
     commit = Job.committed
 
     def committed(self, new, metrics=None):
         commit(self, new, metrics)
-        if self.max_tokens == 500 and self not in released and self._cancel.wait(30):
-            released.append(self)
+        if self.max_tokens == 500 and self.id not in held:
+            held.add(self.id)
+            if self._cancel.wait(30):
+                released.append(self)
 
     monkeypatch.setattr(Job, "committed", committed)
     return released

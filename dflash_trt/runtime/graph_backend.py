@@ -127,6 +127,10 @@ class GraphBackend(Backend):
     initial_pages: int | None = None
     #: the name --backend gives this backend (messages say it)
     name = "graph"
+    #: a prefill of several prompts runs the target graph once per prompt, at its own length, instead
+    #: of once padded to the longest: where the forward is bound by arithmetic (a CPU) the padding
+    #: and the attention over it are paid in full (``OnnxBackend``; a GPU engine keeps the batch)
+    prefill_rows_alone = False
 
     def __init__(self, profile, mask_token_id: int, device: torch.device, drafter_graph: str | None = None):
         self.profile, self.mask_token_id, self.device = profile, int(mask_token_id), torch.device(device)
@@ -234,15 +238,15 @@ class GraphBackend(Backend):
         K/V (the prompts, right-padded) are written at once; a verify's wait for ``commit_cache``."""
         b, T = ids.shape
         new_valid = attention_mask[:, -T:].bool()                                       # [b, T]
+        if b > 1 and self.prefill_rows_alone and not bool(cache.lengths.any()):
+            return self._prefill_rows(ids, positions, new_valid, cache, capture, logits_at)
         past = torch.arange(cache.k.shape[3], device=self.device)[None] < cache.lengths[:, None]
         logits, target_hidden, k_new, v_new = self.run("target", {
             "input_ids": ids.contiguous(), "attention_mask": torch.cat([past, new_valid], 1).long(),
             "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
         prefill = not bool(cache.lengths.any())
         if prefill:  # right-padded prompts: row i's first n[i] tokens are real
-            n = new_valid.sum(1)
-            if not bool((new_valid == (torch.arange(T, device=self.device)[None] < n[:, None])).all()):
-                raise DFlashError("a prefill's prompts must be right-padded (each row's real tokens first)")
+            n = _prompt_lengths(new_valid)
             cache.reserve(n)
             cache.append(k_new, v_new, n)
         else:
@@ -250,6 +254,35 @@ class GraphBackend(Backend):
         if logits_at is not None:
             logits = logits[torch.arange(b, device=logits.device), logits_at][:, None]
         return logits, (target_hidden if capture else None)
+
+    def _prefill_rows(self, ids, positions, new_valid, cache, capture, logits_at):
+        """:meth:`_dense_target_forward`'s prefill, one forward per prompt at its own length
+        (``prefill_rows_alone``); the outputs padded back to [b, T, ...] as the batched forward's."""
+        b, T = ids.shape
+        n = _prompt_lengths(new_valid)
+        L, kvh, d = self._target_dims
+        k_new, v_new = (torch.zeros(L, b, kvh, T, d, device=self.device) for _ in range(2))
+        hidden: torch.Tensor | None = None
+        logits_out: torch.Tensor | None = None
+        no_past = torch.zeros(L, 1, kvh, 0, d, device=self.device)
+        for i, m in enumerate(n.tolist()):
+            logits, target_hidden, k, v = self.run("target", {
+                "input_ids": ids[i:i + 1, :m].contiguous(), "attention_mask": new_valid[i:i + 1, :m].long(),
+                "position_ids": positions[i:i + 1, :m].contiguous(), "past_k": no_past, "past_v": no_past})
+            k_new[:, i, :, :m], v_new[:, i, :, :m] = k[:, 0], v[:, 0]
+            if capture:
+                hidden = target_hidden.new_zeros(b, T, target_hidden.shape[-1]) if hidden is None else hidden
+                hidden[i, :m] = target_hidden[0]
+            if logits_at is not None:
+                logits_out = logits.new_empty(b, 1, logits.shape[-1]) if logits_out is None else logits_out
+                logits_out[i, 0] = logits[0, int(logits_at[i])]
+            else:
+                logits_out = logits.new_zeros(b, T, logits.shape[-1]) if logits_out is None else logits_out
+                logits_out[i, :m] = logits[0]
+        cache.reserve(n)
+        cache.append(k_new, v_new, n)
+        assert logits_out is not None
+        return logits_out, hidden
 
     def round_feeds(self, target_hidden, n_new, anchor, block_size, cache) -> dict[str, torch.Tensor]:
         """The drafter graph's common inputs for one round (pages reserved first: the graph writes
@@ -335,6 +368,14 @@ class GraphBackend(Backend):
         target_cache.k = target_cache.k.gather(3, idx)
         target_cache.v = target_cache.v.gather(3, idx)
         return packed[:, :width]
+
+
+def _prompt_lengths(new_valid: torch.Tensor) -> torch.Tensor:
+    """Each row's real tokens in a prefill's [b, T] mask, which must be right-padded."""
+    n = new_valid.sum(1)
+    if not bool((new_valid == (torch.arange(new_valid.shape[1], device=new_valid.device)[None] < n[:, None])).all()):
+        raise DFlashError("a prefill's prompts must be right-padded (each row's real tokens first)")
+    return n
 
 
 def request_shapes(prompt_lengths: list[int], max_new_tokens: int, block_size: int, page_size: int) -> dict[str, int]:

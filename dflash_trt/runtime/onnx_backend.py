@@ -36,6 +36,8 @@ class OnnxBackend(GraphBackend):
     """
 
     name = "onnx"
+    # On a CPU a padded batch prefill pays for its padding: one forward per prompt instead.
+    prefill_rows_alone = True
     # The Python custom ops copy the pool on every round: start small, grow by doubling.
     initial_pages = 8
 

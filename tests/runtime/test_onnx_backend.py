@@ -196,6 +196,52 @@ def test_a_verify_writes_only_the_accepted_columns_and_nothing_moves(pair):
     assert cache.k.shape[3] <= 40 and cache.lengths.tolist() == [1]
 
 
+def test_a_prefill_runs_each_prompt_at_its_own_length_and_equals_the_padded_one(pair, prompts, monkeypatch):
+    """ONNX Runtime's prefill of ragged prompts is one forward per prompt (no padding to compute);
+    its logits, target_hidden and cache are the padded batch forward's, and it stays lossless."""
+    be = pair.backend
+    assert be.prefill_rows_alone
+    ps = [prompts[0][:50], prompts[1][:9], prompts[2][:31]]
+    T = max(map(len, ps))
+    ids = torch.zeros(3, T, dtype=torch.long)
+    for i, p in enumerate(ps):
+        ids[i, :len(p)] = torch.tensor(p)
+    n = torch.tensor([len(p) for p in ps])
+    valid = torch.arange(T)[None] < n[:, None]
+    seen: list = []
+    run = be.run
+
+    def counted(graph, feeds):
+        if graph == "target":
+            seen.append(tuple(feeds["input_ids"].shape))
+        return run(graph, feeds)
+
+    out = {}
+    for alone in (True, False):
+        monkeypatch.setattr(be, "prefill_rows_alone", alone)
+        monkeypatch.setattr(be, "run", counted)
+        seen.clear()
+        for logits_at in (n - 1, None):
+            cache, _ = be.new_caches(3, False)
+            out[alone, logits_at is None] = (*be.target_forward(ids, torch.arange(T).expand(3, T), valid, cache, True,
+                                                                logits_at), cache)
+        assert seen == ([(1, len(p)) for p in ps] * 2 if alone else [(3, T)] * 2)
+    for full in (False, True):
+        (la, ha, ca), (lp, hp, cp) = out[True, full], out[False, full]
+        assert la.shape == lp.shape and ha.shape == hp.shape
+        if full:  # every real position's logits (the padding's are not defined)
+            la, lp = la[valid], lp[valid]
+        torch.testing.assert_close(la, lp, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ha[valid], hp[valid], atol=1e-4, rtol=1e-4)
+        assert ca.lengths.tolist() == cp.lengths.tolist() == n.tolist()
+        for a, b in ((ca.k, cp.k), (ca.v, cp.v)):
+            for i, m in enumerate(n.tolist()):
+                torch.testing.assert_close(a[:, i, :, :m], b[:, i, :, :m], atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(be, "prefill_rows_alone", True)
+    onnx = generate(None, None, ps, max_new_tokens=12, backend=be)
+    assert onnx.token_ids == [hf_greedy(pair.target.model, p, 12) for p in ps]
+
+
 class PresentTarget(OnnxBackend):
     """A bundle's target graph as exported before the new-K/V contract (the whole present cache
     out): the current graph with its past concatenated in front of its new K/V."""

@@ -33,6 +33,7 @@ from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from dflash_trt import plugins
 from dflash_trt.errors import DFlashError
@@ -238,15 +239,16 @@ class GraphBackend(Backend):
         K/V (the prompts, right-padded) are written at once; a verify's wait for ``commit_cache``."""
         b, T = ids.shape
         new_valid = attention_mask[:, -T:].bool()                                       # [b, T]
-        if b > 1 and self.prefill_rows_alone and not bool(cache.lengths.any()):
-            return self._prefill_rows(ids, positions, new_valid, cache, capture, logits_at)
-        past = torch.arange(cache.k.shape[3], device=self.device)[None] < cache.lengths[:, None]
-        logits, target_hidden, k_new, v_new = self.run("target", {
-            "input_ids": ids.contiguous(), "attention_mask": torch.cat([past, new_valid], 1).long(),
-            "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
         prefill = not bool(cache.lengths.any())
-        if prefill:  # right-padded prompts: row i's first n[i] tokens are real
-            n = _prompt_lengths(new_valid)
+        n = _prompt_lengths(new_valid) if prefill else None   # right-padded prompts: row i's first n[i] are real
+        if n is not None and b > 1 and self.prefill_rows_alone:
+            logits, target_hidden, k_new, v_new = self._prefill_rows(ids, positions, n)
+        else:
+            past = torch.arange(cache.k.shape[3], device=self.device)[None] < cache.lengths[:, None]
+            logits, target_hidden, k_new, v_new = self.run("target", {
+                "input_ids": ids.contiguous(), "attention_mask": torch.cat([past, new_valid], 1).long(),
+                "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
+        if n is not None:
             cache.reserve(n)
             cache.append(k_new, v_new, n)
         else:
@@ -255,34 +257,23 @@ class GraphBackend(Backend):
             logits = logits[torch.arange(b, device=logits.device), logits_at][:, None]
         return logits, (target_hidden if capture else None)
 
-    def _prefill_rows(self, ids, positions, new_valid, cache, capture, logits_at):
-        """:meth:`_dense_target_forward`'s prefill, one forward per prompt at its own length
-        (``prefill_rows_alone``); the outputs padded back to [b, T, ...] as the batched forward's."""
-        b, T = ids.shape
-        n = _prompt_lengths(new_valid)
+    def _prefill_rows(self, ids, positions, n) -> list[torch.Tensor]:
+        """The target graph's outputs for a prefill of right-padded prompts (n[i] real tokens in row
+        i), one forward per prompt at its own length (``prefill_rows_alone``), zero-padded back to
+        the batched forward's [b, T, ...]."""
+        T = ids.shape[1]
         L, kvh, d = self._target_dims
-        k_new, v_new = (torch.zeros(L, b, kvh, T, d, device=self.device) for _ in range(2))
-        hidden: torch.Tensor | None = None
-        logits_out: torch.Tensor | None = None
         no_past = torch.zeros(L, 1, kvh, 0, d, device=self.device)
-        for i, m in enumerate(n.tolist()):
-            logits, target_hidden, k, v = self.run("target", {
-                "input_ids": ids[i:i + 1, :m].contiguous(), "attention_mask": new_valid[i:i + 1, :m].long(),
-                "position_ids": positions[i:i + 1, :m].contiguous(), "past_k": no_past, "past_v": no_past})
-            k_new[:, i, :, :m], v_new[:, i, :, :m] = k[:, 0], v[:, 0]
-            if capture:
-                hidden = target_hidden.new_zeros(b, T, target_hidden.shape[-1]) if hidden is None else hidden
-                hidden[i, :m] = target_hidden[0]
-            if logits_at is not None:
-                logits_out = logits.new_empty(b, 1, logits.shape[-1]) if logits_out is None else logits_out
-                logits_out[i, 0] = logits[0, int(logits_at[i])]
-            else:
-                logits_out = logits.new_zeros(b, T, logits.shape[-1]) if logits_out is None else logits_out
-                logits_out[i, :m] = logits[0]
-        cache.reserve(n)
-        cache.append(k_new, v_new, n)
-        assert logits_out is not None
-        return logits_out, hidden
+        lengths = n.tolist()
+        rows = [self.run("target", {"input_ids": ids[i:i + 1, :m].contiguous(),
+                                    "attention_mask": torch.ones(1, m, dtype=torch.long, device=self.device),
+                                    "position_ids": positions[i:i + 1, :m].contiguous(),
+                                    "past_k": no_past, "past_v": no_past})
+                for i, m in enumerate(lengths)]
+        # every output's tokens axis is its second to last (logits, target_hidden [1, m, .]; new_k,
+        # new_v [L, 1, kvh, m, d]); the batch axis is 0 of the first two and 1 of the K/V
+        return [torch.cat([F.pad(out[j], (0, 0, 0, T - m)) for out, m in zip(rows, lengths, strict=True)],
+                          dim=0 if j < 2 else 1) for j in range(4)]
 
     def round_feeds(self, target_hidden, n_new, anchor, block_size, cache) -> dict[str, torch.Tensor]:
         """The drafter graph's common inputs for one round (pages reserved first: the graph writes

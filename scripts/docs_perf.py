@@ -85,8 +85,8 @@ def render(directory: Path) -> str:
     lines = ["# Performance", "",
              "Every figure the documentation quotes, one section per file of `bench/results/` (newest first "
              "within a topic). A figure is re-measured by adding a file, never by editing this page: "
-             "`python scripts/gen_docs.py` renders it. No GPU has been lent to this project yet, so every "
-             "measurement here is a CPU one; GPU figures the planner uses are published runs "
+             "`python scripts/gen_docs.py` renders it. Each section names the machine it was measured on; "
+             "the GPU figures the planner is calibrated on are published runs, each with its source "
              "(`dflash_trt/assets/perf/measurements.json`).", ""]
     lines += ["| file | date | commit | title |", "|---|---|---|---|"]
     ordered = [f for topic in sorted(by_topic) for f in sorted(by_topic[topic], reverse=True)]

@@ -226,6 +226,25 @@ def releases_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def gpus_page() -> str:
+    from dflash_trt.plan import hardware as H
+
+    lines = [HEADER.format(src="dflash_trt/plan/hardware.py (CATALOG)"), "# GPUs", "",
+             "The GPUs `plan` and `build` know (`--gpu NAME`, or any alias), with the weight precisions each "
+             "runs natively (a precision a GPU cannot run is refused in one line naming the GPUs that can) and "
+             "the draft attention backend `auto` prefers there (the release may not have it: "
+             "[TensorRT-LLM rules](../design/trtllm.md)).", "",
+             "| GPU | architecture | SM | memory GB | bandwidth TB/s | dense BF16 TFLOPS | weights | FP8 KV cache "
+             "| draft attention (auto) | aliases |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for g in H.CATALOG:
+        if g.kind != "gpu":
+            continue
+        lines.append(f"| {g.name} | {g.arch} | {g.sm} | {g.memory_gb:g} | {g.bandwidth_tbs:g} | {g.bf16_tflops:g} "
+                     f"| {', '.join(p for p in H.PRECISIONS if g.supports(p))} | {'yes' if g.fp8_kv_cache else 'no'} "
+                     f"| {g.draft_attention_backend} | {', '.join(f'`{a}`' for a in g.aliases)} |")
+    return "\n".join(lines) + "\n"
+
+
 def _statuses() -> list[tuple[str, object, object]]:
     from dflash_trt import plan as R
 
@@ -283,6 +302,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "docs/reference/recipe.md": recipe_page,
     "docs/reference/manifest.md": manifest_page,
     "docs/reference/releases.md": releases_page,
+    "docs/reference/gpus.md": gpus_page,
     "docs/reference/recipes.md": recipes_page,
     "docs/reference/performance.md": performance_page,
     "docs/changelog.md": changelog_page,

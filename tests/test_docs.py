@@ -103,3 +103,14 @@ def test_the_site_builds_strict(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1",
                                                                         "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "CHANGELOG.md"])
+def test_links_outside_the_site_point_at_files(doc):
+    """mkdocs checks the links inside docs/; the README's and the changelog's are checked here."""
+    text = (ROOT / doc).read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert local, f"{doc}: no relative links found"
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, f"{doc} links to files that do not exist: {missing}"

@@ -78,6 +78,7 @@ def test_readme_test_command_is_the_one_ci_runs():
     setup = ci_cmd.split(" \\\n")[0].split(" && ruff")[0]
     assert any(b.strip() == f"{setup} && dflash-trt build" for b in blocks), "README's build command drifted"
     assert "mkdocs build --strict" in ci
+    assert ci_cmd.strip() in (ROOT / "docs" / "guides" / "cpu.md").read_text(), "the CPU guide's set-up drifted"
 
 
 def test_every_result_file_is_dated_and_complete(tmp_path):

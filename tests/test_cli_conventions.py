@@ -1,7 +1,7 @@
 """One convention per flag, and documentation that matches the real CLI.
 
-The README's command table is read and every command, flag and positional argument it shows is
-looked up in the command typer builds (``typer.main.get_command``); shared flags have one range
+The README's command table and docs/reference/cli.md are generated from the command typer builds
+(``typer.main.get_command``) and must equal what the generator writes; shared flags have one range
 and one name everywhere; printed verdicts agree with the numbers beside them."""
 
 from __future__ import annotations
@@ -15,54 +15,27 @@ import typer
 
 from dflash_trt.cli import app, run
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 CLI = typer.main.get_command(app)
-
-
-def _readme_rows() -> list[str]:
-    """The code span of every command-table row: ``dflash-trt build [RECIPE] [--target T ...]``."""
-    rows = [m.group(1) for line in README.read_text().splitlines()
-            if (m := re.match(r"^\| `(dflash-trt [^`]*)` \|", line))]
-    assert len(rows) >= 10, "README command table not found"
-    return [r.replace("\\|", "|") for r in rows]
-
-
-def _invocations(row: str) -> list[tuple[str, list[str]]]:
-    """(command path, tokens) per command a row documents; ``recipes list | show NAME`` is four."""
-    words = row.split()[1:]
-    group = CLI.commands[words[0]]
-    if isinstance(group, typer.core.TyperGroup):
-        subs = " ".join(words[1:]).split("|")
-        return [(f"{words[0]} {s.split()[0]}", s.split()[1:]) for s in subs]
-    return [(words[0], words[1:])]
 
 
 def _command(path: str):
     cmd = CLI
     for part in path.split():
-        assert part in cmd.commands, f"README documents `dflash-trt {path}`, which does not exist"
+        assert part in cmd.commands, f"`dflash-trt {path}` does not exist"
         cmd = cmd.commands[part]
     return cmd
 
 
-@pytest.mark.parametrize("row", _readme_rows())
-def test_readme_command_table_matches_the_cli(row):
-    for path, tokens in _invocations(row):
-        cmd = _command(path)
-        opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
-        args = [p for p in cmd.params if isinstance(p, typer.core.TyperArgument)]
-        for flag in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", " ".join(tokens)):
-            assert flag in opts, f"README: `dflash-trt {path} {flag}` is not an option of the real CLI"
-        # positionals: upper-case words before the first flag ([RECIPE], OUT, NAME FILE, [RECIPE ...])
-        lead = []
-        for tok in tokens:
-            if tok.lstrip("[").startswith("-"):
-                break
-            lead.append(tok)
-        names = [t.strip("[]") for t in lead if re.fullmatch(r"\[?[A-Z][A-Z_]*\]?", t)]
-        assert len(names) <= len(args), f"README: `dflash-trt {path}` shows {names}; the CLI takes {len(args)}"
-        if "..." in lead or "...]" in lead:
-            assert args and args[0].nargs == -1, f"README: `dflash-trt {path}` shows a repeatable argument"
+def test_cli_reference_is_generated_from_this_cli():
+    """The command table (README) and the CLI reference (docs/) are written from the Typer app
+    by scripts/gen_docs.py; the committed pages equal what it writes for this CLI."""
+    from tests.test_docs import expected, gen_docs
+
+    root = Path(__file__).resolve().parents[1]
+    assert (root / "docs/reference/cli.md").read_text() == gen_docs().cli_page()
+    assert expected()["README.md"] == (root / "README.md").read_text()
+    for path, _ in gen_docs().commands():
+        assert f"#{path.replace(' ', '-')})" in gen_docs().readme_commands(), path
 
 
 def _param(cmd: str, name: str):
@@ -75,21 +48,22 @@ def test_block_size_has_one_range_everywhere():
     assert len(set(ranges.values())) == 1, ranges
 
 
-def test_one_name_per_flag_old_spellings_hidden():
+def test_one_name_per_flag():
+    """One spelling each (the removed old ones: tests/test_removed_spellings.py)."""
     for cmd in ("build", "plan", "serve"):
         assert not _param(cmd, "--gpus-per-node").hidden
-    for cmd in ("build", "plan"):
-        assert _param(cmd, "--gpus").hidden
+    hidden = [(c, o) for c, cmd in _all_commands() for p in cmd.params if getattr(p, "hidden", False) for o in p.opts]
+    assert hidden == [], f"hidden aliases: {hidden} (CHANGELOG.md: removed before a release, warned after one)"
     for cmd in ("bench", "generate"):
-        assert _param(cmd, "--bundle").hidden
         assert any(isinstance(p, typer.core.TyperArgument) and p.name == "bundle" for p in _command(cmd).params)
 
 
-def test_old_gpus_spelling_still_plans(capsys):
-    assert run(["plan", "tiny", "--gpus", "2", "--json"]) == 0
-    assert '"gpus": 2' in capsys.readouterr().out
-    assert run(["plan", "tiny", "--gpus", "2", "--gpus-per-node", "4"]) == 2
-    assert "disagree" in capsys.readouterr().err
+def _all_commands(group=CLI, prefix=""):
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, typer.core.TyperGroup):
+            yield from _all_commands(cmd, f"{prefix}{name} ")
+        else:
+            yield f"{prefix}{name}", cmd
 
 
 def test_choices_are_case_insensitive(capsys):
@@ -214,14 +188,17 @@ def test_bench_prints_a_line_per_step_without_a_terminal(tmp_path, capsys):
     assert re.search(r"^prompts: 1/2 \(\d+ s\)$", err, re.M) and re.search(r"^prompts: 2/2 ", err, re.M), err
 
 
-def test_readme_lists_every_recipe_with_its_status():
+def test_recipe_list_page_is_every_recipe_with_its_status():
+    """docs/reference/recipes.md (generated) lists every bundled recipe under the status
+    `dflash-trt recipes list` derives, and the committed page is the generator's."""
     from dflash_trt import plan as R
+    from tests.test_docs import gen_docs
 
-    text = README.read_text()
+    page = gen_docs().recipes_page()
+    assert (Path(__file__).resolve().parents[1] / "docs/reference/recipes.md").read_text() == page
     listed = {}
-    for line in text.splitlines():
+    for line in page.splitlines():
         if m := re.match(r"^\| `([\w-]+)` \(\d+\) \| (.*) \|$", line):
             listed.update({name: m.group(1) for name in re.findall(r"`([^`]+)`", m.group(2))})
     actual = {n: R.recipe_status(R.load_recipe(p)).kind for n, p in R.bundled_recipes().items()}
-    assert listed == actual, ("README's recipe list differs from `dflash-trt recipes list`: "
-                              f"{sorted(set(listed.items()) ^ set(actual.items()))}")
+    assert listed == actual, sorted(set(listed.items()) ^ set(actual.items()))

@@ -1,6 +1,6 @@
 """Commands that read YAML/JSON, or refuse a bad path, never import torch or transformers' model
 code: a newcomer's `recipes list`, `plan`, `build --dry-run` and typo'd paths answer in about a
-second (README "Start-up"). Checked on ``sys.modules`` in a fresh interpreter, not on a clock."""
+second (docs/design/pipeline.md, "Start-up"). Checked on ``sys.modules`` in a fresh interpreter, not on a clock."""
 
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ from dflash_trt._cli.common import (
     BackendOpt,
     BlockSizeOpt,
     BundleArg,
-    BundleOpt,
     DrafterOpt,
     DtypeOpt,
     JsonOpt,
@@ -34,7 +33,6 @@ from dflash_trt._cli.common import (
 # the body is short and calls one stage per branch.
 def bench(
     bundle: BundleArg = None,
-    bundle_opt: BundleOpt = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     prompts: Annotated[str | None, typer.Option(
@@ -77,24 +75,23 @@ def bench(
     from dflash_trt.errors import DFlashError
 
     if endpoint is None:
-        check_refs(target, drafter, True, bundle or bundle_opt)  # before the runtime (torch) loads
+        check_refs(target, drafter, True, bundle)  # before the runtime (torch) loads
     from dflash_trt.bench import inprocess
 
     if endpoint is not None and backend != "torch":
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
     if endpoint is not None:
         bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_new_tokens, temperature,
-                       chat, ignore_eos, plot, as_json, bundle=bundle or bundle_opt, mtp=mtp_endpoint)
+                       chat, ignore_eos, plot, as_json, bundle=bundle, mtp=mtp_endpoint)
         return
     if baseline is not None or plot is not None or mtp_endpoint is not None:
         raise DFlashError("--baseline, --mtp-endpoint and --plot go with --endpoint URL")
     if prompts is None:
-        if target is not None or bundle is not None or bundle_opt is not None:
+        if target is not None or bundle is not None:
             raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
         prompts = default_prompts()          # the embedded pair's held-out standard-library prompts
     texts = inprocess.read_prompts(prompts)
-    pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels,
-                          backend=backend)
+    pair = load_pair_from(target, drafter, dtype, bundle=bundle, kernels=kernels, backend=backend)
     with steps("prompts", len(texts)) as step:
         report = inprocess.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
                                progress=step)

@@ -12,12 +12,10 @@ from rich.text import Text
 
 from dflash_trt._cli.common import (
     DrafterOpt,
-    GpusOldOpt,
     GpusPerNodeOpt,
     JsonOpt,
     TargetOpt,
     err,
-    one_spelling,
     out,
     print_json,
 )
@@ -38,22 +36,6 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 # The recipe field each flag sets, as the typed value typer parsed (never re-read as YAML).
 FLAG_FIELDS = {"--gpu": "gpu.name", "--gpus-per-node": "gpu.count", "--precision": "precision.weights",
                "--kv-cache-dtype": "precision.kv_cache", "--calib": "precision.calib", "--graphs": "graphs"}
-#: ``--engine``, the old spelling of ``--graphs`` (hidden): the value of the recipe's ``graphs``
-OLD_ENGINE = {"tensorrt": True, "trtllm": False}
-
-
-def graphs_flag(graphs: bool, engine: str | None) -> bool | None:
-    """The recipe's ``graphs`` the flags set (None: the recipe's own): ``--graphs``, or the old
-    ``--engine tensorrt|trtllm``."""
-    from dflash_trt.errors import RecipeError
-
-    if engine is None:
-        return True if graphs else None
-    if engine not in OLD_ENGINE:
-        raise RecipeError(f"--engine {engine!r}: Input should be 'trtllm' or 'tensorrt' (the old spelling of --graphs)")
-    if graphs and not OLD_ENGINE[engine]:
-        raise RecipeError("--graphs and --engine trtllm disagree: give --graphs only")
-    return OLD_ENGINE[engine]
 
 
 def flag_fields(target: str | None, drafter: str | None, flags: dict[str, object]) -> list:
@@ -92,7 +74,6 @@ def build(
     drafter: DrafterOpt = None,
     gpu: GpuOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
-    gpus: GpusOldOpt = None,
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
     calib: Annotated[str | None, typer.Option(
@@ -108,8 +89,6 @@ def build(
         "--graphs", help="Also export the standalone path: ONNX graphs with the DFlash custom ops to OUT/onnx, and "
                          "TensorRT engines to OUT/engines where TensorRT and a GPU are present (run by --backend "
                          "onnx|tensorrt).")] = False,
-    engine: Annotated[str | None, typer.Option(
-        "--engine", hidden=True, help="Old spelling of --graphs: tensorrt = --graphs, trtllm = without.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh.
@@ -120,9 +99,9 @@ def build(
     org/name[@revision]. One build at a time per output (a second fails at once)."""
     from dflash_trt import deploy as pipeline
 
-    flags = {"--gpu": gpu, "--gpus-per-node": one_spelling(gpus_per_node, gpus, "--gpus-per-node", "--gpus"),
+    flags = {"--gpu": gpu, "--gpus-per-node": gpus_per_node,
              "--precision": precision, "--kv-cache-dtype": kv_cache_dtype,
-             "--calib": calib, "--graphs": graphs_flag(graphs, engine)}
+             "--calib": calib, "--graphs": True if graphs else None}  # None: the recipe's own
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True,
@@ -160,7 +139,6 @@ def plan(
     drafter: DrafterOpt = None,
     gpu: GpuOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
-    gpus: GpusOldOpt = None,
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
     set_: SetOpt = None,
@@ -173,7 +151,7 @@ def plan(
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
     from dflash_trt import deploy as pipeline
 
-    flags = {"--gpu": gpu, "--gpus-per-node": one_spelling(gpus_per_node, gpus, "--gpus-per-node", "--gpus"),
+    flags = {"--gpu": gpu, "--gpus-per-node": gpus_per_node,
              "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
     p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration)

@@ -34,23 +34,10 @@ KernelsOpt = Annotated[str, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 BundleArg = Annotated[str | None, typer.Argument(
     help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
-BundleOpt = Annotated[str | None, typer.Option(
-    "--bundle", hidden=True, help="Old spelling of the BUNDLE argument (the convention of serve, tune, verify).")]
 BlockSizeOpt = Annotated[int | None, typer.Option(
     "--block-size", "-b", min=1, help="Draft block size B (default: the drafter's trained block); 1 is plain "
                                       "autoregressive decoding.")]
 GpusPerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node.")]
-#: ``--gpus``, the old spelling of ``--gpus-per-node`` in build/plan (hidden)
-GpusOldOpt = Annotated[int | None, typer.Option("--gpus", min=1, hidden=True, help="Old spelling of --gpus-per-node.")]
-
-
-def one_spelling(new, old, new_name: str, old_name: str):
-    """The value of a flag given under its name or its old hidden spelling (refused when they differ)."""
-    from dflash_trt.errors import DFlashError
-
-    if new is not None and old is not None and new != old:
-        raise DFlashError(f"{old_name} {old} and {new_name} {new} disagree: give {new_name} only")
-    return new if new is not None else old
 BackendOpt = Annotated[str, typer.Option(
     "--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over "
                       "the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle "
@@ -138,15 +125,9 @@ def run_spec(backend: str = "torch", kernels: str = "reference", batching: str |
 
 
 def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
-                   bundle: str | None = None, bundle_opt: str | None = None, kernels: str = "reference",
-                   backend: str = "torch"):
+                   bundle: str | None = None, kernels: str = "reference", backend: str = "torch"):
     """The finished pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair,
     under the run spec the flags resolve to (``pair.backend`` answers its model calls)."""
-    from dflash_trt.errors import DFlashError
-
-    if bundle is not None and bundle_opt is not None and bundle != bundle_opt:
-        raise DFlashError("give the bundle once: as an argument or with --bundle")
-    bundle = bundle or bundle_opt
     check_refs(target, drafter, need_drafter, bundle)
     spec = run_spec(backend, kernels, bundle=bundle, dtype=dtype)
     pair = _load(target, drafter, dtype, need_drafter, bundle, spec)

@@ -11,7 +11,6 @@ from dflash_trt._cli.common import (
     BackendOpt,
     BlockSizeOpt,
     BundleArg,
-    BundleOpt,
     DrafterOpt,
     DtypeOpt,
     JsonOpt,
@@ -28,7 +27,6 @@ from dflash_trt._cli.common import (
 def generate(
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text.")],
     bundle: BundleArg = None,
-    bundle_opt: BundleOpt = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     max_new_tokens: Annotated[int, typer.Option(
@@ -46,13 +44,13 @@ def generate(
     as_json: JsonOpt = False,
 ) -> None:
     """Generate text with DFlash speculative decoding and print acceptance statistics."""
-    check_refs(target, drafter, block_size != 1, bundle or bundle_opt)  # before the runtime (torch) loads
+    check_refs(target, drafter, block_size != 1, bundle)  # before the runtime (torch) loads
     from dflash_trt.runtime import SamplingParams
     from dflash_trt.runtime import generate as run
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle,
-                          bundle_opt=bundle_opt, kernels=kernels, backend=backend)
+    pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle, kernels=kernels,
+                          backend=backend)
     with _quiet("transformers"):   # its "longer than the maximum" warning: check_context says it in one line
         try:
             ids = pair.encode(prompt, chat=chat)
@@ -60,7 +58,7 @@ def generate(
             from dflash_trt.errors import DFlashError
 
             raise DFlashError(f"--prompt cannot be tokenized ({type(exc).__name__}: {exc})") from None
-    check_context(len(ids), max_new_tokens, context_len(pair, bundle or bundle_opt))
+    check_context(len(ids), max_new_tokens, context_len(pair, bundle))
     drafter_model = pair.drafter if block_size != 1 else None
     res = run(pair.target, drafter_model, [ids], max_new_tokens=max_new_tokens, sampling=params,
               block_size=block_size, stop_token_ids=pair.stop_token_ids, backend=pair.backend)

@@ -31,11 +31,6 @@ class Server(str, Enum):
     embedded = "embedded"
 
 
-#: ``--runtime``, the old spelling of ``--server`` (hidden; its ``reference`` is ``embedded``)
-OLD_RUNTIME = {"auto": Server.auto, "trtllm": Server.trtllm, "reference": Server.embedded,
-               "embedded": Server.embedded}
-
-
 class Emit(str, Enum):
     slurm = "slurm"
     k8s = "k8s"
@@ -52,8 +47,6 @@ def serve(
                                            "(the embedded server on the reference runtime), or auto: trtllm-serve "
                                            "when it is on PATH and --backend/--kernels are left as they are, else "
                                            "embedded.")] = Server.auto,
-    runtime: Annotated[str | None, typer.Option("--runtime", hidden=True, help="Old spelling of --server "
-                                                "(reference = embedded).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the trtllm-serve command and exit.")] = False,
     check: Annotated[bool, typer.Option("--check", help="Validate the bundle's trtllm/config.yaml with the "
                                         "installed TensorRT-LLM's own LLM-API classes (what serve.sh does before "
@@ -99,7 +92,6 @@ def serve(
     check_refs(bundle=bundle)  # a bad path is one line before the server's imports (torch)
     from dflash_trt.serve import launch
 
-    server = _server(server, runtime)
     b = launch.read_bundle(bundle)
     if check:
         return _check_trtllm(b)
@@ -131,19 +123,6 @@ def serve(
     serve_embedded(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
                    batching.value, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
                    drain_timeout=drain_timeout)
-
-
-def _server(server: Server, runtime: str | None) -> Server:
-    """``--server``, or its old spelling ``--runtime auto|trtllm|reference`` when that was given."""
-    from dflash_trt.errors import DFlashError
-
-    if runtime is None:
-        return server
-    if runtime not in OLD_RUNTIME:
-        raise DFlashError(f"--runtime {runtime!r} (the old spelling of --server): choose one of auto, trtllm, embedded")
-    if server is not Server.auto and OLD_RUNTIME[runtime] is not server:
-        raise DFlashError(f"--runtime {runtime} and --server {server.value} disagree: give --server only")
-    return OLD_RUNTIME[runtime]
 
 
 def _print_dry_run(b, host: str, port: int, trtllm: str | None, server: Server) -> None:

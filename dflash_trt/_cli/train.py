@@ -96,8 +96,9 @@ def train_drafter(
         "--regen-concurrency", min=1, help="Requests in flight to --regen-endpoint, per rank; without an "
                                            "endpoint, rows per batch of the in-process regeneration.")] = 32,
     feature_cache: Annotated[Path | None, typer.Option(
-        "--feature-cache", help="Feature folder: the target's hidden states as safetensors shards (README: 'The "
-                                "feature folder'), written once by this run or converted from a serving engine's "
+        "--feature-cache", help="Feature folder: the target's hidden states as safetensors shards "
+                                "(docs/guides/train.md: 'The feature folder'), written once by this run or converted "
+                                "from a serving engine's "
                                 "capture, checked, then read by every step and rank. Default: online.")] = None,
     feature_shard_mb: Annotated[float, typer.Option(
         "--feature-shard-mb", min=0.001, help="Size of one --feature-cache shard, in MB.")] = 1024.0,

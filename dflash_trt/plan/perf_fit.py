@@ -151,9 +151,7 @@ def case_of(row: Row) -> Case:
 
 
 def row_from_dict(r: dict) -> Row:
-    """One measurement row; files written before the word "stack" say "engine" (read the same)."""
-    if "engine" in r and "stack" not in r:
-        r = {("stack" if k == "engine" else k): v for k, v in r.items()}
+    """One measurement row (its serving software under ``stack``)."""
     return Row(**r)
 
 

@@ -72,8 +72,7 @@ from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 # on Hopper, NVLink 3 on A100; PCIe Gen5 x16 where a card has no NVLink). Host: memory copies.
 LINK_GBS = {"B300": 900, "B200": 900, "GB200": 900, "H200": 450, "H100": 450, "H100 PCIe": 64, "L40S": 32,
             "A100 80GB": 300, "A100 40GB": 300, "RTX PRO 6000 Blackwell": 64, "cpu": 10}
-#: the serving software a measurement or calibration row came from (its "stack"; files written
-#: before the word was chosen say "engine" / "engines", and are read the same)
+#: the serving software a measurement or calibration row came from (its "stack")
 STACKS = ("trtllm", "sglang", "vllm", "transformers", "reference")
 CALIBRATION_FILE = "calibration.json"
 
@@ -172,8 +171,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict, where: str = "calibration") -> Calibration:
         try:
-            by_stack = data["stacks"] if "stacks" in data else data["engines"]   # "engines": the old key
-            stacks = {e: StackConstants(**k) for e, k in by_stack.items()}
+            stacks = {e: StackConstants(**k) for e, k in data["stacks"].items()}
             return cls(stacks, Shared(**data.get("shared", {})), str(data.get("source", where)),
                        {e: {c: int(n) for c, n in r.items()} for e, r in data.get("rows", {}).items()})
         except (KeyError, TypeError, AttributeError, ValueError) as exc:

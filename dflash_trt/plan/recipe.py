@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dflash_trt.errors import RecipeError, read_text
 from dflash_trt.plan import trtllm_releases
@@ -156,23 +156,12 @@ class Recipe(_Strict):
     trtllm: TrtllmSpec = TrtllmSpec()
     graphs: bool = Field(False, description="Also export the standalone path: ONNX graphs with the DFlash custom ops "
                          "(onnx/) and TensorRT engines (engines/, where TensorRT and a GPU are), run by generate/bench/"
-                         "serve --backend onnx|tensorrt. The old key 'engine: tensorrt|trtllm' is read as "
-                         "graphs: true|false when graphs is not given.")
-    engine: Literal["trtllm", "tensorrt"] | None = Field(None, exclude=True, description="The old spelling of graphs "
-                                                          "(read, never written): tensorrt = true, trtllm = false.")
+                         "serve --backend onnx|tensorrt.")
     incomplete: list[str] = Field(default_factory=list, description="What the published configs lack (one entry "
                                   "each): with neither the hub nor a cached copy, an offline plan refuses in "
                                   "one line naming them and the command that fetches them.")
 
     source: Path | None = Field(None, exclude=True, description="Where the recipe was loaded from (not a YAML key).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_engine_key(cls, data: Any) -> Any:
-        """``engine: tensorrt|trtllm`` (the old key) is ``graphs: true|false`` unless graphs is given."""
-        if isinstance(data, dict) and data.get("engine") in ("trtllm", "tensorrt") and data.get("graphs") is None:
-            data = {**data, "graphs": data["engine"] == "tensorrt"}
-        return data
 
     def resolve_path(self, p: str | None) -> Path | None:
         """A path in the recipe, relative to the recipe file."""

@@ -64,9 +64,6 @@ class RowError:
 
     @classmethod
     def from_dict(cls, d: dict) -> RowError:
-        d = dict(d)
-        if "stack" not in d and "engine" in d:   # the older word for the serving software
-            d["stack"] = d.pop("engine")
         return cls(str(d["id"]), str(d["stack"]), str(d["gpu"]), int(d["concurrency"]), str(d["quantity"]),
                    float(d["error"]))
 
@@ -91,7 +88,7 @@ def errors_of(table: list[dict], stacks: dict[str, tuple[str, int]]) -> list[Row
         gpu, c = stacks[t["id"]]
         for key, v in t["observed"].items():
             if key in t["loo"] and v:
-                out.append(RowError(t["id"], t.get("stack", t.get("engine", "")), gpu, c, key,
+                out.append(RowError(t["id"], t.get("stack", ""), gpu, c, key,
                                     round(t["loo"][key] / v - 1, 4)))
     return out
 

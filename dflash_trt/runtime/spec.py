@@ -1,6 +1,6 @@
 """How a pair runs, decided once: the :class:`RunSpec` (backend, kernels, batching).
 
-The words (README, "Words"): the **backend** executes the forwards under the runtime's loop
+The words (docs/design/pipeline.md, "Words"): the **backend** executes the forwards under the runtime's loop
 (``torch``: the PyTorch modules; ``onnx``: ONNX Runtime over a bundle's ``onnx/``; ``tensorrt``:
 TensorRT over its ``engines/``); the **kernels** are the dflash ops' implementation inside the
 torch backend (``reference`` | ``triton``); the **batching** of the embedded server is

@@ -8,7 +8,7 @@ accepted at any value of their type. Types are strict (pydantic strict mode on t
 models): ``"0"`` for a number or ``0`` for a boolean is a 400, never coerced. A field OpenAI
 does not define and this server does not extend is refused by name too (``extra="forbid"``).
 
-The README's "OpenAI fields" table lists the same decisions.
+docs/guides/serve.md's "OpenAI fields" table lists the same decisions.
 """
 
 from __future__ import annotations

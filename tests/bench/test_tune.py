@@ -134,7 +134,7 @@ def test_tune_endpoint_measures_and_refits_without_writing(bundle, capsys):
         r = json.loads(capsys.readouterr().out)
         # bench --plot with the bundle: its plan's predicted curves beside the measured ones
         png = bundle.parent / "bench.png"
-        assert run(["bench", "--endpoint", srv.url, "--bundle", str(bundle), "--concurrency", "1,2",
+        assert run(["bench", str(bundle), "--endpoint", srv.url, "--concurrency", "1,2",
                     "--max-tokens", "4", "--requests", "2", "--plot", str(png)]) == 0
         _png(png)
         capsys.readouterr()

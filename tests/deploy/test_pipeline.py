@@ -125,11 +125,8 @@ def test_quantized_bundle_is_lossless_on_the_reference_runtime(bundles):
     assert res.token_ids[0] == hf_greedy(p.target.model, prompt, 16)
 
 
-@pytest.mark.parametrize("how", ["positional", "option"])
-def test_generate_accepts_a_bundle(bundles, how, capsys):
-    b = str(bundles["nvfp4"])
-    argv = ["generate", b] if how == "positional" else ["generate", "--bundle", b]
-    assert run(argv + ["-p", "hello", "-n", "6", "--json"]) == 0
+def test_generate_accepts_a_bundle(bundles, capsys):
+    assert run(["generate", str(bundles["nvfp4"]), "-p", "hello", "-n", "6", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) <= 6
 
 

@@ -197,7 +197,7 @@ def test_serve_script_is_relocatable_and_passes_arguments(tmp_path):
 
 
 def test_the_release_table_is_the_one_place_the_releases_live():
-    """pyproject's trtllm extra, the recipe default and the README table follow trtllm_releases."""
+    """pyproject's trtllm extra, the recipe default and the release page follow trtllm_releases."""
     from pathlib import Path
 
     import tomllib
@@ -211,7 +211,10 @@ def test_the_release_table_is_the_one_place_the_releases_live():
     assert "trtllm" not in " ".join(tomllib.loads((root / "pyproject.toml").read_text())["project"]
                                      ["optional-dependencies"]["all"])
     assert T.DEFAULT_RELEASE == known[-1] == R.TrtllmSpec().release
-    readme = (root / "README.md").read_text()
-    for version in known:
-        assert f"| `{version}` (" in readme, version
+    from tests.test_docs import gen_docs  # the release table page is generated from the same rows
+
+    page = gen_docs().releases_page()
+    assert (root / "docs" / "reference" / "releases.md").read_text() == page
+    for r in T.RELEASES:
+        assert f"| `{r.version}` | " in page and f"`{r.image}`" in page, r.version
     assert all(r.image == f"nvcr.io/nvidia/tensorrt-llm/release:{r.version}" for r in T.RELEASES)

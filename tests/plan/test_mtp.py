@@ -123,9 +123,6 @@ def test_shipped_loo_table_covers_every_published_row():
 
     ids = {e.id for e in uncertainty.shipped()}
     assert ids == {r.id for r in perf_fit.load_rows()}
-    legacy = uncertainty.RowError.from_dict({"id": "x", "engine": "vllm", "gpu": "H200", "concurrency": 4,
-                                             "quantity": "speedup", "error": 0.1})
-    assert legacy.stack == "vllm"
 
 
 def test_your_measurements_narrow_the_ranges(tmp_path, capsys):

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from dflash_trt.errors import DFlashError
 from dflash_trt.plan import hardware as hw
 from dflash_trt.plan import perf_fit as F
 from dflash_trt.plan import perf_model as M
@@ -124,16 +125,20 @@ def test_the_cpu_plans_from_this_machines_memory_and_the_reference_calibration()
     assert not math.isclose(p.memory.capacity, 64e9)
 
 
-def test_files_written_with_the_old_word_engine_read_the_same(tmp_path):
-    """Calibration and measurement files say "stack"; ones written before say "engine(s)"."""
+def test_files_say_stack_and_the_old_word_engine_is_refused(tmp_path):
+    """Calibration and measurement files say "stack(s)"; the pre-release "engine(s)" is an error
+    (CHANGELOG: removed, no release read it), one line naming the file."""
     import json
 
     new = M.shipped().as_dict()
     assert "stacks" in new and "engines" not in new
+    assert M.Calibration.from_dict(json.loads(json.dumps(new))) == M.Calibration.from_dict(new)
     old = {("engines" if k == "stacks" else k): v for k, v in new.items()}
-    assert M.Calibration.from_dict(old) == M.Calibration.from_dict(new)
+    with pytest.raises(DFlashError, match="not a dflash-trt calibration"):
+        M.Calibration.from_dict(old)
     rows = json.loads((M.data_dir() / F.MEASUREMENTS_FILE).read_text())["rows"]
     assert all("stack" in r and "engine" not in r for r in rows)
     f = tmp_path / "old.json"
     f.write_text(json.dumps({"rows": [{("engine" if k == "stack" else k): v for k, v in r.items()} for r in rows]}))
-    assert F.load_rows(f) == F.load_rows()
+    with pytest.raises(DFlashError, match="cannot read measurements"):
+        F.load_rows(f)

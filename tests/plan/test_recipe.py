@@ -110,9 +110,9 @@ def test_flags_land_in_typed_fields_without_yaml():
     assert r.source is None
 
 
-def test_the_old_engine_spellings_still_set_graphs(tmp_path, monkeypatch):
-    """Users' scripts and recipes say ``engine``: ``build --engine tensorrt|trtllm``, the recipe key
-    ``engine: tensorrt|trtllm`` and ``--set engine=...`` all set ``graphs`` (never written back)."""
+def test_graphs_flag_sets_the_recipe_key(tmp_path, monkeypatch):
+    """``build --graphs`` and ``--set graphs=true`` set ``graphs``; without either the recipe's own
+    (the old ``engine`` spellings are gone: tests/test_removed_spellings.py)."""
     from dflash_trt import deploy
     from dflash_trt.errors import DFlashError
 
@@ -123,25 +123,22 @@ def test_the_old_engine_spellings_still_set_graphs(tmp_path, monkeypatch):
         raise DFlashError("stop")
 
     monkeypatch.setattr(deploy, "build", build)
-    for argv in (["--graphs"], ["--engine", "tensorrt"], [], ["--engine", "trtllm"], ["--set", "engine=tensorrt"]):
+    for argv in (["--graphs"], [], ["--set", "graphs=true"]):
         assert run(["build", *argv, "--dry-run"]) == 2
-    assert seen == [True, True, False, False, True]
-    for old, graphs in (("tensorrt", True), ("trtllm", False)):
-        r = R.load(write(tmp_path, {**BASE, "engine": old}))
-        assert r.graphs is graphs and "engine" not in yaml.safe_load(r.to_yaml())
-    assert R.load(write(tmp_path, {**BASE, "engine": "tensorrt", "graphs": False})).graphs is False  # new key wins
+    assert seen == [True, False, True]
+    r = R.load(write(tmp_path, {**BASE, "graphs": True}))
+    assert r.graphs is True and yaml.safe_load(r.to_yaml())["graphs"] is True
 
 
 def test_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys):
     p = write(tmp_path, BASE)
-    with pytest.raises(RecipeError, match=r"^--gpus 0: Input should be greater than or equal to 1$"):
-        R.load(p, fields=[R.FieldValue("gpu.count", 0, "--gpus")])
+    with pytest.raises(RecipeError, match=r"^--gpus-per-node 0: Input should be greater than or equal to 1$"):
+        R.load(p, fields=[R.FieldValue("gpu.count", 0, "--gpus-per-node")])
     # A --set on the same key wins over the flag, so its error names the key, not the flag.
     with pytest.raises(RecipeError, match=rf"^{re.escape(str(p))}: gpu.count: Input should be greater"):
-        R.load(p, ["gpu.count=-1"], fields=[R.FieldValue("gpu.count", 2, "--gpus")])
+        R.load(p, ["gpu.count=-1"], fields=[R.FieldValue("gpu.count", 2, "--gpus-per-node")])
     for argv, flag in ((["plan", "--precision", "fp16"], "--precision 'fp16'"),
-                       (["plan", "qwen3-8b-h100-fp8", "--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4'"),
-                       (["build", "--engine", "onnx", "--dry-run"], "--engine 'onnx'")):
+                       (["plan", "qwen3-8b-h100-fp8", "--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4'")):
         assert run(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith(f"error: {flag}: Input should be"), err

@@ -193,13 +193,20 @@ def show_plan(p, r) -> None:
               + (f", ep={p.ep}" if p.ep > 1 else ""))
     t.add_column("memory per GPU")
     t.add_column("", justify="right")
-    arena = "drafter context arena" + (" (in the KV pool)" if m.arena_in_kv_pool else "")
-    for label, value in (("target weights", m.weights), ("drafter (bf16)", m.drafter), (arena, m.drafter_arena),
-                         (f"KV cache ({r.serving.max_batch_size} x {r.serving.max_seq_len} tokens)", m.kv_cache),
-                         ("activations", m.activations), ("runtime reserve", m.reserve)):
+    arena = "drafter context arena" + (" (in the KV pool)" if m.arena_in_kv_pool else " (dense, outside the pool)")
+    batch, seq = p.max_batch_size or r.serving.max_batch_size, p.max_seq_len or r.serving.max_seq_len
+    rows = [("target weights", m.weights), ("drafter (bf16)", m.drafter), (arena, m.drafter_arena),
+            (f"KV cache ({batch} x {seq} tokens)", m.kv_cache), ("activations", m.activations),
+            ("runtime reserve", m.reserve)]
+    if m.draft_kv_pool:
+        rows.insert(3, ("separate draft KV pool (unused, PR #19410)", m.draft_kv_pool))
+    rows += [(f"CUDA graphs ({len(m.graph_batch_sizes)} batch sizes)", m.cuda_graphs),
+             ("start-up headroom (PR #19466)", m.headroom)]
+    for label, value in rows:
         t.add_row(label, _gib(value))
     t.add_row("total", f"{_gib(m.total)} of {_gib(m.capacity)}")
     out.print(t)
+    show_budget(m)
     s = Table(title=f"drafting: block {p.block_size}, max_draft_len {p.max_draft_len}, expected τ {p.acceptance} "
               f"(α {p.alpha}), draft attention {p.attention_backend}")
     cols = ["batch", "draft", "speedup (range)"] + (["MTP"] if p.mtp else []) + ["best", "tok/s/user", "tok/s/GPU"]
@@ -236,6 +243,19 @@ def show_plan(p, r) -> None:
     out.print(f"TensorRT-LLM {p.trtllm_release} drafts, by batch size: {p.describe_draft_lengths()}", markup=False)
     for w in dict.fromkeys(p.warnings):  # each said once, in order
         err.print(Text.assemble(("warning:", "yellow"), " ", w))  # w as written: no markup in file names
+
+
+def show_budget(m) -> None:
+    """The KV pool's share and what is left beside it, with PR #19466's estimate beside ours."""
+    b = m.budget()
+    est = m.as_dict()["pr19466"]
+    how = "set in the recipe" if b.fraction_source == "recipe" else "chosen to leave start-up its room"
+    out.print(f"free_gpu_memory_fraction {b.fraction:.2f} ({how}): KV pool {_gib(int(b.fraction * b.free_after_load))}"
+              f" for {_gib(b.in_pool)}; beside it {_gib(b.after_pool)} needed, {_gib(b.left_after_pool)} spare",
+              markup=False)
+    out.print(f"PR #19466 estimate (an open pull request, not in a release): drafter buffers {_gib(est['buffers'])} "
+              f"against a budget of {_gib(est['budget'])} (0.70 x (memory - weights - 4 GiB) x (1 - fraction)): "
+              f"{est['verdict']}", markup=False)
 
 
 def no_backoff_verdict(curve: list[dict]) -> str:

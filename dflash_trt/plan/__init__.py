@@ -56,6 +56,7 @@ from dflash_trt.plan.trtllm_rules import (
     ignored_drafter_keys,
     refuse_disaggregated,
     refuse_quantized_drafter,
+    target_attn_backend,
     windowed_non_causal,
 )
 
@@ -113,6 +114,7 @@ __all__ = [
     "shipped_calibration",
     "stack_for",
     "step_model",
+    "target_attn_backend",
     "trtllm_to_vllm",
     "vllm_lengths",
     "vllm_to_trtllm",

@@ -32,7 +32,7 @@ from pathlib import Path
 from dflash_trt import ingest
 from dflash_trt import plan as planner
 from dflash_trt.deploy import drafter as bundle_drafter
-from dflash_trt.deploy import output, serve_sh
+from dflash_trt.deploy import output, serve_sh, trtllm_installed
 from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, RecipeError
 from dflash_trt.plan import GPU, DraftShape, Recipe, TargetShape, quant_precision, read_sizes
@@ -164,11 +164,12 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache, mtp_layers=r.mtp_layers)
     spec = rc.speculative
+    installed: list[str] = []   # features the installed release has by field and the table lacks
+    row = trtllm_installed.release_row(rc.trtllm.release, installed)
     if r.drafter_config is not None:   # non-causal windowed drafter layers rule out the TRTLLM draft attention
-        backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
-                                                    planner.get_release(rc.trtllm.release))
+        backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm, row)
         spec = spec.model_copy(update={"attention_backend": backend})
-    p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm)
+    p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, release=row)
     if calibration:
         cal, tau = planner.calibration_from_files(list(calibration), dep, p, planner.shipped_calibration(),
                                                     planner.stack_for(r.gpu))
@@ -176,8 +177,9 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
             spec = spec.model_copy(update={"acceptance": tau})
         errors = planner.calibration_errors(list(calibration), dep, p, planner.shipped_calibration(),
                                             planner.stack_for(r.gpu))
-        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors)
-    p.warnings = r.warnings + p.warnings
+        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors,
+                              release=row)
+    p.warnings = r.warnings + installed + p.warnings
     return p
 
 

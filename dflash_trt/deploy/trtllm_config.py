@@ -37,7 +37,7 @@ from typing import Literal
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dflash_trt.deploy import serve_sh, trtllm_judge
+from dflash_trt.deploy import serve_sh, trtllm_installed, trtllm_judge
 from dflash_trt.errors import DFlashError, RecipeError
 from dflash_trt.plan import Release, check_schedule, get_release, target_attn_backend
 
@@ -211,9 +211,9 @@ def _release_keys(data: dict, release: Release) -> None:
                           f"TensorRT-LLM {release.version} ({', '.join(release.attention_backends)})")
 
 
-def validate(data: dict, release: str | None = None) -> LlmApiConfig:
-    """Check a config dict against the schema (and the keys ``release`` has); a DFlashError
-    names the first bad key."""
+def validate(data: dict, release: str | Release | None = None) -> LlmApiConfig:
+    """Check a config dict against the schema (and the keys ``release`` has: a version, or its row
+    as completed from the installed classes); a DFlashError names the first bad key."""
     disaggregated = trtllm_judge.refuse_disaggregated(data)
     if disaggregated:
         raise DFlashError(f"TensorRT-LLM config: {disaggregated}")
@@ -224,7 +224,7 @@ def validate(data: dict, release: str | None = None) -> LlmApiConfig:
         loc = ".".join(str(x) for x in e["loc"])
         raise DFlashError(f"TensorRT-LLM config: {loc}: {e['msg']}") from None
     if release is not None:
-        _release_keys(data, get_release(release))
+        _release_keys(data, release if isinstance(release, Release) else get_release(release))
     return cfg
 
 
@@ -310,7 +310,7 @@ def config(recipe, plan, drafter=None, target=None, arm: str = "dflash") -> LlmA
     if plan.moe_backend:
         data["moe_config"] = {"backend": plan.moe_backend}
     _curated(data, target)
-    return validate(data, plan.trtllm_release)
+    return validate(data, trtllm_installed.release_row(plan.trtllm_release))
 
 
 def to_yaml(cfg: LlmApiConfig, release: str | None = None) -> str:

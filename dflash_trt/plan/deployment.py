@@ -397,13 +397,14 @@ def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -
 
 def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
          trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None,
-         errors: list[uncertainty.RowError] | None = None) -> Plan:
+         errors: list[uncertainty.RowError] | None = None, release: trtllm_releases.Release | None = None) -> Plan:
     """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections;
     step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`); every
     predicted speedup's range from ``errors`` (the user's own rows' leave-one-out errors), else
-    the published rows' (:mod:`uncertainty`)."""
+    the published rows' (:mod:`uncertainty`); ``release``: the targeted release's row as completed
+    from the installed classes (``deploy.trtllm_installed``), default the table's."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
-    release = trtllm_releases.get((trtllm or TrtllmSpec()).release)
+    release = release or trtllm_releases.get((trtllm or TrtllmSpec()).release)
     rules.refuse_disaggregated(serving.disaggregated)
     warnings: list[str] = []
     if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:

@@ -168,6 +168,9 @@ def plan(
                            "own server's measurements first: the JSON of 'dflash-trt bench --endpoint URL "
                            "--concurrency ... --json', with and without drafting (--baseline, or two files; "
                            "repeatable).")] = None,
+    stack: Annotated[str | None, typer.Option("--stack", help="The serving stack to predict for: trtllm, vllm or "
+                     "sglang (default: the recipe's server, TensorRT-LLM on a GPU), so engines and published "
+                     "tables of another engine compare like for like.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
@@ -175,8 +178,12 @@ def plan(
 
     flags = {"--gpu": gpu, "--gpus-per-node": one_spelling(gpus_per_node, gpus, "--gpus-per-node", "--gpus"),
              "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
+    if stack is not None and stack not in ("trtllm", "vllm", "sglang"):
+        from dflash_trt.errors import RecipeError
+
+        raise RecipeError(f"--stack {stack!r}: choose trtllm, vllm or sglang")
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
-    p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration)
+    p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration, stack=stack)
     if as_json:
         print_json({"recipe": r.name, "plan": p.as_dict()})
         return
@@ -227,6 +234,8 @@ def show_plan(p, r) -> None:
     out.print(s)
     if p.calibration:
         out.print(f"step model: {p.calibration}", markup=False)
+    for term, source in getattr(p, "step_sources", {}).items():
+        out.print(f"  {term} ({p.stack}): {source}", markup=False)
     if p.curve and "range_basis" in p.curve[0]:
         bases = dict.fromkeys(row["range_basis"] for row in p.curve)
         out.print(f"ranges: leave-one-out errors of {'; '.join(bases)}", markup=False)

@@ -73,11 +73,12 @@ what the plan reports is what that release drafts at each batch size.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from dflash_trt.errors import HardwareError, RecipeError
 from dflash_trt.plan import mtp as mtp_mod
-from dflash_trt.plan import perf_model, schedule_vllm, sizing, startup, trtllm_releases, uncertainty
+from dflash_trt.plan import perf_model, schedule_vllm, silicon, sizing, startup, trtllm_releases, uncertainty
 from dflash_trt.plan import schedule as sched_mod
 from dflash_trt.plan import trtllm_rules as rules
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha  # noqa: F401 - planner's public names
@@ -304,6 +305,10 @@ class Plan:
     max_seq_len: int = 0
     kv_cache_free_gpu_memory_fraction: float | None = None
     sized: list[dict] = field(default_factory=list)
+    # The serving stack the step model predicts for, and where each of its terms comes from
+    # (target_forward, drafter, kv_injection, loop, mtp_step: plan.silicon.sources)
+    stack: str = "trtllm"
+    step_sources: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -397,7 +402,8 @@ def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -
 
 def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
          trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None,
-         errors: list[uncertainty.RowError] | None = None, release: trtllm_releases.Release | None = None) -> Plan:
+         errors: list[uncertainty.RowError] | None = None, release: trtllm_releases.Release | None = None,
+         stack: str | None = None, tables: Callable[[int], silicon.Tables | None] | None = None) -> Plan:
     """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections;
     step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`); every
     predicted speedup's range from ``errors`` (the user's own rows' leave-one-out errors), else
@@ -423,8 +429,11 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
     acc = Acceptance.from_tau(tau, block, spec.per_position_acceptance)
     cal = calibration or perf_model.shipped()
-    stack = perf_model.stack_for(gpu)
+    stack = stack or perf_model.stack_for(gpu)
     roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
+    if tables is not None and calibration is None:   # tables(tp); the user's calibration wins over them
+        roof = silicon.SiliconStepModel(**{f: getattr(roof, f) for f in roof.__dataclass_fields__},
+                                        tables=tables(tp_))
     if spec.max_draft_len == "auto":
         max_len = _best_len(roof, 1, block - 1, acc)
     else:
@@ -454,7 +463,8 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
                 moe_backend=rules.moe_backend(t.model_type, gpu, release),
                 max_batch_size=serving.max_batch_size, max_seq_len=serving.max_seq_len,
-                kv_cache_free_gpu_memory_fraction=mem.fraction, sized=sized)
+                kv_cache_free_gpu_memory_fraction=mem.fraction, sized=sized, stack=stack,
+                step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None))
     _ranges(plan, stack, errors)
     _arms(plan, roof, dep.mtp_layers, acc)
     if any(lengths):

@@ -432,8 +432,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     stack = stack or perf_model.stack_for(gpu)
     roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
     if tables is not None and calibration is None:   # tables(tp); the user's calibration wins over them
-        roof = silicon.SiliconStepModel(**{f: getattr(roof, f) for f in roof.__dataclass_fields__},
-                                        tables=tables(tp_))
+        roof = silicon.combined(roof, tables(tp_))
     if spec.max_draft_len == "auto":
         max_len = _best_len(roof, 1, block - 1, acc)
     else:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,6 +40,16 @@ SYSTEMS = {"H100": "h100_sxm", "H100 PCIe": "h100_pcie", "H200": "h200_sxm", "B2
 FRAMEWORKS = {"trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
 GEMM = {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}   # mxfp4 and others: inferred from the config
 ANCHOR_WIDTHS = (1, 2, 4, 8, 16, 32)
+LOOP_FILE = Path(__file__).resolve().parents[1] / "assets" / "perf" / "silicon.json"
+
+
+@lru_cache(maxsize=1)
+def loop() -> dict:
+    """The combined model's fixed cost per forward beside the tables' step (``loop_s``: scheduling,
+    sampling, host sync, launches the tables do not time), fitted by ``bench/planner_accuracy.py``."""
+    import json
+
+    return json.loads(LOOP_FILE.read_text())
 DECODE_ISL_FLOOR = 16
 
 
@@ -97,11 +107,15 @@ class Tables:
         if nextn not in self._engines:
             from aiconfigurator_core.sdk.engine import EngineHandle  # optional dependency, loaded on first use
 
+            # its per-table loading notices are not the plan's to print: the plan names the tables it used
+            logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
             kv = "fp8" if self.kv_cache == "fp8" else "bfloat16"
+            # MoE experts split like the rest (moe_tp = tp, no expert parallelism): its width check wants
+            # tp x attention_dp = moe_tp x moe_ep
             self._engines[nextn] = EngineHandle.compile(
                 self.model, self.system, self.framework, backend_version=self.version, tp_size=self.tp,
-                gemm_quant_mode=GEMM.get(self.precision), kvcache_quant_mode=kv, fmha_quant_mode="bfloat16",
-                nextn=nextn)
+                moe_tp_size=self.tp, moe_ep_size=1, gemm_quant_mode=GEMM.get(self.precision),
+                kvcache_quant_mode=kv, fmha_quant_mode="bfloat16", nextn=nextn)
         return self._engines[nextn]
 
     def mtp_step_ms(self, b: int, nextn: int, ctx: int) -> float:
@@ -168,10 +182,20 @@ class SiliconStepModel(StepModel):
         return self.tables is not None and self.tables.reason is None
 
     def target_forward(self, b: int, n: int) -> float:
-        if not self.uses_tables:
+        # a prefill (wider than any verify) is not a decode step the tables' decode engine prices
+        if not self.uses_tables or n > ANCHOR_WIDTHS[-1]:
             return super().target_forward(b, n)
         assert self.tables is not None
         return self.tables.forward_ms(b, n, self.ctx) / 1000.0
+
+
+def combined(model: StepModel, tables: Tables | None) -> StepModel:
+    """``model`` with the target's forward from ``tables`` and the loop cost fitted beside them
+    (:func:`loop`); ``model`` itself where the tables do not serve."""
+    if tables is None or tables.reason is not None:
+        return SiliconStepModel(**{f: getattr(model, f) for f in model.__dataclass_fields__}, tables=tables)
+    fields = {f: getattr(model, f) for f in model.__dataclass_fields__}
+    return SiliconStepModel(**{**fields, "k": replace(model.k, step_s=float(loop()["loop_s"]))}, tables=tables)
 
 
 def sources(model: StepModel, calibration: str, user: bool) -> dict[str, str]:
@@ -181,6 +205,10 @@ def sources(model: StepModel, calibration: str, user: bool) -> dict[str, str]:
     tables = getattr(model, "tables", None)
     if isinstance(model, SiliconStepModel) and model.uses_tables and tables is not None:
         target = tables.source
+        fit = loop()
+        return {"target_forward": target, "drafter": own, "kv_injection": own,
+                "loop": f"{model.k.step_s * 1e6:.0f} us per forward beside the tables ({fit['source']})",
+                "mtp_step": target}
     elif tables is not None and tables.reason:
         target = f"{own}; tables fell back: {tables.reason}"
     elif user:

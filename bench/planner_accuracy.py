@@ -17,8 +17,9 @@ For every published and measured row with a speedup (``dflash_trt/assets/perf/me
 The drafter's constants come from the calibrated model's full fit, not refitted without the row
 (the tables themselves were not fitted on these rows): slightly optimistic where they matter.
 Rows the tables cannot price (the CPU rows, the Transformers stack, GPUs or models the tables
-lack) have no tables/combined figure and say why. Errors are grouped by stack, GPU class and concurrency band; a trend check says whether
-each source's predicted curve moves the way the measured one does as concurrency grows.
+lack) have no tables/combined figure and say why. Errors are grouped by stack, GPU class and
+concurrency band; a trend check says whether each source's predicted curve moves the way the
+measured one does as concurrency grows.
 """
 
 from __future__ import annotations

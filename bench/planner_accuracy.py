@@ -172,9 +172,11 @@ def main(argv=None) -> int:
         from dflash_trt.plan import silicon
 
         n = sum(r["combined"] is not None for r in rows)
+        loo = [{"id": r["id"], "stack": r["stack"], "gpu": r["gpu"], "concurrency": r["concurrency"],
+                "quantity": "speedup", "error": r["combined_error"]} for r in rows if r["combined"] is not None]
         silicon.LOOP_FILE.write_text(json.dumps({"loop_s": round(loop_s, 6), "rows": n, "source": (
             f"bench/planner_accuracy.py --write-loop: fitted on the {n} published rows the tables price "
-            f"(aiconfigurator-core {silicon.installed()})")}, indent=1) + "\n")
+            f"(aiconfigurator-core {silicon.installed()})"), "loo": loo}, indent=1) + "\n")
     if args.write:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         from dflash_trt.plan import silicon

@@ -464,7 +464,8 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 max_batch_size=serving.max_batch_size, max_seq_len=serving.max_seq_len,
                 kv_cache_free_gpu_memory_fraction=mem.fraction, sized=sized, stack=stack,
                 step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None))
-    _ranges(plan, stack, errors)
+    tabled = isinstance(roof, silicon.SiliconStepModel) and roof.uses_tables
+    _ranges(plan, stack, errors, silicon.loo_errors() if tabled and not errors else None)
     _arms(plan, roof, dep.mtp_layers, acc)
     if any(lengths):
         n, entries = schedule_vllm.from_lengths(lengths)
@@ -484,10 +485,12 @@ def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None
         row["winner"] = mtp_mod.winner(row["speedup"] if row["draft_len"] else 1.0, m)
 
 
-def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None) -> None:
-    """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on."""
+def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None,
+            model_rows: list[uncertainty.RowError] | None = None) -> None:
+    """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on
+    (``model_rows``: the step model's own leave-one-out rows where not the calibrated model's)."""
     own = bool(errors)
-    rows = errors if own else uncertainty.shipped()
+    rows = errors if own else (model_rows or uncertainty.shipped())
     for table in (plan.curve, plan.predicted):
         for row in table:
             r = uncertainty.speedup_range(row["speedup"], rows, stack, plan.gpu, row["batch"], own=own)

@@ -189,6 +189,14 @@ class SiliconStepModel(StepModel):
         return self.tables.forward_ms(b, n, self.ctx) / 1000.0
 
 
+def loo_errors() -> list:
+    """The combined model's leave-one-out errors on the rows the tables price (``uncertainty.RowError``):
+    what a plan's ranges rest on when it used the tables."""
+    from dflash_trt.plan.uncertainty import RowError
+
+    return [RowError.from_dict(r) for r in loop().get("loo", [])]
+
+
 def combined(model: StepModel, tables: Tables | None) -> StepModel:
     """``model`` with the target's forward from ``tables`` and the loop cost fitted beside them
     (:func:`loop`); ``model`` itself where the tables do not serve."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 from dflash_trt.errors import HardwareError
 from dflash_trt.plan.recipe import ServingSpec
@@ -64,8 +65,8 @@ def changes(before: ServingSpec, after: ServingSpec, why: str) -> list[dict]:
             for k in SIZED if getattr(before, k) != getattr(after, k)]
 
 
-def fit(choose: Callable[[ServingSpec], tuple[int, object]], serving: ServingSpec, where: str
-        ) -> tuple[int, object, ServingSpec, list[dict]]:
+def fit(choose: Callable[[ServingSpec], tuple[int, Any]], serving: ServingSpec, where: str
+        ) -> tuple[int, Any, ServingSpec, list[dict]]:
     """``(tp, memory, serving, changes)``: ``choose(serving)`` is ``deployment.choose_tp`` at that
     serving (a HardwareError when nothing fits); ``where`` names the GPUs for the messages."""
     fixed = user_set(serving)
@@ -75,7 +76,7 @@ def fit(choose: Callable[[ServingSpec], tuple[int, object]], serving: ServingSpe
     except HardwareError as exc:
         first = exc
     if FRACTION in fixed:   # the user's fraction in the way, where the planner's own would fit: say so
-        free = ServingSpec(**serving.model_dump(include=fixed - {FRACTION}))
+        free = ServingSpec(**serving.model_dump(include=set(fixed - {FRACTION})))
         try:
             _, mem = choose(free)
         except HardwareError:

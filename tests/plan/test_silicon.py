@@ -14,7 +14,7 @@ import pytest
 
 from dflash_trt.cli import run
 from dflash_trt.deploy import pipeline
-from dflash_trt.plan import deployment, mtp, perf_model, silicon
+from dflash_trt.plan import deployment, mtp, perf_model, silicon, uncertainty
 from dflash_trt.plan import recipe as R
 
 CONFIGS = R._bundled_dir() / "configs"
@@ -85,6 +85,10 @@ def test_every_term_names_its_source_and_calibration_wins():
     assert own.step_sources["target_forward"].startswith("user calibration") and "--calibration wins" in \
         own.step_sources["target_forward"]
     assert own.curve != p.curve   # the user's constants, not the tables, set the prediction
+    # the ranges rest on the combined model's own leave-one-out rows, not the calibrated model's
+    row = p.curve[0]
+    r = uncertainty.speedup_range(row["speedup"], silicon.loo_errors(), "trtllm", p.gpu, row["batch"])
+    assert row["speedup_range"] == [r.low, r.high] and len(silicon.loo_errors()) == 13
 
 
 def test_plan_predicts_for_the_chosen_stack(capsys):

@@ -146,6 +146,9 @@ def plan(
                            "own server's measurements first: the JSON of 'dflash-trt bench --endpoint URL "
                            "--concurrency ... --json', with and without drafting (--baseline, or two files; "
                            "repeatable).")] = None,
+    stack: Annotated[str | None, typer.Option("--stack", help="The serving stack to predict for: trtllm, vllm or "
+                     "sglang (default: the recipe's server, TensorRT-LLM on a GPU), so engines and published "
+                     "tables of another engine compare like for like.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
@@ -153,8 +156,12 @@ def plan(
 
     flags = {"--gpu": gpu, "--gpus-per-node": gpus_per_node,
              "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
+    if stack is not None and stack not in ("trtllm", "vllm", "sglang"):
+        from dflash_trt.errors import RecipeError
+
+        raise RecipeError(f"--stack {stack!r}: choose trtllm, vllm or sglang")
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
-    p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration)
+    p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration, stack=stack)
     if as_json:
         print_json({"recipe": r.name, "plan": p.as_dict()})
         return
@@ -171,13 +178,20 @@ def show_plan(p, r) -> None:
               + (f", ep={p.ep}" if p.ep > 1 else ""))
     t.add_column("memory per GPU")
     t.add_column("", justify="right")
-    arena = "drafter context arena" + (" (in the KV pool)" if m.arena_in_kv_pool else "")
-    for label, value in (("target weights", m.weights), ("drafter (bf16)", m.drafter), (arena, m.drafter_arena),
-                         (f"KV cache ({r.serving.max_batch_size} x {r.serving.max_seq_len} tokens)", m.kv_cache),
-                         ("activations", m.activations), ("runtime reserve", m.reserve)):
+    arena = "drafter context arena" + (" (in the KV pool)" if m.arena_in_kv_pool else " (dense, outside the pool)")
+    batch, seq = p.max_batch_size or r.serving.max_batch_size, p.max_seq_len or r.serving.max_seq_len
+    rows = [("target weights", m.weights), ("drafter (bf16)", m.drafter), (arena, m.drafter_arena),
+            (f"KV cache ({batch} x {seq} tokens)", m.kv_cache), ("activations", m.activations),
+            ("runtime reserve", m.reserve)]
+    if m.draft_kv_pool:
+        rows.insert(3, ("separate draft KV pool (unused, PR #19410)", m.draft_kv_pool))
+    rows += [(f"CUDA graphs ({len(m.graph_batch_sizes)} batch sizes)", m.cuda_graphs),
+             ("start-up headroom (PR #19466)", m.headroom)]
+    for label, value in rows:
         t.add_row(label, _gib(value))
     t.add_row("total", f"{_gib(m.total)} of {_gib(m.capacity)}")
     out.print(t)
+    show_budget(m)
     s = Table(title=f"drafting: block {p.block_size}, max_draft_len {p.max_draft_len}, expected τ {p.acceptance} "
               f"(α {p.alpha}), draft attention {p.attention_backend}")
     cols = ["batch", "draft", "speedup (range)"] + (["MTP"] if p.mtp else []) + ["best", "tok/s/user", "tok/s/GPU"]
@@ -198,6 +212,8 @@ def show_plan(p, r) -> None:
     out.print(s)
     if p.calibration:
         out.print(f"step model: {p.calibration}", markup=False)
+    for term, source in getattr(p, "step_sources", {}).items():
+        out.print(f"  {term} ({p.stack}): {source}", markup=False)
     if p.curve and "range_basis" in p.curve[0]:
         bases = dict.fromkeys(row["range_basis"] for row in p.curve)
         out.print(f"ranges: leave-one-out errors of {'; '.join(bases)}", markup=False)
@@ -214,6 +230,19 @@ def show_plan(p, r) -> None:
     out.print(f"TensorRT-LLM {p.trtllm_release} drafts, by batch size: {p.describe_draft_lengths()}", markup=False)
     for w in dict.fromkeys(p.warnings):  # each said once, in order
         err.print(Text.assemble(("warning:", "yellow"), " ", w))  # w as written: no markup in file names
+
+
+def show_budget(m) -> None:
+    """The KV pool's share and what is left beside it, with PR #19466's estimate beside ours."""
+    b = m.budget()
+    est = m.as_dict()["pr19466"]
+    how = "set in the recipe" if b.fraction_source == "recipe" else "chosen to leave start-up its room"
+    out.print(f"free_gpu_memory_fraction {b.fraction:.2f} ({how}): KV pool {_gib(int(b.fraction * b.free_after_load))}"
+              f" for {_gib(b.in_pool)}; beside it {_gib(b.after_pool)} needed, {_gib(b.left_after_pool)} spare",
+              markup=False)
+    out.print(f"PR #19466 estimate (an open pull request, not in a release): drafter buffers {_gib(est['buffers'])} "
+              f"against a budget of {_gib(est['budget'])} (0.70 x (memory - weights - 4 GiB) x (1 - fraction)): "
+              f"{est['verdict']}", markup=False)
 
 
 def no_backoff_verdict(curve: list[dict]) -> str:

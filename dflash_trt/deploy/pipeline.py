@@ -32,7 +32,7 @@ from pathlib import Path
 from dflash_trt import ingest
 from dflash_trt import plan as planner
 from dflash_trt.deploy import drafter as bundle_drafter
-from dflash_trt.deploy import output, serve_sh
+from dflash_trt.deploy import output, serve_sh, trtllm_installed
 from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, RecipeError
 from dflash_trt.plan import GPU, DraftShape, Recipe, TargetShape, quant_precision, read_sizes
@@ -157,27 +157,39 @@ def _refuse_trtllm_only(r: Resolved) -> None:
             "pair with the reference runtime (dflash-trt generate / bench / serve)")
 
 
-def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Plan:
+def make_plan(r: Resolved, calibration: list[Path] | None = None, stack: str | None = None) -> planner.Plan:
     """The plan; with ``calibration`` (``bench --endpoint --json`` files) the step model's constants
-    are first refitted on those measurements (:mod:`dflash_trt.plan.calibrate`)."""
+    are first refitted on those measurements (:mod:`dflash_trt.plan.calibrate`); ``stack``: the
+    serving stack to predict for (default the recipe's server: TensorRT-LLM on a GPU). The target's
+    forward comes from aiconfigurator-core's measured tables where installed and covering
+    (:mod:`dflash_trt.plan.silicon`), unless ``calibration`` is given."""
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache, mtp_layers=r.mtp_layers)
     spec = rc.speculative
+    installed: list[str] = []   # features the installed release has by field and the table lacks
+    row = trtllm_installed.release_row(rc.trtllm.release, installed)
     if r.drafter_config is not None:   # non-causal windowed drafter layers rule out the TRTLLM draft attention
-        backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
-                                                    planner.get_release(rc.trtllm.release))
+        backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm, row)
         spec = spec.model_copy(update={"attention_backend": backend})
-    p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm)
+    stack = stack or planner.stack_for(r.gpu)
+    model = str(r.target_dir) if r.target_dir else None
+
+    def tables(tp: int):
+        return planner.silicon_tables(model, r.gpu.name, stack, r.precision, tp, r.target.layers, rc.trtllm.release,
+                                      rc.precision.kv_cache)
+    p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, release=row, stack=stack,
+                         tables=None if r.gpu.kind == "cpu" else tables)
     if calibration:
         cal, tau = planner.calibration_from_files(list(calibration), dep, p, planner.shipped_calibration(),
-                                                    planner.stack_for(r.gpu))
+                                                    stack)
         if tau is not None and spec.acceptance is None:
             spec = spec.model_copy(update={"acceptance": tau})
         errors = planner.calibration_errors(list(calibration), dep, p, planner.shipped_calibration(),
-                                            planner.stack_for(r.gpu))
-        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors)
-    p.warnings = r.warnings + p.warnings
+                                            stack)
+        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors,
+                              release=row, stack=stack)
+    p.warnings = r.warnings + installed + p.warnings
     return p
 
 

@@ -1,7 +1,9 @@
 """The bundle's ``trtllm/serve.sh``: go to the bundle, check the machine, exec trtllm-serve.
 
 Before it ``exec``s, the script checks the machine against what the bundle was built for
-(:class:`ServeCheck`) and fails with one line on stderr (exit 2) naming what differs:
+(:class:`ServeCheck`) and fails with one line on stderr (exit 2) naming what differs (the GPUs
+first, then the release, so a refusal is the only line); on success it prints the TensorRT-LLM
+version and commit it checked against (recorded outside the bundle: :mod:`trtllm_judge`):
 
 * the installed TensorRT-LLM is the judge (``trtllm/judge.py``, a verbatim copy of
   :mod:`dflash_trt.deploy.trtllm_judge`): its version is read without importing the package
@@ -93,8 +95,8 @@ check_gpus() {{
         exit 2
     fi
 }}
-check_trtllm
 check_gpus
+check_trtllm
 '''
 
 

@@ -37,9 +37,9 @@ from typing import Literal
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dflash_trt.deploy import serve_sh, trtllm_judge
+from dflash_trt.deploy import serve_sh, trtllm_installed, trtllm_judge
 from dflash_trt.errors import DFlashError, RecipeError
-from dflash_trt.plan import Release, check_schedule, get_release
+from dflash_trt.plan import Release, check_schedule, get_release, target_attn_backend
 
 DRAFTER_REL = "./drafter"
 MTP_CONFIG = "config.mtp.yaml"
@@ -186,6 +186,14 @@ class LlmApiConfig(_Strict):
     kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     speculative_config: DFlashDecodingConfig | MTPDecodingConfig = Field(discriminator="decoding_type")
 
+    @model_validator(mode="after")
+    def _dflash_attn(self):
+        # FlashInfer cannot take K + 1 tokens per sequence (trtllm_rules.target_attn_backend)
+        if self.attn_backend == "FLASHINFER" and self.speculative_config.decoding_type == "DFlash":
+            raise ValueError("FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
+                             "(TensorRT-LLM PR #19466 rejects it); use TRTLLM")
+        return self
+
 
 def _release_keys(data: dict, release: Release) -> None:
     """The keys and values ``release`` does not have, refused in one line."""
@@ -203,9 +211,9 @@ def _release_keys(data: dict, release: Release) -> None:
                           f"TensorRT-LLM {release.version} ({', '.join(release.attention_backends)})")
 
 
-def validate(data: dict, release: str | None = None) -> LlmApiConfig:
-    """Check a config dict against the schema (and the keys ``release`` has); a DFlashError
-    names the first bad key."""
+def validate(data: dict, release: str | Release | None = None) -> LlmApiConfig:
+    """Check a config dict against the schema (and the keys ``release`` has: a version, or its row
+    as completed from the installed classes); a DFlashError names the first bad key."""
     disaggregated = trtllm_judge.refuse_disaggregated(data)
     if disaggregated:
         raise DFlashError(f"TensorRT-LLM config: {disaggregated}")
@@ -216,7 +224,7 @@ def validate(data: dict, release: str | None = None) -> LlmApiConfig:
         loc = ".".join(str(x) for x in e["loc"])
         raise DFlashError(f"TensorRT-LLM config: {loc}: {e['msg']}") from None
     if release is not None:
-        _release_keys(data, get_release(release))
+        _release_keys(data, release if isinstance(release, Release) else get_release(release))
     return cfg
 
 
@@ -278,26 +286,31 @@ def config(recipe, plan, drafter=None, target=None, arm: str = "dflash") -> LlmA
     ``arm="mtp"``: the same deployment drafting with the target's own MTP layers instead
     (``plan.mtp``), what users compare DFlash with."""
     s = recipe.serving
+    # the plan's sizes (lowered from defaults that did not fit: plan.sized) and its chosen fraction
+    batch = getattr(plan, "max_batch_size", 0) or s.max_batch_size
+    fraction = getattr(plan, "kv_cache_free_gpu_memory_fraction", None) or s.kv_cache_free_gpu_memory_fraction
     data = {
         "tensor_parallel_size": plan.tp,
-        "max_batch_size": s.max_batch_size,
+        "max_batch_size": batch,
         "max_num_tokens": plan.max_num_tokens or s.max_num_tokens,
-        "max_seq_len": s.max_seq_len,
+        "max_seq_len": getattr(plan, "max_seq_len", 0) or s.max_seq_len,
         "enable_chunked_prefill": plan.enable_chunked_prefill,
         "disable_overlap_scheduler": s.disable_overlap_scheduler,
         "enable_iter_perf_stats": s.iter_perf_stats,
         # BaseLlmArgs: CUDA graphs are on unless the config says cuda_graph_config: null
-        "cuda_graph_config": {"enable_padding": True, "max_batch_size": s.max_batch_size} if s.cuda_graphs else None,
-        "kv_cache_config": {"dtype": plan.kv_cache, "free_gpu_memory_fraction": s.kv_cache_free_gpu_memory_fraction,
+        "cuda_graph_config": {"enable_padding": True, "max_batch_size": batch} if s.cuda_graphs else None,
+        "kv_cache_config": {"dtype": plan.kv_cache, "free_gpu_memory_fraction": fraction,
                             "enable_block_reuse": s.enable_block_reuse},
         "speculative_config": _speculative(recipe, plan, drafter) if arm == "dflash" else _mtp(plan),
     }
+    if arm == "dflash":   # explicit: a head_dim of 256 (Gemma-4) would auto-select FlashInfer
+        data["attn_backend"] = target_attn_backend(None)
     if plan.ep > 1:
         data["moe_expert_parallel_size"] = plan.ep
     if plan.moe_backend:
         data["moe_config"] = {"backend": plan.moe_backend}
     _curated(data, target)
-    return validate(data, plan.trtllm_release)
+    return validate(data, trtllm_installed.release_row(plan.trtllm_release))
 
 
 def to_yaml(cfg: LlmApiConfig, release: str | None = None) -> str:

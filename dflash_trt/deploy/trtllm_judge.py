@@ -20,6 +20,17 @@ the YAML; ``tensorrt_llm`` imported lazily, in :func:`llm_api` only): ``deploy.t
 copies it verbatim into every bundle as ``trtllm/judge.py``, which ``serve.sh`` runs on the GPU
 machine, where dflash-trt need not be installed; ``dflash-trt serve --check`` imports it.
 
+Features by field: no release after 1.4.0rc1 could be established and the docs' "latest" page
+lags, so what a release can do is read from its classes (:func:`installed_features`: the fields
+of ``DecodingBaseConfig`` / ``DFlashDecodingConfig`` and the values ``attention_backend`` takes),
+not inferred from the version string; :func:`feature_lines` reports each feature the installed
+classes have, and ``dflash_trt.deploy.trtllm_installed`` plans with those the table lacks.
+
+What it checked against is printed (version and commit: ``version.py``'s commit variable, else
+the distribution's ``direct_url.json``, else "not recorded") and appended to a JSON-lines log
+OUTSIDE the bundle (``$DFLASH_SERVE_LOG``, default ``$XDG_STATE_HOME/dflash-trt/serve-checks.jsonl``),
+so the files the manifest hashes stay as built.
+
 Not judged here, by design: what needs the GPU or the weights (kernels, memory), and what the
 release's validators only check when the model is built (``LLM.__init__`` past the arguments).
 """
@@ -28,10 +39,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import importlib.util
+import json
 import os
 import re
 import sys
+import time
+import typing
 from pathlib import Path
 
 CONFIG = "trtllm/config.yaml"
@@ -57,6 +72,94 @@ def installed_version() -> str | None:
         return metadata.version("tensorrt_llm")
     except metadata.PackageNotFoundError:
         return None
+
+
+def installed_commit() -> str | None:
+    """The installed ``tensorrt_llm``'s source commit, read WITHOUT importing it: a commit variable in
+    its ``version.py``, else the distribution's ``direct_url.json`` (``vcs_info.commit_id``); None if neither."""
+    spec = importlib.util.find_spec("tensorrt_llm")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        f = Path(loc, "version.py")
+        m = re.search(r"(?:__git_commit__|git_commit|__commit__|git_version)\s*=\s*['\"]([0-9a-fA-F]{7,40})",
+                      f.read_text()) if f.is_file() else None
+        if m:
+            return m.group(1)
+    from importlib import metadata
+
+    try:
+        direct = metadata.distribution("tensorrt_llm").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    return (json.loads(direct).get("vcs_info") or {}).get("commit_id") if direct else None
+
+
+# (feature, class, field, a value the field must admit or None): what a DFlash bundle can use
+FEATURES = (
+    ("FA4 draft attention", "DFlashDecodingConfig", "attention_backend", "FA4"),
+    ("context_recompute_tail", "DFlashDecodingConfig", "context_recompute_tail", None),
+    ("draft-length floor min_runtime_draft_len (PR #16888)", "DecodingBaseConfig", "min_runtime_draft_len", None),
+    ("skip_ctx_buffer_budget_check", "DFlashDecodingConfig", "skip_ctx_buffer_budget_check", None),
+)
+
+
+def _literal_values(annotation) -> list[str]:
+    """The string values a ``Literal[...]`` annotation (possibly inside Optional) admits."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return [a for a in typing.get_args(annotation) if isinstance(a, str)]
+    return [v for a in typing.get_args(annotation) for v in _literal_values(a)]
+
+
+def installed_features() -> dict:
+    """The installed release's decoding classes, read by field (imports ``tensorrt_llm.llmapi``):
+    ``{"fields": {class: [field, ...]}, "attention_backends": [...], "defaults": {field: default},
+    "features": [feature, ...]}``."""
+    from tensorrt_llm.llmapi import llm_args
+
+    fields: dict[str, dict] = {}
+    for name in ("DecodingBaseConfig", "DFlashDecodingConfig"):
+        cls = getattr(llm_args, name, None)
+        fields[name] = dict(getattr(cls, "model_fields", None) or {})
+    dflash = fields["DFlashDecodingConfig"]
+    backend = dflash.get("attention_backend")
+    backends = _literal_values(backend.annotation) if backend is not None else []
+    have = []
+    for feature, cls, field, value in FEATURES:
+        found = fields[cls].get(field) or dflash.get(field)   # DFlash inherits the base's fields
+        if found is not None and (value is None or value in backends):
+            have.append(feature)
+    defaults = {k: f.default for cls in fields.values() for k, f in cls.items()
+                if isinstance(getattr(f, "default", None), int | float | str | bool)}
+    return {"fields": {k: sorted(v) for k, v in fields.items()}, "attention_backends": backends,
+            "defaults": defaults, "features": have}
+
+
+def feature_lines(feats: dict, version: str, data: dict) -> list[str]:
+    """What the installed classes offer: the features by field (one clause), plus one line per
+    behaviour that differs from what the config's plan assumed (the draft-length floor)."""
+    lines = ["by field it has " + (", ".join(feats["features"]) or "none of " + ", ".join(f[0] for f in FEATURES))]
+    spec = data.get("speculative_config") or {}
+    floor = feats["defaults"].get("min_runtime_draft_len")
+    if floor and (spec.get("draft_len_schedule") or spec.get("max_concurrency")):
+        lines.append(f"TensorRT-LLM {version} floors the draft length at min_runtime_draft_len={floor}: above the "
+                     "config's largest schedule key it keeps drafting instead of stopping (PR #16888)")
+    return lines
+
+
+def record(bundle: Path, planned: str, have: str, commit: str | None) -> Path | None:
+    """Append what was checked to the log outside the bundle (module docstring); None if it cannot be written."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    log = Path(os.environ.get("DFLASH_SERVE_LOG") or Path(state, "dflash-trt", "serve-checks.jsonl"))
+    manifest = bundle / "manifest.json"
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "bundle": str(bundle.resolve()),
+             "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None,
+             "planned": planned, "installed": have, "commit": commit}
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+    except OSError:
+        return None
+    return log
 
 
 def version_key(v: str) -> tuple[int, ...]:
@@ -104,6 +207,16 @@ def refuse_disaggregated(data: dict) -> str | None:
         return ("cache_transceiver_config: DFlash with disaggregated serving drafts without the prompt (the "
                 "generation server gets the target's KV cache, not the drafter's context), so acceptance collapses; "
                 "TensorRT-LLM only warns (PR #19352): serve aggregated")
+    return None
+
+
+def refuse_flashinfer(data: dict) -> str | None:
+    """One line when a DFlash config asks for the FlashInfer target attention: it cannot take the
+    K + 1 tokens per sequence a verify step feeds it (PR #19466 rejects it for DFlash)."""
+    spec = data.get("speculative_config") if isinstance(data, dict) else None
+    if isinstance(spec, dict) and spec.get("decoding_type") == "DFlash" and data.get("attn_backend") == "FLASHINFER":
+        return ("attn_backend: FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
+                "(TensorRT-LLM PR #19466 rejects it): use TRTLLM")
     return None
 
 
@@ -156,15 +269,18 @@ def check(planned: str, bundle: Path | str = ".", skip_config: bool = False) -> 
 
     root = Path(bundle)
     data = yaml.safe_load((root / CONFIG).read_text())
-    bad = refuse_disaggregated(data)
+    bad = refuse_disaggregated(data) or refuse_flashinfer(data)
     if bad:
         return 2, [bad]
     lines: list[str] = []
+    commit = installed_commit()
     if not skip_config:
         cwd = os.getcwd()
         os.chdir(root)  # the config's paths (./drafter) are relative to the bundle
         try:
             bad = judge(data, have)
+            if not bad:
+                lines += feature_lines(installed_features(), have, data)
         except ImportError as exc:
             lines.append(f"could not load TensorRT-LLM {have}'s LLM-API classes ({exc}); serving without "
                          "checking the config against them")
@@ -172,8 +288,14 @@ def check(planned: str, bundle: Path | str = ".", skip_config: bool = False) -> 
             os.chdir(cwd)
         if bad:
             return 2, [bad]
+    loaded = not skip_config and not any("could not load" in x for x in lines)
+    checked = "accepted by its LLM-API classes" if loaded else "not checked against its classes"
+    fields = [lines.pop(0)] if loaded and lines and lines[0].startswith("by field") else []
+    log = record(root, planned, have, commit)
+    sha = commit or "not recorded by the package"
+    head = f"checked against TensorRT-LLM {have} (commit {sha}): the config is {checked}"
+    lines.insert(0, "; ".join([head, *fields] + ([f"recorded in {log}"] if log else [])))
     if newer:
-        checked = "not checked against its classes" if lines or skip_config else "accepted by its LLM-API classes"
         lines.append(f"TensorRT-LLM {have} is newer than {planned}, the release this bundle's plan was made for; "
                      f"the config is {checked}, draft lengths and memory are as planned for {planned}")
     return 0, lines

@@ -42,6 +42,7 @@ from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
 from dflash_trt.plan.schedule_vllm import trtllm_to_vllm, vllm_lengths, vllm_to_trtllm
+from dflash_trt.plan.silicon import tables_for as silicon_tables
 from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
 from dflash_trt.plan.trtllm_capture import missing as capture_missing
 from dflash_trt.plan.trtllm_capture import supported as capture_supported
@@ -56,6 +57,7 @@ from dflash_trt.plan.trtllm_rules import (
     ignored_drafter_keys,
     refuse_disaggregated,
     refuse_quantized_drafter,
+    target_attn_backend,
     windowed_non_causal,
 )
 
@@ -111,8 +113,10 @@ __all__ = [
     "refuse_quantized_drafter",
     "schedule_runs",
     "shipped_calibration",
+    "silicon_tables",
     "stack_for",
     "step_model",
+    "target_attn_backend",
     "trtllm_to_vllm",
     "vllm_lengths",
     "vllm_to_trtllm",

@@ -39,7 +39,11 @@ Memory per GPU at tensor-parallel size ``t`` (the plan fits when the sum <= GPU 
 * activations: ``max_num_tokens x (8 x hidden + 3 x ceil(intermediate / t)) x 2 B`` for
   the widest prefill step plus ``max_batch_size x (L + 1) x vocab x 4 B`` of FP32 verification
   logits (DFlash verifies the K drafts + the bonus, ``dflash.py`` ``_draft_tokens_per_req``);
-  and a fixed runtime reserve of 2 GiB (CUDA context, cuBLAS/NCCL workspaces, CUDA graphs).
+  and a fixed runtime reserve of 2 GiB (CUDA context, cuBLAS/NCCL workspaces).
+* through start-up (:mod:`dflash_trt.plan.startup`): the CUDA graphs TensorRT-LLM captures (its batch
+  sizes and the schedule's keys) and 4 GiB of post-arena headroom; ``free_gpu_memory_fraction``
+  chosen so the KV pool leaves them (and the dense arena) their room. Defaults that do not fit are
+  lowered, values the user set are honoured or refused (:mod:`dflash_trt.plan.sizing`).
 
 Step model for draft length and back-off
 ----------------------------------------
@@ -69,11 +73,12 @@ what the plan reports is what that release drafts at each batch size.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from dflash_trt.errors import HardwareError, RecipeError
 from dflash_trt.plan import mtp as mtp_mod
-from dflash_trt.plan import perf_model, schedule_vllm, trtllm_releases, uncertainty
+from dflash_trt.plan import perf_model, schedule_vllm, silicon, sizing, startup, trtllm_releases, uncertainty
 from dflash_trt.plan import schedule as sched_mod
 from dflash_trt.plan import trtllm_rules as rules
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha  # noqa: F401 - planner's public names
@@ -134,22 +139,56 @@ class Memory:
     capacity: int
     arena_in_kv_pool: bool = False   # TRTLLM draft attention: the arena lives in the draft KV pool
     draft_kv_pool: int = 0           # a separate managed draft KV cache drafting does not use (PR #19410)
+    cuda_graphs: int = 0             # the captured decode graphs' pool (plan.startup)
+    headroom: int = 0                # post-arena consumers (plan.startup.HEADROOM)
+    graph_batch_sizes: tuple[int, ...] = ()
+    user_fraction: float | None = None   # free_gpu_memory_fraction the user set (None: chosen)
 
     @property
     def total(self) -> int:
         return (self.weights + self.drafter + self.drafter_arena + self.draft_kv_pool + self.kv_cache
-                + self.activations + self.reserve)
+                + self.activations + self.reserve + self.cuda_graphs + self.headroom)
 
     @property
-    def fits(self) -> bool:
-        return self.total <= self.capacity
+    def free_after_load(self) -> int:
+        """Free when TensorRT-LLM sizes the KV pool (weights, drafter and CUDA context resident)."""
+        return self.capacity - self.weights - self.drafter - self.reserve
+
+    @property
+    def in_pool(self) -> int:
+        return self.kv_cache + self.draft_kv_pool + (self.drafter_arena if self.arena_in_kv_pool else 0)
+
+    @property
+    def after_pool(self) -> int:
+        arena = 0 if self.arena_in_kv_pool else self.drafter_arena
+        return arena + self.activations + self.cuda_graphs + self.headroom
+
+    @property
+    def fraction(self) -> float:
+        """``kv_cache_config.free_gpu_memory_fraction``: the user's, else the largest that leaves start-up its room."""
+        if self.user_fraction is not None:
+            return self.user_fraction
+        return startup.best_fraction(self.free_after_load, self.after_pool)
 
     @property
     def missing(self) -> int:
-        return max(0, self.total - self.capacity)
+        free, f = self.free_after_load, self.fraction
+        short = (self.total - self.capacity, self.in_pool - int(f * free), self.after_pool - int((1 - f) * free))
+        return max(0, *short)
+
+    @property
+    def fits(self) -> bool:
+        return self.missing == 0 and self.fraction >= startup.MIN_FRACTION
+
+    def budget(self) -> startup.Budget:
+        return startup.Budget(self.free_after_load, self.in_pool, self.after_pool, self.fraction,
+                              "recipe" if self.user_fraction is not None else "chosen", self.graph_batch_sizes)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "total": self.total, "fits": self.fits, "missing": self.missing}
+        backend = "TRTLLM" if self.arena_in_kv_pool else "VANILLA"
+        return {**asdict(self), "total": self.total, "fits": self.fits, "missing": self.missing,
+                "budget": self.budget().as_dict(),
+                "pr19466": startup.pr19466(self.capacity, self.weights, self.fraction, self.drafter_arena, backend)}
 
 
 def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
@@ -160,17 +199,21 @@ def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
 def drafter_arena(d: DraftShape, tp: int, serving: ServingSpec, draft_len: int, backend: str = "VANILLA") -> int:
     """The drafter's context K/V buffers per rank: TensorRT-LLM ``_torch/speculative/dflash.py``,
     ``compute_dflash_ctx_buffer_bytes`` (slots = max_batch_size + 1, one for padding)."""
-    capacity = min(serving.max_seq_len, d.max_position_embeddings or serving.max_seq_len) + draft_len + 1
+    # the checkpoint's block_size per slot, not the runtime draft length (PR #17935's review)
+    capacity = min(serving.max_seq_len, d.max_position_embeddings or serving.max_seq_len) + max(d.block_size,
+                                                                                                  draft_len + 1)
     if backend == "TRTLLM":  # paged: whole 32-token pages per slot
         capacity = math.ceil(capacity / 32) * 32
     return 2 * (serving.max_batch_size + 1) * d.layers * capacity * math.ceil(d.kv_heads / tp) * d.head_dim * 2
 
 
 def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None = None,
-           backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> Memory:
-    """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring);
-    ``draft_len`` None: the trained block's ``B - 1``, an upper bound; ``release`` None: the
-    default release's row."""
+           backend: str = "VANILLA", release: trtllm_releases.Release | None = None,
+           schedule: dict[int, int] | None = None) -> Memory:
+    """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring; CUDA graphs,
+    headroom and the fraction: :mod:`startup`); ``draft_len`` None: the trained block's ``B - 1``,
+    an upper bound; ``release`` None: the default release's row; ``schedule``: the
+    ``draft_len_schedule`` whose keys add graphs."""
     release = release or trtllm_releases.get(trtllm_releases.DEFAULT_RELEASE)
     t, d = dep.target, dep.drafter
     batch, seq, tokens = serving.max_batch_size, serving.max_seq_len, serving.max_num_tokens
@@ -182,10 +225,15 @@ def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None
     act = tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
     act += batch * (L + 1) * t.vocab * 4
     unused_pool = backend != "TRTLLM" and release.separate_draft_kv(backend)
+    sizes = startup.captured_batch_sizes(batch, schedule) if serving.cuda_graphs else []
+    user = "kv_cache_free_gpu_memory_fraction" in serving.model_fields_set
     return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=drafter_arena(d, tp, serving, L, backend),
                   kv_cache=kv, activations=act, reserve=RUNTIME_RESERVE, capacity=dep.gpu.memory_bytes,
                   arena_in_kv_pool=backend == "TRTLLM",
-                  draft_kv_pool=drafter_arena(d, tp, serving, L, "TRTLLM") if unused_pool else 0)
+                  draft_kv_pool=drafter_arena(d, tp, serving, L, "TRTLLM") if unused_pool else 0,
+                  cuda_graphs=startup.graph_bytes(t, d, tp, sizes, L), headroom=startup.HEADROOM,
+                  graph_batch_sizes=tuple(sizes),
+                  user_fraction=serving.kv_cache_free_gpu_memory_fraction if user else None)
 
 
 def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
@@ -251,6 +299,16 @@ class Plan:
     # The same draft lengths for vLLM (num_speculative_tokens + _per_batch_size: inclusive ranges,
     # gaps inherit), converted from what TensorRT-LLM drafts, never copied (plan.schedule_vllm)
     vllm_schedule: dict | None = None
+    # The serving limits the plan is for (sized down from unset defaults that did not fit: ``sized``,
+    # [{key, from, to, why}], plan.sizing) and the KV pool's share (plan.startup)
+    max_batch_size: int = 0
+    max_seq_len: int = 0
+    kv_cache_free_gpu_memory_fraction: float | None = None
+    sized: list[dict] = field(default_factory=list)
+    # The serving stack the step model predicts for, and where each of its terms comes from
+    # (target_forward, drafter, kv_injection, loop, mtp_step: plan.silicon.sources)
+    stack: str = "trtllm"
+    step_sources: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -344,20 +402,24 @@ def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -
 
 def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
          trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None,
-         errors: list[uncertainty.RowError] | None = None) -> Plan:
+         errors: list[uncertainty.RowError] | None = None, release: trtllm_releases.Release | None = None,
+         stack: str | None = None, tables: Callable[[int], silicon.Tables | None] | None = None) -> Plan:
     """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections;
     step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`); every
     predicted speedup's range from ``errors`` (the user's own rows' leave-one-out errors), else
-    the published rows' (:mod:`uncertainty`)."""
+    the published rows' (:mod:`uncertainty`); ``release``: the targeted release's row as completed
+    from the installed classes (``deploy.trtllm_installed``), default the table's."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
-    release = trtllm_releases.get((trtllm or TrtllmSpec()).release)
+    release = release or trtllm_releases.get((trtllm or TrtllmSpec()).release)
     rules.refuse_disaggregated(serving.disaggregated)
     warnings: list[str] = []
     if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
         warnings.append(f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
                         f"{t.max_position_embeddings}")
-    backend = rules.attention_backend(spec.attention_backend, gpu, release, warnings)
-    tp_, _ = choose_tp(dep, parallel, serving, backend, release)
+    backend = rules.attention_backend(spec.attention_backend, gpu, release, warnings, d.head_dim)
+    tp_, _, serving, sized = sizing.fit(lambda s: choose_tp(dep, parallel, s, backend, release), serving,
+                                        f"{dep.gpus}x {gpu.name}")
+    warnings += [f"{c['key']} lowered from {c['from']} to {c['to']}: {c['why']}" for c in sized]
     block = spec.block_size or d.block_size
     if block > d.block_size:
         raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size} "
@@ -367,8 +429,10 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
     acc = Acceptance.from_tau(tau, block, spec.per_position_acceptance)
     cal = calibration or perf_model.shipped()
-    stack = perf_model.stack_for(gpu)
+    stack = stack or perf_model.stack_for(gpu)
     roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
+    if tables is not None and calibration is None:   # tables(tp); the user's calibration wins over them
+        roof = silicon.combined(roof, tables(tp_))
     if spec.max_draft_len == "auto":
         max_len = _best_len(roof, 1, block - 1, acc)
     else:
@@ -380,9 +444,12 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                         f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
     serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len,
                                  gpu.name, warnings)
-    mem = memory(dep, tp_, serving, max_len, backend, release)
     mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, acc), spec,
                                               max_len, release)
+    mem = memory(dep, tp_, serving, max_len, backend, release, sched)
+    if not mem.fits:   # the schedule's keys add graphs (startup.captured_batch_sizes)
+        raise HardwareError(f"with the draft_len_schedule's CUDA graphs the plan needs {_gib(mem.total)} per GPU "
+                            f"on {gpu.name}, {_gib(mem.missing)} missing: lower serving.max_batch_size")
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     plan = Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
                 memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),
@@ -393,8 +460,12 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 draft_lengths=[r.as_dict() for r in sched_mod.runs(lengths)], trtllm_release=release.version,
                 max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
                 enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
-                moe_backend=rules.moe_backend(t.model_type, gpu, release))
-    _ranges(plan, stack, errors)
+                moe_backend=rules.moe_backend(t.model_type, gpu, release),
+                max_batch_size=serving.max_batch_size, max_seq_len=serving.max_seq_len,
+                kv_cache_free_gpu_memory_fraction=mem.fraction, sized=sized, stack=stack,
+                step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None))
+    tabled = isinstance(roof, silicon.SiliconStepModel) and roof.uses_tables
+    _ranges(plan, stack, errors, silicon.loo_errors() if tabled and not errors else None)
     _arms(plan, roof, dep.mtp_layers, acc)
     if any(lengths):
         n, entries = schedule_vllm.from_lengths(lengths)
@@ -414,10 +485,12 @@ def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None
         row["winner"] = mtp_mod.winner(row["speedup"] if row["draft_len"] else 1.0, m)
 
 
-def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None) -> None:
-    """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on."""
+def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None,
+            model_rows: list[uncertainty.RowError] | None = None) -> None:
+    """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on
+    (``model_rows``: the step model's own leave-one-out rows where not the calibrated model's)."""
     own = bool(errors)
-    rows = errors if own else uncertainty.shipped()
+    rows = errors if own else (model_rows or uncertainty.shipped())
     for table in (plan.curve, plan.predicted):
         for row in table:
             r = uncertainty.speedup_range(row["speedup"], rows, stack, plan.gpu, row["batch"], own=own)

@@ -94,6 +94,9 @@ def mtp_forward(m: StepModel, b: int) -> float:
 def step(m: StepModel, b: int, n: int) -> float:
     if n <= 0:
         return m.ar_step(b)
+    tables = getattr(m, "tables", None)   # plan.silicon: the tables' own MTP step, on one footing with DFlash's
+    if tables is not None and tables.reason is None:
+        return m.k.step_s + tables.mtp_step_ms(b, n, m.ctx) / 1000.0
     return m.k.step_s + m.target_forward(b, n + 1) + n * mtp_forward(m, b)
 
 

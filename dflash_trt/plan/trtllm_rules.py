@@ -53,8 +53,17 @@ IGNORED_DRAFTER_KEYS = ("causal", "input_embedding_scale", "output_multiplier", 
 GiB = 1 << 30
 
 
-def attention_backend(requested: str, gpu: GPU, release: Release, warnings: list[str]) -> str:
-    """DFlashDecodingConfig.attention_backend: the recipe's, or the GPU's best the release has."""
+def fa4_head_dim(head_dim: int | None) -> bool:
+    """FA4 takes head_dim 8-256 in steps of 8 (PR #18553); None: not known, not refused."""
+    return head_dim is None or (8 <= head_dim <= 256 and head_dim % 8 == 0)
+
+
+def attention_backend(requested: str, gpu: GPU, release: Release, warnings: list[str],
+                      head_dim: int | None = None) -> str:
+    """DFlashDecodingConfig.attention_backend: the recipe's, or the GPU's best the release has, by
+    one rule on the GPU and the drafter's head dimension (its windows: :func:`draft_attention_backend`):
+    TRTLLM on SM100/SM103, FA4 on SM90 where the release has it and the head dimension is FA4's,
+    VANILLA elsewhere. A requested backend the rule forbids is refused in one line naming the rule."""
     if requested != "auto":
         if requested not in release.attention_backends:
             raise RecipeError(f"speculative.attention_backend {requested} does not exist in TensorRT-LLM "
@@ -63,13 +72,36 @@ def attention_backend(requested: str, gpu: GPU, release: Release, warnings: list
         if requested == "TRTLLM" and gpu.kind == "gpu" and gpu.sm not in (100, 103):
             raise HardwareError(f"speculative.attention_backend TRTLLM needs an SM100/SM103 GPU (B200, B300, GB200); "
                                 f"{gpu.name} is SM{gpu.sm}: use FA4 on Hopper or VANILLA")
+        if requested == "FA4" and gpu.kind == "gpu" and gpu.sm != 90:
+            raise HardwareError(f"speculative.attention_backend FA4 is SM90 only (PR #18553); {gpu.name} is "
+                                f"SM{gpu.sm}: use TRTLLM on SM100/SM103, or VANILLA")
+        if requested == "FA4" and not fa4_head_dim(head_dim):
+            raise RecipeError(f"speculative.attention_backend FA4 takes head_dim 8-256 in steps of 8 (PR #18553); "
+                              f"the drafter's is {head_dim}: use VANILLA")
         return requested
     best = gpu.draft_attention_backend
+    if best == "FA4" and not fa4_head_dim(head_dim):
+        warnings.append(f"the drafter's head_dim {head_dim} is outside FA4's 8-256 (steps of 8); using VANILLA, "
+                        "which needs the flash_attn package")
+        return "VANILLA"
     if best not in release.attention_backends:
         warnings.append(f"TensorRT-LLM {release.version} has no {best} draft attention; using VANILLA, which needs "
                         "the flash_attn package (TensorRT-LLM's requirements do not install it)")
         return "VANILLA"
     return best
+
+
+def target_attn_backend(requested: str | None) -> str:
+    """The target's ``attn_backend`` for a DFlash config: TRTLLM, written explicitly (a head_dim of
+    256, as Gemma-4's, makes TensorRT-LLM auto-select FlashInfer otherwise); FLASHINFER refused in
+    one line: it cannot take the K + 1 tokens per sequence a DFlash verify step feeds it (PR #19466
+    rejects it for DFlash)."""
+    if requested is None or requested == "TRTLLM":
+        return "TRTLLM"
+    if requested == "FLASHINFER":
+        raise RecipeError("attn_backend FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
+                          "(TensorRT-LLM PR #19466 rejects it); use TRTLLM")
+    return requested
 
 
 def windowed_non_causal(cfg) -> list[int]:

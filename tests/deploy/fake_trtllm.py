@@ -11,7 +11,9 @@ What it mirrors (TensorRT-LLM's source; key names from the 1.4.0rc1 API referenc
 * importing ``tensorrt_llm`` itself records it in ``IMPORTED`` (serve.sh's version read must not).
 
 ``drop`` removes fields (``"DFlashDecodingConfig.context_recompute_tail"``,
-``"TorchLlmArgs.disable_mm_encoder"``): a release that no longer has a key.
+``"TorchLlmArgs.disable_mm_encoder"``): a release that no longer has a key. ``add`` adds or
+replaces them (``{"DecodingBaseConfig.min_runtime_draft_len": "int = 1"}``: a release with the
+draft-length floor of PR #16888). ``commit`` writes ``__git_commit__`` into ``version.py``.
 """
 
 from __future__ import annotations
@@ -50,16 +52,19 @@ KV_FIELDS = {
 }
 
 
-def _fields(cls: str, fields: dict[str, str], drop: set[str]) -> str:
+def _fields(cls: str, fields: dict[str, str], drop: set[str], add: dict[str, str] | None = None) -> str:
+    fields = {**fields, **{k.split(".", 1)[1]: v for k, v in (add or {}).items() if k.startswith(f"{cls}.")}}
     return "\n".join(f"    {k}: {v}" for k, v in fields.items() if f"{cls}.{k}" not in drop) or "    pass"
 
 
-def write(root: Path, version: str, drop: tuple[str, ...] = (), old_layout: bool = False) -> Path:
+def write(root: Path, version: str, drop: tuple[str, ...] = (), old_layout: bool = False,
+          add: dict[str, str] | None = None, commit: str | None = None) -> Path:
     """Write the package under ``root`` (a sys.path entry); returns ``root``."""
     pkg = root / "tensorrt_llm"
     (pkg / "llmapi").mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("IMPORTED = True\n")
-    (pkg / "version.py").write_text(f'__version__ = "{version}"\n')
+    (pkg / "version.py").write_text(f'__version__ = "{version}"\n'
+                                    + (f'__git_commit__ = "{commit}"\n' if commit else ""))
     (pkg / "llmapi" / "__init__.py").write_text("from .llm_args import DFlashDecodingConfig, TorchLlmArgs\n")
     d = set(drop)
     (pkg / "llmapi" / "llm_args.py").write_text(textwrap.dedent('''\
@@ -87,6 +92,8 @@ def write(root: Path, version: str, drop: tuple[str, ...] = (), old_layout: bool
 
 
         class DecodingBaseConfig(StrictBaseModel):
+        {base}
+
             @classmethod
             def from_dict(cls, data: dict):
                 kinds = {{"DFlash": DFlashDecodingConfig}}
@@ -118,9 +125,10 @@ def write(root: Path, version: str, drop: tuple[str, ...] = (), old_layout: bool
                     else:
                         llm_args_dict[name] = kind(**llm_args_dict[name])
             return llm_args | llm_args_dict
-        ''').format(kv=_fields("KvCacheConfig", KV_FIELDS, d),
-                    dflash=_fields("DFlashDecodingConfig", DFLASH_FIELDS, d),
-                    args=_fields("TorchLlmArgs", LLM_ARGS_FIELDS, d)))
+        ''').format(kv=_fields("KvCacheConfig", KV_FIELDS, d, add),
+                    base=_fields("DecodingBaseConfig", {}, d, add),
+                    dflash=_fields("DFlashDecodingConfig", DFLASH_FIELDS, d, add),
+                    args=_fields("TorchLlmArgs", LLM_ARGS_FIELDS, d, add)))
     utils = pkg / "llmapi" / "llm_utils.py"
     if old_layout:
         utils.unlink(missing_ok=True)

@@ -37,7 +37,7 @@ def bundle(tmp_path) -> Path:
     return root
 
 
-def _run(tmp_path, bundle, *, version=None, gpus=None, env=None, check_dir=None, drop=(), cwd=None):
+def _run(tmp_path, bundle, *, version=None, gpus=None, env=None, check_dir=None, drop=(), cwd=None, **fake):
     """Run serve.sh with only fakes and the shell tools it needs on PATH."""
     bindir = tmp_path / "bin"
     shutil.rmtree(bindir, ignore_errors=True)
@@ -55,7 +55,7 @@ def _run(tmp_path, bundle, *, version=None, gpus=None, env=None, check_dir=None,
     pkgs = tmp_path / "site"
     shutil.rmtree(pkgs, ignore_errors=True)
     if version is not None:  # the stand-in tensorrt_llm, as the release ships its version.py and llmapi
-        fake_trtllm.write(pkgs, version, drop)
+        fake_trtllm.write(pkgs, version, drop, **fake)
     run_env = {"PATH": str(bindir), "PYTHON": sys.executable, "PYTHONPATH": str(pkgs), "HOME": str(tmp_path),
                **(env or {})}
     return subprocess.run([str((check_dir or bundle) / "trtllm" / "serve.sh"), "--port", "9"], cwd=cwd or tmp_path,

@@ -29,7 +29,13 @@ def test_emitted_config_for_a_hopper_recipe():
     assert spec["attention_backend"] == "FA4" and spec["max_draft_len"] == p.max_draft_len <= 15
     assert spec["mask_token_id"] == 151669 and spec["target_layer_ids"] == [1, 9, 17, 25, 33]
     assert data["tensor_parallel_size"] == 1 and data["max_seq_len"] == 8192 and data["max_batch_size"] == 32
-    assert data["kv_cache_config"] == {"dtype": "auto", "free_gpu_memory_fraction": 0.85, "enable_block_reuse": False}
+    # the fraction the plan chose (plan.startup): the KV pool leaves the dense arena, activations, graphs and
+    # 4 GiB headroom their room; the recipe does not set it
+    m = p.memory
+    assert data["kv_cache_config"] == {"dtype": "auto", "free_gpu_memory_fraction": m.fraction,
+                                       "enable_block_reuse": False}
+    assert (1 - m.fraction) * m.free_after_load >= m.after_pool and m.fraction * m.free_after_load >= m.in_pool
+    assert data["attn_backend"] == "TRTLLM"   # explicit: never FlashInfer for DFlash
     assert data["enable_chunked_prefill"] is False and "context_recompute_tail" not in spec
     assert data["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": 32}
     assert "moe_expert_parallel_size" not in data
@@ -60,7 +66,7 @@ def test_moe_recipe_sets_expert_parallel_and_blackwell_backend():
     flags = dict(zip(args[4::2], args[5::2], strict=True))
     assert flags == {"--host": "0.0.0.0", "--port": "9000", "--tp_size": "8", "--ep_size": "8",
                      "--max_batch_size": "64", "--max_num_tokens": "8192", "--max_seq_len": "16384",
-                     "--kv_cache_free_gpu_memory_fraction": "0.85"}
+                     "--kv_cache_free_gpu_memory_fraction": "0.9"}   # room to spare: TensorRT-LLM's default cap
 
 
 def _base():

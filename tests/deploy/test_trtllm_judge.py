@@ -32,14 +32,50 @@ def bundle(tmp_path):
     return root
 
 
-def test_the_planned_release_serves_silently_and_a_newer_one_with_one_line(tmp_path, bundle):
+def test_the_planned_release_serves_with_what_it_checked_and_a_newer_one_with_one_more_line(tmp_path, bundle):
     res = _run(tmp_path, bundle, version="1.4.0rc1", gpus=[H100_ROW])
-    assert res.returncode == 0 and res.stdout.startswith("served from") and "serve.sh" not in res.stderr, res.stderr
+    assert res.returncode == 0 and res.stdout.startswith("served from"), res.stderr
+    said = [line for line in res.stderr.splitlines() if line.startswith("serve.sh:")]
+    assert len(said) == 1 and said[0].startswith("serve.sh: checked against TensorRT-LLM 1.4.0rc1 (commit not "
+                                                 "recorded by the package): the config is accepted"), said
     res = _run(tmp_path, bundle, version="1.4.0+cu130", gpus=[H100_ROW])
     assert res.returncode == 0 and res.stdout.startswith("served from"), res.stderr
     said = [line for line in res.stderr.splitlines() if line.startswith("serve.sh:")]
-    assert len(said) == 1 and "TensorRT-LLM 1.4.0+cu130 is newer than 1.4.0rc1" in said[0]
-    assert "plan was made for" in said[0] and "accepted by its LLM-API classes" in said[0]
+    assert len(said) == 2 and "TensorRT-LLM 1.4.0+cu130 is newer than 1.4.0rc1" in said[1]
+    assert "plan was made for" in said[1] and "accepted by its LLM-API classes" in said[1]
+
+
+def test_serve_sh_prints_and_records_the_version_and_commit_outside_the_bundle(tmp_path, bundle):
+    before = {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()}
+    res = _run(tmp_path, bundle, version="1.4.0rc3", gpus=[H100_ROW], commit="0372799abc",
+               add={"DecodingBaseConfig.min_runtime_draft_len": "int = 1"})
+    assert res.returncode == 0, res.stderr
+    said = [line for line in res.stderr.splitlines() if line.startswith("serve.sh:")]
+    assert "checked against TensorRT-LLM 1.4.0rc3 (commit 0372799abc)" in said[0]
+    assert "by field it has FA4 draft attention, context_recompute_tail, draft-length floor" in said[0]
+    log = tmp_path / ".local" / "state" / "dflash-trt" / "serve-checks.jsonl"
+    entry = yaml.safe_load(log.read_text().splitlines()[-1])
+    assert entry["installed"] == "1.4.0rc3" and entry["commit"] == "0372799abc" and entry["planned"] == "1.4.0rc1"
+    assert {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before   # the bundle is as built
+
+
+def test_a_draft_length_floor_the_plan_did_not_assume_is_reported(tmp_path, bundle):
+    path = bundle / "trtllm" / "config.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["speculative_config"]["draft_len_schedule"] = {4: 7, 8: 3}
+    path.write_text(yaml.safe_dump(data))
+    res = _run(tmp_path, bundle, version="1.4.0rc3", gpus=[H100_ROW],
+               add={"DecodingBaseConfig.min_runtime_draft_len": "int = 1"})
+    assert res.returncode == 0 and "floors the draft length at min_runtime_draft_len=1" in res.stderr, res.stderr
+    res = _run(tmp_path, bundle, version="1.4.0rc3", gpus=[H100_ROW])   # no such field: nothing said
+    assert res.returncode == 0 and "floors the draft length" not in res.stderr
+
+
+def test_flashinfer_under_dflash_is_refused_at_serve_time(tmp_path, bundle):
+    path = bundle / "trtllm" / "config.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "attn_backend": "FLASHINFER"}))
+    err = _one_line_error(_run(tmp_path, bundle, version="1.4.0rc1", gpus=[H100_ROW]))
+    assert "attn_backend: FLASHINFER cannot verify K + 1 tokens per sequence" in err
 
 
 @pytest.mark.parametrize("drop, key", [("DFlashDecodingConfig.context_recompute_tail",

@@ -61,7 +61,18 @@ def test_qwen3_8b_h100_fp8_memory_by_hand(qwen):
     assert m.kv_cache == 2 * 36 * 8 * 128 * 2 * 8192 * 16 == 19_327_352_832
     assert m.activations == 8192 * (8 * 4096 + 3 * 12288) * 2 + 16 * 16 * 151936 * 4 == 1_296_433_152
     assert m.reserve == 2 * GiB
-    assert m.total == 37_161_925_088 and m.capacity == 80_000_000_000 and m.fits and m.missing == 0
+    # CUDA graphs at batch 1, 2, 4, 8, 16 (enable_padding): the pool of the largest, 16 rows x 16 tokens
+    # through the target and the drafter (8 x 4096 + 3 x 12288 each) plus their FP32 logits, + 16 MiB a graph
+    assert m.graph_batch_sizes == (1, 2, 4, 8, 16)
+    assert m.cuda_graphs == 256 * 69632 * 2 * 2 + 256 * 151936 * 4 + 5 * 16 * 2**20 == 310_771_712
+    assert m.headroom == 4 * GiB
+    assert m.total == 37_161_925_088 + 310_771_712 + 4 * GiB == 41_767_664_096
+    assert m.capacity == 80_000_000_000 and m.fits and m.missing == 0
+    # the KV pool's share: free after weights, drafter and reserve; beside the pool the dense arena,
+    # activations, graphs and headroom: floor(1000 x (free - beside) / free) / 1000
+    free = 80_000_000_000 - 9_435_705_312 - 2_097_252_864 - 2 * GiB
+    beside = 2_857_697_280 + 1_296_433_152 + 310_771_712 + 4 * GiB
+    assert m.fraction == int(1000 * (free - beside) / free) / 1000 == 0.867
 
 
 def test_qwen3_8b_b200_nvfp4_memory_by_hand(qwen):
@@ -72,7 +83,10 @@ def test_qwen3_8b_b200_nvfp4_memory_by_hand(qwen):
     assert m.drafter_arena == 2 * 65 * 5 * 8208 * 8 * 128 * 2 == 10_926_489_600
     assert m.kv_cache == 2 * 36 * 8 * 128 * 2 * 8192 * 64 == 77_309_411_328
     assert m.activations == 8192 * 69632 * 2 + 64 * 16 * 151936 * 4 == 1_763_180_544
-    assert m.total == 100_640_750_048 and m.fits  # of 180e9
+    # 11 graphs (1, 2, 4, 8, 16, 24, ..., 64); the pool at 64 rows x 16 tokens; 4 GiB headroom
+    pool = 1024 * 69632 * 2 * 2 + 1024 * 151936 * 4
+    assert m.cuda_graphs == pool + 11 * 16 * 2**20
+    assert m.total == 100_640_750_048 + pool + 11 * 16 * 2**20 + 4 * GiB and m.fits  # of 180e9
 
 
 def test_fp8_kv_cache_halves_the_kv(qwen):
@@ -95,7 +109,9 @@ def test_smallest_tp_that_fits(qwen):
     assert m.weights == 5_340_182_512 and m.kv_cache == 38_654_705_664
     assert m.drafter_arena == 5_463_244_800
     assert m.activations == 8192 * (32768 + 3 * 6144) * 2 + 64 * 16 * 151936 * 4
-    assert m.total == 55_164_060_144
+    # + 11 graphs, the pool at 64 x 16 tokens (the target's FFN split over 2 ranks), + 4 GiB headroom
+    pool = 1024 * (8 * 4096 + 3 * 6144) * 2 + 1024 * 69632 * 2 + 1024 * 151936 * 4
+    assert m.total == 55_164_060_144 + pool + 11 * 16 * 2**20 + 4 * GiB
 
 
 def test_does_not_fit_says_how_much_is_missing(qwen):

@@ -25,13 +25,20 @@ def _plan(name, sets=()):
     return r, pipeline.make_plan(res), res
 
 
-def qwen_h100_total(S: int, B: int, tokens: int) -> int:
-    """Bytes per GPU for qwen3-8b-h100-fp8 at tp=1, max_draft_len 15 (the module docstring of plan.py)."""
+def qwen_h100_total(S: int, B: int, tokens: int, graphs: int = 16) -> int:
+    """Bytes per GPU for qwen3-8b-h100-fp8 at tp=1, max_draft_len 15 (the module docstring of plan.py),
+    with ``graphs`` captured CUDA graphs (plan.startup: the pool at B x 16 tokens + 16 MiB each) and
+    4 GiB start-up headroom."""
     weights, drafter, reserve = 9_435_705_312, 2_097_252_864, 2 * 1024**3
     arena = 2 * (B + 1) * 5 * (S + 15 + 1) * 8 * 128 * 2
     kv = 2 * 36 * 8 * 128 * 2 * S * B
     act = tokens * (8 * 4096 + 3 * 12288) * 2 + B * 16 * 151936 * 4
-    return weights + drafter + arena + kv + act + reserve
+    pool = B * 16 * (69632 * 2 * 2 + 151936 * 4) + graphs * 16 * 2**20
+    return weights + drafter + arena + kv + act + reserve + pool + 4 * 1024**3
+
+
+# TensorRT-LLM's captured batch sizes up to 100 with padding: 1, 2, 4, 8, 16, ..., 96, then 100
+GRAPHS_100 = (1, 2, 4, *range(8, 97, 8), 100)
 
 
 def test_token_budget_raises_max_num_tokens_when_memory_allows():
@@ -39,7 +46,9 @@ def test_token_budget_raises_max_num_tokens_when_memory_allows():
     r, p, res = _plan("qwen3-8b-h100-fp8", ["serving.max_batch_size=100", "serving.max_seq_len=2000",
                                             "serving.max_num_tokens=16", "speculative.max_draft_len=15"])
     assert p.max_num_tokens == 100 * (1 + 15) == 1600
-    assert p.memory.total == qwen_h100_total(2000, 100, 1600)
+    keys = {k for k in (p.draft_len_schedule or {}) if k <= 100}    # _merge_schedule_keys adds them
+    assert p.memory.graph_batch_sizes == tuple(sorted(set(GRAPHS_100) | keys))
+    assert p.memory.total == qwen_h100_total(2000, 100, 1600, len(p.memory.graph_batch_sizes))
     assert any("100 x 16 = 1600 exceeds max_num_tokens 16" in w and "raised to 1600" in w for w in p.warnings)
     cfg = trtllm.config(r, p, res.drafter)
     assert cfg.max_num_tokens == 1600 and cfg.enable_chunked_prefill  # max_seq_len 2000 > 1600
@@ -48,10 +57,11 @@ def test_token_budget_raises_max_num_tokens_when_memory_allows():
 
 
 def test_token_budget_refuses_with_the_numbers_when_memory_does_not_allow(capsys):
-    S = 3880
-    assert qwen_h100_total(S, 100, 16) <= 80e9 < qwen_h100_total(S, 100, 1600)  # fits only without the raise
+    # a max_seq_len that fits only without the raise (no schedule: 16 graphs; 0.1 GB for the fraction's 0.001 steps)
+    S = next(S for S in range(3000, 4000, 8)
+             if qwen_h100_total(S, 100, 16) <= 79.9e9 and qwen_h100_total(S, 100, 1600) > 80e9)
     sets = ["serving.max_batch_size=100", f"serving.max_seq_len={S}", "serving.max_num_tokens=16",
-            "speculative.max_draft_len=15"]
+            "speculative.max_draft_len=15", "speculative.schedule=none"]
     with pytest.raises(HardwareError) as e:
         _plan("qwen3-8b-h100-fp8", sets)
     msg = str(e.value)

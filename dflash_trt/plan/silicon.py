@@ -1,0 +1,227 @@
+"""Target step costs from NVIDIA's measured per-operation tables (``aiconfigurator-core``), lazily.
+
+Invariant: where the tables cover the GPU, the stack, the model and the precision, the target's
+forward at width ``w`` tokens per row and batch ``b`` is the sum of the tables' interpolated
+per-operation latencies for that step; everything else (the drafter, the KV injection, the loop's
+fixed cost) stays our calibrated model, and a term the tables cannot give falls back to that model
+and says so (:attr:`Tables.reason`). Importing this module imports nothing of ``aiconfigurator_core``;
+:func:`tables_for` loads it (and its tables) on first use.
+
+How a width is asked for without MTP layer scaling (read in ``aiconfigurator_core/sdk``, 0.12.0):
+``engine.compile_engine(..., nextn=n)`` sets the verify width of a generation step to ``n + 1``
+query tokens per request (the Rust engine's ``num_decode_query_tokens``) AND multiplies every
+generation op's count by ``models/helpers.py::mtp_scale_factor(n, L) = (L + n) / L`` (the MTP
+layers' extra compute; ``models/llama.py`` applies it to each generation op alike). The compiled
+engine's ``decode_step_latency(b, isl, osl)`` is therefore ``(L + n) / L`` x the step at width
+``n + 1``; dividing by that factor gives the target's own forward at width ``n + 1``. Widths are
+compiled at :data:`ANCHOR_WIDTHS` and interpolated linearly between them (a compile is ~0.1 s).
+The MTP arm's step is the same engine undivided (its own scaling is what MTP costs).
+
+Table version: the newest version the tables hold for the stack at or below the targeted
+TensorRT-LLM release (``aiconfigurator_core/systems/data/<system>/gemm/<framework>/<version>``);
+vLLM and SGLang, whose release a plan does not target, use the tables' current version.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+from dflash_trt.plan.perf_model import StepModel
+
+logger = logging.getLogger(__name__)
+
+SYSTEMS = {"H100": "h100_sxm", "H100 PCIe": "h100_pcie", "H200": "h200_sxm", "B200": "b200_sxm",
+           "B300": "b300_sxm", "GB200": "gb200", "GB300": "gb300", "A100 80GB": "a100_sxm", "L40S": "l40s"}
+FRAMEWORKS = {"trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
+GEMM = {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}   # mxfp4 and others: inferred from the config
+ANCHOR_WIDTHS = (1, 2, 4, 8, 16, 32)
+LOOP_FILE = Path(__file__).resolve().parents[1] / "assets" / "perf" / "silicon.json"
+
+
+@lru_cache(maxsize=1)
+def loop() -> dict:
+    """The combined model's fixed cost per forward beside the tables' step (``loop_s``: scheduling,
+    sampling, host sync, launches the tables do not time), fitted by ``bench/planner_accuracy.py``."""
+    import json
+
+    return json.loads(LOOP_FILE.read_text())
+DECODE_ISL_FLOOR = 16
+
+
+def installed() -> str | None:
+    """The installed ``aiconfigurator-core`` version (no import), or None."""
+    if importlib.util.find_spec("aiconfigurator_core") is None:
+        return None
+    from importlib import metadata
+
+    try:
+        return metadata.version("aiconfigurator-core")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _vkey(v: str) -> tuple:
+    parts = re.findall(r"\d+|rc|a|b", v)
+    return tuple(int(p) if p.isdigit() else {"a": -3, "b": -2, "rc": -1}[p] for p in parts) + (0,)
+
+
+def table_version(system: str, framework: str, release: str | None) -> str | None:
+    """The newest GEMM table version for ``system``/``framework`` at or below ``release``
+    (None: the newest); None when the tables hold none."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]) / "systems" / "data" / system / "gemm" / framework
+    versions = sorted((p.name for p in root.iterdir() if p.is_dir()), key=_vkey) if root.is_dir() else []
+    if release is not None:
+        versions = [v for v in versions if _vkey(v.replace("rc", "rc")) <= _vkey(release)]
+    return versions[-1] if versions else None
+
+
+@dataclass
+class Tables:
+    """The target's step times from the tables for one deployment (ms)."""
+
+    model: str            # the target's config directory or hub id, as the tables read it
+    system: str
+    framework: str
+    version: str | None
+    precision: str
+    tp: int
+    layers: int
+    kv_cache: str = "auto"
+    reason: str | None = None    # why the tables do not serve this deployment (None: they do)
+    _engines: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def source(self) -> str:
+        return (f"aiconfigurator-core {installed()} measured tables ({self.framework} {self.version or 'current'}, "
+                f"{self.system})")
+
+    def _engine(self, nextn: int):
+        if nextn not in self._engines:
+            from aiconfigurator_core.sdk.engine import EngineHandle  # optional dependency, loaded on first use
+
+            # its per-table loading notices are not the plan's to print: the plan names the tables it used
+            logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
+            kv = "fp8" if self.kv_cache == "fp8" else "bfloat16"
+            # MoE experts split like the rest (moe_tp = tp, no expert parallelism): its width check wants
+            # tp x attention_dp = moe_tp x moe_ep
+            self._engines[nextn] = EngineHandle.compile(
+                self.model, self.system, self.framework, backend_version=self.version, tp_size=self.tp,
+                moe_tp_size=self.tp, moe_ep_size=1, gemm_quant_mode=GEMM.get(self.precision),
+                kvcache_quant_mode=kv, fmha_quant_mode="bfloat16", nextn=nextn)
+        return self._engines[nextn]
+
+    def mtp_step_ms(self, b: int, nextn: int, ctx: int) -> float:
+        """The tables' own MTP step (width nextn + 1, with the MTP layers' (L + n) / L)."""
+        return float(self._engine(nextn).decode_step_latency(b, max(DECODE_ISL_FLOOR, ctx), 2))
+
+    def _width_ms(self, b: int, width: int, ctx: int) -> float:
+        n = width - 1
+        scale = (self.layers + n) / self.layers if n > 0 else 1.0
+        return self.mtp_step_ms(b, n, ctx) / scale
+
+    def forward_ms(self, b: int, width: int, ctx: int) -> float:
+        """The target's forward over ``b`` rows x ``width`` tokens at decode context ``ctx``."""
+        if width in ANCHOR_WIDTHS or width > ANCHOR_WIDTHS[-1]:
+            return self._width_ms(b, width, ctx)
+        lo = max(w for w in ANCHOR_WIDTHS if w < width)
+        hi = min(w for w in ANCHOR_WIDTHS if w > width)
+        a, c = self._width_ms(b, lo, ctx), self._width_ms(b, hi, ctx)
+        return a + (c - a) * (width - lo) / (hi - lo)
+
+
+@lru_cache(maxsize=32)
+def _probe(model: str, system: str, framework: str, version: str | None, precision: str, tp: int,
+           layers: int, kv_cache: str) -> Tables:
+    t = Tables(model, system, framework, version, precision, tp, layers, kv_cache)
+    try:
+        t.forward_ms(1, 1, 512)
+    except Exception as exc:   # the library refuses what its tables lack (model family, system, version)
+        logger.info("aiconfigurator-core cannot price %s on %s/%s: %s", model, system, framework, exc)
+        t.reason = f"the tables cannot price it ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    return t
+
+
+def tables_for(model: str | None, gpu: str, stack: str, precision: str, tp: int, layers: int,
+               release: str | None, kv_cache: str = "auto") -> Tables | None:
+    """The tables for a deployment, or None when the library is absent; a :class:`Tables` whose
+    ``reason`` says why when they lack the GPU, the stack, the model or the version."""
+    if installed() is None:
+        return None
+    system, framework = SYSTEMS.get(gpu), FRAMEWORKS.get(stack)
+    if system is None or framework is None or model is None:
+        why = (f"the tables hold no {gpu}" if system is None else
+               f"the tables hold no {stack} stack" if framework is None else "the target has no config to read")
+        return Tables(model or "", system or gpu, framework or stack, None, precision, tp, layers, kv_cache, why)
+    version = table_version(system, framework, release if framework == "trtllm" else None)
+    if version is None:
+        return Tables(model, system, framework, None, precision, tp, layers, kv_cache,
+                      f"the tables hold no {framework} data at or below {release} for {system}")
+    if framework != "trtllm":
+        version = None   # the tables' current slot (a raw version is refused outside the slots)
+    return _probe(model, system, framework, version, precision, tp, layers, kv_cache)
+
+
+@dataclass(frozen=True)
+class SiliconStepModel(StepModel):
+    """:class:`~dflash_trt.plan.perf_model.StepModel` with the target's forward from the tables
+    (the drafter, KV injection and loop stay the calibrated model's); without usable tables it is
+    the calibrated model unchanged."""
+
+    tables: Tables | None = field(default=None, compare=False, hash=False)
+
+    @property
+    def uses_tables(self) -> bool:
+        return self.tables is not None and self.tables.reason is None
+
+    def target_forward(self, b: int, n: int) -> float:
+        # a prefill (wider than any verify) is not a decode step the tables' decode engine prices
+        if not self.uses_tables or n > ANCHOR_WIDTHS[-1]:
+            return super().target_forward(b, n)
+        assert self.tables is not None
+        return self.tables.forward_ms(b, n, self.ctx) / 1000.0
+
+
+def loo_errors() -> list:
+    """The combined model's leave-one-out errors on the rows the tables price (``uncertainty.RowError``):
+    what a plan's ranges rest on when it used the tables."""
+    from dflash_trt.plan.uncertainty import RowError
+
+    return [RowError.from_dict(r) for r in loop().get("loo", [])]
+
+
+def combined(model: StepModel, tables: Tables | None) -> StepModel:
+    """``model`` with the target's forward from ``tables`` and the loop cost fitted beside them
+    (:func:`loop`); ``model`` itself where the tables do not serve."""
+    if tables is None or tables.reason is not None:
+        return SiliconStepModel(**{f: getattr(model, f) for f in model.__dataclass_fields__}, tables=tables)
+    fields = {f: getattr(model, f) for f in model.__dataclass_fields__}
+    return SiliconStepModel(**{**fields, "k": replace(model.k, step_s=float(loop()["loop_s"]))}, tables=tables)
+
+
+def sources(model: StepModel, calibration: str, user: bool) -> dict[str, str]:
+    """Where each term of ``model``'s step comes from (``calibration``: ``Calibration.describe``)."""
+    short = calibration.split(":")[0]
+    own = f"user calibration ({short})" if user else f"calibrated model ({short})"
+    tables = getattr(model, "tables", None)
+    if isinstance(model, SiliconStepModel) and model.uses_tables and tables is not None:
+        target = tables.source
+        fit = loop()
+        return {"target_forward": target, "drafter": own, "kv_injection": own,
+                "loop": f"{model.k.step_s * 1e6:.0f} us per forward beside the tables ({fit['source']})",
+                "mtp_step": target}
+    elif tables is not None and tables.reason:
+        target = f"{own}; tables fell back: {tables.reason}"
+    elif user:
+        target = f"{own}; --calibration wins over the tables"
+    else:
+        target = f"{own}; aiconfigurator-core not installed"
+    return {"target_forward": target, "drafter": own, "kv_injection": own, "loop": own,
+            "mtp_step": target if isinstance(model, SiliconStepModel) and model.uses_tables else own}

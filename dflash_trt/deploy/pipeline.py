@@ -211,11 +211,15 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         return BuildResult(p, None, None, r)
 
     with output.lock(out):   # held to the swap: a second build to `out` fails at once
+        recovered = output.recover(out)   # a swap a killed writer left: finished or rolled back first
+        if recovered:
+            p.warnings.append(recovered)
         output.check_output(out, force)   # again: the output may have changed while we waited
         say("resolving checkpoints")
         w = resolve(recipe, weights=True)
         if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
             r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
+            p.warnings += [recovered] if recovered else []
         tmp = output.start_partial(out)
         try:
             manifest = _write_bundle(r, p, tmp, say, progress, timings)
@@ -223,7 +227,7 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
             manifest.timings = {k: round(v, 3) for k, v in timings.items()}
             manifest.files = ingest.bundle_hashes(tmp)   # every file as built: dflash-trt verify checks them
             written = ingest.write_manifest(tmp, manifest)
-            output.share(tmp)
+            output.share(tmp, copied=_copied_modes(tmp, r))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -232,11 +236,25 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
 
 
 def _copy_checkpoint(src: Path, dst: Path) -> None:
-    """A checkpoint's files (configs, safetensors, tokenizer), never pickles or code."""
+    """A checkpoint's files (configs, safetensors, tokenizer), never pickles or code; a symlink
+    only into the checkpoint's own store (``ingest.checkpoint_file``); each copy at most as open
+    as its source (``share`` caps it: :func:`_copied_modes`)."""
     dst.mkdir(parents=True, exist_ok=True)
     for f in sorted(src.iterdir()):
         if f.is_file() and not f.name.startswith(".") and not f.name.endswith(SKIP_SUFFIXES):
-            shutil.copy2(f, dst / f.name)
+            real = ingest.checkpoint_file(src, f)
+            shutil.copyfile(real, dst / f.name)
+            (dst / f.name).chmod(real.stat().st_mode & 0o777)
+
+
+def _copied_modes(tmp: Path, r: Resolved) -> dict[str, int]:
+    """The bundle's files copied as they are from the target checkpoint (relative path -> the
+    source's mode): ``share`` opens them no wider than their source."""
+    if r.quantize:
+        return {}
+    src = r.target_dir
+    return {f"{ingest.Layout.TARGET}/{f.name}": ingest.checkpoint_file(src, src / f.name).stat().st_mode & 0o777
+            for f in (tmp / ingest.Layout.TARGET).iterdir() if (src / f.name).is_file()}
 
 
 def _timed(timings: dict[str, float], stage: str, fn, *args):

@@ -59,6 +59,7 @@ class Layout:
     SERVE_SH = "trtllm/serve.sh"
     ONNX = "onnx"
     ENGINES = "engines"
+    SWAP_JOURNAL = ".dflash-trt.swap.json"   # present only while a swap is under way or was killed (deploy.swap)
 
 
 # Files every built bundle has, and the manifest sections `build` always writes.

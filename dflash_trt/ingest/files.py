@@ -292,6 +292,19 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
     return ws
 
 
+def checkpoint_file(root: Path, path: Path) -> Path:
+    """The real file behind ``path`` of checkpoint ``root``: ``path`` itself, or where its symlinks
+    lead when that stays inside the checkpoint or its own store (for a Hugging Face cache snapshot,
+    ``models--ORG--NAME/snapshots/REV``, that repository's ``blobs/``); one line otherwise, so a
+    link planted in a checkpoint never brings another file into a bundle."""
+    real, base = Path(path).resolve(), Path(root).resolve()
+    stores = [base] + ([base.parent.parent / "blobs"] if base.parent.name == "snapshots" else [])
+    if not any(s in real.parents for s in stores):
+        raise CheckpointError(f"{path}: a symlink to {real}, outside the checkpoint {root} and its store; "
+                              "dflash-trt copies only the checkpoint's own files: replace the link by the file")
+    return real
+
+
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     check_regular(path)
     h = hashlib.sha256()

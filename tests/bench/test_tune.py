@@ -105,21 +105,25 @@ def test_ctrl_c_mid_sweep_leaves_the_bundle_as_it_was(bundle, ctrl_c_interrupts)
 
 
 def test_commit_holds_ctrl_c_until_every_file_is_in_place(tmp_path, monkeypatch):
-    a, b = tmp_path / "a.yaml", tmp_path / "b.json"
+    from dflash_trt.deploy import swap
+
+    root = tmp_path / "bundle"
+    root.mkdir()
+    a, b = root / "a.yaml", root / "b.json"
     a.write_text("old a")
     b.write_text("old b")
-    real = os.replace
 
-    def replace_then_interrupt(src, dst):   # Ctrl-C between the two renames
-        real(src, dst)
-        os.kill(os.getpid(), signal.SIGINT)
+    def interrupt(step):   # Ctrl-C between the two files coming in
+        if step == "moved in a.yaml":
+            os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(T.os, "replace", replace_then_interrupt)
+    monkeypatch.setattr(swap, "_step", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        T.commit({a: "new a", b: "new b"})
+        T.commit(root, {a: "new a", b: "new b"})
     assert (a.read_text(), b.read_text()) == ("new a", "new b")
-    assert ((tmp_path / "a.yaml.prev").read_text(), (tmp_path / "b.json.prev").read_text()) == ("old a", "old b")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "a.yaml.prev", "b.json", "b.json.prev"]
+    assert ((root / "a.yaml.prev").read_text(), (root / "b.json.prev").read_text()) == ("old a", "old b")
+    assert sorted(p.name for p in root.iterdir()) == ["a.yaml", "a.yaml.prev", "b.json", "b.json.prev"]
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]   # no partial left beside it
 
 
 def test_tune_endpoint_measures_and_refits_without_writing(bundle, capsys):

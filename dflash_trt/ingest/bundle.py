@@ -331,6 +331,9 @@ def read_manifest(root: str | Path) -> Manifest:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
+        if os.path.lexists(Path(root) / Layout.SWAP_JOURNAL):
+            raise CheckpointError(f"{root}: a swap of this bundle was interrupted (killed); run the same "
+                                  "'dflash-trt build --force' or 'dflash-trt tune' again to finish it") from None
         raise CheckpointError(f"{root}: no {Layout.MANIFEST}; is this a dflash-trt bundle "
                               "(dflash-trt build -o DIR)?") from None
     except json.JSONDecodeError as exc:

@@ -32,6 +32,7 @@ from dflash_trt.ingest.bundle import (
                                      read_manifest,
                                      write_manifest,
 )
+from dflash_trt.ingest.bundle_check import LoadCheck, check_fields, check_paths
 from dflash_trt.ingest.chat import mismatch as chat_mismatch
 from dflash_trt.ingest.chat import serving_chat, trained_chat
 from dflash_trt.ingest.compat import PairReport, validate_pair
@@ -83,6 +84,7 @@ __all__ = [
     "EMBEDDED_PREFIX",
     "FLOAT_DTYPES",
     "Layout",
+    "LoadCheck",
     "Manifest",
     "PairReport",
     "RUNTIME_DTYPES",
@@ -95,6 +97,8 @@ __all__ = [
     "WeightSet",
     "bundle_hashes",
     "check_bundle",
+    "check_fields",
+    "check_paths",
     "checkpoint_file",
     "check_files",
     "check_format",

@@ -45,16 +45,16 @@ def named_paths(bundle: Bundle) -> dict[str, str]:
 def check_paths(bundle: Bundle) -> None:
     """Refuse, in one line, a manifest path outside the bundle or a symlink in it leading outside."""
     root = bundle.root.resolve()
-    for field, rel in named_paths(bundle).items():
-        if not _plain(rel) or root not in (bundle.root / rel).resolve().parents:
-            raise CheckpointError(f"{bundle.manifest_path}: {field} {rel!r} is not a path inside the bundle; "
-                                  "rebuild the bundle with 'dflash-trt build'")
     for dirpath, dirnames, filenames in os.walk(bundle.root):
         for n in dirnames + filenames:
             p = Path(dirpath) / n
             if p.is_symlink() and root not in p.resolve().parents:
                 raise CheckpointError(f"{p}: a symlink leading outside the bundle ({p.resolve()}); a bundle holds "
                                       "only its own files: rebuild it with 'dflash-trt build'")
+    for field, rel in named_paths(bundle).items():
+        if not _plain(rel) or root not in (bundle.root / rel).resolve().parents:
+            raise CheckpointError(f"{bundle.manifest_path}: {field} {rel!r} is not a path inside the bundle; "
+                                  "rebuild the bundle with 'dflash-trt build'")
 
 
 def _plan(bundle: Bundle) -> dict:

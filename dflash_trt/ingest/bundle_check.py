@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import threading
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from dflash_trt.errors import CheckpointError
@@ -122,7 +123,7 @@ class LoadCheck:
             ...load...
     """
 
-    def __init__(self, bundle: Bundle, dirs: list[str], files: list[str] = ()):
+    def __init__(self, bundle: Bundle, dirs: list[str], files: Sequence[str] = ()):
         self.bundle, self.recorded = bundle, bundle.built.files
         self.dirs, self.files = [d.rstrip("/") for d in dirs], list(files)
         self.found: dict[str, str] = {}

@@ -250,11 +250,10 @@ def _copy_checkpoint(src: Path, dst: Path) -> None:
 def _copied_modes(tmp: Path, r: Resolved) -> dict[str, int]:
     """The bundle's files copied as they are from the target checkpoint (relative path -> the
     source's mode): ``share`` opens them no wider than their source."""
-    if r.quantize:
-        return {}
     src = r.target_dir
+    names = set(ingest.tokenizer_files(src)) if r.quantize else {f.name for f in src.iterdir()}  # what was copied
     return {f"{ingest.Layout.TARGET}/{f.name}": ingest.checkpoint_file(src, src / f.name).stat().st_mode & 0o777
-            for f in (tmp / ingest.Layout.TARGET).iterdir() if (src / f.name).is_file()}
+            for f in (tmp / ingest.Layout.TARGET).iterdir() if f.name in names and (src / f.name).is_file()}
 
 
 def _timed(timings: dict[str, float], stage: str, fn, *args):

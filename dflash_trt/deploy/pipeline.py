@@ -214,7 +214,10 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         recovered = output.recover(out)   # a swap a killed writer left: finished or rolled back first
         if recovered:
             p.warnings.append(recovered)
-        output.check_output(out, force)   # again: the output may have changed while we waited
+        try:
+            output.check_output(out, force)   # again: the output may have changed while we waited
+        except DFlashError as exc:   # the refusal says what the recovery did: one line still
+            raise type(exc)(f"{recovered}; {exc}" if recovered else str(exc)) from None
         say("resolving checkpoints")
         w = resolve(recipe, weights=True)
         if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):

@@ -155,11 +155,14 @@ def test_a_build_force_really_killed_mid_swap_is_finished_by_the_rerun(bundles, 
     assert (tmp_path / ".out.lock").exists()   # the killed build's lock file is left behind
     with pytest.raises(CheckpointError, match="swap"):
         ingest.open_bundle(out)   # a reader says what happened, in one line
-    assert run(["build", "-o", str(out), "--force"]) == 0   # the stale lock does not block
-    err = capsys.readouterr().err
-    assert "finished the swap a killed process left" in err, err
+    assert run(["build", "-o", str(out)]) == 2   # the stale lock does not block; without --force: refused, after
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "finished the swap a killed process left" in err and "--force" in err, err
     assert (out / "notes.txt").read_text() == "mine"
     added = "notes.txt: not in the manifest (added after the build)"
+    assert ingest.check_files(ingest.open_bundle(out)) == [added]
+    assert ingest.open_bundle(out).manifest.recipe["serving"]["max_batch_size"] == 4   # the killed build's bundle
+    assert run(["build", "-o", str(out), "--force"]) == 0
     assert ingest.check_files(ingest.open_bundle(out)) == [added]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]   # partial and lock swept
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import shutil
 import stat
@@ -30,8 +29,6 @@ from pathlib import Path, PurePosixPath
 
 from dflash_trt import ingest
 from dflash_trt.errors import DFlashError
-
-logger = logging.getLogger(__name__)
 
 JOURNAL = ingest.Layout.SWAP_JOURNAL   # OUT/.dflash-trt.swap.json
 BACKUP = ".dflash-trt.old"             # OUT/.dflash-trt.old/: the files leaving, until the swap is done
@@ -100,16 +97,28 @@ def plan(tmp: Path, out: Path, old: set[str], new: list[str], others: set[str]) 
     if clash:
         raise DFlashError(f"-o {out}: {clash[0]} is not the previous bundle's file and the new bundle would "
                           f"overwrite it; move it away and build again; {keep}")
-    return {"partial": str(tmp), "old": sorted(old), "new": sorted(new), "phase": "out"}
+    if tmp.parent not in (out, out.parent):
+        raise DFlashError(f"-o {out}: the partial build {tmp} is neither beside nor inside it; {keep}")
+    # the partial by name (beside OUT, or inside it): a journal read from another directory finds it
+    return {"partial": tmp.name, "inside": tmp.parent == out, "old": sorted(old), "new": sorted(new), "phase": "out"}
 
 
-def swap(out: Path, journal: dict) -> None:
-    """Run the swap ``journal`` describes (:func:`plan`), from its recorded phase to the end."""
-    if not _lexists(out / JOURNAL):
+def partial_dir(out: Path, journal: dict) -> Path:
+    """The partial build directory a journal names."""
+    return (out if journal["inside"] else out.parent) / journal["partial"]
+
+
+def swap(out: Path, journal: dict, resume: bool = False) -> None:
+    """Run the swap ``journal`` describes (:func:`plan`; ``resume``: the one on disk, from its
+    recorded phase) to the end."""
+    if not resume:
+        if _lexists(out / JOURNAL):
+            raise DFlashError(f"-o {out}: a swap a killed process left is pending ({out / JOURNAL}); run the build "
+                              "or tune again: it finishes or rolls it back first")
         _write_journal(out, journal)
         _step("journal written")
     manifest = ingest.Layout.MANIFEST
-    tmp, backup = Path(journal["partial"]), out / BACKUP
+    tmp, backup = partial_dir(out, journal), out / BACKUP
     if journal["phase"] == "out":   # the previous bundle's files leave, the manifest first
         for rel in sorted(journal["old"], key=lambda r: r != manifest):
             src, dst = out / rel, backup / rel
@@ -160,7 +169,8 @@ def _read_journal(out: Path) -> dict | None:
         return None
     try:
         j = json.loads(path.read_text())
-        ok = isinstance(j, dict) and isinstance(j.get("partial"), str) and j.get("phase") in ("out", "in", "clean") \
+        ok = isinstance(j, dict) and isinstance(j.get("partial"), str) and isinstance(j.get("inside"), bool) \
+            and j.get("phase") in ("out", "in", "clean") \
             and all(isinstance(j.get(k), list) and all(isinstance(r, str) for r in j[k]) for k in ("old", "new"))
     except (OSError, ValueError):
         ok = False
@@ -169,9 +179,9 @@ def _read_journal(out: Path) -> dict | None:
                           "again")
     for rel in j["old"] + j["new"]:
         inside(out, rel, "the interrupted swap's file")
-    partial = Path(j["partial"])
-    if partial.parent not in (out, out.parent) or not partial.name.startswith("."):
-        raise DFlashError(f"{path}: names {partial}, not a partial build of {out}; move {out} away and build again")
+    name = j["partial"]
+    if not name.startswith(".") or "/" in name or name in (".", "..") or ".partial-" not in name:
+        raise DFlashError(f"{path}: names {name!r}, not a partial build of {out}; move {out} away and build again")
     return j
 
 
@@ -182,11 +192,11 @@ def recover(out: Path) -> str | None:
         j = _read_journal(out)
         if j is None:
             return None
-        tmp, backup = Path(j["partial"]), out / BACKUP
+        tmp, backup = partial_dir(out, j), out / BACKUP
         moved_in = j["phase"] != "out"
         complete = j["phase"] == "clean" or all(_lexists(tmp / r) or (moved_in and _lexists(out / r)) for r in j["new"])
         if complete:
-            swap(out, j)
+            swap(out, j, resume=True)
             said = f"{out}: finished the swap a killed process left (the new bundle is in place)"
         else:
             _roll_back(out, j, backup, tmp)
@@ -194,8 +204,7 @@ def recover(out: Path) -> str | None:
     except OSError as exc:
         raise DFlashError(f"{out}: cannot recover the swap a killed process left ({exc.strerror or exc}); "
                           f"its journal is {out / JOURNAL}") from None
-    logger.warning(said)
-    return said
+    return said   # the caller says it (build: a warning, or the refusal's first words; tune: a warning)
 
 
 def _roll_back(out: Path, j: dict, backup: Path, tmp: Path) -> None:

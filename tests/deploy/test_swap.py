@@ -185,3 +185,17 @@ def test_a_long_output_name_gets_a_short_lock_and_partial(tmp_path, capsys):
     assert run(["build", "-o", str(a)]) == 0, capsys.readouterr().err
     assert run(["build", "-o", str(a), "--force"]) == 0, capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == [a.name]
+
+
+def test_a_swap_begun_under_a_relative_name_is_recovered_from_anywhere(bundles, tmp_path, monkeypatch):
+    where = tmp_path / "w"
+    where.mkdir()
+    _setup(bundles, where)
+    monkeypatch.chdir(where)   # build -o out, run from where
+    _kill_at(monkeypatch, "phase in")
+    with pytest.raises(Killed):
+        output.swap_contents(Path(f".out.partial-{os.getpid()}"), Path("out"))
+    monkeypatch.setattr(swap, "_step", lambda name: None)
+    monkeypatch.chdir(tmp_path)
+    assert "finished" in output.recover(where / "out")
+    assert _is(where / "out", bundles[1])

@@ -59,7 +59,8 @@ def tune(
 ) -> None:
     """Measure instead of predicting: serve the bundle with drafting off and at a few draft lengths, sweep concurrency
     1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
-    as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was."""
+    as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was; a build --force of the same
+    bundle meanwhile refuses (tune holds its lock from the first measurement to the last write)."""
     check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
     from dflash_trt.deploy import output as bundle_output
 

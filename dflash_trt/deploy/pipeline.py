@@ -223,6 +223,8 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
             r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
             p.warnings += [recovered] if recovered else []
+        for d in (r.target_dir, r.drafter_dir):   # links only into each checkpoint's own store, before any write
+            ingest.check_links(d)
         tmp = output.start_partial(out)
         try:
             manifest = _write_bundle(r, p, tmp, say, progress, timings)

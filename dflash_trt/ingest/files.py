@@ -305,6 +305,18 @@ def checkpoint_file(root: Path, path: Path) -> Path:
     return real
 
 
+def check_links(root: Path) -> None:
+    """Every symlink in checkpoint ``root`` leads inside it or its own store (:func:`checkpoint_file`);
+    one line naming the first that does not. Hidden entries (caches) are skipped."""
+    root = Path(root)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = [n for n in dirnames if not n.startswith(".")]
+        for n in dirnames + filenames:
+            p = Path(dirpath) / n
+            if not n.startswith(".") and p.is_symlink():
+                checkpoint_file(root, p)
+
+
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     check_regular(path)
     h = hashlib.sha256()

@@ -97,6 +97,16 @@ def test_a_checkpoints_symlinks_are_followed_only_into_its_store(tmp_path, victi
     (snap / "training.json").symlink_to(victim / "victim.txt")
     err = _one_line(capsys, run(["build", *flags, "-o", str(tmp_path / "no")]))
     assert "outside the checkpoint" in err and not (tmp_path / "no").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".no")]   # no partial, no lock left
+
+
+def test_a_drafters_link_out_of_its_checkpoint_is_refused_before_anything_is_written(tmp_path, victim, capsys):
+    d = shutil.copytree(embedded_dir("tiny") / "drafter", tmp_path / "drafter")
+    shutil.move(d / "model.safetensors", victim / "model.safetensors")
+    (d / "model.safetensors").symlink_to(victim / "model.safetensors")
+    err = _one_line(capsys, run(["build", "-t", "embedded:tiny/target", "-d", str(d), "-o", str(tmp_path / "no")]))
+    assert "outside the checkpoint" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter", "elsewhere"]
 
 
 # ---- the bundle checks itself --------------------------------------------------------------------------

@@ -275,3 +275,27 @@ def swap_contents(tmp: Path, out: Path, old: set[str] | None = None) -> None:
         raise DFlashError(f"-o {out}: cannot swap the bundle in ({exc.strerror or exc}; "
                           f"{getattr(exc, 'filename', '') or ''}); {keep}; the next build or tune of {out} "
                           "finishes or rolls back the swap") from None
+
+
+SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")   # never copied: pickles, code
+
+
+def copy_checkpoint(src: Path, dst: Path) -> None:
+    """A checkpoint's files (configs, safetensors, tokenizer), never pickles or code; a symlink
+    only into the checkpoint's own store (``ingest.checkpoint_file``); each copy at most as open
+    as its source (``share`` caps it: :func:`copied_modes`)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.is_file() and not f.name.startswith(".") and not f.name.endswith(SKIP_SUFFIXES):
+            real = ingest.checkpoint_file(src, f)
+            shutil.copyfile(real, dst / f.name)
+            (dst / f.name).chmod(real.stat().st_mode & 0o777)
+
+
+def copied_modes(src: Path, target: Path, quantized: bool) -> dict[str, int]:
+    """The bundle's ``target/`` files copied as they are from checkpoint ``src`` (all of them, or
+    for a ModelOpt export only its tokenizer files), relative path -> the source's mode: ``share``
+    opens them no wider than their source."""
+    names = set(ingest.tokenizer_files(src)) if quantized else {f.name for f in src.iterdir()}
+    return {f"{ingest.Layout.TARGET}/{f.name}": ingest.checkpoint_file(src, src / f.name).stat().st_mode & 0o777
+            for f in target.iterdir() if f.name in names and (src / f.name).is_file()}

@@ -38,7 +38,6 @@ from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, 
 from dflash_trt.plan import GPU, DraftShape, Recipe, TargetShape, quant_precision, read_sizes
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
-SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
 
 
 @dataclass
@@ -232,33 +231,12 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
             manifest.timings = {k: round(v, 3) for k, v in timings.items()}
             manifest.files = ingest.bundle_hashes(tmp)   # every file as built: dflash-trt verify checks them
             written = ingest.write_manifest(tmp, manifest)
-            output.share(tmp, copied=_copied_modes(tmp, r))
+            output.share(tmp, copied=output.copied_modes(r.target_dir, tmp / ingest.Layout.TARGET, r.quantize))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         output.replace(tmp, out)   # a refused swap keeps the built bundle and says where
     return BuildResult(p, out, written, r)
-
-
-def _copy_checkpoint(src: Path, dst: Path) -> None:
-    """A checkpoint's files (configs, safetensors, tokenizer), never pickles or code; a symlink
-    only into the checkpoint's own store (``ingest.checkpoint_file``); each copy at most as open
-    as its source (``share`` caps it: :func:`_copied_modes`)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in sorted(src.iterdir()):
-        if f.is_file() and not f.name.startswith(".") and not f.name.endswith(SKIP_SUFFIXES):
-            real = ingest.checkpoint_file(src, f)
-            shutil.copyfile(real, dst / f.name)
-            (dst / f.name).chmod(real.stat().st_mode & 0o777)
-
-
-def _copied_modes(tmp: Path, r: Resolved) -> dict[str, int]:
-    """The bundle's files copied as they are from the target checkpoint (relative path -> the
-    source's mode): ``share`` opens them no wider than their source."""
-    src = r.target_dir
-    names = set(ingest.tokenizer_files(src)) if r.quantize else {f.name for f in src.iterdir()}  # what was copied
-    return {f"{ingest.Layout.TARGET}/{f.name}": ingest.checkpoint_file(src, src / f.name).stat().st_mode & 0o777
-            for f in (tmp / ingest.Layout.TARGET).iterdir() if f.name in names and (src / f.name).is_file()}
 
 
 def _timed(timings: dict[str, float], stage: str, fn, *args):
@@ -274,7 +252,7 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
     Returns (quantization info, verification) for the manifest; (None, None) for a copy."""
     if not r.quantize:
         say("copying the target")
-        _copy_checkpoint(r.target_dir, tmp / "target")
+        output.copy_checkpoint(r.target_dir, tmp / "target")
         return None, None
     from dflash_trt.deploy import quantize
 

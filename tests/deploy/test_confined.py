@@ -177,6 +177,20 @@ def test_tune_writes_nothing_through_a_symlinked_directory(bundle, victim, capsy
     assert _tree(victim) == before
 
 
+def test_tunes_prev_copy_replaces_a_link_never_writes_through_it(bundle):
+    from dflash_trt.bench import tune as T
+
+    weights = bundle / "target" / "model.safetensors"
+    before = weights.read_bytes()
+    (bundle / "trtllm" / "config.yaml.prev").symlink_to("../target/model.safetensors")   # inside: opens fine
+    config = bundle / "trtllm" / "config.yaml"
+    old = config.read_text()
+    T.commit(bundle, {config: old + "# tuned\n"})
+    assert weights.read_bytes() == before
+    prev = bundle / "trtllm" / "config.yaml.prev"
+    assert not prev.is_symlink() and prev.read_text() == old
+
+
 def test_plot_and_its_results_replace_a_symlink_never_write_through_it(tmp_path, victim):
     from dflash_trt._cli.common import save_then_plot
 

@@ -137,8 +137,8 @@ def test_a_good_deployment_passes_and_its_report_calibrates_the_plan(good, tmp_p
     checks = _by_name(r)
     assert code == 0, r["failed"]
     assert {k: c["status"] for k, c in checks.items()} == {
-        "files": "pass", "manifest": "pass", "config": "pass", "lossless": "pass", "acceptance": "pass", "schedule": "pass",
-        "memory": "not measured"}
+        "files": "pass", "manifest": "pass", "config": "pass", "lossless": "pass", "acceptance": "pass",
+        "schedule": "pass", "memory": "not measured"}
     lossless = checks["lossless"]["details"]["prompts"]
     assert {p["kind"] for p in lossless} == {"code", "math", "prose", "chat"} and all(p["agree"] for p in lossless)
     acc = checks["acceptance"]["details"]

@@ -164,13 +164,13 @@ class LoadCheck:
         return out
 
     def __exit__(self, kind, exc, tb) -> None:
-        if self.recorded is None:
-            return
+        if self.recorded is None or (kind is not None and not issubclass(kind, Exception)):
+            return   # Ctrl-C: not held up by the hashing (a daemon thread)
         self.thread.join()
         if self.error is not None and not isinstance(self.error, OSError | CheckpointError):
             raise self.error
         problems = self.problems() if self.error is None else [str(self.error)]
-        if problems and (kind is None or issubclass(kind, Exception)):
+        if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise CheckpointError(f"{self.bundle.root}: {problems[0]}{more}: what would be loaded is not what was "
                                   f"built; 'dflash-trt verify {self.bundle.root}' lists every difference; rebuild "

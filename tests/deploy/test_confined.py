@@ -165,6 +165,24 @@ def test_generate_refuses_weights_that_are_not_as_built(bundle, capsys, how):
     assert {"changed": "sha256 differs", "added": "not in the manifest", "missing": "missing"}[how] in err
 
 
+def test_serve_refuses_weights_that_are_not_as_built(bundle):
+    import subprocess
+    import sys
+
+    from tests.serve.helpers import free_port, subprocess_env
+
+    f = bundle / "target" / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 1
+    f.write_bytes(bytes(data))
+    proc = subprocess.run([sys.executable, "-m", "dflash_trt", "serve", str(bundle), "--server", "embedded",
+                           "--port", str(free_port())], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=120)   # serving instead of refusing: a timeout, not a hang
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "what would be loaded is not what was built" in err
+
+
 # ---- tune, --plot, recipes copy, train-drafter ---------------------------------------------------------
 
 def test_tune_writes_nothing_through_a_symlinked_directory(bundle, victim, capsys):

@@ -165,6 +165,7 @@ def test_generate_refuses_weights_that_are_not_as_built(bundle, capsys, how):
     assert {"changed": "sha256 differs", "added": "not in the manifest", "missing": "missing"}[how] in err
 
 
+@pytest.mark.slow   # a server process (torch imported again): generate above covers the same load path by default
 def test_serve_refuses_weights_that_are_not_as_built(bundle):
     import subprocess
     import sys

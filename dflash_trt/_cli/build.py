@@ -96,7 +96,9 @@ def build(
     Paths: a value given on the command line (a flag or --set) is relative to the working directory; one
     written in a recipe file is relative to that file. A model id is a local directory when it starts with
     ./, ../, / or ~ (on the command line also when it names an existing directory), else a hub id
-    org/name[@revision]. One build at a time per output (a second fails at once)."""
+    org/name[@revision]. One writer at a time per output (a second build or tune fails at once, naming the
+    first); a build killed while it swaps the bundle in is finished or rolled back by the next build or tune,
+    which says which."""
     from dflash_trt import deploy as pipeline
 
     flags = {"--gpu": gpu, "--gpus-per-node": gpus_per_node,

@@ -204,19 +204,40 @@ def save_then_plot(report: dict, path, draw) -> str | None:
     """Results before the figure: ``report`` is written to PATH.json beside the plot, then
     ``draw(path)`` runs. A long benchmark never loses its results to the plot: a file the
     filesystem refuses (or a figure matplotlib cannot write) comes back as one line for the
-    caller to raise *after* it has printed the results (None: both written)."""
+    caller to raise *after* it has printed the results (None: both written). Each file is written
+    under a fresh name and renamed over PATH (:func:`replace_file`): a symlink there is replaced,
+    never written through."""
     from pathlib import Path
 
     path = Path(path)
     saved = path.with_suffix(".json")
     try:
-        saved.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        replace_file(saved, lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str) + "\n"))
     except (OSError, ValueError) as exc:
         saved = None
         why = f"cannot write the results to {path.with_suffix('.json')} ({getattr(exc, 'strerror', None) or exc})"
     try:
-        draw(path)
+        replace_file(path, draw)
     except (OSError, ValueError, RuntimeError) as exc:
         kept = f"the results are in {saved} and below" if saved else "the results are printed below"
         return f"--plot {path}: cannot write the plot ({getattr(exc, 'strerror', None) or exc}); {kept}"
     return None if saved else f"--plot {path}: {why}; the plot was written"
+
+
+def replace_file(path, write) -> None:
+    """``write(tmp)`` into a fresh hidden file beside ``path`` (created here: never an existing file
+    or link), then renamed over ``path``; on failure the temporary file is removed."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(21, "is a directory", str(path))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.unlink(missing_ok=True)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

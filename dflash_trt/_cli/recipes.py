@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -71,9 +71,14 @@ def copy(
     from dflash_trt.errors import RecipeError
 
     src = R.load_recipe(name).source
-    if dest.exists():
+    if os.path.lexists(dest):   # a dangling symlink too: it would be written through, wherever it points
         raise RecipeError(f"{dest} exists; choose another destination")
-    shutil.copyfile(src, dest)
+    try:   # created here, never through a link made meanwhile
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise RecipeError(f"{dest}: cannot write it ({exc.strerror or exc}); choose another destination") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(Path(src).read_bytes())
     out.print(f"copied {name} to {dest}")
 
 

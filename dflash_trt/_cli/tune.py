@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from dflash_trt._cli.bench import show_arms
@@ -57,8 +59,23 @@ def tune(
 ) -> None:
     """Measure instead of predicting: serve the bundle with drafting off and at a few draft lengths, sweep concurrency
     1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
-    as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was."""
+    as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was; a build --force of the same
+    bundle meanwhile refuses (tune holds its lock from the first measurement to the last write)."""
     check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
+    from dflash_trt.deploy import output as bundle_output
+
+    writes = not dry_run and (endpoint is None or mtp_endpoint is not None)
+    # a writer holds the bundle's lock from before its first measurement to its last write
+    with bundle_output.lock(bundle) if writes else contextlib.nullcontext():
+        note = bundle_output.recover(bundle) if writes else None
+        if note:
+            err.print(f"[yellow]warning:[/yellow] {escape(note)}")
+        _tune(bundle, endpoint, model, baseline, mtp_endpoint, draft_lens, concurrency, requests, max_tokens,
+              prompts, threads, plot, dry_run, as_json)
+
+
+def _tune(bundle, endpoint, model, baseline, mtp_endpoint, draft_lens, concurrency, requests, max_tokens, prompts,
+          threads, plot, dry_run, as_json) -> None:
     from dflash_trt.bench import inprocess
     from dflash_trt.bench import tune as T
     from dflash_trt.plan import batch_grid
@@ -76,7 +93,8 @@ def tune(
         cal, rows = T.fit(t, report)
         written = bool(mtp_endpoint) and not dry_run   # the manifest records the arms; nothing else changes
         if written:
-            T.commit(T.arms_files(t, report["arms"], f"tune --endpoint {endpoint} --mtp-endpoint {mtp_endpoint}"))
+            T.commit(t.root, T.arms_files(t, report["arms"],
+                                          f"tune --endpoint {endpoint} --mtp-endpoint {mtp_endpoint}"))
         if as_json:
             print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows,
                         "arms_written": written})
@@ -115,7 +133,7 @@ def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None)
     max_len, sched, drafted = T.schedule(t, lengths)
     cal, rows = T.fit(t, T.as_report(measured, max_tokens))
     files = T.new_files(t, max_len, sched, drafted, T.tuned_record(measured, wins, cal.source, arms))
-    prevs = [] if dry_run else T.commit(files)
+    prevs = [] if dry_run else T.commit(t.root, files)
     result = {"bundle": str(t.root), "measured": {str(k): v for k, v in measured.items()}, "winners": wins,
               "max_draft_len": max_len, "draft_len_schedule": sched, "written": not dry_run,
               "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings, "arms": arms}

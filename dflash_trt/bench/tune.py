@@ -18,10 +18,13 @@
 3. **Fit.** The measurements refit the step model's constants for this deployment
    (``plan.refit``), and tune prints predicted against measured per concurrency.
 4. **Write.** ``trtllm/config.yaml`` (validated against the release's schema) and
-   ``manifest.json`` (``plan``: the new lengths, and ``plan.tuned``: what was measured) are
-   written to temporary files first; then each current file is copied to ``NAME.prev`` and the
-   new one renamed over it, with Ctrl-C held off until both are in place. An interrupt during
-   the sweep leaves the bundle as it was.
+   ``manifest.json`` (``plan``: the new lengths, and ``plan.tuned``: what was measured), with
+   each current file as ``NAME.prev``, are written into a partial directory and swapped in
+   through the journaled swap ``build --force`` uses (:func:`commit`), with Ctrl-C held off
+   until it is done. The CLI holds the bundle's write lock (``deploy.output.lock``) from before
+   the first measurement to the last write, so ``build --force`` of the same bundle meanwhile
+   refuses. An interrupt during the sweep leaves the bundle as it was; a kill during the swap
+   leaves a journal the next ``tune`` or ``build`` finishes or rolls back.
 
 With ``endpoint=URL`` (a server tune did not start) nothing is served or written: the levels
 are measured once, at what that server runs, and the calibration is refitted.
@@ -236,29 +239,40 @@ def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: li
     return {t.root / ingest.Layout.TRTLLM_CONFIG: text, t.root / ingest.Layout.MANIFEST: json.dumps(m, indent=2) + "\n"}
 
 
-def commit(files: dict[Path, str]) -> list[Path]:
-    """Write every file atomically, the previous one kept as ``NAME.prev``; Ctrl-C waits until
-    all are in place (then is raised). Returns the ``.prev`` paths."""
-    tmps = {}
+def commit(root: Path, files: dict[Path, str]) -> list[Path]:
+    """Write every file of bundle ``root``, the previous one kept as ``NAME.prev``, as one journaled
+    swap (``deploy.swap``): the new texts and the ``.prev`` copies are written into a partial
+    directory first, then swapped in, so a kill at any point leaves the old files or the new ones
+    (or a swap the next ``tune`` or ``build`` finishes or rolls back). Ctrl-C waits until the swap
+    is done (then is raised). Call it holding the bundle's lock. Returns the ``.prev`` paths."""
+    from dflash_trt.deploy import output, swap
+
+    tmp = output.start_partial(root)
     try:
+        prevs = []
         for path, text in files.items():
-            tmp = path.with_name(f".{path.name}.tune-{os.getpid()}")
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            tmps[path] = tmp
+            rel = path.relative_to(root).as_posix()
+            swap.inside(root, f"{rel}.prev", "tune's file")
+            _write(swap.inside(tmp, rel, "tune's file"), text.encode())
+            if os.path.lexists(path):
+                _write(tmp / f"{rel}.prev", path.read_bytes())
+                prevs.append(path.with_name(path.name + ".prev"))
+        output.share(tmp)
+        new = [p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if not p.is_dir()]
         with _sigint_held():
-            prevs = []
-            for path, tmp in tmps.items():
-                prev = path.with_name(path.name + ".prev")
-                shutil.copy2(path, prev)
-                os.replace(tmp, path)
-                prevs.append(prev)
+            output.swap_contents(tmp, root, old={r for r in new if os.path.lexists(root / r)})
         return prevs
     finally:
-        for tmp in tmps.values():
-            tmp.unlink(missing_ok=True)
+        if not os.path.lexists(root / swap.JOURNAL):   # a journal: the next writer needs the partial
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class _sigint_held:

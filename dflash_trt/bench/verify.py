@@ -4,6 +4,10 @@ Offline (``verify BUNDLE``):
 
 - *files*: every file the bundle holds against the sha256 its manifest records (bundle format 3;
   an older bundle is told to rebuild, in one line, exit 2);
+- *manifest*: the manifest's own fields against the files they describe (its paths inside the
+  bundle, checked when any command opens it; the release, GPU, parallelism, context length, KV
+  cache, drafter layers and chat template equal to what ``trtllm/config.yaml``, ``serve.sh`` and
+  the target say): the manifest is checked against its files, not sealed with its own digest;
 - *config*: ``trtllm/config.yaml`` against the targeted release's schema and keys
   (``deploy.validate_trtllm_config``, through ``deploy.check_bundle``) and against the plan it was
   written from: tensor parallelism, draft length, draft attention backend, schedule, KV-cache
@@ -113,9 +117,20 @@ def check_config(bundle: ingest.Bundle) -> dict:
                   "settings", {"release": release})
 
 
+def check_manifest(bundle: ingest.Bundle) -> dict:
+    """The manifest's own fields against the files they describe (``ingest.check_fields``)."""
+    try:
+        cfg = yaml.safe_load(bundle.trtllm_config.read_text()) or {}
+        problems = ingest.check_fields(bundle, cfg if isinstance(cfg, dict) else {})
+    except (OSError, yaml.YAMLError, DFlashError) as exc:
+        problems = [str(exc).splitlines()[0]]
+    return _check("manifest", problems, "the manifest's settings agree with trtllm/config.yaml, serve.sh and the "
+                  "bundle's files")
+
+
 def offline(path: str | Path) -> tuple[ingest.Bundle, list[dict]]:
     bundle = open_verifiable(path)
-    return bundle, [check_files(bundle), check_config(bundle)]
+    return bundle, [check_files(bundle), check_manifest(bundle), check_config(bundle)]
 
 
 # ---- online ---------------------------------------------------------------------------------

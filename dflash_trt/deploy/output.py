@@ -2,39 +2,53 @@
 
 Invariants:
 
-- **exclusive**: a build holds ``fcntl.flock`` on ``.NAME.lock`` beside the output (inside it
-  when only the output itself is writable) from the checks to the swap; a second build to the
-  same output fails at once in one line (:func:`lock`).
+- **exclusive**: every writer of a bundle (``build``, ``tune``) holds ``fcntl.flock`` on
+  ``.NAME.lock`` beside the output (inside it when only the output itself is writable; NAME
+  shortened with a hash when the output's name is too long to carry a suffix) from its checks to
+  its last write; the file names its holder (pid, host, command), and a second writer fails at
+  once in one line naming it (:func:`lock`). The kernel drops the lock of a killed process, so a
+  lock file left behind never blocks.
 - **nothing half-written**: a build writes into ``.NAME.partial-PID`` beside the output (or
   ``OUT/.dflash-trt.partial-PID`` when the parent is not writable: a container volume's mount
-  point); the next build of the same output sweeps partial directories whose process is gone.
+  point); the next writer of the same output first finishes or rolls back a swap a killed
+  process left (:func:`deploy.swap.recover`), then sweeps partial directories whose process is gone.
 - **only a bundle's own files**: a new output is renamed into place (atomic). An existing one
   (``--force``, a mount point, an immutable directory: nothing that needs renaming the output
-  itself) is swapped file by file: the previous bundle's files as its manifest lists them
-  (format 3 ``files``) are removed, the new files moved in, the manifest last. A file that is
-  not the previous bundle's (one that appeared during the build) is never deleted; one the new
-  bundle would overwrite stops the swap before anything changes, the built bundle kept.
+  itself) is swapped file by file through a journal (:mod:`dflash_trt.deploy.swap`): the previous
+  bundle's files as its manifest lists them (format 3 ``files``) leave, the new files come, the
+  manifest last. A file that is not the previous bundle's (one that appeared during the build) is
+  never deleted; one the new bundle would overwrite stops the swap before anything changes, the
+  built bundle kept. Every name is confined to the output, and no directory on the way is a symlink.
+- **shared, not widened**: files the build creates are made readable by all (:func:`share`); a
+  file copied from a checkpoint keeps at most its source's mode.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import hashlib
 import json
 import os
 import shutil
+import socket
+import sys
 from pathlib import Path
 
 from dflash_trt import ingest
+from dflash_trt.deploy import swap
 from dflash_trt.errors import DFlashError
 
 
 def check_output(out: Path, force: bool) -> None:
     """``-o`` may name a new path, an empty directory, or (with --force) an existing bundle; never
-    a file or a directory of the user's, which --force would otherwise delete."""
+    a file or a directory of the user's, which --force would otherwise delete. A bundle a killed
+    swap left (its journal present) passes: the build finishes or rolls it back under the lock."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise DFlashError(f"-o {out}: exists and is not a directory; choose another -o")
-    if out.is_dir() and any(not p.name.startswith(INSIDE) for p in out.iterdir()):
+    pending = os.path.lexists(out / swap.JOURNAL)
+    if out.is_dir() and not pending and any(not p.name.startswith(INSIDE) for p in out.iterdir()):
         if not (out / ingest.Layout.MANIFEST).is_file():
             raise DFlashError(f"-o {out}: a directory that is not a dflash-trt bundle (no {ingest.Layout.MANIFEST}); "
                               "--force only replaces bundles: choose another -o")
@@ -50,6 +64,16 @@ def check_output(out: Path, force: bool) -> None:
 
 
 INSIDE = ".dflash-trt"   # the lock and partial names used inside OUT when its parent is read-only
+_LONG = 96               # bytes of a name kept whole in ``.NAME.lock`` / ``.NAME.partial-PID``
+
+
+def short_name(name: str) -> str:
+    """``name``, or for one too long to carry the lock and partial suffixes (NAME_MAX is 255 bytes),
+    its first characters and a hash of the whole: one output, one lock, whatever its name's length."""
+    raw = name.encode()
+    if len(raw) <= _LONG:
+        return name
+    return raw[:64].decode(errors="ignore") + "~" + hashlib.sha256(raw).hexdigest()[:16]
 
 
 def _beside(out: Path) -> bool:
@@ -60,21 +84,39 @@ def _beside(out: Path) -> bool:
     return os.access(parent, os.W_OK | os.X_OK) or not out.is_dir()
 
 
+def lock_path(out: Path) -> Path:
+    return out.parent / f".{short_name(out.name)}.lock" if _beside(out) else out / f"{INSIDE}.lock"
+
+
+def _holder() -> bytes:
+    """What the lock file says of its holder, for the second writer's message."""
+    command = " ".join(["dflash-trt", *sys.argv[1:]])[:300]
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command}).encode()
+
+
+def _describe(raw: bytes) -> str:
+    try:
+        h = json.loads(raw.decode())
+        return f"pid {h['pid']} on {h['host']}: {h['command']}"
+    except (ValueError, KeyError, TypeError):
+        return f"pid {raw.decode(errors='replace').strip() or '?'}"
+
+
 @contextlib.contextmanager
 def lock(out: Path):
-    """Hold the output's build lock (``fcntl.flock``, released by the kernel if the build dies);
-    a second build to the same output raises one line instead of replacing the first one's work.
-    The lock file is removed on release (so it leaves nothing behind); a build that locked a file
-    already unlinked by the previous holder opens the new one again."""
+    """Hold the output's write lock (``fcntl.flock``, released by the kernel if the holder dies);
+    a second writer to the same output raises one line naming the holder instead of mixing its
+    files with the first one's. The lock file is removed on release (so it leaves nothing behind);
+    a writer that locked a file already unlinked by the previous holder opens the new one again."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        path = out.parent / f".{out.name}.lock" if _beside(out) else out / f"{INSIDE}.lock"
+        path = lock_path(out)
     except OSError as exc:
         raise DFlashError(f"-o {out}: cannot write there ({exc.strerror or exc})") from None
     fd = _acquire(out, path)
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, _holder(), 0)
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -83,42 +125,53 @@ def lock(out: Path):
 
 
 def _acquire(out: Path, path: Path) -> int:
-    import fcntl
-
     for _ in range(10):
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
-            raise DFlashError(f"-o {out}: cannot write there ({exc.strerror or exc})") from None
+            why = f"{path} is a symlink; remove it" if exc.errno == errno.ELOOP else exc.strerror or exc
+            raise DFlashError(f"-o {out}: cannot take the write lock ({why})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            holder = _describe(os.pread(fd, 4096, 0))
             os.close(fd)
-            raise DFlashError(f"-o {out}: another build is writing there (pid {holder}); wait for it to finish "
+            raise DFlashError(f"-o {out}: another dflash-trt writer holds it ({holder}); wait for it to finish "
                               "or choose another -o") from None
         try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
                 return fd
         except FileNotFoundError:
             pass
         os.close(fd)   # the previous holder removed it as we locked: open the current one
-    raise DFlashError(f"-o {out}: cannot take the build lock {path}")
+    raise DFlashError(f"-o {out}: cannot take the write lock {path}")
+
+
+def recover(out: Path) -> str | None:
+    """Under the lock: finish or roll back a swap of ``out`` a killed writer left (the sentence
+    saying which; None when there was none)."""
+    return swap.recover(out) if out.is_dir() and not out.is_symlink() else None
+
+
+def _partial_prefix(out: Path) -> tuple[Path, str]:
+    return (out.parent, f".{short_name(out.name)}.partial-") if _beside(out) else (out, f"{INSIDE}.partial-")
 
 
 def start_partial(out: Path) -> Path:
     """A fresh partial build directory for ``out`` (beside it, else inside it); partial builds of
     the same output left by a killed build (their process is gone) are removed first: they are
-    model-sized."""
+    model-sized. (Call :func:`recover` first: a killed swap's partial may still be needed.)"""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        where, prefix = (out.parent, f".{out.name}.partial-") if _beside(out) else (out, f"{INSIDE}.partial-")
+        where, prefix = _partial_prefix(out)
         for stale in where.glob(f"{prefix}*"):
             pid = stale.name.rsplit("-", 1)[-1]
-            if stale.is_dir() and not (pid.isdigit() and _alive(int(pid))):
+            if not stale.is_symlink() and stale.is_dir() and not (pid.isdigit() and _alive(int(pid))):
                 shutil.rmtree(stale, ignore_errors=True)
         tmp = where / f"{prefix}{os.getpid()}"
-        if tmp.exists():
+        if tmp.is_symlink():
+            tmp.unlink()
+        elif tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
     except OSError as exc:
@@ -136,14 +189,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def share(root: Path) -> None:
+def share(root: Path, copied: dict[str, int] | None = None) -> None:
     """Bundle files readable by other users and containers: temporary directories and some writers
-    create 0700/0600 entries; directories become 0755, files 0644 (0755 if executable)."""
+    create 0700/0600 entries; directories become 0755, files 0644 (0755 if executable). A file
+    ``copied`` from elsewhere (relative path -> its source's mode) keeps at most that mode."""
+    copied = copied or {}
     for p in [root, *root.rglob("*")]:
         if p.is_symlink():
             continue
         mode = p.stat().st_mode
-        p.chmod(0o755 if p.is_dir() or mode & 0o100 else 0o644)
+        new = 0o755 if p.is_dir() or mode & 0o100 else 0o644
+        rel = p.relative_to(root).as_posix()
+        if rel in copied:
+            new &= copied[rel]
+        p.chmod(new)
 
 
 # rename(2) errors that mean "this directory cannot be renamed": swap its contents instead
@@ -179,9 +238,8 @@ def _files(root: Path, skip: Path | None = None) -> list[str]:
 def previous_files(out: Path) -> set[str]:
     """The previous bundle's own files at ``out`` (its manifest's format 3 ``files`` and the
     manifest itself); empty when ``out`` holds no manifest. A manifest that lists no files (an
-    older format) is refused: nothing says which files are the bundle's."""
-    from dflash_trt import ingest
-
+    older format) is refused: nothing says which files are the bundle's. Each name must be a plain
+    path inside ``out`` under no symlink (a manifest edited to name ``../x`` deletes nothing)."""
     path = out / ingest.Layout.MANIFEST
     if not path.is_file():
         return set()
@@ -193,52 +251,51 @@ def previous_files(out: Path) -> set[str]:
     if not isinstance(files, dict) or not all(isinstance(k, str) for k in files):
         raise DFlashError(f"-o {out}: its {path.name} lists no files (a bundle older than format 3), so which "
                           "files are the bundle's is unknown; remove it yourself or choose another -o")
+    for rel in files:
+        swap.inside(out, rel, f"the file its {path.name} lists")
     return {*files, path.name}
 
 
-def swap_contents(tmp: Path, out: Path) -> None:
-    """Replace the previous bundle's files in ``out`` by ``tmp``'s, keeping every other file.
+def swap_contents(tmp: Path, out: Path, old: set[str] | None = None) -> None:
+    """Replace ``old`` (default: the previous bundle's files) in ``out`` by ``tmp``'s, keeping every
+    other file, through the journaled swap (:mod:`dflash_trt.deploy.swap`).
 
-    Checked before anything changes: a file in ``out`` that is not the previous bundle's and that
-    the new bundle would overwrite refuses the swap (the build stays in ``tmp``). The manifest
-    moves last, so a swap cut short leaves no manifest that vouches for a mix."""
-    from dflash_trt import ingest
-
+    Checked before anything changes: a file in ``out`` that is not leaving and that the new bundle
+    would overwrite refuses the swap (the build stays in ``tmp``). The manifest leaves first and
+    comes last, so a swap cut short leaves no manifest that vouches for a mix, and a journal the
+    next writer finishes or rolls back from."""
     keep = f"the built bundle is kept in {tmp}"
     try:
         out.mkdir(exist_ok=True)
-        old = previous_files(out)
-        new = _files(tmp)
+        old = previous_files(out) if old is None else old
         others = set(_files(out, skip=tmp)) - old - {p.name for p in out.glob(f"{INSIDE}.*")}
-        clash = sorted(others & set(new))
-        if clash:
-            raise DFlashError(f"-o {out}: {clash[0]} is not the previous bundle's file and the new bundle would "
-                              f"overwrite it; move it away and build again; {keep}")
-        for rel in sorted(old):
-            with contextlib.suppress(FileNotFoundError):
-                (out / rel).unlink()
-        _prune_dirs(out, {str(Path(rel).parent) for rel in old})
-        manifest = ingest.Layout.MANIFEST
-        for rel in sorted(new, key=lambda r: r == manifest):
-            dst = out / rel
-            for d in reversed([q for q in dst.parents if out in q.parents]):
-                if not d.is_dir():
-                    d.mkdir()
-                    d.chmod(0o755)   # as share() left them in tmp
-            shutil.move(str(tmp / rel), str(dst))
-        shutil.rmtree(tmp, ignore_errors=True)
+        journal = swap.plan(tmp, out, old, _files(tmp), others)
+        swap.swap(out, journal)
     except OSError as exc:
         raise DFlashError(f"-o {out}: cannot swap the bundle in ({exc.strerror or exc}; "
-                          f"{getattr(exc, 'filename', '') or ''}); {keep}") from None
+                          f"{getattr(exc, 'filename', '') or ''}); {keep}; the next build or tune of {out} "
+                          "finishes or rolls back the swap") from None
 
 
-def _prune_dirs(out: Path, dirs: set[str]) -> None:
-    """Remove the directories the previous bundle's files leave empty (deepest first)."""
-    for d in sorted(dirs, key=lambda d: -len(Path(d).parts)):
-        for p in [out / d, *(out / d).parents]:
-            if p == out or out not in p.parents:
-                break
-            try:
-                p.rmdir()
-            except OSError:
-                break
+SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")   # never copied: pickles, code
+
+
+def copy_checkpoint(src: Path, dst: Path) -> None:
+    """A checkpoint's files (configs, safetensors, tokenizer), never pickles or code; a symlink
+    only into the checkpoint's own store (``ingest.checkpoint_file``); each copy at most as open
+    as its source (``share`` caps it: :func:`copied_modes`)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.is_file() and not f.name.startswith(".") and not f.name.endswith(SKIP_SUFFIXES):
+            real = ingest.checkpoint_file(src, f)
+            shutil.copyfile(real, dst / f.name)
+            (dst / f.name).chmod(real.stat().st_mode & 0o777)
+
+
+def copied_modes(src: Path, target: Path, quantized: bool) -> dict[str, int]:
+    """The bundle's ``target/`` files copied as they are from checkpoint ``src`` (all of them, or
+    for a ModelOpt export only its tokenizer files), relative path -> the source's mode: ``share``
+    opens them no wider than their source."""
+    names = set(ingest.tokenizer_files(src)) if quantized else {f.name for f in src.iterdir()}
+    return {f"{ingest.Layout.TARGET}/{f.name}": ingest.checkpoint_file(src, src / f.name).stat().st_mode & 0o777
+            for f in target.iterdir() if f.name in names and (src / f.name).is_file()}

@@ -38,7 +38,6 @@ from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, 
 from dflash_trt.plan import GPU, DraftShape, Recipe, TargetShape, quant_precision, read_sizes
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
-SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")
 
 
 @dataclass
@@ -223,11 +222,20 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         return BuildResult(p, None, None, r)
 
     with output.lock(out):   # held to the swap: a second build to `out` fails at once
-        output.check_output(out, force)   # again: the output may have changed while we waited
+        recovered = output.recover(out)   # a swap a killed writer left: finished or rolled back first
+        if recovered:
+            p.warnings.append(recovered)
+        try:
+            output.check_output(out, force)   # again: the output may have changed while we waited
+        except DFlashError as exc:   # the refusal says what the recovery did: one line still
+            raise type(exc)(f"{recovered}; {exc}" if recovered else str(exc)) from None
         say("resolving checkpoints")
         w = resolve(recipe, weights=True)
         if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
             r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
+            p.warnings += [recovered] if recovered else []
+        for d in (r.target_dir, r.drafter_dir):   # links only into each checkpoint's own store, before any write
+            ingest.check_links(d)
         tmp = output.start_partial(out)
         try:
             manifest = _write_bundle(r, p, tmp, say, progress, timings)
@@ -235,20 +243,12 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
             manifest.timings = {k: round(v, 3) for k, v in timings.items()}
             manifest.files = ingest.bundle_hashes(tmp)   # every file as built: dflash-trt verify checks them
             written = ingest.write_manifest(tmp, manifest)
-            output.share(tmp)
+            output.share(tmp, copied=output.copied_modes(r.target_dir, tmp / ingest.Layout.TARGET, r.quantize))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         output.replace(tmp, out)   # a refused swap keeps the built bundle and says where
     return BuildResult(p, out, written, r)
-
-
-def _copy_checkpoint(src: Path, dst: Path) -> None:
-    """A checkpoint's files (configs, safetensors, tokenizer), never pickles or code."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in sorted(src.iterdir()):
-        if f.is_file() and not f.name.startswith(".") and not f.name.endswith(SKIP_SUFFIXES):
-            shutil.copy2(f, dst / f.name)
 
 
 def _timed(timings: dict[str, float], stage: str, fn, *args):
@@ -264,7 +264,7 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
     Returns (quantization info, verification) for the manifest; (None, None) for a copy."""
     if not r.quantize:
         say("copying the target")
-        _copy_checkpoint(r.target_dir, tmp / "target")
+        output.copy_checkpoint(r.target_dir, tmp / "target")
         return None, None
     from dflash_trt.deploy import quantize
 

@@ -153,8 +153,10 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
             export.export_hf_checkpoint(model, export_dir=str(out_dir), dtype=torch.bfloat16)
     except (RuntimeError, AssertionError, ValueError) as exc:
         raise DFlashError(f"ModelOpt {precision} quantization failed on {device}: {str(exc).splitlines()[0]}") from exc
-    for name in ingest.tokenizer_files(Path(target_dir)):
-        shutil.copy2(Path(target_dir) / name, out_dir / name)
+    for name in ingest.tokenizer_files(Path(target_dir)):   # only the checkpoint's own, no wider than they are
+        real = ingest.checkpoint_file(Path(target_dir), Path(target_dir) / name)
+        shutil.copyfile(real, out_dir / name)
+        (out_dir / name).chmod(real.stat().st_mode & 0o777)
     return {"tool": "nvidia-modelopt", "algorithm": ALGO[precision], "kv_cache": kv_cache, "device": device,
             "calibration": {"source": str(calib) if calib else "built-in snippets", "samples": len(batches),
                             "tokens": sum(b.numel() for b in batches)},

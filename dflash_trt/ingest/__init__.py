@@ -32,6 +32,7 @@ from dflash_trt.ingest.bundle import (
                                      read_manifest,
                                      write_manifest,
 )
+from dflash_trt.ingest.bundle_check import LoadCheck, check_fields, check_paths
 from dflash_trt.ingest.chat import mismatch as chat_mismatch
 from dflash_trt.ingest.chat import serving_chat, trained_chat
 from dflash_trt.ingest.compat import PairReport, validate_pair
@@ -54,6 +55,8 @@ from dflash_trt.ingest.files import (
                                      TORCH_NAMES,
                                      TensorInfo,
                                      WeightSet,
+                                     check_links,
+                                     checkpoint_file,
                                      read_header,
                                      read_headers,
                                      scan,
@@ -82,6 +85,7 @@ __all__ = [
     "EMBEDDED_PREFIX",
     "FLOAT_DTYPES",
     "Layout",
+    "LoadCheck",
     "Manifest",
     "PairReport",
     "RUNTIME_DTYPES",
@@ -94,6 +98,10 @@ __all__ = [
     "WeightSet",
     "bundle_hashes",
     "check_bundle",
+    "check_fields",
+    "check_paths",
+    "check_links",
+    "checkpoint_file",
     "check_files",
     "check_format",
     "check_pair_runtime",

@@ -59,6 +59,7 @@ class Layout:
     SERVE_SH = "trtllm/serve.sh"
     ONNX = "onnx"
     ENGINES = "engines"
+    SWAP_JOURNAL = ".dflash-trt.swap.json"   # present only while a swap is under way or was killed (deploy.swap)
 
 
 # Files every built bundle has, and the manifest sections `build` always writes.
@@ -330,6 +331,9 @@ def read_manifest(root: str | Path) -> Manifest:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
+        if os.path.lexists(Path(root) / Layout.SWAP_JOURNAL):
+            raise CheckpointError(f"{root}: a swap of this bundle was interrupted (killed); run the same "
+                                  "'dflash-trt build --force' or 'dflash-trt tune' again to finish it") from None
         raise CheckpointError(f"{root}: no {Layout.MANIFEST}; is this a dflash-trt bundle "
                               "(dflash-trt build -o DIR)?") from None
     except json.JSONDecodeError as exc:
@@ -359,13 +363,17 @@ def write_manifest(root: str | Path, manifest: Manifest) -> dict:
 def open_bundle(path: str | Path, require_manifest: bool = True) -> Bundle:
     """A bundle directory and its manifest. ``require_manifest=False`` also opens a directory
     without one (``serve`` of a hand-made TensorRT-LLM directory); a manifest present is
-    always read and checked."""
+    always read and checked, its paths confined to the bundle (``bundle_check.check_paths``)."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"{path}: no such bundle directory (build one with 'dflash-trt build -o DIR')")
     if not require_manifest and not (root / Layout.MANIFEST).exists():
         return Bundle(root)
-    return Bundle(root, read_manifest(root))
+    from dflash_trt.ingest.bundle_check import check_paths  # it imports this module
+
+    bundle = Bundle(root, read_manifest(root))
+    check_paths(bundle)   # nothing the manifest names, and no link, leads outside the bundle
+    return bundle
 
 
 def check_bundle(path: str | Path) -> Bundle:

@@ -292,6 +292,31 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
     return ws
 
 
+def checkpoint_file(root: Path, path: Path) -> Path:
+    """The real file behind ``path`` of checkpoint ``root``: ``path`` itself, or where its symlinks
+    lead when that stays inside the checkpoint or its own store (for a Hugging Face cache snapshot,
+    ``models--ORG--NAME/snapshots/REV``, that repository's ``blobs/``); one line otherwise, so a
+    link planted in a checkpoint never brings another file into a bundle."""
+    real, base = Path(path).resolve(), Path(root).resolve()
+    stores = [base] + ([base.parent.parent / "blobs"] if base.parent.name == "snapshots" else [])
+    if not any(s in real.parents for s in stores):
+        raise CheckpointError(f"{path}: a symlink to {real}, outside the checkpoint {root} and its store; "
+                              "dflash-trt copies only the checkpoint's own files: replace the link by the file")
+    return real
+
+
+def check_links(root: Path) -> None:
+    """Every symlink in checkpoint ``root`` leads inside it or its own store (:func:`checkpoint_file`);
+    one line naming the first that does not. Hidden entries (caches) are skipped."""
+    root = Path(root)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = [n for n in dirnames if not n.startswith(".")]
+        for n in dirnames + filenames:
+            p = Path(dirpath) / n
+            if not n.startswith(".") and p.is_symlink():
+                checkpoint_file(root, p)
+
+
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     check_regular(path)
     h = hashlib.sha256()

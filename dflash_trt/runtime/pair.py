@@ -145,8 +145,12 @@ def load_bundle(path: str | Path, spec: RunSpec | None = None, *, dtype: str = "
     """
     spec = spec or RunSpec()
     bundle = ingest.open_bundle(path)
+    ref = bundle.built.reference_runtime
+    loaded = [ref.target, ref.drafter] + ([ingest.Layout.ONNX, ingest.Layout.ENGINES] if spec.graphs else [])
     try:
-        return _load_bundle(bundle, spec, dtype, device)
+        # every file read is hashed beside the load and refused if it is not as built
+        with ingest.LoadCheck(bundle, loaded, [ingest.Layout.TRTLLM_CONFIG]):
+            return _load_bundle(bundle, spec, dtype, device)
     except CheckpointError as exc:  # a damaged bundle: its advice is to rebuild, not to download
         raise bundle_damage(exc, bundle.root) from exc
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -39,9 +40,27 @@ METADATA_FILE = "training.json"
 STATE_DIR = "state"
 
 
+def check_confined(out: Path) -> None:
+    """Refuse an OUT whose ``.train/`` (what the run writes, replaces and removes) is, or holds, a
+    symlink: the run would write or delete wherever it points. One line naming it."""
+    work = out / ".train"
+    links = [work] if work.is_symlink() else []
+    if work.is_dir() and not links:
+        for dirpath, dirnames, filenames in os.walk(work):
+            links += [Path(dirpath) / n for n in dirnames + filenames if (Path(dirpath) / n).is_symlink()]
+    if links:
+        raise DFlashError(f"--out {out}: {links[0]} is a symlink; the run writes and removes files there, so it "
+                          "writes only inside --out: replace the link by a directory of its own")
+
+
 def write_json(path: Path, obj) -> None:
+    """``obj`` as JSON at ``path``, renamed into place from a fresh file (a symlink at either name is
+    replaced, never written through)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(obj, indent=2) + "\n")
     tmp.replace(path)
 
 
@@ -167,9 +186,10 @@ def saved_step(work: Path) -> int | None:
 def write_drafter(drafter: Drafter, out: Path, dtype: str, metadata: dict) -> None:
     """z-lab config.json + model.safetensors, and training.json, into OUT, each renamed into place."""
     tmp = out / ".train" / "export.tmp"
-    if tmp.exists():
-        for f in tmp.iterdir():
-            f.unlink()
+    if tmp.is_symlink():
+        tmp.unlink()
+    elif tmp.exists():
+        shutil.rmtree(tmp)
     d = drafter.to(getattr(torch, dtype))
     d.save(tmp)
     for name in ("config.json", "model.safetensors"):

@@ -38,6 +38,7 @@ from dflash_trt.train import data as train_data
 from dflash_trt.train import dist, objective, regen
 from dflash_trt.train import features as train_features
 from dflash_trt.train.checkpoint import (
+    check_confined,
     full_drafter,
     has_state,
     load_state,
@@ -80,6 +81,7 @@ def lr_at(step: int, s: TrainSettings) -> float:
 
 def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
     """Validate OUT for a fresh run or a resume; returns the settings to run with."""
+    check_confined(out)
     if s.resume:
         if not (work / "settings.json").exists():
             raise DFlashError(f"--resume: {out} holds no training run to resume")

@@ -105,21 +105,25 @@ def test_ctrl_c_mid_sweep_leaves_the_bundle_as_it_was(bundle, ctrl_c_interrupts)
 
 
 def test_commit_holds_ctrl_c_until_every_file_is_in_place(tmp_path, monkeypatch):
-    a, b = tmp_path / "a.yaml", tmp_path / "b.json"
+    from dflash_trt.deploy import swap
+
+    root = tmp_path / "bundle"
+    root.mkdir()
+    a, b = root / "a.yaml", root / "b.json"
     a.write_text("old a")
     b.write_text("old b")
-    real = os.replace
 
-    def replace_then_interrupt(src, dst):   # Ctrl-C between the two renames
-        real(src, dst)
-        os.kill(os.getpid(), signal.SIGINT)
+    def interrupt(step):   # Ctrl-C between the two files coming in
+        if step == "moved in a.yaml":
+            os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(T.os, "replace", replace_then_interrupt)
+    monkeypatch.setattr(swap, "_step", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        T.commit({a: "new a", b: "new b"})
+        T.commit(root, {a: "new a", b: "new b"})
     assert (a.read_text(), b.read_text()) == ("new a", "new b")
-    assert ((tmp_path / "a.yaml.prev").read_text(), (tmp_path / "b.json.prev").read_text()) == ("old a", "old b")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "a.yaml.prev", "b.json", "b.json.prev"]
+    assert ((root / "a.yaml.prev").read_text(), (root / "b.json.prev").read_text()) == ("old a", "old b")
+    assert sorted(p.name for p in root.iterdir()) == ["a.yaml", "a.yaml.prev", "b.json", "b.json.prev"]
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]   # no partial left beside it
 
 
 def test_tune_endpoint_measures_and_refits_without_writing(bundle, capsys):
@@ -172,3 +176,59 @@ def test_tune_endpoint_records_which_arm_won(bundle, capsys):
     arms = ingest.open_bundle(bundle).manifest.plan["arms"]
     assert arms["measured"] == r["arms"] and arms["measured"][0]["winner"] in ("dflash", "mtp", "autoregressive")
     check_bundle(bundle)
+
+
+# ---- issue 39: tune is an exclusive, crash-safe writer ----------------------------------------------------
+
+
+class _Killed(BaseException):
+    """Stands in for SIGKILL at one step of the swap (nothing in it catches a BaseException)."""
+
+
+def _tuned_files(t: T.Tunable) -> dict:
+    return T.arms_files(t, [{"concurrency": 1, "winner": "dflash"}], "test")
+
+
+def test_tune_killed_at_any_step_of_its_write_leaves_old_or_new(bundle, tmp_path, monkeypatch):
+    from dflash_trt.deploy import output, swap
+
+    seen: list[str] = []
+    fresh = shutil.copytree(bundle, tmp_path / "count")
+    monkeypatch.setattr(swap, "_step", seen.append)
+    T.commit(fresh, _tuned_files(T.read(fresh)))
+    new = _files(fresh)
+    assert seen and ingest.check_files(ingest.open_bundle(fresh)) == []
+    for i, step in enumerate(seen):
+        b = shutil.copytree(bundle, tmp_path / str(i))
+        old = _files(b)
+
+        def kill(name, step=step):
+            if name == step:
+                raise _Killed(name)
+
+        monkeypatch.setattr(swap, "_step", kill)
+        with pytest.raises(_Killed):
+            T.commit(b, _tuned_files(T.read(b)))
+        monkeypatch.setattr(swap, "_step", lambda name: None)
+        assert output.recover(b)   # said, in one sentence
+        now, man = _files(b), Path(ingest.Layout.MANIFEST)
+        if now != old:   # else the new files, every one: the arms recorded, the previous manifest kept as .prev
+            assert set(now) == set(new) and "arms" in json.loads(now[man])["plan"], step
+            assert now[Path(f"{man}.prev")] == old[man], step
+        assert ingest.check_files(ingest.open_bundle(b)) == [], step
+        assert sorted(p.name for p in b.parent.iterdir() if p.name.startswith(f".{b.name}")) == [], step
+
+
+def test_tune_holds_the_lock_from_its_first_measurement_to_its_last_write(bundle, monkeypatch, capsys):
+    real, refused = T.measure_embedded, []
+
+    def measure(*a, **k):   # a build --force of the same bundle while tune measures
+        refused.append(run(["build", "-o", str(bundle), "--force"]))
+        refused.append(capsys.readouterr().err)
+        return real(*a, **k)
+
+    monkeypatch.setattr(T, "measure_embedded", measure)
+    assert run(["tune", str(bundle), "--concurrency", "1", "--draft-lens", "1", "--max-tokens", "4",
+                "--requests", "1", "--json"]) == 0
+    assert refused[0] == 2 and "another dflash-trt writer holds it" in refused[1] and "tune" in refused[1]
+    assert ingest.check_files(ingest.open_bundle(bundle)) == []

@@ -89,7 +89,7 @@ def _by_name(report: dict) -> dict:
 # ---- offline --------------------------------------------------------------------------------
 def test_offline_holds_for_a_built_bundle_and_names_what_changed(good, tmp_path, capsys):
     code, r = _verify(capsys, good)
-    assert code == 0 and r["ok"] and [c["status"] for c in r["checks"]] == ["pass", "pass"]
+    assert code == 0 and r["ok"] and [c["status"] for c in r["checks"]] == ["pass", "pass", "pass"]
     b = shutil.copytree(good, tmp_path / "b")
     cfg = b / "trtllm" / "config.yaml"
     cfg.write_text(cfg.read_text().replace("max_draft_len: 7", "max_draft_len: 5"))
@@ -137,8 +137,8 @@ def test_a_good_deployment_passes_and_its_report_calibrates_the_plan(good, tmp_p
     checks = _by_name(r)
     assert code == 0, r["failed"]
     assert {k: c["status"] for k, c in checks.items()} == {
-        "files": "pass", "config": "pass", "lossless": "pass", "acceptance": "pass", "schedule": "pass",
-        "memory": "not measured"}
+        "files": "pass", "manifest": "pass", "config": "pass", "lossless": "pass", "acceptance": "pass",
+        "schedule": "pass", "memory": "not measured"}
     lossless = checks["lossless"]["details"]["prompts"]
     assert {p["kind"] for p in lossless} == {"code", "math", "prose", "chat"} and all(p["agree"] for p in lossless)
     acc = checks["acceptance"]["details"]

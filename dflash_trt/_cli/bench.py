@@ -29,6 +29,14 @@ from dflash_trt._cli.common import (
     steps,
 )
 
+RepeatsOpt = Annotated[int | None, typer.Option(
+    "--repeats", min=1, help="Measured passes per level (default 3; in-process bench 1); figures carry their "
+                             "min–max over them, and a conclusion (drafting pays, a winner, a schedule step) needs "
+                             "intervals that do not overlap and means more than 5% apart.")]
+WarmupOpt = Annotated[int | None, typer.Option(
+    "--warmup", min=0, help="Requests sent before each level, not counted (default: one per concurrent "
+                            "request).")]
+
 
 # Over 60 lines only because the signature is the command's option list (Typer reads it);
 # the body is short and calls one stage per branch.
@@ -64,6 +72,8 @@ def bench(
     temperature: Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")] = 0.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
                                              "max tokens (vLLM/TRT-LLM/dflash extension).")] = False,
+    repeats: RepeatsOpt = None,
+    warmup: WarmupOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="With --endpoint: write throughput per GPU against tokens/s per user (DFlash and "
                        "--baseline on one chart), TTFT, ITL and speedup to this PNG; with a BUNDLE, its plan's "
@@ -84,7 +94,8 @@ def bench(
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
     if endpoint is not None:
         bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_new_tokens, temperature,
-                       chat, ignore_eos, plot, as_json, bundle=bundle or bundle_opt, mtp=mtp_endpoint)
+                       chat, ignore_eos, plot, as_json, bundle=bundle or bundle_opt, mtp=mtp_endpoint,
+                       repeats=repeats or 3, warmup=warmup)
         return
     if baseline is not None or plot is not None or mtp_endpoint is not None:
         raise DFlashError("--baseline, --mtp-endpoint and --plot go with --endpoint URL")
@@ -95,9 +106,9 @@ def bench(
     texts = inprocess.read_prompts(prompts)
     pair = load_pair_from(target, drafter, dtype, bundle=bundle, bundle_opt=bundle_opt, kernels=kernels,
                           backend=backend)
-    with steps("prompts", len(texts)) as step:
+    with steps("prompts", len(texts) * (repeats or 1)) as step:
         report = inprocess.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
-                               progress=step)
+                               repeats=repeats or 1, progress=step)
     if as_json:
         print_json(report)
         return
@@ -117,14 +128,31 @@ def show(r: dict) -> None:
     t.add_row("τ (tokens per target forward)", f"{d['acceptance_length']:.2f}", "1.00")
     t.add_row("target forwards", str(d["target_forwards"]), str(a["target_forwards"]))
     t.add_row("new tokens", str(d["new_tokens"]), str(a["new_tokens"]))
+    for key, label in (("ttft_ms", "TTFT median, ms"), ("tpot_ms", "TPOT median, ms")):
+        t.add_row(label, _fmt((d.get(key) or {}).get("median"), ".2f"), _fmt((a.get(key) or {}).get("median"), ".2f"))
     out.print(t)
     pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
     s = r["step"]
-    out.print(f"speedup {r['speedup']:.2f}x   lossless {str(r['lossless']).lower()}")
+    out.print(f"speedup {r['speedup']:.2f}x (DFlash tok/s ÷ autoregressive tok/s){_speed_spread(r)}   "
+              f"lossless {str(r['lossless']).lower()}")
     out.print(f"per-position acceptance [{pp}]")
-    out.print(f"step: draft {s['draft_ms']:.2f} ms + verify {s['verify_ms']:.2f} ms "
-              f"= {s['step_cost_ratio']:.2f}x one target forward on the block "
-              f"(autoregressive forward {s['autoregressive_forward_ms']:.2f} ms)")
+    out.print(f"step: draft {s['draft_ms']:.2f} ms + verify {s['verify_ms']:.2f} ms = {s['step_cost_ratio']:.2f}x "
+              f"the verify forward alone; one autoregressive forward {s['autoregressive_forward_ms']:.2f} ms "
+              f"(a DFlash step costs {_ratio(s['draft_ms'] + s['verify_ms'], s['autoregressive_forward_ms'])} "
+              "autoregressive forwards)")
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def _speed_spread(r: dict) -> str:
+    sp = r.get("spread") or {}
+    if r.get("repeats", 1) < 2 or not sp.get("speedup"):
+        return "; one repeat: no spread, so no verdict (--repeats 3)"
+    iv = sp["speedup"]
+    return f", {iv['min']:.2f}–{iv['max']:.2f} over {r['repeats']} repeats: {sp['verdict']}" + (
+        " (noisy machine: repeats more than 15% apart)" if sp.get("noisy") else "")
 
 
 def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
@@ -139,9 +167,9 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
 
 
 def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
-                   ignore_eos, plot, as_json, bundle=None, mtp=None) -> None:
+                   ignore_eos, plot, as_json, bundle=None, mtp=None, repeats=3, warmup=None) -> None:
     from dflash_trt.bench import endpoint as loadgen
-    from dflash_trt.bench import inprocess
+    from dflash_trt.bench import inprocess, plots
     from dflash_trt.errors import DFlashError
 
     try:
@@ -152,12 +180,12 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
     with steps("benchmarking", len(levels) * (1 + bool(baseline) + bool(mtp))) as step:
         report = loadgen.run(endpoint, model=model, baseline=baseline, mtp=mtp, prompts=texts, concurrency=levels,
                              requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,
-                             ignore_eos=ignore_eos,
+                             ignore_eos=ignore_eos, repeats=repeats, warmup=warmup,
                              progress=lambda url, c: step(desc=f"benchmarking: {url} concurrency {c} done"))
     refused = None
     if plot is not None:   # the results are saved (PLOT.json) before the figure is drawn
         predicted, gpus, device = planned_curve(bundle)
-        refused = save_then_plot(report, plot, lambda p: loadgen.plot(report, p, predicted=predicted, gpus=gpus,
+        refused = save_then_plot(report, plot, lambda p: plots.plot(report, p, predicted=predicted, gpus=gpus,
                                                                       device=device,
                                                                       name=Path(bundle).name if bundle else None))
         report["plot"] = None if refused else str(plot)
@@ -173,39 +201,71 @@ def _fmt(x, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _pm(iv: dict | None) -> str:
+    """Half the min–max range over repeats, relative to the mean: ``±3%``."""
+    if not iv or not iv.get("mean") or len(iv.get("values") or []) < 2:
+        return "-"
+    return f"±{(iv['max'] - iv['min']) / 2 / iv['mean']:.0%}"
+
+
+LEGEND = ("conc: concurrent requests; tok/s: output tokens/s, ± half its min–max",
+          "over {repeats} repeats; tok/s per user: decode, TTFT excluded (1/TPOT); TTFT, TPOT,",
+          "ITL: medians in ms; ITL per chunk as vLLM prints it, per token beside it;",
+          "speedup: DFlash output tok/s ÷ baseline output tok/s (≈: within noise)")
+
+
 def show_endpoint(r: dict) -> None:
-    speed = {row["concurrency"]: row["speedup"] for row in r.get("comparison", {}).get("speedup", [])}
+    speed = {row["concurrency"]: row for row in r.get("comparison", {}).get("speedup", [])}
     for key in ("endpoint", "mtp", "baseline"):
         if key not in r:
             continue
         e = r[key]
-        # short headers that wrap at spaces and a light box: all ten columns fit 80 columns whole
+        # short headers that wrap at spaces and a light box: every column fits 80 columns whole
         t = Table(title=f"{key}: {e['url']} ({e['model']}), max {r['max_tokens']} tokens, T={r['temperature']}",
-                  caption="conc: concurrent requests; TTFT, ITL in ms", box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("conc", "ok", "tok/s", "tok/s per user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "τ"):
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("conc", "ok", "tok/s", "±", "tok/s per user", "TTFT", "TPOT", "ITL per chunk", "ITL per token",
+                    "τ"):
             t.add_column(col, justify="right")
         if key == "endpoint" and speed:
             t.add_column("speedup", justify="right", min_width=7)
         for lv in e["levels"]:
+            med = lambda k, lv=lv: (lv.get(k) or {}).get("median")  # noqa: E731
             row = [str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", _fmt(lv["output_tokens_per_second"], ".0f"),
-                   _fmt(lv["tokens_per_second_per_user"]), _fmt(lv["ttft_ms"]["median"], ".0f"),
-                   _fmt(lv["ttft_ms"]["p99"], ".0f"),
-                   _fmt(lv["itl_ms"]["median"]), _fmt(lv["itl_ms"]["p99"]), _fmt(lv["acceptance_length"], ".2f")]
+                   _pm((lv.get("spread") or {}).get("output_tokens_per_second")),
+                   _fmt(lv["tokens_per_second_per_user"]), _fmt(med("ttft_ms"), ".0f"), _fmt(med("tpot_ms")),
+                   _fmt(med("itl_ms")), _fmt(med("itl_per_token_ms")), _fmt(lv["acceptance_length"], ".2f")]
             if key == "endpoint" and speed:
-                row.append(_fmt(speed.get(lv["concurrency"]), ".2f") + "x")
+                s = speed.get(lv["concurrency"])
+                row.append("-" if s is None else f"{s['speedup']:.2f}x" + ("≈" if s.get("verdict") ==
+                                                                            "indistinguishable" else ""))
             t.add_row(*row)
         out.print(t)
         for lv in e["levels"]:
             for msg in lv["errors"]:
                 err.print(f"[yellow]concurrency {lv['concurrency']}: {msg}[/yellow]", markup=True)
+    for line in LEGEND if speed else LEGEND[:-1]:
+        out.print(line.format(repeats=r.get("repeats", 1)), style="dim")
     if "comparison" in r:
-        stop = r["comparison"]["stops_paying_at"]
-        out.print("drafting pays at every concurrency measured" if stop is None
-                  else f"drafting stops paying at concurrency {stop} (speedup < 1)")
+        for line in speedup_lines(r["comparison"]):
+            out.print(line)
     if r.get("mtp"):
         show_arms(r["arms"])
+    for w in r.get("warnings") or []:
+        err.print(f"[yellow]warning:[/yellow] {w}")
     if r.get("plot"):
         out.print(f"plot: {r['plot']}")
+
+
+def speedup_lines(comparison: dict) -> list[str]:
+    """Where drafting pays, does not, and cannot be told from the baseline beyond the min–max of
+    the repeats (speedup: DFlash output tokens/s over the baseline's)."""
+    by: dict[str, list[str]] = {}
+    for row in comparison["speedup"]:
+        by.setdefault(row.get("verdict", "indistinguishable"), []).append(str(row["concurrency"]))
+    said = (("pays", "drafting pays"), ("does not pay", "drafting does not pay"),
+            ("indistinguishable", "within noise of the baseline"))
+    lines = [f"{text} at concurrency {', '.join(by[v])}" for v, text in said if by.get(v)]
+    return lines + ["(DFlash vs baseline output tok/s, beyond the min–max of the repeats)"] if lines else []
 
 
 def show_arms(rows: list[dict]) -> None:
@@ -216,6 +276,8 @@ def show_arms(rows: list[dict]) -> None:
     for row in rows:
         t.add_row(str(row["concurrency"]), _fmt(row["dflash"]), _fmt(row["mtp"]), _fmt(row["autoregressive"]),
                   row["winner"], "-" if row["margin"] is None else f"+{row['margin']:.0%}")
+    t.caption = ("mean output tok/s over repeats; winner only where it beats the runner-up beyond their min–max; "
+                 "margin: leader ÷ runner-up - 1")
     out.print(t)
 
 

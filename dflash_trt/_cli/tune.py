@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dflash_trt._cli.bench import show_arms
+from dflash_trt._cli.bench import RepeatsOpt, WarmupOpt, show_arms
 from dflash_trt._cli.common import JsonOpt, check_refs, err, out, print_json, save_then_plot, steps
 from dflash_trt.errors import DFlashError
 
@@ -49,6 +49,8 @@ def tune(
     prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts file: one per line, or JSONL with "
                                                    "'prompt'.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads.")] = None,
+    repeats: RepeatsOpt = 3,
+    warmup: WarmupOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Write the tuned and the baseline curves (throughput per GPU vs tokens/s per user, TTFT, ITL) "
                        "with the planner's to this PNG.")] = None,
@@ -56,8 +58,10 @@ def tune(
     as_json: JsonOpt = False,
 ) -> None:
     """Measure instead of predicting: serve the bundle with drafting off and at a few draft lengths, sweep concurrency
-    1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
-    as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was."""
+    1..max_batch_size (each level warmed up and repeated), write the draft_len_schedule measured beyond noise into its
+    config and manifest (the previous ones kept as *.prev), and print predicted against measured. A length steps down
+    only where a shorter one is faster beyond the min–max of the repeats; otherwise the level before's is kept, so
+    lengths never rise with concurrency. Ctrl-C leaves the bundle as it was."""
     check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
     from dflash_trt.bench import inprocess
     from dflash_trt.bench import tune as T
@@ -72,7 +76,7 @@ def tune(
         with steps("measuring", len(levels) * (1 + bool(baseline) + bool(mtp_endpoint))) as step:
             report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
                                         model=model, progress=lambda _L, c: step(desc=f"concurrency {c}"),
-                                        baseline=baseline, mtp=mtp_endpoint)
+                                        baseline=baseline, mtp=mtp_endpoint, repeats=repeats, warmup=warmup)
         cal, rows = T.fit(t, report)
         written = bool(mtp_endpoint) and not dry_run   # the manifest records the arms; nothing else changes
         if written:
@@ -90,13 +94,14 @@ def tune(
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
     with steps("measuring", len(sweep) * len(levels)) as step:
         measured = T.measure_embedded(t, sweep, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                      threads=threads,
+                                      threads=threads, repeats=repeats, warmup=warmup,
                                       progress=lambda L, c: step(desc=f"draft {L or 'off'}, concurrency {c}"))
     mtp_levels = None
     if mtp_endpoint is not None:
         with steps("measuring the MTP arm", len(levels)) as step:
             mtp_report = T.measure_endpoint(mtp_endpoint, levels, requests=requests, max_tokens=max_tokens,
-                                            prompts=texts, progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"))
+                                            prompts=texts, progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"),
+                                            repeats=repeats, warmup=warmup)
         mtp_levels = mtp_report["endpoint"]["levels"]
     _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels)
 
@@ -108,8 +113,10 @@ def build_stack(t) -> str:
 
 
 def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None) -> None:
-    warnings: list[str] = []
-    wins = T.winners(measured, warnings)
+    warnings: list[str] = [f"draft {L or 'off'}: repeats at concurrency {lv['concurrency']} differ by more than "
+                           "15% in output tokens/s; the machine was noisy"
+                           for L, rows in measured.items() for lv in rows if lv.get("noisy")]
+    wins = T.winners(measured, warnings, shortest=T.shortest_length(t))
     arms = T.sweep_arms(measured, wins, mtp_levels) if mtp_levels else None
     lengths = T.lengths_for(wins, t.max_batch_size)
     max_len, sched, drafted = T.schedule(t, lengths)
@@ -153,7 +160,9 @@ def _refused(message: str | None) -> None:
 
 
 def _show_sweep(measured: dict, wins: dict) -> None:
-    tab = Table(title="output tokens/s per concurrency (ignore_eos), best in bold")
+    from dflash_trt._cli.bench import _pm
+
+    tab = Table(title="output tokens/s per concurrency (ignore_eos; ± half the min–max of repeats), chosen in bold")
     tab.add_column("concurrency", justify="right")
     settings = sorted(measured)
     for L in settings:
@@ -162,8 +171,9 @@ def _show_sweep(measured: dict, wins: dict) -> None:
     for c, best in wins.items():
         cells = []
         for L in settings:
-            v = by[L].get(c, {}).get("output_tokens_per_second")
-            text = "-" if v is None else f"{v:.1f}"
+            lv = by[L].get(c, {})
+            v = lv.get("output_tokens_per_second")
+            text = "-" if v is None else f"{v:.1f} {_pm((lv.get('spread') or {}).get('output_tokens_per_second'))}"
             cells.append(f"[bold]{text}[/bold]" if L == best else text)
         tab.add_row(str(c), *cells)
     out.print(tab)
@@ -181,13 +191,14 @@ def _show_fit(rows: list[dict], cal, t) -> None:
 
 def _plot(T, t, measured, wins, cal, drafted, path) -> None:
     from dflash_trt.bench import endpoint as loadgen
+    from dflash_trt.bench import plots
 
     tuned = [next(lv for lv in measured[L] if lv["concurrency"] == c) for c, L in wins.items()]
     report = {"endpoint": {"model": f"{t.name}, tuned", "levels": tuned}}
     if 0 in measured:
         report["baseline"] = {"model": t.name, "levels": measured[0]}
         report["comparison"] = loadgen.compare(report["endpoint"], report["baseline"])
-    loadgen.plot(report, path, predicted=T.predicted_curve(t, cal, drafted), device=(t.manifest.plan or {}).get("gpu"),
+    plots.plot(report, path, predicted=T.predicted_curve(t, cal, drafted), device=(t.manifest.plan or {}).get("gpu"),
                  name=t.name)
 
 

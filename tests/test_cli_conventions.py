@@ -171,9 +171,9 @@ def _at_80_columns(monkeypatch, module, show, *args) -> list[str]:
 
 
 def test_endpoint_table_fits_80_columns_with_whole_headers(monkeypatch):
-    from dflash_trt._cli import bench
+    from dflash_trt._cli import bench_show
 
-    lines = _at_80_columns(monkeypatch, bench, bench.show_endpoint, _endpoint_report(baseline=True))
+    lines = _at_80_columns(monkeypatch, bench_show, bench_show.show_endpoint, _endpoint_report(baseline=True))
     assert max(len(line.rstrip()) for line in lines) <= 80
     text = "\n".join(lines)
     assert "…" not in text and "speedup" in text and "TTFT" in text and "12346" in text

@@ -8,8 +8,19 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dflash_trt._cli.bench import RepeatsOpt, WarmupOpt, show_arms
+from dflash_trt._cli.bench_show import show_arms
 from dflash_trt._cli.common import JsonOpt, check_refs, err, out, print_json, save_then_plot, steps
+from dflash_trt._cli.load_options import (
+    DatasetFormatOpt,
+    InputLenOpt,
+    MaxTokensOpt,
+    OutputLenOpt,
+    PromptsOpt,
+    RepeatsOpt,
+    SeedOpt,
+    WarmupOpt,
+    dataset,
+)
 from dflash_trt.errors import DFlashError
 
 
@@ -45,11 +56,14 @@ def tune(
                                                        "... max_batch_size).")] = None,
     requests: Annotated[int | None, typer.Option("--requests", min=1, help="Requests per level (default: "
                                                     "max(prompts, 2 x concurrency)).")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens every request decodes.")] = 64,
-    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts file: one per line, or JSONL with "
-                                                   "'prompt'.")] = None,
+    max_tokens: MaxTokensOpt = 64,
+    prompts: PromptsOpt = None,
+    dataset_format: DatasetFormatOpt = "auto",
+    input_len: InputLenOpt = None,
+    output_len: OutputLenOpt = None,
+    seed: SeedOpt = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads.")] = None,
-    repeats: RepeatsOpt = 3,
+    repeats: RepeatsOpt = None,
     warmup: WarmupOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Write the tuned and the baseline curves (throughput per GPU vs tokens/s per user, TTFT, ITL) "
@@ -63,20 +77,19 @@ def tune(
     only where a shorter one is faster beyond the min–max of the repeats; otherwise the level before's is kept, so
     lengths never rise with concurrency. Ctrl-C leaves the bundle as it was."""
     check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
-    from dflash_trt.bench import inprocess
     from dflash_trt.bench import tune as T
     from dflash_trt.plan import batch_grid
 
     t = T.read(bundle)
     levels = _ints(concurrency, "--concurrency") or batch_grid(t.max_batch_size)
-    texts = inprocess.read_prompts(prompts) if prompts else None
+    texts = dataset(prompts, dataset_format, input_len, output_len, seed)
     if baseline is not None and endpoint is None:
         raise DFlashError("--baseline goes with --endpoint URL (the sweep measures drafting off itself)")
     if endpoint is not None:
         with steps("measuring", len(levels) * (1 + bool(baseline) + bool(mtp_endpoint))) as step:
             report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
                                         model=model, progress=lambda _L, c: step(desc=f"concurrency {c}"),
-                                        baseline=baseline, mtp=mtp_endpoint, repeats=repeats, warmup=warmup)
+                                        baseline=baseline, mtp=mtp_endpoint, repeats=repeats or 3, warmup=warmup)
         cal, rows = T.fit(t, report)
         written = bool(mtp_endpoint) and not dry_run   # the manifest records the arms; nothing else changes
         if written:
@@ -92,16 +105,16 @@ def tune(
                       + ("manifest: plan.arms recorded" if written else "unchanged"), markup=False)
         return
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
-    with steps("measuring", len(sweep) * len(levels)) as step:
+    with steps("measuring", len(sweep) * len(levels) * (repeats or 3)) as step:
         measured = T.measure_embedded(t, sweep, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                      threads=threads, repeats=repeats, warmup=warmup,
+                                      threads=threads, repeats=repeats or 3, warmup=warmup,
                                       progress=lambda L, c: step(desc=f"draft {L or 'off'}, concurrency {c}"))
     mtp_levels = None
     if mtp_endpoint is not None:
         with steps("measuring the MTP arm", len(levels)) as step:
             mtp_report = T.measure_endpoint(mtp_endpoint, levels, requests=requests, max_tokens=max_tokens,
                                             prompts=texts, progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"),
-                                            repeats=repeats, warmup=warmup)
+                                            repeats=repeats or 3, warmup=warmup)
         mtp_levels = mtp_report["endpoint"]["levels"]
     _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels)
 
@@ -113,9 +126,10 @@ def build_stack(t) -> str:
 
 
 def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None) -> None:
-    warnings: list[str] = [f"draft {L or 'off'}: repeats at concurrency {lv['concurrency']} differ by more than "
-                           "15% in output tokens/s; the machine was noisy"
-                           for L, rows in measured.items() for lv in rows if lv.get("noisy")]
+    noisy = [f"{L or 'off'}@{lv['concurrency']}" for L, rows in measured.items() for lv in rows if lv.get("noisy")]
+    warnings: list[str] = [f"the machine was noisy: repeats differed by more than 15% in output tokens/s at "
+                           f"{len(noisy)} of {sum(map(len, measured.values()))} levels (draft@concurrency: "
+                           f"{', '.join(noisy)}); more --repeats or a quieter machine"] if noisy else []
     wins = T.winners(measured, warnings, shortest=T.shortest_length(t))
     arms = T.sweep_arms(measured, wins, mtp_levels) if mtp_levels else None
     lengths = T.lengths_for(wins, t.max_batch_size)
@@ -160,7 +174,7 @@ def _refused(message: str | None) -> None:
 
 
 def _show_sweep(measured: dict, wins: dict) -> None:
-    from dflash_trt._cli.bench import _pm
+    from dflash_trt._cli.bench_show import _pm
 
     tab = Table(title="output tokens/s per concurrency (ignore_eos; ± half the min–max of repeats), chosen in bold")
     tab.add_column("concurrency", justify="right")

@@ -25,13 +25,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
-from dflash_trt.bench import spread
+from dflash_trt.bench import load, spread
+from dflash_trt.bench.datasets import Prompt
 from dflash_trt.bench.latency import Record, chunk_tokens, summarize
+from dflash_trt.bench.load import Level
 from dflash_trt.bench.spec_metrics import parse_spec_metrics, tau_between
 from dflash_trt.errors import DFlashError, require
 
-__all__ = ["PROMPTS", "Endpoint", "arms", "compare", "parse_spec_metrics", "run", "tau_between", "throughput_interval"]
+__all__ = ["PROMPTS", "Endpoint", "arms", "compare", "merge_levels", "parse_spec_metrics", "run", "tau_between",
+           "throughput_interval"]
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -112,12 +116,15 @@ class Endpoint:
             return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
         return "/v1/completions", {**body, "prompt": prompt}
 
-    async def request(self, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool,
+    async def request(self, prompt: str | Prompt, max_tokens: int, temperature: float, ignore_eos: bool,
                       t0: float | None = None) -> Record:
-        """One streamed completion as a :class:`Record` (``t0``: when the load began)."""
-        path, body = self.body(prompt, max_tokens, temperature, ignore_eos)
+        """One streamed completion as a :class:`Record` (``t0``: when the load began); a
+        :class:`Prompt` with its own ``max_tokens`` asks for that many."""
+        p = prompt if isinstance(prompt, Prompt) else Prompt(prompt)
+        path, body = self.body(p.text, p.max_tokens or max_tokens, temperature, ignore_eos)
         start = time.perf_counter()
-        rec = Record(ok=False, start=start - (t0 if t0 is not None else start))
+        rec = Record(ok=False, start=start - (t0 if t0 is not None else start), category=p.category)
+        ext: dict = {}
         times, texts, cum, lps = [], [], [], []
         usage: dict = {}
         try:
@@ -137,6 +144,7 @@ class Endpoint:
                         rec.error = str(obj["error"].get("message"))
                         return rec
                     usage = obj.get("usage") or usage
+                    ext = obj.get("dflash") or ext    # the embedded server's per-request τ
                     for ch in obj.get("choices") or []:
                         text = ch.get("text") if "text" in ch else (ch.get("delta") or {}).get("content")
                         if text:
@@ -151,6 +159,7 @@ class Endpoint:
         counts, rec.tokens_from = chunk_tokens(texts, cum, lps, usage.get("completion_tokens"))
         rec.chunks = list(zip(times, counts or [0] * len(times), strict=True))
         rec.prompt_tokens = usage.get("prompt_tokens")
+        rec.acceptance_length, rec.rounds = ext.get("acceptance_length"), ext.get("rounds")
         rec.ok = True
         return rec
 
@@ -164,102 +173,139 @@ def _logprob_count(lp) -> int | None:
 
 
 # ---- one level ---------------------------------------------------------------------------------
-async def _pass(ep: Endpoint, prompts: list[str], concurrency: int, n: int, offset: int, args: tuple
-                ) -> tuple[list[Record], float]:
-    sem = asyncio.Semaphore(concurrency)
-    t0 = time.perf_counter()
-
-    async def one(i: int) -> Record:
-        async with sem:
-            return await ep.request(prompts[(offset + i) % len(prompts)], *args, t0=t0)
-
-    records = await asyncio.gather(*(one(i) for i in range(n)))
-    return list(records), time.perf_counter() - t0
-
-
 def _spread(passes: list[dict]) -> dict:
     """Per figure, its interval over the repeats."""
     out = {k: spread.interval([p[k] for p in passes]) for k in SPREAD_KEYS}
     out.update({f"{k}_median": spread.interval([p[k]["median"] for p in passes]) for k in SPREAD_MEDIANS})
+    if passes and "goodput" in passes[0]:
+        out["goodput"] = spread.interval([p["goodput"]["goodput"] for p in passes])
     return out
 
 
-async def _level(ep: Endpoint, prompts: list[str], concurrency: int, n: int, args: tuple, repeats: int,
-                 warmup: int) -> dict:
-    if warmup:
-        await _pass(ep, prompts, concurrency, warmup, 0, args)
+async def _level(ep: Endpoint, prompts: list[Prompt], lv: Level, n: int | None, opts: dict) -> dict:
+    """Warm-up, then ``repeats`` passes; the figures over all their records, the spread over passes."""
+    args = (opts["max_tokens"], opts["temperature"], opts["ignore_eos"])
+
+    async def send(p: Prompt, t0: float) -> Record:
+        return await ep.request(p, *args, t0=t0)
+
+    warm = lv.concurrency if opts["warmup"] is None else opts["warmup"]
+    if warm:
+        await load.closed_loop(send, prompts, lv.concurrency or 1, warm, None, 0)
     before = await ep.scrape()
     records: list[Record] = []
     passes, walls = [], []
-    for k in range(repeats):
-        recs, wall = await _pass(ep, prompts, concurrency, n, k * n, args)
+    for k in range(opts["repeats"]):
+        recs, wall = await load.one_pass(send, prompts, lv, n, k * (n or 0))
+        for r in recs:
+            r.repeat = k
         records += recs
         walls.append(wall)
-        passes.append(summarize(recs, wall))
+        passes.append(summarize(recs, wall, opts["goodput"]))
     after = await ep.scrape()
-    wall = sum(walls)
     errors = [f"{r.status or '-'} {r.error}" for r in records if not r.ok]
-    level = {"concurrency": concurrency, "requests": len(records), "requests_per_repeat": n, "repeats": repeats,
-             "warmup": warmup, **summarize(records, wall), "errors": errors[:5],
-             "acceptance_length": tau_between(before, after), "spread": _spread(passes)}
+    key = {"concurrency": lv.concurrency} if lv.concurrency else {"request_rate": lv.request_rate,
+                                                                  "burstiness": lv.burstiness}
+    level = {**key, "requests": len(records), "requests_per_repeat": n, "duration": lv.duration,
+             "repeats": opts["repeats"], "warmup": warm, **summarize(records, sum(walls), opts["goodput"]),
+             "errors": errors[:5], "acceptance_length": tau_between(before, after), "spread": _spread(passes)}
     level["noisy"] = spread.noisy(level["spread"]["output_tokens_per_second"])
     level["_records"] = records      # the raw records; run() decides whether the report keeps them
     return level
 
 
-async def _run_endpoint(url: str, model: str | None, prompts: list[str], levels: list[int], requests: int | None,
-                        max_tokens: int, temperature: float, chat: bool, ignore_eos: bool, repeats: int,
-                        warmup: int | None, progress, on_scrape=None) -> dict:
-    ep = Endpoint(url, model, chat, on_scrape=on_scrape)
+async def _run_endpoint(url: str, model: str | None, prompts: list[Prompt], levels: list[Level], opts: dict,
+                        progress, on_scrape=None) -> dict:
+    ep = Endpoint(url, model, opts["chat"], on_scrape=on_scrape)
     try:
         name = await ep.discover()
-        await ep.warm_up(prompts[0], min(8, max_tokens), temperature, ignore_eos)
-        out = []
-        for c in levels:
-            n = requests or max(len(prompts), 2 * c)
-            out.append(await _level(ep, prompts, c, n, (max_tokens, temperature, ignore_eos), repeats,
-                                    c if warmup is None else warmup))
+        await ep.warm_up(prompts[0].text, min(8, opts["max_tokens"]), opts["temperature"], opts["ignore_eos"])
+        out: dict[str, list] = {"levels": [], "rate_levels": []}
+        for lv in levels:
+            n = lv.requests
+            if n is None and lv.duration is None:
+                n = max(len(prompts), 2 * (lv.concurrency or 1))
+            rec = await _level(ep, prompts, lv, n, opts)
+            out["levels" if lv.concurrency else "rate_levels"].append(rec)
             if progress:
-                progress(url, c)
-        return {"url": ep.url, "model": name, "levels": out}
+                progress(url, lv.concurrency or lv.label)
+        return {"url": ep.url, "model": name, "levels": out["levels"],
+                **({"rate_levels": out["rate_levels"]} if out["rate_levels"] else {})}
     finally:
         await ep.close()
 
 
+def _levels(concurrency, request_rate, burstiness: float, requests: int | None, duration: float | None,
+            seed: int) -> list[Level]:
+    cs = sorted(set(int(c) for c in concurrency))
+    if (cs and cs[0] < 1) or (not cs and not request_rate):
+        raise DFlashError("--concurrency needs positive integers, e.g. 1,4,16,32")
+    if duration is not None and not duration > 0:
+        raise DFlashError("--duration must be positive (seconds)")
+    rates = sorted(set(float(r) for r in request_rate or ()))
+    if rates and not (rates[0] > 0 and burstiness > 0):
+        raise DFlashError("--request-rate and --burstiness must be positive")
+    common = {"requests": requests, "duration": duration, "seed": seed}
+    return ([Level(concurrency=c, **common) for c in cs]
+            + [Level(request_rate=r, burstiness=burstiness, **common) for r in rates])
+
+
 def run(url: str, *, model: str | None = None, baseline: str | None = None, baseline_model: str | None = None,
         mtp: str | None = None, mtp_model: str | None = None,
-        prompts: list[str] | None = None, concurrency: list[int] = (1, 4, 16, 32), requests: int | None = None,
+        prompts: list[str] | list[Prompt] | None = None, concurrency=(1, 4, 16, 32), requests: int | None = None,
         max_tokens: int = 128, temperature: float = 0.0, chat: bool = False, ignore_eos: bool = False,
-        repeats: int = REPEATS, warmup: int | None = None, records: bool = False,
-        progress=None, on_scrape=None) -> dict:
-    """Benchmark ``url`` (and ``baseline``, ``mtp``) at each concurrency; returns the report dict.
+        repeats: int = REPEATS, warmup: int | None = None, request_rate=(), burstiness: float = 1.0,
+        duration: float | None = None, goodput: dict[str, float] | None = None, seed: int = 0,
+        records: bool = False, progress=None, on_scrape=None) -> dict:
+    """Benchmark ``url`` (and ``baseline``, ``mtp``) at each concurrency (closed loop) and each
+    request rate (open loop, :mod:`~dflash_trt.bench.load`); returns the report dict.
     ``warmup``: requests before each level (None: one per concurrent slot); ``records``: keep each
     request's record in its level. ``on_scrape(body)`` sees every /metrics body of ``url``."""
-    levels = sorted(set(int(c) for c in concurrency))
-    if not levels or levels[0] < 1:
-        raise DFlashError("--concurrency needs positive integers, e.g. 1,4,16,32")
+    levels = _levels(concurrency, request_rate, burstiness, requests, duration, seed)
     if max_tokens < 1:
         raise DFlashError("--max-tokens must be >= 1")
     if repeats < 1:
         raise DFlashError("--repeats must be >= 1")
-    prompts = list(prompts or PROMPTS)
-    args = (prompts, levels, requests, max_tokens, temperature, chat, ignore_eos, repeats, warmup, progress)
+    texts = [p if isinstance(p, Prompt) else Prompt(p) for p in (prompts or PROMPTS)]
+    opts = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat, "ignore_eos": ignore_eos,
+            "repeats": repeats, "warmup": warmup, "goodput": goodput}
     report: dict = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat, "repeats": repeats,
-                    "endpoint": asyncio.run(_run_endpoint(url, model, *args, on_scrape=on_scrape))}
+                    **({"goodput_limits_ms": goodput} if goodput else {}),
+                    "endpoint": asyncio.run(_run_endpoint(url, model, texts, levels, opts, progress, on_scrape))}
     if baseline:
-        report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, *args))
+        report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, texts, levels, opts, progress))
         report["comparison"] = compare(report["endpoint"], report["baseline"])
     if mtp:  # the same target drafting with its own MTP layers (a bundle's trtllm/config.mtp.yaml)
-        report["mtp"] = asyncio.run(_run_endpoint(mtp, mtp_model, *args))
+        report["mtp"] = asyncio.run(_run_endpoint(mtp, mtp_model, texts, levels, opts, progress))
     if mtp or baseline:
         report["arms"] = arms(report)
     report["warnings"] = noise_warnings(report)
     for side in ("endpoint", "baseline", "mtp"):
-        for lv in (report.get(side) or {}).get("levels", []):
+        for lv in [*(report.get(side) or {}).get("levels", []), *(report.get(side) or {}).get("rate_levels", [])]:
             recs = lv.pop("_records")
             if records:
                 lv["records"] = [r.as_dict() for r in recs]
     return report
+
+
+def merge_levels(passes: list[dict], keep_records: bool = False) -> dict:
+    """One level from single-repeat measurements of it taken apart in time (each run with
+    ``records=True``): the figures re-derived from all their records, the spread over the
+    passes, τ the mean of the passes'."""
+    records = [replace(Record.from_dict(d), repeat=k) for k, lv in enumerate(passes) for d in lv["records"]]
+    taus = [lv["acceptance_length"] for lv in passes if lv.get("acceptance_length") is not None]
+    first = passes[0]
+    limits = (first.get("goodput") or {}).get("limits_ms")
+    level = {**{k: first[k] for k in ("concurrency", "request_rate", "burstiness") if k in first},
+             "requests": len(records), "requests_per_repeat": first["requests_per_repeat"],
+             "duration": first.get("duration"), "repeats": len(passes), "warmup": first.get("warmup"),
+             **summarize(records, sum(lv["seconds"] for lv in passes), limits),
+             "errors": [e for lv in passes for e in lv.get("errors", [])][:5],
+             "acceptance_length": round(sum(taus) / len(taus), 4) if taus else None, "spread": _spread(passes)}
+    level["noisy"] = spread.noisy(level["spread"]["output_tokens_per_second"])
+    if keep_records:
+        level["records"] = [r.as_dict() for r in records]
+    return level
 
 
 def noise_warnings(report: dict) -> list[str]:
@@ -311,18 +357,38 @@ def arms(report: dict) -> list[dict]:
 def compare(ep: dict, base: dict) -> dict:
     """Speedup per concurrency (endpoint output tokens/s over the baseline's, with its interval
     over repeats) and a verdict each: "pays", "does not pay" or "indistinguishable"; the first
-    concurrency where drafting does not pay beyond noise (``stops_paying_at``)."""
-    b = {lv["concurrency"]: lv for lv in base["levels"]}
-    rows, stops = [], None
-    for lv in ep["levels"]:
-        other = b.get(lv["concurrency"])
+    concurrency where drafting does not pay beyond noise (``stops_paying_at``). Per request rate
+    the same (``by_rate``: at a rate both sides serve alike, the speedup is read in the latency,
+    ``tpot_ratio``), and per prompt category the ratio of decode tokens/s per user."""
+    rows = _compare_rows(ep["levels"], base["levels"], "concurrency")
+    stops = next((r["concurrency"] for r in rows if r["verdict"] == "does not pay"), None)
+    out = {"speedup": rows, "stops_paying_at": stops}
+    if ep.get("rate_levels") and base.get("rate_levels"):
+        out["by_rate"] = _compare_rows(ep["rate_levels"], base["rate_levels"], "request_rate")
+    return out
+
+
+def _compare_rows(mine: list[dict], theirs: list[dict], key: str) -> list[dict]:
+    b = {lv[key]: lv for lv in theirs}
+    rows = []
+    for lv in mine:
+        other = b.get(lv[key])
         a_iv, b_iv = throughput_interval(lv), throughput_interval(other) if other else None
-        if a_iv is None or b_iv is None or not b_iv["mean"]:
+        if other is None or a_iv is None or b_iv is None or not b_iv["mean"]:
             continue
         v = spread.verdict(a_iv, b_iv)
-        verdict = {"higher": "pays", "lower": "does not pay"}.get(v, "indistinguishable")
-        rows.append({"concurrency": lv["concurrency"], "speedup": round(a_iv["mean"] / b_iv["mean"], 4),
-                     "interval": spread.ratio(a_iv, b_iv), "verdict": verdict})
-        if verdict == "does not pay" and stops is None:
-            stops = lv["concurrency"]
-    return {"speedup": rows, "stops_paying_at": stops}
+        row = {key: lv[key], "speedup": round(a_iv["mean"] / b_iv["mean"], 4), "interval": spread.ratio(a_iv, b_iv),
+               "verdict": {"higher": "pays", "lower": "does not pay"}.get(v, "indistinguishable")}
+        mt, bt = (lv.get("tpot_ms") or {}).get("median"), (other.get("tpot_ms") or {}).get("median")
+        row["tpot_ratio"] = round(mt / bt, 4) if mt and bt else None   # DFlash TPOT / baseline TPOT
+        cats, other_cats = lv.get("categories") or {}, other.get("categories") or {}
+        per = {c: _ratio(x.get("tokens_per_second_per_user"), other_cats[c].get("tokens_per_second_per_user"))
+               for c, x in cats.items() if c in other_cats}
+        if per:
+            row["category_speedup"] = per
+        rows.append(row)
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None

@@ -14,45 +14,20 @@ on the same block).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
-from dflash_trt.bench import spread
+from dflash_trt.bench import datasets, spread
+from dflash_trt.bench.datasets import Prompt
 from dflash_trt.bench.latency import Record, summarize
-from dflash_trt.errors import DFlashError, read_text
+from dflash_trt.errors import DFlashError
 from dflash_trt.runtime import Pair, Stats, generate
 
 
 def read_prompts(path: str | Path) -> list[str]:
-    """One prompt per line, or JSONL objects with a 'prompt' field."""
-    p = Path(path)
-    if not p.exists():
-        raise DFlashError(f"prompts file {p} does not exist")
-    out = []
-    for n, line in enumerate(read_text(p, "prompts file").splitlines(), 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DFlashError(f"{p}:{n}: invalid JSON: {exc.msg}") from None
-            except RecursionError:
-                raise DFlashError(f"{p}:{n}: JSON nested too deeply") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise DFlashError(f"{p}:{n}: JSONL lines need a string 'prompt' field")
-            if not obj["prompt"].isascii():
-                try:
-                    obj["prompt"].encode("utf-8")
-                except UnicodeEncodeError:
-                    raise DFlashError(f"{p}:{n}: the prompt is not valid text (a lone surrogate)") from None
-            out.append(obj["prompt"])
-        else:
-            out.append(line.replace("\\n", "\n"))
-    if not out:
-        raise DFlashError(f"{p}: no prompts")
-    return out
+    """The prompt texts of a file in any format :mod:`dflash_trt.bench.datasets` reads (one per
+    line, the project's JSONL, ShareGPT)."""
+    return [p.text for p in datasets.load(path)]
 
 
 def _merge(stats: list[Stats]) -> dict:
@@ -87,12 +62,12 @@ def _latency(stats: list[Stats]) -> dict:
                               "tokens_per_second_per_user_with_ttft")}
 
 
-def _one_pass(pair: Pair, encoded: list, B: int, max_new_tokens: int, progress, done: int
+def _one_pass(pair: Pair, encoded: list, B: int, lengths: list[int], progress, done: int
               ) -> tuple[list[Stats], list[Stats], list[int]]:
     """Every prompt through DFlash, then through autoregressive decoding, back to back."""
     be, stops = pair.backend, pair.stop_token_ids
     ds, ars, mismatches = [], [], []
-    for k, ids in enumerate(encoded):
+    for k, (ids, max_new_tokens) in enumerate(zip(encoded, lengths, strict=True)):
         d = generate(pair.target, pair.drafter, [ids], max_new_tokens=max_new_tokens, block_size=B,
                      stop_token_ids=stops, backend=be)
         a = generate(pair.target, None, [ids], max_new_tokens=max_new_tokens, block_size=1, stop_token_ids=stops,
@@ -118,16 +93,36 @@ def _speed(passes: list[tuple[list[Stats], list[Stats]]], dflash: dict, ar: dict
             "verdict": verdict, "noisy": spread.noisy(d_iv) or spread.noisy(a_iv)}
 
 
-def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size: int | None = None,
+def _categories(rows: list[Prompt], passes: list[tuple[list[Stats], list[Stats]]]) -> dict | None:
+    """Per prompt category: τ, and the speedup (DFlash tokens/s over autoregressive tokens/s)."""
+    cats = sorted({p.category for p in rows if p.category is not None})
+    if not cats:
+        return None
+    out = {}
+    for c in cats:
+        idx = [i for i, p in enumerate(rows) if p.category == c]
+        d = [ds[i] for ds, _ in passes for i in idx]
+        a = [ars[i] for _, ars in passes for i in idx]
+        dm, am = _merge(d), _merge(a)
+        out[c] = {"prompts": len(idx), "acceptance_length": dm["acceptance_length"],
+                  "speedup": round(dm["tokens_per_second"] / am["tokens_per_second"], 4)
+                  if am["tokens_per_second"] else None}
+    return out
+
+
+def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 128, block_size: int | None = None,
         chat: bool = False, repeats: int = 1, progress: Callable[[int], None] | None = None) -> dict:
     """Both arms over every prompt, ``repeats`` times after a warm-up of each (``progress(n)``:
-    prompts done over all repeats)."""
+    prompts done over all repeats). A :class:`Prompt`'s own ``max_tokens`` wins over
+    ``max_new_tokens``; its ``category`` gives τ and speedup per category."""
     if pair.drafter is None:
         raise DFlashError("bench needs a drafter")
     if repeats < 1:
         raise DFlashError("--repeats must be >= 1")
     B = pair.block_size(block_size)
-    encoded = [pair.encode(p, chat=chat) for p in prompts]
+    rows = [p if isinstance(p, Prompt) else Prompt(p) for p in prompts]
+    encoded = [pair.encode(p.text, chat=chat) for p in rows]
+    lengths = [p.max_tokens or max_new_tokens for p in rows]
     stops = pair.stop_token_ids
     # Warm-up both paths (allocator, kernels, first-call overheads). Both run through the pair's
     # backend (None: the PyTorch modules), so the speedup compares like with like.
@@ -136,7 +131,7 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
     generate(pair.target, None, [encoded[0]], max_new_tokens=8, block_size=1, stop_token_ids=stops, backend=be)
     passes, mismatches = [], set()
     for r in range(repeats):
-        ds, ars, bad = _one_pass(pair, encoded, B, max_new_tokens, progress, r * len(encoded))
+        ds, ars, bad = _one_pass(pair, encoded, B, lengths, progress, r * len(encoded))
         passes.append((ds, ars))
         mismatches.update(bad)
     ds = [x for d, _ in passes for x in d]
@@ -157,6 +152,7 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
         "per_position_acceptance": dflash["per_position_acceptance"],
         "speedup": round(dflash["tokens_per_second"] / ar["tokens_per_second"], 4) if ar["tokens_per_second"] else None,
         "spread": _speed(passes, dflash, ar),
+        "categories": _categories(rows, passes),
         "lossless": not mismatches,
         "mismatched_prompts": sorted(mismatches),
         "step": {

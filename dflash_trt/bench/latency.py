@@ -16,8 +16,12 @@ first five; FACTS §15):
   of a speculating server sees;
 - ``tokens_per_second_per_user`` (decode, TTFT left out): ``(output tokens - 1) / (e2el - ttft)``,
   i.e. 1 / tpot; ``tokens_per_second_per_user_with_ttft``: ``output tokens / e2el``;
-- a level's ``output_tokens_per_second`` (all output tokens / wall time) and
-  ``request_throughput`` (completed requests / wall time).
+- a level's ``output_tokens_per_second`` (all output tokens / wall time),
+  ``request_throughput`` (completed requests / wall time), ``achieved_request_rate`` (requests
+  sent per second) and ``goodput`` (completed requests within every TTFT/TPOT/e2el limit per
+  second);
+- per category (where prompts carry one): τ (from the server's per-request figure, weighted by
+  rounds), decode tokens/s per user and TPOT.
 
 Distributions are reported as ``mean``, ``median``, ``p90`` and ``p99`` in milliseconds
 (:func:`distribution`; percentiles interpolate linearly, as numpy's default does).
@@ -54,16 +58,30 @@ class Record:
     tokens_from: str | None = None
     prompt_tokens: int | None = None
     category: str | None = None
+    acceptance_length: float | None = None   # τ of this request, where the server reports it
+    rounds: int | None = None                # its verify rounds (weights τ when requests are pooled)
+    repeat: int = 0                          # the pass of its level it was sent in (``start`` counts from it)
 
     @property
     def output_tokens(self) -> int | None:
         return sum(n for _, n in self.chunks) if self.tokens_from else None
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok, "status": self.status, "error": self.error, "start_s": round(self.start, 6),
-                "e2el_s": round(self.e2el, 6), "chunks": [[round(t, 6), n] for t, n in self.chunks],
+        # times unrounded: a summary re-derived from the JSON equals the one reported
+        return {"ok": self.ok, "status": self.status, "error": self.error, "start_s": self.start,
+                "e2el_s": self.e2el, "chunks": [[t, n] for t, n in self.chunks],
                 "output_tokens": self.output_tokens, "prompt_tokens": self.prompt_tokens,
-                "tokens_from": self.tokens_from, "category": self.category}
+                "tokens_from": self.tokens_from, "category": self.category,
+                "acceptance_length": self.acceptance_length, "rounds": self.rounds, "repeat": self.repeat}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Record:
+        """A record as :meth:`as_dict` wrote it (``--json`` output re-read for re-analysis)."""
+        return cls(ok=d["ok"], start=d.get("start_s", 0.0), chunks=[(t, n) for t, n in d.get("chunks", [])],
+                   e2el=d.get("e2el_s", 0.0), status=d.get("status", 0), error=d.get("error"),
+                   tokens_from=d.get("tokens_from"), prompt_tokens=d.get("prompt_tokens"),
+                   category=d.get("category"), acceptance_length=d.get("acceptance_length"), rounds=d.get("rounds"),
+                   repeat=d.get("repeat", 0))
 
 
 # ---- tokens per chunk -----------------------------------------------------------------------------
@@ -156,18 +174,67 @@ def distribution(xs: Sequence[float], scale: float = MS, digits: int = 3) -> dic
             "p90": r(percentile(xs, 0.9)), "p99": r(percentile(xs, 0.99))}
 
 
-def summarize(records: Sequence[Record], wall: float) -> dict:
+def meets(r: Record, limits: dict[str, float]) -> bool:
+    """``r`` completed within every limit (ms; ``ttft``, ``tpot``, ``e2el``). A request of one
+    token has no TPOT and meets that limit; one without a token misses TTFT's."""
+    got = {"ttft": ttft(r), "tpot": tpot(r), "e2el": r.e2el}
+    return r.ok and all((got[k] is None and k == "tpot") or (got[k] is not None and MS * got[k] <= ms)
+                        for k, ms in limits.items())
+
+
+def goodput(records: Sequence[Record], wall: float, limits: dict[str, float]) -> dict:
+    """Requests per second that met every limit, and their share of all sent."""
+    good = sum(meets(r, limits) for r in records)
+    return {"limits_ms": dict(limits), "good_requests": good,
+            "goodput": round(good / wall, 4) if wall > 0 else None,
+            "good_fraction": round(good / len(records), 4) if records else None}
+
+
+def tau(records: Sequence[Record]) -> float | None:
+    """τ over requests that report it, weighted by their rounds (committed / rounds)."""
+    rated = [r for r in records if r.acceptance_length is not None and r.rounds]
+    rounds = sum(r.rounds or 0 for r in rated)
+    return round(sum((r.acceptance_length or 0) * (r.rounds or 0) for r in rated) / rounds, 4) if rounds else None
+
+
+def by_category(records: Sequence[Record]) -> dict[str, dict] | None:
+    """Per category (where records carry one): requests, τ, decode tokens/s per user, TPOT."""
+    cats = sorted({r.category for r in records if r.category is not None})
+    if not cats:
+        return None
+    out = {}
+    for c in cats:
+        mine = [r for r in records if r.category == c and r.ok]
+        users = [x for x in map(per_user, mine) if x is not None]
+        out[c] = {"requests": len(mine), "acceptance_length": tau(mine),
+                  "tokens_per_second_per_user": round(statistics.median(users), 3) if users else None,
+                  "tpot_ms": distribution([x for x in map(tpot, mine) if x is not None])}
+    return out
+
+
+def achieved_rate(records: Sequence[Record]) -> float | None:
+    """Requests sent per second: per repeat, (sent - 1) over the span from its first send to its
+    last; summed over repeats."""
+    sent = span = 0.0
+    for k in {r.repeat for r in records}:
+        starts = sorted(r.start for r in records if r.repeat == k)
+        sent, span = sent + len(starts) - 1, span + starts[-1] - starts[0]
+    return round(sent / span, 4) if span > 0 else None
+
+
+def summarize(records: Sequence[Record], wall: float, limits: dict[str, float] | None = None) -> dict:
     """A load level's figures from its records and its wall time (seconds)."""
     ok = [r for r in records if r.ok]
     counted = [r for r in ok if r.tokens_from]
     tokens = sum(r.output_tokens or 0 for r in counted)
     users = [x for x in map(per_user, ok) if x is not None]
     users_ttft = [x for x in map(per_user_with_ttft, ok) if x is not None]
-    return {
-        "ok": len(ok), "failed": len(records) - len(ok), "seconds": round(wall, 4),
+    out = {
+        "ok": len(ok), "failed": len(records) - len(ok), "seconds": wall,
         "output_tokens": tokens if counted else None,
         "output_tokens_per_second": round(tokens / wall, 3) if counted and wall > 0 else None,
         "request_throughput": round(len(ok) / wall, 4) if wall > 0 else None,
+        "achieved_request_rate": achieved_rate(records),
         "tokens_per_second_per_user": round(statistics.median(users), 3) if users else None,
         "tokens_per_second_per_user_with_ttft": round(statistics.median(users_ttft), 3) if users_ttft else None,
         "ttft_ms": distribution([x for x in map(ttft, ok) if x is not None]),
@@ -176,4 +243,9 @@ def summarize(records: Sequence[Record], wall: float) -> dict:
         "itl_per_token_ms": distribution([x for r in ok for x in itl_per_token(r)]),
         "e2el_ms": distribution([r.e2el for r in ok]),
         "tokens_from": sorted({r.tokens_from for r in counted if r.tokens_from}) or None,
+        "request_acceptance_length": tau(ok),
+        "categories": by_category(records),
     }
+    if limits:
+        out["goodput"] = goodput(records, wall, limits)
+    return out

@@ -99,7 +99,8 @@ def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, 
                      max_tokens: int, prompts: list[str] | None, threads: int | None = None,
                      repeats: int = loadgen.REPEATS, warmup: int | None = None,
                      progress=None) -> dict[int, list[dict]]:
-    """{draft length (0: off): the load generator's levels}, one embedded server per setting."""
+    """{draft length (0: off): the load generator's levels}, one embedded server per setting and
+    repeat, the repeats of one level merged (:func:`loadgen.merge_levels`)."""
     from dflash_trt import runtime, serve
     from dflash_trt.serve import launch
 
@@ -109,17 +110,21 @@ def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, 
     serve.check_fits_cpu(t.name, [t.root / ingest.Layout.TARGET, t.root / ingest.Layout.DRAFTER], 2)
     # each setting drafts one fixed length: no schedule (a changed pair is a new one)
     pair = dataclasses.replace(runtime.load_bundle(t.root), draft_len_schedule=None)
-    out: dict[int, list[dict]] = {}
-    for L in setting_list:
-        app = serve.create_app(pair, t.name, block_size=L + 1 if L else 1, max_batch=t.max_batch_size,
-                               max_queue=max(64, 4 * max(levels)), torch_threads=threads,
-                               max_model_len=int(t.config.get("max_seq_len") or 0) or None)
-        with serve.ServerThread(app) as srv:
-            rep = loadgen.run(srv.url, concurrency=levels, requests=requests, max_tokens=max_tokens, prompts=prompts,
-                              ignore_eos=True, repeats=repeats, warmup=warmup,
-                              progress=(lambda url, c, L=L: progress(L, c)) if progress else None)
-        out[L] = [{**lv, "draft_len": L} for lv in rep["endpoint"]["levels"]]
-    return out
+    passes: dict[int, list[list[dict]]] = {L: [] for L in setting_list}
+    for k in range(repeats):
+        # repeats interleave the settings (each pass in another order), so a quiet or a busy minute
+        # of the machine lands on every setting alike and shows as spread, not as a difference
+        for L in setting_list[k % len(setting_list):] + setting_list[:k % len(setting_list)]:
+            app = serve.create_app(pair, t.name, block_size=L + 1 if L else 1, max_batch=t.max_batch_size,
+                                   max_queue=max(64, 4 * max(levels)), torch_threads=threads,
+                                   max_model_len=int(t.config.get("max_seq_len") or 0) or None)
+            with serve.ServerThread(app) as srv:
+                rep = loadgen.run(srv.url, concurrency=levels, requests=requests, max_tokens=max_tokens,
+                                  prompts=prompts, ignore_eos=True, repeats=1, warmup=warmup, records=True,
+                                  progress=(lambda url, c, L=L: progress(L, c)) if progress else None)
+            passes[L].append(rep["endpoint"]["levels"])
+    return {L: [{**loadgen.merge_levels([run[i] for run in runs]), "draft_len": L} for i in range(len(levels))]
+            for L, runs in passes.items()}
 
 
 def measure_endpoint(url: str, levels: list[int], *, requests: int | None, max_tokens: int,

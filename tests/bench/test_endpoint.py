@@ -150,3 +150,20 @@ def test_a_plot_the_filesystem_refuses_keeps_the_results(servers, tmp_path, caps
     cap = capsys.readouterr()
     assert json.loads(cap.out)["endpoint"]["levels"]
     assert len([line for line in cap.err.splitlines() if not line.startswith("benchmarking")]) == 1
+
+
+def test_prompt_categories_give_tau_and_speedup_per_category(servers, capsys):
+    from dflash_trt.bench.verify import PROMPTS as CATEGORIZED  # code, math, prose and chat prompts ("kind")
+
+    dflash, ar = servers
+    assert run(["bench", "--endpoint", dflash.url, "--baseline", ar.url, "--prompts", str(CATEGORIZED),
+                "--concurrency", "2", "--max-tokens", "6", "--requests", "12", "--repeats", "1", "--warmup", "0",
+                "--ignore-eos", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    cats = r["endpoint"]["levels"][0]["categories"]
+    assert set(cats) == {"code", "math", "prose", "chat"} and all(c["requests"] == 3 for c in cats.values())
+    assert all(c["acceptance_length"] >= 1.0 for c in cats.values())        # the server's τ per request
+    row = r["comparison"]["speedup"][0]
+    assert set(row["category_speedup"]) == set(cats) and all(v > 0 for v in row["category_speedup"].values())
+    recs = r["endpoint"]["levels"][0]["records"]
+    assert sorted({x["category"] for x in recs}) == sorted(cats)

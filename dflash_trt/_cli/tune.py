@@ -38,6 +38,7 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
     return vals
 
 
+# Over 60 lines only because the signature is the command's option list (Typer reads it).
 def tune(
     bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
     endpoint: Annotated[str | None, typer.Option(

@@ -174,13 +174,14 @@ def arms_files(t: Tunable, rows: list[dict], source: str) -> dict[Path, str]:
 def shortest_length(t: Tunable) -> int:
     """The shortest draft length tune may write at any batch size up to ``max_batch_size``.
 
-    HOOK, issue #44 (the zero-draft rule, owned there and meant to live in ``plan.schedule``):
-    this is the one place tune asks it; replace the body with that rule's call when it merges.
-    Until then: 0 (drafting off) only where the targeted release floors the resolved length
-    (``Release.draft_len_floor`` >= 1, TensorRT-LLM PR #16888); above a zero the drafter's context
-    rows go unwritten and acceptance collapses once drafting resumes (FACTS §15).
+    HOOK, issue #44: the zero-draft rule is owned there (``plan.schedule.zero_draft_rule``, on
+    branch zerodraft44); this is the one place tune asks it. Once that merges, the body is
+    ``return planner.zero_draft_rule(planner.get_release(t.release)).shortest``. Until then, the
+    release table's floor raised to 1: no 0 on a release without the draft-length floor (TensorRT-LLM
+    PR #16888; above a zero the drafter's context rows go unwritten and acceptance collapses once
+    drafting resumes, FACTS §15), and every release in the table lacks it.
     """
-    return 0 if planner.get_release(t.release).draft_len_floor >= 1 else 1
+    return max(1, planner.get_release(t.release).draft_len_floor)
 
 
 def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, shortest: int = 1) -> dict[int, int]:

@@ -189,9 +189,11 @@ def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, 
 
     Starting from the longest length swept, at each concurrency (ascending) the length steps
     down to a shorter one (never below ``shortest``) only where that one's output tokens/s beats
-    the current length's beyond their min–max over repeats (:func:`spread.beyond`). Among
-    lengths that beat it, the fastest; among those indistinguishable from the fastest, the
-    longest (the smallest step). Otherwise the fixed rule: keep the length of the level before.
+    the current length's beyond their min–max over repeats (:func:`spread.beyond`) and neither's
+    repeats are noisy (:func:`spread.noisy`: a step decided on repeats that disagree would not
+    repeat on the next run). Among lengths that beat it, the fastest; among those
+    indistinguishable from the fastest, the longest (the smallest step). Otherwise the fixed
+    rule: keep the length of the level before.
     So lengths never rise with the batch size (TensorRT-LLM's validator would read a rising
     schedule literally), the first level's length is the schedule's ``max_draft_len``, and two
     runs whose differences are all either beyond noise or within it write the same schedule.
@@ -201,11 +203,14 @@ def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, 
     if not [L for L in lengths if L > 0]:
         raise DFlashError("tune needs at least one draft length to sweep")
     levels = sorted({c for row in tps.values() for c in row})
-    current, wins, held = lengths[0], {}, []
+    current, wins, held, noisy = lengths[0], {}, [], []
     for c in levels:
         here = tps[current].get(c)
         beat = [L for L in lengths if L < current and (L or c != levels[0])   # the smallest key drafts
                 and spread.beyond(tps[L].get(c), here)]
+        if beat and (spread.noisy(here) or any(spread.noisy(tps[L][c]) for L in beat)):
+            noisy.append(c)     # a step on repeats that disagree would not repeat on the next run
+            beat = []
         if beat:
             top = max(beat, key=lambda L: tps[L][c]["mean"])
             current = max(L for L in beat if not spread.beyond(tps[top][c], tps[L][c]))
@@ -216,6 +221,10 @@ def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, 
     if warnings is not None and held:
         warnings.append(f"at concurrency {', '.join(map(str, held))} a longer draft measured faster beyond noise; "
                         "lengths never rise with the batch size, so the shorter one of the level before is kept")
+    if warnings is not None and noisy:
+        warnings.append(f"at concurrency {', '.join(map(str, noisy))} a shorter draft measured faster, but on repeats "
+                        f"more than {spread.NOISY:.0%} apart: no step taken (the level before's length kept); "
+                        "rerun on a quieter machine or with more --repeats")
     return wins
 
 

@@ -88,3 +88,15 @@ def test_a_longer_length_faster_later_is_not_a_rise():
     warnings: list[str] = []
     assert T.winners(measured, warnings, shortest=1) == {1: 3, 2: 3}
     assert len(warnings) == 1 and "at concurrency 2 a longer draft" in warnings[0]
+
+
+def test_no_step_on_noisy_repeats():
+    lv = lambda c, vals: {"concurrency": c, "output_tokens_per_second": sum(vals) / len(vals),  # noqa: E731
+                          "spread": {"output_tokens_per_second": interval(vals)}}
+    # 4 beats 7 at concurrency 2 beyond the min–max, but its repeats are 40% apart
+    measured = {7: [lv(1, [100, 101, 99]), lv(2, [100, 101, 99])], 4: [lv(1, [90, 91, 89]), lv(2, [150, 210, 180])]}
+    warnings: list[str] = []
+    assert T.winners(measured, warnings, shortest=1) == {1: 7, 2: 7}
+    assert len(warnings) == 1 and "no step taken" in warnings[0]
+    measured[4][1] = lv(2, [175, 180, 185])                  # the same step on repeats that agree
+    assert T.winners(measured, shortest=1) == {1: 7, 2: 4}

@@ -196,7 +196,7 @@ def _show_sweep(measured: dict, wins: dict) -> None:
 
 def _show_fit(rows: list[dict], cal, t) -> None:
     tab = Table(title=f"predicted vs measured tokens/s per user ({cal.source})")
-    for col in ("concurrency", "draft len", "measured", "predicted", "error"):
+    for col in ("concurrency", "draft len", "measured", "predicted", "predicted ÷ measured − 1"):
         tab.add_column(col, justify="right")
     for r in rows:
         m, p = r["measured_tokens_per_second_per_user"], r["predicted_tokens_per_second_per_user"]

@@ -16,7 +16,7 @@ from tests.helpers import hf_greedy
 def test_generate_json_is_lossless(tiny_pair_dir, capsys):
     tdir, ddir = tiny_pair_dir
     code = run(["generate", "--target", str(tdir), "--drafter", str(ddir), "--prompt", "def f(x):",
-                "--max-new-tokens", "20", "--json"])
+                "--max-tokens", "20", "--json"])
     assert code == 0
     res = json.loads(capsys.readouterr().out)
     for key in ("text", "token_ids", "acceptance_length", "per_position_acceptance", "target_forwards",

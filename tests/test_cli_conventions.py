@@ -119,7 +119,8 @@ def test_damaged_bundle_speaks_of_bundles(bundle_dir, tmp_path, capsys):
 def _level(c: int) -> dict:
     return {"concurrency": c, "ok": 64, "requests": 64, "output_tokens_per_second": 12345.6,
             "tokens_per_second_per_user": 123.4, "ttft_ms": {"median": 1234.5, "p99": 2345.6},
-            "itl_ms": {"median": 12.3, "p99": 45.6}, "acceptance_length": 3.21, "errors": []}
+            "itl_ms": {"median": 12.3, "p99": 45.6}, "tpot_ms": {"median": 4.1, "p99": 9.8},
+            "itl_per_token_ms": {"median": 4.0, "p99": 9.0}, "acceptance_length": 3.21, "errors": []}
 
 
 def _endpoint_report(baseline: bool) -> dict:
@@ -144,9 +145,9 @@ def _at_80_columns(monkeypatch, module, show, *args) -> list[str]:
 
 
 def test_endpoint_table_fits_80_columns_with_whole_headers(monkeypatch):
-    from dflash_trt._cli import bench
+    from dflash_trt._cli import bench_show
 
-    lines = _at_80_columns(monkeypatch, bench, bench.show_endpoint, _endpoint_report(baseline=True))
+    lines = _at_80_columns(monkeypatch, bench_show, bench_show.show_endpoint, _endpoint_report(baseline=True))
     assert max(len(line.rstrip()) for line in lines) <= 80
     text = "\n".join(lines)
     assert "…" not in text and "speedup" in text and "TTFT" in text and "12346" in text
@@ -167,11 +168,11 @@ def test_endpoint_plot_title_panels_and_units(baseline, device, unit, tmp_path, 
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from dflash_trt.bench import endpoint
+    from dflash_trt.bench import plots
 
     figs, close = [], plt.close
     monkeypatch.setattr(plt, "close", figs.append)
-    endpoint.plot(_endpoint_report(baseline), tmp_path / "p.png", device=device, name="my-bundle")
+    plots.plot(_endpoint_report(baseline), tmp_path / "p.png", device=device, name="my-bundle")
     fig = figs[0]
     assert fig._suptitle.get_text() == "my-bundle, max 128 tokens, temperature 0.0"
     assert len(fig.axes) == (4 if baseline else 3) and all(ax.axison and ax.has_data() for ax in fig.axes)

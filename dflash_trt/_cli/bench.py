@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich import box
-from rich.table import Table
 
+from dflash_trt._cli.bench_show import show, show_endpoint
 from dflash_trt._cli.common import (
     BackendOpt,
     BlockSizeOpt,
@@ -20,12 +19,26 @@ from dflash_trt._cli.common import (
     TargetOpt,
     check_refs,
     default_prompts,
-    err,
     load_pair_from,
-    out,
     print_json,
     save_then_plot,
     steps,
+)
+from dflash_trt._cli.load_options import (
+    BurstinessOpt,
+    DatasetFormatOpt,
+    DurationOpt,
+    GoodputOpt,
+    InputLenOpt,
+    MaxTokensOpt,
+    OutputLenOpt,
+    PromptsOpt,
+    RepeatsOpt,
+    RequestRateOpt,
+    SeedOpt,
+    WarmupOpt,
+    dataset,
+    rates,
 )
 
 
@@ -35,10 +48,12 @@ def bench(
     bundle: BundleArg = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
-    prompts: Annotated[str | None, typer.Option(
-        "--prompts", help="Prompts file: one per line, or JSONL with 'prompt'.")] = None,
-    max_new_tokens: Annotated[int, typer.Option(
-        "--max-new-tokens", "--max-tokens", "-n", min=1, help="Tokens per prompt at most.")] = 128,
+    prompts: PromptsOpt = None,
+    dataset_format: DatasetFormatOpt = "auto",
+    input_len: InputLenOpt = None,
+    output_len: OutputLenOpt = None,
+    seed: SeedOpt = None,
+    max_tokens: MaxTokensOpt = 128,
     block_size: BlockSizeOpt = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
@@ -55,13 +70,20 @@ def bench(
                                                         "concurrency.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request "
                                                  "(default: the server's first).")] = None,
-    concurrency: Annotated[str, typer.Option("--concurrency", help="With --endpoint: comma-separated "
-                                             "concurrency levels.")] = "1,4,16,32",
+    concurrency: Annotated[str | None, typer.Option("--concurrency", help="With --endpoint: closed-loop levels, "
+                                                    "comma-separated (default 1,4,16,32; none when only "
+                                                    "--request-rate is given).")] = None,
     requests: Annotated[int | None, typer.Option("--requests", min=1, help="With --endpoint: requests per level "
                                                     "(default: max(prompts, 2 x concurrency)).")] = None,
     temperature: Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")] = 0.0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
                                              "max tokens (vLLM/TRT-LLM/dflash extension).")] = False,
+    request_rate: RequestRateOpt = None,
+    burstiness: BurstinessOpt = 1.0,
+    duration: DurationOpt = None,
+    goodput: GoodputOpt = None,
+    repeats: RepeatsOpt = None,
+    warmup: WarmupOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="With --endpoint: write throughput per GPU against tokens/s per user (DFlash and "
                        "--baseline on one chart), TTFT, ITL and speedup to this PNG; with a BUNDLE, its plan's "
@@ -76,52 +98,33 @@ def bench(
 
     if endpoint is None:
         check_refs(target, drafter, True, bundle)  # before the runtime (torch) loads
-    from dflash_trt.bench import inprocess
+    from dflash_trt.bench import datasets, inprocess
+    from dflash_trt.bench import load as loads
 
     if endpoint is not None and backend != "torch":
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
+    rows = dataset(prompts, dataset_format, None, output_len, seed, default=default_prompts())
     if endpoint is not None:
-        bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_new_tokens, temperature,
-                       chat, ignore_eos, plot, as_json, bundle=bundle, mtp=mtp_endpoint)
+        load = {"request_rate": rates(request_rate), "burstiness": burstiness, "duration": duration,
+                "goodput": loads.parse_goodput(goodput), "seed": seed or 0, "repeats": repeats or 3, "warmup": warmup,
+                "requests": requests, "max_tokens": max_tokens, "temperature": temperature, "chat": chat,
+                "ignore_eos": ignore_eos}
+        bench_endpoint(endpoint, baseline, model, rows if prompts else None, concurrency, load, plot, as_json,
+                       bundle=bundle, mtp=mtp_endpoint, input_len=input_len)
         return
-    if baseline is not None or plot is not None or mtp_endpoint is not None:
-        raise DFlashError("--baseline, --mtp-endpoint and --plot go with --endpoint URL")
-    if prompts is None:
-        if target is not None or bundle is not None:
-            raise DFlashError("no prompts: pass --prompts FILE (one prompt per line, or JSONL with 'prompt')")
-        prompts = default_prompts()          # the embedded pair's held-out standard-library prompts
-    texts = inprocess.read_prompts(prompts)
-    pair = load_pair_from(target, drafter, dtype, bundle=bundle, kernels=kernels, backend=backend)
-    with steps("prompts", len(texts)) as step:
-        report = inprocess.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
-                               progress=step)
+    if baseline is not None or plot is not None or mtp_endpoint is not None or request_rate is not None:
+        raise DFlashError("--baseline, --mtp-endpoint, --request-rate and --plot go with --endpoint URL")
+    pair = load_pair_from(target, drafter, dtype, bundle=bundle, kernels=kernels,
+                          backend=backend)
+    if input_len is not None:
+        rows = datasets.cut(rows, input_len, pair.tokenizer)
+    with steps("prompts", len(rows) * (repeats or 1)) as step:
+        report = inprocess.run(pair, rows, max_new_tokens=max_tokens, block_size=block_size, chat=chat,
+                               repeats=repeats or 1, progress=step)
     if as_json:
         print_json(report)
         return
     show(report)
-
-
-def show(r: dict) -> None:
-    through = f", {r['backend']} backend" if r.get("backend", "torch") != "torch" else ""
-    if r.get("graphs"):
-        through += f" ({r['graphs']['target']}, {r['graphs']['drafter']})"
-    t = Table(title=f"DFlash vs autoregressive — {r['prompts']} prompts, B={r['block_size']}, greedy{through}")
-    t.add_column("")
-    t.add_column("DFlash", justify="right")
-    t.add_column("autoregressive", justify="right")
-    d, a = r["dflash"], r["autoregressive"]
-    t.add_row("tokens/s", f"{d['tokens_per_second']:.1f}", f"{a['tokens_per_second']:.1f}")
-    t.add_row("τ (tokens per target forward)", f"{d['acceptance_length']:.2f}", "1.00")
-    t.add_row("target forwards", str(d["target_forwards"]), str(a["target_forwards"]))
-    t.add_row("new tokens", str(d["new_tokens"]), str(a["new_tokens"]))
-    out.print(t)
-    pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
-    s = r["step"]
-    out.print(f"speedup {r['speedup']:.2f}x   lossless {str(r['lossless']).lower()}")
-    out.print(f"per-position acceptance [{pp}]")
-    out.print(f"step: draft {s['draft_ms']:.2f} ms + verify {s['verify_ms']:.2f} ms "
-              f"= {s['step_cost_ratio']:.2f}x one target forward on the block "
-              f"(autoregressive forward {s['autoregressive_forward_ms']:.2f} ms)")
 
 
 def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
@@ -135,28 +138,33 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
     return plan.get("predicted") or None, int(plan.get("tp") or 1), plan.get("gpu")
 
 
-def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
-                   ignore_eos, plot, as_json, bundle=None, mtp=None) -> None:
+def bench_endpoint(endpoint, baseline, model, rows, concurrency, load: dict, plot, as_json, bundle=None, mtp=None,
+                   input_len=None) -> None:
+    """``rows``: the prompt set (None: the load generator's own); ``load``: :func:`loadgen.run`'s
+    load and request options."""
+    from dflash_trt.bench import datasets, plots
     from dflash_trt.bench import endpoint as loadgen
-    from dflash_trt.bench import inprocess
     from dflash_trt.errors import DFlashError
 
+    if concurrency is None:
+        concurrency = "" if load["request_rate"] else "1,4,16,32"   # --request-rate alone: open loop only
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]
     except ValueError:
         raise DFlashError(f"--concurrency {concurrency!r}: expected comma-separated integers, e.g. 1,4,16,32") from None
-    texts = inprocess.read_prompts(prompts) if prompts else None
-    with steps("benchmarking", len(levels) * (1 + bool(baseline) + bool(mtp))) as step:
-        report = loadgen.run(endpoint, model=model, baseline=baseline, mtp=mtp, prompts=texts, concurrency=levels,
-                             requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,
-                             ignore_eos=ignore_eos,
-                             progress=lambda url, c: step(desc=f"benchmarking: {url} concurrency {c} done"))
+    if input_len is not None:
+        rows = datasets.cut(rows or [datasets.Prompt(t) for t in loadgen.PROMPTS], input_len, _tokenizer(bundle))
+    n = (len(levels) + len(load["request_rate"])) * (1 + bool(baseline) + bool(mtp))
+    with steps("benchmarking", n) as step:
+        report = loadgen.run(endpoint, model=model, baseline=baseline, mtp=mtp, prompts=rows, concurrency=levels,
+                             records=as_json, **load,
+                             progress=lambda url, c: step(desc=f"benchmarking: {url} {_label(c)} done"))
     refused = None
     if plot is not None:   # the results are saved (PLOT.json) before the figure is drawn
         predicted, gpus, device = planned_curve(bundle)
-        refused = save_then_plot(report, plot, lambda p: loadgen.plot(report, p, predicted=predicted, gpus=gpus,
-                                                                      device=device,
-                                                                      name=Path(bundle).name if bundle else None))
+        refused = save_then_plot(report, plot, lambda p: plots.plot(report, p, predicted=predicted, gpus=gpus,
+                                                                    device=device,
+                                                                    name=Path(bundle).name if bundle else None))
         report["plot"] = None if refused else str(plot)
     if as_json:
         print_json(report)
@@ -166,54 +174,18 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
         raise DFlashError(refused)
 
 
-def _fmt(x, spec: str = ".1f") -> str:
-    return "-" if x is None else format(x, spec)
+def _label(c) -> str:
+    return f"concurrency {c}" if isinstance(c, int) else str(c)
 
 
-def show_endpoint(r: dict) -> None:
-    speed = {row["concurrency"]: row["speedup"] for row in r.get("comparison", {}).get("speedup", [])}
-    for key in ("endpoint", "mtp", "baseline"):
-        if key not in r:
-            continue
-        e = r[key]
-        # short headers that wrap at spaces and a light box: all ten columns fit 80 columns whole
-        t = Table(title=f"{key}: {e['url']} ({e['model']}), max {r['max_tokens']} tokens, T={r['temperature']}",
-                  caption="conc: concurrent requests; TTFT, ITL in ms", box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("conc", "ok", "tok/s", "tok/s per user", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "τ"):
-            t.add_column(col, justify="right")
-        if key == "endpoint" and speed:
-            t.add_column("speedup", justify="right", min_width=7)
-        for lv in e["levels"]:
-            row = [str(lv["concurrency"]), f"{lv['ok']}/{lv['requests']}", _fmt(lv["output_tokens_per_second"], ".0f"),
-                   _fmt(lv["tokens_per_second_per_user"]), _fmt(lv["ttft_ms"]["median"], ".0f"),
-                   _fmt(lv["ttft_ms"]["p99"], ".0f"),
-                   _fmt(lv["itl_ms"]["median"]), _fmt(lv["itl_ms"]["p99"]), _fmt(lv["acceptance_length"], ".2f")]
-            if key == "endpoint" and speed:
-                row.append(_fmt(speed.get(lv["concurrency"]), ".2f") + "x")
-            t.add_row(*row)
-        out.print(t)
-        for lv in e["levels"]:
-            for msg in lv["errors"]:
-                err.print(f"[yellow]concurrency {lv['concurrency']}: {msg}[/yellow]", markup=True)
-    if "comparison" in r:
-        stop = r["comparison"]["stops_paying_at"]
-        out.print("drafting pays at every concurrency measured" if stop is None
-                  else f"drafting stops paying at concurrency {stop} (speedup < 1)")
-    if r.get("mtp"):
-        show_arms(r["arms"])
-    if r.get("plot"):
-        out.print(f"plot: {r['plot']}")
+def _tokenizer(bundle):
+    """The bundle's target tokenizer (None without a bundle: --input-len then counts words)."""
+    if bundle is None:
+        return None
+    from dflash_trt import ingest
+    from dflash_trt.runtime import load_tokenizer
 
-
-def show_arms(rows: list[dict]) -> None:
-    """Output tokens/s of DFlash, MTP and autoregressive per concurrency, and the winner."""
-    t = Table(title="arms: output tok/s per concurrency")
-    for col in ("concurrency", "DFlash", "MTP", "autoregressive", "winner", "margin"):
-        t.add_column(col, justify="right")
-    for row in rows:
-        t.add_row(str(row["concurrency"]), _fmt(row["dflash"]), _fmt(row["mtp"]), _fmt(row["autoregressive"]),
-                  row["winner"], "-" if row["margin"] is None else f"+{row['margin']:.0%}")
-    out.print(t)
+    return load_tokenizer(ingest.open_bundle(bundle).target)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,7 +30,7 @@ def generate(
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     max_new_tokens: Annotated[int, typer.Option(
-        "--max-new-tokens", "-n", min=0, help="Tokens to generate at most.")] = 128,
+        "--max-tokens", "-n", min=0, help="Tokens to generate at most.")] = 128,
     temperature: Annotated[float, typer.Option(
         min=0.0, help="0 is greedy (lossless: identical to the target's own greedy output).")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = 1.0,
@@ -117,7 +117,7 @@ def check_context(n: int, max_new: int, ctx: int) -> None:
     if n >= ctx:
         raise DFlashError(f"the prompt has {n} tokens; this model's context is {ctx} tokens")
     if n + max_new > ctx:
-        raise DFlashError(f"prompt ({n} tokens) + --max-new-tokens ({max_new}) exceeds this model's context of "
+        raise DFlashError(f"prompt ({n} tokens) + --max-tokens ({max_new}) exceeds this model's context of "
                           f"{ctx} tokens; pass -n {ctx - n} or less")
 
 

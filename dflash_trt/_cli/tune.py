@@ -10,8 +10,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dflash_trt._cli.bench import show_arms
+from dflash_trt._cli.bench_show import show_arms
 from dflash_trt._cli.common import JsonOpt, check_refs, err, out, print_json, save_then_plot, steps
+from dflash_trt._cli.load_options import (
+    DatasetFormatOpt,
+    InputLenOpt,
+    MaxTokensOpt,
+    OutputLenOpt,
+    PromptsOpt,
+    RepeatsOpt,
+    SeedOpt,
+    WarmupOpt,
+    dataset,
+)
 from dflash_trt.errors import DFlashError
 
 
@@ -29,6 +40,7 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
     return vals
 
 
+# Over 60 lines only because the signature is the command's option list (Typer reads it).
 def tune(
     bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
     endpoint: Annotated[str | None, typer.Option(
@@ -47,10 +59,15 @@ def tune(
                                                        "... max_batch_size).")] = None,
     requests: Annotated[int | None, typer.Option("--requests", min=1, help="Requests per level (default: "
                                                     "max(prompts, 2 x concurrency)).")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens every request decodes.")] = 64,
-    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts file: one per line, or JSONL with "
-                                                   "'prompt'.")] = None,
+    max_tokens: MaxTokensOpt = 64,
+    prompts: PromptsOpt = None,
+    dataset_format: DatasetFormatOpt = "auto",
+    input_len: InputLenOpt = None,
+    output_len: OutputLenOpt = None,
+    seed: SeedOpt = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads.")] = None,
+    repeats: RepeatsOpt = None,
+    warmup: WarmupOpt = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Write the tuned and the baseline curves (throughput per GPU vs tokens/s per user, TTFT, ITL) "
                        "with the planner's to this PNG.")] = None,
@@ -58,38 +75,39 @@ def tune(
     as_json: JsonOpt = False,
 ) -> None:
     """Measure instead of predicting: serve the bundle with drafting off and at a few draft lengths, sweep concurrency
-    1..max_batch_size, write the measured-best draft_len_schedule into its config and manifest (the previous ones kept
-    as *.prev), and print predicted against measured. Ctrl-C leaves the bundle as it was; a build --force of the same
+    1..max_batch_size (each level warmed up and repeated), write the draft_len_schedule measured beyond noise into its
+    config and manifest (the previous ones kept as *.prev), and print predicted against measured. A length steps down
+    only where a shorter one is faster beyond the min–max of the repeats; otherwise the level before's is kept, so
+    lengths never rise with concurrency. Ctrl-C leaves the bundle as it was; a build --force of the same
     bundle meanwhile refuses (tune holds its lock from the first measurement to the last write)."""
     check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
-    from dflash_trt.deploy import output as bundle_output
+    from dflash_trt import deploy  # after check_refs: the deploy face loads the pipeline
 
     writes = not dry_run and (endpoint is None or mtp_endpoint is not None)
     # a writer holds the bundle's lock from before its first measurement to its last write
-    with bundle_output.lock(bundle) if writes else contextlib.nullcontext():
-        note = bundle_output.recover(bundle) if writes else None
+    with deploy.lock(bundle) if writes else contextlib.nullcontext():
+        note = deploy.recover(bundle) if writes else None
         if note:
             err.print(f"[yellow]warning:[/yellow] {escape(note)}")
         _tune(bundle, endpoint, model, baseline, mtp_endpoint, draft_lens, concurrency, requests, max_tokens,
-              prompts, threads, plot, dry_run, as_json)
+              prompts, dataset_format, input_len, output_len, seed, threads, repeats, warmup, plot, dry_run, as_json)
 
 
 def _tune(bundle, endpoint, model, baseline, mtp_endpoint, draft_lens, concurrency, requests, max_tokens, prompts,
-          threads, plot, dry_run, as_json) -> None:
-    from dflash_trt.bench import inprocess
+          dataset_format, input_len, output_len, seed, threads, repeats, warmup, plot, dry_run, as_json) -> None:
     from dflash_trt.bench import tune as T
     from dflash_trt.plan import batch_grid
 
     t = T.read(bundle)
     levels = _ints(concurrency, "--concurrency") or batch_grid(t.max_batch_size)
-    texts = inprocess.read_prompts(prompts) if prompts else None
+    texts = dataset(prompts, dataset_format, input_len, output_len, seed)
     if baseline is not None and endpoint is None:
         raise DFlashError("--baseline goes with --endpoint URL (the sweep measures drafting off itself)")
     if endpoint is not None:
         with steps("measuring", len(levels) * (1 + bool(baseline) + bool(mtp_endpoint))) as step:
             report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
                                         model=model, progress=lambda _L, c: step(desc=f"concurrency {c}"),
-                                        baseline=baseline, mtp=mtp_endpoint)
+                                        baseline=baseline, mtp=mtp_endpoint, repeats=repeats or 3, warmup=warmup)
         cal, rows = T.fit(t, report)
         written = bool(mtp_endpoint) and not dry_run   # the manifest records the arms; nothing else changes
         if written:
@@ -106,15 +124,16 @@ def _tune(bundle, endpoint, model, baseline, mtp_endpoint, draft_lens, concurren
                       + ("manifest: plan.arms recorded" if written else "unchanged"), markup=False)
         return
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
-    with steps("measuring", len(sweep) * len(levels)) as step:
+    with steps("measuring", len(sweep) * len(levels) * (repeats or 3)) as step:
         measured = T.measure_embedded(t, sweep, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                      threads=threads,
+                                      threads=threads, repeats=repeats or 3, warmup=warmup,
                                       progress=lambda L, c: step(desc=f"draft {L or 'off'}, concurrency {c}"))
     mtp_levels = None
     if mtp_endpoint is not None:
         with steps("measuring the MTP arm", len(levels)) as step:
             mtp_report = T.measure_endpoint(mtp_endpoint, levels, requests=requests, max_tokens=max_tokens,
-                                            prompts=texts, progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"))
+                                            prompts=texts, progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"),
+                                            repeats=repeats or 3, warmup=warmup)
         mtp_levels = mtp_report["endpoint"]["levels"]
     _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels)
 
@@ -126,8 +145,11 @@ def build_stack(t) -> str:
 
 
 def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None) -> None:
-    warnings: list[str] = []
-    wins = T.winners(measured, warnings)
+    noisy = [f"{L or 'off'}@{lv['concurrency']}" for L, rows in measured.items() for lv in rows if lv.get("noisy")]
+    warnings: list[str] = [f"the machine was noisy: repeats differed by more than 15% in output tokens/s at "
+                           f"{len(noisy)} of {sum(map(len, measured.values()))} levels (draft@concurrency: "
+                           f"{', '.join(noisy)}); more --repeats or a quieter machine"] if noisy else []
+    wins = T.winners(measured, warnings, shortest=T.shortest_length(t))
     arms = T.sweep_arms(measured, wins, mtp_levels) if mtp_levels else None
     lengths = T.lengths_for(wins, t.max_batch_size)
     max_len, sched, drafted = T.schedule(t, lengths)
@@ -171,7 +193,9 @@ def _refused(message: str | None) -> None:
 
 
 def _show_sweep(measured: dict, wins: dict) -> None:
-    tab = Table(title="output tokens/s per concurrency (ignore_eos), best in bold")
+    from dflash_trt._cli.bench_show import _pm
+
+    tab = Table(title="output tokens/s per concurrency (ignore_eos; ± half the min–max of repeats), chosen in bold")
     tab.add_column("concurrency", justify="right")
     settings = sorted(measured)
     for L in settings:
@@ -180,8 +204,9 @@ def _show_sweep(measured: dict, wins: dict) -> None:
     for c, best in wins.items():
         cells = []
         for L in settings:
-            v = by[L].get(c, {}).get("output_tokens_per_second")
-            text = "-" if v is None else f"{v:.1f}"
+            lv = by[L].get(c, {})
+            v = lv.get("output_tokens_per_second")
+            text = "-" if v is None else f"{v:.1f} {_pm((lv.get('spread') or {}).get('output_tokens_per_second'))}"
             cells.append(f"[bold]{text}[/bold]" if L == best else text)
         tab.add_row(str(c), *cells)
     out.print(tab)
@@ -189,7 +214,7 @@ def _show_sweep(measured: dict, wins: dict) -> None:
 
 def _show_fit(rows: list[dict], cal, t) -> None:
     tab = Table(title=f"predicted vs measured tokens/s per user ({cal.source})")
-    for col in ("concurrency", "draft len", "measured", "predicted", "error"):
+    for col in ("concurrency", "draft len", "measured", "predicted", "predicted ÷ measured − 1"):
         tab.add_column(col, justify="right")
     for r in rows:
         m, p = r["measured_tokens_per_second_per_user"], r["predicted_tokens_per_second_per_user"]
@@ -199,13 +224,14 @@ def _show_fit(rows: list[dict], cal, t) -> None:
 
 def _plot(T, t, measured, wins, cal, drafted, path) -> None:
     from dflash_trt.bench import endpoint as loadgen
+    from dflash_trt.bench import plots
 
     tuned = [next(lv for lv in measured[L] if lv["concurrency"] == c) for c, L in wins.items()]
     report = {"endpoint": {"model": f"{t.name}, tuned", "levels": tuned}}
     if 0 in measured:
         report["baseline"] = {"model": t.name, "levels": measured[0]}
         report["comparison"] = loadgen.compare(report["endpoint"], report["baseline"])
-    loadgen.plot(report, path, predicted=T.predicted_curve(t, cal, drafted), device=(t.manifest.plan or {}).get("gpu"),
+    plots.plot(report, path, predicted=T.predicted_curve(t, cal, drafted), device=(t.manifest.plan or {}).get("gpu"),
                  name=t.name)
 
 

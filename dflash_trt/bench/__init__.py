@@ -1,10 +1,15 @@
 """Bench: DFlash against autoregressive in one process, any OpenAI-compatible endpoint, and a
 deployment against its plan.
 
-Modules: ``inprocess`` (τ, acceptance, speedup, lossless), ``endpoint`` (load generator:
-TTFT, inter-token latency, tokens/s per concurrency; plots), ``tune`` (measured-best schedules),
+Modules: ``latency`` (TTFT, TPOT, ITL per chunk and per token, end-to-end latency, tokens/s per
+user: pure functions of (time, tokens) events), ``spread`` (repeats, their interval, and the rule
+that nothing within noise is a conclusion), ``datasets`` (prompt sets: the project's JSONL,
+ShareGPT, text, Hugging Face), ``load`` (closed loop at a concurrency, open loop at a request
+rate; goodput), ``inprocess`` (τ, acceptance, speedup, lossless),
+``endpoint`` (load generator: every ``latency`` figure and τ per concurrency, with spreads;
+``spec_metrics`` reads τ from /metrics), ``plots``, ``tune`` (schedules measured beyond noise),
 ``verify`` (a bundle checked offline, a running deployment measured against its plan; with
 ``verify_lossless`` and ``verify_server`` behind it).
 """
 
-__all__ = ["inprocess", "endpoint", "tune", "verify"]
+__all__ = ["latency", "spread", "datasets", "load", "inprocess", "endpoint", "plots", "tune", "verify"]

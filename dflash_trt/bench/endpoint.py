@@ -1,34 +1,41 @@
 """Benchmark any OpenAI-compatible endpoint at several concurrencies (and compare two).
 
-Per concurrency level, ``requests`` streamed completions are sent with at most
-``concurrency`` in flight. Measured on the client, per request: time to first token (first
-chunk with text), inter-token latency (gaps between text chunks; a speculative server sends
-several tokens per chunk, so this is the latency a reader sees), end-to-end latency and
-output tokens (the server's ``usage`` when it sends it, else one per chunk). Reported per
-level: output tokens/s (all tokens / wall time), tokens/s per user (median over requests of
-decode tokens / decode time), TTFT and ITL median and p99, and τ when the server reports it.
+Per concurrency level: a warm-up (``warmup`` requests, default one per concurrent slot, not
+counted), then ``repeats`` passes of ``requests`` streamed completions with at most
+``concurrency`` in flight. Each request is a :class:`~dflash_trt.bench.latency.Record` of
+(time, tokens) chunk events; every figure (TTFT, TPOT, ITL per chunk and per token, end-to-end
+latency, tokens/s per user with and without TTFT, throughput) is defined once in
+:mod:`dflash_trt.bench.latency`. A level reports them over all its repeats' requests, and per
+figure the interval over repeats (``spread``: values, mean, min, max; :mod:`~dflash_trt.bench.spread`);
+repeats more than ``spread.NOISY`` apart set ``noisy``.
 
-τ is read from the server's ``/metrics`` before and after each level:
+Tokens per chunk: the server's per-chunk usage where it sends it (``stream_options.
+continuous_usage_stats``, vLLM; asked for in the warm-up and dropped when the server refuses
+it), else logprob entries, else the final ``usage.completion_tokens`` spread over the chunks by
+their text (:func:`~dflash_trt.bench.latency.chunk_tokens`).
 
-- dflash-trt's embedded server: ``dflash_spec_committed_tokens_total / dflash_spec_rounds_total``;
-- vLLM: ``1 + vllm:spec_decode_num_accepted_tokens_total / vllm:spec_decode_num_drafts_total``;
-- SGLang: the ``sglang:spec_accept_length`` gauge (read after the level);
-- TensorRT-LLM (``trtllm-serve``, PyTorch backend with ``enable_iter_perf_stats``): a JSON
-  list of iteration rows whose ``specDecodingStats`` carry ``numAcceptedTokens`` and
-  ``numRequestsWithDraftTokens``; τ = (accepted + requests) / requests. trtllm-serve hands
-  each row out once, so the scrape after a level covers exactly that level.
+A conclusion is drawn only beyond the spread: ``compare`` says where drafting pays, does not,
+or is indistinguishable; ``arms`` names a winner only where it beats the runner-up beyond
+noise. τ comes from the server's ``/metrics`` around the measured repeats
+(:mod:`~dflash_trt.bench.spec_metrics`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 
+from dflash_trt.bench import load, spread
+from dflash_trt.bench.datasets import Prompt
+from dflash_trt.bench.latency import Record, chunk_tokens, summarize
+from dflash_trt.bench.load import Level
+from dflash_trt.bench.spec_metrics import parse_spec_metrics, tau_between
 from dflash_trt.errors import DFlashError, require
+
+__all__ = ["PROMPTS", "Endpoint", "arms", "compare", "merge_levels", "parse_spec_metrics", "run", "tau_between",
+           "throughput_interval"]
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -40,92 +47,9 @@ PROMPTS = [
     "Summarize the plot of Romeo and Juliet in one paragraph.",
     "What is the derivative of x^3 * sin(x)? Show your work.",
 ]
-
-
-@dataclass
-class Result:
-    ok: bool
-    status: int = 0
-    error: str | None = None
-    ttft: float | None = None
-    itl: list[float] = field(default_factory=list)
-    latency: float = 0.0
-    output_tokens: int = 0
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def _ms(x: float | None) -> float | None:
-    return round(1e3 * x, 3) if x is not None else None
-
-
-# ---- τ from /metrics ---------------------------------------------------------------------------
-def parse_spec_metrics(body: str) -> dict | None:
-    """Speculative-decoding counters from a /metrics body, or None when it reports none.
-
-    Returns ``{"kind": ..., "num": float, "den": float}`` (τ = Δnum / Δden between two
-    scrapes) or ``{"kind": "gauge", "tau": float}`` for servers that only report a gauge.
-    """
-    text = body.strip()
-    if text.startswith("[") or text.startswith("{"):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        rows = rows if isinstance(rows, list) else [rows]
-        acc = req = 0
-        found = False
-        for row in rows:
-            spec = row.get("specDecodingStats") if isinstance(row, dict) else None
-            if not isinstance(spec, dict) or row.get("attentionDpRank", 0) != 0:
-                continue
-            found = True
-            acc += int(spec.get("numAcceptedTokens", 0))
-            req += int(spec.get("numRequestsWithDraftTokens", 0))
-        return {"kind": "trtllm", "num": acc + req, "den": req, "windowed": True} if found else None
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        parts = line.rsplit(None, 1)
-        if len(parts) != 2:
-            continue
-        key = parts[0].split("{", 1)[0]
-        try:
-            values[key] = values.get(key, 0.0) + float(parts[1])
-        except ValueError:
-            continue
-    if "dflash_spec_rounds_total" in values:
-        return {"kind": "dflash", "num": values.get("dflash_spec_committed_tokens_total", 0.0),
-                "den": values["dflash_spec_rounds_total"]}
-    if "vllm:spec_decode_num_drafts_total" in values:
-        d = values["vllm:spec_decode_num_drafts_total"]
-        return {"kind": "vllm", "num": d + values.get("vllm:spec_decode_num_accepted_tokens_total", 0.0), "den": d}
-    if "sglang:spec_accept_length" in values:
-        return {"kind": "gauge", "tau": values["sglang:spec_accept_length"]}
-    return None
-
-
-def tau_between(before: dict | None, after: dict | None) -> float | None:
-    """τ over the window between two scrapes (see :func:`parse_spec_metrics`)."""
-    if after is None:
-        return None
-    if after["kind"] == "gauge":
-        return after["tau"] or None
-    if after.get("windowed"):  # trtllm-serve: the rows since the previous scrape
-        num, den = after["num"], after["den"]
-    elif before is not None and before["kind"] == after["kind"]:
-        num, den = after["num"] - before["num"], after["den"] - before["den"]
-    else:
-        return None
-    return round(num / den, 4) if den > 0 else None
+REPEATS = 3   # passes per level: the fewest that give a spread with a middle
+SPREAD_KEYS = ("output_tokens_per_second", "tokens_per_second_per_user", "request_throughput")
+SPREAD_MEDIANS = ("ttft_ms", "tpot_ms", "itl_per_token_ms")
 
 
 # ---- one endpoint -----------------------------------------------------------------------------
@@ -140,6 +64,7 @@ class Endpoint:
         if self.url.endswith("/v1"):
             self.url = self.url[:-3]
         self.chat = chat
+        self.continuous_usage = True   # dropped by warm_up when the server refuses it
         self.client = httpx.AsyncClient(base_url=self.url, timeout=timeout,
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
         self.model = model
@@ -163,6 +88,15 @@ class Endpoint:
             self.model = data[0]["id"]
         return self.model
 
+    async def warm_up(self, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool) -> None:
+        """One short request; a server that refuses per-chunk usage (400) is asked without it."""
+        first = await self.request(prompt, max_tokens, temperature, ignore_eos)
+        if not first.ok and first.status == 400:
+            self.continuous_usage = False
+            first = await self.request(prompt, max_tokens, temperature, ignore_eos)
+        if not first.ok:
+            raise DFlashError(f"{self.url}: the warm-up request failed ({first.status or '-'} {first.error})")
+
     async def scrape(self) -> dict | None:
         try:
             r = await self.client.get("/metrics")
@@ -172,25 +106,33 @@ class Endpoint:
         self.on_scrape(r.text if r.status_code == 200 else None)
         return parse_spec_metrics(r.text) if r.status_code == 200 else None
 
-    async def request(self, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool) -> Result:
+    def body(self, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool) -> tuple[str, dict]:
+        opts = {"include_usage": True, **({"continuous_usage_stats": True} if self.continuous_usage else {})}
         body: dict = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-                      "stream_options": {"include_usage": True}}
+                      "stream_options": opts}
         if ignore_eos:
             body["ignore_eos"] = True
         if self.chat:
-            path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
-        else:
-            path, body["prompt"] = "/v1/completions", prompt
+            return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
+        return "/v1/completions", {**body, "prompt": prompt}
+
+    async def request(self, prompt: str | Prompt, max_tokens: int, temperature: float, ignore_eos: bool,
+                      t0: float | None = None) -> Record:
+        """One streamed completion as a :class:`Record` (``t0``: when the load began); a
+        :class:`Prompt` with its own ``max_tokens`` asks for that many."""
+        p = prompt if isinstance(prompt, Prompt) else Prompt(prompt)
+        path, body = self.body(p.text, p.max_tokens or max_tokens, temperature, ignore_eos)
         start = time.perf_counter()
-        res = Result(ok=False)
-        last = None
-        chunks = 0
+        rec = Record(ok=False, start=start - (t0 if t0 is not None else start), category=p.category)
+        ext: dict = {}
+        times, texts, cum, lps = [], [], [], []
+        usage: dict = {}
         try:
             async with self.client.stream("POST", path, json=body) as r:
-                res.status = r.status_code
+                rec.status = r.status_code
                 if r.status_code != 200:
-                    res.error = (await r.aread()).decode(errors="replace")[:200]
-                    return res
+                    rec.error = (await r.aread()).decode(errors="replace")[:200]
+                    return rec
                 async for line in r.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -199,238 +141,254 @@ class Endpoint:
                         break
                     obj = json.loads(data)
                     if "error" in obj:
-                        res.error = str(obj["error"].get("message"))
-                        return res
-                    if obj.get("usage"):
-                        res.output_tokens = int(obj["usage"].get("completion_tokens") or 0)
+                        rec.error = str(obj["error"].get("message"))
+                        return rec
+                    usage = obj.get("usage") or usage
+                    ext = obj.get("dflash") or ext    # the embedded server's per-request τ
                     for ch in obj.get("choices") or []:
                         text = ch.get("text") if "text" in ch else (ch.get("delta") or {}).get("content")
                         if text:
-                            now = time.perf_counter()
-                            if last is None:
-                                res.ttft = now - start
-                            else:
-                                res.itl.append(now - last)
-                            last = now
-                            chunks += 1
+                            times.append(time.perf_counter() - start)
+                            texts.append(text)
+                            cum.append((obj.get("usage") or {}).get("completion_tokens"))
+                            lps.append(_logprob_count(ch.get("logprobs")))
         except Exception as exc:  # noqa: BLE001 - a failed request is a result, not a crash
-            res.error = f"{type(exc).__name__}: {exc}"
-            return res
-        res.latency = time.perf_counter() - start
-        res.output_tokens = res.output_tokens or chunks
-        res.ok = True
-        return res
+            rec.error = f"{type(exc).__name__}: {exc}"
+            return rec
+        rec.e2el = time.perf_counter() - start
+        counts, rec.tokens_from = chunk_tokens(texts, cum, lps, usage.get("completion_tokens"))
+        rec.chunks = list(zip(times, counts or [0] * len(times), strict=True))
+        rec.prompt_tokens = usage.get("prompt_tokens")
+        rec.acceptance_length, rec.rounds = ext.get("acceptance_length"), ext.get("rounds")
+        rec.ok = True
+        return rec
 
 
-async def _level(ep: Endpoint, prompts: list[str], concurrency: int, n_requests: int, max_tokens: int,
-                 temperature: float, ignore_eos: bool) -> dict:
+def _logprob_count(lp) -> int | None:
+    """Tokens a chunk's ``logprobs`` covers (completions: ``tokens``; chat: ``content``)."""
+    if not isinstance(lp, dict):
+        return None
+    entries = lp.get("tokens") if "tokens" in lp else lp.get("content")
+    return len(entries) if isinstance(entries, list) else None
+
+
+# ---- one level ---------------------------------------------------------------------------------
+def _spread(passes: list[dict]) -> dict:
+    """Per figure, its interval over the repeats."""
+    out = {k: spread.interval([p[k] for p in passes]) for k in SPREAD_KEYS}
+    out.update({f"{k}_median": spread.interval([p[k]["median"] for p in passes]) for k in SPREAD_MEDIANS})
+    if passes and "goodput" in passes[0]:
+        out["goodput"] = spread.interval([p["goodput"]["goodput"] for p in passes])
+    return out
+
+
+async def _level(ep: Endpoint, prompts: list[Prompt], lv: Level, n: int | None, opts: dict) -> dict:
+    """Warm-up, then ``repeats`` passes; the figures over all their records, the spread over passes."""
+    args = (opts["max_tokens"], opts["temperature"], opts["ignore_eos"])
+
+    async def send(p: Prompt, t0: float) -> Record:
+        return await ep.request(p, *args, t0=t0)
+
+    warm = lv.concurrency if opts["warmup"] is None else opts["warmup"]
+    if warm:
+        await load.closed_loop(send, prompts, lv.concurrency or 1, warm, None, 0)
     before = await ep.scrape()
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(i: int) -> Result:
-        async with sem:
-            return await ep.request(prompts[i % len(prompts)], max_tokens, temperature, ignore_eos)
-
-    start = time.perf_counter()
-    results = await asyncio.gather(*(one(i) for i in range(n_requests)))
-    wall = time.perf_counter() - start
+    records: list[Record] = []
+    passes, walls = [], []
+    for k in range(opts["repeats"]):
+        recs, wall = await load.one_pass(send, prompts, lv, n, k * (n or 0))
+        for r in recs:
+            r.repeat = k
+        records += recs
+        walls.append(wall)
+        passes.append(summarize(recs, wall, opts["goodput"]))
     after = await ep.scrape()
-    ok = [r for r in results if r.ok]
-    tokens = sum(r.output_tokens for r in ok)
-    ttft = [r.ttft for r in ok if r.ttft is not None]
-    itl = [x for r in ok for x in r.itl]
-    per_user = [(r.output_tokens - 1) / (r.latency - r.ttft) for r in ok
-                if r.ttft is not None and r.output_tokens > 1 and r.latency > r.ttft]
-    errors = [f"{r.status or '-'} {r.error}" for r in results if not r.ok]
-    return {
-        "concurrency": concurrency,
-        "requests": n_requests,
-        "ok": len(ok),
-        "failed": len(results) - len(ok),
-        "errors": errors[:5],
-        "seconds": round(wall, 4),
-        "output_tokens": tokens,
-        "output_tokens_per_second": round(tokens / wall, 3) if wall > 0 else 0.0,
-        "tokens_per_second_per_user": round(statistics.median(per_user), 3) if per_user else None,
-        "ttft_ms": {"median": _ms(_pct(ttft, 0.5)), "p99": _ms(_pct(ttft, 0.99))},
-        "itl_ms": {"median": _ms(_pct(itl, 0.5)), "p99": _ms(_pct(itl, 0.99))},
-        "acceptance_length": tau_between(before, after),
-    }
+    errors = [f"{r.status or '-'} {r.error}" for r in records if not r.ok]
+    key = {"concurrency": lv.concurrency} if lv.concurrency else {"request_rate": lv.request_rate,
+                                                                  "burstiness": lv.burstiness}
+    level = {**key, "requests": len(records), "requests_per_repeat": n, "duration": lv.duration,
+             "repeats": opts["repeats"], "warmup": warm, **summarize(records, sum(walls), opts["goodput"]),
+             "errors": errors[:5], "acceptance_length": tau_between(before, after), "spread": _spread(passes)}
+    level["noisy"] = spread.noisy(level["spread"]["output_tokens_per_second"])
+    level["_records"] = records      # the raw records; run() decides whether the report keeps them
+    return level
 
 
-async def _run_endpoint(url: str, model: str | None, prompts: list[str], levels: list[int], requests: int | None,
-                        max_tokens: int, temperature: float, chat: bool, ignore_eos: bool, progress,
-                        on_scrape=None) -> dict:
-    ep = Endpoint(url, model, chat, on_scrape=on_scrape)
+async def _run_endpoint(url: str, model: str | None, prompts: list[Prompt], levels: list[Level], opts: dict,
+                        progress, on_scrape=None) -> dict:
+    ep = Endpoint(url, model, opts["chat"], on_scrape=on_scrape)
     try:
         name = await ep.discover()
-        warm = await ep.request(prompts[0], min(8, max_tokens), temperature, ignore_eos)
-        if not warm.ok:
-            raise DFlashError(f"{ep.url}: the warm-up request failed ({warm.status or '-'} {warm.error})")
-        out = []
-        for c in levels:
-            n = requests or max(len(prompts), 2 * c)
-            out.append(await _level(ep, prompts, c, n, max_tokens, temperature, ignore_eos))
+        await ep.warm_up(prompts[0].text, min(8, opts["max_tokens"]), opts["temperature"], opts["ignore_eos"])
+        out: dict[str, list] = {"levels": [], "rate_levels": []}
+        for lv in levels:
+            n = lv.requests
+            if n is None and lv.duration is None:
+                n = max(len(prompts), 2 * (lv.concurrency or 1))
+            rec = await _level(ep, prompts, lv, n, opts)
+            out["levels" if lv.concurrency else "rate_levels"].append(rec)
             if progress:
-                progress(url, c)
-        return {"url": ep.url, "model": name, "levels": out}
+                progress(url, lv.concurrency or lv.label)
+        return {"url": ep.url, "model": name, "levels": out["levels"],
+                **({"rate_levels": out["rate_levels"]} if out["rate_levels"] else {})}
     finally:
         await ep.close()
 
 
+def _levels(concurrency, request_rate, burstiness: float, requests: int | None, duration: float | None,
+            seed: int) -> list[Level]:
+    cs = sorted(set(int(c) for c in concurrency))
+    if (cs and cs[0] < 1) or (not cs and not request_rate):
+        raise DFlashError("--concurrency needs positive integers, e.g. 1,4,16,32")
+    if duration is not None and not duration > 0:
+        raise DFlashError("--duration must be positive (seconds)")
+    rates = sorted(set(float(r) for r in request_rate or ()))
+    if rates and not (rates[0] > 0 and burstiness > 0):
+        raise DFlashError("--request-rate and --burstiness must be positive")
+    common = {"requests": requests, "duration": duration, "seed": seed}
+    return ([Level(concurrency=c, **common) for c in cs]
+            + [Level(request_rate=r, burstiness=burstiness, **common) for r in rates])
+
+
 def run(url: str, *, model: str | None = None, baseline: str | None = None, baseline_model: str | None = None,
         mtp: str | None = None, mtp_model: str | None = None,
-        prompts: list[str] | None = None, concurrency: list[int] = (1, 4, 16, 32), requests: int | None = None,
+        prompts: list[str] | list[Prompt] | None = None, concurrency=(1, 4, 16, 32), requests: int | None = None,
         max_tokens: int = 128, temperature: float = 0.0, chat: bool = False, ignore_eos: bool = False,
-        progress=None, on_scrape=None) -> dict:
-    """Benchmark ``url`` (and ``baseline``) at each concurrency; returns the report dict.
-    ``on_scrape(body)`` sees every /metrics body of ``url`` (see :class:`Endpoint`)."""
-    levels = sorted(set(int(c) for c in concurrency))
-    if not levels or levels[0] < 1:
-        raise DFlashError("--concurrency needs positive integers, e.g. 1,4,16,32")
+        repeats: int = REPEATS, warmup: int | None = None, request_rate=(), burstiness: float = 1.0,
+        duration: float | None = None, goodput: dict[str, float] | None = None, seed: int = 0,
+        records: bool = False, progress=None, on_scrape=None) -> dict:
+    """Benchmark ``url`` (and ``baseline``, ``mtp``) at each concurrency (closed loop) and each
+    request rate (open loop, :mod:`~dflash_trt.bench.load`); returns the report dict.
+    ``warmup``: requests before each level (None: one per concurrent slot); ``records``: keep each
+    request's record in its level. ``on_scrape(body)`` sees every /metrics body of ``url``."""
+    levels = _levels(concurrency, request_rate, burstiness, requests, duration, seed)
     if max_tokens < 1:
         raise DFlashError("--max-tokens must be >= 1")
-    prompts = list(prompts or PROMPTS)
-    args = (prompts, levels, requests, max_tokens, temperature, chat, ignore_eos, progress)
-    report = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat,
-              "endpoint": asyncio.run(_run_endpoint(url, model, *args, on_scrape=on_scrape))}
+    if repeats < 1:
+        raise DFlashError("--repeats must be >= 1")
+    texts = [p if isinstance(p, Prompt) else Prompt(p) for p in (prompts or PROMPTS)]
+    opts = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat, "ignore_eos": ignore_eos,
+            "repeats": repeats, "warmup": warmup, "goodput": goodput}
+    report: dict = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat, "repeats": repeats,
+                    **({"goodput_limits_ms": goodput} if goodput else {}),
+                    "endpoint": asyncio.run(_run_endpoint(url, model, texts, levels, opts, progress, on_scrape))}
     if baseline:
-        report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, *args))
+        report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, texts, levels, opts, progress))
         report["comparison"] = compare(report["endpoint"], report["baseline"])
     if mtp:  # the same target drafting with its own MTP layers (a bundle's trtllm/config.mtp.yaml)
-        report["mtp"] = asyncio.run(_run_endpoint(mtp, mtp_model, *args))
+        report["mtp"] = asyncio.run(_run_endpoint(mtp, mtp_model, texts, levels, opts, progress))
     if mtp or baseline:
         report["arms"] = arms(report)
+    report["warnings"] = noise_warnings(report)
+    for side in ("endpoint", "baseline", "mtp"):
+        for lv in [*(report.get(side) or {}).get("levels", []), *(report.get(side) or {}).get("rate_levels", [])]:
+            recs = lv.pop("_records")
+            if records:
+                lv["records"] = [r.as_dict() for r in recs]
     return report
+
+
+def merge_levels(passes: list[dict], keep_records: bool = False) -> dict:
+    """One level from single-repeat measurements of it taken apart in time (each run with
+    ``records=True``): the figures re-derived from all their records, the spread over the
+    passes, τ the mean of the passes'."""
+    records = [replace(Record.from_dict(d), repeat=k) for k, lv in enumerate(passes) for d in lv["records"]]
+    taus = [lv["acceptance_length"] for lv in passes if lv.get("acceptance_length") is not None]
+    first = passes[0]
+    limits = (first.get("goodput") or {}).get("limits_ms")
+    level = {**{k: first[k] for k in ("concurrency", "request_rate", "burstiness") if k in first},
+             "requests": len(records), "requests_per_repeat": first["requests_per_repeat"],
+             "duration": first.get("duration"), "repeats": len(passes), "warmup": first.get("warmup"),
+             **summarize(records, sum(lv["seconds"] for lv in passes), limits),
+             "errors": [e for lv in passes for e in lv.get("errors", [])][:5],
+             "acceptance_length": round(sum(taus) / len(taus), 4) if taus else None, "spread": _spread(passes)}
+    level["noisy"] = spread.noisy(level["spread"]["output_tokens_per_second"])
+    if keep_records:
+        level["records"] = [r.as_dict() for r in records]
+    return level
+
+
+def noise_warnings(report: dict) -> list[str]:
+    """One line per side whose repeats disagreed beyond ``spread.NOISY`` at some level."""
+    out = []
+    for side in ("endpoint", "baseline", "mtp"):
+        noisy = [lv["concurrency"] for lv in (report.get(side) or {}).get("levels", []) if lv.get("noisy")]
+        if noisy:
+            out.append(f"{side}: repeats at concurrency {', '.join(map(str, noisy))} differ by more than "
+                       f"{spread.NOISY:.0%} in output tokens/s; the machine was noisy (more --repeats, or a "
+                       "quieter machine)")
+    return out
 
 
 ARMS = (("dflash", "endpoint"), ("mtp", "mtp"), ("autoregressive", "baseline"))
 
 
+def throughput_interval(lv: dict) -> dict | None:
+    """A level's output tokens/s: its interval over repeats with ``mean`` set to the level's own
+    figure (all its tokens over all its repeats' time; a level without repeats: that one figure)."""
+    if not lv.get("output_tokens_per_second"):
+        return None
+    iv = (lv.get("spread") or {}).get("output_tokens_per_second") or spread.interval([lv["output_tokens_per_second"]])
+    return {**iv, "mean": lv["output_tokens_per_second"]}
+
+
 def arms(report: dict) -> list[dict]:
     """Per concurrency: each measured arm's output tokens/s (DFlash: ``endpoint``, MTP: ``mtp``,
-    autoregressive: ``baseline``), the winner (the most tokens/s; only arms measured there
-    compete) and its margin over the runner-up (winner / runner-up - 1)."""
-    rates: dict[int, dict[str, float]] = {}
+    autoregressive: ``baseline``; over all repeats), the winner (the most tokens/s, named only
+    where it beats the runner-up beyond their spread, else "indistinguishable") and its margin over
+    the runner-up (winner mean / runner-up mean - 1)."""
+    rates: dict[int, dict[str, dict]] = {}
     for arm, key in ARMS:
         for lv in (report.get(key) or {}).get("levels", []):
-            if lv.get("output_tokens_per_second"):
-                rates.setdefault(int(lv["concurrency"]), {})[arm] = float(lv["output_tokens_per_second"])
+            if (iv := throughput_interval(lv)) is not None:
+                rates.setdefault(int(lv["concurrency"]), {})[arm] = iv
     rows = []
     for c in sorted(rates):
         r = rates[c]
-        order = sorted(r, key=lambda a: r[a], reverse=True)
-        margin = r[order[0]] / r[order[1]] - 1 if len(order) > 1 and r[order[1]] else None
-        rows.append({"concurrency": c, **{a: round(r[a], 2) if a in r else None for a, _ in ARMS},
-                     "winner": order[0], "margin": None if margin is None else round(margin, 4)})
+        order = sorted(r, key=lambda a: r[a]["mean"], reverse=True)
+        second = r[order[1]] if len(order) > 1 else None
+        margin = r[order[0]]["mean"] / second["mean"] - 1 if second and second["mean"] else None
+        winner = order[0] if second is None or spread.beyond(r[order[0]], second) else "indistinguishable"
+        rows.append({"concurrency": c, **{a: round(r[a]["mean"], 2) if a in r else None for a, _ in ARMS},
+                     "winner": winner, "leader": order[0], "margin": None if margin is None else round(margin, 4)})
     return rows
 
 
 def compare(ep: dict, base: dict) -> dict:
-    """Speedup per concurrency, and the first concurrency where drafting stops paying."""
-    b = {lv["concurrency"]: lv for lv in base["levels"]}
-    rows, stops = [], None
-    for lv in ep["levels"]:
-        other = b.get(lv["concurrency"])
-        if other is None or not other["output_tokens_per_second"]:
+    """Speedup per concurrency (endpoint output tokens/s over the baseline's, with its interval
+    over repeats) and a verdict each: "pays", "does not pay" or "indistinguishable"; the first
+    concurrency where drafting does not pay beyond noise (``stops_paying_at``). Per request rate
+    the same (``by_rate``: at a rate both sides serve alike, the speedup is read in the latency,
+    ``tpot_ratio``), and per prompt category the ratio of decode tokens/s per user."""
+    rows = _compare_rows(ep["levels"], base["levels"], "concurrency")
+    stops = next((r["concurrency"] for r in rows if r["verdict"] == "does not pay"), None)
+    out = {"speedup": rows, "stops_paying_at": stops}
+    if ep.get("rate_levels") and base.get("rate_levels"):
+        out["by_rate"] = _compare_rows(ep["rate_levels"], base["rate_levels"], "request_rate")
+    return out
+
+
+def _compare_rows(mine: list[dict], theirs: list[dict], key: str) -> list[dict]:
+    b = {lv[key]: lv for lv in theirs}
+    rows = []
+    for lv in mine:
+        other = b.get(lv[key])
+        a_iv, b_iv = throughput_interval(lv), throughput_interval(other) if other else None
+        if other is None or a_iv is None or b_iv is None or not b_iv["mean"]:
             continue
-        s = lv["output_tokens_per_second"] / other["output_tokens_per_second"]
-        rows.append({"concurrency": lv["concurrency"], "speedup": round(s, 4)})
-        if s < 1.0 and stops is None:
-            stops = lv["concurrency"]
-    return {"speedup": rows, "stops_paying_at": stops}
+        v = spread.verdict(a_iv, b_iv)
+        row = {key: lv[key], "speedup": round(a_iv["mean"] / b_iv["mean"], 4), "interval": spread.ratio(a_iv, b_iv),
+               "verdict": {"higher": "pays", "lower": "does not pay"}.get(v, "indistinguishable")}
+        mt, bt = (lv.get("tpot_ms") or {}).get("median"), (other.get("tpot_ms") or {}).get("median")
+        row["tpot_ratio"] = round(mt / bt, 4) if mt and bt else None   # DFlash TPOT / baseline TPOT
+        cats, other_cats = lv.get("categories") or {}, other.get("categories") or {}
+        per = {c: _ratio(x.get("tokens_per_second_per_user"), other_cats[c].get("tokens_per_second_per_user"))
+               for c, x in cats.items() if c in other_cats}
+        if per:
+            row["category_speedup"] = per
+        rows.append(row)
+    return rows
 
 
-# ---- the figure -------------------------------------------------------------------------------
-def throughput_unit(device: str | None) -> str:
-    """What the throughput axis is divided by: a GPU only where the bundle's plan says the server
-    runs on GPUs; a CPU run is one process; without a bundle the device is unknown (per server)."""
-    if device is None:
-        return "server"
-    return "process (CPU)" if device.lower() == "cpu" else "GPU"
-
-
-def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1, device: str | None = None,
-         name: str | None = None) -> None:
-    """The charts deployments are compared by, in one PNG:
-
-    * throughput per GPU (output tokens/s / ``gpus``) against tokens/s per user, one point per
-      concurrency, for the endpoint (DFlash) and the baseline on one chart: the curve NVIDIA
-      quotes DFlash results on; with ``predicted`` (a plan's ``predicted`` rows) the planner's
-      curves dashed beside them;
-    * time to first token and inter-token latency (median, p99 dotted) against concurrency;
-    * with a baseline, the speedup against concurrency (without one, three panels, none blank).
-
-    Titled with ``name`` (the bundle, else the served model), max tokens and temperature; the
-    throughput unit follows ``device`` (:func:`throughput_unit`).
-    """
-    mpl = require("matplotlib", "bench", "--plot")
-    mpl.use("Agg")
-    import matplotlib.pyplot as plt
-
-    has_base = "baseline" in report
-    fig, grid = plt.subplots(2, 2, figsize=(11, 8.4)) if has_base else plt.subplots(1, 3, figsize=(15, 4.6))
-    axes = grid if has_base else [[grid[0], grid[1]], [grid[2], None]]
-    run = [f"max {report['max_tokens']} tokens" if "max_tokens" in report else "",
-           f"temperature {report['temperature']}" if "temperature" in report else ""]
-    fig.suptitle(", ".join([name or report["endpoint"]["model"], *filter(None, run)]))
-    styles = (("endpoint", "DFlash" if has_base else "endpoint", "o-", "tab:blue"),
-              ("baseline", "baseline", "s-", "tab:gray"))
-    _frontier(axes[0][0], report, styles, predicted, max(1, gpus), throughput_unit(device))
-    for ax, key, title in ((axes[0][1], "ttft_ms", "time to first token"),
-                           (axes[1][0], "itl_ms", "inter-token latency")):
-        for name, label, style, color in styles:
-            if name in report:
-                lv = report[name]["levels"]
-                c = [x["concurrency"] for x in lv]
-                ax.plot(c, [_nan(x[key]["median"]) for x in lv], style, color=color, label=f"{label} median")
-                ax.plot(c, [_nan(x[key]["p99"]) for x in lv], ":", color=color, label=f"{label} p99")
-        _axes(ax, "concurrency", "ms", title)
-    ax = axes[1][1]
-    if has_base:
-        rows = report["comparison"]["speedup"]
-        ax.plot([r["concurrency"] for r in rows], [r["speedup"] for r in rows], "o-", color="tab:green",
-                label="measured")
-        if predicted:
-            ax.plot([r["batch"] for r in predicted], [r["speedup"] for r in predicted], "--", color="tab:green",
-                    label="planner")
-        ax.axhline(1.0, color="gray", linestyle=":")
-        _axes(ax, "concurrency", "speedup over baseline", "speedup")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
-
-
-def _frontier(ax, report: dict, styles, predicted: list[dict] | None, gpus: int, unit: str = "GPU") -> None:
-    """Throughput per ``unit`` against tokens/s per user, each point labelled with its concurrency."""
-    for name, label, style, color in styles:
-        if name not in report:
-            continue
-        lv = [x for x in report[name]["levels"] if x.get("tokens_per_second_per_user")]
-        xs, ys = [x["tokens_per_second_per_user"] for x in lv], [x["output_tokens_per_second"] / gpus for x in lv]
-        ax.plot(xs, ys, style, color=color, label=f"{label} ({report[name]['model']})")
-        for x, y, v in zip(xs, ys, lv, strict=True):
-            ax.annotate(str(v["concurrency"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    if predicted:
-        ax.plot([r["tokens_per_second_per_user"] for r in predicted],
-                [r["output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:blue",
-                label="planner: DFlash")
-        ax.plot([r["baseline_tokens_per_second_per_user"] for r in predicted],
-                [r["baseline_output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:gray",
-                label="planner: baseline")
-    _axes(ax, "tokens/s per user", f"output tokens/s per {unit}", f"throughput per {unit} vs tokens/s per user",
-          log=False)
-
-
-def _nan(x: float | None) -> float:
-    return math.nan if x is None else x
-
-
-def _axes(ax, xlabel: str, ylabel: str, title: str, log: bool = True) -> None:
-    if log:
-        ax.set_xscale("log", base=2)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None

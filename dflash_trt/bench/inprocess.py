@@ -2,51 +2,32 @@
 
 Both runs go through :func:`dflash_trt.runtime.generate` (block size B vs 1), greedy, one
 prompt at a time, after a warm-up of each, and through the same backend (the pair's: the
-PyTorch modules, or a bundle's graphs under ONNX Runtime or TensorRT). Reported: τ and per-position acceptance,
-tokens/s of each and their ratio (``speedup``), ``lossless`` (every DFlash output equals
-the autoregressive one), and where a DFlash step's time goes (``step_cost_ratio``: one
-draft + verify step over one target forward on the same block).
+PyTorch modules, or a bundle's graphs under ONNX Runtime or TensorRT), ``repeats`` times.
+Reported: τ and per-position acceptance, tokens/s of each and their ratio (``speedup``: DFlash
+tokens/s over autoregressive tokens/s) with its interval over repeats and a verdict ("pays" only
+beyond it, :mod:`dflash_trt.bench.spread`; one repeat has no spread), TTFT, TPOT and end-to-end
+latency per prompt (:mod:`dflash_trt.bench.latency`: the first token at the end of prefill),
+``lossless`` (every DFlash output equals the autoregressive one, on every repeat), and where a
+DFlash step's time goes (``step_cost_ratio``: one draft + verify step over one verify forward
+on the same block).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
-from dflash_trt.errors import DFlashError, read_text
+from dflash_trt.bench import datasets, spread
+from dflash_trt.bench.datasets import Prompt
+from dflash_trt.bench.latency import Record, summarize
+from dflash_trt.errors import DFlashError
 from dflash_trt.runtime import Pair, Stats, generate
 
 
 def read_prompts(path: str | Path) -> list[str]:
-    """One prompt per line, or JSONL objects with a 'prompt' field."""
-    p = Path(path)
-    if not p.exists():
-        raise DFlashError(f"prompts file {p} does not exist")
-    out = []
-    for n, line in enumerate(read_text(p, "prompts file").splitlines(), 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DFlashError(f"{p}:{n}: invalid JSON: {exc.msg}") from None
-            except RecursionError:
-                raise DFlashError(f"{p}:{n}: JSON nested too deeply") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise DFlashError(f"{p}:{n}: JSONL lines need a string 'prompt' field")
-            if not obj["prompt"].isascii():
-                try:
-                    obj["prompt"].encode("utf-8")
-                except UnicodeEncodeError:
-                    raise DFlashError(f"{p}:{n}: the prompt is not valid text (a lone surrogate)") from None
-            out.append(obj["prompt"])
-        else:
-            out.append(line.replace("\\n", "\n"))
-    if not out:
-        raise DFlashError(f"{p}: no prompts")
-    return out
+    """The prompt texts of a file in any format :mod:`dflash_trt.bench.datasets` reads (one per
+    line, the project's JSONL, ShareGPT)."""
+    return [p.text for p in datasets.load(path)]
 
 
 def _merge(stats: list[Stats]) -> dict:
@@ -66,20 +47,27 @@ def _merge(stats: list[Stats]) -> dict:
     return total.as_dict()
 
 
-def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size: int | None = None,
-        chat: bool = False, progress: Callable[[int], None] | None = None) -> dict:
-    if pair.drafter is None:
-        raise DFlashError("bench needs a drafter")
-    B = pair.block_size(block_size)
-    encoded = [pair.encode(p, chat=chat) for p in prompts]
-    stops = pair.stop_token_ids
-    # Warm-up both paths (allocator, kernels, first-call overheads). Both run through the pair's
-    # backend (None: the PyTorch modules), so the speedup compares like with like.
-    be = pair.backend
-    generate(pair.target, pair.drafter, [encoded[0]], max_new_tokens=8, block_size=B, stop_token_ids=stops, backend=be)
-    generate(pair.target, None, [encoded[0]], max_new_tokens=8, block_size=1, stop_token_ids=stops, backend=be)
-    ds, ars, lossless, mismatches = [], [], True, []
-    for k, ids in enumerate(encoded):
+def _record(stats: Stats) -> Record:
+    """One prompt's timing as a latency record: the first token at the end of prefill, the rest
+    when the call returned (the runtime counts its tokens exactly)."""
+    chunks = [(stats.prefill_seconds, 1)]
+    if stats.new_tokens > 1:
+        chunks.append((stats.seconds, stats.new_tokens - 1))
+    return Record(ok=True, chunks=chunks if stats.new_tokens else [], e2el=stats.seconds, tokens_from="runtime")
+
+
+def _latency(stats: list[Stats]) -> dict:
+    s = summarize([_record(x) for x in stats], sum(x.seconds for x in stats))
+    return {k: s[k] for k in ("ttft_ms", "tpot_ms", "e2el_ms", "tokens_per_second_per_user",
+                              "tokens_per_second_per_user_with_ttft")}
+
+
+def _one_pass(pair: Pair, encoded: list, B: int, lengths: list[int], progress, done: int
+              ) -> tuple[list[Stats], list[Stats], list[int]]:
+    """Every prompt through DFlash, then through autoregressive decoding, back to back."""
+    be, stops = pair.backend, pair.stop_token_ids
+    ds, ars, mismatches = [], [], []
+    for k, (ids, max_new_tokens) in enumerate(zip(encoded, lengths, strict=True)):
         d = generate(pair.target, pair.drafter, [ids], max_new_tokens=max_new_tokens, block_size=B,
                      stop_token_ids=stops, backend=be)
         a = generate(pair.target, None, [ids], max_new_tokens=max_new_tokens, block_size=1, stop_token_ids=stops,
@@ -87,10 +75,67 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
         ds.append(d.stats)
         ars.append(a.stats)
         if d.token_ids != a.token_ids:
-            lossless = False
             mismatches.append(k)
         if progress:
-            progress(k + 1)
+            progress(done + k + 1)
+    return ds, ars, mismatches
+
+
+def _speed(passes: list[tuple[list[Stats], list[Stats]]], dflash: dict, ar: dict) -> dict:
+    """The speedup (DFlash tokens/s over autoregressive tokens/s, all repeats), its interval over
+    repeats and whether DFlash pays beyond it."""
+    rate = lambda ss: sum(x.new_tokens for x in ss) / max(sum(x.seconds for x in ss), 1e-12)  # noqa: E731
+    d_iv = spread.interval([rate(d) for d, _ in passes])
+    a_iv = spread.interval([rate(a) for _, a in passes])
+    d_iv, a_iv = {**d_iv, "mean": dflash["tokens_per_second"]}, {**a_iv, "mean": ar["tokens_per_second"]}
+    verdict = {"higher": "pays", "lower": "does not pay"}.get(spread.verdict(d_iv, a_iv), "indistinguishable")
+    return {"tokens_per_second": {"dflash": d_iv, "autoregressive": a_iv}, "speedup": spread.ratio(d_iv, a_iv),
+            "verdict": verdict, "noisy": spread.noisy(d_iv) or spread.noisy(a_iv)}
+
+
+def _categories(rows: list[Prompt], passes: list[tuple[list[Stats], list[Stats]]]) -> dict | None:
+    """Per prompt category: τ, and the speedup (DFlash tokens/s over autoregressive tokens/s)."""
+    cats = sorted({p.category for p in rows if p.category is not None})
+    if not cats:
+        return None
+    out = {}
+    for c in cats:
+        idx = [i for i, p in enumerate(rows) if p.category == c]
+        d = [ds[i] for ds, _ in passes for i in idx]
+        a = [ars[i] for _, ars in passes for i in idx]
+        dm, am = _merge(d), _merge(a)
+        out[c] = {"prompts": len(idx), "acceptance_length": dm["acceptance_length"],
+                  "speedup": round(dm["tokens_per_second"] / am["tokens_per_second"], 4)
+                  if am["tokens_per_second"] else None}
+    return out
+
+
+def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 128, block_size: int | None = None,
+        chat: bool = False, repeats: int = 1, progress: Callable[[int], None] | None = None) -> dict:
+    """Both arms over every prompt, ``repeats`` times after a warm-up of each (``progress(n)``:
+    prompts done over all repeats). A :class:`Prompt`'s own ``max_tokens`` wins over
+    ``max_new_tokens``; its ``category`` gives τ and speedup per category."""
+    if pair.drafter is None:
+        raise DFlashError("bench needs a drafter")
+    if repeats < 1:
+        raise DFlashError("--repeats must be >= 1")
+    B = pair.block_size(block_size)
+    rows = [p if isinstance(p, Prompt) else Prompt(p) for p in prompts]
+    encoded = [pair.encode(p.text, chat=chat) for p in rows]
+    lengths = [p.max_tokens or max_new_tokens for p in rows]
+    stops = pair.stop_token_ids
+    # Warm-up both paths (allocator, kernels, first-call overheads). Both run through the pair's
+    # backend (None: the PyTorch modules), so the speedup compares like with like.
+    be = pair.backend
+    generate(pair.target, pair.drafter, [encoded[0]], max_new_tokens=8, block_size=B, stop_token_ids=stops, backend=be)
+    generate(pair.target, None, [encoded[0]], max_new_tokens=8, block_size=1, stop_token_ids=stops, backend=be)
+    passes, mismatches = [], set()
+    for r in range(repeats):
+        ds, ars, bad = _one_pass(pair, encoded, B, lengths, progress, r * len(encoded))
+        passes.append((ds, ars))
+        mismatches.update(bad)
+    ds = [x for d, _ in passes for x in d]
+    ars = [x for _, a in passes for x in a]
     dflash, ar = _merge(ds), _merge(ars)
     ar_forward = ar["verify_seconds"] / max(1, ar["rounds"])
     verify = dflash["verify_seconds"] / max(1, dflash["rounds"])
@@ -98,15 +143,18 @@ def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size
     report = {
         "backend": getattr(be, "name", "torch"),
         "prompts": len(prompts),
+        "repeats": repeats,
         "block_size": B,
         "max_new_tokens": max_new_tokens,
-        "dflash": dflash,
-        "autoregressive": ar,
+        "dflash": {**dflash, **_latency(ds)},
+        "autoregressive": {**ar, **_latency(ars)},
         "acceptance_length": dflash["acceptance_length"],
         "per_position_acceptance": dflash["per_position_acceptance"],
         "speedup": round(dflash["tokens_per_second"] / ar["tokens_per_second"], 4) if ar["tokens_per_second"] else None,
-        "lossless": lossless,
-        "mismatched_prompts": mismatches,
+        "spread": _speed(passes, dflash, ar),
+        "categories": _categories(rows, passes),
+        "lossless": not mismatches,
+        "mismatched_prompts": sorted(mismatches),
         "step": {
             "draft_ms": round(1e3 * draft, 3),
             "verify_ms": round(1e3 * verify, 3),

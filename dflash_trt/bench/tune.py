@@ -5,16 +5,18 @@
    ``<= max_draft_len`` (where ``trtllm-serve`` is installed tune asks for ``endpoint=URL``
    instead: restarting TensorRT-LLM per setting is not automated yet); at each setting the load
    generator (:mod:`dflash_trt.bench.endpoint`) drives concurrency 1, 2, 4, ... ``max_batch_size``
-   with ``ignore_eos`` (every request decodes ``max_tokens``). Each setting fixes the draft length
-   (the bundle's own schedule is put aside).
-2. **Choose** (:func:`winners`). At each measured concurrency the setting with the most output
-   tokens/s wins, among those a schedule can express: TensorRT-LLM requires the smallest key to
-   map to ``max_draft_len`` and no length above it, so the length at concurrency 1 bounds the
-   rest, and it is chosen to lose least over all levels. A batch size between two measured ones
-   takes the next measured one's length (what a ``draft_len_schedule`` key means: TensorRT-LLM's
+   with ``ignore_eos`` (every request decodes ``max_tokens``), each level after a warm-up and
+   ``repeats`` times. Each setting fixes the draft length (the bundle's own schedule is put aside).
+2. **Choose** (:func:`winners`): a length steps down at a concurrency only where a shorter one
+   beats it beyond the min–max of their repeats; otherwise the length of the level before is kept.
+   Lengths never rise with the batch size, the first level's is ``max_draft_len`` (the smallest
+   key's), and none is below :func:`shortest_length` (no 0 on a release without the draft-length
+   floor). A batch size between two measured ones takes the next measured one's length (what a
+   ``draft_len_schedule`` key means: TensorRT-LLM's
    ``tensorrt_llm/_torch/speculative/utils.py::get_draft_len_for_batch_size`` applies the FIRST
-   key >= the batch size, and 0 above the largest). ``plan.choose_schedule`` writes the keys for
-   the bundle's release and checks they read back as chosen.
+   key >= the batch size). ``plan.choose_schedule`` writes the keys for the bundle's release and
+   checks they read back as chosen. The drafting-off setting is still measured: it is the
+   autoregressive baseline of the speedups and of the refit.
 3. **Fit.** The measurements refit the step model's constants for this deployment
    (``plan.refit``), and tune prints predicted against measured per concurrency.
 4. **Write.** ``trtllm/config.yaml`` (validated against the release's schema) and
@@ -27,7 +29,7 @@
    leaves a journal the next ``tune`` or ``build`` finishes or rolls back.
 
 With ``endpoint=URL`` (a server tune did not start) nothing is served or written: the levels
-are measured once, at what that server runs, and the calibration is refitted.
+are measured (with repeats) at what that server runs, and the calibration is refitted.
 """
 
 from __future__ import annotations
@@ -36,10 +38,6 @@ import dataclasses
 import datetime as _dt
 import json
 import math
-import os
-import shutil
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +46,7 @@ import yaml
 from dflash_trt import deploy, ingest
 from dflash_trt import plan as planner
 from dflash_trt.bench import endpoint as loadgen
+from dflash_trt.bench import spread
 from dflash_trt.errors import DFlashError
 
 
@@ -97,8 +96,10 @@ def settings(max_draft_len: int, draft_lens: list[int] | None = None) -> list[in
 
 def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, requests: int | None,
                      max_tokens: int, prompts: list[str] | None, threads: int | None = None,
+                     repeats: int = loadgen.REPEATS, warmup: int | None = None,
                      progress=None) -> dict[int, list[dict]]:
-    """{draft length (0: off): the load generator's levels}, one embedded server per setting."""
+    """{draft length (0: off): the load generator's levels}, one embedded server per setting and
+    repeat, the repeats of one level merged (:func:`loadgen.merge_levels`)."""
     from dflash_trt import runtime, serve
     from dflash_trt.serve import launch
 
@@ -108,25 +109,31 @@ def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, 
     serve.check_fits_cpu(t.name, [t.root / ingest.Layout.TARGET, t.root / ingest.Layout.DRAFTER], 2)
     # each setting drafts one fixed length: no schedule (a changed pair is a new one)
     pair = dataclasses.replace(runtime.load_bundle(t.root), draft_len_schedule=None)
-    out: dict[int, list[dict]] = {}
-    for L in setting_list:
-        app = serve.create_app(pair, t.name, block_size=L + 1 if L else 1, max_batch=t.max_batch_size,
-                               max_queue=max(64, 4 * max(levels)), torch_threads=threads,
-                               max_model_len=int(t.config.get("max_seq_len") or 0) or None)
-        with serve.ServerThread(app) as srv:
-            rep = loadgen.run(srv.url, concurrency=levels, requests=requests, max_tokens=max_tokens, prompts=prompts,
-                              ignore_eos=True, progress=(lambda url, c, L=L: progress(L, c)) if progress else None)
-        out[L] = [{**lv, "draft_len": L} for lv in rep["endpoint"]["levels"]]
-    return out
+    passes: dict[int, list[list[dict]]] = {L: [] for L in setting_list}
+    for k in range(repeats):
+        # repeats interleave the settings (each pass in another order), so a quiet or a busy minute
+        # of the machine lands on every setting alike and shows as spread, not as a difference
+        for L in setting_list[k % len(setting_list):] + setting_list[:k % len(setting_list)]:
+            app = serve.create_app(pair, t.name, block_size=L + 1 if L else 1, max_batch=t.max_batch_size,
+                                   max_queue=max(64, 4 * max(levels)), torch_threads=threads,
+                                   max_model_len=int(t.config.get("max_seq_len") or 0) or None)
+            with serve.ServerThread(app) as srv:
+                rep = loadgen.run(srv.url, concurrency=levels, requests=requests, max_tokens=max_tokens,
+                                  prompts=prompts, ignore_eos=True, repeats=1, warmup=warmup, records=True,
+                                  progress=(lambda url, c, L=L: progress(L, c)) if progress else None)
+            passes[L].append(rep["endpoint"]["levels"])
+    return {L: [{**loadgen.merge_levels([run[i] for run in runs]), "draft_len": L} for i in range(len(levels))]
+            for L, runs in passes.items()}
 
 
 def measure_endpoint(url: str, levels: list[int], *, requests: int | None, max_tokens: int,
                      prompts: list[str] | None, model: str | None = None, progress=None,
-                     baseline: str | None = None, mtp: str | None = None) -> dict:
+                     baseline: str | None = None, mtp: str | None = None, repeats: int = loadgen.REPEATS,
+                     warmup: int | None = None) -> dict:
     """The load generator's report for a server tune did not start (and, given, the same target
     without drafting and with its MTP layers: the report's ``arms``)."""
     return loadgen.run(url, model=model, baseline=baseline, mtp=mtp, concurrency=levels, requests=requests,
-                       max_tokens=max_tokens, prompts=prompts, ignore_eos=True,
+                       max_tokens=max_tokens, prompts=prompts, ignore_eos=True, repeats=repeats, warmup=warmup,
                        progress=(lambda u, c: progress(None, c)) if progress else None)
 
 
@@ -163,37 +170,60 @@ def arms_files(t: Tunable, rows: list[dict], source: str) -> dict[Path, str]:
 # --- choosing ---------------------------------------------------------------------------
 
 
-def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None) -> dict[int, int]:
-    """{concurrency: draft length}: the measured best that TensorRT-LLM can be told.
+def shortest_length(t: Tunable) -> int:
+    """The shortest draft length tune may write at any batch size up to ``max_batch_size``.
 
-    Its schedule maps the smallest batch size to ``max_draft_len`` and no key above it, so
-    every length is at most the one at concurrency 1. Among the swept lengths ``M`` for
-    concurrency 1, the one whose best choices (each the setting with the most output tokens/s
-    among those ``<= M``) lose least against each level's unconstrained best wins.
+    HOOK, issue #44: the zero-draft rule is owned there (``plan.schedule.zero_draft_rule``, on
+    branch zerodraft44); this is the one place tune asks it. Once that merges, the body is
+    ``return planner.zero_draft_rule(planner.get_release(t.release)).shortest``. Until then, the
+    release table's floor raised to 1: no 0 on a release without the draft-length floor (TensorRT-LLM
+    PR #16888; above a zero the drafter's context rows go unwritten and acceptance collapses once
+    drafting resumes, FACTS §15), and every release in the table lacks it.
     """
-    tps = {L: {lv["concurrency"]: lv["output_tokens_per_second"] or 0.0 for lv in rows}
-           for L, rows in measured.items()}
-    levels = sorted({c for row in tps.values() for c in row})
-    top = {c: max(row.get(c, 0.0) for row in tps.values()) or 1.0 for c in levels}
+    return max(1, planner.get_release(t.release).draft_len_floor)
 
-    def choice(M: int) -> dict[int, int]:   # the smallest batch size drafts max_draft_len itself
-        return {c: M if c == levels[0] else max((L for L in tps if L <= M), key=lambda L: tps[L].get(c, 0.0))
-                for c in levels}
 
-    def score(M: int) -> float:
-        return sum(tps[L].get(c, 0.0) / top[c] for c, L in choice(M).items())
+def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, shortest: int = 1) -> dict[int, int]:
+    """{concurrency: draft length}: what was measured beyond noise, non-increasing.
 
-    drafting = [L for L in tps if L > 0]
-    if not drafting:
+    Starting from the longest length swept, at each concurrency (ascending) the length steps
+    down to a shorter one (never below ``shortest``) only where that one's output tokens/s beats
+    the current length's beyond their min–max over repeats (:func:`spread.beyond`) and neither's
+    repeats are noisy (:func:`spread.noisy`: a step decided on repeats that disagree would not
+    repeat on the next run). Among lengths that beat it, the fastest; among those
+    indistinguishable from the fastest, the longest (the smallest step). Otherwise the fixed
+    rule: keep the length of the level before.
+    So lengths never rise with the batch size (TensorRT-LLM's validator would read a rising
+    schedule literally), the first level's length is the schedule's ``max_draft_len``, and two
+    runs whose differences are all either beyond noise or within it write the same schedule.
+    """
+    tps = {L: {lv["concurrency"]: loadgen.throughput_interval(lv) for lv in rows} for L, rows in measured.items()}
+    lengths = sorted((L for L in tps if L >= max(shortest, 1) or (L == 0 and shortest == 0)), reverse=True)
+    if not [L for L in lengths if L > 0]:
         raise DFlashError("tune needs at least one draft length to sweep")
-    best = max(sorted(drafting), key=score)
-    wins = choice(best)
-    if warnings is not None:
-        free = {c: max(tps, key=lambda L: tps[L].get(c, 0.0)) for c in levels}
-        lost = [c for c in levels if free[c] != wins[c]]
-        if lost:
-            warnings.append(f"at concurrency {', '.join(map(str, lost))} the fastest length measured is not what a "
-                            f"schedule with max_draft_len {best} allows; the best it allows is kept")
+    levels = sorted({c for row in tps.values() for c in row})
+    current, wins, held, noisy = lengths[0], {}, [], []
+    for c in levels:
+        here = tps[current].get(c)
+        beat = [L for L in lengths if L < current and (L or c != levels[0])   # the smallest key drafts
+                and spread.beyond(tps[L].get(c), here)]
+        if beat and (spread.noisy(here) or any(spread.noisy(tps[L][c]) for L in beat)):
+            noisy.append(c)     # a step on repeats that disagree would not repeat on the next run
+            beat = []
+        if beat:
+            top = max(beat, key=lambda L: tps[L][c]["mean"])
+            current = max(L for L in beat if not spread.beyond(tps[top][c], tps[L][c]))
+        longer = [L for L in lengths if L > current and spread.beyond(tps[L].get(c), tps[current].get(c))]
+        if longer:
+            held.append(c)
+        wins[c] = current
+    if warnings is not None and held:
+        warnings.append(f"at concurrency {', '.join(map(str, held))} a longer draft measured faster beyond noise; "
+                        "lengths never rise with the batch size, so the shorter one of the level before is kept")
+    if warnings is not None and noisy:
+        warnings.append(f"at concurrency {', '.join(map(str, noisy))} a shorter draft measured faster, but on repeats "
+                        f"more than {spread.NOISY:.0%} apart: no step taken (the level before's length kept); "
+                        "rerun on a quieter machine or with more --repeats")
     return wins
 
 
@@ -240,55 +270,9 @@ def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: li
 
 
 def commit(root: Path, files: dict[Path, str]) -> list[Path]:
-    """Write every file of bundle ``root``, the previous one kept as ``NAME.prev``, as one journaled
-    swap (``deploy.swap``): the new texts and the ``.prev`` copies are written into a partial
-    directory first, then swapped in, so a kill at any point leaves the old files or the new ones
-    (or a swap the next ``tune`` or ``build`` finishes or rolls back). Ctrl-C waits until the swap
-    is done (then is raised). Call it holding the bundle's lock. Returns the ``.prev`` paths."""
-    from dflash_trt.deploy import output, swap
-
-    tmp = output.start_partial(root)
-    try:
-        prevs = []
-        for path, text in files.items():
-            rel = path.relative_to(root).as_posix()
-            swap.inside(root, f"{rel}.prev", "tune's file")
-            _write(swap.inside(tmp, rel, "tune's file"), text.encode())
-            if os.path.lexists(path):
-                _write(tmp / f"{rel}.prev", path.read_bytes())
-                prevs.append(path.with_name(path.name + ".prev"))
-        output.share(tmp)
-        new = [p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if not p.is_dir()]
-        with _sigint_held():
-            output.swap_contents(tmp, root, old={r for r in new if os.path.lexists(root / r)})
-        return prevs
-    finally:
-        if not os.path.lexists(root / swap.JOURNAL):   # a journal: the next writer needs the partial
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "xb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class _sigint_held:
-    """Defer SIGINT (main thread only) for the few renames that must happen together."""
-
-    def __enter__(self):
-        self.hit, self.old = False, None
-        if threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGINT, lambda *_: setattr(self, "hit", True))
-        return self
-
-    def __exit__(self, *exc):
-        if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
-        if self.hit and exc[0] is None:
-            raise KeyboardInterrupt
+    """Write tune's files into bundle ``root`` as one journaled swap (``deploy.replace_files``), the
+    previous ones kept as ``NAME.prev``. Call it holding the bundle's lock. Returns the ``.prev`` paths."""
+    return deploy.replace_files(root, files, "tune's file")
 
 
 def tuned_record(measured: dict[int, list[dict]], wins: dict[int, int], calibration: str,
@@ -296,7 +280,9 @@ def tuned_record(measured: dict[int, list[dict]], wins: dict[int, int], calibrat
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "winners": wins,
             "calibration": calibration, **({"arms": arms} if arms else {}),
             "measured": {str(L): [{"concurrency": lv["concurrency"], "output_tokens_per_second":
-                                   lv["output_tokens_per_second"], "acceptance_length": lv["acceptance_length"]}
+                                   lv["output_tokens_per_second"], "acceptance_length": lv["acceptance_length"],
+                                   "output_tokens_per_second_spread": (lv.get("spread") or {}).get(
+                                       "output_tokens_per_second"), "tpot_ms": lv.get("tpot_ms")}
                                   for lv in levels] for L, levels in measured.items()}}
 
 

@@ -240,8 +240,10 @@ def _reference(bundle: ingest.Bundle, use: bool | None):
 def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, model: str | None = None,
            baseline_model: str | None = None, prompts: str | Path | None = None, max_tokens: int = 64,
            concurrency: list[int] = (1, 4), requests: int | None = None, accept_stats: str | Path | None = None,
-           reference: bool | None = None, progress=None) -> tuple[dict, list[dict]]:
-    """Measure the deployment at ``url``: (the bench report of its load levels, the four checks)."""
+           reference: bool | None = None, repeats: int = 1, progress=None) -> tuple[dict, list[dict]]:
+    """Measure the deployment at ``url``: (the bench report of its load levels, the four checks).
+    The checks read counters (τ, draft lengths, memory), not timings, so one repeat per level by
+    default; the report's latency figures are ``bench --endpoint``'s."""
     from dflash_trt.bench import endpoint
     from dflash_trt.runtime import load_tokenizer
 
@@ -259,7 +261,7 @@ def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, mode
     report = endpoint.run(url, model=model, baseline=baseline, baseline_model=baseline_model,
                           prompts=[tokenizer.decode(r.ids, skip_special_tokens=True) for r in rows],
                           concurrency=list(concurrency), requests=requests, max_tokens=max_tokens, temperature=0.0,
-                          on_scrape=bodies.append)
+                          repeats=repeats, on_scrape=bodies.append)
     wins = verify_server.windows(bodies)
     levels = report["endpoint"]["levels"]
     for lv, w in zip(levels, wins, strict=False):

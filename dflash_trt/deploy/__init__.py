@@ -11,6 +11,7 @@ Other subpackages import the names below, never the modules inside.
 """
 from __future__ import annotations
 
+from dflash_trt.deploy.output import lock, recover, replace_files
 from dflash_trt.deploy.pipeline import BuildResult, build, check_bundle, default_out, make_plan, resolve
 from dflash_trt.deploy.trtllm_config import LlmApiConfig
 from dflash_trt.deploy.trtllm_config import load as load_trtllm_config
@@ -28,7 +29,10 @@ __all__ = [
     "installed_trtllm",
     "judge_trtllm_config",
     "load_trtllm_config",
+    "lock",
     "make_plan",
+    "recover",
+    "replace_files",
     "resolve",
     "trtllm_yaml",
     "validate_trtllm_config",

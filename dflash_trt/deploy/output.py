@@ -32,8 +32,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 from dflash_trt import ingest
@@ -299,3 +301,53 @@ def copied_modes(src: Path, target: Path, quantized: bool) -> dict[str, int]:
     names = set(ingest.tokenizer_files(src)) if quantized else {f.name for f in src.iterdir()}
     return {f"{ingest.Layout.TARGET}/{f.name}": ingest.checkpoint_file(src, src / f.name).stat().st_mode & 0o777
             for f in target.iterdir() if f.name in names and (src / f.name).is_file()}
+
+
+def replace_files(root: Path, files: dict[Path, str], what: str) -> list[Path]:
+    """Write every file of bundle ``root``, the previous one kept as ``NAME.prev``, as one journaled
+    swap (``deploy.swap``): the new texts and the ``.prev`` copies are written into a partial
+    directory first, then swapped in, so a kill at any point leaves the old files or the new ones
+    (or a swap the next writer finishes or rolls back). Ctrl-C waits until the swap
+    is done (then is raised). Call it holding the bundle's lock. Returns the ``.prev`` paths."""
+    tmp = start_partial(root)
+    try:
+        prevs = []
+        for path, text in files.items():
+            rel = path.relative_to(root).as_posix()
+            swap.inside(root, f"{rel}.prev", what)
+            _write(swap.inside(tmp, rel, what), text.encode())
+            if os.path.lexists(path):
+                _write(tmp / f"{rel}.prev", path.read_bytes())
+                prevs.append(path.with_name(path.name + ".prev"))
+        share(tmp)
+        new = [p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if not p.is_dir()]
+        with _sigint_held():
+            swap_contents(tmp, root, old={r for r in new if os.path.lexists(root / r)})
+        return prevs
+    finally:
+        if not os.path.lexists(root / swap.JOURNAL):   # a journal: the next writer needs the partial
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class _sigint_held:
+    """Defer SIGINT (main thread only) for the few renames that must happen together."""
+
+    def __enter__(self):
+        self.hit, self.old = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, lambda *_: setattr(self, "hit", True))
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        if self.hit and exc[0] is None:
+            raise KeyboardInterrupt

@@ -25,14 +25,12 @@ from dflash_trt.ingest.bundle import (
                                      ServeInfo,
                                      TrtllmInfo,
                                      bundle_hashes,
-                                     check_bundle,
                                      check_files,
                                      check_format,
-                                     open_bundle,
                                      read_manifest,
                                      write_manifest,
 )
-from dflash_trt.ingest.bundle_check import LoadCheck, check_fields, check_paths
+from dflash_trt.ingest.bundle_check import LoadCheck, check_bundle, check_fields, check_paths, open_bundle
 from dflash_trt.ingest.chat import mismatch as chat_mismatch
 from dflash_trt.ingest.chat import serving_chat, trained_chat
 from dflash_trt.ingest.compat import PairReport, validate_pair

@@ -32,7 +32,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dflash_trt.errors import CheckpointError
-from dflash_trt.ingest.drafter import read_drafter
 from dflash_trt.model import graph_kinds
 
 # Bump when a bundle written before can no longer be served or run as it is (the readers
@@ -358,38 +357,3 @@ def write_manifest(root: str | Path, manifest: Manifest) -> dict:
     data = manifest.to_json()
     (Path(root) / Layout.MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
     return data
-
-
-def open_bundle(path: str | Path, require_manifest: bool = True) -> Bundle:
-    """A bundle directory and its manifest. ``require_manifest=False`` also opens a directory
-    without one (``serve`` of a hand-made TensorRT-LLM directory); a manifest present is
-    always read and checked, its paths confined to the bundle (``bundle_check.check_paths``)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"{path}: no such bundle directory (build one with 'dflash-trt build -o DIR')")
-    if not require_manifest and not (root / Layout.MANIFEST).exists():
-        return Bundle(root)
-    from dflash_trt.ingest.bundle_check import check_paths  # it imports this module
-
-    bundle = Bundle(root, read_manifest(root))
-    check_paths(bundle)   # nothing the manifest names, and no link, leads outside the bundle
-    return bundle
-
-
-def check_bundle(path: str | Path) -> Bundle:
-    """What can be checked of a bundle without TensorRT-LLM's schema: every file of the
-    layout, a manifest of this format with every section ``build`` writes, an executable
-    ``serve.sh``, a drafter that reads. (``build.check_bundle`` adds the TensorRT-LLM config
-    and the quantized tensors.)"""
-    root = Path(path)
-    for rel in REQUIRED_FILES:
-        if not (root / rel).is_file():
-            raise CheckpointError(f"{root}: bundle lacks {rel}")
-    bundle = open_bundle(root)
-    missing = [k for k in BUILD_SECTIONS if k not in bundle.built.model_fields_set]
-    if missing:
-        raise CheckpointError(f"{root}: manifest lacks {missing[0]!r}")
-    if not os.access(bundle.serve_sh, os.X_OK):
-        raise CheckpointError(f"{root}: {Layout.SERVE_SH} is not executable")
-    read_drafter(bundle.drafter)
-    return bundle

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from dflash_trt.errors import CheckpointError
-from dflash_trt.ingest.bundle import Bundle, Layout
+from dflash_trt.ingest.bundle import BUILD_SECTIONS, REQUIRED_FILES, Bundle, Layout, read_manifest
+from dflash_trt.ingest.drafter import read_drafter
 
 
 def _plain(rel: str) -> bool:
@@ -175,3 +176,36 @@ class LoadCheck:
             raise CheckpointError(f"{self.bundle.root}: {problems[0]}{more}: what would be loaded is not what was "
                                   f"built; 'dflash-trt verify {self.bundle.root}' lists every difference; rebuild "
                                   "the bundle with 'dflash-trt build ... --force'") from exc
+
+
+def open_bundle(path: str | Path, require_manifest: bool = True) -> Bundle:
+    """A bundle directory and its manifest. ``require_manifest=False`` also opens a directory
+    without one (``serve`` of a hand-made TensorRT-LLM directory); a manifest present is
+    always read and checked, its paths confined to the bundle (:func:`check_paths`)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{path}: no such bundle directory (build one with 'dflash-trt build -o DIR')")
+    if not require_manifest and not (root / Layout.MANIFEST).exists():
+        return Bundle(root)
+    bundle = Bundle(root, read_manifest(root))
+    check_paths(bundle)   # nothing the manifest names, and no link, leads outside the bundle
+    return bundle
+
+
+def check_bundle(path: str | Path) -> Bundle:
+    """What can be checked of a bundle without TensorRT-LLM's schema: every file of the
+    layout, a manifest of this format with every section ``build`` writes, an executable
+    ``serve.sh``, a drafter that reads. (``build.check_bundle`` adds the TensorRT-LLM config
+    and the quantized tensors.)"""
+    root = Path(path)
+    for rel in REQUIRED_FILES:
+        if not (root / rel).is_file():
+            raise CheckpointError(f"{root}: bundle lacks {rel}")
+    bundle = open_bundle(root)
+    missing = [k for k in BUILD_SECTIONS if k not in bundle.built.model_fields_set]
+    if missing:
+        raise CheckpointError(f"{root}: manifest lacks {missing[0]!r}")
+    if not os.access(bundle.serve_sh, os.X_OK):
+        raise CheckpointError(f"{root}: {Layout.SERVE_SH} is not executable")
+    read_drafter(bundle.drafter)
+    return bundle

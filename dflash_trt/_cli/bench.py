@@ -138,6 +138,24 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
     return plan.get("predicted") or None, int(plan.get("tp") or 1), plan.get("gpu")
 
 
+def refuse_gate(bundle) -> None:
+    """A bundle whose config sets TensorRT-LLM's speculation gate is not measured (``deploy.speculation_gate``)."""
+    import yaml
+
+    from dflash_trt import deploy, ingest
+    from dflash_trt.errors import DFlashError
+
+    path = None if bundle is None else Path(bundle) / ingest.Layout.TRTLLM_CONFIG
+    if path is None or not path.is_file():
+        return
+    try:
+        gate = deploy.speculation_gate(yaml.safe_load(path.read_text()))
+    except yaml.YAMLError:
+        return   # what the config holds is the bundle check's to say
+    if gate:
+        raise DFlashError(f"{path}: {gate}")
+
+
 def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, max_tokens, temperature, chat,
                    ignore_eos, plot, as_json, bundle=None, mtp=None) -> None:
     from dflash_trt.bench import endpoint as loadgen
@@ -149,6 +167,7 @@ def bench_endpoint(endpoint, baseline, model, prompts, concurrency, requests, ma
     except ValueError:
         raise DFlashError(f"--concurrency {concurrency!r}: expected comma-separated integers, e.g. 1,4,16,32") from None
     texts = inprocess.read_prompts(prompts) if prompts else None
+    refuse_gate(bundle)
     with steps("benchmarking", len(levels) * (1 + bool(baseline) + bool(mtp))) as step:
         report = loadgen.run(endpoint, model=model, baseline=baseline, mtp=mtp, prompts=texts, concurrency=levels,
                              requests=requests, max_tokens=max_tokens, temperature=temperature, chat=chat,

@@ -70,6 +70,9 @@ def read(bundle: Path) -> Tunable:
         cfg = yaml.safe_load(b.trtllm_config.read_text()) or {}
     except yaml.YAMLError as exc:
         raise DFlashError(f"{b.trtllm_config}: invalid YAML ({exc})") from None
+    gate = deploy.speculation_gate(cfg)
+    if gate:
+        raise DFlashError(f"{b.trtllm_config}: {gate}")
     spec = cfg.get("speculative_config") or {}
     if not spec.get("max_draft_len"):
         raise DFlashError(f"{b.trtllm_config}: no speculative_config.max_draft_len; nothing to tune")
@@ -204,6 +207,7 @@ def lengths_for(wins: dict[int, int], max_batch_size: int) -> list[int]:
 def schedule(t: Tunable, lengths: list[int]) -> tuple[int, dict[int, int], list[int]]:
     """(max_draft_len, draft_len_schedule, what the release then drafts at each batch size)."""
     release = planner.get_release(t.release)
+    lengths = planner.zero_draft_rule(release).floor(lengths)   # never 0 where the release has no floor
     spec = planner.SpeculativeSpec(schedule="draft_len_schedule")
     _, _, sched, drafted = planner.choose_schedule(lengths, spec, lengths[0], release)
     return lengths[0], dict(sched), drafted

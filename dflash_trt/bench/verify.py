@@ -232,6 +232,9 @@ def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, mode
 
     say = progress or (lambda msg: None)
     m, config = bundle.manifest, yaml.safe_load(bundle.trtllm_config.read_text()) or {}
+    gate = deploy.speculation_gate(config)
+    if gate:
+        raise DFlashError(f"{bundle.trtllm_config}: {gate}")
     tokenizer = load_tokenizer(bundle.target)
     rows = verify_lossless.read_prompts(prompts or PROMPTS, tokenizer, m.serve.enable_thinking)
     ref = _reference(bundle, reference)      # the baseline without --baseline; margins where logprobs lack

@@ -60,7 +60,9 @@ arXiv 2602.06036), Llama-3.1 4.0, gpt-oss 4.5)::
 ``max_draft_len`` maximises speedup(1, L) over 1 <= L <= B - 1 (draft lengths within 1% of
 the best speedup count as equal; the longest is kept). For EVERY batch size 1 ..
 ``max_batch_size`` the best L <= the previous batch size's is taken; from the first batch
-size where even the best gives speedup < 1.05 drafting is off. Those per-batch lengths,
+size where even the best gives speedup < 1.05 drafting is off, or, on a release without a
+draft-length floor, the floor: one token (the zero-draft rule, :func:`schedule.zero_draft_rule`;
+the plan's warnings say where and what it costs). Those per-batch lengths,
 as runs (:mod:`dflash_trt.plan.schedule`), become ``max_concurrency`` (one length, then
 off) or a ``draft_len_schedule`` written for the targeted TensorRT-LLM release's lookup;
 what the plan reports is what that release drafts at each batch size.
@@ -318,6 +320,23 @@ def _wanted(roof: StepModel, max_batch_size: int, max_len: int, alpha: Acceptanc
     return out
 
 
+def _floor_cost(roof: StepModel, want: list[int], lengths: list[int], acc: Acceptance,
+                release: trtllm_releases.Release) -> list[str]:
+    """The line saying where the zero-draft rule drafts the floor although drafting does not pay
+    there, and what that costs against drafting off (the step model's prediction)."""
+    rule = sched_mod.zero_draft_rule(release)
+    raised = [b for b in range(1, len(want) + 1) if want[b - 1] == 0 and lengths[b - 1] > 0]
+    if not raised or not rule.trap:   # with the floor TensorRT-LLM drafts it itself
+        return []
+    speed = [roof.speedup(b, lengths[b - 1], acc) for b in raised]
+    span = f"{raised[0]}" if len(raised) == 1 else f"{raised[0]}-{raised[-1]}"
+    cost = max(0.0, 1 - min(speed))
+    return [f"batch {span}: drafting does not pay, but TensorRT-LLM {release.version} has no draft-length floor "
+            f"({rule.source}) and turning drafting off there walks into {sched_mod.TRAP}; the plan drafts "
+            f"{rule.shortest} token(s) there instead, the shortest draft, predicted {min(speed):.2f}-{max(speed):.2f}x "
+            f"of drafting off (costs up to {cost:.0%} of throughput at those batch sizes)"]
+
+
 def _curve(roof: StepModel, lengths: list[int], alpha: Acceptance) -> list[dict]:
     """[{batch, draft_len, speedup}] at 1, 2, 4, ..., max_batch_size, for the lengths TensorRT-LLM drafts."""
     rows = []
@@ -381,8 +400,9 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len,
                                  gpu.name, warnings)
     mem = memory(dep, tp_, serving, max_len, backend, release)
-    mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, acc), spec,
-                                              max_len, release)
+    want = _wanted(roof, serving.max_batch_size, max_len, acc)
+    mode, max_conc, sched, lengths = sched_mod.choose(want, spec, max_len, release)
+    warnings += _floor_cost(roof, want, lengths, acc, release)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     plan = Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
                 memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),

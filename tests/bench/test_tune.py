@@ -62,8 +62,9 @@ def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, cap
     assert sorted(tps) == [0, 1, 3, 7]
     for c in (1, 2, 4):
         got = trtllm_draft_len(sched, c)
-        assert got == r["winners"][str(c)]
-        if c > 1:   # the fastest length measured there, among those the schedule may hold
+        # where drafting off measured fastest, the zero-draft rule keeps the floor (1.4.0rc1 has none: PR #16888)
+        assert got == max(r["winners"][str(c)], 1)
+        if c > 1 and r["winners"][str(c)]:   # the fastest length measured there, among those the schedule may hold
             allowed = [L for L in tps if L <= spec["max_draft_len"]]
             assert tps[got][c] == max(tps[L][c] for L in allowed)
     # atomically: the previous config and manifest kept beside them, nothing half-written left

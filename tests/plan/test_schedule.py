@@ -201,3 +201,34 @@ def test_lower_bound_keys_are_the_first_batch_of_each_run():
     assert schedule.emit(runs, release) == {1: 7, 5: 5, 9: 0}
     upper = trtllm_releases.get("1.4.0rc1")
     assert schedule.emit(runs, upper) == {4: 7, 8: 5}
+
+
+def _fake_trtllm(root, floor: int | None):
+    """A stand-in ``tensorrt_llm`` with the LLM-API classes the rule reads: ``DecodingBaseConfig``
+    with ``min_runtime_draft_len`` (a per-mode property, newest main) or without it (released builds)."""
+    pkg = root / "tensorrt_llm"
+    (pkg / "llmapi").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text('__version__ = "9.9.9"\n')
+    prop = "" if floor is None else (f"    @property\n    def min_runtime_draft_len(self):\n        return {floor}\n\n"
+                                     "    @property\n    def keep_drafter_warm(self):\n        return False\n")
+    (pkg / "llmapi" / "__init__.py").write_text("")
+    (pkg / "llmapi" / "llm_args.py").write_text(
+        "from pydantic import BaseModel\n\n\nclass DecodingBaseConfig(BaseModel):\n"
+        f"    max_draft_len: int | None = None\n{prop}\n\nclass DFlashDecodingConfig(DecodingBaseConfig):\n    pass\n")
+    return root
+
+
+@pytest.mark.parametrize("floor, trap", [(None, True), (1, False)])
+def test_the_rule_reads_the_installed_classes(tmp_path, monkeypatch, floor, trap):
+    import sys
+
+    monkeypatch.syspath_prepend(str(_fake_trtllm(tmp_path, floor)))
+    for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:
+        monkeypatch.delitem(sys.modules, name)
+    rule = schedule.zero_draft_rule(trtllm_releases.get("1.4.0rc1"))
+    assert rule.trap is trap and rule.shortest == 1 and "installed TensorRT-LLM 9.9.9" in rule.source
+    bad = rule.refusal(32, 4, schedule={4: 4, 8: 0})
+    assert (bad is not None) is trap      # with the floor, TensorRT-LLM drafts 1 where the schedule says 0
+    for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:
+        monkeypatch.delitem(sys.modules, name)

@@ -111,6 +111,7 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
         planner.check_precision(gpu, requested, kv)
     elif kv == "fp8":
         planner.check_precision(gpu, "bf16", kv)
+    ingest.refuse_gguf(Path("-"), recipe.drafter.id.split("@")[0])   # a GGUF-only hub drafter, by name
     tdir, ddir = _ref_dir(recipe, "target", weights), _ref_dir(recipe, "drafter", weights)
     shipped_q = ingest.target_quantization(tdir)
     shipped = quant_precision(shipped_q) if shipped_q else None
@@ -148,6 +149,9 @@ def _refuse_trtllm_only(r: Resolved) -> None:
     that still run the pair."""
     if r.recipe.graphs:
         return
+    causal = ingest.trtllm_refusal(r.drafter_config.causal if r.drafter_config is not None else None)
+    if causal:
+        raise CompatibilityError(f"drafter {r.recipe.drafter.id}: {causal}")
     spec = ingest.read_target(r.target_dir, require_weights=False)
     why = planner.capture_missing(spec.architecture, r.recipe.trtllm.release)
     if why:

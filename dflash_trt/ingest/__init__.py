@@ -61,6 +61,7 @@ from dflash_trt.ingest.files import (
                                      tokenizer_files,
                                      torch_dtype,
 )
+from dflash_trt.ingest.format_guards import GGUF_ONLY, refuse_gguf, trtllm_refusal
 from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, read_json, resolve
 from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
 
@@ -103,6 +104,9 @@ __all__ = [
     "open_bundle",
     "open_dir",
     "read_drafter",
+    "GGUF_ONLY",
+    "refuse_gguf",
+    "trtllm_refusal",
     "read_header",
     "read_headers",
     "read_json",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_trt.errors import CheckpointError, CompatibilityError
-from dflash_trt.ingest import files, formats
+from dflash_trt.ingest import files, format_guards, formats
 from dflash_trt.ingest.resolve import open_dir, read_json
 from dflash_trt.model import DrafterConfig, drafter_for, family_of
 
@@ -124,6 +124,7 @@ def read_drafter(path: str | Path, require_weights: bool = True) -> DrafterSpec:
 
     ``require_weights=False`` accepts a config-only directory (planning, ``--dry-run``).
     """
+    format_guards.refuse_gguf(Path(path))   # before "no config.json / safetensors": name what it is
     path = open_dir(path, "DFlash drafter")
     raw = read_json(path / "config.json")
     ws = files.scan(path, require=require_weights, what="drafter")

@@ -41,6 +41,19 @@ GGUF_ONLY = {
 }
 
 
+# drafters a source describes as a refused format, refused by id before anything is read
+BY_ID = {"deepseek-ai/dflash_gemma4_12b_block7": "a Gemma-4 backbone (model_type gemma4_text), whose layers "
+         "dflash-trt and TensorRT-LLM would run as Qwen3 layers: use z-lab's qwen3-backbone gemma-4 drafter"}
+
+
+def refused_id(ref: str) -> str | None:
+    """Why the drafter hub id ``ref`` (``@revision`` ignored) is refused by name; None if it is not."""
+    ref = ref.split("@")[0]
+    if ref in GGUF_ONLY:
+        return f"{ref}: published as GGUF only (dflash-trt loads safetensors only): {GGUF_ONLY[ref]}"
+    return f"{ref}: {BY_ID[ref]}" if ref in BY_ID else None
+
+
 def _dcfg(cfg: dict) -> dict:
     d = cfg.get("dflash_config")
     return d if isinstance(d, dict) else {}

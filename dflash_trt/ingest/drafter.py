@@ -138,6 +138,9 @@ def read_drafter(path: str | Path, require_weights: bool = True) -> DrafterSpec:
         detail = " ".join(first[:3]) if first else type(exc).__name__
         raise CheckpointError(f"{path / 'config.json'}: invalid drafter config: {detail}") from exc
     spec = DrafterSpec(path, norm.format, config, raw, norm, ws, warnings=list(ws.warnings))
+    if norm.format == "jetspec":   # where it runs right, and where it is refused (format_guards)
+        norm.notes.append("JetSpec runs on dflash-trt's runtime (reference, ONNX / TensorRT graphs); "
+                          + (format_guards.trtllm_refusal(True) or ""))
     if norm.defaulted:
         spec.warnings.append(f"drafter config.json omits {', '.join(norm.defaulted)}; using the "
                              f"{raw.get('model_type') or 'qwen3'} defaults")

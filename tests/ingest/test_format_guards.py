@@ -94,6 +94,9 @@ def test_jetspec_runs_lossless_in_our_runtime_and_is_refused_for_trtllm(tiny_pai
     jet = _edit(zlab, tmp_path / "jetspec", _set(causal=True))
     spec = ingest.read_drafter(jet)
     assert spec.format == "jetspec" and all(spec.config.layer_causal(i) for i in range(spec.config.num_hidden_layers))
+    assert run(["inspect", str(jet)]) == 0
+    shown = capsys.readouterr().out
+    assert "jetspec" in shown and "note: JetSpec runs on dflash-trt's runtime" in shown and "--graphs" in shown
     pair, plain = load_pair(target, jet, dtype="float32"), load_pair(target, zlab, dtype="float32")
     ids = [pair.tokenizer("the quick brown fox")["input_ids"]]
     with torch.inference_mode():
@@ -129,3 +132,15 @@ def test_a_gguf_only_drafter_is_refused_by_name(tmp_path, capsys):
         assert run(["build", "--target", "embedded:tiny/target", "--drafter", ref, "--gpu", "cpu", "--dry-run"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and ref in err and "GGUF only" in err and hint in err
+
+
+def test_serve_sh_refuses_a_jetspec_bundle_for_trtllm_serve(tmp_path):
+    """The judge serve.sh runs before trtllm-serve (a bundle built with --graphs still has a trtllm/ config)."""
+    from dflash_trt.deploy import trtllm_judge
+
+    (tmp_path / "drafter").mkdir()
+    for causal, refused in ((True, True), (None, False), (False, False)):
+        dflash = {"mask_token_id": 1, "target_layer_ids": [0], **({} if causal is None else {"causal": causal})}
+        (tmp_path / "drafter" / "config.json").write_text(json.dumps({"dflash_config": dflash}))
+        code, lines = trtllm_judge.check("1.4.0rc1", tmp_path)
+        assert (code == 2 and "JetSpec" in lines[0]) if refused else not any("JetSpec" in x for x in lines)

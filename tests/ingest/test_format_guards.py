@@ -134,10 +134,11 @@ def test_a_gguf_only_drafter_is_refused_by_name(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and ref in err and "GGUF only" in err and hint in err
 
 
-def test_serve_sh_refuses_a_jetspec_bundle_for_trtllm_serve(tmp_path):
+def test_serve_sh_refuses_a_jetspec_bundle_for_trtllm_serve(tmp_path, monkeypatch):
     """The judge serve.sh runs before trtllm-serve (a bundle built with --graphs still has a trtllm/ config)."""
     from dflash_trt.deploy import trtllm_judge
 
+    monkeypatch.setattr(trtllm_judge, "installed_version", lambda: None)   # refused before the release matters
     (tmp_path / "drafter").mkdir()
     for causal, refused in ((True, True), (None, False), (False, False)):
         dflash = {"mask_token_id": 1, "target_layer_ids": [0], **({} if causal is None else {"causal": causal})}

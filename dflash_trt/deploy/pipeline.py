@@ -114,7 +114,7 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     by_name = ingest.refused_id(recipe.drafter.id)   # a GGUF-only or refused-format hub drafter, by name
     if by_name:
         raise CheckpointError(by_name)
-    unpinned = _unpinned_drafter(recipe)
+    unpinned = planner.unpinned_drafter(recipe)
     tdir, ddir = _ref_dir(recipe, "target", weights), _ref_dir(recipe, "drafter", weights)
     shipped_q = ingest.target_quantization(tdir)
     shipped = quant_precision(shipped_q) if shipped_q else None
@@ -144,18 +144,6 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
                     drafter=DraftShape.from_dir(ddir, zlab=dcfg.to_zlab()),
                     shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg,
                     mtp_layers=planner.mtp_layers_of(tdir))
-
-
-def _unpinned_drafter(recipe: Recipe) -> str | None:
-    """The warning for a drafter named by hub id without a revision: a drafter retrained under the
-    same id changed acceptance several-fold for its users (z-lab/dflash issue #152)."""
-    ref = recipe.drafter
-    local = ref.id.startswith((ingest.EMBEDDED_PREFIX, "/", ".", "~")) or Path(ref.id).expanduser().is_dir()
-    if ref.revision or "@" in ref.id or local or "/" not in ref.id:
-        return None
-    return (f"drafter {ref.id} is a hub id without a revision: a drafter retrained under the same id changed "
-            "acceptance several-fold for its users (z-lab/dflash issue #152); pin it (drafter.revision, or "
-            f"{ref.id}@<commit>)")
 
 
 def _refuse_trtllm_only(r: Resolved) -> None:

@@ -36,7 +36,7 @@ from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, Speculativ
 from dflash_trt.plan.recipe import bundled as bundled_recipes
 from dflash_trt.plan.recipe import from_dict as recipe_from_dict
 from dflash_trt.plan.recipe import load as load_recipe
-from dflash_trt.plan.recipe_status import Status, recipe_status
+from dflash_trt.plan.recipe_status import Status, recipe_status, unpinned_drafter
 from dflash_trt.plan.schedule import TRAP as ZERO_DRAFT_TRAP
 from dflash_trt.plan.schedule import batch_grid, zero_draft_rule
 from dflash_trt.plan.schedule import check as check_schedule
@@ -126,4 +126,5 @@ __all__ = [
     "capture_supported",
     "lacking",
     "recipe_status",
+    "unpinned_drafter",
 ]

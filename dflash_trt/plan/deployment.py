@@ -320,23 +320,6 @@ def _wanted(roof: StepModel, max_batch_size: int, max_len: int, alpha: Acceptanc
     return out
 
 
-def _floor_cost(roof: StepModel, want: list[int], lengths: list[int], acc: Acceptance,
-                release: trtllm_releases.Release) -> list[str]:
-    """The line saying where the zero-draft rule drafts the floor although drafting does not pay
-    there, and what that costs against drafting off (the step model's prediction)."""
-    rule = sched_mod.zero_draft_rule(release)
-    raised = [b for b in range(1, len(want) + 1) if want[b - 1] == 0 and lengths[b - 1] > 0]
-    if not raised or not rule.trap:   # with the floor TensorRT-LLM drafts it itself
-        return []
-    speed = [roof.speedup(b, lengths[b - 1], acc) for b in raised]
-    span = f"{raised[0]}" if len(raised) == 1 else f"{raised[0]}-{raised[-1]}"
-    cost = max(0.0, 1 - min(speed))
-    return [f"batch {span}: drafting does not pay, but TensorRT-LLM {release.version} has no draft-length floor "
-            f"({rule.source}) and turning drafting off there walks into {sched_mod.TRAP}; the plan drafts "
-            f"{rule.shortest} token(s) there instead, the shortest draft, predicted {min(speed):.2f}-{max(speed):.2f}x "
-            f"of drafting off (costs up to {cost:.0%} of throughput at those batch sizes)"]
-
-
 def _curve(roof: StepModel, lengths: list[int], alpha: Acceptance) -> list[dict]:
     """[{batch, draft_len, speedup}] at 1, 2, 4, ..., max_batch_size, for the lengths TensorRT-LLM drafts."""
     rows = []
@@ -402,7 +385,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     mem = memory(dep, tp_, serving, max_len, backend, release)
     want = _wanted(roof, serving.max_batch_size, max_len, acc)
     mode, max_conc, sched, lengths = sched_mod.choose(want, spec, max_len, release)
-    warnings += _floor_cost(roof, want, lengths, acc, release)
+    warnings += sched_mod.floor_cost(want, lengths, lambda b, n: roof.speedup(b, n, acc), release)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     plan = Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
                 memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),

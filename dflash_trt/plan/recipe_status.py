@@ -96,3 +96,15 @@ def recipe_status(recipe) -> Status:
     if lacking:
         return Status("hub-only", "shipped configs lack " + ", ".join(lacking))
     return Status("ready")
+
+
+def unpinned_drafter(recipe) -> str | None:
+    """The warning ``build`` gives for a drafter named by hub id without a revision: a drafter retrained
+    under the same id changed acceptance several-fold for its users (z-lab/dflash issue #152)."""
+    ref = recipe.drafter
+    local = ref.id.startswith((ingest.EMBEDDED_PREFIX, "/", ".", "~")) or Path(ref.id).expanduser().is_dir()
+    if ref.revision or "@" in ref.id or local or "/" not in ref.id:
+        return None
+    return (f"drafter {ref.id} is a hub id without a revision: a drafter retrained under the same id changed "
+            "acceptance several-fold for its users (z-lab/dflash issue #152); pin it (drafter.revision, or "
+            f"{ref.id}@<commit>)")

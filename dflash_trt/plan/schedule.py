@@ -256,3 +256,19 @@ def zero_draft_rule(release: Release) -> Rule:
     floor_, warm, ver = found
     return Rule(dataclasses.replace(release, draft_len_floor=floor_), warm,
                 f"the installed TensorRT-LLM {ver}'s DecodingBaseConfig")
+
+
+def floor_cost(want: list[int], drafted: list[int], speedup, release: Release) -> list[str]:
+    """The line saying where :func:`zero_draft_rule` drafts the floor although drafting does not pay
+    (``want`` 0, ``drafted`` > 0) and what that costs against drafting off: ``speedup(b, n)``, the
+    step model's predicted speedup at batch ``b`` drafting ``n``. Nothing where the release floors itself."""
+    rule = zero_draft_rule(release)
+    raised = [b for b in range(1, len(want) + 1) if want[b - 1] == 0 and drafted[b - 1] > 0]
+    if not raised or not rule.trap:
+        return []
+    speed = [speedup(b, drafted[b - 1]) for b in raised]
+    span = f"{raised[0]}" if len(raised) == 1 else f"{raised[0]}-{raised[-1]}"
+    return [f"batch {span}: drafting does not pay, but TensorRT-LLM {release.version} has no draft-length floor "
+            f"({rule.source}) and turning drafting off there walks into {TRAP}; the plan drafts {rule.shortest} "
+            f"token(s) there instead, the shortest draft, predicted {min(speed):.2f}-{max(speed):.2f}x of drafting "
+            f"off (costs up to {max(0.0, 1 - min(speed)):.0%} of throughput at those batch sizes)"]

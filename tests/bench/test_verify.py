@@ -285,20 +285,27 @@ def test_the_trap_probe_names_a_server_that_walks_into_the_zero_draft_trap(good,
     assert _by_name(r)["lossless"]["status"] == "pass"        # output stays correct: only acceptance falls
 
 
-def test_the_trap_probe_passes_the_fixed_release_and_the_embedded_server(good, four_prompts, capsys):
+def test_the_trap_probe_passes_the_fixed_release_and_the_embedded_server(good, four_prompts):
     """The same stand-in with the floor (PR #16888 merged), and the embedded server with a schedule that
-    stops drafting above 2 live rows: it feeds the drafter every committed token, so it recovers."""
+    stops drafting above 2 live rows: it feeds the drafter every committed token, so it recovers. (The
+    probe alone: the first test runs it through verify.)"""
     import dataclasses
 
+    import yaml
+
+    from dflash_trt.bench import verify_trap
     from tests.bench.trap_standin import TrapStandIn
 
+    b = ingest.open_bundle(good)
+    plan, config = b.manifest.plan, yaml.safe_load(b.trtllm_config.read_text())
+    prompts = [json.loads(line)["prompt"] for line in four_prompts.read_text().splitlines()
+               if "prompt" in json.loads(line)]
     with ServerThread(standin_app(TrapStandIn(good, top=2, floor=1))) as srv:
-        code, r = _verify(capsys, good, "--endpoint", srv.url, "--prompts", four_prompts, *TRAP_ARGS)
-    assert _by_name(r)["trap"]["status"] == "pass", _by_name(r)["trap"]
+        trap = verify_trap.probe(srv.url, plan, config, prompts=prompts, max_tokens=16)
+    assert trap["status"] == "pass", trap
     pair = dataclasses.replace(load_bundle(good), draft_len_schedule={2: 7})
     with ServerThread(create_app(pair, "tiny", max_batch=4)) as srv:
-        code, r = _verify(capsys, good, "--endpoint", srv.url, "--prompts", four_prompts, *TRAP_ARGS)
-    trap = _by_name(r)["trap"]
+        trap = verify_trap.probe(srv.url, plan, config, prompts=prompts, max_tokens=16)
     assert trap["status"] == "pass", trap
     assert any(k.endswith(":0") for k in trap["details"]["load_draft_rounds"])   # it did stop drafting
 

@@ -24,7 +24,7 @@ from tests.bench.trtllm_standin import StandIn
 
 
 class TrapStandIn(StandIn):
-    def __init__(self, bundle, *, top: int, segment: int = 8, floor: int = 0, **kw):
+    def __init__(self, bundle, *, top: int, segment: int = 16, floor: int = 0, **kw):
         super().__init__(bundle, **kw)
         self.top, self.segment, self.floor = top, segment, floor
         self.zero_steps = 0

@@ -224,11 +224,13 @@ def test_the_rule_reads_the_installed_classes(tmp_path, monkeypatch, floor, trap
     import sys
 
     monkeypatch.syspath_prepend(str(_fake_trtllm(tmp_path, floor)))
-    for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:
+    for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:   # another test's stand-in, restored after
         monkeypatch.delitem(sys.modules, name)
-    rule = schedule.zero_draft_rule(trtllm_releases.get("1.4.0rc1"))
-    assert rule.trap is trap and rule.shortest == 1 and "installed TensorRT-LLM 9.9.9" in rule.source
-    bad = rule.refusal(32, 4, schedule={4: 4, 8: 0})
-    assert (bad is not None) is trap      # with the floor, TensorRT-LLM drafts 1 where the schedule says 0
-    for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:
-        monkeypatch.delitem(sys.modules, name)
+    try:
+        rule = schedule.zero_draft_rule(trtllm_releases.get("1.4.0rc1"))
+        assert rule.trap is trap and rule.shortest == 1 and "installed TensorRT-LLM 9.9.9" in rule.source
+        bad = rule.refusal(32, 4, schedule={4: 4, 8: 0})
+        assert (bad is not None) is trap      # with the floor, TensorRT-LLM drafts 1 where the schedule says 0
+    finally:   # this stand-in leaves with the test
+        for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:
+            del sys.modules[name]

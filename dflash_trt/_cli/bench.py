@@ -138,6 +138,24 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
     return plan.get("predicted") or None, int(plan.get("tp") or 1), plan.get("gpu")
 
 
+def refuse_gate(bundle) -> None:
+    """A bundle whose config sets TensorRT-LLM's speculation gate is not measured (``deploy.speculation_gate``)."""
+    import yaml
+
+    from dflash_trt import deploy, ingest
+    from dflash_trt.errors import DFlashError
+
+    path = None if bundle is None else Path(bundle) / ingest.Layout.TRTLLM_CONFIG
+    if path is None or not path.is_file():
+        return
+    try:
+        gate = deploy.speculation_gate(yaml.safe_load(path.read_text()))
+    except yaml.YAMLError:
+        return   # what the config holds is the bundle check's to say
+    if gate:
+        raise DFlashError(f"{path}: {gate}")
+
+
 def bench_endpoint(endpoint, baseline, model, rows, concurrency, load: dict, plot, as_json, bundle=None, mtp=None,
                    input_len=None) -> None:
     """``rows``: the prompt set (None: the load generator's own); ``load``: :func:`loadgen.run`'s
@@ -154,6 +172,7 @@ def bench_endpoint(endpoint, baseline, model, rows, concurrency, load: dict, plo
         raise DFlashError(f"--concurrency {concurrency!r}: expected comma-separated integers, e.g. 1,4,16,32") from None
     if input_len is not None:
         rows = datasets.cut(rows or [datasets.Prompt(t) for t in loadgen.PROMPTS], input_len, _tokenizer(bundle))
+    refuse_gate(bundle)
     n = (len(levels) + len(load["request_rate"])) * (1 + bool(baseline) + bool(mtp))
     with steps("benchmarking", n) as step:
         report = loadgen.run(endpoint, model=model, baseline=baseline, mtp=mtp, prompts=rows, concurrency=levels,

@@ -255,7 +255,7 @@ def no_backoff_verdict(curve: list[dict]) -> str:
         return "back-off: none (drafting predicted to pay at every planned batch size)"
     where = f"batch {slow[0]}" if len(slow) == 1 else f"batch {slow[0]}-{slow[-1]}"
     return (f"back-off: none, yet the table predicts a slowdown at {where}: "
-            "--set speculative.schedule=auto stops drafting there")
+            "--set speculative.schedule=auto backs off there")
 
 
 def register(app: typer.Typer) -> None:

@@ -41,6 +41,9 @@ def verify(
     reference: Annotated[bool | None, typer.Option(
         "--reference/--no-reference", help="Run the bundle's target on the reference runtime (baseline without "
         "--baseline, margins where the server sends no logprobs). Default: targets up to 4 GiB.")] = None,
+    trap_probe: Annotated[bool, typer.Option(
+        "--trap-probe/--no-trap-probe", help="With --endpoint: after the levels, a load above the schedule's top, "
+        "then low concurrency; τ must recover to the plan's (the zero-draft trap, TensorRT-LLM PR #16888).")] = True,
     report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here (with --endpoint, "
                                                    "'dflash-trt plan --calibration' reads it).")] = None,
     as_json: JsonOpt = False,
@@ -52,7 +55,8 @@ def verify(
     code, math, prose and chat prompt set against --baseline (a divergence is reported with its token position and
     the target's top-2 logprob margin: a near-tie is numerics, a clear margin a bug); τ and per-position acceptance
     against the plan's τ (a collapse names its likely causes); the draft length in force per concurrency and GPU
-    memory in use against the plan, where the server reports them ("not measured" otherwise).
+    memory in use against the plan, where the server reports them ("not measured" otherwise); then the zero-draft
+    probe: a load above the schedule's top, then low concurrency, where τ must recover to the plan's.
 
     Exit 0 when every check holds, 1 naming each that does not, 2 on bad input.
     """
@@ -64,7 +68,7 @@ def verify(
     kw = {} if endpoint is None else dict(
         baseline=baseline, model=model, baseline_model=baseline_model, prompts=prompts, max_tokens=max_tokens,
         concurrency=_ints(concurrency, "--concurrency"), requests=requests, accept_stats=accept_stats,
-        reference=reference)
+        reference=reference, trap_probe=trap_probe)
     with err.status("verify: checking the bundle") as status:   # transient: a refusal stays one line
         result = V.run(bundle, endpoint, progress=lambda msg: status.update(f"verify: {msg}"), **kw)
     if report is not None:

@@ -72,6 +72,9 @@ def read(bundle: Path) -> Tunable:
         cfg = yaml.safe_load(b.trtllm_config.read_text()) or {}
     except yaml.YAMLError as exc:
         raise DFlashError(f"{b.trtllm_config}: invalid YAML ({exc})") from None
+    gate = deploy.speculation_gate(cfg)
+    if gate:
+        raise DFlashError(f"{b.trtllm_config}: {gate}")
     spec = cfg.get("speculative_config") or {}
     if not spec.get("max_draft_len"):
         raise DFlashError(f"{b.trtllm_config}: no speculative_config.max_draft_len; nothing to tune")
@@ -171,16 +174,11 @@ def arms_files(t: Tunable, rows: list[dict], source: str) -> dict[Path, str]:
 
 
 def shortest_length(t: Tunable) -> int:
-    """The shortest draft length tune may write at any batch size up to ``max_batch_size``.
-
-    HOOK, issue #44: the zero-draft rule is owned there (``plan.schedule.zero_draft_rule``, on
-    branch zerodraft44); this is the one place tune asks it. Once that merges, the body is
-    ``return planner.zero_draft_rule(planner.get_release(t.release)).shortest``. Until then, the
-    release table's floor raised to 1: no 0 on a release without the draft-length floor (TensorRT-LLM
-    PR #16888; above a zero the drafter's context rows go unwritten and acceptance collapses once
-    drafting resumes, FACTS §15), and every release in the table lacks it.
-    """
-    return max(1, planner.get_release(t.release).draft_len_floor)
+    """The shortest draft length tune may write at any batch size up to ``max_batch_size``: the
+    zero-draft rule's (``plan.zero_draft_rule``), so no 0 on a release without the draft-length
+    floor (TensorRT-LLM PR #16888; above a zero the drafter's context rows go unwritten and
+    acceptance collapses once drafting resumes, FACTS §15)."""
+    return planner.zero_draft_rule(planner.get_release(t.release)).shortest
 
 
 def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, shortest: int = 1) -> dict[int, int]:
@@ -237,6 +235,7 @@ def lengths_for(wins: dict[int, int], max_batch_size: int) -> list[int]:
 def schedule(t: Tunable, lengths: list[int]) -> tuple[int, dict[int, int], list[int]]:
     """(max_draft_len, draft_len_schedule, what the release then drafts at each batch size)."""
     release = planner.get_release(t.release)
+    lengths = planner.zero_draft_rule(release).floor(lengths)   # never 0 where the release has no floor
     spec = planner.SpeculativeSpec(schedule="draft_len_schedule")
     _, _, sched, drafted = planner.choose_schedule(lengths, spec, lengths[0], release)
     return lengths[0], dict(sched), drafted

@@ -24,6 +24,8 @@ Online (``verify BUNDLE --endpoint URL``), the deployment's acceptance test, on 
   named with its likely causes;
 - *schedule*: per tested concurrency, the draft length the server ran at each live batch size
   against the plan's ``draft_lengths`` (TensorRT-LLM's lookup, ``plan.schedule``);
+- *trap* (:mod:`verify_trap`): after a load above the schedule's top, τ at low concurrency must
+  recover to the plan's; a collapse names the zero-draft trap (TensorRT-LLM PR #16888);
 - *memory*: the largest GPU memory in use the server reported against the plan's, with the KV
   pool TensorRT-LLM grows to ``kv_cache_config.free_gpu_memory_fraction`` of what is left free
   (``KvCacheConfig``): ``expected = rest + max(kv_planned, fraction x (capacity - rest))``; more
@@ -42,7 +44,7 @@ import yaml
 
 from dflash_trt import deploy, ingest
 from dflash_trt import plan as planner
-from dflash_trt.bench import verify_lossless, verify_server
+from dflash_trt.bench import verify_lossless, verify_server, verify_trap
 from dflash_trt.errors import DFlashError
 
 COLLAPSE = 0.5           # a measured gain τ - 1 under half the plan's is a collapse
@@ -240,8 +242,10 @@ def _reference(bundle: ingest.Bundle, use: bool | None):
 def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, model: str | None = None,
            baseline_model: str | None = None, prompts: str | Path | None = None, max_tokens: int = 64,
            concurrency: list[int] = (1, 4), requests: int | None = None, accept_stats: str | Path | None = None,
-           reference: bool | None = None, repeats: int = 1, progress=None) -> tuple[dict, list[dict]]:
-    """Measure the deployment at ``url``: (the bench report of its load levels, the four checks).
+           reference: bool | None = None, repeats: int = 1, trap_probe: bool = True,
+           progress=None) -> tuple[dict, list[dict]]:
+    """Measure the deployment at ``url``: (the bench report of its load levels, the four checks and,
+    with ``trap_probe``, the zero-draft probe, :mod:`verify_trap`).
     The checks read counters (τ, draft lengths, memory), not timings, so one repeat per level by
     default; the report's latency figures are ``bench --endpoint``'s."""
     from dflash_trt.bench import endpoint
@@ -249,6 +253,9 @@ def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, mode
 
     say = progress or (lambda msg: None)
     m, config = bundle.manifest, yaml.safe_load(bundle.trtllm_config.read_text()) or {}
+    gate = deploy.speculation_gate(config)
+    if gate:
+        raise DFlashError(f"{bundle.trtllm_config}: {gate}")
     tokenizer = load_tokenizer(bundle.target)
     rows = verify_lossless.read_prompts(prompts or PROMPTS, tokenizer, m.serve.enable_thinking)
     ref = _reference(bundle, reference)      # the baseline without --baseline; margins where logprobs lack
@@ -275,6 +282,11 @@ def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, mode
     report["stack"] = STACKS.get(total.stack)     # the serving software the levels came from
     checks = [lossless, check_acceptance(acc, m, config, source), check_schedule(levels, wins, m.plan),
               check_memory(total, m.plan, config)]
+    if trap_probe:
+        say("trap: a load above the schedule's top, then low concurrency")
+        checks.append(verify_trap.probe(url, m.plan, config, model=model, max_tokens=max_tokens,
+                                        prompts=[tokenizer.decode(r.ids, skip_special_tokens=True) for r in rows],
+                                        collapsed=checks[1]["status"] == "fail"))
     return report, checks
 
 

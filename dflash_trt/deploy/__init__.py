@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dflash_trt.deploy.output import lock, recover, replace_files
 from dflash_trt.deploy.pipeline import BuildResult, build, check_bundle, default_out, make_plan, resolve
-from dflash_trt.deploy.trtllm_config import LlmApiConfig
+from dflash_trt.deploy.trtllm_config import LlmApiConfig, speculation_gate
 from dflash_trt.deploy.trtllm_config import load as load_trtllm_config
 from dflash_trt.deploy.trtllm_config import to_yaml as trtllm_yaml
 from dflash_trt.deploy.trtllm_config import validate as validate_trtllm_config
@@ -34,6 +34,7 @@ __all__ = [
     "recover",
     "replace_files",
     "resolve",
+    "speculation_gate",
     "trtllm_yaml",
     "validate_trtllm_config",
 ]

@@ -110,6 +110,10 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
         planner.check_precision(gpu, requested, kv)
     elif kv == "fp8":
         planner.check_precision(gpu, "bf16", kv)
+    by_name = ingest.refused_id(recipe.drafter.id)   # a GGUF-only or refused-format hub drafter, by name
+    if by_name:
+        raise CheckpointError(by_name)
+    unpinned = planner.unpinned_drafter(recipe)
     tdir, ddir = _ref_dir(recipe, "target", weights), _ref_dir(recipe, "drafter", weights)
     shipped_q = ingest.target_quantization(tdir)
     shipped = quant_precision(shipped_q) if shipped_q else None
@@ -123,7 +127,7 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     precision = shipped or ("bf16" if requested == "auto" else requested)
     planner.check_precision(gpu, precision, kv)
     report = ingest.validate_pair(tdir, ddir, require_weights=weights)
-    warnings = list(getattr(report, "warnings", []) or [])
+    warnings = list(getattr(report, "warnings", []) or []) + ([unpinned] if unpinned else [])
     chat = ingest.chat_mismatch(ingest.trained_chat(ddir), ingest.serving_chat(tdir, recipe.serving.enable_thinking))
     if chat:
         warnings.append(chat)
@@ -147,6 +151,9 @@ def _refuse_trtllm_only(r: Resolved) -> None:
     that still run the pair."""
     if r.recipe.graphs:
         return
+    causal = ingest.trtllm_refusal(r.drafter_config.causal if r.drafter_config is not None else None)
+    if causal:
+        raise CompatibilityError(f"drafter {r.recipe.drafter.id}: {causal}")
     spec = ingest.read_target(r.target_dir, require_weights=False)
     why = planner.capture_missing(spec.architecture, r.recipe.trtllm.release)
     if why:

@@ -39,7 +39,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from dflash_trt.deploy import serve_sh, trtllm_installed, trtllm_judge
 from dflash_trt.errors import DFlashError, RecipeError
-from dflash_trt.plan import Release, check_schedule, get_release, target_attn_backend
+from dflash_trt.plan import Release, check_schedule, get_release, target_attn_backend, zero_draft_rule
 
 DRAFTER_REL = "./drafter"
 MTP_CONFIG = "config.mtp.yaml"
@@ -111,8 +111,16 @@ class DFlashDecodingConfig(_Strict):
     max_concurrency: int | None = Field(None, gt=0, description="Speculation off above this batch size.")
     draft_len_schedule: dict[int, int] | None = Field(None, description="{batch size: draft len}; read per release.")
     load_format: str | None = None
-    acceptance_rate_window_size: int | None = Field(None, ge=0)
-    acceptance_rate_threshold: float | None = Field(None, ge=0, le=1)
+    # speculation_gate.py: NOT a rate. Over the last ``window_size`` completed requests the rolling
+    # mean of ACCEPTED DRAFT TOKENS PER ITERATION is compared with ``threshold``; below it,
+    # speculation is switched off for the whole server, permanently. dflash-trt never writes it,
+    # and verify / tune / bench refuse a config that sets it (bench.measurement_conflict).
+    acceptance_rate_window_size: int | None = Field(
+        None, ge=0, description="Completed requests the speculation gate averages over (0: gate off).")
+    acceptance_rate_threshold: float | None = Field(
+        None, ge=0, le=1, description="Not a rate: the mean accepted draft tokens per iteration (over "
+        "acceptance_rate_window_size requests) below which TensorRT-LLM switches speculation off for the whole "
+        "server, for good; validated to [0, 1].")
     use_rejection_sampling: bool = False
     allow_advanced_sampling: bool = False
     advanced_sampling_mode: Literal["full", "no_topk", "no_topp", "no_topk_no_topp"] = "full"
@@ -224,8 +232,38 @@ def validate(data: dict, release: str | Release | None = None) -> LlmApiConfig:
         loc = ".".join(str(x) for x in e["loc"])
         raise DFlashError(f"TensorRT-LLM config: {loc}: {e['msg']}") from None
     if release is not None:
-        _release_keys(data, release if isinstance(release, Release) else get_release(release))
+        rel = release if isinstance(release, Release) else get_release(release)
+        _release_keys(data, rel)
+        _zero_draft(cfg, rel)
     return cfg
+
+
+def _zero_draft(cfg: LlmApiConfig, release: Release) -> None:
+    """A DFlash config that would draft 0 tokens at a batch size up to ``max_batch_size`` on a
+    release without the floor (:func:`dflash_trt.plan.zero_draft_rule`), refused in one line."""
+    spec = cfg.speculative_config
+    if not isinstance(spec, DFlashDecodingConfig):
+        return
+    bad = zero_draft_rule(release).refusal(cfg.max_batch_size, spec.max_draft_len or 0,
+                                           schedule=spec.draft_len_schedule, max_concurrency=spec.max_concurrency)
+    if bad:
+        raise DFlashError(f"TensorRT-LLM config: speculative_config.{bad}")
+
+
+def speculation_gate(data: dict) -> str | None:
+    """One line when a config sets TensorRT-LLM's speculation gate, which no measurement run
+    (``verify --endpoint``, ``tune``, ``bench``) may have: ``acceptance_rate_threshold``
+    (``tensorrt_llm/_torch/speculative/speculation_gate.py``) is compared with the mean ACCEPTED DRAFT
+    TOKENS PER ITERATION over the last ``acceptance_rate_window_size`` requests, and below it
+    speculation is off for the whole server, for good: what is then measured is not the bundle."""
+    spec = (data or {}).get("speculative_config") if isinstance(data, dict) else None
+    if not isinstance(spec, dict) or not spec.get("acceptance_rate_threshold"):
+        return None
+    return (f"speculative_config.acceptance_rate_threshold is {spec['acceptance_rate_threshold']}: TensorRT-LLM "
+            "switches speculation off for the whole server, permanently, once the mean accepted draft tokens per "
+            "iteration over the last acceptance_rate_window_size requests falls below it, so a measurement of this "
+            "config may measure no drafting at all; remove it from trtllm/config.yaml (and restart the server) to "
+            "measure")
 
 
 def check_layer_ids(ids: list[int], zlab_ids: list[int]) -> None:

@@ -249,9 +249,27 @@ def _line(exc: Exception, section: str | None, release: str) -> str:
     return f"{CONFIG}: {key}: TensorRT-LLM {release} rejects it ({why})"
 
 
+def refuse_causal_drafter(bundle: Path | str) -> str | None:
+    """One line when the bundle's drafter declares in-block causal attention (JetSpec,
+    ``dflash_config.causal: true``): TensorRT-LLM's DFlash loader does not read ``causal`` and would
+    run the block bidirectionally (``dflash_trt.ingest.format_guards``)."""
+    try:
+        cfg = json.loads((Path(bundle) / "drafter" / "config.json").read_text())
+    except (OSError, ValueError):
+        return None   # the drafter is TensorRT-LLM's to read
+    if isinstance(cfg, dict) and True in ((cfg.get("dflash_config") or {}).get("causal"), cfg.get("causal")):
+        return ("drafter/config.json: a JetSpec drafter (dflash_config.causal: true); TensorRT-LLM does not read "
+                "causal and would run its block bidirectionally: serve this bundle with dflash-trt (its graphs or "
+                "the reference runtime), not trtllm-serve")
+    return None
+
+
 def check(planned: str, bundle: Path | str = ".", skip_config: bool = False) -> tuple[int, list[str]]:
     """(exit code, lines to print) for serving ``bundle`` with the installed TensorRT-LLM:
     2 with one line when it cannot be served; else 0, with a line when the release is newer."""
+    causal = refuse_causal_drafter(bundle)
+    if causal:
+        return 2, [causal]
     have = installed_version()
     if have is None:
         return 2, [f"tensorrt_llm is not installed; this bundle needs TensorRT-LLM {planned} (pip install "

@@ -62,6 +62,7 @@ from dflash_trt.ingest.files import (
                                      tokenizer_files,
                                      torch_dtype,
 )
+from dflash_trt.ingest.format_guards import GGUF_ONLY, refuse_gguf, refused_id, trtllm_refusal
 from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, read_json, resolve
 from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
 
@@ -109,6 +110,10 @@ __all__ = [
     "open_bundle",
     "open_dir",
     "read_drafter",
+    "GGUF_ONLY",
+    "refuse_gguf",
+    "refused_id",
+    "trtllm_refusal",
     "read_header",
     "read_headers",
     "read_json",

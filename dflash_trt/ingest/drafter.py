@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_trt.errors import CheckpointError, CompatibilityError
-from dflash_trt.ingest import files, formats
+from dflash_trt.ingest import files, format_guards, formats
 from dflash_trt.ingest.resolve import open_dir, read_json
 from dflash_trt.model import DrafterConfig, drafter_for, family_of
 
@@ -124,6 +124,7 @@ def read_drafter(path: str | Path, require_weights: bool = True) -> DrafterSpec:
 
     ``require_weights=False`` accepts a config-only directory (planning, ``--dry-run``).
     """
+    format_guards.refuse_gguf(Path(path))   # before "no config.json / safetensors": name what it is
     path = open_dir(path, "DFlash drafter")
     raw = read_json(path / "config.json")
     ws = files.scan(path, require=require_weights, what="drafter")
@@ -137,6 +138,9 @@ def read_drafter(path: str | Path, require_weights: bool = True) -> DrafterSpec:
         detail = " ".join(first[:3]) if first else type(exc).__name__
         raise CheckpointError(f"{path / 'config.json'}: invalid drafter config: {detail}") from exc
     spec = DrafterSpec(path, norm.format, config, raw, norm, ws, warnings=list(ws.warnings))
+    if norm.format == "jetspec":   # where it runs right, and where it is refused (format_guards)
+        norm.notes.append("JetSpec runs on dflash-trt's runtime (reference, ONNX / TensorRT graphs); "
+                          + (format_guards.trtllm_refusal(True) or ""))
     if norm.defaulted:
         spec.warnings.append(f"drafter config.json omits {', '.join(norm.defaulted)}; using the "
                              f"{raw.get('model_type') or 'qwen3'} defaults")

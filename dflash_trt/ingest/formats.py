@@ -38,7 +38,8 @@ loader maps them onto ``nn.Embedding``); a ``.weight`` suffix is accepted and dr
 
 Refused: DSpark (Markov/confidence heads: not DFlash), speculators-format DFlash2, Domino
 correction heads, drafters with attention sinks or quantized weights, and anything without
-DFlash markers.
+DFlash markers. JetSpec (in-block causal), the NeMo alias, LiLiCorr, MLA and Gemma-4-backbone
+drafters and GGUF-only ones: ``format_guards``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest import format_guards
 from dflash_trt.ingest.files import FLOAT_DTYPES, TensorInfo
 from dflash_trt.ingest.resolve import positive_int
 from dflash_trt.model import family_named, family_of, flatten_rope, recognise_family
@@ -110,6 +112,7 @@ def _refuse_other_families(cfg: dict, names: list[str], where: str) -> None:
     if spec_type == "dflash2" or ("dflash2_config" in cfg and "dflash_config" not in cfg):
         raise CheckpointError(f"{where}: DFlash2 in the speculators layout is not supported; use the drafter "
                               "in its published z-lab form (DFlash2DraftModel with dflash_config)")
+    format_guards.refuse(cfg, names, where)   # LiLiCorr, MLA, Gemma-4 backbones
     if projector == "domino" or any(_base(n).startswith(("prefix_gru.", "embed_proj.")) for n in names):
         raise CheckpointError(f"{where}: Domino drafters (DFlash + causal correction head) are not supported; "
                               "use a plain DFlash drafter")
@@ -131,9 +134,11 @@ def detect(cfg: dict, names: list[str], root: Path) -> str:
     family = recognise_family(cfg, names)
     if family.name != "dflash":
         return family.name
-    if "dflash_config" in cfg or "DFlashDraftModel" in archs:
+    if "dflash_config" in cfg or "DFlashDraftModel" in archs or format_guards.NEMO_ALIAS in archs:
         if _is_modelopt(cfg, names, root):
             return "modelopt"
+        if format_guards.is_jetspec(cfg):
+            return "jetspec"   # z-lab form, in-block causal (format_guards)
         return "zlab" if "block_size" in _dcfg(cfg) or "block_size" not in cfg else "zlab-v1"
     if cfg.get("auto_map") and (not archs or not all(_known_arch(a) for a in archs)):
         raise CheckpointError(f"{where}: architecture {archs or '?'} is only defined by custom code in the "
@@ -346,8 +351,10 @@ def normalise(cfg: dict, names: list[str], root: Path) -> Normalised:
         return _speculators(cfg, names, root)
     family = recognise_family(cfg, names)
     family.check_checkpoint(cfg, root / "config.json")
+    cfg = dict(cfg)
+    alias = format_guards.nemo_alias(cfg)
     norm = _zlab(cfg, names, root, fmt)
-    norm.family = family.name
+    norm.family, norm.notes = family.name, norm.notes + alias
     if family.name != "dflash":  # its architecture: DrafterConfig.from_zlab then finds it without the tensors
         norm.zlab["architectures"] = [family.architecture]
     return norm

@@ -36,8 +36,9 @@ from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, Speculativ
 from dflash_trt.plan.recipe import bundled as bundled_recipes
 from dflash_trt.plan.recipe import from_dict as recipe_from_dict
 from dflash_trt.plan.recipe import load as load_recipe
-from dflash_trt.plan.recipe_status import Status, recipe_status
-from dflash_trt.plan.schedule import batch_grid
+from dflash_trt.plan.recipe_status import Status, recipe_status, unpinned_drafter
+from dflash_trt.plan.schedule import TRAP as ZERO_DRAFT_TRAP
+from dflash_trt.plan.schedule import batch_grid, zero_draft_rule
 from dflash_trt.plan.schedule import check as check_schedule
 from dflash_trt.plan.schedule import choose as choose_schedule
 from dflash_trt.plan.schedule import runs as schedule_runs
@@ -121,10 +122,13 @@ __all__ = [
     "vllm_lengths",
     "vllm_to_trtllm",
     "windowed_non_causal",
+    "ZERO_DRAFT_TRAP",
+    "zero_draft_rule",
     "TRTLLM_CAPTURES",
     "Status",
     "capture_missing",
     "capture_supported",
     "lacking",
     "recipe_status",
+    "unpinned_drafter",
 ]

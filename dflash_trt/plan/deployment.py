@@ -64,7 +64,9 @@ arXiv 2602.06036), Llama-3.1 4.0, gpt-oss 4.5)::
 ``max_draft_len`` maximises speedup(1, L) over 1 <= L <= B - 1 (draft lengths within 1% of
 the best speedup count as equal; the longest is kept). For EVERY batch size 1 ..
 ``max_batch_size`` the best L <= the previous batch size's is taken; from the first batch
-size where even the best gives speedup < 1.05 drafting is off. Those per-batch lengths,
+size where even the best gives speedup < 1.05 drafting is off, or, on a release without a
+draft-length floor, the floor: one token (the zero-draft rule, :func:`schedule.zero_draft_rule`;
+the plan's warnings say where and what it costs). Those per-batch lengths,
 as runs (:mod:`dflash_trt.plan.schedule`), become ``max_concurrency`` (one length, then
 off) or a ``draft_len_schedule`` written for the targeted TensorRT-LLM release's lookup;
 what the plan reports is what that release drafts at each batch size.
@@ -444,8 +446,9 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                         f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
     serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len,
                                  gpu.name, warnings)
-    mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, acc), spec,
-                                              max_len, release)
+    want = _wanted(roof, serving.max_batch_size, max_len, acc)
+    mode, max_conc, sched, lengths = sched_mod.choose(want, spec, max_len, release)
+    warnings += sched_mod.floor_cost(want, lengths, lambda b, n: roof.speedup(b, n, acc), release)
     mem = memory(dep, tp_, serving, max_len, backend, release, sched)
     if not mem.fits:   # the schedule's keys add graphs (startup.captured_batch_sizes)
         raise HardwareError(f"with the draft_len_schedule's CUDA graphs the plan needs {_gib(mem.total)} per GPU "

@@ -1,6 +1,7 @@
 """What the project can do with a recipe, derived from its files (never typed into it).
 
-In order, the first that applies:
+In order, the first that applies (a drafter ``ingest.refused_id`` names, GGUF-only or of a refused
+format, is ``unsupported`` before all):
 
 * ``id-unconfirmed``: nothing published confirms the drafter's repository id (no config field
   and no revision recorded under ``recipes/configs/``): the recipe names the drafter a source
@@ -77,6 +78,9 @@ def _refused_format(recipe) -> str | None:
 
 def recipe_status(recipe) -> Status:
     """The recipe's :class:`Status` (see the module doc for the order)."""
+    by_name = ingest.refused_id(recipe.drafter.id)
+    if by_name is not None:   # refused by name whatever else is recorded (ingest.format_guards)
+        return Status("unsupported", by_name)
     if not _drafter_confirmed(recipe):
         return Status("id-unconfirmed", f"no published config or revision confirms {recipe.drafter.id}")
     refused = _refused_format(recipe)
@@ -92,3 +96,15 @@ def recipe_status(recipe) -> Status:
     if lacking:
         return Status("hub-only", "shipped configs lack " + ", ".join(lacking))
     return Status("ready")
+
+
+def unpinned_drafter(recipe) -> str | None:
+    """The warning ``build`` gives for a drafter named by hub id without a revision: a drafter retrained
+    under the same id changed acceptance several-fold for its users (z-lab/dflash issue #152)."""
+    ref = recipe.drafter
+    local = ref.id.startswith((ingest.EMBEDDED_PREFIX, "/", ".", "~")) or Path(ref.id).expanduser().is_dir()
+    if ref.revision or "@" in ref.id or local or "/" not in ref.id:
+        return None
+    return (f"drafter {ref.id} is a hub id without a revision: a drafter retrained under the same id changed "
+            "acceptance several-fold for its users (z-lab/dflash issue #152); pin it (drafter.revision, or "
+            f"{ref.id}@<commit>)")

@@ -138,7 +138,7 @@ def test_a_good_deployment_passes_and_its_report_calibrates_the_plan(good, tmp_p
     assert code == 0, r["failed"]
     assert {k: c["status"] for k, c in checks.items()} == {
         "files": "pass", "manifest": "pass", "config": "pass", "lossless": "pass", "acceptance": "pass",
-        "schedule": "pass", "memory": "not measured"}
+        "schedule": "pass", "memory": "not measured", "trap": "pass"}
     lossless = checks["lossless"]["details"]["prompts"]
     assert {p["kind"] for p in lossless} == {"code", "math", "prose", "chat"} and all(p["agree"] for p in lossless)
     acc = checks["acceptance"]["details"]
@@ -162,6 +162,7 @@ def test_a_drafter_for_another_target_collapses_acceptance(other_drafter, four_p
         code, r = _verify(capsys, other_drafter, "--endpoint", srv.url, "--prompts", four_prompts, *FAST)
     acc = _by_name(r)["acceptance"]
     assert code == 1 and r["failed"] == ["acceptance"]      # still lossless: only acceptance falls
+    assert _by_name(r)["trap"]["status"] == "not measured"    # not blamed on the trap
     assert acc["details"]["acceptance_length"] < 1.5 < acc["details"]["expected_acceptance_length"]
     assert acc["summary"].startswith("acceptance collapsed") and "another target" in acc["summary"]
     assert "layer-id convention" in acc["summary"] and "[1, 7, 13]" in acc["details"]["likely_causes"][0]
@@ -261,3 +262,65 @@ def test_schedule_and_memory_rules():
     assert V.check_memory(Window(gpu_memory=52 << 30), mem, cfg)["status"] == "pass"
     assert V.check_memory(Window(gpu_memory=60 << 30), mem, cfg)["status"] == "fail"
     assert V.check_memory(Window(), mem, cfg)["status"] == "not measured"
+
+
+# ---- the zero-draft trap ----------------------------------------------------------------------
+TRAP_ARGS = ["--max-tokens", "16", "--concurrency", "1", "--requests", "2"]
+
+
+def test_the_trap_probe_names_a_server_that_walks_into_the_zero_draft_trap(good, four_prompts, capsys):
+    """A stand-in that stops drafting above 2 requests in flight (a release without the floor) and
+    whose requests that lived through it draft from unwritten context rows afterwards."""
+    from tests.bench.trap_standin import TrapStandIn
+
+    standin = TrapStandIn(good, top=2)
+    with ServerThread(standin_app(standin)) as srv:
+        code, r = _verify(capsys, good, "--endpoint", srv.url, "--prompts", four_prompts, *TRAP_ARGS)
+    trap = _by_name(r)["trap"]
+    assert code == 1 and "trap" in r["failed"], trap
+    assert trap["status"] == "fail" and "zero-draft trap" in trap["summary"] and "PR #16888" in trap["summary"]
+    d = trap["details"]
+    assert d["load_concurrency"] == 9 and standin.zero_steps > 0    # it stopped drafting under the load
+    assert d["low_acceptance_length"] - 1 < 0.5 * (d["expected_acceptance_length"] - 1)
+    assert _by_name(r)["lossless"]["status"] == "pass"        # output stays correct: only acceptance falls
+
+
+def test_the_trap_probe_passes_the_fixed_release_and_the_embedded_server(good, four_prompts):
+    """The same stand-in with the floor (PR #16888 merged), and the embedded server with a schedule that
+    stops drafting above 2 live rows: it feeds the drafter every committed token, so it recovers. (The
+    probe alone: the first test runs it through verify.)"""
+    import dataclasses
+
+    import yaml
+
+    from dflash_trt.bench import verify_trap
+    from tests.bench.trap_standin import TrapStandIn
+
+    b = ingest.open_bundle(good)
+    plan, config = b.manifest.plan, yaml.safe_load(b.trtllm_config.read_text())
+    prompts = [json.loads(line)["prompt"] for line in four_prompts.read_text().splitlines()
+               if "prompt" in json.loads(line)]
+    with ServerThread(standin_app(TrapStandIn(good, top=2, floor=1))) as srv:
+        trap = verify_trap.probe(srv.url, plan, config, prompts=prompts, max_tokens=16)
+    assert trap["status"] == "pass", trap
+    pair = dataclasses.replace(load_bundle(good), draft_len_schedule={2: 7})
+    with ServerThread(create_app(pair, "tiny", max_batch=4)) as srv:
+        trap = verify_trap.probe(srv.url, plan, config, prompts=prompts, max_tokens=16)
+    assert trap["status"] == "pass", trap
+    assert any(k.endswith(":0") for k in trap["details"]["load_draft_rounds"])   # it did stop drafting
+
+
+@pytest.mark.parametrize("argv", [
+    ["verify", "{b}", "--endpoint", "http://127.0.0.1:9"],
+    ["bench", "{b}", "--endpoint", "http://127.0.0.1:9"],
+    ["tune", "{b}"],
+])
+def test_a_config_with_the_speculation_gate_is_not_measured(good, tmp_path, argv, capsys):
+    """acceptance_rate_threshold switches speculation off server-wide for good: no measurement run has it."""
+    b = shutil.copytree(good, tmp_path / "b")
+    cfg = b / "trtllm" / "config.yaml"
+    gate = "speculative_config:\n  acceptance_rate_threshold: 0.3\n"
+    cfg.write_text(cfg.read_text().replace("speculative_config:\n", gate))
+    assert run([a.format(b=b) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "acceptance_rate_threshold is 0.3" in err and "permanently" in err

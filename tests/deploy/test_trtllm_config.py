@@ -102,7 +102,7 @@ def test_schema_rejects_what_trtllm_would_not_accept(mutate, needle):
 @pytest.mark.parametrize("mutate", [
     lambda d: d["speculative_config"].update(speculative_model_dir=d["speculative_config"].pop("speculative_model")),
     lambda d: d["speculative_config"].update(draft_len_schedule={4: 7, 8: 2, 32: 1}),   # no key 1
-    lambda d: d["speculative_config"].update(draft_len_schedule={4: 7, 8: 0}),
+    lambda d: d["speculative_config"].update(draft_len_schedule={4: 7, 8: 1}),
     lambda d: d["speculative_config"].update(context_recompute_tail=-1),
     lambda d: d["speculative_config"].update(context_recompute_tail=256, moe_backend="TRTLLM",
                                              skip_ctx_buffer_budget_check=True, spec_dec_variant=1),
@@ -118,6 +118,38 @@ def test_schema_accepts_what_trtllm_accepts(mutate):
     mutate(data)
     cfg = trtllm.validate(data, "1.4.0rc1")
     assert trtllm.validate(yaml.safe_load(trtllm.to_yaml(cfg)), "1.4.0rc1") == cfg  # and round-trips
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ({"draft_len_schedule": {4: 7, 8: 0}}, "drafts 0 tokens from batch size 5 up to max_batch_size 8"),
+    ({"draft_len_schedule": {4: 7}}, "drafts 0 tokens from batch size 5"),
+    ({"max_concurrency": 4}, "max_concurrency 4 turns drafting off above it"),
+])
+def test_a_written_config_that_drafts_0_is_refused_on_a_release_without_the_floor(spec, needle):
+    """TensorRT-LLM's schema takes these; on a release without the floor (every release in the table)
+    they walk into the zero-draft trap, so no config is written or passed with one."""
+    data = _base()
+    data["speculative_config"].update(spec)
+    trtllm.validate(data)                     # the schema alone accepts it
+    with pytest.raises(DFlashError) as e:
+        trtllm.validate(data, "1.4.0rc1")
+    msg = str(e.value)
+    assert needle in msg and "zero-draft trap" in msg and "PR #16888" in msg and "\n" not in msg
+    data["speculative_config"].pop("max_concurrency", None)
+    data["speculative_config"]["draft_len_schedule"] = {4: 7, 8: 1}   # the same back-off with the floor kept
+    trtllm.validate(data, "1.4.0rc1")
+
+
+def test_the_speculation_gate_is_documented_and_refused_for_measurement():
+    field = trtllm.DFlashDecodingConfig.model_fields["acceptance_rate_threshold"]
+    assert "Not a rate" in field.description and "accepted draft tokens per iteration" in field.description
+    assert "for good" in field.description
+    data = _base()
+    assert trtllm.speculation_gate(data) is None
+    data["speculative_config"]["acceptance_rate_threshold"] = 0.5
+    trtllm.validate(data, "1.4.0rc1")          # a valid config: TensorRT-LLM runs it
+    line = trtllm.speculation_gate(data)
+    assert "acceptance_rate_threshold is 0.5" in line and "permanently" in line and "\n" not in line
 
 
 def test_speculative_model_dir_is_read_as_speculative_model():

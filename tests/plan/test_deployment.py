@@ -145,18 +145,35 @@ def test_draft_length_and_backoff(qwen):
     # and drafting must stop paying at some batch size.
     weak = SpeculativeSpec(acceptance=1.6)
     p = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
-    off = [r["batch"] for r in p.curve if r["draft_len"] == 0]
-    assert off, p.curve
-    assert p.schedule in ("max_concurrency", "draft_len_schedule")
-    if p.schedule == "max_concurrency":
-        assert p.max_concurrency < off[0]
-    else:
-        assert p.draft_len_schedule[1] == p.max_draft_len and 0 in p.draft_len_schedule.values()
+    # no release in the table has the draft-length floor (PR #16888 open): where drafting stops paying
+    # it drafts the floor, one token, never 0 (the zero-draft trap), and the plan says what that costs
+    floored = [r["batch"] for r in p.curve if r["draft_len"] == 1]
+    assert floored and not any(r["draft_len"] == 0 for r in p.curve), p.curve
+    assert p.schedule == "draft_len_schedule" and max(p.draft_len_schedule) == 1024
+    assert p.draft_len_schedule[1] == p.max_draft_len and 0 not in p.draft_len_schedule.values()
+    assert any("drafting does not pay" in w and "costs up to" in w for w in p.warnings), p.warnings
     lens = [r["draft_len"] for r in p.curve]
     assert lens == sorted(lens, reverse=True)  # drafting only backs off as batches grow
     p2 = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
                 SpeculativeSpec(acceptance=1.6, schedule="max_concurrency"))
-    assert p2.max_concurrency is not None and p2.max_concurrency < off[0] and p2.draft_len_schedule is None
+    assert p2.max_concurrency is None and p2.draft_len_schedule == p.draft_len_schedule
+
+
+def test_on_a_release_with_the_floor_the_rule_follows_it(qwen, monkeypatch):
+    """Installed classes with ``DecodingBaseConfig.min_runtime_draft_len`` 1: TensorRT-LLM floors every
+    length itself, so the planner may stop writing keys early and write max_concurrency again."""
+    from dflash_trt.plan import schedule as S
+
+    t, d = qwen
+    monkeypatch.setattr(S, "installed_floor", lambda: (1, False, "9.9.9"))
+    weak = SpeculativeSpec(acceptance=1.6)
+    p = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
+    assert p.draft_len_schedule == {1: 15}     # above the largest key the release drafts its floor, 1
+    assert p.draft_lengths[-1]["draft_len"] == 1 and not any(r["draft_len"] == 0 for r in p.curve)
+    assert not any("drafting does not pay" in w for w in p.warnings)   # the runtime floors it: nothing to pay
+    p2 = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
+                SpeculativeSpec(acceptance=1.6, schedule="max_concurrency", max_concurrency=8))
+    assert p2.max_concurrency == 8 and p2.draft_lengths[-1] == {"batch_from": 9, "batch_to": 1024, "draft_len": 1}
 
 
 def test_explicit_draft_length_is_checked_against_the_block(qwen):

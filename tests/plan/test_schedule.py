@@ -16,6 +16,7 @@ from bisect import bisect_left
 import pytest
 import yaml
 
+from dflash_trt.cli import run
 from dflash_trt.deploy import pipeline
 from dflash_trt.deploy import trtllm_config as trtllm
 from dflash_trt.errors import DFlashError, RecipeError
@@ -60,6 +61,11 @@ def _check_plan_against_trtllm(r, p, spec):
     assert [trtllm_draft_len(spec, b) for b in range(1, n + 1)] == planned, (spec, p.draft_lengths)
     assert planned == sorted(planned, reverse=True)                 # monotone non-increasing
     assert planned[0] == p.max_draft_len == spec["max_draft_len"]
+    # the zero-draft rule (PR #16888): no release in the table has the floor, so TensorRT-LLM's own
+    # lookup must find a length >= 1 at every batch size up to max_batch_size, and no max_concurrency
+    assert 0 not in planned and "max_concurrency" not in spec, (spec, p.draft_lengths)
+    if "draft_len_schedule" in spec:
+        assert max(spec["draft_len_schedule"]) >= n
     for row in p.curve:                                             # the plan table shows the same
         assert row["draft_len"] == trtllm_draft_len(spec, row["batch"])
 
@@ -99,12 +105,16 @@ def test_a_schedule_for_max_batch_size_1024():
     _check_plan_against_trtllm(r, p, spec)
     planned = _expand(p.draft_lengths)
     assert p.schedule == "draft_len_schedule" and len(spec["draft_len_schedule"]) > 5
-    # backs off, then off before 1024
-    assert planned[0] == 15 and any(0 < n < 15 for n in planned) and planned[-1] == 0
-    assert planned == sorted(planned, reverse=True)
+    # backs off, then the floor (never off: the zero-draft trap), and the plan says what the floor costs
+    assert planned[0] == 15 and any(1 < n < 15 for n in planned) and planned[-1] == 1
+    assert planned == sorted(planned, reverse=True) and max(spec["draft_len_schedule"]) == 1024
+    floor = [w for w in p.warnings if "drafting does not pay" in w]
+    assert len(floor) == 1 and "PR #16888" in floor[0] and "drafts 1 token(s) there" in floor[0], p.warnings
+    assert "of throughput" in floor[0]
     r, p, spec = _plan("qwen3-8b-b200-nvfp4", ["serving.max_batch_size=1024", "serving.max_seq_len=512",
                                                 "speculative.acceptance=1.6"])
-    _check_plan_against_trtllm(r, p, spec)   # a weak drafter: one length, then off (max_concurrency)
+    _check_plan_against_trtllm(r, p, spec)   # a weak drafter: one length, then the floor (never max_concurrency)
+    assert spec["draft_len_schedule"] == {1: 15, 1024: 1}
 
 
 def test_schedule_none_drafts_the_constant_length():
@@ -121,11 +131,24 @@ def test_trtllms_documented_example_is_accepted_and_read_as_it_documents():
     assert p.draft_lengths == [{"batch_from": 1, "batch_to": 4, "draft_len": 4},
                                {"batch_from": 5, "batch_to": 8, "draft_len": 2},
                                {"batch_from": 9, "batch_to": 32, "draft_len": 1}]
-    r, p, spec = _plan("qwen3-8b-h100-fp8", ["serving.max_batch_size=40", "speculative.max_draft_len=4",
-                                             "speculative.schedule=draft_len_schedule",
-                                             "speculative.draft_len_schedule={4: 4, 8: 2, 32: 1}"])
-    assert p.draft_lengths[-1] == {"batch_from": 33, "batch_to": 40, "draft_len": 0}
-    _check_plan_against_trtllm(r, p, spec)
+
+
+@pytest.mark.parametrize("sets, needle", [
+    # TensorRT-LLM's own example stops drafting at 33: on max_batch_size 40 that is the trap
+    (["serving.max_batch_size=40", "speculative.draft_len_schedule={4: 4, 8: 2, 32: 1}"],
+     "drafts 0 tokens from batch size 33 up to max_batch_size 40"),
+    (["speculative.draft_len_schedule={4: 4, 8: 0}"], "drafts 0 tokens from batch size 5 up to max_batch_size 32"),
+])
+def test_a_users_schedule_that_drafts_0_is_refused_naming_the_trap(sets, needle, capsys):
+    with pytest.raises(RecipeError, match=needle) as exc:
+        _plan("qwen3-8b-h100-fp8", ["speculative.max_draft_len=4", "speculative.schedule=draft_len_schedule", *sets])
+    msg = str(exc.value)
+    assert "zero-draft trap" in msg and "PR #16888" in msg and "1.4.0rc1" in msg and "\n" not in msg
+    # and at the door: one line, exit 2
+    assert run(["plan", "qwen3-8b-h100-fp8", "--set", "speculative.max_draft_len=4", "--set",
+                "speculative.schedule=draft_len_schedule", *[a for x in sets for a in ("--set", x)]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "zero-draft trap" in err
 
 
 @pytest.mark.parametrize("bad, needle", [({2: 3, 8: 1}, "smallest batch-size key must map"),
@@ -136,11 +159,16 @@ def test_a_schedule_trtllm_refuses_is_refused(bad, needle):
                                     f"speculative.draft_len_schedule={bad}"])
 
 
-def test_max_concurrency_is_one_length_then_off():
-    r, p, spec = _plan("qwen3-8b-h100-fp8", ["speculative.schedule=max_concurrency", "speculative.max_concurrency=12"])
-    assert spec["max_concurrency"] == 12
-    assert p.draft_lengths == [{"batch_from": 1, "batch_to": 12, "draft_len": p.max_draft_len},
-                               {"batch_from": 13, "batch_to": 32, "draft_len": 0}]
+def test_max_concurrency_is_refused_where_it_means_the_trap_and_dropped_where_it_never_applies():
+    with pytest.raises(RecipeError, match="max_concurrency 12 turns drafting off above it.*zero-draft trap"):
+        _plan("qwen3-8b-h100-fp8", ["speculative.schedule=max_concurrency", "speculative.max_concurrency=12"])
+    r, p, spec = _plan("qwen3-8b-h100-fp8", ["speculative.schedule=max_concurrency", "speculative.max_concurrency=32"])
+    assert "max_concurrency" not in spec and p.schedule == "none"     # max_batch_size 32: it never applies
+    _check_plan_against_trtllm(r, p, spec)
+    # without a value, the planner's back-off is written as a schedule that ends at the floor
+    r, p, spec = _plan("qwen3-8b-b200-nvfp4", ["serving.max_batch_size=1024", "serving.max_seq_len=512",
+                                                "speculative.acceptance=1.6", "speculative.schedule=max_concurrency"])
+    assert spec["draft_len_schedule"] == {1: 15, 1024: 1}
     _check_plan_against_trtllm(r, p, spec)
 
 
@@ -173,3 +201,36 @@ def test_lower_bound_keys_are_the_first_batch_of_each_run():
     assert schedule.emit(runs, release) == {1: 7, 5: 5, 9: 0}
     upper = trtllm_releases.get("1.4.0rc1")
     assert schedule.emit(runs, upper) == {4: 7, 8: 5}
+
+
+def _fake_trtllm(root, floor: int | None):
+    """A stand-in ``tensorrt_llm`` with the LLM-API classes the rule reads: ``DecodingBaseConfig``
+    with ``min_runtime_draft_len`` (a per-mode property, newest main) or without it (released builds)."""
+    pkg = root / "tensorrt_llm"
+    (pkg / "llmapi").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text('__version__ = "9.9.9"\n')
+    prop = "" if floor is None else (f"    @property\n    def min_runtime_draft_len(self):\n        return {floor}\n\n"
+                                     "    @property\n    def keep_drafter_warm(self):\n        return False\n")
+    (pkg / "llmapi" / "__init__.py").write_text("")
+    (pkg / "llmapi" / "llm_args.py").write_text(
+        "from pydantic import BaseModel\n\n\nclass DecodingBaseConfig(BaseModel):\n"
+        f"    max_draft_len: int | None = None\n{prop}\n\nclass DFlashDecodingConfig(DecodingBaseConfig):\n    pass\n")
+    return root
+
+
+@pytest.mark.parametrize("floor, trap", [(None, True), (1, False)])
+def test_the_rule_reads_the_installed_classes(tmp_path, monkeypatch, floor, trap):
+    import sys
+
+    monkeypatch.syspath_prepend(str(_fake_trtllm(tmp_path, floor)))
+    for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:   # another test's stand-in, restored after
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        rule = schedule.zero_draft_rule(trtllm_releases.get("1.4.0rc1"))
+        assert rule.trap is trap and rule.shortest == 1 and "installed TensorRT-LLM 9.9.9" in rule.source
+        bad = rule.refusal(32, 4, schedule={4: 4, 8: 0})
+        assert (bad is not None) is trap      # with the floor, TensorRT-LLM drafts 1 where the schedule says 0
+    finally:   # this stand-in leaves with the test
+        for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:
+            del sys.modules[name]

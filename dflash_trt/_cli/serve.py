@@ -36,6 +36,17 @@ OLD_RUNTIME = {"auto": Server.auto, "trtllm": Server.trtllm, "reference": Server
                "embedded": Server.embedded}
 
 
+#: Why ``--api-key`` is refused where trtllm-serve would answer. Read in NVIDIA/TensorRT-LLM:
+#: ``tensorrt_llm/commands/serve.py::serve`` has no key option and ``launch_server`` builds
+#: ``OpenAIServer`` without one; ``tensorrt_llm/serve/openai_server.py::OpenAIServer.__init__``
+#: adds only ``ServerArrivalTimeMiddleware`` and ``register_routes`` mounts /v1 with no auth
+#: dependency. Its only request signatures (``serve/runtime_control_auth.py::
+#: validate_runtime_control_request``) guard the runtime-control endpoints, not /v1. So a key
+#: passed on would be a value the server never reads: refused rather than an open server.
+NO_KEY_IN_TRTLLM = ("--api-key (or DFLASH_API_KEY) cannot guard trtllm-serve: it checks no API key on /v1; "
+                    "put an authenticating proxy in front of it, or use --server embedded")
+
+
 class Emit(str, Enum):
     slurm = "slurm"
     k8s = "k8s"
@@ -85,7 +96,8 @@ def serve(
     kernels: KernelsOpt = "reference",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="DFLASH_API_KEY", help="Embedded server: "
                                                    "answer 401 to requests without 'Authorization: Bearer KEY' "
-                                                   "(env DFLASH_API_KEY).")] = None,
+                                                   "(env DFLASH_API_KEY). trtllm-serve checks no key: with it, "
+                                                   "--api-key is refused.")] = None,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, help="Embedded server: largest request "
                                                "body in MiB (413 above it).")] = 4.0,
     drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="Embedded server: on SIGTERM, "
@@ -120,6 +132,8 @@ def serve(
         if trtllm is None:
             raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
                               "or use --server embedded")
+        if api_key:
+            raise DFlashError(NO_KEY_IN_TRTLLM)
         argv = launch.trtllm_argv(b, host, port)
         err.print(f"[dim]running {shlex.join(argv)}[/dim]")
         code = launch.run(argv, host, port)

@@ -103,6 +103,9 @@ def serve(
     drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="Embedded server: on SIGTERM, "
                                                  "seconds in-flight requests may still run before what is left is "
                                                  "failed and the server stops.")] = 30.0,
+    template_timeout: Annotated[float, typer.Option("--template-timeout", min=0.01, help="Embedded server: "
+                                                    "seconds one chat-template render may take (it runs in a "
+                                                    "child process; 400 past it).")] = 5.0,
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from dflash_trt._cli.common import check_refs
@@ -144,7 +147,7 @@ def serve(
         return
     serve_embedded(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
                    batching.value, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
-                   drain_timeout=drain_timeout)
+                   drain_timeout=drain_timeout, template_timeout=template_timeout)
 
 
 def _server(server: Server, runtime: str | None) -> Server:
@@ -207,7 +210,7 @@ def _warn_chat(b) -> None:
 def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
                    batching: str = "continuous", api_key: str | None = None, max_body_bytes: int = 4 << 20,
-                   kernels: str = "reference", drain_timeout: float = 30.0) -> int:
+                   kernels: str = "reference", drain_timeout: float = 30.0, template_timeout: float = 5.0) -> int:
     """The embedded server on the reference runtime, its pair loaded under the resolved run spec."""
     from dflash_trt.errors import DFlashError, require
     from dflash_trt.runtime import load_bundle, parse_dtype
@@ -228,7 +231,8 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
         _check_profile(pair.backend, backend, max_batch, block_size)
     app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
                      block_size=block_size, torch_threads=threads, batching=spec.batching,
-                     max_model_len=b.serve.max_seq_len, api_key=api_key, max_body_bytes=max_body_bytes)
+                     max_model_len=b.serve.max_seq_len, api_key=api_key, max_body_bytes=max_body_bytes,
+                     template_timeout_s=template_timeout)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: listening on {host} without --api-key: anyone who reaches this port can use the model")
     through = f", {backend} backend" if backend != "torch" else ""

@@ -47,6 +47,7 @@ from dflash_trt.errors import DFlashError, require
 from dflash_trt.runtime import BATCHING, Pair
 from dflash_trt.serve.batcher import Batcher, StaticBatcher
 from dflash_trt.serve.continuous import ContinuousBatcher
+from dflash_trt.serve.render import ChatRenderer
 from dflash_trt.serve.state import ServerState
 
 DRAIN_TIMEOUT_S = 30.0   # serve --drain-timeout: how long SIGTERM lets in-flight requests run
@@ -70,12 +71,15 @@ def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, b
 def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int | None = None,
                block_size: int | None = None, max_model_len: int | None = None, batching: str | None = None,
                default_max_tokens: int = 16, batch_window_s: float = 0.005, torch_threads: int | None = None,
-               api_key: str | None = None, max_body_bytes: int = 4 << 20):
+               api_key: str | None = None, max_body_bytes: int = 4 << 20, template_timeout_s: float = 5.0,
+               template_max_chars: int = 8 << 20):
     """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan.
     ``batching`` defaults to the pair's run spec's (``pair.spec.batching``).
     ``max_batch`` defaults to the bundle's planned ``max_batch_size`` (else 8). ``api_key``: every
     request but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise); bodies over
-    ``max_body_bytes`` are answered 413 (``serve/guard.py``)."""
+    ``max_body_bytes`` are answered 413 (``serve/guard.py``). A chat template renders in a child
+    process for at most ``template_timeout_s`` seconds and ``template_max_chars`` characters
+    (``serve/render.py``; 400 past either)."""
     fastapi = require("fastapi", "serve", "the embedded server")
     from dflash_trt.serve import routes  # imports fastapi
     from dflash_trt.serve.metrics import ServerMetrics
@@ -88,14 +92,19 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
                            torch_threads=torch_threads)
     server = ServerState(pair, model_name or pair.name,
                          context_len=max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),
-                         block_size=B, default_max_tokens=default_max_tokens, batcher=batcher, metrics=metrics)
+                         block_size=B, default_max_tokens=default_max_tokens, batcher=batcher, metrics=metrics,
+                         chat=_renderer(pair.tokenizer, template_timeout_s, template_max_chars))
 
     @asynccontextmanager
     async def lifespan(app):
         batcher.start()
+        if server.chat is not None:
+            server.chat.start()
         try:
             yield
         finally:  # uvicorn has already let in-flight requests finish; finish anything queued (bounded)
+            if server.chat is not None:
+                server.chat.close()   # a render still running (a template that loops) ends now
             await asyncio.to_thread(batcher.stop, app.state.drain_timeout)
 
     app = fastapi.FastAPI(title="dflash-trt embedded server", lifespan=lifespan)
@@ -110,6 +119,12 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
 
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, on_refused=metrics.request_done)
     return app
+
+
+def _renderer(tokenizer, timeout_s: float, max_chars: int) -> ChatRenderer | None:
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    return ChatRenderer(tokenizer, timeout_s=timeout_s, max_chars=max_chars)
 
 
 # ---- running it ----------------------------------------------------------------------------

@@ -108,9 +108,11 @@ class Scheduler:
         return self.batch is None and not self.waiting
 
     def add(self, request: Request) -> None:
-        """Queue ``request``; it is admitted at a coming step, in the order added."""
+        """Queue ``request``; it is admitted at a coming step, in the order added. A request outside
+        the shapes the backend runs (a graph backend's engine profile) is refused here, alone."""
         if not request.prompt:
             raise DFlashError("every prompt needs at least one token")
+        self.backend.check_request([request.prompt], request.max_new_tokens, self.block_size)  # one line if not
         self.waiting.append(request)
 
     def draft_len(self, batch_size: int) -> int:

@@ -58,8 +58,7 @@ def resolve_run(backend: str = "torch", kernels: str = "reference", batching: st
     """The :class:`RunSpec` for the user's choices and the bundle (None: a pair named by
     ``--target``/``--drafter``), or one DFlashError line for a combination that cannot run.
 
-    ``batching`` None is the backend's own (continuous for torch, static for the graphs), said
-    nowhere; an explicit ``continuous`` with a graph backend resolves to static with a note.
+    ``batching`` None is continuous (every backend merges and filters rows between rounds).
     """
     _choice("--backend", backend, BACKENDS)
     _choice("--kernels", kernels, KERNELS)
@@ -73,10 +72,7 @@ def resolve_run(backend: str = "torch", kernels: str = "reference", batching: st
     if bundle is None:
         raise DFlashError(f"--backend {backend} runs a bundle's exported graphs: pass a bundle built with --graphs")
     _check_graphs(backend, bundle, dtype)
-    notes: tuple[str, ...] = ()
-    if batching == "continuous":  # GraphBackend has no merge_rows yet: rows join between batches
-        notes = (f"the {backend} backend batches statically (rows join between batches)",)
-    return RunSpec(backend, kernels, "static", notes)
+    return RunSpec(backend, kernels, batching or "continuous")
 
 
 def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:

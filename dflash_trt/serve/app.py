@@ -56,9 +56,6 @@ DRAIN_TIMEOUT_S = 30.0   # serve --drain-timeout: how long SIGTERM lets in-fligh
 def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, block_size: int, metrics,
                  batch_window_s: float, torch_threads: int | None) -> Batcher:
     """The worker for ``batching``: the runtime's scheduler, or one static batch at a time."""
-    if batching == "continuous" and pair.spec.graphs:
-        raise DFlashError(f"the {pair.spec.backend} backend batches statically: its run spec says "
-                          f"batching={pair.spec.batching} (resolve_run)")
     common = dict(max_batch=max_batch, max_queue=max_queue, block_size=block_size, metrics=metrics,
                   torch_threads=torch_threads)
     if batching == "continuous":

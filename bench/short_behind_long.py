@@ -1,13 +1,14 @@
 """A short request behind long ones on one backend of a bundle, through the embedded server's
 batch worker (issue #48): how long the short one takes when it arrives while long ones run.
 
-    python bench/short_behind_long.py BUNDLE [--backend onnx] [--batching continuous] [--repeats 3]
+    python bench/short_behind_long.py BUNDLE [--backend onnx] [--repeats 3]
 
 Per repeat: ``--long`` greedy jobs of ``--long-tokens`` tokens start; once each has taken its
 first token, one job of ``--short-tokens`` tokens is submitted. Reported (seconds, median and
 spread over the repeats): the short job's latency (submitted -> done), the long jobs' makespan,
-and ``short_alone`` (the same short job on an idle worker). With static batching the short job
-waits for the long batch to end; with continuous batching it joins at the next round. Its
+and ``short_alone`` (the same short job on an idle worker). The worker batches continuously:
+the short job joins at the next round (before #48 the graph backends batched statically and it
+waited for the long batch to end: ``bench/results/2026-12-03-one-serving-path.json``). Its
 tokens are checked against the target's greedy decoding through the same backend
 (``lossless``).
 """
@@ -24,18 +25,11 @@ import torch
 
 from dflash_trt.runtime import generate, load_bundle, resolve_run
 from dflash_trt.serve.batcher import Job
+from dflash_trt.serve.continuous import ContinuousBatcher
 
 
-def worker(pair, batching: str, max_batch: int):
-    """The serve worker for ``batching`` (static only where this checkout still has it)."""
-    from dflash_trt.serve import continuous
-
-    if batching == "static":
-        from dflash_trt.serve.batcher import StaticBatcher  # type: ignore[attr-defined]  # gone after #48
-
-        w = StaticBatcher(pair, max_batch=max_batch, max_queue=64, torch_threads=1)
-    else:
-        w = continuous.ContinuousBatcher(pair, max_batch=max_batch, max_queue=64, torch_threads=1)
+def worker(pair, max_batch: int) -> ContinuousBatcher:
+    w = ContinuousBatcher(pair, max_batch=max_batch, max_queue=64, torch_threads=1)
     w.start()
     return w
 
@@ -70,7 +64,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle")
     ap.add_argument("--backend", default="onnx")
-    ap.add_argument("--batching", default="continuous")
     ap.add_argument("--long", type=int, default=3)
     ap.add_argument("--long-tokens", type=int, default=96)
     ap.add_argument("--short-tokens", type=int, default=8)
@@ -79,7 +72,7 @@ def main() -> None:
     torch.set_num_threads(1)
     pair = load_bundle(args.bundle, resolve_run(args.backend, bundle=args.bundle))
     prompts = [pair.encode(t) for t in ("def add(a, b):", "import os\n", "class Point:", "# a short one\n")]
-    w = worker(pair, args.batching, max_batch=args.long + 1)
+    w = worker(pair, max_batch=args.long + 1)
     runs = [one(w, prompts, args) for _ in range(args.repeats)]
     alone = []
     for _ in range(args.repeats):
@@ -89,7 +82,7 @@ def main() -> None:
     w.stop(60)
     ref = generate(None, None, [prompts[-1]], max_new_tokens=args.short_tokens, block_size=1,
                    backend=pair.backend).token_ids[0]
-    print(json.dumps({"backend": args.backend, "batching": args.batching, "long": args.long,
+    print(json.dumps({"backend": args.backend, "batching": "continuous", "long": args.long,
                       "long_tokens": args.long_tokens, "short_tokens": args.short_tokens,
                       "short_s": spread([r["short_s"] for r in runs]),
                       "long_makespan_s": spread([r["long_makespan_s"] for r in runs]),

@@ -93,7 +93,7 @@ def test_old_gpus_spelling_still_plans(capsys):
 
 
 def test_choices_are_case_insensitive(capsys):
-    assert run(["serve", "/nonexistent", "--server", "EMBEDDED", "--batching", "Static"]) == 2
+    assert run(["serve", "/nonexistent", "--server", "EMBEDDED", "--backend", "TORCH"]) == 2
     err = capsys.readouterr().err
     assert "no such bundle directory" in err and "Invalid value" not in err
 

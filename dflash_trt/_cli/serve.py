@@ -12,8 +12,6 @@ import typer
 
 from dflash_trt._cli.common import (
     BackendOpt,
-    Batching,
-    BatchingOpt,
     BlockSizeOpt,
     DtypeOpt,
     KernelsOpt,
@@ -85,7 +83,6 @@ def serve(
     max_batch: Annotated[int | None, typer.Option(
         "--max-batch", min=1, help="Embedded server: requests per runtime batch (default: the bundle's planned "
                                    "max_batch_size, else 8).")] = None,
-    batching: BatchingOpt = Batching.continuous,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
     block_size: BlockSizeOpt = None,
@@ -146,7 +143,7 @@ def serve(
             raise exc
         return
     serve_embedded(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
-                   batching.value, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
+                   api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
                    drain_timeout=drain_timeout, template_timeout=template_timeout)
 
 
@@ -209,7 +206,7 @@ def _warn_chat(b) -> None:
 
 def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
-                   batching: str = "continuous", api_key: str | None = None, max_body_bytes: int = 4 << 20,
+                   api_key: str | None = None, max_body_bytes: int = 4 << 20,
                    kernels: str = "reference", drain_timeout: float = 30.0, template_timeout: float = 5.0) -> int:
     """The embedded server on the reference runtime, its pair loaded under the resolved run spec."""
     from dflash_trt.errors import DFlashError, require
@@ -221,7 +218,7 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
     require("uvicorn", "serve", "the embedded server")
     itemsize = parse_dtype(dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
-    spec = run_spec(backend, kernels, batching, bundle=b.root, dtype=dtype)
+    spec = run_spec(backend, kernels, bundle=b.root, dtype=dtype)
     with err.status("loading models"):
         pair = load_bundle(b.root, spec, dtype=dtype)
     if block_size is not None and block_size > 1 and pair.drafter is not None \
@@ -230,13 +227,13 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
     if spec.graphs:
         _check_profile(pair.backend, backend, max_batch, block_size)
     app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                     block_size=block_size, torch_threads=threads, batching=spec.batching,
+                     block_size=block_size, torch_threads=threads,
                      max_model_len=b.serve.max_seq_len, api_key=api_key, max_body_bytes=max_body_bytes,
                      template_timeout_s=template_timeout)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: listening on {host} without --api-key: anyone who reaches this port can use the model")
     through = f", {backend} backend" if backend != "torch" else ""
-    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, {spec.batching} "
+    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, continuous "
               f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")
     return run_server(app, host, port, drain_timeout=drain_timeout)
 

@@ -8,10 +8,9 @@ template), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus, see
 Behaviour a client can rely on:
 
 - every model call goes through the pair's backend, the one its run spec opened
-  (``runtime.resolve_run``), and the batching is the spec's: continuous
+  (``runtime.resolve_run``), and batching is continuous on every backend
   (:mod:`dflash_trt.serve.continuous`: a request joins the running batch at the next round and
-  leaves it when done) or static (one batch at a time, :mod:`dflash_trt.serve.batcher`; what
-  the graph backends run until they batch continuously); at
+  leaves it when done); at
   temperature 0 every completion equals the target's own greedy decoding, and a request with
   a seed gives the same tokens, whatever else shares its batch;
 - admission is first come first served; the wait queue is bounded: a request that finds it
@@ -43,9 +42,8 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any
 
-from dflash_trt.errors import DFlashError, require
-from dflash_trt.runtime import BATCHING, Pair
-from dflash_trt.serve.batcher import Batcher, StaticBatcher
+from dflash_trt.errors import require
+from dflash_trt.runtime import Pair
 from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.render import ChatRenderer
 from dflash_trt.serve.state import ServerState
@@ -53,25 +51,12 @@ from dflash_trt.serve.state import ServerState
 DRAIN_TIMEOUT_S = 30.0   # serve --drain-timeout: how long SIGTERM lets in-flight requests run
 
 
-def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, block_size: int, metrics,
-                 batch_window_s: float, torch_threads: int | None) -> Batcher:
-    """The worker for ``batching``: the runtime's scheduler, or one static batch at a time."""
-    common = dict(max_batch=max_batch, max_queue=max_queue, block_size=block_size, metrics=metrics,
-                  torch_threads=torch_threads)
-    if batching == "continuous":
-        return ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule, **common)
-    if batching == "static":
-        return StaticBatcher(pair, batch_window_s=batch_window_s, **common)
-    raise DFlashError(f"unknown batching {batching!r}; choose one of {', '.join(BATCHING)}")
-
-
 def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int | None = None,
-               block_size: int | None = None, max_model_len: int | None = None, batching: str | None = None,
-               default_max_tokens: int = 16, batch_window_s: float = 0.005, torch_threads: int | None = None,
+               block_size: int | None = None, max_model_len: int | None = None,
+               default_max_tokens: int = 16, torch_threads: int | None = None,
                api_key: str | None = None, max_body_bytes: int = 4 << 20, template_timeout_s: float = 5.0,
                template_max_chars: int = 8 << 20):
     """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan.
-    ``batching`` defaults to the pair's run spec's (``pair.spec.batching``).
     ``max_batch`` defaults to the bundle's planned ``max_batch_size`` (else 8). ``api_key``: every
     request but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise); bodies over
     ``max_body_bytes`` are answered 413 (``serve/guard.py``). A chat template renders in a child
@@ -84,9 +69,9 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     cfg = pair.target.config
     B = pair.block_size(block_size)
     metrics = ServerMetrics(B)
-    batcher = make_batcher(pair, batching or pair.spec.batching, max_batch=max_batch or pair.max_batch_size or 8,
-                           max_queue=max_queue, block_size=B, metrics=metrics, batch_window_s=batch_window_s,
-                           torch_threads=torch_threads)
+    batcher = ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule,
+                                max_batch=max_batch or pair.max_batch_size or 8, max_queue=max_queue, block_size=B,
+                                metrics=metrics, torch_threads=torch_threads)
     server = ServerState(pair, model_name or pair.name,
                          context_len=max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),
                          block_size=B, default_max_tokens=default_max_tokens, batcher=batcher, metrics=metrics,

@@ -3,14 +3,8 @@
 Requests become :class:`Job` objects in a first-come-first-served queue (:class:`Batcher`).
 Admission: a job is refused (429) only when the jobs already waiting fill ``max_queue`` beyond
 the batch slots free right now, so an idle server never refuses; a closing server answers 503.
-Two workers take jobs from it:
-
-- :class:`~dflash_trt.serve.continuous.ContinuousBatcher` (the default): the runtime's
-  scheduler; a job joins the running batch at the next round and leaves when done.
-- :class:`StaticBatcher` (``--batching static``, kept for comparison): the oldest waiting
-  job and every other one that can share a runtime call with it (same sampling parameters;
-  seeded jobs alone), up to ``max_batch``, run through :func:`dflash_trt.runtime.generate`
-  as one batch; jobs arriving meanwhile wait for the next batch (no mid-batch joins).
+The worker is :class:`~dflash_trt.serve.continuous.ContinuousBatcher`, the runtime's scheduler
+on every backend: a job joins the running batch at the next round and leaves when done.
 
 Tokens are handed to each job as they are committed (``sink("tokens", ...)``), so streaming is
 real; a job whose client went away leaves the batch at the next round. The worker runs torch
@@ -28,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dflash_trt.runtime import Pair, SamplingParams, generate
+from dflash_trt.runtime import Pair, SamplingParams
 from dflash_trt.serve.stops import TextStream
 
 
@@ -121,14 +115,6 @@ class Job:
     def acceptance_length(self) -> float | None:
         """This request's τ: tokens committed per target forward, over its rounds."""
         return self.round_tokens / self.rounds if self.rounds else None
-
-    def group_key(self) -> tuple:
-        s = self.sampling
-        if s.greedy:
-            return ("greedy", self.ignore_eos)
-        if s.seed is not None:
-            return ("seeded", self.id)
-        return ("sampled", s.temperature, s.top_p, s.top_k, self.ignore_eos)
 
 
 class Batcher:
@@ -247,130 +233,3 @@ class Batcher:
 
     def stops_for(self, job: Job) -> frozenset[int]:
         return frozenset() if job.ignore_eos else frozenset(self.pair.stop_token_ids)
-
-
-class StaticBatcher(Batcher):
-    """One batch at a time, fixed at its prefill: the policy before continuous batching."""
-
-    def __init__(self, pair: Pair, *, batch_window_s: float = 0.005, **kw):
-        super().__init__(pair, **kw)
-        self.batch_window_s = batch_window_s
-
-    def free_slots(self) -> int:
-        return 0 if self._paused or self._running else self.max_batch
-
-    def _take(self) -> list[Job] | None:
-        """Block for work; returns the next batch, or None when stopped and drained."""
-        with self._cond:
-            while not self._pending or (self._paused and not self._stopping):
-                if self._stopping and not self._pending:
-                    return None
-                self._cond.wait()
-        if self.batch_window_s and len(self._pending) < self.max_batch:
-            time.sleep(self.batch_window_s)  # let requests sent together arrive together
-        with self._cond:
-            key = self._pending[0].group_key()
-            batch = [j for j in self._pending if j.group_key() == key][: self.max_batch]
-            for j in batch:
-                self._pending.remove(j)
-            self._running = batch
-            self._gauge()
-        return batch
-
-    def _loop(self) -> None:
-        while True:
-            batch = self._take()
-            if batch is None:
-                return
-            live = [j for j in batch if not j.cancelled]
-            for j in batch:
-                if j.cancelled:
-                    j.finish("cancelled")
-            if live:
-                self._run(live)
-            with self._cond:
-                self._running = []
-                self._gauge()
-
-    def _run(self, jobs: list[Job]) -> None:
-        """One ``generate`` for ``jobs``. Should it raise, nothing tells its rows apart (one
-        forward for all), so every job not done yet runs again alone, from where it stands
-        (``_resume``): only a job whose own run raises fails. A job whose tokens cannot be handed
-        on fails alone at once (stage ``stream``); the others go on."""
-        now = time.perf_counter()
-        for j in jobs:
-            j.started_at = now
-        try:
-            self._generate(jobs)
-        except Exception as exc:  # a runtime failure fails only the jobs whose own run fails
-            if len(jobs) == 1:
-                self._fail(jobs[0], "step" if jobs[0].tokens else "admit", exc)
-                return
-            if self.metrics is not None:
-                self.metrics.isolated.inc()
-            for j in jobs:
-                if not j.finished:
-                    self._resume(j)
-
-    def _resume(self, job: Job) -> None:
-        """``job`` alone, after its batch raised: finished as it stands if it already reached its
-        end (length, a stop, a cancel), else generated on from its prompt and its tokens so far
-        (greedy: the target's own continuation; unseeded sampling: a fresh draw from there on; a
-        seeded job never comes here, it always runs in a batch of its own, ``group_key``)."""
-        stops = self.stops_for(job)
-        done = len(job.tokens) >= job.max_tokens or (job.text is not None and job.text.matched)
-        if job.cancelled or done or (job.tokens and job.tokens[-1] in stops):
-            self._finish(job, stops)
-            return
-        try:
-            self._generate([job])
-        except Exception as exc:
-            self._fail(job, "step" if job.tokens else "admit", exc)
-
-    def _generate(self, jobs: list[Job]) -> None:
-        """``generate`` over each job's prompt and the tokens it already has, to its own
-        ``max_tokens``; finishes the jobs (not the failed ones) and observes the round."""
-        stops = self.stops_for(jobs[0])
-
-        def on_commit(row: int, new: list[int]) -> None:
-            j = jobs[row]
-            if j.finished:
-                return
-            if j.first_token_at is not None:
-                j.rounds += 1
-                j.round_tokens += len(new)
-            try:
-                j.committed(new[: j.max_tokens - len(j.tokens)], self.metrics)
-            except Exception as exc:  # handing the tokens on failed: this job alone
-                self._fail(j, "stream", exc)
-
-        def should_stop(row: int) -> bool:
-            j = jobs[row]
-            return j.cancelled or j.finished or len(j.tokens) >= j.max_tokens
-
-        def match_stop(row: int, new: list[int]) -> int | None:
-            j = jobs[row]  # the batch runs to the longest max_tokens: this job's own cut first
-            return j.match_stop(new[: j.max_tokens - len(j.tokens)])
-
-        drafter = self.pair.drafter if self.block_size > 1 else None
-        gen = generate(self.pair.target, drafter, [j.prompt + j.tokens for j in jobs],
-                       max_new_tokens=max(j.max_tokens - len(j.tokens) for j in jobs), sampling=jobs[0].sampling,
-                       block_size=self.block_size, stop_token_ids=tuple(stops),
-                       on_commit=on_commit, should_stop=should_stop, match_stop=match_stop,
-                       backend=self.pair.backend)
-        for j in jobs:
-            if not j.finished:
-                self._finish(j, stops)
-        if self.metrics is not None:
-            self.metrics.observe_round(gen.stats, len(jobs), gen.stats.seconds, sum(len(j.tokens) for j in jobs))
-            for j in jobs:
-                if j.finish_reason != "error":
-                    self.metrics.observe_request(j)
-
-    @staticmethod
-    def _finish(job: Job, stops) -> None:
-        if job.cancelled:
-            job.finish("cancelled")
-        else:
-            matched = job.text is not None and job.text.matched
-            job.finish("stop" if matched or (job.tokens and job.tokens[-1] in stops) else "length")

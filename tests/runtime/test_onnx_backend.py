@@ -353,7 +353,6 @@ def test_the_embedded_server_answers_through_onnx(pair, monkeypatch):
         return real_run(graph, feeds)
 
     monkeypatch.setattr(pair.backend, "run", counted)
-    assert pair.spec.batching == "continuous"    # the graph backends batch continuously too
     app = create_app(pair, "tiny", max_batch=4, max_queue=8)
     assert app.state.batcher.pair.backend is pair.backend
     with ServerThread(app) as srv:
@@ -388,7 +387,7 @@ def test_rows_join_and_leave_a_running_onnx_batch_losslessly(pair, prompts, bloc
 
 def test_the_graphs_resolve_to_continuous_batching(bundle):
     spec = resolve_run("onnx", bundle=bundle)
-    assert (spec.backend, spec.batching, spec.notes) == ("onnx", "continuous", ())
+    assert (spec.backend, spec.notes) == ("onnx", ())
     with pytest.raises(DFlashError, match="drop --dtype bfloat16"):
         resolve_run("onnx", bundle=bundle, dtype="bfloat16")
 

@@ -31,8 +31,8 @@ def pair(bundle_dir):
     return load_bundle(bundle_dir, dtype="float64")
 
 
-def _serving(pair, batching: str | None = None):
-    app = create_app(pair, "tiny", max_batch=8, max_queue=16, batching=batching)
+def _serving(pair):
+    app = create_app(pair, "tiny", max_batch=8, max_queue=16)
     with ServerThread(app) as srv:
         srv.app = app
         yield srv
@@ -41,12 +41,6 @@ def _serving(pair, batching: str | None = None):
 @pytest.fixture
 def server(pair):
     yield from _serving(pair)
-
-
-@pytest.fixture
-def static_server(pair):
-    """``--batching static``: what the graph backends serve with."""
-    yield from _serving(pair, "static")
 
 
 def _together(srv, bodies: list[dict]) -> list[httpx.Response]:
@@ -102,9 +96,8 @@ def test_a_failing_prefill_fails_only_its_request(server, pair, monkeypatch):
     _check(server, pair, _together(server, _bodies()), "admit")
 
 
-@pytest.mark.parametrize("policy", ["server", "static_server"])   # continuous and static batching
-def test_a_failing_stream_fails_only_its_request(policy, pair, monkeypatch, request):
-    srv = request.getfixturevalue(policy)
+def test_a_failing_stream_fails_only_its_request(server, pair, monkeypatch):
+    srv = server
     real = Job.committed
 
     def committed(self, new, metrics=None):
@@ -198,17 +191,3 @@ def test_sigterm_with_a_drain_timeout_stops_in_bounded_time(bundle_dir):
         assert code == 0 and time.time() - t0 < 30, log
         r = out["r"]
         assert r.status_code == 500 and "shutting down" in r.json()["error"]["message"], r.text
-
-
-def test_static_batching_fails_only_the_row_whose_own_run_fails(static_server, pair, monkeypatch):
-    """``--batching static`` (what the graph backends serve with): the batch's one ``generate``
-    raises for the long row; every other job runs on alone from where it stood and gets its greedy
-    text, the long one alone gets the error (stage ``step``, counted)."""
-    hits = inject(monkeypatch, pair.backend, "verify")
-    long = [MARK] + prompts(1, seed=6, lo=LONG - 1, hi=LONG - 1)[0]
-    *good, bad = _bodies()
-    replies = _together(static_server, [*good, {**bad, "prompt": long}])
-    assert hits[0] == 4 and hits[-1] == 1   # the batch's forward raised, then the long row's own
-    _check(static_server, pair, replies, "step")
-    assert "injected verify failure" in replies[-1].json()["error"]["message"]
-    assert metric(httpx.get(f"{static_server.url}/metrics").text, "dflash_isolated_rounds_total") == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -43,6 +43,10 @@ OLD_RUNTIME = {"auto": Server.auto, "trtllm": Server.trtllm, "reference": Server
 #: passed on would be a value the server never reads: refused rather than an open server.
 NO_KEY_IN_TRTLLM = ("--api-key (or DFLASH_API_KEY) cannot guard trtllm-serve: it checks no API key on /v1; "
                     "put an authenticating proxy in front of it, or use --server embedded")
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
 
 
 class Emit(str, Enum):
@@ -103,6 +107,11 @@ def serve(
     template_timeout: Annotated[float, typer.Option("--template-timeout", min=0.01, help="Embedded server: "
                                                     "seconds one chat-template render may take (it runs in a "
                                                     "child process; 400 past it).")] = 5.0,
+    log_level: Annotated[LogLevel, typer.Option("--log-level", case_sensitive=False, help="Embedded server: "
+                                                "the least severe log record shown (uvicorn's too).")] = "info",
+    log_format: Annotated[LogFormat, typer.Option("--log-format", case_sensitive=False, help="Embedded server: "
+                                                  "text lines, or one JSON object per record (tracebacks "
+                                                  "included; never the API key, headers or prompts).")] = "text",
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from dflash_trt._cli.common import check_refs
@@ -144,7 +153,8 @@ def serve(
         return
     serve_embedded(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
                    api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
-                   drain_timeout=drain_timeout, template_timeout=template_timeout)
+                   drain_timeout=drain_timeout, template_timeout=template_timeout,
+                   log=(log_level.lower(), log_format.lower()))
 
 
 def _server(server: Server, runtime: str | None) -> Server:
@@ -207,7 +217,8 @@ def _warn_chat(b) -> None:
 def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
                    api_key: str | None = None, max_body_bytes: int = 4 << 20,
-                   kernels: str = "reference", drain_timeout: float = 30.0, template_timeout: float = 5.0) -> int:
+                   kernels: str = "reference", drain_timeout: float = 30.0, template_timeout: float = 5.0,
+                   log: tuple[str, str] = ("info", "text")) -> int:
     """The embedded server on the reference runtime, its pair loaded under the resolved run spec."""
     from dflash_trt.errors import DFlashError, require
     from dflash_trt.runtime import load_bundle, parse_dtype
@@ -216,6 +227,9 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
 
     require("fastapi", "serve", "the embedded server")
     require("uvicorn", "serve", "the embedded server")
+    from dflash_trt.logs import configure
+
+    configure(*log)
     itemsize = parse_dtype(dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
     spec = run_spec(backend, kernels, bundle=b.root, dtype=dtype)
@@ -235,7 +249,7 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
     through = f", {backend} backend" if backend != "torch" else ""
     err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, continuous "
               f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")
-    return run_server(app, host, port, drain_timeout=drain_timeout)
+    return run_server(app, host, port, drain_timeout=drain_timeout, log_level=log[0], log_format=log[1])
 
 
 def _check_profile(graphs, backend: str, max_batch: int | None, block_size: int | None) -> None:

@@ -33,6 +33,7 @@ reproduces whatever joins, leaves or changes the draft length around it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.backend import Backend
 from dflash_trt.runtime.loop import Batch, Request, admit, block_size_for, readmit, run_round
 from dflash_trt.runtime.stats import Stats
+
+logger = logging.getLogger(__name__)
 
 
 def draft_len_for_batch_size(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
@@ -62,6 +65,8 @@ def _failed(req: Request, exc: BaseException, failed: list[Request]) -> None:
     req.finish_reason = "error"
     req.error = f"{type(exc).__name__}: {exc}"
     failed.append(req)
+    logger.error("a request failed alone (its prompt of %d tokens, %d generated): %s", len(req.prompt),
+                 len(req.token_ids), req.error, exc_info=exc)
 
 
 @dataclass
@@ -133,6 +138,7 @@ class Scheduler:
                 going = run_round(self.backend, self.batch, step.draft_len + 1, step.stats)
             except Exception as exc:
                 step.isolated = True
+                logger.warning("a round of %d rows raised; each row reruns alone", len(rows), exc_info=exc)
                 self.batch = self._isolate(rows, step.draft_len + 1, step, exc)
             else:
                 if not going:

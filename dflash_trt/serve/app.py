@@ -43,6 +43,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from dflash_trt.errors import require
+from dflash_trt.logs import uvicorn_log_config
 from dflash_trt.runtime import Pair
 from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.render import ChatRenderer
@@ -111,7 +112,7 @@ def _renderer(tokenizer, timeout_s: float, max_chars: int) -> ChatRenderer | Non
 
 # ---- running it ----------------------------------------------------------------------------
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          drain_timeout: float = DRAIN_TIMEOUT_S) -> int:
+          drain_timeout: float = DRAIN_TIMEOUT_S, log_format: str = "text") -> int:
     """Run uvicorn in this thread until SIGTERM/SIGINT, then drain and return 0.
 
     The first signal stops admission (new requests get 503, /health says "draining"), lets
@@ -142,6 +143,7 @@ def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info
             return await super().on_tick(counter)
 
     server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           log_config=uvicorn_log_config(log_level, log_format),
                                            timeout_graceful_shutdown=max(1, int(drain_timeout) // 10 + 1)))
     server.run()
     return 0

@@ -15,6 +15,7 @@ rejecting requests while a round runs.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ class Draining(Exception):
     """The server is shutting down and takes no new work: 503."""
 
 
+logger = logging.getLogger(__name__)
 _ids = itertools.count()
 
 
@@ -173,6 +175,9 @@ class Batcher:
     def _fail(self, job: Job, stage: str, exc: BaseException | str) -> None:
         """Fail ``job`` alone: its error event, its row cancelled, the failure counted."""
         why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        # an exception's traceback is kept here (one given as text was logged where it was caught)
+        logger.error("request %d failed (%s): %s", job.id, stage, why,
+                     exc_info=exc if isinstance(exc, BaseException) else None)
         job.cancel()
         if not job.finished:
             job.fail(f"generation failed ({stage}): {why}")

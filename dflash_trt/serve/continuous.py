@@ -21,10 +21,13 @@ request gets an error event (an OpenAI error object), frees its slot, and is cou
 
 from __future__ import annotations
 
+import logging
 import time
 
 from dflash_trt.runtime import Pair, Request, Scheduler, Step
 from dflash_trt.serve.batcher import Batcher, Job
+
+logger = logging.getLogger(__name__)
 
 
 class ContinuousBatcher(Batcher):
@@ -73,6 +76,7 @@ class ContinuousBatcher(Batcher):
             try:
                 step = self.scheduler.step()
             except Exception as exc:  # the scheduler's state is lost: its rows fail, the queue goes on
+                logger.error("a scheduler step raised; its %d requests fail", len(self._jobs), exc_info=exc)
                 self.scheduler.abort()
                 self._drop_all("step", exc)
                 continue
@@ -80,8 +84,9 @@ class ContinuousBatcher(Batcher):
 
     def _drop_all(self, stage: str, exc: BaseException | str) -> None:
         """Fail every job the scheduler held (it dropped them all): no job is left waiting forever."""
+        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"   # its traceback: logged once
         for req in list(self._jobs):
-            self._fail(self._jobs.pop(req), stage, exc)
+            self._fail(self._jobs.pop(req), stage, why)
         with self._cond:
             self._running = []
             self._gauge()

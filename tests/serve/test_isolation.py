@@ -84,7 +84,9 @@ def _check(srv, pair, replies, stage: str, n: int = 12) -> None:
     assert after.status_code == 200   # the slot was freed, the worker goes on
 
 
-def test_a_failing_prefill_fails_only_its_request(server, pair, monkeypatch):
+def test_a_failing_prefill_fails_only_its_request(server, pair, monkeypatch, caplog):
+    """...and its traceback is logged (the client gets one line; the operator the whole story),
+    never the prompt's text."""
     real = engine_mod.admit
 
     def admit(backend, rows, draft, stats):
@@ -93,7 +95,11 @@ def test_a_failing_prefill_fails_only_its_request(server, pair, monkeypatch):
         return real(backend, rows, draft, stats)
 
     monkeypatch.setattr(engine_mod, "admit", admit)
-    _check(server, pair, _together(server, _bodies()), "admit")
+    with caplog.at_level("ERROR", logger="dflash_trt"):
+        _check(server, pair, _together(server, _bodies()), "admit")
+    failed = [r for r in caplog.records if r.exc_info and "injected prefill failure" in str(r.exc_info[1])]
+    assert failed and failed[0].name == "dflash_trt.runtime.scheduler", caplog.records
+    assert all(p not in r.getMessage() for r in caplog.records for p in PROMPTS)
 
 
 def test_a_failing_stream_fails_only_its_request(server, pair, monkeypatch):

@@ -36,7 +36,7 @@ def worker(pair, max_batch: int) -> ContinuousBatcher:
 
 def run_job(w, prompt: list[int], n: int) -> tuple[Job, threading.Event]:
     done = threading.Event()
-    job = Job(prompt=prompt, max_tokens=n, ignore_eos=True,
+    job = Job.new(prompt, n, ignore_eos=True,
               sink=lambda kind, _payload: done.set() if kind in ("done", "error") else None)
     w.submit(job)
     return job, done

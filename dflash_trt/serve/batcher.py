@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dflash_trt.runtime import Pair, SamplingParams
+from dflash_trt.runtime import Pair, Request, SamplingParams
 from dflash_trt.serve.stops import TextStream
 
 
@@ -41,22 +41,20 @@ _ids = itertools.count()
 
 @dataclass(eq=False)
 class Job:
-    """One request's generation. ``sink(kind, payload)`` receives ``("tokens", [ids])``
-    after each commit (then ``("text", str)``, the text now safe to stream, when the job has a
-    ``text``: its stop strings, :mod:`dflash_trt.serve.stops`) and one final
-    ``("done", finish_reason)`` or ``("error", message)``; it is called from the worker thread."""
+    """One request as the server serves it: the runtime's :class:`~dflash_trt.runtime.Request`
+    (prompt, limits, sampling, its tokens and rounds: the one place they are counted) and what
+    serving adds, the sink, the text stream and the timestamps. ``sink(kind, payload)`` receives
+    ``("tokens", [ids])`` after each commit (then ``("text", str)``, the text now safe to stream,
+    when the job has a ``text``: its stop strings, :mod:`dflash_trt.serve.stops`) and one final
+    ``("done", finish_reason)`` or ``("error", message)``; it is called from the worker thread.
+    ``finish_reason`` is what the client is told (``"error"`` too), set when the job ends."""
 
-    prompt: list[int]
-    max_tokens: int
-    sampling: SamplingParams = SamplingParams()
+    request: Request
     ignore_eos: bool = False
     text: TextStream | None = None  # the detokenized output, cut at a stop string
     sink: Callable[[str, object], None] = lambda kind, payload: None
     id: int = field(default_factory=lambda: next(_ids))
-    tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    rounds: int = 0                 # speculative rounds this job took part in (prefill excluded)
-    round_tokens: int = 0           # tokens those rounds committed (before max_tokens truncation)
     enqueued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None       # its prefill began (queue time: started - enqueued)
     first_token_at: float | None = None
@@ -64,6 +62,31 @@ class Job:
     finished_at: float | None = None
     gaps: list[float] = field(default_factory=list)  # seconds between consecutive commits (ITL)
     _cancel: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def new(cls, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None, **kw) -> Job:
+        return cls(Request(list(prompt), max_tokens, sampling or SamplingParams()), **kw)
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt
+
+    @property
+    def max_tokens(self) -> int:
+        return self.request.max_new_tokens
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens generated so far (the request's, as each commit kept them)."""
+        return self.request.token_ids
+
+    @property
+    def rounds(self) -> int:
+        return self.request.rounds
 
     def cancel(self) -> None:
         """Ask the worker to drop this job (the client went away). Idempotent."""
@@ -87,8 +110,7 @@ class Job:
             if metrics is not None:
                 metrics.itl.observe(self.gaps[-1])
         self.last_token_at = now
-        if new and not self.cancelled:
-            self.tokens.extend(new)
+        if new and not self.cancelled:   # the request holds them already (runtime.loop.take)
             self.sink("tokens", new)
             self._send_text()
 
@@ -116,7 +138,7 @@ class Job:
     @property
     def acceptance_length(self) -> float | None:
         """This request's τ: tokens committed per target forward, over its rounds."""
-        return self.round_tokens / self.rounds if self.rounds else None
+        return self.request.acceptance_length
 
 
 class Batcher:

@@ -48,8 +48,10 @@ class ContinuousBatcher(Batcher):
             except Exception as exc:  # handing the tokens on failed: this job alone
                 self._fail(job, "stream", exc)
 
-        return Request(job.prompt, job.max_tokens, job.sampling, self.stops_for(job), on_commit=on_commit,
-                       should_stop=lambda: job.cancelled or job.finished, match_stop=job.match_stop)
+        req = job.request   # the job's own: the scheduler runs it, the job reads its tokens and rounds
+        req.stop_token_ids, req.on_commit, req.match_stop = self.stops_for(job), on_commit, job.match_stop
+        req.should_stop = lambda: job.cancelled or job.finished
+        return req
 
     def _admit(self) -> bool:
         """Block until there is work; hand the scheduler what fits. False: stopped and drained."""
@@ -101,7 +103,6 @@ class ContinuousBatcher(Batcher):
             self._fail(self._jobs[req], "step", req.error or "round failed")
         for req in step.finished:
             job = self._jobs.pop(req)
-            job.rounds, job.round_tokens = req.rounds, req.committed
             if job.finished:   # failed (admit, stream): its error event is out
                 continue
             job.finish(req.finish_reason or "stop")   # set on every finished row

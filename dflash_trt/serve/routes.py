@@ -120,7 +120,7 @@ def make_job(server: ServerState, req, prompt_ids: list[int], requested: int | N
         raise APIError(400, str(exc)) from None
     # the text as it is committed, cut at a stop string: what a stream sends (serve/stops.py)
     text = TextStream(server.pair.tokenizer, req.stops()) if req.stream or req.stop else None
-    return Job(prompt=prompt_ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=req.ignore_eos, text=text)
+    return Job.new(prompt_ids, max_tokens, sampling, ignore_eos=req.ignore_eos, text=text)
 
 
 def submit(server: ServerState, job: Job) -> asyncio.Queue:

@@ -42,9 +42,22 @@ def formatter(fmt: str) -> logging.Formatter:
     return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever ``sys.stderr`` is when a record is written (a test's capture that
+    ended, or a replaced stream, is never written to)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def configure(level: str = "info", fmt: str = "text") -> logging.Handler:
     """dflash-trt's and uvicorn's loggers at ``level``, through one stderr handler in ``fmt``."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(formatter(fmt))
     for name in ("dflash_trt", *UVICORN):
         lg = logging.getLogger(name)

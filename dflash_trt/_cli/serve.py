@@ -219,11 +219,13 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
                    api_key: str | None = None, max_body_bytes: int = 4 << 20,
                    kernels: str = "reference", drain_timeout: float = 30.0, template_timeout: float = 5.0,
                    log: tuple[str, str] = ("info", "text")) -> int:
-    """The embedded server on the reference runtime, its pair loaded under the resolved run spec."""
-    from dflash_trt.errors import DFlashError, require
+    """The embedded server on the reference runtime, its pair loaded under the resolved run spec
+    (the block size and the engines' profile are the scheduler's to check: ``runtime.Scheduler``)."""
+    from dflash_trt.errors import require
     from dflash_trt.runtime import load_bundle, parse_dtype
     from dflash_trt.serve import check_fits_cpu, create_app
     from dflash_trt.serve import serve as run_server
+    from dflash_trt.serve.spec import ServeSpec
 
     require("fastapi", "serve", "the embedded server")
     require("uvicorn", "serve", "the embedded server")
@@ -235,34 +237,16 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
     spec = run_spec(backend, kernels, bundle=b.root, dtype=dtype)
     with err.status("loading models"):
         pair = load_bundle(b.root, spec, dtype=dtype)
-    if block_size is not None and block_size > 1 and pair.drafter is not None \
-            and block_size > pair.drafter.cfg.block_size:
-        raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
-    if spec.graphs:
-        _check_profile(pair.backend, backend, max_batch, block_size)
-    app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                     block_size=block_size, torch_threads=threads,
-                     max_model_len=b.serve.max_seq_len, api_key=api_key, max_body_bytes=max_body_bytes,
-                     template_timeout_s=template_timeout)
+    app = create_app(pair, spec=ServeSpec(model_name=model_name or b.name, max_queue=max_queue, max_batch=max_batch,
+                                          block_size=block_size, torch_threads=threads,
+                                          max_model_len=b.serve.max_seq_len, api_key=api_key,
+                                          max_body_bytes=max_body_bytes, template_timeout_s=template_timeout))
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: listening on {host} without --api-key: anyone who reaches this port can use the model")
     through = f", {backend} backend" if backend != "torch" else ""
     err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, continuous "
               f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")
     return run_server(app, host, port, drain_timeout=drain_timeout, log_level=log[0], log_format=log[1])
-
-
-def _check_profile(graphs, backend: str, max_batch: int | None, block_size: int | None) -> None:
-    """The server's batch and block size within the engines' profile, or one line now (not per request)."""
-    from dflash_trt.errors import DFlashError
-
-    p = graphs.profile
-    if max_batch is not None and max_batch > p.max_batch:
-        raise DFlashError(f"--max-batch {max_batch} exceeds the engines' profile (batch <= {p.max_batch}) "
-                          f"that --backend {backend} runs; lower it or rebuild with --set serving.max_batch_size=N")
-    if block_size not in (None, 1, p.block_size):
-        raise DFlashError(f"--block-size {block_size}: --backend {backend} runs the drafter graph at block "
-                          f"size {p.block_size} (or 1)")
 
 
 def register(app: typer.Typer) -> None:

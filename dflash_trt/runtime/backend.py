@@ -128,6 +128,11 @@ class Backend(ABC):
         """Raise DFlashError (one line) for a request this backend cannot run (default: any runs)."""
         return None
 
+    def check_batch(self, max_batch: int, block_size: int) -> None:
+        """Raise DFlashError (one line) when batches of ``max_batch`` rows at ``block_size`` cannot
+        run here (the scheduler asks once, when it is made; default: any run)."""
+        return None
+
 
 class TorchBackend(Backend):
     """The PyTorch modules themselves: a transformers target with its cache handled per family

@@ -83,6 +83,7 @@ class GraphBackend(Backend):
         #: the drafter graph reads a dense per-row context (``export/onnx_native.py``: ONNX Runtime's
         #: form) rather than the paged pool the dflash custom ops read
         self.dense_drafter = "k_ctx" in self.input_names("drafter")
+        self._past_columns: int | None = None      # the checked request's target-cache bound (check_request)
         if self.dense_drafter:
             self.graph_outputs["drafter"] = self.proposer.dense_outputs
             Ld, _, kvh_d, _, dd = self.input_shape("drafter", "k_ctx")     # [L, b, kvh, S, d]
@@ -118,13 +119,31 @@ class GraphBackend(Backend):
         """The names of one graph's outputs."""
 
     # -- the request check ---------------------------------------------------------------
-    def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
-        """Refuse, in one line, a request the engines were not built for (``ingest.EngineProfile``)."""
+    def check_batch(self, max_batch: int, block_size: int) -> None:
+        """A scheduler's batch and block size within the engines' profile, or one line."""
+        if max_batch > self.profile.max_batch:
+            raise DFlashError(f"max batch {max_batch} exceeds the engines' profile (batch <= {self.profile.max_batch}) "
+                              f"that --backend {self.name} runs; lower --max-batch or rebuild with "
+                              "--set serving.max_batch_size=N")
+        self._check_block(block_size)
+
+    def _check_block(self, block_size: int) -> None:
         p = self.profile
         if block_size not in (1, p.block_size):
             raise DFlashError(f"--backend {self.name}: the drafter graph was exported for block size {p.block_size}, "
                               f"not {block_size}; use block size {p.block_size} (or 1), or --backend torch")
-        problem = request_problem(p, [len(x) for x in prompts], max_new_tokens, block_size)
+
+    def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
+        """Refuse, in one line, a request the engines were not built for (``ingest.EngineProfile``)."""
+        p = self.profile
+        self._check_block(block_size)
+        lengths = [len(x) for x in prompts]
+        problem = request_problem(p, lengths, max_new_tokens, block_size)
+        #: the target cache's capacity for this request: the past a verify reads (request_shapes' seq
+        #: less the block) never passes it, so neither does any shape the engines are run at. Only the
+        #: capacity's rounding up to a chunk is capped by it, never a row's own columns (``reserve``),
+        #: so a bound left by another request checked meanwhile (a scheduler's) is safe, only looser
+        self._past_columns = request_shapes(lengths, max_new_tokens, block_size, p.page_size)["seq"] - block_size
         if problem:
             raise DFlashError(f"request outside the engines' profile (batch <= {p.max_batch}, <= {p.max_tokens} "
                               f"tokens per forward, <= {p.max_seq_len} target-cache columns): {problem}; rebuild "
@@ -142,9 +161,9 @@ class GraphBackend(Backend):
                                           dtype=torch.float32, pages=pages)
         if not self.new_kv:
             return TargetCache(), dcache
-        p = self.profile      # the profile's bound: the past a verify reads + its block <= max_seq_len
-        return DenseTargetCache(*self._target_dims, batch=batch, device=self.device,
-                                max_columns=p.max_seq_len - p.block_size), dcache
+        p = self.profile      # without a checked request, the profile's bound: past + a block <= max_seq_len
+        past, self._past_columns = self._past_columns or p.max_seq_len - p.block_size, None
+        return DenseTargetCache(*self._target_dims, batch=batch, device=self.device, max_columns=past), dcache
 
     def target_forward(self, ids, positions, attention_mask, cache, capture, logits_at=None):
         if self.new_kv:

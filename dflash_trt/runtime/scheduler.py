@@ -99,6 +99,7 @@ class Scheduler:
                               f"(this one: {trained})")
         if max_batch < 1:
             raise DFlashError(f"max_batch must be >= 1, got {max_batch}")
+        backend.check_batch(max_batch, B)   # a graph backend's engine profile: once, here
         self.backend, self.block_size, self.max_batch = backend, B, max_batch
         self.schedule = dict(draft_len_schedule) if draft_len_schedule else None
         self.batch: Batch | None = None

@@ -47,17 +47,15 @@ from dflash_trt.logs import uvicorn_log_config
 from dflash_trt.runtime import Pair
 from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.render import ChatRenderer
+from dflash_trt.serve.spec import ServeSpec
 from dflash_trt.serve.state import ServerState
 
 DRAIN_TIMEOUT_S = 30.0   # serve --drain-timeout: how long SIGTERM lets in-flight requests run
 
 
-def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int | None = None,
-               block_size: int | None = None, max_model_len: int | None = None,
-               default_max_tokens: int = 16, torch_threads: int | None = None,
-               api_key: str | None = None, max_body_bytes: int = 4 << 20, template_timeout_s: float = 5.0,
-               template_max_chars: int = 8 << 20):
-    """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan.
+def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | None = None, **settings):
+    """Build the FastAPI app serving ``pair`` under ``spec`` (:class:`~dflash_trt.serve.spec.ServeSpec`;
+    or its fields as keywords); the batch worker starts with the app's lifespan.
     ``max_batch`` defaults to the bundle's planned ``max_batch_size`` (else 8). ``api_key``: every
     request but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise); bodies over
     ``max_body_bytes`` are answered 413 (``serve/guard.py``). A chat template renders in a child
@@ -67,16 +65,17 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     from dflash_trt.serve import routes  # imports fastapi
     from dflash_trt.serve.metrics import ServerMetrics
 
+    s = spec or ServeSpec(model_name=model_name, **settings)
     cfg = pair.target.config
-    B = pair.block_size(block_size)
+    B = pair.block_size(s.block_size)
     metrics = ServerMetrics(B)
     batcher = ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule,
-                                max_batch=max_batch or pair.max_batch_size or 8, max_queue=max_queue, block_size=B,
-                                metrics=metrics, torch_threads=torch_threads)
-    server = ServerState(pair, model_name or pair.name,
-                         context_len=max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),
-                         block_size=B, default_max_tokens=default_max_tokens, batcher=batcher, metrics=metrics,
-                         chat=_renderer(pair.tokenizer, template_timeout_s, template_max_chars))
+                                max_batch=s.max_batch or pair.max_batch_size or 8, max_queue=s.max_queue, block_size=B,
+                                metrics=metrics, torch_threads=s.torch_threads)
+    server = ServerState(pair, s.model_name or model_name or pair.name,
+                         context_len=s.max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),
+                         block_size=B, default_max_tokens=s.default_max_tokens, batcher=batcher, metrics=metrics,
+                         chat=_renderer(pair.tokenizer, s.template_timeout_s, s.template_max_chars))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -100,7 +99,7 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     routes.install(app)
     from dflash_trt.serve.guard import Guard
 
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, on_refused=metrics.request_done)
+    app.add_middleware(Guard, api_key=s.api_key, max_body_bytes=s.max_body_bytes, on_refused=metrics.request_done)
     return app
 
 

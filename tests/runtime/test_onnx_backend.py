@@ -385,6 +385,21 @@ def test_rows_join_and_leave_a_running_onnx_batch_losslessly(pair, prompts, bloc
     assert not any(s.isolated or s.failed or s.failed_rounds for s in steps)
 
 
+def test_the_scheduler_checks_the_profile_once_with_one_line(pair):
+    """The batch and block size against the engines' profile, where the scheduler is made (the
+    server's start); a request's own shapes when it is added."""
+    from dflash_trt.runtime import Request, Scheduler
+
+    p = pair.backend.profile
+    for kw, needle in ((dict(max_batch=p.max_batch + 1), "exceeds the engines' profile"),
+                       (dict(block_size=p.block_size - 1), f"exported for block size {p.block_size}")):
+        with pytest.raises(DFlashError, match=needle) as e:
+            Scheduler(pair.backend, **kw)
+        assert "\n" not in str(e.value)
+    with pytest.raises(DFlashError, match="outside the engines' profile"):
+        Scheduler(pair.backend, max_batch=1).add(Request([1] * (p.max_seq_len + 1), 4))
+
+
 def test_the_graphs_resolve_to_continuous_batching(bundle):
     spec = resolve_run("onnx", bundle=bundle)
     assert (spec.backend, spec.notes) == ("onnx", ())

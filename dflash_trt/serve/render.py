@@ -86,11 +86,13 @@ class ChatRenderer:
         self._idle.put(child)
 
     def _retire(self, child: _Child) -> None:
+        """Kill ``child``; a new one starts in the background (the request that retired it is
+        answered now, not after the new child's imports)."""
         with self._lock:
             self._all.discard(child)
         child.kill()
         if not self._closed:
-            self._add_child()
+            threading.Thread(target=self._add_child, daemon=True, name="chat-render-start").start()
 
     async def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         """The template's text for ``messages``, or an :class:`APIError` 400."""
@@ -103,6 +105,10 @@ class ChatRenderer:
         try:
             child = self._idle.get(timeout=START_TIMEOUT_S)
         except queue.Empty:
+            with self._lock:
+                short = len(self._all) < self.workers
+            if short and not self._closed:   # a start failed: try again for the next request
+                threading.Thread(target=self._add_child, daemon=True, name="chat-render-start").start()
             raise APIError(503, "no chat-template renderer is running", "service_unavailable") from None
         try:
             reply = self._ask(child, {"messages": messages, "add_generation_prompt": add_generation_prompt})

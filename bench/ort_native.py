@@ -1,6 +1,6 @@
 """DFlash vs autoregressive through each backend of one bundle, at batch 1 and 4 (issue #28).
 
-    python bench/ort_native.py BUNDLE --prompts P.jsonl [-n 128] [--batches 1,4] [--threads 1] [--json]
+    python bench/ort_native.py BUNDLE --prompts P.jsonl [-n 128] [--batches 1,4] [--threads 1] [--continuous] [--json]
 
 Backends: ``torch`` (the PyTorch modules), ``onnx`` (every graph native: the drafter through
 ``drafter_ort.onnx``, the target through ``target_ort.onnx`` where the bundle has it) and
@@ -17,6 +17,9 @@ backend's ``compact`` + ``commit_cache``: the target cache's compaction or in-pl
 ``prefill_share`` the prefill's part of DFlash's time, and ``free_draft_bound`` the ratio DFlash
 would reach if its drafter rounds cost nothing: what the verify forwards, the loop and a static
 batch's tail allow on this machine, whatever the drafter graph does.
+``--continuous``: the prompts go through one scheduler of ``batch`` live rows instead (a row that
+finishes gives its place to the next prompt at the next round, as the server batches): tokens/s,
+ratio and ``lossless`` only.
 ``rounds_per_row`` (a row's DFlash rounds, mean) against ``rounds_per_group`` (a ``generate`` call's
 batched rounds, mean): a static batch runs until its slowest row is done, the rows that finished
 early leave it smaller. ``cpu_speedup`` is the same ratio in this process's CPU seconds (one thread each: on a machine
@@ -33,7 +36,7 @@ import torch
 
 from dflash_trt import ingest
 from dflash_trt.bench.inprocess import read_prompts
-from dflash_trt.runtime import TorchBackend, generate, load_bundle, resolve_run
+from dflash_trt.runtime import Request, Scheduler, TorchBackend, generate, load_bundle, resolve_run
 from dflash_trt.runtime.onnx_backend import OnnxBackend
 
 
@@ -114,6 +117,33 @@ def measure(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict
             "lossless_self": out["dflash"] == out["ar"], "tokens": out["dflash"]}
 
 
+def through_scheduler(backend, prompts: list[list[int]], batch: int, n: int, block_size: int, stops) -> tuple:
+    """Every prompt through one scheduler of ``batch`` live rows (a row that finishes is replaced
+    by the next prompt at the next round): (token ids per prompt, seconds)."""
+    reqs = [Request(p, n, stop_token_ids=frozenset(stops)) for p in prompts]
+    sched = Scheduler(backend, block_size=block_size, max_batch=batch)
+    t0 = time.perf_counter()
+    for r in reqs:
+        sched.add(r)
+    while not sched.idle:
+        sched.step()
+    return [r.token_ids for r in reqs], time.perf_counter() - t0
+
+
+def measure_continuous(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict:
+    """DFlash against autoregressive with continuous batching (``--continuous``): tokens/s of each,
+    their ratio, and ``lossless_self`` (DFlash's tokens equal autoregressive decoding's)."""
+    B, stops = pair.block_size(), pair.stop_token_ids
+    through_scheduler(backend, prompts[:batch], batch, 8, B, stops)                    # warm-up
+    toks, secs = {}, {}
+    for mode, bs in (("dflash", B), ("ar", 1)):
+        toks[mode], secs[mode] = through_scheduler(backend, prompts, batch, n, bs, stops)
+    tps = {m: sum(len(x) for x in toks[m]) / secs[m] for m in secs}
+    return {"dflash_tok_s": round(tps["dflash"], 1), "ar_tok_s": round(tps["ar"], 1),
+            "speedup": round(tps["dflash"] / tps["ar"], 3), "lossless_self": toks["dflash"] == toks["ar"],
+            "tokens": toks["dflash"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle")
@@ -123,6 +153,9 @@ def main() -> None:
     ap.add_argument("--backends", default="torch,onnx,onnx-customop")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch and onnxruntime intra-op threads (1: dflash-trt bench's choice for the embedded pair)")
+    ap.add_argument("--continuous", action="store_true",
+                    help="run every prompt through one scheduler of BATCH live rows (continuous batching: a "
+                         "finished row's place goes to the next prompt) instead of generate() per group of BATCH")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -133,10 +166,12 @@ def main() -> None:
     for kind in args.backends.split(","):
         backend = backend_for(kind, args.bundle, pair)
         for batch in (int(x) for x in args.batches.split(",")):
-            r = measure(pair, backend, prompts, batch, args.max_new_tokens)
+            r = (measure_continuous if args.continuous else measure)(pair, backend, prompts, batch,
+                                                                     args.max_new_tokens)
             tokens = r.pop("tokens")
             reference.setdefault(batch, tokens)
-            r.update(backend=kind, batch=batch, lossless_vs_first=tokens == reference[batch])
+            r.update(backend=kind, batch=batch, continuous=args.continuous,
+                     lossless_vs_first=tokens == reference[batch])
             rows.append(r)
             if not args.json:
                 print(r, flush=True)

@@ -1,8 +1,8 @@
-"""The embedded server, continuous against static batching, on a bundle (default: the tiny one).
+"""The embedded server (continuous batching) on a bundle (default: the tiny one).
 
     python bench/serving.py [BUNDLE] [--concurrency 1,4,16,64] [--max-tokens 32] [--json out.json]
 
-For each batching policy the server runs in this process (``ServerThread``) and
+The server runs in this process (``ServerThread``) and
 ``dflash_trt.bench.endpoint`` drives it over HTTP: output tokens/s, TTFT and ITL (median, p99)
 and τ per concurrency level, ``--requests`` per level (default 2 x concurrency, at least 8).
 Then the short-behind-long case: two long requests (``--long`` tokens) start, and once both
@@ -35,7 +35,6 @@ def parse_args(argv=None):
     p.add_argument("--long", type=int, default=600)
     p.add_argument("--shorts", type=int, default=6)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server's worker")
-    p.add_argument("--batching", default="static,continuous")
     p.add_argument("--json", metavar="PATH")
     return p.parse_args(argv)
 
@@ -68,7 +67,7 @@ def run_mode(pair, batching: str, a, levels: list[int]) -> dict:
     from dflash_trt.bench import endpoint
     from dflash_trt.serve import ServerThread, create_app
 
-    app = create_app(pair, "tiny", batching=batching, max_batch=a.max_batch, max_queue=1024, torch_threads=a.threads)
+    app = create_app(pair, "tiny", max_batch=a.max_batch, max_queue=1024, torch_threads=a.threads)
     with ServerThread(app) as srv:
         report = endpoint.run(srv.url, concurrency=levels, requests=a.requests, max_tokens=a.max_tokens,
                               ignore_eos=True)
@@ -92,7 +91,7 @@ def main() -> int:
             assert run(["build", "-o", str(bundle)]) == 0
         pair = load_bundle(bundle, dtype="float32")
         out = {"bundle": str(a.bundle or "tiny recipe"), "max_tokens": a.max_tokens, "threads": a.threads,
-               "modes": {m: run_mode(pair, m, a, levels) for m in a.batching.split(",")}}
+               "modes": {"continuous": run_mode(pair, "continuous", a, levels)}}
     for mode, r in out["modes"].items():
         print(f"{mode} (max batch {r['max_batch']}):")
         for lv in r["levels"]:

@@ -1,7 +1,8 @@
 """The dflash-trt command line. Parse, call one function, print: the logic lives elsewhere.
 
 User errors (``DFlashError`` and bad command-line usage) become one line on stderr and
-exit code 2, never a traceback.
+exit code 2, never a traceback. Anything else is a bug: one line saying so and naming the file its
+traceback was written to (outside any output or bundle), exit code 1.
 """
 
 from __future__ import annotations
@@ -121,11 +122,24 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # not the user's error: a bug, said so, its traceback kept
+        return _bug(exc)
     # Without standalone mode, typer.Exit(code) comes back as the return value; typer turns
     # Ctrl-C (KeyboardInterrupt) inside a command into 130 the same way.
     if rv == 130:
         print("interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0
+
+
+def _bug(exc: Exception) -> int:
+    """One line saying this is a bug and where its traceback went (``logs.write_traceback``); exit 1."""
+    from dflash_trt.logs import write_traceback
+
+    where = write_traceback(exc)
+    kept = f"the traceback is in {where}" if where else "its traceback could not be written"
+    print(f"internal error (a bug in dflash-trt, not in your input): {type(exc).__name__}: "
+          f"{one_line(str(exc))[:200]}; {kept}; please report it", file=sys.stderr)
+    return 1
 
 
 def main() -> None:

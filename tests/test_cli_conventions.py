@@ -67,7 +67,7 @@ def _all_commands(group=CLI, prefix=""):
 
 
 def test_choices_are_case_insensitive(capsys):
-    assert run(["serve", "/nonexistent", "--server", "EMBEDDED", "--batching", "Static"]) == 2
+    assert run(["serve", "/nonexistent", "--server", "EMBEDDED", "--backend", "TORCH"]) == 2
     err = capsys.readouterr().err
     assert "no such bundle directory" in err and "Invalid value" not in err
 

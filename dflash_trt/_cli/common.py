@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
-from enum import Enum
 from typing import Annotated
 
 import typer
@@ -42,17 +41,6 @@ BackendOpt = Annotated[str, typer.Option(
     "--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over "
                       "the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle "
                       "built with --graphs.")]
-
-
-class Batching(str, Enum):
-    continuous = "continuous"
-    static = "static"
-
-
-BatchingOpt = Annotated[Batching, typer.Option(
-    "--batching", case_sensitive=False,
-    help="Embedded server: continuous (requests join the running batch every round) or static (one "
-         "batch at a time, for comparison; what --backend onnx|tensorrt run).")]
 
 
 @contextmanager
@@ -110,15 +98,15 @@ def default_prompts() -> str:
 SMALL_MODEL_PARAMS = 50_000_000
 
 
-def run_spec(backend: str = "torch", kernels: str = "reference", batching: str | None = None,
-             bundle: str | None = None, dtype: str = "auto"):
+def run_spec(backend: str = "torch", kernels: str = "reference", bundle: str | None = None,
+             dtype: str = "auto"):
     """The resolved ``runtime.RunSpec`` for the flags (one DFlashError line if they cannot run);
     what resolving changed is said here, once, on stderr."""
     from dflash_trt.runtime import resolve_run
 
     # choices are case-insensitive, as typer's case_sensitive=False makes the enum flags
     backend, kernels, dtype = backend.lower(), kernels.lower(), dtype.lower()
-    spec = resolve_run(backend, kernels, batching, bundle=bundle, dtype=dtype)
+    spec = resolve_run(backend, kernels, bundle=bundle, dtype=dtype)
     for note in spec.notes:
         err.print(note)
     return spec

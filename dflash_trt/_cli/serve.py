@@ -6,14 +6,12 @@ from __future__ import annotations
 import shlex
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
 from dflash_trt._cli.common import (
     BackendOpt,
-    Batching,
-    BatchingOpt,
     BlockSizeOpt,
     DtypeOpt,
     KernelsOpt,
@@ -29,6 +27,21 @@ class Server(str, Enum):
     auto = "auto"
     trtllm = "trtllm"
     embedded = "embedded"
+
+
+#: Why ``--api-key`` is refused where trtllm-serve would answer. Read in NVIDIA/TensorRT-LLM:
+#: ``tensorrt_llm/commands/serve.py::serve`` has no key option and ``launch_server`` builds
+#: ``OpenAIServer`` without one; ``tensorrt_llm/serve/openai_server.py::OpenAIServer.__init__``
+#: adds only ``ServerArrivalTimeMiddleware`` and ``register_routes`` mounts /v1 with no auth
+#: dependency. Its only request signatures (``serve/runtime_control_auth.py::
+#: validate_runtime_control_request``) guard the runtime-control endpoints, not /v1. So a key
+#: passed on would be a value the server never reads: refused rather than an open server.
+NO_KEY_IN_TRTLLM = ("--api-key (or DFLASH_API_KEY) cannot guard trtllm-serve: it checks no API key on /v1; "
+                    "put an authenticating proxy in front of it, or use --server embedded")
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
 
 
 class Emit(str, Enum):
@@ -67,7 +80,6 @@ def serve(
     max_batch: Annotated[int | None, typer.Option(
         "--max-batch", min=1, help="Embedded server: requests per runtime batch (default: the bundle's planned "
                                    "max_batch_size, else 8).")] = None,
-    batching: BatchingOpt = Batching.continuous,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
     block_size: BlockSizeOpt = None,
@@ -78,12 +90,21 @@ def serve(
     kernels: KernelsOpt = "reference",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="DFLASH_API_KEY", help="Embedded server: "
                                                    "answer 401 to requests without 'Authorization: Bearer KEY' "
-                                                   "(env DFLASH_API_KEY).")] = None,
+                                                   "(env DFLASH_API_KEY). trtllm-serve checks no key: with it, "
+                                                   "--api-key is refused.")] = None,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, help="Embedded server: largest request "
                                                "body in MiB (413 above it).")] = 4.0,
     drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="Embedded server: on SIGTERM, "
                                                  "seconds in-flight requests may still run before what is left is "
                                                  "failed and the server stops.")] = 30.0,
+    template_timeout: Annotated[float, typer.Option("--template-timeout", min=0.01, help="Embedded server: "
+                                                    "seconds one chat-template render may take (it runs in a "
+                                                    "child process; 400 past it).")] = 5.0,
+    log_level: Annotated[LogLevel, typer.Option("--log-level", case_sensitive=False, help="Embedded server: "
+                                                "the least severe log record shown (uvicorn's too).")] = "info",
+    log_format: Annotated[LogFormat, typer.Option("--log-format", case_sensitive=False, help="Embedded server: "
+                                                  "text lines, or one JSON object per record (tracebacks "
+                                                  "included; never the API key, headers or prompts).")] = "text",
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from dflash_trt._cli.common import check_refs
@@ -112,6 +133,8 @@ def serve(
         if trtllm is None:
             raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
                               "or use --server embedded")
+        if api_key:
+            raise DFlashError(NO_KEY_IN_TRTLLM)
         argv = launch.trtllm_argv(b, host, port)
         err.print(f"[dim]running {shlex.join(argv)}[/dim]")
         code = launch.run(argv, host, port)
@@ -121,8 +144,9 @@ def serve(
             raise exc
         return
     serve_embedded(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
-                   batching.value, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
-                   drain_timeout=drain_timeout)
+                   api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
+                   drain_timeout=drain_timeout, template_timeout=template_timeout,
+                   log=(log_level.lower(), log_format.lower()))
 
 
 def _print_dry_run(b, host: str, port: int, trtllm: str | None, server: Server) -> None:
@@ -171,48 +195,37 @@ def _warn_chat(b) -> None:
 
 def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
-                   batching: str = "continuous", api_key: str | None = None, max_body_bytes: int = 4 << 20,
-                   kernels: str = "reference", drain_timeout: float = 30.0) -> int:
-    """The embedded server on the reference runtime, its pair loaded under the resolved run spec."""
-    from dflash_trt.errors import DFlashError, require
+                   api_key: str | None = None, max_body_bytes: int = 4 << 20,
+                   kernels: str = "reference", drain_timeout: float = 30.0, template_timeout: float = 5.0,
+                   log: tuple[str, str] = ("info", "text")) -> int:
+    """The embedded server on the reference runtime, its pair loaded under the resolved run spec
+    (the block size and the engines' profile are the scheduler's to check: ``runtime.Scheduler``)."""
+    from dflash_trt.errors import require
     from dflash_trt.runtime import load_bundle, parse_dtype
     from dflash_trt.serve import check_fits_cpu, create_app
     from dflash_trt.serve import serve as run_server
+    from dflash_trt.serve.spec import ServeSpec
 
     require("fastapi", "serve", "the embedded server")
     require("uvicorn", "serve", "the embedded server")
+    from dflash_trt.logs import configure
+
+    configure(*log)
     itemsize = parse_dtype(dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
-    spec = run_spec(backend, kernels, batching, bundle=b.root, dtype=dtype)
+    spec = run_spec(backend, kernels, bundle=b.root, dtype=dtype)
     with err.status("loading models"):
         pair = load_bundle(b.root, spec, dtype=dtype)
-    if block_size is not None and block_size > 1 and pair.drafter is not None \
-            and block_size > pair.drafter.cfg.block_size:
-        raise DFlashError(f"--block-size {block_size} exceeds the drafter's block size {pair.drafter.cfg.block_size}")
-    if spec.graphs:
-        _check_profile(pair.backend, backend, max_batch, block_size)
-    app = create_app(pair, model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                     block_size=block_size, torch_threads=threads, batching=spec.batching,
-                     max_model_len=b.serve.max_seq_len, api_key=api_key, max_body_bytes=max_body_bytes)
+    app = create_app(pair, spec=ServeSpec(model_name=model_name or b.name, max_queue=max_queue, max_batch=max_batch,
+                                          block_size=block_size, torch_threads=threads,
+                                          max_model_len=b.serve.max_seq_len, api_key=api_key,
+                                          max_body_bytes=max_body_bytes, template_timeout_s=template_timeout))
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: listening on {host} without --api-key: anyone who reaches this port can use the model")
     through = f", {backend} backend" if backend != "torch" else ""
-    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, {spec.batching} "
+    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, continuous "
               f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")
-    return run_server(app, host, port, drain_timeout=drain_timeout)
-
-
-def _check_profile(graphs, backend: str, max_batch: int | None, block_size: int | None) -> None:
-    """The server's batch and block size within the engines' profile, or one line now (not per request)."""
-    from dflash_trt.errors import DFlashError
-
-    p = graphs.profile
-    if max_batch is not None and max_batch > p.max_batch:
-        raise DFlashError(f"--max-batch {max_batch} exceeds the engines' profile (batch <= {p.max_batch}) "
-                          f"that --backend {backend} runs; lower it or rebuild with --set serving.max_batch_size=N")
-    if block_size not in (None, 1, p.block_size):
-        raise DFlashError(f"--block-size {block_size}: --backend {backend} runs the drafter graph at block "
-                          f"size {p.block_size} (or 1)")
+    return run_server(app, host, port, drain_timeout=drain_timeout, log_level=log[0], log_format=log[1])
 
 
 def register(app: typer.Typer) -> None:

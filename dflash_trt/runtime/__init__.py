@@ -1,7 +1,7 @@
 """Runtime: the speculative loop (the executable specification) over a backend (the PyTorch
 modules, ONNX Runtime over a bundle's onnx/, TensorRT over its engines/), sampling and
 acceptance, statistics, the scheduler that batches continuously, the run spec (backend,
-kernels, batching: ``resolve_run``) and pair loading.
+kernels: ``resolve_run``) and pair loading.
 
 Other subpackages import from here, never from the modules inside.
 """
@@ -16,12 +16,11 @@ from dflash_trt.runtime.proposer import Proposer, SelectorProposer, proposer_for
 from dflash_trt.runtime.proposer import register as register_proposer
 from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample
 from dflash_trt.runtime.scheduler import Scheduler, Step, draft_len_for_batch_size
-from dflash_trt.runtime.spec import BACKENDS, BATCHING, RunSpec, resolve_run
+from dflash_trt.runtime.spec import BACKENDS, RunSpec, resolve_run
 from dflash_trt.runtime.stats import Stats
 
 __all__ = [
     "BACKENDS",
-    "BATCHING",
     "STATIC_ROPE",
     "Backend",
     "Generation",

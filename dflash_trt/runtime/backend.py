@@ -110,7 +110,7 @@ class Backend(ABC):
     def merge_rows(self, target_a: object, draft_a: object | None, target_b: object,
                    draft_b: object | None) -> tuple[object, object | None]:
         """Caches holding a's rows then b's; S columns become max(S_a, S_b), padded on the right."""
-        raise DFlashError(f"{type(self).__name__} cannot merge batches: serve with --batching static")
+        raise DFlashError(f"{type(self).__name__} cannot merge batches")
 
     def compact(self, target_cache: object, col_valid: torch.Tensor) -> torch.Tensor:
         """Drop columns that are holes in every row; col_valid [b, S] -> [b, S'] (default: keep all)."""
@@ -126,6 +126,11 @@ class Backend(ABC):
 
     def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
         """Raise DFlashError (one line) for a request this backend cannot run (default: any runs)."""
+        return None
+
+    def check_batch(self, max_batch: int, block_size: int) -> None:
+        """Raise DFlashError (one line) when batches of ``max_batch`` rows at ``block_size`` cannot
+        run here (the scheduler asks once, when it is made; default: any run)."""
         return None
 
 
@@ -228,12 +233,13 @@ def merge_paged(a: PagedKVCache, b: PagedKVCache) -> PagedKVCache:
     return a
 
 
-def repack_paged(cache: PagedKVCache) -> None:
+def repack_paged(cache: PagedKVCache, force: bool = False) -> None:
     """Free the pages of sequences that left (``select`` keeps them allocated): once fewer than
     half the allocated pages are still in some page table, copy the live ones to the front of
-    the pool and renumber the tables (a continuously batching scheduler would grow forever else)."""
+    the pool and renumber the tables (a continuously batching scheduler would grow forever else);
+    ``force``: whenever any page is free (a pool of fixed size about to take more rows)."""
     live = cache.page_table[cache.page_table >= 0]
-    if 2 * live.numel() >= cache.used_pages:
+    if (live.numel() if force else 2 * live.numel()) >= cache.used_pages:
         return
     order = live.long().sort().values                                          # old ids, ascending
     remap = torch.full((cache.used_pages,), -1, dtype=cache.page_table.dtype, device=order.device)

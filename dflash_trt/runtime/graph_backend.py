@@ -30,14 +30,14 @@ everything around the calls is here:
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from dflash_trt import plugins
 from dflash_trt.errors import DFlashError
-from dflash_trt.runtime.backend import Backend
+from dflash_trt.runtime.backend import Backend, merge_paged, repack_paged
+from dflash_trt.runtime.graph_caches import DenseKVCache, DenseTargetCache, TargetCache, merge_caches
 from dflash_trt.runtime.proposer import graph_proposer
 
 #: each graph's outputs, in the order :meth:`GraphBackend.run` returns them (``build/export.py``)
@@ -45,75 +45,6 @@ GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "new
                  "drafter": ["logits", "k_cache_out", "v_cache_out"]}
 #: the target graph's outputs in bundles exported before the new-K/V contract (the whole present cache)
 PRESENT_TARGET_OUTPUTS = ["logits", "target_hidden", "present_k", "present_v"]
-
-
-@dataclass
-class TargetCache:
-    """The target's KV cache as the target graph takes it: k, v [layers, b, kvh, S, d] (None: empty)."""
-
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
-
-
-class DenseKVCache:
-    """The drafter's context as ONNX Runtime's drafter graph reads it (``export/onnx_native.py``).
-
-    k, v [L, b, kvh, S, d]: row i's column j holds position j, valid where j < lengths[i]; the
-    graph reads the whole buffer (S, the capacity, grows by ``chunk`` columns, so the graph is
-    fed the tensors themselves, never a sliced copy) and returns the new columns, written here.
-    """
-
-    #: capacity step (columns): a growth copies the cache, so it happens every ``chunk`` tokens at most
-    chunk = 64
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, batch: int, device=None,
-                 max_columns: int | None = None):
-        self.k = torch.zeros(layers, batch, kv_heads, 0, head_dim, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        #: the capacity never grows past this (an engine profile's bound), only to what a row needs
-        self.max_columns = max_columns
-
-    def reserve(self, extra: torch.Tensor) -> None:
-        """Room for ``extra[i]`` more columns in row i (grown by whole chunks)."""
-        need = int((self.lengths + extra).max()) if self.lengths.numel() else 0
-        if need > self.k.shape[3]:
-            cap = -(-need // self.chunk) * self.chunk
-            cap = max(need, min(cap, self.max_columns or cap))
-            pad = (*self.k.shape[:3], cap - self.k.shape[3], self.k.shape[4])
-            self.k, self.v = (torch.cat([t, t.new_zeros(pad)], 3) for t in (self.k, self.v))
-
-    def append(self, k_new: torch.Tensor, v_new: torch.Tensor, n_new: torch.Tensor) -> None:
-        """Write the first n_new[i] of k_new, v_new [L, b, kvh, T, d] at columns lengths[i] + t
-        (one slice copy per row: cheaper than an index scatter at the batch sizes a round has)."""
-        for i, (at, n) in enumerate(zip(self.lengths.tolist(), n_new.tolist(), strict=True)):
-            self.k[:, i, :, at:at + n] = k_new[:, i, :, :n]
-            self.v[:, i, :, at:at + n] = v_new[:, i, :, :n]
-        self.lengths = self.lengths + n_new
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these rows (finished ones leave the batch). Only a row finishing could have
-        grown the capacity past ``max_columns`` (a row that goes on holds <= prompt + max_new - 2
-        columns, ``request_shapes``): the copy trims it back to what the rows kept need."""
-        self.lengths = self.lengths[rows]
-        cap = self.k.shape[3]
-        if self.max_columns is not None and cap > self.max_columns:
-            cap = max(self.max_columns, int(self.lengths.max()) if self.lengths.numel() else 0)
-        self.k, self.v = self.k[:, rows, :, :cap].contiguous(), self.v[:, rows, :, :cap].contiguous()
-
-
-class DenseTargetCache(DenseKVCache):
-    """The target's cache under the new-K/V contract (module docstring): a :class:`DenseKVCache`
-    plus ``pending``, the last verify's (new_k, new_v) [L, b, kvh, T, d] until ``commit_cache``
-    says how many columns of each row to keep."""
-
-    chunk = 32
-    pending: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def select(self, rows: torch.Tensor) -> None:
-        super().select(rows)
-        if self.pending is not None:
-            self.pending = (self.pending[0][:, rows], self.pending[1][:, rows])
 
 
 class GraphBackend(Backend):
@@ -188,16 +119,30 @@ class GraphBackend(Backend):
         """The names of one graph's outputs."""
 
     # -- the request check ---------------------------------------------------------------
-    def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
-        """Refuse, in one line, a request the engines were not built for (``ingest.EngineProfile``)."""
+    def check_batch(self, max_batch: int, block_size: int) -> None:
+        """A scheduler's batch and block size within the engines' profile, or one line."""
+        if max_batch > self.profile.max_batch:
+            raise DFlashError(f"max batch {max_batch} exceeds the engines' profile (batch <= {self.profile.max_batch}) "
+                              f"that --backend {self.name} runs; lower --max-batch or rebuild with "
+                              "--set serving.max_batch_size=N")
+        self._check_block(block_size)
+
+    def _check_block(self, block_size: int) -> None:
         p = self.profile
         if block_size not in (1, p.block_size):
             raise DFlashError(f"--backend {self.name}: the drafter graph was exported for block size {p.block_size}, "
                               f"not {block_size}; use block size {p.block_size} (or 1), or --backend torch")
+
+    def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
+        """Refuse, in one line, a request the engines were not built for (``ingest.EngineProfile``)."""
+        p = self.profile
+        self._check_block(block_size)
         lengths = [len(x) for x in prompts]
         problem = request_problem(p, lengths, max_new_tokens, block_size)
         #: the target cache's capacity for this request: the past a verify reads (request_shapes' seq
-        #: less the block) never passes it, so neither does any shape the engines are run at
+        #: less the block) never passes it, so neither does any shape the engines are run at. Only the
+        #: capacity's rounding up to a chunk is capped by it, never a row's own columns (``reserve``),
+        #: so a bound left by another request checked meanwhile (a scheduler's) is safe, only looser
         self._past_columns = request_shapes(lengths, max_new_tokens, block_size, p.page_size)["seq"] - block_size
         if problem:
             raise DFlashError(f"request outside the engines' profile (batch <= {p.max_batch}, <= {p.max_tokens} "
@@ -328,6 +273,20 @@ class GraphBackend(Backend):
             target_cache.k, target_cache.v = target_cache.k[:, rows], target_cache.v[:, rows]
         if draft_cache is not None:
             draft_cache.select(rows)
+            if isinstance(draft_cache, plugins.PagedKVCache):   # the pages of rows that left are freed
+                repack_paged(draft_cache)
+
+    def merge_rows(self, target_a, draft_a, target_b, draft_b):
+        """b's rows after a's (``graph_caches``: every row's columns stay where they were); a paged
+        drafter pool is repacked first when b's pages would not fit beside a's live ones."""
+        target = merge_caches(target_a, target_b)
+        if draft_a is None or draft_b is None:
+            return target, None
+        if isinstance(draft_a, plugins.PagedKVCache):
+            if draft_a.used_pages + draft_b.used_pages > draft_a.k.shape[1]:
+                repack_paged(draft_a, force=True)
+            return target, merge_paged(draft_a, draft_b)
+        return target, merge_caches(draft_a, draft_b)
 
     def commit_cache(self, target_cache, col_valid, n_new):
         """Write the verify's first n_new[r] K/V columns of row r after its committed ones

@@ -33,6 +33,7 @@ reproduces whatever joins, leaves or changes the draft length around it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.backend import Backend
 from dflash_trt.runtime.loop import Batch, Request, admit, block_size_for, readmit, run_round
 from dflash_trt.runtime.stats import Stats
+
+logger = logging.getLogger(__name__)
 
 
 def draft_len_for_batch_size(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
@@ -62,6 +65,8 @@ def _failed(req: Request, exc: BaseException, failed: list[Request]) -> None:
     req.finish_reason = "error"
     req.error = f"{type(exc).__name__}: {exc}"
     failed.append(req)
+    logger.error("a request failed alone (its prompt of %d tokens, %d generated): %s", len(req.prompt),
+                 len(req.token_ids), req.error, exc_info=exc)
 
 
 @dataclass
@@ -94,6 +99,7 @@ class Scheduler:
                               f"(this one: {trained})")
         if max_batch < 1:
             raise DFlashError(f"max_batch must be >= 1, got {max_batch}")
+        backend.check_batch(max_batch, B)   # a graph backend's engine profile: once, here
         self.backend, self.block_size, self.max_batch = backend, B, max_batch
         self.schedule = dict(draft_len_schedule) if draft_len_schedule else None
         self.batch: Batch | None = None
@@ -108,9 +114,11 @@ class Scheduler:
         return self.batch is None and not self.waiting
 
     def add(self, request: Request) -> None:
-        """Queue ``request``; it is admitted at a coming step, in the order added."""
+        """Queue ``request``; it is admitted at a coming step, in the order added. A request outside
+        the shapes the backend runs (a graph backend's engine profile) is refused here, alone."""
         if not request.prompt:
             raise DFlashError("every prompt needs at least one token")
+        self.backend.check_request([request.prompt], request.max_new_tokens, self.block_size)  # one line if not
         self.waiting.append(request)
 
     def draft_len(self, batch_size: int) -> int:
@@ -131,6 +139,7 @@ class Scheduler:
                 going = run_round(self.backend, self.batch, step.draft_len + 1, step.stats)
             except Exception as exc:
                 step.isolated = True
+                logger.warning("a round of %d rows raised; each row reruns alone", len(rows), exc_info=exc)
                 self.batch = self._isolate(rows, step.draft_len + 1, step, exc)
             else:
                 if not going:

@@ -1,10 +1,10 @@
-"""How a pair runs, decided once: the :class:`RunSpec` (backend, kernels, batching).
+"""How a pair runs, decided once: the :class:`RunSpec` (backend, kernels).
 
 The words (docs/design/pipeline.md, "Words"): the **backend** executes the forwards under the runtime's loop
 (``torch``: the PyTorch modules; ``onnx``: ONNX Runtime over a bundle's ``onnx/``; ``tensorrt``:
 TensorRT over its ``engines/``); the **kernels** are the dflash ops' implementation inside the
-torch backend (``reference`` | ``triton``); the **batching** of the embedded server is
-``continuous`` (the scheduler: rows join and leave a running batch every round) or ``static``.
+torch backend (``reference`` | ``triton``). Every backend batches continuously (the scheduler:
+rows join and leave a running batch every round).
 
 :func:`resolve_run` is the one place the user's choices meet the bundle: it refuses, in one
 DFlashError line, only what truly cannot run, before any weights load:
@@ -14,10 +14,8 @@ DFlashError line, only what truly cannot run, before any weights load:
 - ``tensorrt`` where TensorRT or a CUDA GPU is missing, or on a bundle without ``engines/``;
 - ``triton`` kernels with a graph backend (the graphs carry their own op implementations).
 
-One combination is not refused but resolved: ``continuous`` batching with a graph backend runs
-``static`` (the graph backends cannot merge rows into a running batch yet), said once in
-:attr:`RunSpec.notes`. Loading (``load_pair`` / ``load_bundle``) takes the resolved spec and
-returns a finished :class:`~dflash_trt.runtime.pair.Pair`.
+What resolving changed from the choices given is said once, in :attr:`RunSpec.notes`. Loading
+(``load_pair`` / ``load_bundle``) takes the resolved spec and returns a finished :class:`~dflash_trt.runtime.pair.Pair`.
 """
 
 from __future__ import annotations
@@ -31,8 +29,6 @@ from dflash_trt.plugins import KERNELS
 
 #: what ``--backend`` chooses: the PyTorch modules, ONNX Runtime over onnx/, TensorRT over engines/
 BACKENDS = ("torch", "onnx", "tensorrt")
-#: what ``--batching`` chooses for the embedded server
-BATCHING = ("continuous", "static")
 #: the backends that run a bundle's exported graphs
 GRAPH_BACKENDS = ("onnx", "tensorrt")
 
@@ -43,7 +39,6 @@ class RunSpec:
 
     backend: str = "torch"
     kernels: str = "reference"
-    batching: str = "continuous"
     #: what resolving changed from the choices given (one line each), for the caller to say once
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -53,30 +48,23 @@ class RunSpec:
         return self.backend in GRAPH_BACKENDS
 
 
-def resolve_run(backend: str = "torch", kernels: str = "reference", batching: str | None = None, *,
+def resolve_run(backend: str = "torch", kernels: str = "reference", *,
                 bundle: str | Path | None = None, dtype: str = "auto") -> RunSpec:
     """The :class:`RunSpec` for the user's choices and the bundle (None: a pair named by
     ``--target``/``--drafter``), or one DFlashError line for a combination that cannot run.
 
-    ``batching`` None is the backend's own (continuous for torch, static for the graphs), said
-    nowhere; an explicit ``continuous`` with a graph backend resolves to static with a note.
     """
     _choice("--backend", backend, BACKENDS)
     _choice("--kernels", kernels, KERNELS)
-    if batching is not None:
-        _choice("--batching", batching, BATCHING)
     if backend == "torch":
-        return RunSpec(backend, kernels, batching or "continuous")
+        return RunSpec(backend, kernels)
     if kernels != "reference":
         raise DFlashError(f"--kernels {kernels} chooses the torch backend's dflash ops; the {backend} backend runs "
                           "the graphs' own: drop --kernels or use --backend torch")
     if bundle is None:
         raise DFlashError(f"--backend {backend} runs a bundle's exported graphs: pass a bundle built with --graphs")
     _check_graphs(backend, bundle, dtype)
-    notes: tuple[str, ...] = ()
-    if batching == "continuous":  # GraphBackend has no merge_rows yet: rows join between batches
-        notes = (f"the {backend} backend batches statically (rows join between batches)",)
-    return RunSpec(backend, kernels, "static", notes)
+    return RunSpec(backend, kernels)
 
 
 def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -8,10 +8,9 @@ template), ``/v1/models``, ``/health``, ``/metrics`` (Prometheus, see
 Behaviour a client can rely on:
 
 - every model call goes through the pair's backend, the one its run spec opened
-  (``runtime.resolve_run``), and the batching is the spec's: continuous
+  (``runtime.resolve_run``), and batching is continuous on every backend
   (:mod:`dflash_trt.serve.continuous`: a request joins the running batch at the next round and
-  leaves it when done) or static (one batch at a time, :mod:`dflash_trt.serve.batcher`; what
-  the graph backends run until they batch continuously); at
+  leaves it when done); at
   temperature 0 every completion equals the target's own greedy decoding, and a request with
   a seed gives the same tokens, whatever else shares its batch;
 - admission is first come first served; the wait queue is bounded: a request that finds it
@@ -43,59 +42,51 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any
 
-from dflash_trt.errors import DFlashError, require
-from dflash_trt.runtime import BATCHING, Pair
-from dflash_trt.serve.batcher import Batcher, StaticBatcher
+from dflash_trt.errors import require
+from dflash_trt.logs import uvicorn_log_config
+from dflash_trt.runtime import Pair
 from dflash_trt.serve.continuous import ContinuousBatcher
+from dflash_trt.serve.render import ChatRenderer
+from dflash_trt.serve.spec import ServeSpec
 from dflash_trt.serve.state import ServerState
 
 DRAIN_TIMEOUT_S = 30.0   # serve --drain-timeout: how long SIGTERM lets in-flight requests run
 
 
-def make_batcher(pair: Pair, batching: str, *, max_batch: int, max_queue: int, block_size: int, metrics,
-                 batch_window_s: float, torch_threads: int | None) -> Batcher:
-    """The worker for ``batching``: the runtime's scheduler, or one static batch at a time."""
-    if batching == "continuous" and pair.spec.graphs:
-        raise DFlashError(f"the {pair.spec.backend} backend batches statically: its run spec says "
-                          f"batching={pair.spec.batching} (resolve_run)")
-    common = dict(max_batch=max_batch, max_queue=max_queue, block_size=block_size, metrics=metrics,
-                  torch_threads=torch_threads)
-    if batching == "continuous":
-        return ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule, **common)
-    if batching == "static":
-        return StaticBatcher(pair, batch_window_s=batch_window_s, **common)
-    raise DFlashError(f"unknown batching {batching!r}; choose one of {', '.join(BATCHING)}")
-
-
-def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64, max_batch: int | None = None,
-               block_size: int | None = None, max_model_len: int | None = None, batching: str | None = None,
-               default_max_tokens: int = 16, batch_window_s: float = 0.005, torch_threads: int | None = None,
-               api_key: str | None = None, max_body_bytes: int = 4 << 20):
-    """Build the FastAPI app serving ``pair``; the batch worker starts with the app's lifespan.
-    ``batching`` defaults to the pair's run spec's (``pair.spec.batching``).
+def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | None = None, **settings):
+    """Build the FastAPI app serving ``pair`` under ``spec`` (:class:`~dflash_trt.serve.spec.ServeSpec`;
+    or its fields as keywords); the batch worker starts with the app's lifespan.
     ``max_batch`` defaults to the bundle's planned ``max_batch_size`` (else 8). ``api_key``: every
     request but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise); bodies over
-    ``max_body_bytes`` are answered 413 (``serve/guard.py``)."""
+    ``max_body_bytes`` are answered 413 (``serve/guard.py``). A chat template renders in a child
+    process for at most ``template_timeout_s`` seconds and ``template_max_chars`` characters
+    (``serve/render.py``; 400 past either)."""
     fastapi = require("fastapi", "serve", "the embedded server")
     from dflash_trt.serve import routes  # imports fastapi
     from dflash_trt.serve.metrics import ServerMetrics
 
+    s = spec or ServeSpec(model_name=model_name, **settings)
     cfg = pair.target.config
-    B = pair.block_size(block_size)
+    B = pair.block_size(s.block_size)
     metrics = ServerMetrics(B)
-    batcher = make_batcher(pair, batching or pair.spec.batching, max_batch=max_batch or pair.max_batch_size or 8,
-                           max_queue=max_queue, block_size=B, metrics=metrics, batch_window_s=batch_window_s,
-                           torch_threads=torch_threads)
-    server = ServerState(pair, model_name or pair.name,
-                         context_len=max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),
-                         block_size=B, default_max_tokens=default_max_tokens, batcher=batcher, metrics=metrics)
+    batcher = ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule,
+                                max_batch=s.max_batch or pair.max_batch_size or 8, max_queue=s.max_queue, block_size=B,
+                                metrics=metrics, torch_threads=s.torch_threads)
+    server = ServerState(pair, s.model_name or model_name or pair.name,
+                         context_len=s.max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),
+                         block_size=B, default_max_tokens=s.default_max_tokens, batcher=batcher, metrics=metrics,
+                         chat=_renderer(pair.tokenizer, s.template_timeout_s, s.template_max_chars))
 
     @asynccontextmanager
     async def lifespan(app):
         batcher.start()
+        if server.chat is not None:
+            server.chat.start()
         try:
             yield
         finally:  # uvicorn has already let in-flight requests finish; finish anything queued (bounded)
+            if server.chat is not None:
+                server.chat.close()   # a render still running (a template that loops) ends now
             await asyncio.to_thread(batcher.stop, app.state.drain_timeout)
 
     app = fastapi.FastAPI(title="dflash-trt embedded server", lifespan=lifespan)
@@ -108,13 +99,19 @@ def create_app(pair: Pair, model_name: str | None = None, *, max_queue: int = 64
     routes.install(app)
     from dflash_trt.serve.guard import Guard
 
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, on_refused=metrics.request_done)
+    app.add_middleware(Guard, api_key=s.api_key, max_body_bytes=s.max_body_bytes, on_refused=metrics.request_done)
     return app
+
+
+def _renderer(tokenizer, timeout_s: float, max_chars: int) -> ChatRenderer | None:
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    return ChatRenderer(tokenizer, timeout_s=timeout_s, max_chars=max_chars)
 
 
 # ---- running it ----------------------------------------------------------------------------
 def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          drain_timeout: float = DRAIN_TIMEOUT_S) -> int:
+          drain_timeout: float = DRAIN_TIMEOUT_S, log_format: str = "text") -> int:
     """Run uvicorn in this thread until SIGTERM/SIGINT, then drain and return 0.
 
     The first signal stops admission (new requests get 503, /health says "draining"), lets
@@ -145,6 +142,7 @@ def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info
             return await super().on_tick(counter)
 
     server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           log_config=uvicorn_log_config(log_level, log_format),
                                            timeout_graceful_shutdown=max(1, int(drain_timeout) // 10 + 1)))
     server.run()
     return 0

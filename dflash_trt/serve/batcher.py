@@ -3,14 +3,8 @@
 Requests become :class:`Job` objects in a first-come-first-served queue (:class:`Batcher`).
 Admission: a job is refused (429) only when the jobs already waiting fill ``max_queue`` beyond
 the batch slots free right now, so an idle server never refuses; a closing server answers 503.
-Two workers take jobs from it:
-
-- :class:`~dflash_trt.serve.continuous.ContinuousBatcher` (the default): the runtime's
-  scheduler; a job joins the running batch at the next round and leaves when done.
-- :class:`StaticBatcher` (``--batching static``, kept for comparison): the oldest waiting
-  job and every other one that can share a runtime call with it (same sampling parameters;
-  seeded jobs alone), up to ``max_batch``, run through :func:`dflash_trt.runtime.generate`
-  as one batch; jobs arriving meanwhile wait for the next batch (no mid-batch joins).
+The worker is :class:`~dflash_trt.serve.continuous.ContinuousBatcher`, the runtime's scheduler
+on every backend: a job joins the running batch at the next round and leaves when done.
 
 Tokens are handed to each job as they are committed (``sink("tokens", ...)``), so streaming is
 real; a job whose client went away leaves the batch at the next round. The worker runs torch
@@ -21,6 +15,7 @@ rejecting requests while a round runs.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
@@ -28,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dflash_trt.runtime import Pair, SamplingParams, generate
+from dflash_trt.runtime import Pair, Request, SamplingParams
 from dflash_trt.serve.stops import TextStream
 
 
@@ -40,27 +35,26 @@ class Draining(Exception):
     """The server is shutting down and takes no new work: 503."""
 
 
+logger = logging.getLogger(__name__)
 _ids = itertools.count()
 
 
 @dataclass(eq=False)
 class Job:
-    """One request's generation. ``sink(kind, payload)`` receives ``("tokens", [ids])``
-    after each commit (then ``("text", str)``, the text now safe to stream, when the job has a
-    ``text``: its stop strings, :mod:`dflash_trt.serve.stops`) and one final
-    ``("done", finish_reason)`` or ``("error", message)``; it is called from the worker thread."""
+    """One request as the server serves it: the runtime's :class:`~dflash_trt.runtime.Request`
+    (prompt, limits, sampling, its tokens and rounds: the one place they are counted) and what
+    serving adds, the sink, the text stream and the timestamps. ``sink(kind, payload)`` receives
+    ``("tokens", [ids])`` after each commit (then ``("text", str)``, the text now safe to stream,
+    when the job has a ``text``: its stop strings, :mod:`dflash_trt.serve.stops`) and one final
+    ``("done", finish_reason)`` or ``("error", message)``; it is called from the worker thread.
+    ``finish_reason`` is what the client is told (``"error"`` too), set when the job ends."""
 
-    prompt: list[int]
-    max_tokens: int
-    sampling: SamplingParams = SamplingParams()
+    request: Request
     ignore_eos: bool = False
     text: TextStream | None = None  # the detokenized output, cut at a stop string
     sink: Callable[[str, object], None] = lambda kind, payload: None
     id: int = field(default_factory=lambda: next(_ids))
-    tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    rounds: int = 0                 # speculative rounds this job took part in (prefill excluded)
-    round_tokens: int = 0           # tokens those rounds committed (before max_tokens truncation)
     enqueued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None       # its prefill began (queue time: started - enqueued)
     first_token_at: float | None = None
@@ -68,6 +62,31 @@ class Job:
     finished_at: float | None = None
     gaps: list[float] = field(default_factory=list)  # seconds between consecutive commits (ITL)
     _cancel: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def new(cls, prompt: list[int], max_tokens: int, sampling: SamplingParams | None = None, **kw) -> Job:
+        return cls(Request(list(prompt), max_tokens, sampling or SamplingParams()), **kw)
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt
+
+    @property
+    def max_tokens(self) -> int:
+        return self.request.max_new_tokens
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens generated so far (the request's, as each commit kept them)."""
+        return self.request.token_ids
+
+    @property
+    def rounds(self) -> int:
+        return self.request.rounds
 
     def cancel(self) -> None:
         """Ask the worker to drop this job (the client went away). Idempotent."""
@@ -91,8 +110,7 @@ class Job:
             if metrics is not None:
                 metrics.itl.observe(self.gaps[-1])
         self.last_token_at = now
-        if new and not self.cancelled:
-            self.tokens.extend(new)
+        if new and not self.cancelled:   # the request holds them already (runtime.loop.take)
             self.sink("tokens", new)
             self._send_text()
 
@@ -120,15 +138,7 @@ class Job:
     @property
     def acceptance_length(self) -> float | None:
         """This request's τ: tokens committed per target forward, over its rounds."""
-        return self.round_tokens / self.rounds if self.rounds else None
-
-    def group_key(self) -> tuple:
-        s = self.sampling
-        if s.greedy:
-            return ("greedy", self.ignore_eos)
-        if s.seed is not None:
-            return ("seeded", self.id)
-        return ("sampled", s.temperature, s.top_p, s.top_k, self.ignore_eos)
+        return self.request.acceptance_length
 
 
 class Batcher:
@@ -187,6 +197,9 @@ class Batcher:
     def _fail(self, job: Job, stage: str, exc: BaseException | str) -> None:
         """Fail ``job`` alone: its error event, its row cancelled, the failure counted."""
         why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        # an exception's traceback is kept here (one given as text was logged where it was caught)
+        logger.error("request %d failed (%s): %s", job.id, stage, why,
+                     exc_info=exc if isinstance(exc, BaseException) else None)
         job.cancel()
         if not job.finished:
             job.fail(f"generation failed ({stage}): {why}")
@@ -247,130 +260,3 @@ class Batcher:
 
     def stops_for(self, job: Job) -> frozenset[int]:
         return frozenset() if job.ignore_eos else frozenset(self.pair.stop_token_ids)
-
-
-class StaticBatcher(Batcher):
-    """One batch at a time, fixed at its prefill: the policy before continuous batching."""
-
-    def __init__(self, pair: Pair, *, batch_window_s: float = 0.005, **kw):
-        super().__init__(pair, **kw)
-        self.batch_window_s = batch_window_s
-
-    def free_slots(self) -> int:
-        return 0 if self._paused or self._running else self.max_batch
-
-    def _take(self) -> list[Job] | None:
-        """Block for work; returns the next batch, or None when stopped and drained."""
-        with self._cond:
-            while not self._pending or (self._paused and not self._stopping):
-                if self._stopping and not self._pending:
-                    return None
-                self._cond.wait()
-        if self.batch_window_s and len(self._pending) < self.max_batch:
-            time.sleep(self.batch_window_s)  # let requests sent together arrive together
-        with self._cond:
-            key = self._pending[0].group_key()
-            batch = [j for j in self._pending if j.group_key() == key][: self.max_batch]
-            for j in batch:
-                self._pending.remove(j)
-            self._running = batch
-            self._gauge()
-        return batch
-
-    def _loop(self) -> None:
-        while True:
-            batch = self._take()
-            if batch is None:
-                return
-            live = [j for j in batch if not j.cancelled]
-            for j in batch:
-                if j.cancelled:
-                    j.finish("cancelled")
-            if live:
-                self._run(live)
-            with self._cond:
-                self._running = []
-                self._gauge()
-
-    def _run(self, jobs: list[Job]) -> None:
-        """One ``generate`` for ``jobs``. Should it raise, nothing tells its rows apart (one
-        forward for all), so every job not done yet runs again alone, from where it stands
-        (``_resume``): only a job whose own run raises fails. A job whose tokens cannot be handed
-        on fails alone at once (stage ``stream``); the others go on."""
-        now = time.perf_counter()
-        for j in jobs:
-            j.started_at = now
-        try:
-            self._generate(jobs)
-        except Exception as exc:  # a runtime failure fails only the jobs whose own run fails
-            if len(jobs) == 1:
-                self._fail(jobs[0], "step" if jobs[0].tokens else "admit", exc)
-                return
-            if self.metrics is not None:
-                self.metrics.isolated.inc()
-            for j in jobs:
-                if not j.finished:
-                    self._resume(j)
-
-    def _resume(self, job: Job) -> None:
-        """``job`` alone, after its batch raised: finished as it stands if it already reached its
-        end (length, a stop, a cancel), else generated on from its prompt and its tokens so far
-        (greedy: the target's own continuation; unseeded sampling: a fresh draw from there on; a
-        seeded job never comes here, it always runs in a batch of its own, ``group_key``)."""
-        stops = self.stops_for(job)
-        done = len(job.tokens) >= job.max_tokens or (job.text is not None and job.text.matched)
-        if job.cancelled or done or (job.tokens and job.tokens[-1] in stops):
-            self._finish(job, stops)
-            return
-        try:
-            self._generate([job])
-        except Exception as exc:
-            self._fail(job, "step" if job.tokens else "admit", exc)
-
-    def _generate(self, jobs: list[Job]) -> None:
-        """``generate`` over each job's prompt and the tokens it already has, to its own
-        ``max_tokens``; finishes the jobs (not the failed ones) and observes the round."""
-        stops = self.stops_for(jobs[0])
-
-        def on_commit(row: int, new: list[int]) -> None:
-            j = jobs[row]
-            if j.finished:
-                return
-            if j.first_token_at is not None:
-                j.rounds += 1
-                j.round_tokens += len(new)
-            try:
-                j.committed(new[: j.max_tokens - len(j.tokens)], self.metrics)
-            except Exception as exc:  # handing the tokens on failed: this job alone
-                self._fail(j, "stream", exc)
-
-        def should_stop(row: int) -> bool:
-            j = jobs[row]
-            return j.cancelled or j.finished or len(j.tokens) >= j.max_tokens
-
-        def match_stop(row: int, new: list[int]) -> int | None:
-            j = jobs[row]  # the batch runs to the longest max_tokens: this job's own cut first
-            return j.match_stop(new[: j.max_tokens - len(j.tokens)])
-
-        drafter = self.pair.drafter if self.block_size > 1 else None
-        gen = generate(self.pair.target, drafter, [j.prompt + j.tokens for j in jobs],
-                       max_new_tokens=max(j.max_tokens - len(j.tokens) for j in jobs), sampling=jobs[0].sampling,
-                       block_size=self.block_size, stop_token_ids=tuple(stops),
-                       on_commit=on_commit, should_stop=should_stop, match_stop=match_stop,
-                       backend=self.pair.backend)
-        for j in jobs:
-            if not j.finished:
-                self._finish(j, stops)
-        if self.metrics is not None:
-            self.metrics.observe_round(gen.stats, len(jobs), gen.stats.seconds, sum(len(j.tokens) for j in jobs))
-            for j in jobs:
-                if j.finish_reason != "error":
-                    self.metrics.observe_request(j)
-
-    @staticmethod
-    def _finish(job: Job, stops) -> None:
-        if job.cancelled:
-            job.finish("cancelled")
-        else:
-            matched = job.text is not None and job.text.matched
-            job.finish("stop" if matched or (job.tokens and job.tokens[-1] in stops) else "length")

@@ -21,10 +21,13 @@ request gets an error event (an OpenAI error object), frees its slot, and is cou
 
 from __future__ import annotations
 
+import logging
 import time
 
 from dflash_trt.runtime import Pair, Request, Scheduler, Step
 from dflash_trt.serve.batcher import Batcher, Job
+
+logger = logging.getLogger(__name__)
 
 
 class ContinuousBatcher(Batcher):
@@ -45,8 +48,10 @@ class ContinuousBatcher(Batcher):
             except Exception as exc:  # handing the tokens on failed: this job alone
                 self._fail(job, "stream", exc)
 
-        return Request(job.prompt, job.max_tokens, job.sampling, self.stops_for(job), on_commit=on_commit,
-                       should_stop=lambda: job.cancelled or job.finished, match_stop=job.match_stop)
+        req = job.request   # the job's own: the scheduler runs it, the job reads its tokens and rounds
+        req.stop_token_ids, req.on_commit, req.match_stop = self.stops_for(job), on_commit, job.match_stop
+        req.should_stop = lambda: job.cancelled or job.finished
+        return req
 
     def _admit(self) -> bool:
         """Block until there is work; hand the scheduler what fits. False: stopped and drained."""
@@ -73,6 +78,7 @@ class ContinuousBatcher(Batcher):
             try:
                 step = self.scheduler.step()
             except Exception as exc:  # the scheduler's state is lost: its rows fail, the queue goes on
+                logger.error("a scheduler step raised; its %d requests fail", len(self._jobs), exc_info=exc)
                 self.scheduler.abort()
                 self._drop_all("step", exc)
                 continue
@@ -80,8 +86,9 @@ class ContinuousBatcher(Batcher):
 
     def _drop_all(self, stage: str, exc: BaseException | str) -> None:
         """Fail every job the scheduler held (it dropped them all): no job is left waiting forever."""
+        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"   # its traceback: logged once
         for req in list(self._jobs):
-            self._fail(self._jobs.pop(req), stage, exc)
+            self._fail(self._jobs.pop(req), stage, why)
         with self._cond:
             self._running = []
             self._gauge()
@@ -96,7 +103,6 @@ class ContinuousBatcher(Batcher):
             self._fail(self._jobs[req], "step", req.error or "round failed")
         for req in step.finished:
             job = self._jobs.pop(req)
-            job.rounds, job.round_tokens = req.rounds, req.committed
             if job.finished:   # failed (admit, stream): its error event is out
                 continue
             job.finish(req.finish_reason or "stop")   # set on every finished row

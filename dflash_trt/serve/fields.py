@@ -94,8 +94,18 @@ MESSAGE_NOOPS: dict[str, tuple] = {"tool_calls": (None, []), "function_call": (N
                                    "refusal": (None,)}
 
 
+QUOTE_CHARS = 80        # the most of one client value an error message repeats
+MESSAGE_CHARS = 1000    # the most any error message says (every value in it quoted already)
+
+
+def quoted(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``text`` as an error repeats it: its first ``limit`` characters, then how long it was
+    (a multi-megabyte field is never echoed back)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _show(v: Any) -> str:
-    return "null" if v is None else repr(v).replace("True", "true").replace("False", "false")
+    return "null" if v is None else quoted(repr(v).replace("True", "true").replace("False", "false"))
 
 
 def unsupported(req: BaseModel, noops: dict[str, tuple]) -> tuple[str, str] | None:

@@ -1,6 +1,6 @@
 """What stands in front of the routes: the API key and the request-body limit (pure ASGI).
 
-* With an API key set, every request but ``GET /health`` (load balancers probe it) must carry
+* With an API key set, every request but ``GET``/``HEAD /health`` (load balancers probe it) must carry
   ``Authorization: Bearer KEY``, as OpenAI clients send it; otherwise 401 with OpenAI's error
   object (``code: invalid_api_key``). Keys are compared in constant time.
 * A body larger than ``max_body_bytes`` is answered 413 before it is read into memory: by its
@@ -16,7 +16,7 @@ import json
 
 from dflash_trt.serve.responses import error_body
 
-OPEN_PATHS = {("GET", "/health")}
+OPEN_PATHS = {("GET", "/health"), ("HEAD", "/health")}
 
 
 class _TooLarge(Exception):

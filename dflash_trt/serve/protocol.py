@@ -88,7 +88,7 @@ class ChatMessage(BaseModel):
     def check(self, i: int) -> None:
         """Roles the chat template takes (tools are refused), message fields at no-op values."""
         if self.role not in fields.ROLES:
-            raise APIError(400, f"messages[{i}].role {self.role!r} is not supported; use one of "
+            raise APIError(400, f"messages[{i}].role {fields.quoted(repr(self.role))} is not supported; use one of "
                            f"{', '.join(sorted(fields.ROLES))}", param=f"messages[{i}].role")
         if (bad := fields.unsupported(self, fields.MESSAGE_NOOPS)) is not None:
             raise APIError(400, f"messages[{i}].{bad[1]}", param=f"messages[{i}].{bad[0]}")
@@ -105,7 +105,8 @@ class ChatRequest(_Common, ChatFields):
         for i, m in enumerate(self.messages):
             m.check(i)
 
-    def encode(self, tokenizer) -> list[int]:
+    def template_messages(self, tokenizer) -> list[dict]:
+        """The messages as the chat template takes them (rendered by ``serve/render.py``)."""
         if not getattr(tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
         msgs = []
@@ -119,12 +120,7 @@ class ChatRequest(_Common, ChatFields):
             if m.name is not None:
                 msg["name"] = m.name
             msgs.append(msg)
-        try:
-            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=self.add_generation_prompt,
-                                                 tokenize=False)
-        except Exception as exc:  # jinja errors, raise_exception() in the template
-            raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return msgs
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
@@ -135,9 +131,9 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     if e.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
-    param = ".".join(loc) or None
+    param = fields.quoted(".".join(loc)) or None    # a field name is the client's too
     where = f"{param}: " if param else ""
-    return f"{where}{e.get('msg', 'invalid value')}", (loc[0] if loc else None)
+    return f"{where}{fields.quoted(str(e.get('msg', 'invalid value')), 300)}", (fields.quoted(loc[0]) if loc else None)
 
 
 class IncrementalDetokenizer:

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_trt.runtime import SamplingParams
 from dflash_trt.serve.batcher import Draining, Job, QueueFull
+from dflash_trt.serve.fields import MESSAGE_CHARS, quoted
 from dflash_trt.serve.protocol import APIError, ChatRequest, CompletionRequest, validation_message
 from dflash_trt.serve.responses import JobStream, Reply, completion_body, error_body, stream_events
 from dflash_trt.serve.state import ServerState
@@ -38,7 +39,8 @@ def error(server: ServerState, status: int, message: str, type_: str = "invalid_
           param: str | None = None, code: str | None = None) -> JSONResponse:
     """An OpenAI-style error response, counted in ``dflash_requests_total{status}``."""
     server.metrics.request_done(status)
-    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+    param = quoted(param) if param is not None else None
+    return JSONResponse(error_body(quoted(message, MESSAGE_CHARS), type_, param, code), status_code=status)
 
 
 async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -48,8 +50,9 @@ async def api_error(request: Request, exc: APIError) -> JSONResponse:
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Unknown routes (404), wrong methods (405) and the like, as OpenAI error objects too."""
     kind = {404: "NotFoundError", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-    messages = {404: f"No route {request.method} {request.url.path} on this server.",
-                405: f"Method {request.method} is not allowed on {request.url.path}."}
+    path = quoted(request.url.path)
+    messages = {404: f"No route {quoted(request.method)} {path} on this server.",
+                405: f"Method {quoted(request.method)} is not allowed on {path}."}
     message = messages.get(exc.status_code, str(exc.detail))
     return error(server_of(request), exc.status_code, message, kind)
 
@@ -76,12 +79,18 @@ async def tokenize(fn, *args, param: str):
                        param=param) from None
 
 
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """The rendered chat's token ids (its special tokens are in the text already)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 # ---- request -> job ---------------------------------------------------------------------
 def accept(request: Request, req) -> ServerState:
     """The checks every generation request passes first: the model it names, supported fields."""
     server = server_of(request)
     if req.model is not None and req.model != server.model_name:
-        raise APIError(404, f"The model `{req.model}` does not exist; this server serves `{server.model_name}`.",
+        raise APIError(404, f"The model `{quoted(req.model)}` does not exist; this server serves "
+                       f"`{server.model_name}`.",
                        "NotFoundError", "model", "model_not_found")
     req.check_supported()
     return server
@@ -111,7 +120,7 @@ def make_job(server: ServerState, req, prompt_ids: list[int], requested: int | N
         raise APIError(400, str(exc)) from None
     # the text as it is committed, cut at a stop string: what a stream sends (serve/stops.py)
     text = TextStream(server.pair.tokenizer, req.stops()) if req.stream or req.stop else None
-    return Job(prompt=prompt_ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=req.ignore_eos, text=text)
+    return Job.new(prompt_ids, max_tokens, sampling, ignore_eos=req.ignore_eos, text=text)
 
 
 def submit(server: ServerState, job: Job) -> asyncio.Queue:
@@ -221,13 +230,17 @@ async def completions(request: Request, req: CompletionRequest):
 
 async def chat_completions(request: Request, req: ChatRequest):
     server = accept(request, req)
-    ids = await tokenize(req.encode, server.pair.tokenizer, param="messages")
+    messages = req.template_messages(server.pair.tokenizer)   # 400 when the tokenizer has no chat template
+    assert server.chat is not None                             # create_app makes one for every template
+    text = await server.chat.render(messages, req.add_generation_prompt)
+    ids = await tokenize(chat_ids, server.pair.tokenizer, text, param="messages")
     job = make_job(server, req, ids, req.max_completion_tokens or req.max_tokens, server.context_len)
     return await respond(request, server, req, job, chat=True)
 
 
 ROUTES = (
     ("GET", "/health", health),
+    ("HEAD", "/health", health),   # load balancers probe with HEAD too
     ("GET", "/v1/models", models),
     ("GET", "/metrics", prometheus),
     ("POST", "/v1/completions", completions),

@@ -11,6 +11,7 @@ from dflash_trt.serve.batcher import Batcher
 
 if TYPE_CHECKING:  # metrics imports prometheus_client on use; only its type is needed here
     from dflash_trt.serve.metrics import ServerMetrics
+    from dflash_trt.serve.render import ChatRenderer
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ServerState:
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
     open_responses: int = 0
+    chat: ChatRenderer | None = None   # the chat template's renderer (None: the tokenizer has none)
 
     def busy(self) -> bool:
         return bool(self.open_responses or self.batcher.queue_depth or self.batcher.running)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import warnings
@@ -35,6 +36,8 @@ from torch import nn
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter
 from dflash_trt.train.dist import Ranks
+
+logger = logging.getLogger(__name__)
 
 METADATA_FILE = "training.json"
 STATE_DIR = "state"
@@ -128,6 +131,7 @@ def load_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer) -> tup
             dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
                      no_dist=not torch.distributed.is_initialized())
     except Exception as exc:  # noqa: BLE001 - DCP raises its own CheckpointException with every rank's error
+        logger.debug("loading the training state in %s failed", folder, exc_info=exc)   # the user's error, kept whole
         raise DFlashError(f"{folder}: the saved training state does not match this drafter "
                           f"({str(exc).splitlines()[0][:200]})") from None
     set_state_dict(module, opt, model_state_dict=state["model"],

@@ -353,7 +353,6 @@ def test_the_embedded_server_answers_through_onnx(pair, monkeypatch):
         return real_run(graph, feeds)
 
     monkeypatch.setattr(pair.backend, "run", counted)
-    assert pair.spec.batching == "static"        # resolved: the graph backends batch statically
     app = create_app(pair, "tiny", max_batch=4, max_queue=8)
     assert app.state.batcher.pair.backend is pair.backend
     with ServerThread(app) as srv:
@@ -362,11 +361,48 @@ def test_the_embedded_server_answers_through_onnx(pair, monkeypatch):
     assert graphs_run["target"] > 0 and graphs_run["drafter"] > 0, graphs_run
 
 
-def test_continuous_batching_on_the_graphs_resolves_to_static_said_once(bundle):
-    spec = resolve_run("onnx", batching="continuous", bundle=bundle)
-    assert (spec.backend, spec.batching) == ("onnx", "static") and len(spec.notes) == 1
-    assert "batches statically" in spec.notes[0]
-    assert resolve_run("onnx", bundle=bundle).notes == ()          # not asked for: nothing to say
+@pytest.mark.parametrize("block_size", [8, pytest.param(1, marks=pytest.mark.slow)])
+def test_rows_join_and_leave_a_running_onnx_batch_losslessly(pair, prompts, block_size):
+    """Continuous batching on the graphs (GraphBackend.merge_rows / keep_rows): rows of other
+    lengths and limits join a running ONNX Runtime batch at later steps and leave it as they
+    finish, and every row's tokens are the target's own greedy decoding."""
+    from dflash_trt.runtime import Request, Scheduler
+
+    limits = [MAX_NEW, 9, MAX_NEW - 5, 3, 17, MAX_NEW]
+    reqs = [Request(p, n) for p, n in zip(prompts, limits, strict=True)]
+    sched = Scheduler(pair.backend, block_size=block_size, max_batch=3)
+    arrivals = {0: reqs[:2], 2: reqs[2:4], 3: reqs[4:5], 5: reqs[5:]}
+    steps = []
+    for k in range(400):
+        for req in arrivals.get(k, []):
+            sched.add(req)
+        if sched.idle and k > max(arrivals):
+            break
+        steps.append(sched.step())
+    assert [r.token_ids for r in reqs] == [hf_greedy(pair.target.model, p, n) for p, n in zip(prompts, limits,
+                                                                                             strict=True)]
+    assert any(s.admitted and s.batch_size > len(s.admitted) for s in steps), "no row joined a running batch"
+    assert not any(s.isolated or s.failed or s.failed_rounds for s in steps)
+
+
+def test_the_scheduler_checks_the_profile_once_with_one_line(pair):
+    """The batch and block size against the engines' profile, where the scheduler is made (the
+    server's start); a request's own shapes when it is added."""
+    from dflash_trt.runtime import Request, Scheduler
+
+    p = pair.backend.profile
+    for kw, needle in ((dict(max_batch=p.max_batch + 1), "exceeds the engines' profile"),
+                       (dict(block_size=p.block_size - 1), f"exported for block size {p.block_size}")):
+        with pytest.raises(DFlashError, match=needle) as e:
+            Scheduler(pair.backend, **kw)
+        assert "\n" not in str(e.value)
+    with pytest.raises(DFlashError, match="outside the engines' profile"):
+        Scheduler(pair.backend, max_batch=1).add(Request([1] * (p.max_seq_len + 1), 4))
+
+
+def test_the_graphs_resolve_to_continuous_batching(bundle):
+    spec = resolve_run("onnx", bundle=bundle)
+    assert (spec.backend, spec.notes) == ("onnx", ())
     with pytest.raises(DFlashError, match="drop --dtype bfloat16"):
         resolve_run("onnx", bundle=bundle, dtype="bfloat16")
 
@@ -428,7 +464,7 @@ def test_a_llama_target_exports_and_runs_losslessly(tmp_path):
 
 
 def test_a_graph_backend_round_that_raises_fails_only_its_row_in_the_server(pair, monkeypatch):
-    """The graph backends serve with static batching: when the batch's verify through ONNX Runtime
+    """When a continuous batch's verify through ONNX Runtime
     raises for one row (a long prompt's positions), the others run on alone from where they stood
     and get the PyTorch backend's tokens; that request alone gets an OpenAI error object."""
     import asyncio

@@ -16,7 +16,7 @@ from dflash_trt.cli import run
 from dflash_trt.runtime.loop import generate
 from dflash_trt.runtime.pair import Pair, load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
-from dflash_trt.serve.batcher import Batcher, Job, StaticBatcher
+from dflash_trt.serve.batcher import Batcher, Job
 from tests.helpers import OracleDrafter, hf_greedy
 from tests.serve.helpers import served
 
@@ -271,23 +271,6 @@ def test_a_client_that_hangs_up_on_a_full_response_frees_its_slot(pair, held_unt
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{srv.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
         _assert_the_hang_up_freed_the_slot(srv, held_until_hang_up)
-
-
-def test_batcher_groups_by_sampling_and_caps_each_jobs_tokens(pair):
-    from dflash_trt.runtime.sampling import SamplingParams
-
-    b = StaticBatcher(pair, max_batch=8, max_queue=8, batch_window_s=0)
-    jobs = [Job(pair.encode("a"), 3), Job(pair.encode("bb"), 9), Job(pair.encode("c"), 5, SamplingParams(0.7, seed=1)),
-            Job(pair.encode("d"), 5, SamplingParams(0.7, seed=1))]
-    for j in jobs:  # no worker thread: the test takes and runs the batches itself
-        b.submit(j)
-    assert b._take() == jobs[:2]  # greedy jobs together; seeded jobs run alone
-    b._run(jobs[:2])
-    assert [len(j.tokens) for j in jobs[:2]] == [3, 9] and jobs[0].finish_reason == "length"
-    assert jobs[0].tokens == expected(pair, "a", 3)[:3]
-    assert jobs[1].tokens == expected(pair, "bb", 9)[:9]
-    assert b._take() == [jobs[2]]
-    assert b._take() == [jobs[3]]
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_0(bundle_dir):

@@ -125,17 +125,6 @@ def test_batch_size_and_draft_schedule_come_from_the_bundles_plan(tmp_path):
     assert create_app(pair, "tiny", max_batch=5).state.batcher.max_batch == 5   # the flag wins
 
 
-def test_static_batching_is_still_there_for_comparison(pair):
-    app = create_app(pair, "tiny", max_batch=4, batching="static")
-    with ServerThread(app) as srv:
-        async def go():
-            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
-                rs = await asyncio.gather(*(c.post("/v1/completions", json={"prompt": f"s{i}", "max_tokens": 6,
-                                                                            "temperature": 0}) for i in range(5)))
-                return [r.json()["choices"][0]["text"] for r in rs]
-        texts = asyncio.run(go())
-    assert texts == [pair.decode(expected(pair, f"s{i}", 6)) for i in range(5)]
-
 
 def test_chat_works_on_the_embedded_tiny_model(capsys):
     pair = load_pair("embedded:tiny/target", "embedded:tiny/drafter", dtype="float32")

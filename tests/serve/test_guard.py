@@ -102,3 +102,33 @@ def test_max_queue_zero_still_serves_an_idle_server(pair):
         for _ in range(3):
             r = c.post("/v1/completions", json={"prompt": "def f", "max_tokens": 2, "temperature": 0})
             assert r.status_code == 200, r.text
+
+
+def test_head_health_answers_like_get(pair):
+    """Load balancers probe with HEAD: the same status as GET, no key needed, no body."""
+    from dflash_trt.serve.app import ServerThread
+
+    app = create_app(pair, "m", api_key="s3cret")
+    with ServerThread(app) as srv:
+        import httpx
+
+        get, head = httpx.get(f"{srv.url}/health", timeout=10), httpx.head(f"{srv.url}/health", timeout=10)
+        assert get.status_code == head.status_code == 200 and head.content == b""
+        app.state.drain()
+        assert httpx.head(f"{srv.url}/health", timeout=10).status_code == 503   # draining, as GET says
+        assert httpx.head(f"{srv.url}/v1/models", timeout=10).status_code == 401  # only /health is open
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "m" * 1_000_000, "prompt": "a"},                                     # an unknown model's name
+    {"prompt": "a", "x" * 1_000_000: 1},                                           # an unknown field's name
+    {"messages": [{"role": "r" * 1_000_000, "content": "hi"}]},                    # a role
+    {"prompt": "a", "logit_bias": {str(i): 1 for i in range(100_000)}},            # an unsupported value
+])
+def test_error_bodies_quote_a_bounded_prefix_of_any_value(pair, body):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    with TestClient(create_app(pair, "m", max_body_bytes=8 << 20)) as c:
+        r = c.post(path, json=body)
+    err = _error(r, 404 if "model" in body else 400)
+    assert len(r.content) < 2000, (len(r.content), err["message"][:200])
+    assert "characters)" in err["message"] + (err["param"] or "")

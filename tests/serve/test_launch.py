@@ -66,6 +66,21 @@ def test_trtllm_serve_failure_is_reported_with_its_status(bundle, fake_trtllm, m
     assert "exited with status 3" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("server", [[], ["--server", "trtllm"]])
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_an_api_key_is_never_dropped_on_trtllm_serve(bundle, fake_trtllm, monkeypatch, capsys, server, how):
+    """trtllm-serve checks no key (NO_KEY_IN_TRTLLM cites where): asked for one, serve refuses in
+    one line and starts nothing, rather than an open server on the requested host."""
+    args = ["--api-key", "s3cret"] if how == "flag" else []
+    if how == "env":
+        monkeypatch.setenv("DFLASH_API_KEY", "s3cret")
+    assert run(["serve", str(bundle), "--host", "0.0.0.0", *server, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "checks no API key" in err and len(err.splitlines()) == 1, err
+    assert "s3cret" not in err
+    assert not fake_trtllm.exists()        # the stand-in trtllm-serve never ran
+
+
 def test_server_trtllm_without_trtllm_serve_is_a_one_line_error(bundle, monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     assert run(["serve", str(bundle), "--server", "trtllm"]) == 2

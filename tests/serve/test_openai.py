@@ -204,18 +204,3 @@ def test_the_openai_client_gets_param_and_no_op_defaults_pass(client):
         user="u-1", metadata={"k": "v"}, store=False, response_format={"type": "text"}, tool_choice="none",
         parallel_tool_calls=True, service_tier="auto", modalities=["text"])
     assert r.choices[0].message.role == "assistant"
-
-
-def test_static_batching_stops_at_the_match_too(pair):
-    with ServerThread(create_app(pair, "tiny", batching="static", max_batch=2)) as srv:
-        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
-        full = greedy(client).choices[0]
-        stop = full.text[6:9]
-        want = full.text[: full.text.find(stop)]
-        c = greedy(client, stop=stop).choices[0]
-        assert (c.text, c.finish_reason) == (want, "stop")
-        assert c.token_ids == full.token_ids[: len(c.token_ids)] and stop not in pair.decode(c.token_ids[:-1])
-        streamed, reason = stream_text(client.completions.create(
-            model="tiny", prompt=PROMPT, max_tokens=N, temperature=0, stream=True, stop=stop,
-            extra_body={"ignore_eos": True}))
-        assert ("".join(streamed), reason) == (want, "stop")

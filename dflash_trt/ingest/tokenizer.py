@@ -110,7 +110,8 @@ def judge(path: str, vocab: dict[str, int], special: set[int], vocab_size: int |
     """Properties 2 and 3 of the module docstring on a loaded tokenizer; None, or why it fails."""
     for token, i in vocab.items():
         if not isinstance(i, int) or i < 0 or (vocab_size is not None and i >= vocab_size):
-            return f"{path}: the tokenizer's token {token!r} has id {i}, outside the target's vocabulary of {vocab_size}"
+            return (f"{path}: the tokenizer's token {token!r} has id {i}, "
+                    f"outside the target's vocabulary of {vocab_size}")
     regular = sorted(set(vocab.values()) - special - {unknown})
     spells = [t for t, i in vocab.items() if (i in special or i == unknown) and t]
 

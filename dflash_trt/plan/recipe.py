@@ -14,15 +14,31 @@ import copy
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dflash_trt.errors import RecipeError, read_text
 from dflash_trt.plan import trtllm_releases
 
-Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
+
+def any_case(*choices: str) -> BeforeValidator:
+    """A choice field's validator: a string naming one of ``choices`` in any case is that choice
+    (``BF16`` is ``bf16``, ``vanilla`` is ``VANILLA``); anything else is left for the field to refuse."""
+    table = {c.lower(): c for c in choices}
+    return BeforeValidator(lambda v: table.get(v.lower(), v) if isinstance(v, str) else v)
+
+
+_Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
+Precision = Annotated[_Precision, any_case(*get_args(_Precision))]
+_KvCache = Literal["auto", "fp8"]
+KvCache = Annotated[_KvCache, any_case(*get_args(_KvCache))]
+_Schedule = Literal["auto", "max_concurrency", "draft_len_schedule", "none"]
+_Attention = Literal["auto", "TRTLLM", "FA4", "VANILLA"]
+_Engine = Literal["trtllm", "tensorrt"]
+Engine = Annotated[_Engine | None, any_case(*get_args(_Engine))]
+IntOrAuto = Annotated[int | Literal["auto"], any_case("auto")]
 
 
 class _Strict(BaseModel):
@@ -56,7 +72,7 @@ class PrecisionSpec(_Strict):
         "bf16", description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell), nvfp4 (Blackwell), or auto: "
                             "the target as shipped (a pre-quantized checkpoint such as gpt-oss MXFP4 is used as it "
                             "is; bf16 otherwise).")
-    kv_cache: Literal["auto", "fp8"] = Field("auto", description="KV cache dtype: auto (model dtype) or fp8.")
+    kv_cache: KvCache = Field("auto", description="KV cache dtype: auto (model dtype) or fp8.")
     calib: str | None = Field(
         None, description="Calibration text file (one sample per line, or JSONL with 'prompt'/'text').")
     calib_samples: int = Field(64, ge=1, description="Calibration samples for post-training quantization.")
@@ -64,7 +80,7 @@ class PrecisionSpec(_Strict):
 
 
 class ParallelSpec(_Strict):
-    tp: int | Literal["auto"] = Field("auto", description="Tensor-parallel size; auto picks the smallest that fits.")
+    tp: IntOrAuto = Field("auto", description="Tensor-parallel size; auto picks the smallest that fits.")
     ep: int = Field(1, ge=1, description="Expert-parallel size (MoE targets).")
 
 
@@ -100,9 +116,9 @@ class ServingSpec(_Strict):
 
 class SpeculativeSpec(_Strict):
     block_size: int | None = Field(None, ge=1, description="Draft block size B (default: the drafter's trained block).")
-    max_draft_len: int | Literal["auto"] = Field(
+    max_draft_len: IntOrAuto = Field(
         "auto", description="Draft tokens per step (<= B-1); auto: from the planner's roofline.")
-    schedule: Literal["auto", "max_concurrency", "draft_len_schedule", "none"] = Field(
+    schedule: Annotated[_Schedule, any_case(*get_args(_Schedule))] = Field(
         "auto", description="How drafting backs off as batches grow: a hard cut-off, a per-batch-size draft length, "
                             "or never.")
     max_concurrency: int | None = Field(
@@ -117,7 +133,7 @@ class SpeculativeSpec(_Strict):
     per_position_acceptance: list[Rate] | None = Field(
         None, description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` "
                           "prints); the planner's tau(L) sums them (geometric beyond the last).")
-    attention_backend: Literal["auto", "TRTLLM", "FA4", "VANILLA"] = Field(
+    attention_backend: Annotated[_Attention, any_case(*get_args(_Attention))] = Field(
         "auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere.")
     use_rejection_sampling: bool = Field(
         True, description="Rejection sampling at temperature > 0 (keeps the target's distribution).")
@@ -158,7 +174,7 @@ class Recipe(_Strict):
                          "(onnx/) and TensorRT engines (engines/, where TensorRT and a GPU are), run by generate/bench/"
                          "serve --backend onnx|tensorrt. The old key 'engine: tensorrt|trtllm' is read as "
                          "graphs: true|false when graphs is not given.")
-    engine: Literal["trtllm", "tensorrt"] | None = Field(None, exclude=True, description="The old spelling of graphs "
+    engine: Engine = Field(None, exclude=True, description="The old spelling of graphs "
                                                           "(read, never written): tensorrt = true, trtllm = false.")
     incomplete: list[str] = Field(default_factory=list, description="What the published configs lack (one entry "
                                   "each): with neither the hub nor a cached copy, an offline plan refuses in "
@@ -170,8 +186,9 @@ class Recipe(_Strict):
     @classmethod
     def _old_engine_key(cls, data: Any) -> Any:
         """``engine: tensorrt|trtllm`` (the old key) is ``graphs: true|false`` unless graphs is given."""
-        if isinstance(data, dict) and data.get("engine") in ("trtllm", "tensorrt") and data.get("graphs") is None:
-            data = {**data, "graphs": data["engine"] == "tensorrt"}
+        engine = data.get("engine") if isinstance(data, dict) else None
+        if isinstance(engine, str) and engine.lower() in ("trtllm", "tensorrt") and data.get("graphs") is None:
+            data = {**data, "graphs": engine.lower() == "tensorrt"}
         return data
 
     def resolve_path(self, p: str | None) -> Path | None:

@@ -7,6 +7,9 @@ one line on stderr and exits with code 2; no traceback.
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class DFlashError(Exception):
     """A user error: the message says what is wrong and what to do."""
@@ -72,3 +75,26 @@ def read_text(path, what: str) -> str:
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise DFlashError(f"{what} {p}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line})") from None
+
+
+#: errno values that say the machine refused (space, size limit, name length, permissions), not the program
+ENVIRONMENT = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+               errno.EFBIG: "file too large for the process's file-size limit (ulimit -f) or the file system",
+               errno.ENAMETOOLONG: "file name too long for the file system",
+               errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM:
+               "operation not permitted", errno.EMFILE: "too many open files", errno.ENOTDIR: "not a directory",
+               errno.ELOOP: "too many levels of symbolic links"}
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """One line for an OS refusal anywhere in ``exc``'s chain (``__cause__``/``__context__``), naming
+    the path it was about; None when no such ``OSError`` is there (a bug keeps its traceback)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in ENVIRONMENT:
+            path = exc.filename2 if exc.filename2 is not None else exc.filename
+            where = f"{os.fsdecode(path)}: " if path is not None else ""
+            return f"{where}{ENVIRONMENT[exc.errno]} ({errno.errorcode.get(exc.errno, exc.errno)})"
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -21,6 +21,7 @@ from dflash_trt._cli.common import (
     out,
     run_spec,
 )
+from dflash_trt._cli.port import check_free
 
 
 class Server(str, Enum):
@@ -112,6 +113,7 @@ def serve(
     trtllm = launch.find_trtllm_serve()
     if dry_run:
         return _print_dry_run(b, host, port, trtllm, server)
+    check_free(host, port)   # a busy port is one line now, before any model loads
     if (backend != "torch" or kernels != "reference") and server is Server.trtllm:
         raise DFlashError("--backend/--kernels choose how the embedded server runs the models; --server trtllm "
                           "serves with trtllm-serve: use --server embedded (or auto)")

@@ -63,8 +63,10 @@ def _probe(path: str, stamps: tuple, vocab_size: int | None) -> str | None:
                      decode=lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
                      normalise=normaliser.normalize_str if normaliser is not None else None,
                      unknown=tok.unk_token_id)
-    except Exception as exc:  # noqa: BLE001 - any failure of a third-party parser is "does not load"
-        return _does_not_load(path, exc)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any failure of the parser is "does not load" (a Rust
+        return _does_not_load(path, exc)   # panic from tokenizers derives from BaseException only)
     finally:
         quiet.level = level
 
@@ -87,7 +89,9 @@ def probe_light(path: str | Path, vocab_size: int | None = None) -> str | None:
                      decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                      normalise=tok.normalizer.normalize_str if tok.normalizer is not None else None,
                      unknown=_unknown(tok))
-    except Exception as exc:  # noqa: BLE001 - any failure of the parser is "does not load"
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - as in _probe: a Rust panic too is "does not load"
         return _does_not_load(str(path), exc)
 
 

@@ -88,6 +88,21 @@ def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: 
     ranks.barrier()
 
 
+@contextlib.contextmanager
+def reading_state(work: Path):
+    """A saved run read for ``--resume``: any failure reading it (a truncated JSON, a damaged
+    safetensors shard, torch's ``CheckpointException``, which derives from ``BaseException`` only)
+    is one line naming the folder; Ctrl-C and ``SystemExit`` pass through."""
+    try:
+        yield
+    except (DFlashError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - whatever the readers raise, the state on disk is damaged
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise DFlashError(f"{work}: the saved training state is damaged ({type(exc).__name__}: {first}); "
+                          "restore the folder, or start a fresh run with another --out") from None
+
+
 def has_state(work: Path) -> bool:
     return (work / STATE_DIR / "train.json").exists() or (work / "state.safetensors").exists()
 
@@ -108,7 +123,9 @@ def load_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer) -> tup
         with _one_process_ok():
             dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
                      no_dist=not torch.distributed.is_initialized())
-    except Exception as exc:  # noqa: BLE001 - DCP raises its own CheckpointException with every rank's error
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException (a BaseException) holds every rank's
         raise DFlashError(f"{folder}: the saved training state does not match this drafter "
                           f"({str(exc).splitlines()[0][:200]})") from None
     set_state_dict(module, opt, model_state_dict=state["model"],

@@ -41,6 +41,7 @@ from dflash_trt.train.checkpoint import (
     full_drafter,
     has_state,
     load_state,
+    reading_state,
     save_state,
     saved_step,
     write_drafter,
@@ -83,7 +84,10 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
     if s.resume:
         if not (work / "settings.json").exists():
             raise DFlashError(f"--resume: {out} holds no training run to resume")
-        saved = json.loads((work / "settings.json").read_text())
+        with reading_state(work):
+            saved = json.loads((work / "settings.json").read_text())
+            if not isinstance(saved, dict):
+                raise ValueError("settings.json is not an object")
         saved.setdefault("arch", "dflash")      # runs saved before --arch existed trained DFlash drafters
         saved.setdefault("target_dtype", "float32")   # and before --target-dtype, a float32 target
         for name in SHAPE_FIELDS:
@@ -92,8 +96,10 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
                 raise DFlashError(f"--resume: --{name.replace('_', '-')} {mine} differs from the run's {theirs}")
         # A resumed run is the same run: everything but its length, cadence and place comes from OUT.
         here = {k: getattr(s, k) for k in RESUMABLE_FIELDS}
-        return TrainSettings(**{**saved, **here, "resume": True})
-    step = saved_step(work)
+        with reading_state(work):
+            return TrainSettings(**{**saved, **here, "resume": True})
+    with reading_state(work):
+        step = saved_step(work)
     if step is not None:
         raise DFlashError(f"{out} already holds a training run at step {step}: pass --resume, or another --out")
     if out.exists() and any(p.name != ".train" for p in out.iterdir()):
@@ -324,7 +330,8 @@ def _optimise(run: _Run, opt: torch.optim.Optimizer) -> Result:
     s, progress, module = run.s, run.progress, run.module
     step, history = 0, []
     if s.resume and has_state(run.work):
-        step, history = load_state(run.work, module, opt)
+        with reading_state(run.work):
+            step, history = load_state(run.work, module, opt)
         progress.log(f"resuming at step {step}" + (f" on {run.ranks.world} ranks" if run.ranks.world > 1 else ""))
     gamma = objective.loss_gamma(s.block_size)
     progress.phase("training", s.steps)

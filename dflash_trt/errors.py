@@ -86,15 +86,63 @@ ENVIRONMENT = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk 
                errno.ELOOP: "too many levels of symbolic links"}
 
 
-def environment_error(exc: BaseException) -> str | None:
-    """One line for an OS refusal anywhere in ``exc``'s chain (``__cause__``/``__context__``), naming
-    the path it was about; None when no such ``OSError`` is there (a bug keeps its traceback)."""
+def os_refusal(exc: BaseException) -> OSError | None:
+    """The ``OSError`` with an :data:`ENVIRONMENT` errno anywhere in ``exc``'s chain
+    (``__cause__``/``__context__``, and the per-rank ``failures`` torch's ``CheckpointException``
+    carries), or None."""
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in ENVIRONMENT:
-            path = exc.filename2 if exc.filename2 is not None else exc.filename
-            where = f"{os.fsdecode(path)}: " if path is not None else ""
-            return f"{where}{ENVIRONMENT[exc.errno]} ({errno.errorcode.get(exc.errno, exc.errno)})"
-        exc = exc.__cause__ or exc.__context__
+    todo: list = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, tuple):   # DCP's wrapped exception: (exception, traceback summary)
+            todo.extend(x for x in e if isinstance(x, BaseException))
+            continue
+        if isinstance(e, OSError) and e.errno in ENVIRONMENT:
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo.extend(failures.values())
+        if isinstance(e, BaseException):
+            todo.extend((e.__cause__, e.__context__))
     return None
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """One line for an OS refusal in ``exc``'s chain (:func:`os_refusal`), naming the path it was
+    about; None when there is none (a bug keeps its traceback)."""
+    e = os_refusal(exc)
+    if e is None:
+        return None
+    path = e.filename2 if e.filename2 is not None else e.filename
+    where = f"{os.fsdecode(path)}: " if path is not None else ""
+    return f"{where}{ENVIRONMENT[e.errno]} ({errno.errorcode.get(e.errno, e.errno)})"
+
+
+def discard_on_error(path):
+    """A context for writing the temporary ``path`` (a file or a folder, renamed into place when the
+    block succeeds): any failure inside removes it, so a full disk or a file-size limit leaves
+    nothing half-written behind; an OS refusal that names no file (a library writing in Rust or
+    C++) is raised again naming ``path``. Usage: ``with discard_on_error(tmp): write(tmp); ...``."""
+    import contextlib
+    import shutil
+    from pathlib import Path
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except BaseException as exc:
+            p = Path(path)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            refused = os_refusal(exc)
+            if refused is not None and refused.filename is None:
+                raise OSError(refused.errno, refused.strerror or os.strerror(refused.errno), str(p)) from exc
+            raise
+    return guard()

@@ -26,6 +26,7 @@ import shutil
 from pathlib import Path
 
 from dflash_trt import ingest
+from dflash_trt.deploy.siblings import PID_ROOM, sibling
 from dflash_trt.errors import DFlashError
 
 
@@ -68,7 +69,7 @@ def lock(out: Path):
     already unlinked by the previous holder opens the new one again."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        path = out.parent / f".{out.name}.lock" if _beside(out) else out / f"{INSIDE}.lock"
+        path = out.parent / sibling(out.name, "lock") if _beside(out) else out / f"{INSIDE}.lock"
     except OSError as exc:
         raise DFlashError(f"-o {out}: cannot write there ({exc.strerror or exc})") from None
     fd = _acquire(out, path)
@@ -112,7 +113,8 @@ def start_partial(out: Path) -> Path:
     model-sized."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        where, prefix = (out.parent, f".{out.name}.partial-") if _beside(out) else (out, f"{INSIDE}.partial-")
+        where, prefix = ((out.parent, sibling(out.name, "partial-", PID_ROOM)) if _beside(out)
+                         else (out, f"{INSIDE}.partial-"))
         for stale in where.glob(f"{prefix}*"):
             pid = stale.name.rsplit("-", 1)[-1]
             if stale.is_dir() and not (pid.isdigit() and _alive(int(pid))):

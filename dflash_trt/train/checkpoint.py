@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import DFlashError, discard_on_error
 from dflash_trt.model import Drafter
 from dflash_trt.train.dist import Ranks
 
@@ -41,8 +41,9 @@ STATE_DIR = "state"
 
 def write_json(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    tmp.replace(path)
+    with discard_on_error(tmp):
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+        tmp.replace(path)
 
 
 @contextlib.contextmanager
@@ -69,7 +70,7 @@ def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: 
     if ranks.main and tmp.exists():
         shutil.rmtree(tmp)
     ranks.barrier()
-    with _one_process_ok():
+    with _one_process_ok(), discard_on_error(tmp):
         dcp.save({"model": msd, "optim": _tensors_only(osd)},
                  storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
                  no_dist=not torch.distributed.is_initialized())
@@ -77,7 +78,8 @@ def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: 
     if ranks.main:
         meta = {"step": step, "param_groups": osd["param_groups"], "history": history, "ranks": ranks.world,
                 "parallel": ranks.parallel}
-        write_json(tmp / "train.json", meta)
+        with discard_on_error(tmp):
+            write_json(tmp / "train.json", meta)
         old = work / (STATE_DIR + ".old")
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -188,9 +190,10 @@ def write_drafter(drafter: Drafter, out: Path, dtype: str, metadata: dict) -> No
         for f in tmp.iterdir():
             f.unlink()
     d = drafter.to(getattr(torch, dtype))
-    d.save(tmp)
-    for name in ("config.json", "model.safetensors"):
-        (tmp / name).replace(out / name)
+    with discard_on_error(tmp):
+        d.save(tmp)
+        for name in ("config.json", "model.safetensors"):
+            (tmp / name).replace(out / name)
     write_json(out / METADATA_FILE, metadata)
 
 

@@ -163,7 +163,10 @@ def _translate(exc: BaseException, environment: str | None) -> str | None:
     elif isinstance(exc, RecursionError):
         said = "an input is nested too deeply to read (a file or value nested hundreds of levels deep)"
     elif not isinstance(exc, Exception):
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        try:
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+        except Exception:  # noqa: BLE001 - a library exception whose __str__ fails still gets its line
+            first = repr(type(exc))
         said = f"{type(exc).__module__}.{type(exc).__name__}: {first} (a library failed on this input)"
     else:
         return None

@@ -107,7 +107,21 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
     return s
 
 
+#: every integer setting's largest value, whatever its digit count (10**30 steps never return)
+_MAX = {"steps": 10**9, "batch_size": 1 << 16, "anchors": 1 << 16, "prompt_len": 1 << 24, "gen_len": 1 << 24,
+        "window_stride": 1 << 24, "samples": 1 << 30, "eval_prompts": 1 << 20, "eval_every": 10**9,
+        "eval_tokens": 1 << 24, "save_every": 10**9, "regen_concurrency": 1 << 16, "block_size": 1024,
+        "layers": 1024, "mask_token_id": 1 << 31, "conv_kernel_size": 1024, "conv_group_size": 1 << 20,
+        "selector_rank": 1 << 20, "selector_top_k": 1 << 20, "seed": 2**63 - 1}
+
+
 def _check_numbers(s: TrainSettings, world: int) -> None:
+    for name, most in _MAX.items():
+        v = getattr(s, name)
+        if v is not None and not -most <= v <= most:
+            raise DFlashError(f"--{name.replace('_', '-')} {v}: out of range (at most {most:,})")
+    if not 0 < s.feature_shard_mb <= 1 << 20 or not 0 < s.lr < 1e3:
+        raise DFlashError(f"--feature-shard-mb {s.feature_shard_mb} / --lr {s.lr}: out of range")
     if s.steps < 1 or s.batch_size < 1 or s.anchors < 1 or s.prompt_len < 2 or s.gen_len < 1:
         raise DFlashError("--steps, --batch-size, --anchors, --gen-len must be >= 1 and --prompt-len >= 2")
     if s.batch_size < world:

@@ -463,7 +463,7 @@ def test_fuzz_os_faults_while_writing(work, surfaces, budget):
         writer, name, code, after = example
         out = work / "out"
         if writer == "build --force" and not (out / "manifest.json").exists():
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink(missing_ok=True)
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 assert run(["build", "-o", str(out)]) == 0
         elif writer != "build --force":
@@ -482,3 +482,76 @@ def test_fuzz_os_faults_while_writing(work, surfaces, budget):
             assert (out / "manifest.json").is_file(), (argv, name, code, after)
     fuzz(budget, st.tuples(st.sampled_from(sorted(WRITERS)), st.sampled_from(FAULTS), st.sampled_from(ERRNOS),
                            st.integers(0, 40)), check)
+
+
+# ---- hostile structure inside the files the CLI reads: depth, size, range, type swaps ---------------
+fragments = st.one_of(
+    st.integers(100, 5000).map(lambda n: "[" * n + "]" * n),                 # depth past the parsers' recursion
+    st.integers(100, 3000).map(lambda n: '{"a": ' * n + "1" + "}" * n),
+    st.integers(19, 6000).map(lambda n: "9" * n),                            # range, any digit count
+    st.integers(19, 400).map(lambda n: "-" + "9" * n + ".5e" + "9" * 3),
+    st.integers(10_000, 300_000).map(lambda n: '"' + "x" * n + '"'),        # size
+    st.sampled_from(["[1]", '["a", 2]', "{}", '"str"', "null", "true", "-1", "0", "1e999", "[[]]"]),   # type swaps
+)
+PLACEHOLDER = "@@hostile@@"
+
+
+def splice(data, key_path: list[str], fragment: str, fmt: str) -> str:
+    """``data`` with the value at ``key_path`` replaced by the raw ``fragment``, as JSON or YAML text
+    (flow-style JSON is YAML too)."""
+    data = json.loads(json.dumps(data))
+    node = data
+    for k in key_path[:-1]:
+        node = node.setdefault(k, {}) if isinstance(node.get(k), dict) or k not in node else {}
+    node[key_path[-1]] = PLACEHOLDER
+    text = json.dumps(data) if fmt == "json" else yaml.safe_dump(data, default_flow_style=True, width=10**9)
+    return text.replace(f'"{PLACEHOLDER}"', fragment).replace(f"'{PLACEHOLDER}'", fragment).replace(
+        PLACEHOLDER, fragment)
+
+
+def _key_paths(data, prefix=()) -> list[list[str]]:
+    out = []
+    for k, v in (data.items() if isinstance(data, dict) else []):
+        out.append([*prefix, k])
+        out.extend(_key_paths(v, (*prefix, k)))
+    return out
+
+
+@pytest.mark.parametrize("budget", [pytest.param(4, id="small"), pytest.param(40, id="large", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("surface", ["recipe", "--set", "manifest", "target config", "generation config",
+                                     "calibration report", "prompt lines"])
+def test_fuzz_hostile_structure_in_files(work, surfaces, pair_copy, surface, budget):
+    bundle = surfaces["bundle"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    tcfg = json.loads((pair_copy / "target" / "config.json").read_text())
+    gen = json.loads((pair_copy / "target" / "generation_config.json").read_text())
+    report = {"endpoint": {"url": "x", "levels": [{"concurrency": 1, "tokens_per_second_per_user": 50.0,
+                                                   "acceptance_length": 2.0}]}}
+    keys = {"recipe": _key_paths(TINY), "--set": _key_paths(TINY), "manifest": _key_paths(manifest),
+            "target config": _key_paths(tcfg), "generation config": _key_paths(gen),
+            "calibration report": _key_paths(report), "prompt lines": [["prompt"]]}[surface]
+
+    def check(example):
+        key, fragment = example
+        if surface == "recipe":
+            (work / "r.yaml").write_text(splice(TINY, key, fragment, "yaml"))
+            cli_ok(["plan", str(work / "r.yaml")], work)
+        elif surface == "--set":
+            cli_ok(["plan", "--set", f"{'.'.join(key)}={fragment}"], work)
+        elif surface == "manifest":
+            b = work / "b"
+            shutil.rmtree(b, ignore_errors=True)
+            shutil.copytree(bundle, b)
+            (b / "manifest.json").write_text(splice(manifest, key, fragment, "json"))
+            cli_ok(["verify", str(b)], work, verdicts=(1,))
+        elif surface in ("target config", "generation config"):
+            name, data = ("config.json", tcfg) if surface == "target config" else ("generation_config.json", gen)
+            _inspect_with(pair_copy, work, lambda t, d: (t / name).write_text(splice(data, key, fragment, "json")))
+        elif surface == "calibration report":
+            (work / "c.json").write_text(splice(report, key, fragment, "json"))
+            cli_ok(["plan", "--calibration", str(work / "c.json")], work)
+        else:
+            (work / "p.jsonl").write_text(splice({"prompt": "x"}, key, fragment, "json") + "\n")
+            with _deadline(120):
+                cli_ok(["bench", "--prompts", str(work / "p.jsonl"), "-n", "2"], work)
+    fuzz(budget, st.tuples(st.sampled_from(keys), fragments), check)

@@ -28,6 +28,7 @@ from dflash_trt._cli.common import (
     save_then_plot,
     steps,
 )
+from dflash_trt._cli.generate import context_len
 
 
 # Over 60 lines only because the signature is the command's option list (Typer reads it);
@@ -97,7 +98,7 @@ def bench(
                           backend=backend)
     with steps("prompts", len(texts)) as step:
         report = inprocess.run(pair, texts, max_new_tokens=max_new_tokens, block_size=block_size, chat=chat,
-                               progress=step)
+                               progress=step, context=context_len(pair, bundle or bundle_opt))
     if as_json:
         print_json(report)
         return

@@ -67,11 +67,19 @@ def _merge(stats: list[Stats]) -> dict:
 
 
 def run(pair: Pair, prompts: list[str], *, max_new_tokens: int = 128, block_size: int | None = None,
-        chat: bool = False, progress: Callable[[int], None] | None = None) -> dict:
+        chat: bool = False, progress: Callable[[int], None] | None = None, context: int | None = None) -> dict:
+    """Each prompt through DFlash and autoregressive decoding; ``context``: the tokens a prompt plus
+    ``max_new_tokens`` may hold (a prompt past it is refused before any generation)."""
     if pair.drafter is None:
         raise DFlashError("bench needs a drafter")
     B = pair.block_size(block_size)
     encoded = [pair.encode(p, chat=chat) for p in prompts]
+    for k, ids in enumerate(encoded):
+        if not ids:
+            raise DFlashError(f"--prompts: prompt {k + 1} is empty (0 tokens)")
+        if context is not None and len(ids) + max_new_tokens > context:
+            raise DFlashError(f"--prompts: prompt {k + 1} has {len(ids)} tokens; with --max-new-tokens "
+                              f"{max_new_tokens} it passes this model's context of {context} tokens")
     stops = pair.stop_token_ids
     # Warm-up both paths (allocator, kernels, first-call overheads). Both run through the pair's
     # backend (None: the PyTorch modules), so the speedup compares like with like.

@@ -113,7 +113,6 @@ def serve(
     trtllm = launch.find_trtllm_serve()
     if dry_run:
         return _print_dry_run(b, host, port, trtllm, server)
-    check_free(host, port)   # a busy port is one line now, before any model loads
     if (backend != "torch" or kernels != "reference") and server is Server.trtllm:
         raise DFlashError("--backend/--kernels choose how the embedded server runs the models; --server trtllm "
                           "serves with trtllm-serve: use --server embedded (or auto)")
@@ -122,6 +121,7 @@ def serve(
         if trtllm is None:
             raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
                               "or use --server embedded")
+        check_free(host, port)   # a busy port is one line now, not after trtllm-serve loads the models
         argv = launch.trtllm_argv(b, host, port)
         err.print(f"[dim]running {shlex.join(argv)}[/dim]")
         code = launch.run(argv, host, port)
@@ -206,6 +206,7 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
     require("uvicorn", "serve", "the embedded server")
     itemsize = parse_dtype(dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
+    check_free(host, port)   # a busy port is one line now, before any model loads
     spec = run_spec(backend, kernels, batching, bundle=b.root, dtype=dtype)
     with err.status("loading models"):
         pair = load_bundle(b.root, spec, dtype=dtype)

@@ -71,6 +71,18 @@ CASES = {
         _bench_report([{**GOOD_LEVEL, "tokens_per_second_per_user": float("nan")}])).encode()))],
                                 "tokens_per_second_per_user is nan"),
     "generate temperature NaN": (lambda d: ["generate", "-p", "hi", "--temperature", "nan"], "temperature"),
+    # issue 41: every integer has a range, whatever its digit count; depth past the parsers' recursion
+    "--set a 30-digit GPU count": (lambda d: ["plan", "--set", "gpu.count=" + "9" * 30], "less than or equal to 4096"),
+    "--set a 5000-digit batch": (lambda d: ["plan", "--set", "serving.max_batch_size=" + "9" * 5000], "digits"),
+    "--set a schedule key past any batch": (
+        lambda d: ["plan", "--set", "speculative.draft_len_schedule={99999999999: 3}"], "draft_len_schedule"),
+    "recipe nested 5000 deep": (lambda d: ["plan", str(_bytes(d / "r.yaml", b"name: " + b"[" * 5000 + b"]" * 5000))],
+                                "nested too deeply"),
+    "calibration concurrency 10**30": (lambda d: ["plan", "--calibration", str(_json(d / "c.json", _bench_report(
+        [{**GOOD_LEVEL, "concurrency": 10**30}])))], "in [1, 65536]"),
+    "train 30-digit steps": (lambda d: ["train-drafter", "--target", "embedded:tiny/target", "--data",
+                                        str(_bytes(d / "t.txt", b"def f(x):\n    return x\n")), "--out",
+                                        str(d / "o"), "--steps", "9" * 30], "--steps"),
 }
 
 

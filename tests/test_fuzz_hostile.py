@@ -24,6 +24,7 @@ import yaml
 from hypothesis import strategies as st
 
 from dflash_trt.cli import run
+
 # the first harness's helpers, and its fixtures used here by name (built, pair_copy, work: pytest injects
 # them; ruff reads the test arguments as shadowing them, hence the file-level F811)
 from tests.test_fuzz import TINY, _inspect_with, built, cli_ok, fuzz, pair_copy, work  # noqa: F401

@@ -1,8 +1,11 @@
 """The dflash-trt command line. Parse, call one function, print: the logic lives elsewhere.
 
 User errors (``DFlashError`` and bad command-line usage) become one line on stderr and
-exit code 2, never a traceback. Anything else is a bug: one line saying so and naming the file its
-traceback was written to (outside any output or bundle), exit code 1.
+exit code 2, never a traceback; so do what the machine refuses (a full disk, a file-size limit, a
+name too long), input nested past the parsers' recursion, and a library's error that does not
+derive from ``Exception``. Ctrl-C is 130 and ``SystemExit`` keeps its code. Anything else is a
+bug: one line saying so and naming the file its traceback was written to (outside any output or
+bundle), exit code 1. Output the terminal cannot encode is replaced, never fatal.
 """
 
 from __future__ import annotations
@@ -96,10 +99,20 @@ def one_line(message: str) -> str:
     return " ".join(message.split())
 
 
+def _degrade_streams() -> None:
+    """stdout and stderr replace what their encoding cannot hold (``PYTHONIOENCODING=ascii``, a C
+    locale): a command never fails after its work because a ``τ`` cannot be printed."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", "strict") == "strict":
+            reconfigure(errors="replace")
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (what tests call in-process)."""
-    from dflash_trt.errors import DFlashError
+    from dflash_trt.errors import DFlashError, environment_error
 
+    _degrade_streams()
     held = _HeldLibraryOutput(argv)
     try:
         with held:
@@ -122,8 +135,16 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # not the user's error: a bug, said so, its traceback kept
-        return _bug(exc)
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - translated below, else a bug (said so, its traceback kept)
+        said = _translate(exc, environment_error(exc))
+        if said is not None:
+            print(f"error: {one_line(said)}", file=sys.stderr)
+            return 2
+        if isinstance(exc, Exception):
+            return _bug(exc)
+        raise
     # Without standalone mode, typer.Exit(code) comes back as the return value; typer turns
     # Ctrl-C (KeyboardInterrupt) inside a command into 130 the same way.
     if rv == 130:
@@ -140,6 +161,34 @@ def _bug(exc: Exception) -> int:
     print(f"internal error (a bug in dflash-trt, not in your input): {type(exc).__name__}: "
           f"{one_line(str(exc))[:200]}; {kept}; please report it", file=sys.stderr)
     return 1
+
+
+def _translate(exc: BaseException, environment: str | None) -> str | None:
+    """One line for what is the machine's or the input's doing, not the program's: an OS refusal
+    (full disk, file-size limit, a name too long: ``errors.environment_error``), input nested past
+    the parsers' recursion, and a library's error that does not derive from ``Exception`` (a Rust
+    panic from ``tokenizers``/``safetensors``, torch's ``CheckpointException``), which no handler
+    below this one can catch. Anything else is a bug: None (:func:`_bug`). The
+    traceback of a translated error goes to the log (``logging.DEBUG``)."""
+    import logging
+
+    if environment is not None:
+        said = environment
+    elif isinstance(exc, ValueError) and "integer string conversion" in str(exc):   # int("9" * 5000)
+        said = (f"an input holds a number of more than {sys.get_int_max_str_digits()} digits; "
+                "no field takes one that large")
+    elif isinstance(exc, RecursionError):
+        said = "an input is nested too deeply to read (a file or value nested hundreds of levels deep)"
+    elif not isinstance(exc, Exception):
+        try:
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+        except Exception:  # noqa: BLE001 - a library exception whose __str__ fails still gets its line
+            first = repr(type(exc))
+        said = f"{type(exc).__module__}.{type(exc).__name__}: {first} (a library failed on this input)"
+    else:
+        return None
+    logging.getLogger(__name__).debug("translated to one line", exc_info=exc)
+    return said
 
 
 def main() -> None:

@@ -71,6 +71,18 @@ CASES = {
         _bench_report([{**GOOD_LEVEL, "tokens_per_second_per_user": float("nan")}])).encode()))],
                                 "tokens_per_second_per_user is nan"),
     "generate temperature NaN": (lambda d: ["generate", "-p", "hi", "--temperature", "nan"], "temperature"),
+    # issue 41: every integer has a range, whatever its digit count; depth past the parsers' recursion
+    "--set a 30-digit GPU count": (lambda d: ["plan", "--set", "gpu.count=" + "9" * 30], "less than or equal to 4096"),
+    "--set a 5000-digit batch": (lambda d: ["plan", "--set", "serving.max_batch_size=" + "9" * 5000], "digits"),
+    "--set a schedule key past any batch": (
+        lambda d: ["plan", "--set", "speculative.draft_len_schedule={99999999999: 3}"], "draft_len_schedule"),
+    "recipe nested 5000 deep": (lambda d: ["plan", str(_bytes(d / "r.yaml", b"name: " + b"[" * 5000 + b"]" * 5000))],
+                                "nested too deeply"),
+    "calibration concurrency 10**30": (lambda d: ["plan", "--calibration", str(_json(d / "c.json", _bench_report(
+        [{**GOOD_LEVEL, "concurrency": 10**30}])))], "in [1, 65536]"),
+    "train 30-digit steps": (lambda d: ["train-drafter", "--target", "embedded:tiny/target", "--data",
+                                        str(_bytes(d / "t.txt", b"def f(x):\n    return x\n")), "--out",
+                                        str(d / "o"), "--steps", "9" * 30], "--steps"),
 }
 
 
@@ -95,3 +107,40 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
     argv, needle = CASES[case]
     err = _one_line(capsys, run(argv(tmp_path)))
     assert needle in err, err
+
+
+def _choices(model, prefix=()):
+    """(key path, choice) for every string choice (a Literal) of the recipe model, found by walking it."""
+    import typing
+
+    for name, field in model.model_fields.items():
+        stack = [field.annotation]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, type) and issubclass(t, R.BaseModel):
+                yield from _choices(t, (*prefix, name))
+            elif typing.get_origin(t) is typing.Literal:
+                yield from (((*prefix, name), c) for c in typing.get_args(t) if isinstance(c, str))
+            else:
+                stack.extend(typing.get_args(t))
+
+
+def test_every_recipe_choice_accepts_any_case():
+    found = list(_choices(R.Recipe))
+    assert {("precision", "weights"), ("speculative", "attention_backend"), ("parallel", "tp")} <= {k for k, _ in found}
+    base = yaml.safe_load(R.bundled()["tiny"].read_text())
+    for keys, choice in found:
+        for spelling in {choice.upper(), choice.lower(), choice.title()}:
+            recipe = R.from_dict(base, overrides=[f"{'.'.join(keys)}={spelling}"])
+            node = recipe
+            for k in keys:
+                node = getattr(node, k)
+            expected = choice == "tensorrt" if keys == ("engine",) else choice
+            assert (recipe.graphs if keys == ("engine",) else node) == expected, (keys, spelling)
+
+
+def test_precision_flag_in_any_case(capsys):
+    assert run(["plan", "--precision", "BF16"]) == 0, capsys.readouterr().err
+    assert "bf16 weights" in capsys.readouterr().out
+    err = _one_line(capsys, run(["plan", "--precision", "bf17"]))
+    assert "--precision 'bf17'" in err

@@ -24,6 +24,7 @@ from dflash_trt._cli.common import (
     save_then_plot,
     steps,
 )
+from dflash_trt._cli.generate import context_len
 from dflash_trt._cli.load_options import (
     BurstinessOpt,
     DatasetFormatOpt,
@@ -120,7 +121,7 @@ def bench(
         rows = datasets.cut(rows, input_len, pair.tokenizer)
     with steps("prompts", len(rows) * (repeats or 1)) as step:
         report = inprocess.run(pair, rows, max_new_tokens=max_tokens, block_size=block_size, chat=chat,
-                               repeats=repeats or 1, progress=step)
+                               repeats=repeats or 1, progress=step, context=context_len(pair, bundle))
     if as_json:
         print_json(report)
         return

@@ -188,6 +188,13 @@ def _load(target, drafter, dtype, need_drafter, bundle, spec):
         return load_pair(target, drafter, spec, dtype=dtype)
 
 
+def _plain(path):
+    """``path``, to be written: refused when it exists and is not a regular file (a FIFO blocks a write)."""
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} exists and is not a regular file")
+    return path
+
+
 def save_then_plot(report: dict, path, draw) -> str | None:
     """Results before the figure: ``report`` is written to PATH.json beside the plot, then
     ``draw(path)`` runs. A long benchmark never loses its results to the plot: a file the
@@ -198,15 +205,18 @@ def save_then_plot(report: dict, path, draw) -> str | None:
     from pathlib import Path
 
     path = Path(path)
-    saved = path.with_suffix(".json")
     try:
+        saved: Path | None = _plain(path.with_suffix(".json"))   # ValueError for a path with no name ("/", ".")
         replace_file(saved, lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str) + "\n"))
     except (OSError, ValueError) as exc:
         saved = None
-        why = f"cannot write the results to {path.with_suffix('.json')} ({getattr(exc, 'strerror', None) or exc})"
+        why = f"cannot write the results beside it ({getattr(exc, 'strerror', None) or exc})"
     try:
-        replace_file(path, draw)
-    except (OSError, ValueError, RuntimeError) as exc:
+        replace_file(_plain(path), draw)
+    except Exception as exc:  # noqa: BLE001 - whatever the figure's writer raises, the results are kept
+        import logging
+
+        logging.getLogger(__name__).debug("--plot %s failed", path, exc_info=exc)
         kept = f"the results are in {saved} and below" if saved else "the results are printed below"
         return f"--plot {path}: cannot write the plot ({getattr(exc, 'strerror', None) or exc}); {kept}"
     return None if saved else f"--plot {path}: {why}; the plot was written"

@@ -19,6 +19,7 @@ from dflash_trt._cli.common import (
     out,
     run_spec,
 )
+from dflash_trt._cli.port import check_free
 
 
 class Server(str, Enum):
@@ -135,6 +136,7 @@ def serve(
                               "or use --server embedded")
         if api_key:
             raise DFlashError(NO_KEY_IN_TRTLLM)
+        check_free(host, port)   # a busy port is one line now, not after trtllm-serve loads the models
         argv = launch.trtllm_argv(b, host, port)
         err.print(f"[dim]running {shlex.join(argv)}[/dim]")
         code = launch.run(argv, host, port)
@@ -213,6 +215,7 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
     configure(*log)
     itemsize = parse_dtype(dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
+    check_free(host, port)   # a busy port is one line now, before any model loads
     spec = run_spec(backend, kernels, bundle=b.root, dtype=dtype)
     with err.status("loading models"):
         pair = load_bundle(b.root, spec, dtype=dtype)

@@ -111,10 +111,12 @@ def _categories(rows: list[Prompt], passes: list[tuple[list[Stats], list[Stats]]
 
 
 def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 128, block_size: int | None = None,
-        chat: bool = False, repeats: int = 1, progress: Callable[[int], None] | None = None) -> dict:
+        chat: bool = False, repeats: int = 1, progress: Callable[[int], None] | None = None,
+        context: int | None = None) -> dict:
     """Both arms over every prompt, ``repeats`` times after a warm-up of each (``progress(n)``:
     prompts done over all repeats). A :class:`Prompt`'s own ``max_tokens`` wins over
-    ``max_new_tokens``; its ``category`` gives τ and speedup per category."""
+    ``max_new_tokens``; its ``category`` gives τ and speedup per category. ``context``: the tokens
+    a prompt plus its new tokens may hold (a prompt past it is refused before any generation)."""
     if pair.drafter is None:
         raise DFlashError("bench needs a drafter")
     if repeats < 1:
@@ -123,6 +125,12 @@ def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 
     rows = [p if isinstance(p, Prompt) else Prompt(p) for p in prompts]
     encoded = [pair.encode(p.text, chat=chat) for p in rows]
     lengths = [p.max_tokens or max_new_tokens for p in rows]
+    for k, (ids, n) in enumerate(zip(encoded, lengths, strict=True)):
+        if not ids:
+            raise DFlashError(f"--prompts: prompt {k + 1} is empty (0 tokens)")
+        if context is not None and len(ids) + n > context:
+            raise DFlashError(f"--prompts: prompt {k + 1} has {len(ids)} tokens; with --max-tokens {n} it passes "
+                              f"this model's context of {context} tokens")
     stops = pair.stop_token_ids
     # Warm-up both paths (allocator, kernels, first-call overheads). Both run through the pair's
     # backend (None: the PyTorch modules), so the speedup compares like with like.

@@ -218,7 +218,8 @@ def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> Non
         if why:
             r.add("tokenizer", "error", why)
         else:
-            r.add("tokenizer", "ok", f"{', '.join(t.tokenizer_files)} (fully probed when the bundle is built)")
+            r.add("tokenizer", "ok", f"{', '.join(t.tokenizer_files)} (tokenizer.json: ids inside the vocabulary, "
+                  "its own text re-encodes; loaded with transformers when the bundle is built)")
     elif t.tokenizer_files:
         from dflash_trt.ingest.tokenizer import probe
 
@@ -226,7 +227,8 @@ def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> Non
         if why:
             r.add("tokenizer", "error", why)
         else:
-            r.add("tokenizer", "ok", f"{', '.join(t.tokenizer_files)} (loads, round-trips a probe)")
+            r.add("tokenizer", "ok",
+                  f"{', '.join(t.tokenizer_files)} (loads, ids inside the vocabulary, its own text re-encodes)")
     elif not require_weights:  # a config-only read (plan): the tokenizer is needed to serve, not to plan
         r.add("tokenizer", "ok", "absent (config-only directory; needed to serve, not to plan)")
     else:

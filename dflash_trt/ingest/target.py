@@ -225,8 +225,8 @@ def _check_numbers(text: dict, theta, where: Path) -> None:
         value = theta if key == "rope_theta" else text.get(key)
         if value is None:
             continue
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-              and value > lo and (hi is None or value <= hi))
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and value > lo
+              and (hi is None or value <= hi) and abs(value) < 1e300 and math.isfinite(value))
         if not ok:
             rng = f"in ({lo:g}, {hi:g}]" if hi is not None else f"> {lo:g}"
             raise CheckpointError(f"{where}: {key} is {value!r}; it must be a finite number {rng}")

@@ -30,12 +30,23 @@ def flatten_rope(cfg: dict) -> tuple[float | None, dict | None]:
         params = dict(params)
         theta = params.pop("rope_theta", cfg.get("rope_theta"))
         kind = params.get("rope_type", params.get("type", "default"))
-        return (float(theta) if theta is not None else None), (params if kind != "default" else None)
+        return _number(theta), (params if kind != "default" else None)
     theta = cfg.get("rope_theta")
     scaling = cfg.get("rope_scaling")
     if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
-    return (float(theta) if theta is not None else None), (scaling or None)
+    return _number(theta), (scaling or None)
+
+
+def _number(value: Any) -> Any:
+    """``value`` as a float, or as it is when it is none (a list, a 309-digit integer): the config
+    checks then name it in one line instead of ``float()`` raising here."""
+    if value is None or isinstance(value, bool):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return value
 
 
 class DrafterConfig(BaseModel):

@@ -52,9 +52,10 @@ def read_bench(path: Path) -> dict:
     return data
 
 
-# A level's numbers: (key, smallest allowed, integer?); None is "not reported" where allowed.
-_LEVEL_NUMBERS = (("concurrency", 1, True), ("draft_len", 0, True), ("tokens_per_second_per_user", 0, False),
-                  ("acceptance_length", 1, False))
+# A level's numbers: (key, smallest, largest allowed, integer?); None is "not reported" where allowed.
+# Every number has a range, whatever its digit count: a fit over 10**30 users never returns.
+_LEVEL_NUMBERS = (("concurrency", 1, 1 << 16, True), ("draft_len", 0, 1024, True),
+                  ("tokens_per_second_per_user", 0, 1e9, False), ("acceptance_length", 1, 1025, False))
 
 
 def _bad_level(lv) -> str | None:
@@ -63,14 +64,14 @@ def _bad_level(lv) -> str | None:
 
     if not isinstance(lv, dict):
         return "not an object"
-    for key, low, integer in _LEVEL_NUMBERS:
+    for key, low, high, integer in _LEVEL_NUMBERS:
         v = lv.get(key)
         if v is None and key != "concurrency":
             continue
         ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-        if isinstance(v, bool) or not ok or not math.isfinite(v) or v < low:
+        if isinstance(v, bool) or not ok or not math.isfinite(v) or not low <= v <= high:
             kind = "an integer" if integer else "a finite number"
-            return f"{key} is {v!r}; it must be {kind} >= {low}"
+            return f"{key} is {v!r}; it must be {kind} in [{low:g}, {high:g}]"
     return None
 
 

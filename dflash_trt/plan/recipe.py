@@ -11,18 +11,44 @@ between, validated by the same model, and an error names the flag.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from dflash_trt.errors import RecipeError, read_text
 from dflash_trt.plan import trtllm_releases
 
-Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
+
+def any_case(*choices: str) -> BeforeValidator:
+    """A choice field's validator: a string naming one of ``choices`` in any case is that choice
+    (``BF16`` is ``bf16``, ``vanilla`` is ``VANILLA``); anything else is left for the field to refuse."""
+    table = {c.lower(): c for c in choices}
+    return BeforeValidator(lambda v: table.get(v.lower(), v) if isinstance(v, str) else v)
+
+
+_Precision = Literal["bf16", "fp8", "nvfp4", "auto"]
+Precision = Annotated[_Precision, any_case(*get_args(_Precision))]
+_KvCache = Literal["auto", "fp8"]
+KvCache = Annotated[_KvCache, any_case(*get_args(_KvCache))]
+_Schedule = Literal["auto", "max_concurrency", "draft_len_schedule", "none"]
+_Attention = Literal["auto", "TRTLLM", "FA4", "VANILLA"]
+_Engine = Literal["trtllm", "tensorrt"]
+Engine = Annotated[_Engine | None, any_case(*get_args(_Engine))]
+
+# Every integer has a range, whatever its digit count (a plan over 10**30 sequences never returns):
+MAX_GPUS = 4096           # GPUs per node, nodes, tp, ep
+MAX_BATCH = 1 << 16       # sequences in flight, concurrency levels
+MAX_TOKENS = 1 << 24      # sequence lengths, token budgets, calibration samples
+MAX_BLOCK = 1024          # draft block sizes and draft lengths (published DFlash blocks are 8-16)
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+DraftLen = Annotated[int, Field(ge=0, le=MAX_BLOCK)]
+Parallel = Annotated[Annotated[int, Field(ge=1, le=MAX_GPUS)] | Literal["auto"], any_case("auto")]
+DraftLenOrAuto = Annotated[Annotated[int, Field(ge=0, le=MAX_BLOCK)] | Literal["auto"], any_case("auto")]
 
 
 class _Strict(BaseModel):
@@ -47,8 +73,8 @@ class ModelRef(_Strict):
 
 class GpuSpec(_Strict):
     name: str = Field("cpu", description="GPU model (B200, H100, ...; see `dflash-trt plan --help`), or 'cpu'.")
-    count: int = Field(1, ge=1, description="GPUs per node available to the deployment.")
-    nodes: int = Field(1, ge=1, description="Nodes (multi-node serving through trtllm-llmapi-launch).")
+    count: int = Field(1, ge=1, le=MAX_GPUS, description="GPUs per node available to the deployment.")
+    nodes: int = Field(1, ge=1, le=MAX_GPUS, description="Nodes (multi-node serving through trtllm-llmapi-launch).")
 
 
 class PrecisionSpec(_Strict):
@@ -56,23 +82,26 @@ class PrecisionSpec(_Strict):
         "bf16", description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell), nvfp4 (Blackwell), or auto: "
                             "the target as shipped (a pre-quantized checkpoint such as gpt-oss MXFP4 is used as it "
                             "is; bf16 otherwise).")
-    kv_cache: Literal["auto", "fp8"] = Field("auto", description="KV cache dtype: auto (model dtype) or fp8.")
+    kv_cache: KvCache = Field("auto", description="KV cache dtype: auto (model dtype) or fp8.")
     calib: str | None = Field(
         None, description="Calibration text file (one sample per line, or JSONL with 'prompt'/'text').")
-    calib_samples: int = Field(64, ge=1, description="Calibration samples for post-training quantization.")
-    calib_seq_len: int = Field(256, ge=8, description="Tokens per calibration sample.")
+    calib_samples: int = Field(
+        64, ge=1, le=MAX_TOKENS, description="Calibration samples for post-training quantization.")
+    calib_seq_len: int = Field(256, ge=8, le=MAX_TOKENS, description="Tokens per calibration sample.")
 
 
 class ParallelSpec(_Strict):
-    tp: int | Literal["auto"] = Field("auto", description="Tensor-parallel size; auto picks the smallest that fits.")
-    ep: int = Field(1, ge=1, description="Expert-parallel size (MoE targets).")
+    tp: Parallel = Field("auto", description="Tensor-parallel size; auto picks the smallest that fits.")
+    ep: int = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel size (MoE targets).")
 
 
 class ServingSpec(_Strict):
-    max_batch_size: int = Field(64, ge=1, description="Most sequences in flight per GPU rank.")
-    max_seq_len: int = Field(8192, ge=16, description="Prompt + output tokens per sequence; sizes the KV cache and the "
-                                                      "drafter's context arena.")
-    max_num_tokens: int = Field(8192, ge=16, description="Tokens per scheduler step (prefill chunk budget).")
+    max_batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="Most sequences in flight per GPU rank.")
+    max_seq_len: int = Field(
+        8192, ge=16, le=MAX_TOKENS,
+        description="Prompt + output tokens per sequence; sizes the KV cache and the drafter's context arena.")
+    max_num_tokens: int = Field(
+        8192, ge=16, le=MAX_TOKENS, description="Tokens per scheduler step (prefill chunk budget).")
     kv_cache_free_gpu_memory_fraction: float = Field(
         0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache after weights load.")
     enable_block_reuse: bool = Field(
@@ -99,32 +128,35 @@ class ServingSpec(_Strict):
 
 
 class SpeculativeSpec(_Strict):
-    block_size: int | None = Field(None, ge=1, description="Draft block size B (default: the drafter's trained block).")
-    max_draft_len: int | Literal["auto"] = Field(
+    block_size: int | None = Field(
+        None, ge=1, le=MAX_BLOCK, description="Draft block size B (default: the drafter's trained block).")
+    max_draft_len: DraftLenOrAuto = Field(
         "auto", description="Draft tokens per step (<= B-1); auto: from the planner's roofline.")
-    schedule: Literal["auto", "max_concurrency", "draft_len_schedule", "none"] = Field(
+    schedule: Annotated[_Schedule, any_case(*get_args(_Schedule))] = Field(
         "auto", description="How drafting backs off as batches grow: a hard cut-off, a per-batch-size draft length, "
                             "or never.")
     max_concurrency: int | None = Field(
-        None, ge=1, description="Turn drafting off above this batch size (schedule=max_concurrency).")
-    draft_len_schedule: dict[int, int] | None = Field(
+        None, ge=1, le=MAX_BATCH, description="Turn drafting off above this batch size (schedule=max_concurrency).")
+    draft_len_schedule: dict[BatchSize, DraftLen] | None = Field(
         None, description="{batch size: draft length} (schedule=draft_len_schedule), read as the targeted TensorRT-LLM "
                           "release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 "
                           "-> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.")
     acceptance: float | None = Field(
-        None, ge=1.0, description="Expected acceptance length tau (>= 1: tokens per target forward) for planning "
-                                  "(default: per-family estimate).")
+        None, ge=1.0, le=MAX_BLOCK,
+        description="Expected acceptance length tau (>= 1: tokens per target forward) for planning "
+                    "(default: per-family estimate).")
     per_position_acceptance: list[Rate] | None = Field(
         None, description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` "
                           "prints); the planner's tau(L) sums them (geometric beyond the last).")
-    attention_backend: Literal["auto", "TRTLLM", "FA4", "VANILLA"] = Field(
+    attention_backend: Annotated[_Attention, any_case(*get_args(_Attention))] = Field(
         "auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere.")
     use_rejection_sampling: bool = Field(
         True, description="Rejection sampling at temperature > 0 (keeps the target's distribution).")
     context_recompute_tail: int | None = Field(
-        None, ge=-1, description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states; -1: "
-                                 "the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when "
-                                 "enable_block_reuse is on.")
+        None, ge=-1, le=MAX_TOKENS,
+        description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states; -1: "
+                    "the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when "
+                    "enable_block_reuse is on.")
 
 
 class TrtllmSpec(_Strict):
@@ -242,9 +274,13 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
     return data
 
 
+_UNION_TAG = re.compile(r"(constrained-)?(int|float|str|bool|dict|list)|[\w-]+\[.*\]")
+
+
 def _format_validation(err: ValidationError, where: str, fields: list[FieldValue] = ()) -> str:
     first = err.errors()[0]
-    loc = tuple(str(x) for x in first["loc"])
+    # a union's member tags (``int``, ``constrained-int``, ``literal['auto']``) are not keys
+    loc = tuple(str(x) for x in first["loc"] if not _UNION_TAG.fullmatch(str(x)))
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import DFlashError, discard_on_error
 from dflash_trt.model import Drafter
 from dflash_trt.train.dist import Ranks
 
@@ -61,10 +61,11 @@ def write_json(path: Path, obj) -> None:
     replaced, never written through)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(obj, indent=2) + "\n")
-    tmp.replace(path)
+    with discard_on_error(tmp):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(obj, indent=2) + "\n")
+        tmp.replace(path)
 
 
 @contextlib.contextmanager
@@ -91,7 +92,7 @@ def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: 
     if ranks.main and tmp.exists():
         shutil.rmtree(tmp)
     ranks.barrier()
-    with _one_process_ok():
+    with _one_process_ok(), discard_on_error(tmp):
         dcp.save({"model": msd, "optim": _tensors_only(osd)},
                  storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
                  no_dist=not torch.distributed.is_initialized())
@@ -99,7 +100,8 @@ def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: 
     if ranks.main:
         meta = {"step": step, "param_groups": osd["param_groups"], "history": history, "ranks": ranks.world,
                 "parallel": ranks.parallel}
-        write_json(tmp / "train.json", meta)
+        with discard_on_error(tmp):
+            write_json(tmp / "train.json", meta)
         old = work / (STATE_DIR + ".old")
         if final.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -108,6 +110,21 @@ def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: 
         shutil.rmtree(old, ignore_errors=True)
         write_json(work / "state.json", meta)
     ranks.barrier()
+
+
+@contextlib.contextmanager
+def reading_state(work: Path):
+    """A saved run read for ``--resume``: any failure reading it (a truncated JSON, a damaged
+    safetensors shard, torch's ``CheckpointException``, which derives from ``BaseException`` only)
+    is one line naming the folder; Ctrl-C and ``SystemExit`` pass through."""
+    try:
+        yield
+    except (DFlashError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - whatever the readers raise, the state on disk is damaged
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise DFlashError(f"{work}: the saved training state is damaged ({type(exc).__name__}: {first}); "
+                          "restore the folder, or start a fresh run with another --out") from None
 
 
 def has_state(work: Path) -> bool:
@@ -130,7 +147,9 @@ def load_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer) -> tup
         with _one_process_ok():
             dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
                      no_dist=not torch.distributed.is_initialized())
-    except Exception as exc:  # noqa: BLE001 - DCP raises its own CheckpointException with every rank's error
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException (a BaseException) holds every rank's
         logger.debug("loading the training state in %s failed", folder, exc_info=exc)   # the user's error, kept whole
         raise DFlashError(f"{folder}: the saved training state does not match this drafter "
                           f"({str(exc).splitlines()[0][:200]})") from None
@@ -195,9 +214,10 @@ def write_drafter(drafter: Drafter, out: Path, dtype: str, metadata: dict) -> No
     elif tmp.exists():
         shutil.rmtree(tmp)
     d = drafter.to(getattr(torch, dtype))
-    d.save(tmp)
-    for name in ("config.json", "model.safetensors"):
-        (tmp / name).replace(out / name)
+    with discard_on_error(tmp):
+        d.save(tmp)
+        for name in ("config.json", "model.safetensors"):
+            (tmp / name).replace(out / name)
     write_json(out / METADATA_FILE, metadata)
 
 

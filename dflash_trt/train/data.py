@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_trt.errors import DFlashError
+from dflash_trt.errors import DFlashError, discard_on_error
 
 SHARD_BYTES = 256 * 2 ** 20   # token-id bytes a shard of the regenerated set holds at most (or one row)
 
@@ -138,9 +138,10 @@ class ShardWriter:
             tokens[r, : len(q)] = torch.tensor(q, dtype=torch.long)
         name = f"shard-{len(self.shards):05d}.safetensors"
         tmp = self.folder / (name + ".tmp")
-        save_file({"tokens": tokens, "lengths": torch.tensor([len(q) for q in self.seqs]),
-                   "prompt_lengths": torch.tensor(self.prompts)}, str(tmp))
-        tmp.replace(self.folder / name)
+        with discard_on_error(tmp):
+            save_file({"tokens": tokens, "lengths": torch.tensor([len(q) for q in self.seqs]),
+                       "prompt_lengths": torch.tensor(self.prompts)}, str(tmp))
+            tmp.replace(self.folder / name)
         self.shards.append({"file": name, "start": self.count, "stop": self.count + n, "width": T,
                             "bytes": (self.folder / name).stat().st_size})
         self.count += n
@@ -151,9 +152,10 @@ class ShardWriter:
         if self.seqs:
             self._flush()
         tmp = self.folder / "index.json.tmp"
-        tmp.write_text(json.dumps({"format": 1, "sequences": self.count, "shard_bytes": self.budget,
-                                   "shards": self.shards}, indent=1))
-        tmp.replace(self.folder / "index.json")
+        with discard_on_error(tmp):
+            tmp.write_text(json.dumps({"format": 1, "sequences": self.count, "shard_bytes": self.budget,
+                                       "shards": self.shards}, indent=1))
+            tmp.replace(self.folder / "index.json")
         return self.folder
 
 

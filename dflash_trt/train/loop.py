@@ -42,6 +42,7 @@ from dflash_trt.train.checkpoint import (
     full_drafter,
     has_state,
     load_state,
+    reading_state,
     save_state,
     saved_step,
     write_drafter,
@@ -85,7 +86,10 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
     if s.resume:
         if not (work / "settings.json").exists():
             raise DFlashError(f"--resume: {out} holds no training run to resume")
-        saved = json.loads((work / "settings.json").read_text())
+        with reading_state(work):
+            saved = json.loads((work / "settings.json").read_text())
+            if not isinstance(saved, dict):
+                raise ValueError("settings.json is not an object")
         saved.setdefault("arch", "dflash")      # runs saved before --arch existed trained DFlash drafters
         saved.setdefault("target_dtype", "float32")   # and before --target-dtype, a float32 target
         for name in SHAPE_FIELDS:
@@ -94,8 +98,10 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
                 raise DFlashError(f"--resume: --{name.replace('_', '-')} {mine} differs from the run's {theirs}")
         # A resumed run is the same run: everything but its length, cadence and place comes from OUT.
         here = {k: getattr(s, k) for k in RESUMABLE_FIELDS}
-        return TrainSettings(**{**saved, **here, "resume": True})
-    step = saved_step(work)
+        with reading_state(work):
+            return TrainSettings(**{**saved, **here, "resume": True})
+    with reading_state(work):
+        step = saved_step(work)
     if step is not None:
         raise DFlashError(f"{out} already holds a training run at step {step}: pass --resume, or another --out")
     if out.exists() and any(p.name != ".train" for p in out.iterdir()):
@@ -103,7 +109,21 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
     return s
 
 
+#: every integer setting's largest value, whatever its digit count (10**30 steps never return)
+_MAX = {"steps": 10**9, "batch_size": 1 << 16, "anchors": 1 << 16, "prompt_len": 1 << 24, "gen_len": 1 << 24,
+        "window_stride": 1 << 24, "samples": 1 << 30, "eval_prompts": 1 << 20, "eval_every": 10**9,
+        "eval_tokens": 1 << 24, "save_every": 10**9, "regen_concurrency": 1 << 16, "block_size": 1024,
+        "layers": 1024, "mask_token_id": 1 << 31, "conv_kernel_size": 1024, "conv_group_size": 1 << 20,
+        "selector_rank": 1 << 20, "selector_top_k": 1 << 20, "seed": 2**63 - 1}
+
+
 def _check_numbers(s: TrainSettings, world: int) -> None:
+    for name, most in _MAX.items():
+        v = getattr(s, name)
+        if v is not None and not -most <= v <= most:
+            raise DFlashError(f"--{name.replace('_', '-')} {v}: out of range (at most {most:,})")
+    if not 0 < s.feature_shard_mb <= 1 << 20 or not 0 < s.lr < 1e3:
+        raise DFlashError(f"--feature-shard-mb {s.feature_shard_mb} / --lr {s.lr}: out of range")
     if s.steps < 1 or s.batch_size < 1 or s.anchors < 1 or s.prompt_len < 2 or s.gen_len < 1:
         raise DFlashError("--steps, --batch-size, --anchors, --gen-len must be >= 1 and --prompt-len >= 2")
     if s.batch_size < world:
@@ -326,7 +346,8 @@ def _optimise(run: _Run, opt: torch.optim.Optimizer) -> Result:
     s, progress, module = run.s, run.progress, run.module
     step, history = 0, []
     if s.resume and has_state(run.work):
-        step, history = load_state(run.work, module, opt)
+        with reading_state(run.work):
+            step, history = load_state(run.work, module, opt)
         progress.log(f"resuming at step {step}" + (f" on {run.ranks.world} ranks" if run.ranks.world > 1 else ""))
     gamma = objective.loss_gamma(s.block_size)
     progress.phase("training", s.steps)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from dflash_trt.plan.perf_model import StepModel
+from dflash_trt.plan.perf_model import StackConstants, StepModel
 
 logger = logging.getLogger(__name__)
 
@@ -197,13 +197,21 @@ def loo_errors() -> list:
     return [RowError.from_dict(r) for r in loop().get("loo", [])]
 
 
-def combined(model: StepModel, tables: Tables | None) -> StepModel:
+def combined(model: StepModel, tables: Tables | None, refitted: bool = False) -> StepModel:
     """``model`` with the target's forward from ``tables`` and the loop cost fitted beside them
-    (:func:`loop`); ``model`` itself where the tables do not serve."""
-    if tables is None or tables.reason is not None:
-        return SiliconStepModel(**{f: getattr(model, f) for f in model.__dataclass_fields__}, tables=tables)
+    (:func:`loop`); ``model`` itself where the tables do not serve. ``refitted``: ``model``'s
+    constants were refitted over the tables' target step (the user's ``--calibration``,
+    :func:`dflash_trt.plan.calibrate.from_files`) and stay as they are."""
     fields = {f: getattr(model, f) for f in model.__dataclass_fields__}
+    if tables is None or tables.reason is not None or refitted:
+        return SiliconStepModel(**fields, tables=tables)
     return SiliconStepModel(**{**fields, "k": replace(model.k, step_s=float(loop()["loop_s"]))}, tables=tables)
+
+
+def prior(k: StackConstants) -> StackConstants:
+    """The combined model's constants: ``k`` (the calibrated stack's) with the loop cost fitted
+    beside the tables; where the user's rows start their refit over the tables' target step."""
+    return replace(k, step_s=float(loop()["loop_s"]))
 
 
 def sources(model: StepModel, calibration: str, user: bool) -> dict[str, str]:
@@ -213,14 +221,13 @@ def sources(model: StepModel, calibration: str, user: bool) -> dict[str, str]:
     tables = getattr(model, "tables", None)
     if isinstance(model, SiliconStepModel) and model.uses_tables and tables is not None:
         target = tables.source
-        fit = loop()
+        fit = f"{short}, refitted over the tables' target step" if user else loop()["source"]
+        own = f"user calibration ({short}, over the tables' target step)" if user else own
         return {"target_forward": target, "drafter": own, "kv_injection": own,
-                "loop": f"{model.k.step_s * 1e6:.0f} us per forward beside the tables ({fit['source']})",
+                "loop": f"{model.k.step_s * 1e6:.0f} us per forward beside the tables ({fit})",
                 "mtp_step": target}
     elif tables is not None and tables.reason:
         target = f"{own}; tables fell back: {tables.reason}"
-    elif user:
-        target = f"{own}; --calibration wins over the tables"
     else:
         target = f"{own}; aiconfigurator-core not installed"
     return {"target_forward": target, "drafter": own, "kv_injection": own, "loop": own,

@@ -75,16 +75,18 @@ def _make(stack=None, calibration=None, tables=True):
                            stack=stack, tables=factory if tables else None)
 
 
-def test_every_term_names_its_source_and_calibration_wins():
+def test_every_term_names_its_source_and_calibration_corrects_the_rest():
     pytest.importorskip("aiconfigurator_core")
     p = _make()
     assert p.step_sources["target_forward"].startswith("aiconfigurator-core 0.12.0 measured tables (trtllm")
     assert p.step_sources["mtp_step"] == p.step_sources["target_forward"]
     assert "beside the tables" in p.step_sources["loop"] and p.step_sources["drafter"].startswith("calibrated")
+    # a user's calibration (refitted over the tables' step, calibrate.from_files) corrects the rest
     own = _make(calibration=perf_model.shipped())
-    assert own.step_sources["target_forward"].startswith("user calibration") and "--calibration wins" in \
-        own.step_sources["target_forward"]
-    assert own.curve != p.curve   # the user's constants, not the tables, set the prediction
+    assert own.step_sources["target_forward"] == p.step_sources["target_forward"]
+    assert own.step_sources["drafter"].startswith("user calibration") and "over the tables" in \
+        own.step_sources["drafter"]
+    assert own.curve != p.curve   # the user's constants set the drafter and loop terms
     # the ranges rest on the combined model's own leave-one-out rows, not the calibrated model's
     row = p.curve[0]
     r = uncertainty.speedup_range(row["speedup"], silicon.loo_errors(), "trtllm", p.gpu, row["batch"])

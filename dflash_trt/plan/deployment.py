@@ -463,7 +463,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 moe_backend=rules.moe_backend(t.model_type, gpu, release),
                 max_batch_size=serving.max_batch_size, max_seq_len=serving.max_seq_len,
                 kv_cache_free_gpu_memory_fraction=mem.fraction, sized=sized, stack=stack,
-                step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None))
+                step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None, lengths))
     tabled = isinstance(roof, silicon.SiliconStepModel) and roof.uses_tables
     _ranges(plan, stack, errors, silicon.loo_errors() if tabled and not errors else None)
     _arms(plan, roof, dep.mtp_layers, acc)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from dflash_trt.plan import silicon_floors
+from dflash_trt.plan.model_shapes import TargetShape
 from dflash_trt.plan.perf_model import StackConstants, StepModel
 
 logger = logging.getLogger(__name__)
@@ -122,6 +124,15 @@ class Tables:
         """The tables' own MTP step (width nextn + 1, with the MTP layers' (L + n) / L)."""
         return float(self._engine(nextn).decode_step_latency(b, max(DECODE_ISL_FLOOR, ctx), 2))
 
+    def below(self, target: TargetShape, b: int, width: int, ctx: int) -> str | None:
+        """Which size of the forward over ``b`` x ``width`` lies below the smallest the tables
+        collected (:mod:`dflash_trt.plan.silicon_floors`; None: none, or the tables do not serve)."""
+        if self.reason is not None:
+            return None
+        kv = "fp8" if self.kv_cache == "fp8" else "bfloat16"
+        floor = silicon_floors.floors(self.system, self.framework, self.version, GEMM.get(self.precision), kv)
+        return silicon_floors.below(floor, target, self.tp, b, width, max(DECODE_ISL_FLOOR, ctx))
+
     def _width_ms(self, b: int, width: int, ctx: int) -> float:
         n = width - 1
         scale = (self.layers + n) / self.layers if n > 0 else 1.0
@@ -176,17 +187,38 @@ class SiliconStepModel(StepModel):
     the calibrated model unchanged."""
 
     tables: Tables | None = field(default=None, compare=False, hash=False)
+    # the calibrated model's constants: a step below the tables' smallest collected size is its
+    calibrated: StackConstants | None = field(default=None, compare=False, hash=False)
 
     @property
     def uses_tables(self) -> bool:
         return self.tables is not None and self.tables.reason is None
 
+    def below(self, b: int, n: int) -> str | None:
+        """Why the forward over ``b`` x ``n`` lies below the tables' collected sizes (None: it does not)."""
+        return self.tables.below(self.target, b, n, self.ctx) if self.uses_tables and self.tables else None
+
+    def _fallback(self, b: int, n: int) -> StepModel | None:
+        """The calibrated model for a step whose target forward lies below the tables (None: above)."""
+        if self.calibrated is None or n > ANCHOR_WIDTHS[-1] or self.below(b, n) is None:
+            return None
+        fields = {f: getattr(self, f) for f in StepModel.__dataclass_fields__}
+        return StepModel(**{**fields, "k": self.calibrated})
+
     def target_forward(self, b: int, n: int) -> float:
         # a prefill (wider than any verify) is not a decode step the tables' decode engine prices
-        if not self.uses_tables or n > ANCHOR_WIDTHS[-1]:
+        if not self.uses_tables or n > ANCHOR_WIDTHS[-1] or self.below(b, n) is not None:
             return super().target_forward(b, n)
         assert self.tables is not None
         return self.tables.forward_ms(b, n, self.ctx) / 1000.0
+
+    def ar_step(self, b: int) -> float:
+        m = self._fallback(b, 1)
+        return m.ar_step(b) if m is not None else super().ar_step(b)
+
+    def dflash_step(self, b: int, draft_len: int, tau: float) -> float:
+        m = self._fallback(b, draft_len + 1) if draft_len > 0 else None
+        return m.dflash_step(b, draft_len, tau) if m is not None else super().dflash_step(b, draft_len, tau)
 
 
 def loo_errors() -> list:
@@ -202,10 +234,10 @@ def combined(model: StepModel, tables: Tables | None, refitted: bool = False) ->
     (:func:`loop`); ``model`` itself where the tables do not serve. ``refitted``: ``model``'s
     constants were refitted over the tables' target step (the user's ``--calibration``,
     :func:`dflash_trt.plan.calibrate.from_files`) and stay as they are."""
-    fields = {f: getattr(model, f) for f in model.__dataclass_fields__}
+    fields = {f: getattr(model, f) for f in StepModel.__dataclass_fields__}
     if tables is None or tables.reason is not None or refitted:
-        return SiliconStepModel(**fields, tables=tables)
-    return SiliconStepModel(**{**fields, "k": replace(model.k, step_s=float(loop()["loop_s"]))}, tables=tables)
+        return SiliconStepModel(**fields, tables=tables, calibrated=model.k)
+    return SiliconStepModel(**{**fields, "k": prior(model.k)}, tables=tables, calibrated=model.k)
 
 
 def prior(k: StackConstants) -> StackConstants:
@@ -214,13 +246,30 @@ def prior(k: StackConstants) -> StackConstants:
     return replace(k, step_s=float(loop()["loop_s"]))
 
 
-def sources(model: StepModel, calibration: str, user: bool) -> dict[str, str]:
-    """Where each term of ``model``'s step comes from (``calibration``: ``Calibration.describe``)."""
+def below_note(model: SiliconStepModel, lengths: list[int]) -> str:
+    """Where the planned steps (``lengths[b - 1]``: the draft length at batch ``b``) lie below the
+    tables' smallest collected sizes, which the calibrated model then prices ("" where none does)."""
+    low: dict[int, str] = {}
+    for b, n in enumerate(lengths or [0], start=1):
+        why = model.below(b, 1) or (model.below(b, n + 1) if n else None)
+        if why:
+            low[b] = why
+    if not low:
+        return ""
+    at = f"{min(low)}" if len(low) == 1 else f"{min(low)}-{max(low)}" if len(low) == max(low) - min(low) + 1 \
+        else ", ".join(map(str, sorted(low)))
+    return (f"; at batch {at} below the tables' smallest collected size ({low[min(low)]}): "
+            "the calibrated model's step there")
+
+
+def sources(model: StepModel, calibration: str, user: bool, lengths: list[int] | None = None) -> dict[str, str]:
+    """Where each term of ``model``'s step comes from (``calibration``: ``Calibration.describe``;
+    ``lengths``: the planned draft length at every batch size, to say where a step lies below the tables)."""
     short = calibration.split(":")[0]
     own = f"user calibration ({short})" if user else f"calibrated model ({short})"
     tables = getattr(model, "tables", None)
     if isinstance(model, SiliconStepModel) and model.uses_tables and tables is not None:
-        target = tables.source
+        target = tables.source + below_note(model, lengths or [])
         fit = f"{short}, refitted over the tables' target step" if user else loop()["source"]
         own = f"user calibration ({short}, over the tables' target step)" if user else own
         return {"target_forward": target, "drafter": own, "kv_injection": own,

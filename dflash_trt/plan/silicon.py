@@ -13,9 +13,14 @@ query tokens per request (the Rust engine's ``num_decode_query_tokens``) AND mul
 generation op's count by ``models/helpers.py::mtp_scale_factor(n, L) = (L + n) / L`` (the MTP
 layers' extra compute; ``models/llama.py`` applies it to each generation op alike). The compiled
 engine's ``decode_step_latency(b, isl, osl)`` is therefore ``(L + n) / L`` x the step at width
-``n + 1``; dividing by that factor gives the target's own forward at width ``n + 1``. Widths are
-compiled at :data:`ANCHOR_WIDTHS` and interpolated linearly between them (a compile is ~0.1 s).
-The MTP arm's step is the same engine undivided (its own scaling is what MTP costs).
+``n + 1``; dividing by that factor gives the target's own forward at width ``n + 1``. Measured on
+that engine (``tests/plan/test_silicon.py``): the step at width ``w`` over ``b`` rows, the scale
+divided out, equals the width-1 step over ``b x w`` rows to the last digit, at every context (the
+library prices a verify's ``w`` query tokens per request as ``w`` decode rows). So the target's
+forward at any width is priced exactly by ONE width-1 engine at batch ``b x w``: no width is
+interpolated (a linear interpolation between compiled widths under-priced a 10-token verify at
+batch 32 by 3-4%, where the step's cost in tokens bends). The MTP arm's step is the nextn engine
+undivided (its own scaling is what MTP costs).
 
 Table version: the newest version the tables hold for the stack at or below the targeted
 TensorRT-LLM release (``aiconfigurator_core/systems/data/<system>/gemm/<framework>/<version>``);
@@ -41,7 +46,7 @@ SYSTEMS = {"H100": "h100_sxm", "H100 PCIe": "h100_pcie", "H200": "h200_sxm", "B2
            "B300": "b300_sxm", "GB200": "gb200", "GB300": "gb300", "A100 80GB": "a100_sxm", "L40S": "l40s"}
 FRAMEWORKS = {"trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
 GEMM = {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}   # mxfp4 and others: inferred from the config
-ANCHOR_WIDTHS = (1, 2, 4, 8, 16, 32)
+MAX_VERIFY_WIDTH = 32   # wider forwards are prefills, which the tables' decode engine does not price
 LOOP_FILE = Path(__file__).resolve().parents[1] / "assets" / "perf" / "silicon.json"
 
 
@@ -139,13 +144,10 @@ class Tables:
         return self.mtp_step_ms(b, n, ctx) / scale
 
     def forward_ms(self, b: int, width: int, ctx: int) -> float:
-        """The target's forward over ``b`` rows x ``width`` tokens at decode context ``ctx``."""
-        if width in ANCHOR_WIDTHS or width > ANCHOR_WIDTHS[-1]:
-            return self._width_ms(b, width, ctx)
-        lo = max(w for w in ANCHOR_WIDTHS if w < width)
-        hi = min(w for w in ANCHOR_WIDTHS if w > width)
-        a, c = self._width_ms(b, lo, ctx), self._width_ms(b, hi, ctx)
-        return a + (c - a) * (width - lo) / (hi - lo)
+        """The target's forward over ``b`` rows x ``width`` tokens at decode context ``ctx``: the
+        tables' width-1 step over ``b x width`` rows, which is their width-``width`` step over
+        ``b`` rows exactly (see the module docstring)."""
+        return self._width_ms(b * width, 1, ctx)
 
 
 @lru_cache(maxsize=32)
@@ -200,14 +202,14 @@ class SiliconStepModel(StepModel):
 
     def _fallback(self, b: int, n: int) -> StepModel | None:
         """The calibrated model for a step whose target forward lies below the tables (None: above)."""
-        if self.calibrated is None or n > ANCHOR_WIDTHS[-1] or self.below(b, n) is None:
+        if self.calibrated is None or n > MAX_VERIFY_WIDTH or self.below(b, n) is None:
             return None
         fields = {f: getattr(self, f) for f in StepModel.__dataclass_fields__}
         return StepModel(**{**fields, "k": self.calibrated})
 
     def target_forward(self, b: int, n: int) -> float:
         # a prefill (wider than any verify) is not a decode step the tables' decode engine prices
-        if not self.uses_tables or n > ANCHOR_WIDTHS[-1] or self.below(b, n) is not None:
+        if not self.uses_tables or n > MAX_VERIFY_WIDTH or self.below(b, n) is not None:
             return super().target_forward(b, n)
         assert self.tables is not None
         return self.tables.forward_ms(b, n, self.ctx) / 1000.0

@@ -59,7 +59,18 @@ def test_width_k_plus_1_is_the_mtp_engine_with_its_layer_scale_divided_out():
     assert engine.decode_step_latency(1, 1024, 512) == pytest.approx(9.385, abs=0.03)
     mtp15 = engine.decode_step_latency(1, 1024, 2)   # at the decode context itself, as the planner asks
     assert t.forward_ms(1, 16, 1024) == pytest.approx(mtp15 * 36 / (36 + 15), rel=1e-9)
-    assert t.forward_ms(1, 1, 1024) < t.forward_ms(1, 12, 1024) < t.forward_ms(1, 16, 1024)   # interpolated
+    assert t.forward_ms(1, 1, 1024) < t.forward_ms(1, 12, 1024) < t.forward_ms(1, 16, 1024)
+
+
+def test_a_width_is_priced_exactly_not_interpolated():
+    # the library's step at width w over b rows is its width-1 step over b x w rows (what forward_ms
+    # uses, one engine for every width); a width between the old anchors is exact, not interpolated
+    pytest.importorskip("aiconfigurator_core")
+    t = silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    assert t is not None
+    for b, w, ctx in ((1, 4, 64), (3, 16, 2048), (32, 10, 320)):
+        assert t._width_ms(b, w, ctx) == pytest.approx(t._width_ms(b * w, 1, ctx), rel=1e-9)
+    assert t.forward_ms(32, 10, 320) == pytest.approx(t.mtp_step_ms(32, 9, 320) * 36 / 45, rel=1e-9)
 
 
 def _make(stack=None, calibration=None, tables=True):

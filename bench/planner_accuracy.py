@@ -47,9 +47,6 @@ def gpu_class(gpu: str) -> str:
             "H200": "Hopper"}.get(gpu, gpu)
 
 
-def _speedup(m, r) -> float:
-    ar = m.ar_step(r.concurrency)
-    return r.tau * ar / m.dflash_step(r.concurrency, r.draft_len, r.tau)
 
 
 GRID = [i * 1e-4 for i in range(0, 81)]   # the combined model's loop cost per forward: 0 .. 8 ms
@@ -57,20 +54,19 @@ GRID = [i * 1e-4 for i in range(0, 81)]   # the combined model's loop cost per f
 
 def predictor(case, cal):
     """``step_s -> speedup`` with the tables' target forward (None, why) where the tables cannot price the row."""
-    from dflash_trt.plan import perf_fit, silicon, trtllm_releases
+    from dflash_trt.plan import calibrate, perf_fit, silicon, trtllm_releases
 
     r = case.row
     k = cal.constants(r.stack)
-    base = case.model(k, cal.shared)
     model_dir = str(perf_fit._config_dir(r.target)) if not r.target.startswith("embedded:") else None
     tables = silicon.tables_for(model_dir, r.gpu, r.stack, r.precision, r.tp, case.target.layers,
                                 trtllm_releases.DEFAULT_RELEASE, r.kv_cache)
     if tables is None or tables.reason:
         return None, (tables.reason if tables else "aiconfigurator-core not installed"), None
-    fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+    tabled = calibrate.TabledCase(**{f: getattr(case, f) for f in case.__dataclass_fields__}, tables=tables)
 
-    def at(step_s: float) -> float:
-        return _speedup(silicon.SiliconStepModel(**{**fields, "k": replace(k, step_s=step_s)}, tables=tables), r)
+    def at(step_s: float) -> float:   # what the row measured: with the prefills that stall it, where it has them
+        return tabled.predict(replace(k, step_s=step_s), cal.shared)["speedup"]
     return at, None, tables.source
 
 

@@ -17,10 +17,17 @@ engine's ``decode_step_latency(b, isl, osl)`` is therefore ``(L + n) / L`` x the
 that engine (``tests/plan/test_silicon.py``): the step at width ``w`` over ``b`` rows, the scale
 divided out, equals the width-1 step over ``b x w`` rows to the last digit, at every context (the
 library prices a verify's ``w`` query tokens per request as ``w`` decode rows). So the target's
-forward at any width is priced exactly by ONE width-1 engine at batch ``b x w``: no width is
-interpolated (a linear interpolation between compiled widths under-priced a 10-token verify at
-batch 32 by 3-4%, where the step's cost in tokens bends). The MTP arm's step is the nextn engine
-undivided (its own scaling is what MTP costs).
+forward at any width is priced by ONE width-1 engine: no width is interpolated (a linear
+interpolation between compiled widths under-priced a 10-token verify at batch 32 by 3-4%, where
+the step's cost in tokens bends). Every op but the generation attention costs what ``b x w``
+tokens cost. The attention does not: ``w`` decode rows per request each read the request's whole
+K/V cache, where a verify (TensorRT-LLM's and FlashInfer's multi-token generation attention) reads
+it once for its ``w`` query tokens. The decode step's only context-dependent op is that attention,
+so the verify is priced as ``T1(b x w, S0) + T1(b, S) - T1(b, S0)`` (``T1``: the width-1 step,
+``S0`` = :data:`DECODE_ISL_FLOOR`): the ``b x w`` tokens' GEMMs, MoE and communication, plus one
+context read per request. The ``w`` queries' attention FLOPs beyond one row's are not added
+(a decode-shaped verify stays memory-bound at the contexts a plan uses). The MTP arm's step is
+that verify times the MTP layers' ``(L + n) / L``, on the same footing.
 
 Table version: the newest version the tables hold for the stack at or below the targeted
 TensorRT-LLM release (``aiconfigurator_core/systems/data/<system>/gemm/<framework>/<version>``);
@@ -125,9 +132,13 @@ class Tables:
                 kvcache_quant_mode=kv, fmha_quant_mode="bfloat16", nextn=nextn)
         return self._engines[nextn]
 
-    def mtp_step_ms(self, b: int, nextn: int, ctx: int) -> float:
-        """The tables' own MTP step (width nextn + 1, with the MTP layers' (L + n) / L)."""
+    def library_ms(self, b: int, nextn: int, ctx: int) -> float:
+        """The library's own MTP step (width nextn + 1, with the MTP layers' (L + n) / L)."""
         return float(self._engine(nextn).decode_step_latency(b, max(DECODE_ISL_FLOOR, ctx), 2))
+
+    def mtp_step_ms(self, b: int, nextn: int, ctx: int) -> float:
+        """The MTP arm's step: the verify at width nextn + 1 with the MTP layers' (L + n) / L."""
+        return (self.layers + nextn) / self.layers * self.forward_ms(b, nextn + 1, ctx)
 
     def below(self, target: TargetShape, b: int, width: int, ctx: int) -> str | None:
         """Which size of the forward over ``b`` x ``width`` lies below the smallest the tables
@@ -139,15 +150,20 @@ class Tables:
         return silicon_floors.below(floor, target, self.tp, b, width, max(DECODE_ISL_FLOOR, ctx))
 
     def _width_ms(self, b: int, width: int, ctx: int) -> float:
+        """The library's step at ``width`` over ``b`` rows, its MTP layer scale divided out."""
         n = width - 1
         scale = (self.layers + n) / self.layers if n > 0 else 1.0
-        return self.mtp_step_ms(b, n, ctx) / scale
+        return self.library_ms(b, n, ctx) / scale
 
     def forward_ms(self, b: int, width: int, ctx: int) -> float:
         """The target's forward over ``b`` rows x ``width`` tokens at decode context ``ctx``: the
-        tables' width-1 step over ``b x width`` rows, which is their width-``width`` step over
-        ``b`` rows exactly (see the module docstring)."""
-        return self._width_ms(b * width, 1, ctx)
+        tables' width-1 step over ``b x width`` rows (their width-``width`` step over ``b`` rows
+        exactly), with the context read once per row, not once per token (see the
+        module docstring)."""
+        if width == 1:
+            return self._width_ms(b, 1, ctx)
+        s0 = DECODE_ISL_FLOOR
+        return self._width_ms(b * width, 1, s0) + self._width_ms(b, 1, ctx) - self._width_ms(b, 1, s0)
 
 
 @lru_cache(maxsize=32)

@@ -14,6 +14,8 @@ For every published and measured row with a speedup (``dflash_trt/assets/perf/me
   forward fitted on the rows the tables price, leave-one-out (each row's prediction uses the cost
   fitted without it); the full fit is what ``plan`` uses (``--write-loop``).
 
+Every column predicts what the row measured: an end-to-end row (``prompt_tokens``/``output_tokens``)
+with the prefills that stall it (``perf_fit.Case.predict``, the same quantity the calibrated fit uses).
 The drafter's constants come from the calibrated model's full fit, not refitted without the row
 (the tables themselves were not fitted on these rows): slightly optimistic where they matter.
 Rows the tables cannot price (the CPU rows, the Transformers stack, GPUs or models the tables
@@ -149,6 +151,8 @@ def trends(rows: list[dict]) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", type=Path, help="write the dated results JSON here")
+    ap.add_argument("--title", default="Planner speedup error by source (calibrated, tables, combined)",
+                    help="the results file's title (docs/reference/performance.md shows it)")
     ap.add_argument("--write-loop", action="store_true", help="write the fitted loop cost into the package "
                     "(dflash_trt/assets/perf/silicon.json), what plan's combined model uses")
     args = ap.parse_args(argv)
@@ -178,7 +182,9 @@ def main(argv=None) -> int:
         from dflash_trt.plan import silicon
 
         data = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {platform.processor() or ''}"
-                .strip(), "commit": commit, "command": "python bench/planner_accuracy.py --write " + str(args.write),
+                .strip(), "commit": commit,
+                "command": " ".join(["python bench/planner_accuracy.py", *(argv or sys.argv[1:])]),
+                "title": args.title,
                 "results": {"aiconfigurator_core": silicon.installed(), "seconds": round(seconds, 2),
                             "combined_loop_s": loop_s,
                             "rows": rows, "groups": groups, "trends": trend}}

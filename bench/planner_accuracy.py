@@ -14,6 +14,8 @@ For every published and measured row with a speedup (``dflash_trt/assets/perf/me
   forward fitted on the rows the tables price, leave-one-out (each row's prediction uses the cost
   fitted without it); the full fit is what ``plan`` uses (``--write-loop``).
 
+Every column predicts what the row measured: an end-to-end row (``prompt_tokens``/``output_tokens``)
+with the prefills that stall it (``perf_fit.Case.predict``, the same quantity the calibrated fit uses).
 The drafter's constants come from the calibrated model's full fit, not refitted without the row
 (the tables themselves were not fitted on these rows): slightly optimistic where they matter.
 Rows the tables cannot price (the CPU rows, the Transformers stack, GPUs or models the tables
@@ -47,9 +49,6 @@ def gpu_class(gpu: str) -> str:
             "H200": "Hopper"}.get(gpu, gpu)
 
 
-def _speedup(m, r) -> float:
-    ar = m.ar_step(r.concurrency)
-    return r.tau * ar / m.dflash_step(r.concurrency, r.draft_len, r.tau)
 
 
 GRID = [i * 1e-4 for i in range(0, 81)]   # the combined model's loop cost per forward: 0 .. 8 ms
@@ -57,20 +56,19 @@ GRID = [i * 1e-4 for i in range(0, 81)]   # the combined model's loop cost per f
 
 def predictor(case, cal):
     """``step_s -> speedup`` with the tables' target forward (None, why) where the tables cannot price the row."""
-    from dflash_trt.plan import perf_fit, silicon, trtllm_releases
+    from dflash_trt.plan import calibrate, perf_fit, silicon, trtllm_releases
 
     r = case.row
     k = cal.constants(r.stack)
-    base = case.model(k, cal.shared)
     model_dir = str(perf_fit._config_dir(r.target)) if not r.target.startswith("embedded:") else None
     tables = silicon.tables_for(model_dir, r.gpu, r.stack, r.precision, r.tp, case.target.layers,
                                 trtllm_releases.DEFAULT_RELEASE, r.kv_cache)
     if tables is None or tables.reason:
         return None, (tables.reason if tables else "aiconfigurator-core not installed"), None
-    fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+    tabled = calibrate.TabledCase(**{f: getattr(case, f) for f in case.__dataclass_fields__}, tables=tables)
 
-    def at(step_s: float) -> float:
-        return _speedup(silicon.SiliconStepModel(**{**fields, "k": replace(k, step_s=step_s)}, tables=tables), r)
+    def at(step_s: float) -> float:   # what the row measured: with the prefills that stall it, where it has them
+        return tabled.predict(replace(k, step_s=step_s), cal.shared)["speedup"]
     return at, None, tables.source
 
 
@@ -153,6 +151,8 @@ def trends(rows: list[dict]) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", type=Path, help="write the dated results JSON here")
+    ap.add_argument("--title", default="Planner speedup error by source (calibrated, tables, combined)",
+                    help="the results file's title (docs/reference/performance.md shows it)")
     ap.add_argument("--write-loop", action="store_true", help="write the fitted loop cost into the package "
                     "(dflash_trt/assets/perf/silicon.json), what plan's combined model uses")
     args = ap.parse_args(argv)
@@ -182,7 +182,9 @@ def main(argv=None) -> int:
         from dflash_trt.plan import silicon
 
         data = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {platform.processor() or ''}"
-                .strip(), "commit": commit, "command": "python bench/planner_accuracy.py --write " + str(args.write),
+                .strip(), "commit": commit,
+                "command": " ".join(["python bench/planner_accuracy.py", *(argv or sys.argv[1:])]),
+                "title": args.title,
                 "results": {"aiconfigurator_core": silicon.installed(), "seconds": round(seconds, 2),
                             "combined_loop_s": loop_s,
                             "rows": rows, "groups": groups, "trends": trend}}

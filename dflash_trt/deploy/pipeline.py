@@ -168,7 +168,8 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None, stack: str | N
     are first refitted on those measurements (:mod:`dflash_trt.plan.calibrate`); ``stack``: the
     serving stack to predict for (default the recipe's server: TensorRT-LLM on a GPU). The target's
     forward comes from aiconfigurator-core's measured tables where installed and covering
-    (:mod:`dflash_trt.plan.silicon`), unless ``calibration`` is given."""
+    (:mod:`dflash_trt.plan.silicon`); ``calibration`` then corrects the rest of the combined
+    model (drafter, per-layer and loop costs refitted over the tables' target step)."""
     rc = r.recipe
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache, mtp_layers=r.mtp_layers)
@@ -186,15 +187,16 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None, stack: str | N
                                       rc.precision.kv_cache)
     p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, release=row, stack=stack,
                          tables=None if r.gpu.kind == "cpu" else tables)
-    if calibration:
+    if calibration:   # the user's rows correct the combined model: refitted over the tables' target step
+        on = None if r.gpu.kind == "cpu" else tables(p.tp)
         cal, tau = planner.calibration_from_files(list(calibration), dep, p, planner.shipped_calibration(),
-                                                    stack)
+                                                    stack, on)
         if tau is not None and spec.acceptance is None:
             spec = spec.model_copy(update={"acceptance": tau})
         errors = planner.calibration_errors(list(calibration), dep, p, planner.shipped_calibration(),
-                                            stack)
+                                            stack, on)
         p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors,
-                              release=row, stack=stack)
+                              release=row, stack=stack, tables=None if r.gpu.kind == "cpu" else tables)
     p.warnings = r.warnings + installed + p.warnings
     return p
 

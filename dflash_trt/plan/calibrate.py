@@ -11,19 +11,47 @@ What a level does not say is assumed from the plan: the draft length the server 
 concurrency (what this recipe's bundle drafts, unless the level carries ``draft_len``) and τ where
 the server reports none (the plan's τ(L)). The mean measured τ replaces the recipe's estimate
 when the recipe sets no ``speculative.acceptance``.
+
+Where aiconfigurator-core's measured tables price the target (:mod:`dflash_trt.plan.silicon`),
+the user's rows correct the COMBINED model, not the calibrated one alone: each level is predicted
+with the target's forward from the tables (:class:`TabledCase`) and the stack's constants (the
+drafter's bandwidth and compute shares, the cost per layer, the loop cost per forward) are refitted
+over that step, the combined model's constants as the prior (:func:`silicon.prior`). A user on a
+GPU the tables hold keeps the measured-kernel target cost; their own rows correct the rest.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError, read_text
-from dflash_trt.plan import hardware
+from dflash_trt.plan import hardware, silicon
 from dflash_trt.plan.deployment import weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.perf_fit import CONSTANTS, Case, Row, fit
-from dflash_trt.plan.perf_model import Calibration
+from dflash_trt.plan.perf_model import Calibration, Shared, StackConstants, StepModel
+
+
+@dataclass(frozen=True)
+class TabledCase(Case):
+    """A measured level predicted by the combined model: the target's forward from ``tables``."""
+
+    tables: silicon.Tables | None = field(default=None, compare=False, hash=False)
+
+    def model(self, k: StackConstants, shared: Shared) -> StepModel:
+        return silicon.combined(super().model(k, shared), self.tables, refitted=True)
+
+
+def over_tables(cases: list[Case], cal: Calibration, stack: str,
+                tables: silicon.Tables | None) -> tuple[list[Case], Calibration]:
+    """``cases`` and the prior ``cal`` over the tables' target step where ``tables`` serve (the
+    combined model: the loop cost beside the tables as the prior's); unchanged where they do not."""
+    if tables is None or tables.reason is not None:
+        return cases, cal
+    start = cal.with_stack(stack, silicon.prior(cal.constants(stack)), cal.source, cal.rows.get(stack, {}))
+    return [TabledCase(**{f: getattr(c, f) for f in c.__dataclass_fields__}, tables=tables) for c in cases], start
 
 
 def read_bench(path: Path) -> dict:
@@ -125,9 +153,11 @@ def expand(draft_lengths: list[dict]) -> list[int]:
     return [r["draft_len"] for r in draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
 
 
-def from_files(paths: list[Path], dep, first, cal: Calibration, stack: str) -> tuple[Calibration, float | None]:
+def from_files(paths: list[Path], dep, first, cal: Calibration, stack: str,
+               tables: silicon.Tables | None = None) -> tuple[Calibration, float | None]:
     """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
-    with ``cal``), and the measured τ scaled to the full block (None: no level reported τ)."""
+    with ``cal``; over the target step of ``tables`` where they serve, :func:`over_tables`), and
+    the measured τ scaled to the full block (None: no level reported τ)."""
     from dflash_trt.plan.acceptance import expected_tau, fit_alpha
     from dflash_trt.plan.perf_model import Acceptance
 
@@ -139,7 +169,9 @@ def from_files(paths: list[Path], dep, first, cal: Calibration, stack: str) -> t
                                   gpu=dep.gpu, precision=dep.precision, kv_cache=dep.kv_cache, tp=first.tp,
                                   draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
     names = ", ".join(Path(p).name for p in paths)
-    new = refit(cal, stack, cases, source=f"your measurements: {names}, {len(cases)} levels")
+    cases, start = over_tables(cases, cal, stack, tables)
+    where = "" if start is cal else ", over the measured tables' target step"
+    new = refit(start, stack, cases, source=f"your measurements: {names}, {len(cases)} levels{where}")
     measured = [(c.row.tau, c.row.draft_len) for c in cases
                 if c.row.draft_len and c.row.tau and c.row.tau != acc.tau(c.row.draft_len)]
     if not measured:

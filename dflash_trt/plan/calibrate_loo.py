@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_trt.plan.calibrate import cases_from_bench, expand, read_bench, refit
+from dflash_trt.plan.calibrate import cases_from_bench, expand, over_tables, read_bench, refit
 from dflash_trt.plan.perf_model import Acceptance
 from dflash_trt.plan.uncertainty import RowError
 
@@ -36,9 +36,10 @@ def from_cases(cases: list, cal, stack: str) -> list[RowError]:
     return out
 
 
-def from_files(paths: list[Path], dep, first, cal, stack: str) -> list[RowError]:
+def from_files(paths: list[Path], dep, first, cal, stack: str, tables=None) -> list[RowError]:
     """Leave-one-out errors of the levels in ``paths`` (``bench --endpoint --json`` reports, what
-    ``plan --calibration`` reads), for deployment ``dep`` first planned as ``first``."""
+    ``plan --calibration`` reads), for deployment ``dep`` first planned as ``first`` (over the
+    target step of ``tables`` where they serve, as :func:`calibrate.from_files` refits)."""
     lengths = expand(first.draft_lengths) or [first.max_draft_len]
     acc = Acceptance(alpha=first.alpha)
     cases = []
@@ -46,4 +47,5 @@ def from_files(paths: list[Path], dep, first, cal, stack: str) -> list[RowError]
         cases += cases_from_bench(read_bench(path), stack=stack, target=dep.target, drafter=dep.drafter,
                                   gpu=dep.gpu, precision=dep.precision, kv_cache=dep.kv_cache, tp=first.tp,
                                   draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
-    return from_cases(cases, cal, stack)
+    cases, start = over_tables(cases, cal, stack, tables)
+    return from_cases(cases, start, stack)

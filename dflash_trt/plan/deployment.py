@@ -433,8 +433,8 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     cal = calibration or perf_model.shipped()
     stack = stack or perf_model.stack_for(gpu)
     roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
-    if tables is not None and calibration is None:   # tables(tp); the user's calibration wins over them
-        roof = silicon.combined(roof, tables(tp_))
+    if tables is not None:   # tables(tp); the user's calibration was refitted over them (calibrate.from_files)
+        roof = silicon.combined(roof, tables(tp_), refitted=calibration is not None)
     if spec.max_draft_len == "auto":
         max_len = _best_len(roof, 1, block - 1, acc)
     else:
@@ -466,7 +466,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 moe_backend=rules.moe_backend(t.model_type, gpu, release),
                 max_batch_size=serving.max_batch_size, max_seq_len=serving.max_seq_len,
                 kv_cache_free_gpu_memory_fraction=mem.fraction, sized=sized, stack=stack,
-                step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None))
+                step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None, lengths))
     tabled = isinstance(roof, silicon.SiliconStepModel) and roof.uses_tables
     _ranges(plan, stack, errors, silicon.loo_errors() if tabled and not errors else None)
     _arms(plan, roof, dep.mtp_layers, acc)

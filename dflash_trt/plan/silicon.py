@@ -13,9 +13,21 @@ query tokens per request (the Rust engine's ``num_decode_query_tokens``) AND mul
 generation op's count by ``models/helpers.py::mtp_scale_factor(n, L) = (L + n) / L`` (the MTP
 layers' extra compute; ``models/llama.py`` applies it to each generation op alike). The compiled
 engine's ``decode_step_latency(b, isl, osl)`` is therefore ``(L + n) / L`` x the step at width
-``n + 1``; dividing by that factor gives the target's own forward at width ``n + 1``. Widths are
-compiled at :data:`ANCHOR_WIDTHS` and interpolated linearly between them (a compile is ~0.1 s).
-The MTP arm's step is the same engine undivided (its own scaling is what MTP costs).
+``n + 1``; dividing by that factor gives the target's own forward at width ``n + 1``. Measured on
+that engine (``tests/plan/test_silicon.py``): the step at width ``w`` over ``b`` rows, the scale
+divided out, equals the width-1 step over ``b x w`` rows to the last digit, at every context (the
+library prices a verify's ``w`` query tokens per request as ``w`` decode rows). So the target's
+forward at any width is priced by ONE width-1 engine: no width is interpolated (a linear
+interpolation between compiled widths under-priced a 10-token verify at batch 32 by 3-4%, where
+the step's cost in tokens bends). Every op but the generation attention costs what ``b x w``
+tokens cost. The attention does not: ``w`` decode rows per request each read the request's whole
+K/V cache, where a verify (TensorRT-LLM's and FlashInfer's multi-token generation attention) reads
+it once for its ``w`` query tokens. The decode step's only context-dependent op is that attention,
+so the verify is priced as ``T1(b x w, S0) + T1(b, S) - T1(b, S0)`` (``T1``: the width-1 step,
+``S0`` = :data:`DECODE_ISL_FLOOR`): the ``b x w`` tokens' GEMMs, MoE and communication, plus one
+context read per request. The ``w`` queries' attention FLOPs beyond one row's are not added
+(a decode-shaped verify stays memory-bound at the contexts a plan uses). The MTP arm's step is
+that verify times the MTP layers' ``(L + n) / L``, on the same footing.
 
 Table version: the newest version the tables hold for the stack at or below the targeted
 TensorRT-LLM release (``aiconfigurator_core/systems/data/<system>/gemm/<framework>/<version>``);
@@ -31,7 +43,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-from dflash_trt.plan.perf_model import StepModel
+from dflash_trt.plan import silicon_floors
+from dflash_trt.plan.model_shapes import TargetShape
+from dflash_trt.plan.perf_model import StackConstants, StepModel
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +53,7 @@ SYSTEMS = {"H100": "h100_sxm", "H100 PCIe": "h100_pcie", "H200": "h200_sxm", "B2
            "B300": "b300_sxm", "GB200": "gb200", "GB300": "gb300", "A100 80GB": "a100_sxm", "L40S": "l40s"}
 FRAMEWORKS = {"trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
 GEMM = {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}   # mxfp4 and others: inferred from the config
-ANCHOR_WIDTHS = (1, 2, 4, 8, 16, 32)
+MAX_VERIFY_WIDTH = 32   # wider forwards are prefills, which the tables' decode engine does not price
 LOOP_FILE = Path(__file__).resolve().parents[1] / "assets" / "perf" / "silicon.json"
 
 
@@ -118,23 +132,38 @@ class Tables:
                 kvcache_quant_mode=kv, fmha_quant_mode="bfloat16", nextn=nextn)
         return self._engines[nextn]
 
-    def mtp_step_ms(self, b: int, nextn: int, ctx: int) -> float:
-        """The tables' own MTP step (width nextn + 1, with the MTP layers' (L + n) / L)."""
+    def library_ms(self, b: int, nextn: int, ctx: int) -> float:
+        """The library's own MTP step (width nextn + 1, with the MTP layers' (L + n) / L)."""
         return float(self._engine(nextn).decode_step_latency(b, max(DECODE_ISL_FLOOR, ctx), 2))
 
+    def mtp_step_ms(self, b: int, nextn: int, ctx: int) -> float:
+        """The MTP arm's step: the verify at width nextn + 1 with the MTP layers' (L + n) / L."""
+        return (self.layers + nextn) / self.layers * self.forward_ms(b, nextn + 1, ctx)
+
+    def below(self, target: TargetShape, b: int, width: int, ctx: int) -> str | None:
+        """Which size of the forward over ``b`` x ``width`` lies below the smallest the tables
+        collected (:mod:`dflash_trt.plan.silicon_floors`; None: none, or the tables do not serve)."""
+        if self.reason is not None:
+            return None
+        kv = "fp8" if self.kv_cache == "fp8" else "bfloat16"
+        floor = silicon_floors.floors(self.system, self.framework, self.version, GEMM.get(self.precision), kv)
+        return silicon_floors.below(floor, target, self.tp, b, width, max(DECODE_ISL_FLOOR, ctx))
+
     def _width_ms(self, b: int, width: int, ctx: int) -> float:
+        """The library's step at ``width`` over ``b`` rows, its MTP layer scale divided out."""
         n = width - 1
         scale = (self.layers + n) / self.layers if n > 0 else 1.0
-        return self.mtp_step_ms(b, n, ctx) / scale
+        return self.library_ms(b, n, ctx) / scale
 
     def forward_ms(self, b: int, width: int, ctx: int) -> float:
-        """The target's forward over ``b`` rows x ``width`` tokens at decode context ``ctx``."""
-        if width in ANCHOR_WIDTHS or width > ANCHOR_WIDTHS[-1]:
-            return self._width_ms(b, width, ctx)
-        lo = max(w for w in ANCHOR_WIDTHS if w < width)
-        hi = min(w for w in ANCHOR_WIDTHS if w > width)
-        a, c = self._width_ms(b, lo, ctx), self._width_ms(b, hi, ctx)
-        return a + (c - a) * (width - lo) / (hi - lo)
+        """The target's forward over ``b`` rows x ``width`` tokens at decode context ``ctx``: the
+        tables' width-1 step over ``b x width`` rows (their width-``width`` step over ``b`` rows
+        exactly), with the context read once per row, not once per token (see the
+        module docstring)."""
+        if width == 1:
+            return self._width_ms(b, 1, ctx)
+        s0 = DECODE_ISL_FLOOR
+        return self._width_ms(b * width, 1, s0) + self._width_ms(b, 1, ctx) - self._width_ms(b, 1, s0)
 
 
 @lru_cache(maxsize=32)
@@ -176,17 +205,38 @@ class SiliconStepModel(StepModel):
     the calibrated model unchanged."""
 
     tables: Tables | None = field(default=None, compare=False, hash=False)
+    # the calibrated model's constants: a step below the tables' smallest collected size is its
+    calibrated: StackConstants | None = field(default=None, compare=False, hash=False)
 
     @property
     def uses_tables(self) -> bool:
         return self.tables is not None and self.tables.reason is None
 
+    def below(self, b: int, n: int) -> str | None:
+        """Why the forward over ``b`` x ``n`` lies below the tables' collected sizes (None: it does not)."""
+        return self.tables.below(self.target, b, n, self.ctx) if self.uses_tables and self.tables else None
+
+    def _fallback(self, b: int, n: int) -> StepModel | None:
+        """The calibrated model for a step whose target forward lies below the tables (None: above)."""
+        if self.calibrated is None or n > MAX_VERIFY_WIDTH or self.below(b, n) is None:
+            return None
+        fields = {f: getattr(self, f) for f in StepModel.__dataclass_fields__}
+        return StepModel(**{**fields, "k": self.calibrated})
+
     def target_forward(self, b: int, n: int) -> float:
         # a prefill (wider than any verify) is not a decode step the tables' decode engine prices
-        if not self.uses_tables or n > ANCHOR_WIDTHS[-1]:
+        if not self.uses_tables or n > MAX_VERIFY_WIDTH or self.below(b, n) is not None:
             return super().target_forward(b, n)
         assert self.tables is not None
         return self.tables.forward_ms(b, n, self.ctx) / 1000.0
+
+    def ar_step(self, b: int) -> float:
+        m = self._fallback(b, 1)
+        return m.ar_step(b) if m is not None else super().ar_step(b)
+
+    def dflash_step(self, b: int, draft_len: int, tau: float) -> float:
+        m = self._fallback(b, draft_len + 1) if draft_len > 0 else None
+        return m.dflash_step(b, draft_len, tau) if m is not None else super().dflash_step(b, draft_len, tau)
 
 
 def loo_errors() -> list:
@@ -197,30 +247,54 @@ def loo_errors() -> list:
     return [RowError.from_dict(r) for r in loop().get("loo", [])]
 
 
-def combined(model: StepModel, tables: Tables | None) -> StepModel:
+def combined(model: StepModel, tables: Tables | None, refitted: bool = False) -> StepModel:
     """``model`` with the target's forward from ``tables`` and the loop cost fitted beside them
-    (:func:`loop`); ``model`` itself where the tables do not serve."""
-    if tables is None or tables.reason is not None:
-        return SiliconStepModel(**{f: getattr(model, f) for f in model.__dataclass_fields__}, tables=tables)
-    fields = {f: getattr(model, f) for f in model.__dataclass_fields__}
-    return SiliconStepModel(**{**fields, "k": replace(model.k, step_s=float(loop()["loop_s"]))}, tables=tables)
+    (:func:`loop`); ``model`` itself where the tables do not serve. ``refitted``: ``model``'s
+    constants were refitted over the tables' target step (the user's ``--calibration``,
+    :func:`dflash_trt.plan.calibrate.from_files`) and stay as they are."""
+    fields = {f: getattr(model, f) for f in StepModel.__dataclass_fields__}
+    if tables is None or tables.reason is not None or refitted:
+        return SiliconStepModel(**fields, tables=tables, calibrated=model.k)
+    return SiliconStepModel(**{**fields, "k": prior(model.k)}, tables=tables, calibrated=model.k)
 
 
-def sources(model: StepModel, calibration: str, user: bool) -> dict[str, str]:
-    """Where each term of ``model``'s step comes from (``calibration``: ``Calibration.describe``)."""
+def prior(k: StackConstants) -> StackConstants:
+    """The combined model's constants: ``k`` (the calibrated stack's) with the loop cost fitted
+    beside the tables; where the user's rows start their refit over the tables' target step."""
+    return replace(k, step_s=float(loop()["loop_s"]))
+
+
+def below_note(model: SiliconStepModel, lengths: list[int]) -> str:
+    """Where the planned steps (``lengths[b - 1]``: the draft length at batch ``b``) lie below the
+    tables' smallest collected sizes, which the calibrated model then prices ("" where none does)."""
+    low: dict[int, str] = {}
+    for b, n in enumerate(lengths or [0], start=1):
+        why = model.below(b, 1) or (model.below(b, n + 1) if n else None)
+        if why:
+            low[b] = why
+    if not low:
+        return ""
+    at = f"{min(low)}" if len(low) == 1 else f"{min(low)}-{max(low)}" if len(low) == max(low) - min(low) + 1 \
+        else ", ".join(map(str, sorted(low)))
+    return (f"; at batch {at} below the tables' smallest collected size ({low[min(low)]}): "
+            "the calibrated model's step there")
+
+
+def sources(model: StepModel, calibration: str, user: bool, lengths: list[int] | None = None) -> dict[str, str]:
+    """Where each term of ``model``'s step comes from (``calibration``: ``Calibration.describe``;
+    ``lengths``: the planned draft length at every batch size, to say where a step lies below the tables)."""
     short = calibration.split(":")[0]
     own = f"user calibration ({short})" if user else f"calibrated model ({short})"
     tables = getattr(model, "tables", None)
     if isinstance(model, SiliconStepModel) and model.uses_tables and tables is not None:
-        target = tables.source
-        fit = loop()
+        target = tables.source + below_note(model, lengths or [])
+        fit = f"{short}, refitted over the tables' target step" if user else loop()["source"]
+        own = f"user calibration ({short}, over the tables' target step)" if user else own
         return {"target_forward": target, "drafter": own, "kv_injection": own,
-                "loop": f"{model.k.step_s * 1e6:.0f} us per forward beside the tables ({fit['source']})",
+                "loop": f"{model.k.step_s * 1e6:.0f} us per forward beside the tables ({fit})",
                 "mtp_step": target}
     elif tables is not None and tables.reason:
         target = f"{own}; tables fell back: {tables.reason}"
-    elif user:
-        target = f"{own}; --calibration wins over the tables"
     else:
         target = f"{own}; aiconfigurator-core not installed"
     return {"target_forward": target, "drafter": own, "kv_injection": own, "loop": own,

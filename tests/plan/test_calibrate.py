@@ -22,7 +22,7 @@ def _truth_model(plan, r):
     """A deployment that is not the shipped calibration: slower steps, less bandwidth."""
     res = pipeline.resolve(r)
     dep = P.Deployment(res.target, res.drafter, res.gpu, res.gpus, res.precision, r.precision.kv_cache)
-    cal = M.Calibration({"trtllm": M.StackConstants(0.55, 0.35, 2.5e-3, 15e-6)}, M.shipped().shared)
+    cal = M.Calibration({"trtllm": M.StackConstants(0.55, 0.35, 5e-3, 15e-6)}, M.shipped().shared)
     return P.step_model(dep, plan.tp, 64 + 128 // 2, cal)
 
 
@@ -74,6 +74,36 @@ def test_calibration_moves_the_plan_toward_the_measurements(tmp_path, capsys, mo
     assert run(["plan", RECIPE, *sum((["--set", s] for s in SETS), []),
                 "--calibration", str(tmp_path / "bench.json")]) == 0
     assert "step model: trtllm calibration (your measurements: bench.json" in capsys.readouterr().out
+
+
+def _tables_of(r, plan):
+    res = pipeline.resolve(r)
+    return silicon.tables_for(str(res.target_dir), res.gpu.name, "trtllm", res.precision, plan.tp,
+                              res.target.layers, r.trtllm.release, r.precision.kv_cache)
+
+
+def test_calibration_corrects_the_combined_model_and_keeps_the_tables(tmp_path):
+    # on a GPU the tables hold, the user's rows refit the drafter, per-layer and loop terms over the
+    # tables' target step: the measured-kernel target cost stays, the prediction moves to the rows
+    pytest.importorskip("aiconfigurator_core")
+    r = R.load(RECIPE, SETS)
+    first = pipeline.make_plan(pipeline.resolve(r))
+    assert first.step_sources["target_forward"].startswith("aiconfigurator-core")
+    tables = _tables_of(r, first)
+    slow = M.StackConstants(0.55, 0.35, 5e-3, 15e-6)   # a slower loop and drafter than the combined model's
+    truth = silicon.combined(_truth_model(first, r), tables, refitted=True)
+    assert truth.k == _truth_model(first, r).k and truth.k.step_s == slow.step_s
+    report = _bench_json(tmp_path / "bench.json", first, truth)
+    calibrated = pipeline.make_plan(pipeline.resolve(r), calibration=[tmp_path / "bench.json"])
+    before, after = _error(first, report), _error(calibrated, report)
+    assert before > 0.2 and after < 0.05 and after < before / 4, (before, after)
+    assert calibrated.step_sources["target_forward"] == first.step_sources["target_forward"]
+    assert "over the tables' target step" in calibrated.step_sources["drafter"]
+    assert "over the measured tables' target step" in calibrated.calibration
+    # without the file nothing changes: the same plan as before the calibrated one
+    again = pipeline.make_plan(pipeline.resolve(r))
+    assert again.curve == first.curve and again.predicted == first.predicted
+    assert again.step_sources == first.step_sources
 
 
 def test_a_plan_says_which_calibration_it_used(capsys):

@@ -58,8 +58,34 @@ def test_width_k_plus_1_is_the_mtp_engine_with_its_layer_scale_divided_out():
     engine = EngineHandle.compile(QWEN, "h200_sxm", "trtllm", nextn=15, **kw)
     assert engine.decode_step_latency(1, 1024, 512) == pytest.approx(9.385, abs=0.03)
     mtp15 = engine.decode_step_latency(1, 1024, 2)   # at the decode context itself, as the planner asks
-    assert t.forward_ms(1, 16, 1024) == pytest.approx(mtp15 * 36 / (36 + 15), rel=1e-9)
-    assert t.forward_ms(1, 1, 1024) < t.forward_ms(1, 12, 1024) < t.forward_ms(1, 16, 1024)   # interpolated
+    assert t._width_ms(1, 16, 1024) == pytest.approx(mtp15 * 36 / (36 + 15), rel=1e-9)
+    assert t.forward_ms(1, 1, 1024) < t.forward_ms(1, 12, 1024) < t.forward_ms(1, 16, 1024)
+
+
+def test_a_width_is_priced_from_the_width_1_step_not_interpolated():
+    # the library's step at width w over b rows is its width-1 step over b x w rows, to the last digit
+    # (what forward_ms builds on, one engine for every width, none interpolated between compiled widths)
+    pytest.importorskip("aiconfigurator_core")
+    t = silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    assert t is not None
+    for b, w, ctx in ((1, 4, 64), (3, 16, 2048), (32, 10, 320)):
+        assert t._width_ms(b, w, ctx) == pytest.approx(t._width_ms(b * w, 1, ctx), rel=1e-9)
+    # a width between the old compiled ones (8, 16) at a short context: the library's own step
+    assert t.forward_ms(32, 10, 16) == pytest.approx(t._width_ms(32, 10, 16), rel=1e-9)
+
+
+def test_a_verify_reads_each_rows_context_once():
+    # the library's w decode rows per request read its K/V w times; a verify reads it once: what a
+    # longer context adds to a verify is what it adds to one decode row per request, whatever w
+    pytest.importorskip("aiconfigurator_core")
+    t = silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    assert t is not None
+    for b, w in ((1, 16), (8, 4), (32, 10)):
+        added = t.forward_ms(b, w, 4096) - t.forward_ms(b, w, 16)
+        assert added == pytest.approx(t.forward_ms(b, 1, 4096) - t.forward_ms(b, 1, 16), rel=1e-9)
+        assert added < (t._width_ms(b, w, 4096) - t._width_ms(b, w, 16)) / 2   # the library's, per token
+    # the MTP arm's step is that verify times the MTP layers' (L + n) / L: one footing with DFlash
+    assert t.mtp_step_ms(4, 3, 1024) == pytest.approx(t.forward_ms(4, 4, 1024) * 39 / 36, rel=1e-9)
 
 
 def _make(stack=None, calibration=None, tables=True):
@@ -75,16 +101,18 @@ def _make(stack=None, calibration=None, tables=True):
                            stack=stack, tables=factory if tables else None)
 
 
-def test_every_term_names_its_source_and_calibration_wins():
+def test_every_term_names_its_source_and_calibration_corrects_the_rest():
     pytest.importorskip("aiconfigurator_core")
     p = _make()
     assert p.step_sources["target_forward"].startswith("aiconfigurator-core 0.12.0 measured tables (trtllm")
     assert p.step_sources["mtp_step"] == p.step_sources["target_forward"]
     assert "beside the tables" in p.step_sources["loop"] and p.step_sources["drafter"].startswith("calibrated")
+    # a user's calibration (refitted over the tables' step, calibrate.from_files) corrects the rest
     own = _make(calibration=perf_model.shipped())
-    assert own.step_sources["target_forward"].startswith("user calibration") and "--calibration wins" in \
-        own.step_sources["target_forward"]
-    assert own.curve != p.curve   # the user's constants, not the tables, set the prediction
+    assert own.step_sources["target_forward"] == p.step_sources["target_forward"]
+    assert own.step_sources["drafter"].startswith("user calibration") and "over the tables" in \
+        own.step_sources["drafter"]
+    assert own.curve != p.curve   # the user's constants set the drafter and loop terms
     # the ranges rest on the combined model's own leave-one-out rows, not the calibrated model's
     row = p.curve[0]
     r = uncertainty.speedup_range(row["speedup"], silicon.loo_errors(), "trtllm", p.gpu, row["batch"])

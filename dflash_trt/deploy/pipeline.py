@@ -313,7 +313,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
             "quantized_by": "nvidia-modelopt" if r.quantize else ("as shipped" if r.shipped_quant else None),
             "quantization": quant_info, "verified": verified,
         },
-        plan=p.as_dict(),
+        plan=p,
         reference_runtime={"target": L.TARGET, "drafter": L.DRAFTER, "dequantize": r.quantize,
                            "source_target": str(r.target_dir.resolve())},
         outputs={"target": L.TARGET, "drafter": L.DRAFTER, "trtllm_config": L.TRTLLM_CONFIG, "serve": L.SERVE_SH,

@@ -256,7 +256,7 @@ def _speculative(recipe, plan, drafter) -> dict:
 def _mtp(plan) -> dict:
     if not plan.mtp:
         raise RecipeError("the target's config declares no MTP layers: there is no MTP arm to write")
-    return {"decoding_type": "MTP", "num_nextn_predict_layers": plan.mtp["num_nextn_predict_layers"]}
+    return {"decoding_type": "MTP", "num_nextn_predict_layers": plan.mtp.num_nextn_predict_layers}
 
 
 def _curated(data: dict, target) -> None:

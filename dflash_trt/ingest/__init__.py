@@ -4,7 +4,8 @@ Stage order: ``resolve`` (embedded / local / hub) -> ``files`` (the one safetens
 reader, shard indexes, hashes) -> ``formats`` (every published drafter format normalised to
 z-lab) -> ``drafter`` / ``target`` (specs read from configs and headers; weights loaded only
 on request) -> ``compat`` (does a drafter belong to a target) -> ``bundle`` (the layout, typed
-manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench`` read).
+manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench`` read), and
+``plan_record`` (the typed plan that manifest holds; ``dflash_trt.plan`` computes and exports it).
 
 ``files`` also holds the tables every stage shares: the one dtype table (``DTYPES``, with
 ``DTYPE_BITS`` / ``TORCH_NAMES`` / ``FLOAT_DTYPES`` / ``RUNTIME_DTYPES`` read from it) and the one
@@ -61,10 +62,36 @@ from dflash_trt.ingest.files import (
                                      tokenizer_files,
                                      torch_dtype,
 )
+from dflash_trt.ingest.plan_record import (
+                                     Arms,
+                                     CurvePoint,
+                                     DraftRun,
+                                     MeasuredArm,
+                                     Plan,
+                                     PlanMemory,
+                                     PlannedMtp,
+                                     Prediction,
+                                     Tuned,
+                                     TunedLevel,
+                                     VllmPlan,
+                                     plan_schema,
+)
 from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, read_json, resolve
 from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
 
 __all__ = [
+    "Arms",
+    "CurvePoint",
+    "DraftRun",
+    "MeasuredArm",
+    "Plan",
+    "PlanMemory",
+    "PlannedMtp",
+    "Prediction",
+    "Tuned",
+    "TunedLevel",
+    "VllmPlan",
+    "plan_schema",
     "TARGET_FAMILIES",
     "TargetFamily",
     "family_of",

@@ -10,19 +10,20 @@ applies, and each drafter family's),
 ranges from leave-one-out errors), ``acceptance`` (τ from a per-position
 rate), ``perf_model`` (the step model the speedups come from), ``perf_fit`` (its constants fitted
 on measurements), ``calibrate`` (refitted on yours), ``deployment`` (memory, TP, draft lengths: the
-plan itself).
+plan itself, a typed :class:`Plan` whose models ``ingest`` defines beside the manifest that
+stores them; ``plan_schema`` is its JSON Schema).
 
 Importing this package imports neither torch nor transformers (``tests/plan/test_face.py``).
 Other subpackages import the names below, never the modules inside.
 """
 from __future__ import annotations
 
+from dflash_trt.ingest import Plan, plan_schema
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha
 from dflash_trt.plan.calibrate import bundle_deployment, cases_from_bench, refit
-from dflash_trt.plan.calibrate import expand as expand_draft_lengths
 from dflash_trt.plan.calibrate import from_files as calibration_from_files
 from dflash_trt.plan.calibrate_loo import from_files as calibration_errors
-from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, Plan, predicted, step_model
+from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, predicted, step_model
 from dflash_trt.plan.deployment import make as make_plan
 from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
 from dflash_trt.plan.hardware import get as get_gpu
@@ -91,7 +92,6 @@ __all__ = [
     "check_schedule",
     "choose_schedule",
     "drafter_attention_backend",
-    "expand_draft_lengths",
     "expected_tau",
     "fit_alpha",
     "get_gpu",
@@ -100,6 +100,7 @@ __all__ = [
     "load_recipe",
     "make_plan",
     "mtp_layers_of",
+    "plan_schema",
     "predicted",
     "quant_precision",
     "read_sizes",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_trt.plan.calibrate import cases_from_bench, expand, read_bench, refit
+from dflash_trt.plan.calibrate import cases_from_bench, read_bench, refit
 from dflash_trt.plan.perf_model import Acceptance
 from dflash_trt.plan.uncertainty import RowError
 
@@ -39,7 +39,7 @@ def from_cases(cases: list, cal, stack: str) -> list[RowError]:
 def from_files(paths: list[Path], dep, first, cal, stack: str) -> list[RowError]:
     """Leave-one-out errors of the levels in ``paths`` (``bench --endpoint --json`` reports, what
     ``plan --calibration`` reads), for deployment ``dep`` first planned as ``first``."""
-    lengths = expand(first.draft_lengths) or [first.max_draft_len]
+    lengths = first.lengths() or [first.max_draft_len]
     acc = Acceptance(alpha=first.alpha)
     cases = []
     for path in paths:

@@ -69,9 +69,10 @@ what the plan reports is what that release drafts at each batch size.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.ingest import CurvePoint, DraftRun, Plan, PlanMemory, PlannedMtp, Prediction, VllmPlan
 from dflash_trt.plan import mtp as mtp_mod
 from dflash_trt.plan import perf_model, schedule_vllm, trtllm_releases, uncertainty
 from dflash_trt.plan import schedule as sched_mod
@@ -121,37 +122,6 @@ def weight_bytes(t: TargetShape, precision: str) -> int:
     raise RecipeError(f"unknown precision {precision!r}")
 
 
-@dataclass
-class Memory:
-    """Bytes per GPU."""
-
-    weights: int
-    drafter: int
-    drafter_arena: int
-    kv_cache: int
-    activations: int
-    reserve: int
-    capacity: int
-    arena_in_kv_pool: bool = False   # TRTLLM draft attention: the arena lives in the draft KV pool
-    draft_kv_pool: int = 0           # a separate managed draft KV cache drafting does not use (PR #19410)
-
-    @property
-    def total(self) -> int:
-        return (self.weights + self.drafter + self.drafter_arena + self.draft_kv_pool + self.kv_cache
-                + self.activations + self.reserve)
-
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.capacity
-
-    @property
-    def missing(self) -> int:
-        return max(0, self.total - self.capacity)
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "total": self.total, "fits": self.fits, "missing": self.missing}
-
-
 def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
     kvb = 1 if kv_cache == "fp8" else 2
     return 2 * t.layers * math.ceil(t.kv_heads / tp) * t.head_dim * kvb
@@ -167,7 +137,7 @@ def drafter_arena(d: DraftShape, tp: int, serving: ServingSpec, draft_len: int, 
 
 
 def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None = None,
-           backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> Memory:
+           backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> PlanMemory:
     """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring);
     ``draft_len`` None: the trained block's ``B - 1``, an upper bound; ``release`` None: the
     default release's row."""
@@ -182,7 +152,7 @@ def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None
     act = tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
     act += batch * (L + 1) * t.vocab * 4
     unused_pool = backend != "TRTLLM" and release.separate_draft_kv(backend)
-    return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=drafter_arena(d, tp, serving, L, backend),
+    return PlanMemory(weights=per_gpu, drafter=d.bytes, drafter_arena=drafter_arena(d, tp, serving, L, backend),
                   kv_cache=kv, activations=act, reserve=RUNTIME_RESERVE, capacity=dep.gpu.memory_bytes,
                   arena_in_kv_pool=backend == "TRTLLM",
                   draft_kv_pool=drafter_arena(d, tp, serving, L, "TRTLLM") if unused_pool else 0)
@@ -215,54 +185,6 @@ def step_model(dep: Deployment, tp: int, ctx: int, calibration: Calibration | No
 # --- The plan ---------------------------------------------------------------------------
 
 
-@dataclass
-class Plan:
-    gpu: str
-    gpus: int
-    tp: int
-    ep: int
-    precision: str
-    kv_cache: str
-    memory: Memory
-    block_size: int
-    max_draft_len: int
-    acceptance: float
-    alpha: float
-    attention_backend: str
-    schedule: str                      # max_concurrency | draft_len_schedule | none
-    max_concurrency: int | None = None
-    draft_len_schedule: dict[int, int] | None = None
-    curve: list[dict] = field(default_factory=list)  # [{batch, draft_len, speedup}] at 1, 2, 4, ..., max
-    warnings: list[str] = field(default_factory=list)
-    # What the targeted TensorRT-LLM release drafts at EVERY batch size: [{batch_from, batch_to, draft_len}]
-    draft_lengths: list[dict] = field(default_factory=list)
-    trtllm_release: str = trtllm_releases.DEFAULT_RELEASE
-    max_num_tokens: int = 0            # after the token budget (may be raised over the recipe's)
-    enable_chunked_prefill: bool = False
-    context_recompute_tail: int | None = None
-    moe_backend: str | None = None     # moe_config.backend pinned for the release, None: AUTO
-    calibration: str = ""              # which constants the step model used (perf_model.Calibration.describe)
-    # [{batch, draft_len, tokens_per_second_per_user, baseline_..., output_tokens_per_second_per_gpu,
-    #   baseline_..., speedup}] at 1, 2, 4, ..., max_batch_size: what bench --plot overlays
-    predicted: list[dict] = field(default_factory=list)
-    # The target's own MTP heads as the other arm (plan.mtp.MtpArm.as_dict); None: it has none.
-    # Every curve row then carries mtp_speedup; every row a winner (dflash | mtp | autoregressive).
-    mtp: dict | None = None
-    # The same draft lengths for vLLM (num_speculative_tokens + _per_batch_size: inclusive ranges,
-    # gaps inherit), converted from what TensorRT-LLM drafts, never copied (plan.schedule_vllm)
-    vllm_schedule: dict | None = None
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["memory"] = self.memory.as_dict()
-        return d
-
-    def describe_draft_lengths(self) -> str:
-        """``1-16: 15, 17-64: 12`` (what TensorRT-LLM drafts, by batch size)."""
-        return sched_mod.describe([sched_mod.Run(r["batch_from"], r["batch_to"], r["draft_len"])
-                                   for r in self.draft_lengths])
-
-
 def _best_len(roof: StepModel, b: int, longest: int, alpha: Acceptance) -> int:
     """The longest draft within 1% of the best predicted speedup (flat curves keep long drafts)."""
     speed = {n: roof.speedup(b, n, alpha) for n in range(1, longest + 1)}
@@ -275,7 +197,7 @@ def _gib(n: float) -> str:
 
 
 def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec,
-              backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> tuple[int, Memory]:
+              backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> tuple[int, PlanMemory]:
     """The smallest TP that fits, or a HardwareError saying how much is missing."""
     t, gpu, gpus, tp, ep = dep.target, dep.gpu, dep.gpus, parallel.tp, parallel.ep
     if tp != "auto":
@@ -318,27 +240,27 @@ def _wanted(roof: StepModel, max_batch_size: int, max_len: int, alpha: Acceptanc
     return out
 
 
-def _curve(roof: StepModel, lengths: list[int], alpha: Acceptance) -> list[dict]:
-    """[{batch, draft_len, speedup}] at 1, 2, 4, ..., max_batch_size, for the lengths TensorRT-LLM drafts."""
+def _curve(roof: StepModel, lengths: list[int], alpha: Acceptance) -> list[CurvePoint]:
+    """The curve at 1, 2, 4, ..., max_batch_size, for the lengths TensorRT-LLM drafts."""
     rows = []
     for b in sched_mod.batch_grid(len(lengths)):
         n = lengths[b - 1]
-        rows.append({"batch": b, "draft_len": n, "speedup": round(roof.speedup(b, n, alpha) if n else 1.0, 3)})
+        rows.append(CurvePoint(batch=b, draft_len=n, speedup=round(roof.speedup(b, n, alpha) if n else 1.0, 3)))
     return rows
 
 
-def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -> list[dict]:
+def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -> list[Prediction]:
     """Tokens/s per user and per GPU, with the planned draft lengths and without drafting, at
     1, 2, 4, ..., max_batch_size (``gpus``: the GPUs one server uses)."""
     rows = []
     for b in sched_mod.batch_grid(len(lengths)):
         n = lengths[b - 1]
         user, base = roof.per_user(b, n, acc), roof.per_user(b, 0, acc)
-        rows.append({"batch": b, "draft_len": n, "tokens_per_second_per_user": round(user, 3),
-                     "baseline_tokens_per_second_per_user": round(base, 3),
-                     "output_tokens_per_second_per_gpu": round(b * user / gpus, 3),
-                     "baseline_output_tokens_per_second_per_gpu": round(b * base / gpus, 3),
-                     "speedup": round(user / base, 3)})
+        rows.append(Prediction(batch=b, draft_len=n, tokens_per_second_per_user=round(user, 3),
+                               baseline_tokens_per_second_per_user=round(base, 3),
+                               output_tokens_per_second_per_gpu=round(b * user / gpus, 3),
+                               baseline_output_tokens_per_second_per_gpu=round(b * base / gpus, 3),
+                               speedup=round(user / base, 3)))
     return rows
 
 
@@ -390,7 +312,8 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
                 curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(stack),
                 predicted=predicted(roof, lengths, acc, tp_),
-                draft_lengths=[r.as_dict() for r in sched_mod.runs(lengths)], trtllm_release=release.version,
+                draft_lengths=[DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
+                               for r in sched_mod.runs(lengths)], trtllm_release=release.version,
                 max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
                 enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
                 moe_backend=rules.moe_backend(t.model_type, gpu, release))
@@ -398,27 +321,25 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     _arms(plan, roof, dep.mtp_layers, acc)
     if any(lengths):
         n, entries = schedule_vllm.from_lengths(lengths)
-        plan.vllm_schedule = {"num_speculative_tokens": n, "num_speculative_tokens_per_batch_size": entries}
+        plan.vllm_schedule = VllmPlan(num_speculative_tokens=n, num_speculative_tokens_per_batch_size=entries)
     return plan
 
 
 def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None:
     """The MTP arm's predicted speedup beside DFlash's, and which arm wins, per curve row."""
     arm = mtp_mod.plan_arm(roof, mtp_layers, acc) if mtp_layers else None
-    plan.mtp = arm.as_dict() if arm else None
+    plan.mtp = PlannedMtp.model_validate(arm.as_dict()) if arm else None
     for row in plan.curve:
         m = None
         if arm:
-            m = row["mtp_speedup"] = round(mtp_mod.speedup(roof, row["batch"], arm.draft_len,
-                                                            mtp_mod.acceptance(acc)), 3)
-        row["winner"] = mtp_mod.winner(row["speedup"] if row["draft_len"] else 1.0, m)
+            m = row.mtp_speedup = round(mtp_mod.speedup(roof, row.batch, arm.draft_len, mtp_mod.acceptance(acc)), 3)
+        row.winner = mtp_mod.winner(row.speedup if row.draft_len else 1.0, m)
 
 
 def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None) -> None:
     """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on."""
     own = bool(errors)
     rows = errors if own else uncertainty.shipped()
-    for table in (plan.curve, plan.predicted):
-        for row in table:
-            r = uncertainty.speedup_range(row["speedup"], rows, stack, plan.gpu, row["batch"], own=own)
-            row["speedup_range"], row["range_basis"] = [r.low, r.high], r.basis
+    for row in [*plan.curve, *plan.predicted]:
+        r = uncertainty.speedup_range(row.speedup, rows, stack, plan.gpu, row.batch, own=own)
+        row.speedup_range, row.range_basis = [r.low, r.high], r.basis

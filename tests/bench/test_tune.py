@@ -169,6 +169,7 @@ def test_tune_endpoint_records_which_arm_won(bundle, capsys):
                     "--concurrency", "1", "--max-tokens", "4", "--requests", "2", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["arms_written"] and [a["concurrency"] for a in r["arms"]] == [1]
-    arms = ingest.open_bundle(bundle).manifest.plan["arms"]
-    assert arms["measured"] == r["arms"] and arms["measured"][0]["winner"] in ("dflash", "mtp", "autoregressive")
+    arms = ingest.open_bundle(bundle).manifest.plan.arms
+    assert [a.model_dump() for a in arms.measured] == r["arms"]
+    assert arms.measured[0].winner in ("dflash", "mtp", "autoregressive")
     check_bundle(bundle)

@@ -26,7 +26,7 @@ def _truth_model(plan, r):
 
 
 def _lengths(plan):
-    return [r["draft_len"] for r in plan.draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
+    return plan.lengths()
 
 
 def _bench_json(path, plan, model):
@@ -49,7 +49,7 @@ def _bench_json(path, plan, model):
 
 def _error(plan, report):
     """Mean |predicted / measured - 1| of tokens/s per user, DFlash and baseline, at the levels."""
-    pred = {r["batch"]: r for r in plan.predicted}
+    pred = {r.batch: r.model_dump() for r in plan.predicted}
     errs = []
     for side, key in (("endpoint", "tokens_per_second_per_user"), ("baseline", "baseline_tokens_per_second_per_user")):
         for lv in report[side]["levels"]:

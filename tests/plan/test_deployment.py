@@ -124,19 +124,19 @@ def test_draft_length_and_backoff(qwen):
     t, d = qwen
     p = P.make(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=16), SpeculativeSpec())
     assert 1 <= p.max_draft_len <= 15 and p.attention_backend == "FA4" and p.acceptance == 6.5
-    assert p.curve[0]["batch"] == 1 and p.curve[0]["speedup"] > 3  # memory-bound batch 1: tau ~6.5
+    assert p.curve[0].batch == 1 and p.curve[0].speedup > 3  # memory-bound batch 1: tau ~6.5
     # Huge batches of short sequences with a weak drafter: verification turns compute-bound
     # and drafting must stop paying at some batch size.
     weak = SpeculativeSpec(acceptance=1.6)
     p = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
-    off = [r["batch"] for r in p.curve if r["draft_len"] == 0]
+    off = [r.batch for r in p.curve if r.draft_len == 0]
     assert off, p.curve
     assert p.schedule in ("max_concurrency", "draft_len_schedule")
     if p.schedule == "max_concurrency":
         assert p.max_concurrency < off[0]
     else:
         assert p.draft_len_schedule[1] == p.max_draft_len and 0 in p.draft_len_schedule.values()
-    lens = [r["draft_len"] for r in p.curve]
+    lens = [r.draft_len for r in p.curve]
     assert lens == sorted(lens, reverse=True)  # drafting only backs off as batches grow
     p2 = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
                 SpeculativeSpec(acceptance=1.6, schedule="max_concurrency"))

@@ -33,20 +33,19 @@ def test_mtp_layers_read_from_the_real_configs():
 
 def test_plan_has_the_mtp_arm_and_a_winner_per_batch(qwen35):
     r, p = qwen35
-    assert r.mtp_layers == 1 and p.mtp["layers"] == 1
-    assert 1 <= p.mtp["num_nextn_predict_layers"] <= mtp.MAX_DRAFT
+    assert r.mtp_layers == 1 and p.mtp.layers == 1
+    assert 1 <= p.mtp.num_nextn_predict_layers <= mtp.MAX_DRAFT
     for row in p.curve:
-        arms = {"dflash": row["speedup"] if row["draft_len"] else 1.0, "mtp": row["mtp_speedup"],
-                "autoregressive": 1.0}
-        assert row["winner"] == max(arms, key=arms.get)
-    d = json.loads(json.dumps(p.as_dict()))
+        arms = {"dflash": row.speedup if row.draft_len else 1.0, "mtp": row.mtp_speedup, "autoregressive": 1.0}
+        assert row.winner == max(arms, key=arms.get)
+    d = json.loads(json.dumps(p.to_json()))
     assert d["mtp"]["acceptance"] < d["acceptance"]        # published: MTP τ below DFlash's on the same target
 
 
 def test_no_mtp_arm_without_mtp_layers():
     p = pipeline.make_plan(pipeline.resolve(R.load("qwen3-8b-h100-fp8", [])))
-    assert p.mtp is None and all("mtp_speedup" not in row for row in p.curve)
-    assert {row["winner"] for row in p.curve} <= {"dflash", "autoregressive"}
+    assert p.mtp is None and all("mtp_speedup" not in row for row in p.to_json()["curve"])
+    assert {row.winner for row in p.curve} <= {"dflash", "autoregressive"}
 
 
 def test_mtp_step_model(qwen35):
@@ -67,7 +66,7 @@ def test_mtp_config_is_validated_and_round_trips(qwen35, tmp_path):
     trtllm.write(tmp_path, trtllm.config(r.recipe, p, r.drafter, r.target), "0.0.0.0", 8000, mtp=cfg)
     data = yaml.safe_load((tmp_path / trtllm.MTP_CONFIG).read_text())
     assert data["speculative_config"] == {"decoding_type": "MTP",
-                                          "num_nextn_predict_layers": p.mtp["num_nextn_predict_layers"]}
+                                          "num_nextn_predict_layers": p.mtp.num_nextn_predict_layers}
     assert trtllm.validate(data, p.trtllm_release).speculative_config.num_nextn_predict_layers >= 1
     bad = dict(data, speculative_config={**data["speculative_config"], "mask_token_id": 5})
     with pytest.raises(DFlashError, match="mask_token_id"):
@@ -104,8 +103,8 @@ def test_comparable_rows_tiers():
 def test_range_brackets_the_prediction_and_own_rows_narrow_it(qwen35):
     r, p = qwen35
     for row in p.curve:
-        lo, hi = row["speedup_range"]
-        assert lo <= row["speedup"] <= hi and lo < hi
+        lo, hi = row.speedup_range
+        assert lo <= row.speedup <= hi and lo < hi
     rng = uncertainty.speedup_range(3.0, [_err("trtllm", "B200", 1, 0.25), _err("trtllm", "B200", 1, -0.1)],
                                     "trtllm", "B200", 1)
     assert (rng.low, rng.high) == (2.4, pytest.approx(3.333, abs=1e-3))   # measured = predicted / (1 + e)
@@ -114,8 +113,8 @@ def test_range_brackets_the_prediction_and_own_rows_narrow_it(qwen35):
     narrow = pipeline.planner.make_plan(dep, r.recipe.serving, r.recipe.speculative, r.recipe.parallel,
                                         r.recipe.trtllm, errors=own)
     for a, b in zip(p.curve, narrow.curve, strict=True):
-        assert b["speedup_range"][1] - b["speedup_range"][0] < a["speedup_range"][1] - a["speedup_range"][0]
-        assert b["range_basis"].startswith("your measurements")
+        assert b.speedup_range[1] - b.speedup_range[0] < a.speedup_range[1] - a.speedup_range[0]
+        assert b.range_basis.startswith("your measurements")
 
 
 def test_shipped_loo_table_covers_every_published_row():
@@ -143,7 +142,7 @@ def test_your_measurements_narrow_the_ranges(tmp_path, capsys):
         assert b["range_basis"].startswith("your measurements")
         assert b["speedup_range"][0] <= b["speedup"] <= b["speedup_range"][1]
         width = (b["speedup_range"][1] - b["speedup_range"][0]) / b["speedup"]
-        assert width < (a["speedup_range"][1] - a["speedup_range"][0]) / a["speedup"]
+        assert width < (a.speedup_range[1] - a.speedup_range[0]) / a.speedup
 
 
 def test_winner_is_the_fastest_arm():

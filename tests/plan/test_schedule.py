@@ -46,22 +46,22 @@ def _plan(name, sets=()):
     return r, p, spec
 
 
-def _expand(draft_lengths: list[dict]) -> list[int]:
+def _expand(draft_lengths) -> list[int]:
     out = []
     for row in draft_lengths:
-        out += [row["draft_len"]] * (row["batch_to"] - row["batch_from"] + 1)
+        out += [row.draft_len] * (row.batch_to - row.batch_from + 1)
     return out
 
 
 def _check_plan_against_trtllm(r, p, spec):
     n = r.serving.max_batch_size
     planned = _expand(p.draft_lengths)
-    assert len(planned) == n and p.draft_lengths[0]["batch_from"] == 1
+    assert len(planned) == n and p.draft_lengths[0].batch_from == 1
     assert [trtllm_draft_len(spec, b) for b in range(1, n + 1)] == planned, (spec, p.draft_lengths)
     assert planned == sorted(planned, reverse=True)                 # monotone non-increasing
     assert planned[0] == p.max_draft_len == spec["max_draft_len"]
     for row in p.curve:                                             # the plan table shows the same
-        assert row["draft_len"] == trtllm_draft_len(spec, row["batch"])
+        assert row.draft_len == trtllm_draft_len(spec, row.batch)
 
 
 @pytest.mark.parametrize("name", sorted(R.bundled()))
@@ -110,21 +110,21 @@ def test_a_schedule_for_max_batch_size_1024():
 def test_schedule_none_drafts_the_constant_length():
     r, p, spec = _plan("tiny")
     assert r.speculative.schedule == "none" and "draft_len_schedule" not in spec and "max_concurrency" not in spec
-    assert [row["draft_len"] for row in p.curve] == [7, 7, 7, 7]
-    assert p.draft_lengths == [{"batch_from": 1, "batch_to": 8, "draft_len": 7}]
+    assert [row.draft_len for row in p.curve] == [7, 7, 7, 7]
+    assert [r.model_dump() for r in p.draft_lengths] == [{"batch_from": 1, "batch_to": 8, "draft_len": 7}]
 
 
 def test_trtllms_documented_example_is_accepted_and_read_as_it_documents():
     r, p, spec = _plan("qwen3-8b-h100-fp8", ["speculative.max_draft_len=4", "speculative.schedule=draft_len_schedule",
                                              "speculative.draft_len_schedule={4: 4, 8: 2, 32: 1}"])
     assert spec["draft_len_schedule"] == {4: 4, 8: 2, 32: 1}
-    assert p.draft_lengths == [{"batch_from": 1, "batch_to": 4, "draft_len": 4},
+    assert [r.model_dump() for r in p.draft_lengths] == [{"batch_from": 1, "batch_to": 4, "draft_len": 4},
                                {"batch_from": 5, "batch_to": 8, "draft_len": 2},
                                {"batch_from": 9, "batch_to": 32, "draft_len": 1}]
     r, p, spec = _plan("qwen3-8b-h100-fp8", ["serving.max_batch_size=40", "speculative.max_draft_len=4",
                                              "speculative.schedule=draft_len_schedule",
                                              "speculative.draft_len_schedule={4: 4, 8: 2, 32: 1}"])
-    assert p.draft_lengths[-1] == {"batch_from": 33, "batch_to": 40, "draft_len": 0}
+    assert p.draft_lengths[-1].model_dump() == {"batch_from": 33, "batch_to": 40, "draft_len": 0}
     _check_plan_against_trtllm(r, p, spec)
 
 
@@ -139,8 +139,9 @@ def test_a_schedule_trtllm_refuses_is_refused(bad, needle):
 def test_max_concurrency_is_one_length_then_off():
     r, p, spec = _plan("qwen3-8b-h100-fp8", ["speculative.schedule=max_concurrency", "speculative.max_concurrency=12"])
     assert spec["max_concurrency"] == 12
-    assert p.draft_lengths == [{"batch_from": 1, "batch_to": 12, "draft_len": p.max_draft_len},
-                               {"batch_from": 13, "batch_to": 32, "draft_len": 0}]
+    assert [r.model_dump() for r in p.draft_lengths] == [
+        {"batch_from": 1, "batch_to": 12, "draft_len": p.max_draft_len},
+        {"batch_from": 13, "batch_to": 32, "draft_len": 0}]
     _check_plan_against_trtllm(r, p, spec)
 
 

@@ -109,6 +109,6 @@ def test_the_plan_carries_its_schedule_for_vllm():
     from dflash_trt.plan import recipe as R
 
     p = pipeline.make_plan(pipeline.resolve(R.load("gpt-oss-120b-8xb300", [])))
-    want = [r["draft_len"] for r in p.draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
+    want = p.lengths()
     v = p.vllm_schedule
-    assert vllm_dense(v["num_speculative_tokens_per_batch_size"], v["num_speculative_tokens"], len(want)) == want
+    assert vllm_dense(v.num_speculative_tokens_per_batch_size, v.num_speculative_tokens, len(want)) == want

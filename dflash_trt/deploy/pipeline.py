@@ -48,14 +48,26 @@ class Resolved:
     gpus: int
     precision: str            # effective: bf16 | fp8 | nvfp4 | mxfp4
     quantize: bool            # True: ModelOpt runs at build time
-    target_dir: Path          # config (dry run) or checkpoint directory
-    drafter_dir: Path
+    pair: ingest.PairSpec     # the pair as ingest read it, once: every later stage takes it
     target: TargetShape
     drafter: DraftShape
     shipped_quant: dict | None
     warnings: list[str] = field(default_factory=list)
-    drafter_config: object | None = None   # the DrafterConfig (its family's TensorRT-LLM rules read it)
     mtp_layers: int = 0                    # MTP layers the target's config declares: build also writes the MTP arm
+
+    @property
+    def target_dir(self) -> Path:
+        """The config (dry run) or checkpoint directory the target was read from."""
+        return self.pair.target_dir
+
+    @property
+    def drafter_dir(self) -> Path:
+        return self.pair.drafter_dir
+
+    @property
+    def drafter_config(self):
+        """The DrafterConfig (its family's TensorRT-LLM rules read it)."""
+        return self.pair.drafter.config
 
 
 def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
@@ -78,6 +90,14 @@ def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
         if weights or not lacking:
             raise
         raise RecipeError(_offline_refusal(recipe, role, lacking)) from exc
+
+
+def _local(recipe: Recipe, role: str) -> bool:
+    """Whether ``role``'s checkpoint is local (a directory, the embedded pair) and planning reads
+    that checkpoint itself (no shipped config directory stands in for it)."""
+    ref = getattr(recipe, role)
+    anchored = Path(ref.id).is_absolute() or ref.id.startswith(ingest.EMBEDDED_PREFIX)
+    return anchored and not (ref.config and not planner.lacking(recipe, role))
 
 
 def _offline_refusal(recipe: Recipe, role: str, lacking: list[str]) -> str:
@@ -112,7 +132,8 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
     elif kv == "fp8":
         planner.check_precision(gpu, "bf16", kv)
     tdir, ddir = _ref_dir(recipe, "target", weights), _ref_dir(recipe, "drafter", weights)
-    shipped_q = ingest.target_quantization(tdir)
+    pair = ingest.read_pair(tdir, ddir, require_weights=weights, enable_thinking=recipe.serving.enable_thinking)
+    shipped_q = pair.quantization
     shipped = quant_precision(shipped_q) if shipped_q else None
     if shipped_q and shipped is None:
         raise CompatibilityError(f"target {recipe.target.id}: quantization "
@@ -123,23 +144,21 @@ def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
                                  f"{requested}: use --precision auto (or {shipped}), or start from the BF16 checkpoint")
     precision = shipped or ("bf16" if requested == "auto" else requested)
     planner.check_precision(gpu, precision, kv)
-    report = ingest.validate_pair(tdir, ddir, require_weights=weights)
-    warnings = list(getattr(report, "warnings", []) or [])
-    chat = ingest.chat_mismatch(ingest.trained_chat(ddir), ingest.serving_chat(tdir, recipe.serving.enable_thinking))
+    warnings = pair.warnings
+    chat = ingest.chat_mismatch(pair.trained_chat, pair.serving_chat)
     if chat:
         warnings.append(chat)
-    dcfg = ingest.read_drafter(ddir, require_weights=False).config
+    dcfg = pair.drafter.config
     ignored = planner.ignored_drafter_keys(dcfg)
     if ignored:
         warnings.append(ignored)
     planner.check_drafter(dcfg, recipe.trtllm.release)
-    planner.refuse_quantized_drafter(ingest.target_quantization(ddir), f"drafter {recipe.drafter.id}")
+    planner.refuse_quantized_drafter(pair.drafter_quantization, f"drafter {recipe.drafter.id}")
     return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
-                    quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
-                    target=TargetShape.from_dir(tdir, shipped_precision=shipped),
-                    drafter=DraftShape.from_dir(ddir, zlab=dcfg.to_zlab()),
-                    shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg,
-                    mtp_layers=planner.mtp_layers_of(tdir))
+                    quantize=shipped is None and precision in ("fp8", "nvfp4"), pair=pair,
+                    target=TargetShape.from_spec(pair.target, shipped_precision=shipped),
+                    drafter=DraftShape.from_spec(pair.drafter), shipped_quant=shipped_q, warnings=warnings,
+                    mtp_layers=planner.mtp_layers(pair.target.raw_config))
 
 
 def _refuse_trtllm_only(r: Resolved) -> None:
@@ -148,7 +167,7 @@ def _refuse_trtllm_only(r: Resolved) -> None:
     that still run the pair."""
     if r.recipe.graphs:
         return
-    spec = ingest.read_target(r.target_dir, require_weights=False)
+    spec = r.pair.target
     why = planner.capture_missing(spec.architecture, r.recipe.trtllm.release)
     if why:
         raise CompatibilityError(
@@ -164,10 +183,10 @@ def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Pla
     dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
                              kv_cache=rc.precision.kv_cache, mtp_layers=r.mtp_layers)
     spec = rc.speculative
-    if r.drafter_config is not None:   # non-causal windowed drafter layers rule out the TRTLLM draft attention
-        backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
-                                                    planner.get_release(rc.trtllm.release))
-        spec = spec.model_copy(update={"attention_backend": backend})
+    # non-causal windowed drafter layers rule out the TRTLLM draft attention
+    backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm,
+                                                planner.get_release(rc.trtllm.release))
+    spec = spec.model_copy(update={"attention_backend": backend})
     p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm)
     if calibration:
         cal, tau = planner.calibration_from_files(list(calibration), dep, p, planner.shipped_calibration(),
@@ -202,7 +221,10 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     out = Path(out) if out is not None else default_out(recipe)
     if not dry_run:
         output.check_output(out, force)
-    r = resolve(recipe, weights=False)
+    # Local checkpoints (a directory, the embedded pair) are the directories planning reads too:
+    # read once, as checkpoints; hub ones are planned from their configs before the download.
+    local = not dry_run and all(_local(recipe, role) for role in ("target", "drafter"))
+    r = resolve(recipe, weights=local)
     _refuse_trtllm_only(r)
     p = make_plan(r)
     timings["plan"] = time.perf_counter() - t0
@@ -212,10 +234,11 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
 
     with output.lock(out):   # held to the swap: a second build to `out` fails at once
         output.check_output(out, force)   # again: the output may have changed while we waited
-        say("resolving checkpoints")
-        w = resolve(recipe, weights=True)
-        if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
-            r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
+        if not local:
+            say("resolving checkpoints")
+            w = resolve(recipe, weights=True)
+            if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
+                r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
         tmp = output.start_partial(out)
         try:
             manifest = _write_bundle(r, p, tmp, say, progress, timings)
@@ -267,7 +290,7 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
 
 def _write_drafter(r: Resolved, tmp: Path, say) -> dict:
     say("writing the drafter (z-lab form, BF16)")
-    return bundle_drafter.write_drafter(r.drafter_dir, tmp / ingest.Layout.DRAFTER)
+    return bundle_drafter.write_drafter(r.pair.drafter, tmp / ingest.Layout.DRAFTER)
 
 
 def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
@@ -322,8 +345,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         # parallelism, and the embedded server advertises the planned context length.
         serve={"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,
                "max_seq_len": rc.serving.max_seq_len,
-               **ingest.serving_chat(r.target_dir, rc.serving.enable_thinking),
-               "drafter_chat": ingest.trained_chat(r.drafter_dir)},
+               **r.pair.serving_chat, "drafter_chat": r.pair.trained_chat},
         warnings=p.warnings,
     )
     if engine_info is not None:

@@ -3,7 +3,8 @@
 Stage order: ``resolve`` (embedded / local / hub) -> ``files`` (the one safetensors header
 reader, shard indexes, hashes) -> ``formats`` (every published drafter format normalised to
 z-lab) -> ``drafter`` / ``target`` (specs read from configs and headers; weights loaded only
-on request) -> ``compat`` (does a drafter belong to a target) -> ``bundle`` (the layout, typed
+on request) -> ``compat`` (does a drafter belong to a target) -> ``pair`` (:class:`PairSpec`: the pair read once,
+what every later stage takes) -> ``bundle`` (the layout, typed
 manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench`` read), and
 ``plan_record`` (the typed plan that manifest holds; ``dflash_trt.plan`` computes and exports it).
 
@@ -35,7 +36,7 @@ from dflash_trt.ingest.bundle import (
 )
 from dflash_trt.ingest.chat import mismatch as chat_mismatch
 from dflash_trt.ingest.chat import serving_chat, trained_chat
-from dflash_trt.ingest.compat import PairReport, validate_pair
+from dflash_trt.ingest.compat import PairReport, check_pair, validate_pair
 from dflash_trt.ingest.drafter import (
                                      DrafterSpec,
                                      check_pair_runtime,
@@ -62,6 +63,7 @@ from dflash_trt.ingest.files import (
                                      tokenizer_files,
                                      torch_dtype,
 )
+from dflash_trt.ingest.pair import PairSpec, read_pair
 from dflash_trt.ingest.plan_record import (
                                      Arms,
                                      CurvePoint,
@@ -111,6 +113,9 @@ __all__ = [
     "Layout",
     "Manifest",
     "PairReport",
+    "PairSpec",
+    "check_pair",
+    "read_pair",
     "RUNTIME_DTYPES",
     "ServeInfo",
     "TOKENIZER_FILES",

@@ -28,6 +28,7 @@ from dflash_trt.plan.deployment import make as make_plan
 from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
 from dflash_trt.plan.hardware import get as get_gpu
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
+from dflash_trt.plan.mtp import layers as mtp_layers
 from dflash_trt.plan.mtp import layers_of as mtp_layers_of
 from dflash_trt.plan.mtp import winner as arm_winner
 from dflash_trt.plan.perf_model import Acceptance, Calibration, stack_for
@@ -99,6 +100,7 @@ __all__ = [
     "ignored_drafter_keys",
     "load_recipe",
     "make_plan",
+    "mtp_layers",
     "mtp_layers_of",
     "plan_schema",
     "predicted",

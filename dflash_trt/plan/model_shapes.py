@@ -41,6 +41,12 @@ def read_config(path: Path, role: str = "target") -> dict:
         raise CheckpointError(f"{role} {path}: no config.json") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{f}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
+    return text_config(cfg)
+
+
+def text_config(cfg: dict) -> dict:
+    """The config the shapes are read from: a VLM's ``text_config`` (its model_type defaulted to
+    the outer one), else the config itself."""
     if "num_hidden_layers" in cfg or not isinstance(cfg.get("text_config"), dict):
         return cfg
     text = dict(cfg["text_config"])  # a VLM: the text model (its model_type may be only the outer one)
@@ -187,6 +193,16 @@ class TargetShape:
         )
 
     @classmethod
+    def from_spec(cls, spec: ingest.TargetSpec, shipped_precision: str | None = None) -> TargetShape:
+        """Shape from a target ingest read (its config and headers, not read again); byte count
+        from the headers, else ``sizes.json`` beside a config-only directory."""
+        size = sum(t.nbytes for t in spec.weights.tensors.values()) if spec.weights.present else None
+        if size is None:
+            size = (read_sizes(spec.path) or {}).get("total_size")
+        return cls.from_config(text_config(spec.raw_config), shipped_bytes=size, shipped_precision=shipped_precision,
+                               vision=vision_params(spec.raw_config))
+
+    @classmethod
     def from_dir(cls, path: Path, shipped_precision: str | None = None) -> TargetShape:
         """Shape from a config directory; byte count from safetensors headers or ``sizes.json``."""
         cfg = read_config(path)
@@ -240,6 +256,12 @@ class DraftShape:
     def bytes(self) -> int:
         """The drafter stays BF16: its checkpoint's bytes when known, else 2 B per parameter."""
         return self.shipped_bytes or 2 * self.params
+
+    @classmethod
+    def from_spec(cls, spec: ingest.DrafterSpec) -> DraftShape:
+        """Shape from a drafter ingest read (any published format, in its z-lab form)."""
+        size = sum(t.nbytes for t in spec.weights.tensors.values()) if spec.weights.present else None
+        return cls.from_config(spec.config.to_zlab(), shipped_bytes=size or (read_sizes(spec.path) or {}).get("bytes"))
 
     @classmethod
     def from_dir(cls, path: Path, zlab: dict | None = None) -> DraftShape:

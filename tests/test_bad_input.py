@@ -24,7 +24,7 @@ def _one_line(capsys, code) -> str:
 
 
 def _tiny_recipe(tmp_path: Path, **speculative) -> Path:
-    data = yaml.safe_load(R.bundled()["tiny"].read_text())
+    data = yaml.safe_load(R.bundled_recipes()["tiny"].read_text())
     data["speculative"] = {**data.get("speculative", {}), **speculative}
     f = tmp_path / "r.yaml"
     f.write_text(yaml.safe_dump(data))

@@ -180,7 +180,7 @@ def plan(
     flags = {"--gpu": gpu, "--gpus-per-node": one_spelling(gpus_per_node, gpus, "--gpus-per-node", "--gpus"),
              "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
-    p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration)
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(r), calibration=calibration)
     if as_json:
         print_json({"recipe": r.name, "plan": p.to_json()})
         return

@@ -63,7 +63,7 @@ def open_verifiable(path: str | Path) -> ingest.Bundle:
     return bundle
 
 
-def check_files(bundle: ingest.Bundle) -> dict:
+def check_file_hashes(bundle: ingest.Bundle) -> dict:
     problems = ingest.check_files(bundle)
     return _check("files", problems, f"{len(bundle.manifest.files)} files match the manifest's sha256")
 
@@ -102,7 +102,7 @@ def _plan_rules(bundle: ingest.Bundle, cfg: dict) -> list[str]:
 def check_config(bundle: ingest.Bundle) -> dict:
     release = bundle.manifest.trtllm.release if bundle.manifest.trtllm else None
     try:
-        deploy.check_bundle(bundle.root)    # layout, drafter, the config against the release's schema
+        deploy.check_trtllm_bundle(bundle.root)    # layout, drafter, the config against the release's schema
         cfg = yaml.safe_load(bundle.trtllm_config.read_text()) or {}
         problems = _plan_rules(bundle, cfg)
     except DFlashError as exc:
@@ -113,7 +113,7 @@ def check_config(bundle: ingest.Bundle) -> dict:
 
 def offline(path: str | Path) -> tuple[ingest.Bundle, list[dict]]:
     bundle = open_verifiable(path)
-    return bundle, [check_files(bundle), check_config(bundle)]
+    return bundle, [check_file_hashes(bundle), check_config(bundle)]
 
 
 # ---- online ---------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def check_acceptance(w: verify_server.Window, m: ingest.Manifest, config: dict, 
             "summary": f"τ {w.tau:.2f} against the plan's {expected:.2f} ({source})"}
 
 
-def check_schedule(levels: list[dict], wins: list[verify_server.Window], plan: ingest.Plan) -> dict:
+def check_served_schedule(levels: list[dict], wins: list[verify_server.Window], plan: ingest.Plan) -> dict:
     rows, problems = [], []
     for lv, w in zip(levels, wins, strict=False):
         for (b, L), n in sorted(w.draft_rounds.items()):
@@ -247,7 +247,7 @@ def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, mode
         acc, source = verify_server.hist_window(hist0, verify_server.accept_files(accept_stats)), "acceptance files"
         acc.draft_rounds = total.draft_rounds
     report["stack"] = STACKS.get(total.stack)     # the serving software the levels came from
-    checks = [lossless, check_acceptance(acc, m, config, source), check_schedule(levels, wins, m.plan),
+    checks = [lossless, check_acceptance(acc, m, config, source), check_served_schedule(levels, wins, m.plan),
               check_memory(total, m.plan, config)]
     return report, checks
 

@@ -11,25 +11,28 @@ Other subpackages import the names below, never the modules inside.
 """
 from __future__ import annotations
 
-from dflash_trt.deploy.pipeline import BuildResult, build, check_bundle, default_out, make_plan, resolve
-from dflash_trt.deploy.trtllm_config import LlmApiConfig
-from dflash_trt.deploy.trtllm_config import load as load_trtllm_config
-from dflash_trt.deploy.trtllm_config import to_yaml as trtllm_yaml
-from dflash_trt.deploy.trtllm_config import validate as validate_trtllm_config
-from dflash_trt.deploy.trtllm_judge import check as judge_trtllm_config
-from dflash_trt.deploy.trtllm_judge import installed_version as installed_trtllm
+from dflash_trt.deploy.pipeline import (
+    BuildResult,
+    build,
+    check_trtllm_bundle,
+    default_out,
+    plan_resolved,
+    resolve_recipe,
+)
+from dflash_trt.deploy.trtllm_config import LlmApiConfig, load_trtllm_config, trtllm_yaml, validate_trtllm_config
+from dflash_trt.deploy.trtllm_judge import installed_trtllm, judge_trtllm_config
 
 __all__ = [
     "BuildResult",
     "LlmApiConfig",
     "build",
-    "check_bundle",
+    "check_trtllm_bundle",
     "default_out",
     "installed_trtllm",
     "judge_trtllm_config",
     "load_trtllm_config",
-    "make_plan",
-    "resolve",
+    "plan_resolved",
+    "resolve_recipe",
     "trtllm_yaml",
     "validate_trtllm_config",
 ]

@@ -49,7 +49,7 @@ def sort_target_layers(drafter: Drafter) -> Drafter:
     return out.eval()
 
 
-def write_drafter(src: ingest.DrafterSpec, out: Path) -> dict:
+def write_bundle_drafter(src: ingest.DrafterSpec, out: Path) -> dict:
     """Write ``src`` (any supported format, as ingest read it) as the bundle's BF16 z-lab drafter at
     ``out``; returns the manifest's ``drafter`` section (what was changed, and why)."""
     import torch

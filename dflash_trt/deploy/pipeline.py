@@ -8,7 +8,7 @@ Stages, each a plain function called in order by :func:`build`:
    recipe's ``target.config``/``drafter.config`` where they hold every field the planner
    needs, else the hub's (or the local Hugging Face cache's) configs at the pinned revision;
    offline with nothing cached, a recipe whose configs lack fields is refused in one line.
-2. :func:`dflash_trt.plan.deployment.make` -- memory, TP size, draft length and back-off.
+2. :func:`dflash_trt.plan.deployment.make_plan` -- memory, TP size, draft length and back-off.
 3. (not ``--dry-run``) the weights: the target copied (bf16 / as shipped) or calibrated
    and exported by ModelOpt (fp8 / nvfp4) and verified from its safetensors; the drafter
    in z-lab form (BF16, ascending target layers: ``bundle_drafter``); ``trtllm/config.yaml`` +
@@ -122,7 +122,7 @@ def _expected_bytes(recipe: Recipe, ref) -> int | None:
     return (sizes or {}).get("total_size") or (sizes or {}).get("bytes")
 
 
-def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
+def resolve_recipe(recipe: Recipe, weights: bool = False) -> Resolved:
     """Everything the plan needs, from configs; ``weights=True`` resolves the checkpoints."""
     gpu = planner.get_gpu(recipe.gpu.name)
     gpus = recipe.gpu.count * recipe.gpu.nodes
@@ -176,7 +176,7 @@ def _refuse_trtllm_only(r: Resolved) -> None:
             "pair with the reference runtime (dflash-trt generate / bench / serve)")
 
 
-def make_plan(r: Resolved, calibration: list[Path] | None = None) -> planner.Plan:
+def plan_resolved(r: Resolved, calibration: list[Path] | None = None) -> planner.Plan:
     """The plan; with ``calibration`` (``bench --endpoint --json`` files) the step model's constants
     are first refitted on those measurements (:mod:`dflash_trt.plan.calibrate`)."""
     rc = r.recipe
@@ -224,9 +224,9 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     # Local checkpoints (a directory, the embedded pair) are the directories planning reads too:
     # read once, as checkpoints; hub ones are planned from their configs before the download.
     local = not dry_run and all(_local(recipe, role) for role in ("target", "drafter"))
-    r = resolve(recipe, weights=local)
+    r = resolve_recipe(recipe, weights=local)
     _refuse_trtllm_only(r)
-    p = make_plan(r)
+    p = plan_resolved(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:
         trtllm.config(recipe, p, r.drafter, r.target)  # what build would write passes the release's schema
@@ -236,9 +236,9 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         output.check_output(out, force)   # again: the output may have changed while we waited
         if not local:
             say("resolving checkpoints")
-            w = resolve(recipe, weights=True)
+            w = resolve_recipe(recipe, weights=True)
             if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
-                r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
+                r, p = w, plan_resolved(w)  # exact byte counts from the real checkpoint
         tmp = output.start_partial(out)
         try:
             manifest = _write_bundle(r, p, tmp, say, progress, timings)
@@ -290,7 +290,7 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
 
 def _write_drafter(r: Resolved, tmp: Path, say) -> dict:
     say("writing the drafter (z-lab form, BF16)")
-    return bundle_drafter.write_drafter(r.pair.drafter, tmp / ingest.Layout.DRAFTER)
+    return bundle_drafter.write_bundle_drafter(r.pair.drafter, tmp / ingest.Layout.DRAFTER)
 
 
 def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
@@ -349,7 +349,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         warnings=p.warnings,
     )
     if engine_info is not None:
-        manifest.engine = engine_info
+        manifest.engine = ingest.EngineInfo.model_validate(engine_info)
     return manifest
 
 
@@ -404,7 +404,7 @@ def _versions(quantized: bool) -> dict:
 
     from dflash_trt import __version__
 
-    out = {"dflash_trt": __version__, "python": platform.python_version()}
+    out: dict[str, str | None] = {"dflash_trt": __version__, "python": platform.python_version()}
     for pkg in ("torch", "transformers", "safetensors", "pydantic") + (("nvidia-modelopt",) if quantized else ()):
         try:
             out[pkg] = metadata.version(pkg)
@@ -413,22 +413,21 @@ def _versions(quantized: bool) -> dict:
     return out
 
 
-def check_bundle(path: str | Path) -> dict:
+def check_trtllm_bundle(path: str | Path) -> dict:
     """Check a bundle on disk (CI and tests): ``ingest.check_bundle`` (layout, manifest,
     serve.sh, drafter), then what only build knows: the TensorRT-LLM config against its
     schema, the drafter it names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
     bundle = ingest.check_bundle(root)
-    missing = [k for k in ("trtllm", "precision") if getattr(bundle.manifest, k, None) is None]
-    if missing:
-        raise CheckpointError(f"{bundle.manifest_path}: no {missing[0]!r} section; rebuild the bundle with "
-                              "'dflash-trt build'")
-    cfg = trtllm.load(root, bundle.manifest.trtllm.release)
-    spec_model = root / cfg.speculative_config.speculative_model
-    if not (spec_model / "config.json").is_file():
-        raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the "
-                              "bundle's drafter")
-    prec = bundle.manifest.precision
+    m = bundle.built
+    if m.trtllm is None or m.precision is None:
+        raise CheckpointError(f"{bundle.manifest_path}: no {'trtllm' if m.trtllm is None else 'precision'!r} "
+                              "section; rebuild the bundle with 'dflash-trt build'")
+    cfg = trtllm.load_trtllm_config(root, m.trtllm.release)
+    model = getattr(cfg.speculative_config, "speculative_model", None)   # the DFlash config names the drafter
+    if not model or not (root / model / "config.json").is_file():
+        raise CheckpointError(f"{root}: speculative_model {model} is not the bundle's drafter")
+    prec = m.precision
     verified = None
     if prec.quantized_by == "nvidia-modelopt":
         from dflash_trt.deploy import quantize

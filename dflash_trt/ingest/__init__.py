@@ -34,8 +34,7 @@ from dflash_trt.ingest.bundle import (
                                      read_manifest,
                                      write_manifest,
 )
-from dflash_trt.ingest.chat import mismatch as chat_mismatch
-from dflash_trt.ingest.chat import serving_chat, trained_chat
+from dflash_trt.ingest.chat import chat_mismatch, serving_chat, trained_chat
 from dflash_trt.ingest.compat import PairReport, check_pair, validate_pair
 from dflash_trt.ingest.drafter import (
                                      DrafterSpec,
@@ -46,7 +45,7 @@ from dflash_trt.ingest.drafter import (
                                      write_zlab,
 )
 from dflash_trt.ingest.families import FAMILIES as TARGET_FAMILIES
-from dflash_trt.ingest.families import TargetFamily, family_of
+from dflash_trt.ingest.families import TargetFamily, target_family_of
 from dflash_trt.ingest.files import (
                                      DTYPE_BITS,
                                      DTYPES,
@@ -96,7 +95,7 @@ __all__ = [
     "plan_schema",
     "TARGET_FAMILIES",
     "TargetFamily",
-    "family_of",
+    "target_family_of",
     "chat_mismatch",
     "serving_chat",
     "trained_chat",

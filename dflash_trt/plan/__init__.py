@@ -20,40 +20,39 @@ from __future__ import annotations
 
 from dflash_trt.ingest import Plan, plan_schema
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha
-from dflash_trt.plan.calibrate import bundle_deployment, cases_from_bench, refit
-from dflash_trt.plan.calibrate import from_files as calibration_from_files
-from dflash_trt.plan.calibrate_loo import from_files as calibration_errors
-from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, predicted, step_model
-from dflash_trt.plan.deployment import make as make_plan
-from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
-from dflash_trt.plan.hardware import get as get_gpu
+from dflash_trt.plan.calibrate import bundle_deployment, calibration_from_files, cases_from_bench, refit
+from dflash_trt.plan.calibrate_loo import calibration_errors
+from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, make_plan, predicted, step_model
+from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision, get_gpu
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
-from dflash_trt.plan.mtp import layers as mtp_layers
-from dflash_trt.plan.mtp import layers_of as mtp_layers_of
-from dflash_trt.plan.mtp import winner as arm_winner
-from dflash_trt.plan.perf_model import Acceptance, Calibration, stack_for
-from dflash_trt.plan.perf_model import shipped as shipped_calibration
+from dflash_trt.plan.mtp import arm_winner, mtp_layers, mtp_layers_of
+from dflash_trt.plan.perf_model import Acceptance, Calibration, shipped_calibration, stack_for
 from dflash_trt.plan.published import lacking
-from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, SpeculativeSpec
-from dflash_trt.plan.recipe import bundled as bundled_recipes
-from dflash_trt.plan.recipe import from_dict as recipe_from_dict
-from dflash_trt.plan.recipe import load as load_recipe
+from dflash_trt.plan.recipe import (
+    FieldValue,
+    PrecisionSpec,
+    Recipe,
+    SpeculativeSpec,
+    bundled_recipes,
+    load_recipe,
+    recipe_from_dict,
+)
 from dflash_trt.plan.recipe_status import Status, recipe_status
-from dflash_trt.plan.schedule import batch_grid
-from dflash_trt.plan.schedule import check as check_schedule
-from dflash_trt.plan.schedule import choose as choose_schedule
-from dflash_trt.plan.schedule import runs as schedule_runs
+from dflash_trt.plan.schedule import batch_grid, check_schedule, choose_schedule, schedule_runs
 from dflash_trt.plan.schedule_vllm import trtllm_to_vllm, vllm_lengths, vllm_to_trtllm
 from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
-from dflash_trt.plan.trtllm_capture import missing as capture_missing
-from dflash_trt.plan.trtllm_capture import supported as capture_supported
+from dflash_trt.plan.trtllm_capture import capture_missing, capture_supported
 from dflash_trt.plan.trtllm_dflash2 import DFlash2Rules
-from dflash_trt.plan.trtllm_family import TrtllmRules, check_drafter, drafter_attention_backend, rules_for
-from dflash_trt.plan.trtllm_family import register as register_trtllm_rules
-from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release
+from dflash_trt.plan.trtllm_family import (
+    TrtllmRules,
+    check_drafter,
+    drafter_attention_backend,
+    register_trtllm_rules,
+    rules_for,
+)
+from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release, get_release
 from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
 from dflash_trt.plan.trtllm_releases import KNOWN as KNOWN_RELEASES
-from dflash_trt.plan.trtllm_releases import get as get_release
 from dflash_trt.plan.trtllm_rules import (
     ignored_drafter_keys,
     refuse_disaggregated,

@@ -67,8 +67,8 @@ def _bad_level(lv) -> str | None:
         v = lv.get(key)
         if v is None and key != "concurrency":
             continue
-        ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-        if isinstance(v, bool) or not ok or not math.isfinite(v) or v < low:
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int))
+                or not math.isfinite(v) or v < low):
             kind = "an integer" if integer else "a finite number"
             return f"{key} is {v!r}; it must be {kind} >= {low}"
     return None
@@ -119,7 +119,8 @@ def refit(cal: Calibration, stack: str, cases: list[Case], source: str) -> Calib
     return cal.with_stack(stack, mine.constants(stack), source, {k: len(cases) for k in CONSTANTS})
 
 
-def from_files(paths: list[Path], dep, first, cal: Calibration, stack: str) -> tuple[Calibration, float | None]:
+def calibration_from_files(paths: list[Path], dep, first, cal: Calibration,
+                           stack: str) -> tuple[Calibration, float | None]:
     """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
     with ``cal``), and the measured τ scaled to the full block (None: no level reported τ)."""
     from dflash_trt.plan.acceptance import expected_tau, fit_alpha
@@ -148,7 +149,7 @@ def bundle_deployment(root: Path, manifest) -> tuple:
 
     if manifest is None or manifest.plan is None or manifest.gpu is None or manifest.precision is None:
         raise DFlashError(f"{root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
-    gpu = hardware.get(manifest.gpu.name)
+    gpu = hardware.get_gpu(manifest.gpu.name)
     dep = Deployment(target=TargetShape.from_dir(Path(root) / "target"),
                      drafter=DraftShape.from_dir(Path(root) / "drafter"),
                      gpu=gpu, gpus=manifest.gpu.count, precision=manifest.precision.weights,

@@ -36,7 +36,7 @@ def from_cases(cases: list, cal, stack: str) -> list[RowError]:
     return out
 
 
-def from_files(paths: list[Path], dep, first, cal, stack: str) -> list[RowError]:
+def calibration_errors(paths: list[Path], dep, first, cal, stack: str) -> list[RowError]:
     """Leave-one-out errors of the levels in ``paths`` (``bench --endpoint --json`` reports, what
     ``plan --calibration`` reads), for deployment ``dep`` first planned as ``first``."""
     lengths = first.lengths() or [first.max_draft_len]

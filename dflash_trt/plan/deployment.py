@@ -141,7 +141,7 @@ def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None
     """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring);
     ``draft_len`` None: the trained block's ``B - 1``, an upper bound; ``release`` None: the
     default release's row."""
-    release = release or trtllm_releases.get(trtllm_releases.DEFAULT_RELEASE)
+    release = release or trtllm_releases.get_release(trtllm_releases.DEFAULT_RELEASE)
     t, d = dep.target, dep.drafter
     batch, seq, tokens = serving.max_batch_size, serving.max_seq_len, serving.max_num_tokens
     L = d.block_size - 1 if draft_len is None else draft_len
@@ -176,7 +176,7 @@ def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
 def step_model(dep: Deployment, tp: int, ctx: int, calibration: Calibration | None = None,
                stack: str | None = None) -> StepModel:
     """The deployment's step times at ``tp`` and decode context ``ctx`` (:mod:`perf_model`)."""
-    cal = calibration or perf_model.shipped()
+    cal = calibration or perf_model.shipped_calibration()
     k = cal.constants(stack or perf_model.stack_for(dep.gpu))
     return StepModel(dep.target, dep.drafter, dep.gpu, dep.precision, dep.kv_cache, tp, ctx, k,
                      weight_bytes(dep.target, dep.precision), cal.shared)
@@ -264,15 +264,15 @@ def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -
     return rows
 
 
-def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
+def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
          trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None,
          errors: list[uncertainty.RowError] | None = None) -> Plan:
     """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections;
-    step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`); every
+    step times from ``calibration`` (default: the package's, :func:`perf_model.shipped_calibration`); every
     predicted speedup's range from ``errors`` (the user's own rows' leave-one-out errors), else
     the published rows' (:mod:`uncertainty`)."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
-    release = trtllm_releases.get((trtllm or TrtllmSpec()).release)
+    release = trtllm_releases.get_release((trtllm or TrtllmSpec()).release)
     rules.refuse_disaggregated(serving.disaggregated)
     warnings: list[str] = []
     if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
@@ -288,7 +288,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
         raise RecipeError("speculative.block_size must be >= 2 to draft anything")
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
     acc = Acceptance.from_tau(tau, block, spec.per_position_acceptance)
-    cal = calibration or perf_model.shipped()
+    cal = calibration or perf_model.shipped_calibration()
     stack = perf_model.stack_for(gpu)
     roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
     if spec.max_draft_len == "auto":
@@ -303,8 +303,8 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len,
                                  gpu.name, warnings)
     mem = memory(dep, tp_, serving, max_len, backend, release)
-    mode, max_conc, sched, lengths = sched_mod.choose(_wanted(roof, serving.max_batch_size, max_len, acc), spec,
-                                              max_len, release)
+    mode, max_conc, sched, lengths = sched_mod.choose_schedule(_wanted(roof, serving.max_batch_size, max_len, acc),
+                                                               spec, max_len, release)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     plan = Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
                 memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),
@@ -313,7 +313,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                 curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(stack),
                 predicted=predicted(roof, lengths, acc, tp_),
                 draft_lengths=[DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
-                               for r in sched_mod.runs(lengths)], trtllm_release=release.version,
+                               for r in sched_mod.schedule_runs(lengths)], trtllm_release=release.version,
                 max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
                 enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
                 moe_backend=rules.moe_backend(t.model_type, gpu, release))
@@ -333,13 +333,14 @@ def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None
         m = None
         if arm:
             m = row.mtp_speedup = round(mtp_mod.speedup(roof, row.batch, arm.draft_len, mtp_mod.acceptance(acc)), 3)
-        row.winner = mtp_mod.winner(row.speedup if row.draft_len else 1.0, m)
+        row.winner = mtp_mod.arm_winner(row.speedup if row.draft_len else 1.0, m)
 
 
 def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None) -> None:
     """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on."""
     own = bool(errors)
-    rows = errors if own else uncertainty.shipped()
-    for row in [*plan.curve, *plan.predicted]:
+    rows = errors if errors else uncertainty.shipped_errors()
+    table: list[CurvePoint | Prediction] = [*plan.curve, *plan.predicted]
+    for row in table:
         r = uncertainty.speedup_range(row.speedup, rows, stack, plan.gpu, row.batch, own=own)
         row.speedup_range, row.range_basis = [r.low, r.high], r.basis

@@ -16,7 +16,7 @@ import yaml
 from dflash_trt import ingest
 from dflash_trt.bench import tune as T
 from dflash_trt.cli import run
-from dflash_trt.deploy import check_bundle
+from dflash_trt.deploy import check_trtllm_bundle
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, cap
     plan = json.loads((bundle / "manifest.json").read_text())["plan"]
     assert {int(k): v for k, v in plan["draft_len_schedule"].items()} == sched
     assert plan["max_draft_len"] == spec["max_draft_len"] and plan["tuned"]["winners"] == r["winners"]
-    check_bundle(bundle)   # still a bundle TensorRT-LLM's schema accepts
+    check_trtllm_bundle(bundle)   # still a bundle TensorRT-LLM's schema accepts
     assert ingest.check_files(ingest.open_bundle(bundle)) == []   # and every file as the manifest records
 
 
@@ -172,4 +172,4 @@ def test_tune_endpoint_records_which_arm_won(bundle, capsys):
     arms = ingest.open_bundle(bundle).manifest.plan.arms
     assert [a.model_dump() for a in arms.measured] == r["arms"]
     assert arms.measured[0].winner in ("dflash", "mtp", "autoregressive")
-    check_bundle(bundle)
+    check_trtllm_bundle(bundle)

@@ -250,14 +250,14 @@ def test_schedule_and_memory_rules():
     from dflash_trt import plan as P
     from dflash_trt.bench.verify_server import Window
 
-    tiny = deploy.make_plan(deploy.resolve(P.load_recipe("tiny", [])))   # a real plan, its rows then set
+    tiny = deploy.plan_resolved(deploy.resolve_recipe(P.load_recipe("tiny", [])))   # a real plan, its rows then set
     runs = [ingest.DraftRun(batch_from=a, batch_to=b, draft_len=n) for a, b, n in ((1, 2, 7), (3, 4, 3))]
     plan = tiny.model_copy(update={"max_draft_len": 7, "draft_lengths": runs})
     ok = Window("trtllm", draft_rounds={(1, 7): 5, (4, 3): 2})
-    assert V.check_schedule([{"concurrency": 4}], [ok], plan)["status"] == "pass"
-    bad = V.check_schedule([{"concurrency": 4}], [Window("trtllm", draft_rounds={(4, 7): 2})], plan)
+    assert V.check_served_schedule([{"concurrency": 4}], [ok], plan)["status"] == "pass"
+    bad = V.check_served_schedule([{"concurrency": 4}], [Window("trtllm", draft_rounds={(4, 7): 2})], plan)
     assert bad["status"] == "fail" and "drafts 7 tokens with 4 live rows; the plan says 3" in bad["summary"]
-    assert V.check_schedule([{"concurrency": 1}], [Window()], plan)["status"] == "not measured"
+    assert V.check_served_schedule([{"concurrency": 1}], [Window()], plan)["status"] == "not measured"
     mem = tiny.model_copy(update={"memory": ingest.PlanMemory(weights=20 << 30, drafter=0, drafter_arena=0,
                                                               kv_cache=10 << 30, activations=0, reserve=0,
                                                               capacity=80 << 30)})

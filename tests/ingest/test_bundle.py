@@ -10,7 +10,7 @@ import pytest
 
 from dflash_trt import ingest
 from dflash_trt.cli import run
-from dflash_trt.deploy import check_bundle as build_check_bundle
+from dflash_trt.deploy import check_trtllm_bundle as build_check_bundle
 from dflash_trt.errors import CheckpointError
 
 

@@ -47,7 +47,7 @@ def key_paths(o, pre: str = "") -> set[str]:
 
 @pytest.fixture(scope="module")
 def mtp_plan() -> ingest.Plan:
-    return pipeline.make_plan(pipeline.resolve(R.load("qwen3.5-4b-h100-bf16", [])))
+    return pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe("qwen3.5-4b-h100-bf16", [])))
 
 
 def test_plan_is_the_typed_model_and_keeps_every_key_path(mtp_plan):
@@ -61,7 +61,7 @@ def test_plan_is_the_typed_model_and_keeps_every_key_path(mtp_plan):
 
 
 def test_rows_write_only_the_keys_they_have():
-    p = pipeline.make_plan(pipeline.resolve(R.load("tiny", [])))
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe("tiny", [])))
     data = p.to_json()
     assert p.mtp is None and data["mtp"] is None                  # the plan's own fields always written
     assert all("mtp_speedup" not in row for row in data["curve"])  # a row's absent key stays absent

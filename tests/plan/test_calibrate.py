@@ -19,9 +19,9 @@ TRUE_TAU = 4.0
 
 def _truth_model(plan, r):
     """A deployment that is not the shipped calibration: slower steps, less bandwidth."""
-    res = pipeline.resolve(r)
+    res = pipeline.resolve_recipe(r)
     dep = P.Deployment(res.target, res.drafter, res.gpu, res.gpus, res.precision, r.precision.kv_cache)
-    cal = M.Calibration({"trtllm": M.StackConstants(0.55, 0.35, 2.5e-3, 15e-6)}, M.shipped().shared)
+    cal = M.Calibration({"trtllm": M.StackConstants(0.55, 0.35, 2.5e-3, 15e-6)}, M.shipped_calibration().shared)
     return P.step_model(dep, plan.tp, 64 + 128 // 2, cal)
 
 
@@ -58,10 +58,10 @@ def _error(plan, report):
 
 
 def test_calibration_moves_the_plan_toward_the_measurements(tmp_path, capsys):
-    r = R.load(RECIPE, SETS)
-    first = pipeline.make_plan(pipeline.resolve(r))
+    r = R.load_recipe(RECIPE, SETS)
+    first = pipeline.plan_resolved(pipeline.resolve_recipe(r))
     report = _bench_json(tmp_path / "bench.json", first, _truth_model(first, r))
-    calibrated = pipeline.make_plan(pipeline.resolve(r), calibration=[tmp_path / "bench.json"])
+    calibrated = pipeline.plan_resolved(pipeline.resolve_recipe(r), calibration=[tmp_path / "bench.json"])
     before, after = _error(first, report), _error(calibrated, report)
     assert before > 0.3 and after < 0.1 and after < before / 4, (before, after)
     assert calibrated.calibration.startswith("trtllm calibration (your measurements: bench.json, 6 levels")

@@ -19,16 +19,16 @@ from dflash_trt.plan.perf_model import data_dir
 
 @pytest.fixture(scope="module")
 def qwen35():
-    r = pipeline.resolve(R.load("qwen3.5-4b-h100-bf16", []))
-    return r, pipeline.make_plan(r)
+    r = pipeline.resolve_recipe(R.load_recipe("qwen3.5-4b-h100-bf16", []))
+    return r, pipeline.plan_resolved(r)
 
 
 def test_mtp_layers_read_from_the_real_configs():
     configs = data_dir().parent.parent / "recipes" / "configs"
-    assert mtp.layers_of(configs / "Qwen--Qwen3.5-4B") == 1           # text_config.mtp_num_hidden_layers
-    assert mtp.layers_of(configs / "Qwen--Qwen3-8B") == 0
-    assert mtp.layers({"model_type": "deepseek_v3", "num_nextn_predict_layers": 1}) == 1
-    assert mtp.layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2
+    assert mtp.mtp_layers_of(configs / "Qwen--Qwen3.5-4B") == 1           # text_config.mtp_num_hidden_layers
+    assert mtp.mtp_layers_of(configs / "Qwen--Qwen3-8B") == 0
+    assert mtp.mtp_layers({"model_type": "deepseek_v3", "num_nextn_predict_layers": 1}) == 1
+    assert mtp.mtp_layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2
 
 
 def test_plan_has_the_mtp_arm_and_a_winner_per_batch(qwen35):
@@ -43,7 +43,7 @@ def test_plan_has_the_mtp_arm_and_a_winner_per_batch(qwen35):
 
 
 def test_no_mtp_arm_without_mtp_layers():
-    p = pipeline.make_plan(pipeline.resolve(R.load("qwen3-8b-h100-fp8", [])))
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe("qwen3-8b-h100-fp8", [])))
     assert p.mtp is None and all("mtp_speedup" not in row for row in p.to_json()["curve"])
     assert {row.winner for row in p.curve} <= {"dflash", "autoregressive"}
 
@@ -67,19 +67,19 @@ def test_mtp_config_is_validated_and_round_trips(qwen35, tmp_path):
     data = yaml.safe_load((tmp_path / trtllm.MTP_CONFIG).read_text())
     assert data["speculative_config"] == {"decoding_type": "MTP",
                                           "num_nextn_predict_layers": p.mtp.num_nextn_predict_layers}
-    assert trtllm.validate(data, p.trtllm_release).speculative_config.num_nextn_predict_layers >= 1
+    assert trtllm.validate_trtllm_config(data, p.trtllm_release).speculative_config.num_nextn_predict_layers >= 1
     bad = dict(data, speculative_config={**data["speculative_config"], "mask_token_id": 5})
     with pytest.raises(DFlashError, match="mask_token_id"):
-        trtllm.validate(bad)
+        trtllm.validate_trtllm_config(bad)
     lossy = dict(data, speculative_config={**data["speculative_config"], "use_relaxed_acceptance_for_thinking": True})
     with pytest.raises(DFlashError, match="lossless"):
-        trtllm.validate(lossy)
+        trtllm.validate_trtllm_config(lossy)
 
 
 def test_no_mtp_config_for_a_target_without_mtp():
-    r = pipeline.resolve(R.load("qwen3-8b-h100-fp8", []))
+    r = pipeline.resolve_recipe(R.load_recipe("qwen3-8b-h100-fp8", []))
     with pytest.raises(RecipeError, match="no MTP layers"):
-        trtllm.config(r.recipe, pipeline.make_plan(r), target=r.target, arm="mtp")
+        trtllm.config(r.recipe, pipeline.plan_resolved(r), target=r.target, arm="mtp")
 
 
 # --- ranges ------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_range_brackets_the_prediction_and_own_rows_narrow_it(qwen35):
 def test_shipped_loo_table_covers_every_published_row():
     from dflash_trt.plan import perf_fit
 
-    ids = {e.id for e in uncertainty.shipped()}
+    ids = {e.id for e in uncertainty.shipped_errors()}
     assert ids == {r.id for r in perf_fit.load_rows()}
     legacy = uncertainty.RowError.from_dict({"id": "x", "engine": "vllm", "gpu": "H200", "concurrency": 4,
                                              "quantity": "speedup", "error": 0.1})
@@ -132,8 +132,8 @@ def test_your_measurements_narrow_the_ranges(tmp_path, capsys):
     from dflash_trt.cli import run
     from tests.plan import test_calibrate as tc
 
-    r = R.load(tc.RECIPE, tc.SETS)
-    first = pipeline.make_plan(pipeline.resolve(r))
+    r = R.load_recipe(tc.RECIPE, tc.SETS)
+    first = pipeline.plan_resolved(pipeline.resolve_recipe(r))
     tc._bench_json(tmp_path / "bench.json", first, tc._truth_model(first, r))
     assert run(["plan", tc.RECIPE, *sum((["--set", s] for s in tc.SETS), []), "--json",
                 "--calibration", str(tmp_path / "bench.json")]) == 0
@@ -146,5 +146,5 @@ def test_your_measurements_narrow_the_ranges(tmp_path, capsys):
 
 
 def test_winner_is_the_fastest_arm():
-    assert mtp.winner(1.5, 1.8) == "mtp" and mtp.winner(2.0, 1.8) == "dflash"
-    assert mtp.winner(0.9, None) == "autoregressive" and mtp.winner(0.9, 0.95) == "autoregressive"
+    assert mtp.arm_winner(1.5, 1.8) == "mtp" and mtp.arm_winner(2.0, 1.8) == "dflash"
+    assert mtp.arm_winner(0.9, None) == "autoregressive" and mtp.arm_winner(0.9, 0.95) == "autoregressive"

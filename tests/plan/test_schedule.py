@@ -39,10 +39,10 @@ def trtllm_draft_len(spec: dict, batch: int) -> int:
 
 
 def _plan(name, sets=()):
-    r = R.load(name, list(sets))
-    res = pipeline.resolve(r)
-    p = pipeline.make_plan(res)
-    spec = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, res.drafter)))["speculative_config"]
+    r = R.load_recipe(name, list(sets))
+    res = pipeline.resolve_recipe(r)
+    p = pipeline.plan_resolved(res)
+    spec = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, res.drafter)))["speculative_config"]
     return r, p, spec
 
 
@@ -64,7 +64,7 @@ def _check_plan_against_trtllm(r, p, spec):
         assert row.draft_len == trtllm_draft_len(spec, row.batch)
 
 
-@pytest.mark.parametrize("name", sorted(R.bundled()))
+@pytest.mark.parametrize("name", sorted(R.bundled_recipes()))
 def test_every_bundled_recipe_drafts_what_its_plan_says(name):
     try:
         r, p, spec = _plan(name)
@@ -162,15 +162,15 @@ def test_emit_reads_back_for_each_release_semantics(lookup, floor):
     for _ in range(200):
         n, top = rng.randint(1, 300), rng.randint(1, 15)
         want = [max(v, floor) for v in _random_lengths(rng, n, top)]
-        sched = schedule.emit(schedule.runs(want), release)
-        schedule.check(sched, top)  # TensorRT-LLM's validator accepts it
+        sched = schedule.emit_schedule(schedule.schedule_runs(want), release)
+        schedule.check_schedule(sched, top)  # TensorRT-LLM's validator accepts it
         assert schedule.lengths(n, top, release, schedule=sched) == want
         assert list(sched) == sorted(sched)
 
 
 def test_lower_bound_keys_are_the_first_batch_of_each_run():
     release = trtllm_releases.Release("old", ("VANILLA",), frozenset(), schedule_lookup="lower_bound")
-    runs = schedule.runs([7] * 4 + [5] * 4 + [0] * 8)
-    assert schedule.emit(runs, release) == {1: 7, 5: 5, 9: 0}
-    upper = trtllm_releases.get("1.4.0rc1")
-    assert schedule.emit(runs, upper) == {4: 7, 8: 5}
+    runs = schedule.schedule_runs([7] * 4 + [5] * 4 + [0] * 8)
+    assert schedule.emit_schedule(runs, release) == {1: 7, 5: 5, 9: 0}
+    upper = trtllm_releases.get_release("1.4.0rc1")
+    assert schedule.emit_schedule(runs, upper) == {4: 7, 8: 5}

@@ -179,6 +179,8 @@ class TargetShape:
         if missing:
             raise CheckpointError(f"target config lacks {missing[0]!r}; cannot plan")
         c = sparse_shapes.counts(cfg) if wave2 else layer_counts(cfg)
+        if c is None:
+            raise CheckpointError(f"target model_type {mt!r}: no shape rules to plan it with")
         H, V, nh = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
         tied = bool(cfg.get("tie_word_embeddings", False))
         kv = c.kv[-1]  # the layers whose cache grows with the context

@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.ingest import PlanMemory
 from dflash_trt.plan.hardware import GPU
 from dflash_trt.plan.recipe import ServingSpec
 from dflash_trt.plan.trtllm_releases import Release, gpt_oss_moe_backend
@@ -114,7 +115,7 @@ def refuse_quantized_drafter(quant: dict | None, drafter: str = "the drafter") -
                           "--speculative-draft-model-quantization unquant; vLLM issue #51581); use its BF16 checkpoint")
 
 
-def token_budget(memory_at: Callable[[ServingSpec], object], serving: ServingSpec, max_draft_len: int,
+def token_budget(memory_at: Callable[[ServingSpec], PlanMemory], serving: ServingSpec, max_draft_len: int,
                  gpu_name: str, warnings: list[str]) -> ServingSpec:
     """``serving`` with ``max_num_tokens`` raised to the DFlash token budget when memory allows
     (``memory_at(serving)`` is the plan's Memory); else a one-line refusal with the numbers."""

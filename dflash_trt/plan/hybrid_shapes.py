@@ -34,11 +34,11 @@ _KIND = {"M": "mamba", "mamba": "mamba", "linear_attention": "mamba", "*": "atte
          "full_attention": "attention", "-": "mlp", "mlp": "mlp", "E": "moe", "moe": "moe"}
 
 
-def required(mt: str) -> tuple[str, ...]:
+def hybrid_required(mt: str) -> tuple[str, ...]:
     return REQUIRED["glm5_next" if mt.startswith("glm5_next") else mt]
 
 
-def counts(cfg: dict, Counts, KVGroup, StateGroup):
+def hybrid_counts(cfg: dict, Counts, KVGroup, StateGroup):
     """``family_shapes.Counts`` of a second-wave hybrid (the three classes are family_shapes')."""
     mt = str(cfg.get("model_type", ""))
     if mt == "nemotron_h":

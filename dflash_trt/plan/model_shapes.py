@@ -174,11 +174,11 @@ class TargetShape:
         mt = str(cfg.get("model_type", ""))
         wave2 = mt in SECOND_WAVE  # deepseek_v32/v4, glm_moe_dsa, mimo, laguna, muse_glimmer, gemma4_unified
         fields = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]
-        required = fields + list(sparse_shapes.required(mt)) if wave2 else required_target_fields(cfg)
+        required = fields + list(sparse_shapes.sparse_required(mt)) if wave2 else required_target_fields(cfg)
         missing = [f for f in required if cfg.get(f) is None]
         if missing:
             raise CheckpointError(f"target config lacks {missing[0]!r}; cannot plan")
-        c = sparse_shapes.counts(cfg) if wave2 else layer_counts(cfg)
+        c = sparse_shapes.sparse_counts(cfg) if wave2 else layer_counts(cfg)
         if c is None:
             raise CheckpointError(f"target model_type {mt!r}: no shape rules to plan it with")
         H, V, nh = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]

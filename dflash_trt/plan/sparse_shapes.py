@@ -43,11 +43,11 @@ REQUIRED = {
 }
 
 
-def required(mt: str) -> tuple[str, ...]:
+def sparse_required(mt: str) -> tuple[str, ...]:
     return REQUIRED["dsa" if mt in DSA else "v4" if mt in V4 else "sliding"]
 
 
-def counts(cfg: dict) -> Counts:
+def sparse_counts(cfg: dict) -> Counts:
     mt = str(cfg.get("model_type", ""))
     if mt in DSA:
         return _dsa(cfg)

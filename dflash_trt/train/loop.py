@@ -158,7 +158,7 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
     s, model, tokenizer, stops, cfg, data, held = ranks.together(setup)
     work.mkdir(parents=True, exist_ok=True)
     if ranks.main and not s.resume:
-        write_json(work / "settings.json", asdict(s))
+        write_json(work / "settings.json", s.model_dump())
     target = Target(model, cfg.target_layer_ids)
     regen_set, regen_meta = regen.training_set(s, work, data, tokenizer, target, stops, ranks, progress)
     if held is not None:   # held-out τ on prompts from other files (the windows held back from --data go unused)

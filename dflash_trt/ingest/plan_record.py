@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Row(BaseModel):
@@ -118,7 +118,8 @@ class Tuned(_Row):
 
 
 class PlanMemory(_Row):
-    """Bytes per GPU (``plan.deployment`` documents each term)."""
+    """Bytes per GPU as the planner sized them (``plan.deployment.Memory``; its docstring gives each
+    term), with the totals it derived, stored as computed."""
 
     weights: int
     drafter: int
@@ -129,30 +130,20 @@ class PlanMemory(_Row):
     capacity: int
     arena_in_kv_pool: bool = Field(False, description="TRTLLM draft attention: the arena lives in the draft KV pool.")
     draft_kv_pool: int = Field(0, description="A separate managed draft KV cache drafting does not use (PR #19410).")
+    # The start-up memory budget (main's plan.startup, from memory46): written where the planner sizes it.
+    cuda_graphs: int = Field(0, description="The captured decode graphs' pool.")
+    headroom: int = Field(0, description="Post-arena consumers.")
+    graph_batch_sizes: list[int] = Field(default_factory=list)
+    user_fraction: float | None = Field(None, description="free_gpu_memory_fraction the user set (None: chosen).")
+    budget: dict[str, Any] | None = Field(None, description="The KV pool's share at start-up, and what it rests on.")
+    pr19466: dict[str, Any] | None = None
+    total: int = Field(description="The sum of the terms: what the plan needs per GPU.")
+    fits: bool = Field(description="Whether the total fits the GPU.")
+    missing: int = Field(description="Bytes over the GPU's capacity (0: it fits).")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_derived(cls, data: Any) -> Any:
-        """``total``/``fits``/``missing`` are written for readers and derived again on read."""
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if k not in ("total", "fits", "missing")}
-        return data
 
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def total(self) -> int:
-        return (self.weights + self.drafter + self.drafter_arena + self.draft_kv_pool + self.kv_cache
-                + self.activations + self.reserve)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def fits(self) -> bool:
-        return self.total <= self.capacity
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def missing(self) -> int:
-        return max(0, self.total - self.capacity)
+WRITTEN_WHEN_SET = {"tuned", "arms", "max_batch_size", "max_seq_len", "kv_cache_free_gpu_memory_fraction", "sized",
+                    "stack", "step_sources"}
 
 
 class Plan(_Row):
@@ -189,13 +180,22 @@ class Plan(_Row):
     predicted: list[Prediction] = Field(default_factory=list)
     mtp: PlannedMtp | None = None
     vllm_schedule: VllmPlan | None = None
+    # The serving limits the plan is for, sized down from unset defaults that did not fit, the KV
+    # pool's share, and the serving stack the step model predicts for with each term's source
+    # (main's plan.sizing / plan.startup / plan.silicon): written where the planner sets them.
+    max_batch_size: int = 0
+    max_seq_len: int = 0
+    kv_cache_free_gpu_memory_fraction: float | None = None
+    sized: list[dict[str, Any]] = Field(default_factory=list, description="[{key, from, to, why}]")
+    stack: str = "trtllm"
+    step_sources: dict[str, Any] = Field(default_factory=dict)
     tuned: Tuned | None = Field(None, description="What tune measured and chose (set by tune).")
     arms: Arms | None = Field(None, description="Which arm won where, measured (set by tune --arms).")
 
     def model_post_init(self, _context: Any) -> None:
         # The plan's own fields are always written (null included), as before it was typed;
-        # tune's sections only once set, the rows' optional keys only where given.
-        self.__pydantic_fields_set__.update(set(type(self).model_fields) - {"tuned", "arms"})
+        # tune's sections and the sizing fields only once set, the rows' optional keys only where given.
+        self.__pydantic_fields_set__.update(set(type(self).model_fields) - WRITTEN_WHEN_SET)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the manifest's ``plan`` and ``--json`` hold."""

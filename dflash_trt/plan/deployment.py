@@ -69,7 +69,7 @@ what the plan reports is what that release drafts at each batch size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from dflash_trt.errors import HardwareError, RecipeError
 from dflash_trt.ingest import CurvePoint, DraftRun, Plan, PlanMemory, PlannedMtp, Prediction, VllmPlan
@@ -122,6 +122,37 @@ def weight_bytes(t: TargetShape, precision: str) -> int:
     raise RecipeError(f"unknown precision {precision!r}")
 
 
+@dataclass
+class Memory:
+    """Bytes per GPU."""
+
+    weights: int
+    drafter: int
+    drafter_arena: int
+    kv_cache: int
+    activations: int
+    reserve: int
+    capacity: int
+    arena_in_kv_pool: bool = False   # TRTLLM draft attention: the arena lives in the draft KV pool
+    draft_kv_pool: int = 0           # a separate managed draft KV cache drafting does not use (PR #19410)
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.drafter + self.drafter_arena + self.draft_kv_pool + self.kv_cache
+                + self.activations + self.reserve)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.total - self.capacity)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total, "fits": self.fits, "missing": self.missing}
+
+
 def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
     kvb = 1 if kv_cache == "fp8" else 2
     return 2 * t.layers * math.ceil(t.kv_heads / tp) * t.head_dim * kvb
@@ -137,7 +168,7 @@ def drafter_arena(d: DraftShape, tp: int, serving: ServingSpec, draft_len: int, 
 
 
 def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None = None,
-           backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> PlanMemory:
+           backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> Memory:
     """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring);
     ``draft_len`` None: the trained block's ``B - 1``, an upper bound; ``release`` None: the
     default release's row."""
@@ -152,7 +183,7 @@ def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None
     act = tokens * (8 * t.hidden + 3 * math.ceil(t.intermediate / tp)) * 2
     act += batch * (L + 1) * t.vocab * 4
     unused_pool = backend != "TRTLLM" and release.separate_draft_kv(backend)
-    return PlanMemory(weights=per_gpu, drafter=d.bytes, drafter_arena=drafter_arena(d, tp, serving, L, backend),
+    return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=drafter_arena(d, tp, serving, L, backend),
                   kv_cache=kv, activations=act, reserve=RUNTIME_RESERVE, capacity=dep.gpu.memory_bytes,
                   arena_in_kv_pool=backend == "TRTLLM",
                   draft_kv_pool=drafter_arena(d, tp, serving, L, "TRTLLM") if unused_pool else 0)
@@ -197,7 +228,7 @@ def _gib(n: float) -> str:
 
 
 def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec,
-              backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> tuple[int, PlanMemory]:
+              backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> tuple[int, Memory]:
     """The smallest TP that fits, or a HardwareError saying how much is missing."""
     t, gpu, gpus, tp, ep = dep.target, dep.gpu, dep.gpus, parallel.tp, parallel.ep
     if tp != "auto":
@@ -307,7 +338,8 @@ def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, para
                                                                spec, max_len, release)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     plan = Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
-                memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),
+                memory=PlanMemory.model_validate(mem.as_dict()), block_size=block, max_draft_len=max_len,
+                acceptance=round(tau, 3),
                 alpha=round(acc.alpha, 4),
                 attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
                 curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(stack),

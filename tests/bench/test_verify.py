@@ -260,8 +260,8 @@ def test_schedule_and_memory_rules():
     assert V.check_served_schedule([{"concurrency": 1}], [Window()], plan)["status"] == "not measured"
     mem = tiny.model_copy(update={"memory": ingest.PlanMemory(weights=20 << 30, drafter=0, drafter_arena=0,
                                                               kv_cache=10 << 30, activations=0, reserve=0,
-                                                              capacity=80 << 30)})
-    assert mem.memory.total == 30 << 30
+                                                              capacity=80 << 30, total=30 << 30, fits=True,
+                                                              missing=0)})
     cfg = {"kv_cache_config": {"free_gpu_memory_fraction": 0.5}}
     # rest 20 GiB + a pool of half of the 60 GiB free = 50 GiB expected
     assert V.check_memory(Window(gpu_memory=52 << 30), mem, cfg)["status"] == "pass"

@@ -12,6 +12,7 @@ from dflash_trt import ingest
 from dflash_trt import plan as planner
 from dflash_trt.deploy import pipeline
 from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest.plan_record import WRITTEN_WHEN_SET
 from dflash_trt.plan import recipe as R
 
 # Key paths of ``plan --json``'s plan for qwen3.5-4b-h100-bf16 (the one with an MTP arm), as the
@@ -68,7 +69,7 @@ def test_rows_write_only_the_keys_they_have():
     assert "tuned" not in data and "arms" not in data             # tune's sections only once tune set them
     required = {k: getattr(p, k) for k, f in ingest.Plan.model_fields.items() if f.is_required()}
     bare = ingest.Plan(**required).to_json()                      # defaults written too (null included)
-    assert set(bare) == set(ingest.Plan.model_fields) - {"tuned", "arms"} and bare["vllm_schedule"] is None
+    assert set(bare) == set(ingest.Plan.model_fields) - WRITTEN_WHEN_SET and bare["vllm_schedule"] is None
 
 
 def test_plan_json_reads_back_equal(mtp_plan):
@@ -110,5 +111,5 @@ def test_the_published_schema_covers_the_serialised_plan(mtp_plan):
     top = {p.split(".")[0].split("[")[0] for p in key_paths(mtp_plan.to_json())}
     assert top <= set(schema["properties"])
     memory = schema["$defs"]["PlanMemory"]["properties"]
-    assert {"total", "fits", "missing"} <= set(memory)            # derived fields are in the serialised schema
+    assert {"total", "fits", "missing"} <= set(memory)            # the derived totals are stored too
     assert schema["$defs"]["CurvePoint"]["properties"]["speedup"]["description"]

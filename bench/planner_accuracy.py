@@ -84,7 +84,7 @@ def fit_loop(curves: dict[str, dict[float, float]], measured: dict[str, float], 
 def rows_and_errors() -> list[dict]:
     from dflash_trt.plan import perf_fit, perf_model
 
-    cal = perf_model.shipped()
+    cal = perf_model.shipped_calibration()
     loo = {x["id"]: x["error"] for x in json.loads((perf_model.data_dir() / "loo.json").read_text())["rows"]
            if x["quantity"] == "speedup"}
     rows = [r for r in perf_fit.load_rows() if r.speedup is not None and r.tau is not None and r.draft_len > 0]

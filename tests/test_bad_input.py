@@ -24,7 +24,7 @@ def _one_line(capsys, code) -> str:
 
 
 def _tiny_recipe(tmp_path: Path, **speculative) -> Path:
-    data = yaml.safe_load(R.bundled()["tiny"].read_text())
+    data = yaml.safe_load(R.bundled_recipes()["tiny"].read_text())
     data["speculative"] = {**data.get("speculative", {}), **speculative}
     f = tmp_path / "r.yaml"
     f.write_text(yaml.safe_dump(data))
@@ -128,10 +128,10 @@ def _choices(model, prefix=()):
 def test_every_recipe_choice_accepts_any_case():
     found = list(_choices(R.Recipe))
     assert {("precision", "weights"), ("speculative", "attention_backend"), ("parallel", "tp")} <= {k for k, _ in found}
-    base = yaml.safe_load(R.bundled()["tiny"].read_text())
+    base = yaml.safe_load(R.bundled_recipes()["tiny"].read_text())
     for keys, choice in found:
         for spelling in {choice.upper(), choice.lower(), choice.title()}:
-            recipe = R.from_dict(base, overrides=[f"{'.'.join(keys)}={spelling}"])
+            recipe = R.recipe_from_dict(base, overrides=[f"{'.'.join(keys)}={spelling}"])
             node = recipe
             for k in keys:
                 node = getattr(node, k)

@@ -87,7 +87,7 @@ def work(tmp_path, monkeypatch):
 
 
 # ---- recipes and --set --------------------------------------------------------------------
-TINY = yaml.safe_load(R.bundled()["tiny"].read_text())
+TINY = yaml.safe_load(R.bundled_recipes()["tiny"].read_text())
 KEYS = sorted({f"{s}.{k}" for s, sec in TINY.items() if isinstance(sec, dict) for k in sec} | set(TINY))
 
 
@@ -124,7 +124,7 @@ def test_fuzz_recipe_bytes(work, budget):
     def check(raw):
         (work / "r.yaml").write_bytes(raw)
         cli_ok(["plan", str(work / "r.yaml")], work)
-    base = R.bundled()["tiny"].read_bytes()
+    base = R.bundled_recipes()["tiny"].read_bytes()
     fuzz(budget, st.one_of(st.binary(max_size=200), st.builds(
         lambda i, b: base[:i] + b + base[i:], st.integers(0, len(base)), st.binary(min_size=1, max_size=8))), check)
 

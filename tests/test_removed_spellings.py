@@ -50,7 +50,7 @@ def test_the_old_recipe_key_engine_is_unknown(tmp_path, capsys):
 def test_planner_files_with_the_old_key_are_refused(tmp_path, capsys):
     from dflash_trt.plan import perf_model as M
 
-    old = {("engines" if k == "stacks" else k): v for k, v in M.shipped().as_dict().items()}
+    old = {("engines" if k == "stacks" else k): v for k, v in M.shipped_calibration().as_dict().items()}
     (tmp_path / "cal.json").write_text(json.dumps(old))
     with pytest.raises(Exception, match="not a dflash-trt calibration"):
         M.Calibration.from_dict(old)

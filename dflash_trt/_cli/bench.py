@@ -135,8 +135,11 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
 
     if bundle is None:
         return None, 1, None
-    plan = ingest.open_bundle(bundle).manifest.plan or {}
-    return plan.get("predicted") or None, int(plan.get("tp") or 1), plan.get("gpu")
+    plan = ingest.open_bundle(bundle).manifest.plan
+    if plan is None:
+        return None, 1, None
+    rows = [r.model_dump(mode="json", exclude_unset=True) for r in plan.predicted]   # the plot reads JSON rows
+    return rows or None, plan.tp, plan.gpu
 
 
 def refuse_gate(bundle) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -19,6 +19,10 @@ from dflash_trt._cli.common import (
     out,
     print_json,
 )
+
+if TYPE_CHECKING:   # annotations only: the CLI imports the planner when a command runs (start-up cost)
+    from dflash_trt.ingest import CurvePoint
+    from dflash_trt.plan import Plan, Recipe
 
 DEFAULT_RECIPE = "tiny"
 
@@ -120,7 +124,7 @@ def build(
     engine_info = (res.manifest or {}).get("engine")
     if as_json:
         print_json({"recipe": r.name, "dry_run": dry_run, "out": str(res.out) if res.out else None,
-                    "plan": res.plan.as_dict(), "engine": engine_info})
+                    "plan": res.plan.to_json(), "engine": engine_info})
         return
     show_plan(res.plan, r)
     if dry_run:
@@ -163,9 +167,9 @@ def plan(
 
         raise RecipeError(f"--stack {stack!r}: choose trtllm, vllm or sglang")
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
-    p = pipeline.make_plan(pipeline.resolve(r), calibration=calibration, stack=stack)
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(r), calibration=calibration, stack=stack)
     if as_json:
-        print_json({"recipe": r.name, "plan": p.as_dict()})
+        print_json({"recipe": r.name, "plan": p.to_json()})
         return
     show_plan(p, r)
 
@@ -174,7 +178,7 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def show_plan(p, r) -> None:
+def show_plan(p: Plan, r: Recipe) -> None:
     m = p.memory
     t = Table(title=f"{r.name}: {p.gpus}x {p.gpu}, {p.precision} weights, KV {p.kv_cache}, tp={p.tp}"
               + (f", ep={p.ep}" if p.ep > 1 else ""))
@@ -199,30 +203,30 @@ def show_plan(p, r) -> None:
     cols = ["batch", "draft", "speedup (range)"] + (["MTP"] if p.mtp else []) + ["best", "tok/s/user", "tok/s/GPU"]
     for col in cols:
         s.add_column(col, justify="right")
-    pred = {r["batch"]: r for r in p.predicted}
+    pred = {r.batch: r for r in p.predicted}
     for row in p.curve:
-        r = pred.get(row["batch"], {})
-        lo, hi = row.get("speedup_range", [row["speedup"], row["speedup"]])
-        cells = [str(row["batch"]), str(row["draft_len"]) if row["draft_len"] else "off",
-                 f"{row['speedup']:.2f}x ({lo:.2f}-{hi:.2f})"]
+        r = pred.get(row.batch)
+        lo, hi = row.speedup_range or [row.speedup, row.speedup]
+        cells = [str(row.batch), str(row.draft_len) if row.draft_len else "off",
+                 f"{row.speedup:.2f}x ({lo:.2f}-{hi:.2f})"]
         if p.mtp:
-            cells.append(f"{row['mtp_speedup']:.2f}x")
-        cells += [{"autoregressive": "AR"}.get(row.get("winner", ""), row.get("winner", "")),
-                  f"{r.get('tokens_per_second_per_user', 0):.0f}",
-                  f"{r.get('output_tokens_per_second_per_gpu', 0):.0f}"]
+            cells.append(f"{row.mtp_speedup or 0.0:.2f}x")
+        cells += [{"autoregressive": "AR"}.get(row.winner or "", row.winner or ""),
+                  f"{r.tokens_per_second_per_user if r else 0:.0f}",
+                  f"{r.output_tokens_per_second_per_gpu if r else 0:.0f}"]
         s.add_row(*cells)
     out.print(s)
     if p.calibration:
         out.print(f"step model: {p.calibration}", markup=False)
-    for term, source in getattr(p, "step_sources", {}).items():
+    for term, source in p.step_sources.items():
         out.print(f"  {term} ({p.stack}): {source}", markup=False)
-    if p.curve and "range_basis" in p.curve[0]:
-        bases = dict.fromkeys(row["range_basis"] for row in p.curve)
-        out.print(f"ranges: leave-one-out errors of {'; '.join(bases)}", markup=False)
+    if p.curve and p.curve[0].range_basis is not None:
+        bases = dict.fromkeys(row.range_basis for row in p.curve)
+        out.print(f"ranges: leave-one-out errors of {'; '.join(b for b in bases if b)}", markup=False)
     if p.mtp:
-        out.print(f"MTP arm: {p.mtp['layers']} MTP layer(s), num_nextn_predict_layers "
-                  f"{p.mtp['num_nextn_predict_layers']}, expected τ {p.mtp['acceptance']} "
-                  f"({p.mtp['tau_ratio_to_dflash']} x DFlash's, published)", markup=False)
+        out.print(f"MTP arm: {p.mtp.layers} MTP layer(s), num_nextn_predict_layers "
+                  f"{p.mtp.num_nextn_predict_layers}, expected τ {p.mtp.acceptance} "
+                  f"({p.mtp.tau_ratio_to_dflash} x DFlash's, published)", markup=False)
     if p.schedule == "max_concurrency":
         out.print(f"back-off: max_concurrency {p.max_concurrency} (drafting off above it)")
     elif p.schedule == "draft_len_schedule":
@@ -247,10 +251,10 @@ def show_budget(m) -> None:
               f"{est['verdict']}", markup=False)
 
 
-def no_backoff_verdict(curve: list[dict]) -> str:
+def no_backoff_verdict(curve: list[CurvePoint]) -> str:
     """The line for a plan without back-off, true to its own table: it says drafting pays only
     where every drafted row of ``curve`` predicts a speedup of at least 1."""
-    slow = [row["batch"] for row in curve if row["draft_len"] and row["speedup"] < 1]
+    slow = [row.batch for row in curve if row.draft_len and row.speedup < 1]
     if not slow:
         return "back-off: none (drafting predicted to pay at every planned batch size)"
     where = f"batch {slow[0]}" if len(slow) == 1 else f"batch {slow[0]}-{slow[-1]}"

@@ -231,8 +231,8 @@ def _plot(T, t, measured, wins, cal, drafted, path) -> None:
     if 0 in measured:
         report["baseline"] = {"model": t.name, "levels": measured[0]}
         report["comparison"] = loadgen.compare(report["endpoint"], report["baseline"])
-    plots.plot(report, path, predicted=T.predicted_curve(t, cal, drafted), device=(t.manifest.plan or {}).get("gpu"),
-                 name=t.name)
+    device = t.manifest.plan.gpu if t.manifest.plan else None
+    plots.plot(report, path, predicted=T.predicted_curve(t, cal, drafted), device=device, name=t.name)
 
 
 def register(app: typer.Typer) -> None:

@@ -78,7 +78,9 @@ def read(bundle: Path) -> Tunable:
     spec = cfg.get("speculative_config") or {}
     if not spec.get("max_draft_len"):
         raise DFlashError(f"{b.trtllm_config}: no speculative_config.max_draft_len; nothing to tune")
-    release = (b.manifest.plan or {}).get("trtllm_release") or planner.DEFAULT_RELEASE
+    if b.built.plan is None:
+        raise DFlashError(f"{b.root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
+    release = b.built.plan.trtllm_release
     return Tunable(b.root, b.manifest, cfg, int(cfg.get("max_batch_size") or 8), int(spec["max_draft_len"]),
                    release)
 
@@ -160,9 +162,11 @@ def arms_files(t: Tunable, rows: list[dict], source: str) -> dict[Path, str]:
     """The manifest with ``plan.arms`` (which arm won where, measured) set, by path."""
     import hashlib
 
-    m = t.manifest.to_json()
-    m["plan"] = {**(m.get("plan") or {}), "arms": {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "source": source, "measured": rows}}
+    manifest = t.manifest.model_copy(deep=True)
+    assert manifest.plan is not None   # read() refuses a manifest without one
+    manifest.plan.arms = ingest.Arms(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                                     source=source, measured=rows)
+    m = manifest.to_json()
     if m.get("files") is not None:   # the .prev copy, so verify still holds
         rel = ingest.Layout.MANIFEST
         m["files"] = {**m["files"], f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()}
@@ -252,11 +256,14 @@ def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: li
     spec.pop("max_concurrency", None)
     spec.update(max_draft_len=max_draft_len, draft_len_schedule=dict(sched))
     text = deploy.trtllm_yaml(deploy.validate_trtllm_config(cfg, t.release), t.release)
-    m = t.manifest.to_json()
-    runs = [r.as_dict() for r in planner.schedule_runs(drafted)]
-    m["plan"] = {**(m.get("plan") or {}), "max_draft_len": max_draft_len, "schedule": "draft_len_schedule",
-                 "max_concurrency": None, "draft_len_schedule": {str(k): v for k, v in sched.items()},
-                 "draft_lengths": runs, "tuned": tuned}
+    manifest = t.manifest.model_copy(deep=True)
+    assert manifest.plan is not None   # read() refuses a manifest without one
+    runs = [ingest.DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
+            for r in planner.schedule_runs(drafted)]
+    plan = manifest.plan   # each assignment validated (ingest.Plan)
+    plan.max_draft_len, plan.schedule, plan.max_concurrency = max_draft_len, "draft_len_schedule", None
+    plan.draft_len_schedule, plan.draft_lengths, plan.tuned = dict(sched), runs, ingest.Tuned.model_validate(tuned)
+    m = manifest.to_json()
     if m.get("files") is not None:    # the new config and the two .prev copies, so verify still holds
         import hashlib
 
@@ -302,8 +309,8 @@ def fit(t: Tunable, report: dict) -> tuple[object, list[dict]]:
     the predicted and measured tokens/s per user."""
     dep, tp, plan = planner.bundle_deployment(t.root, t.manifest)
     stack = planner.stack_for(dep.gpu)
-    acc = planner.Acceptance(alpha=float(plan.get("alpha") or 0.7))
-    lengths = planner.expand_draft_lengths(plan.get("draft_lengths") or []) or [t.max_draft_len]
+    acc = planner.Acceptance(alpha=plan.alpha or 0.7)
+    lengths = plan.lengths() or [t.max_draft_len]
     cases = planner.cases_from_bench(report, stack=stack, target=dep.target, drafter=dep.drafter, gpu=dep.gpu,
                                      precision=dep.precision, kv_cache=dep.kv_cache, tp=tp,
                                      draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
@@ -323,4 +330,5 @@ def predicted_curve(t: Tunable, cal, drafted: list[int]) -> list[dict]:
     dep, tp, plan = planner.bundle_deployment(t.root, t.manifest)
     ctx = max(1, min(int(t.config.get("max_seq_len") or 2048) // 2, planner.PLANNING_CONTEXT))
     model = planner.step_model(dep, tp, ctx, cal)
-    return planner.predicted(model, drafted, planner.Acceptance(alpha=float(plan.get("alpha") or 0.7)), tp)
+    rows = planner.predicted(model, drafted, planner.Acceptance(alpha=plan.alpha or 0.7), tp)
+    return [r.model_dump(mode="json", exclude_unset=True) for r in rows]   # the plot reads JSON rows

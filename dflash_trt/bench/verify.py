@@ -69,28 +69,26 @@ def open_verifiable(path: str | Path) -> ingest.Bundle:
     return bundle
 
 
-def check_files(bundle: ingest.Bundle) -> dict:
+def check_file_hashes(bundle: ingest.Bundle) -> dict:
     problems = ingest.check_files(bundle)
     return _check("files", problems, f"{len(bundle.manifest.files)} files match the manifest's sha256")
 
 
 def _plan_rules(bundle: ingest.Bundle, cfg: dict) -> list[str]:
     """Where the config says other than the plan it was written from (one line each)."""
-    p, spec = bundle.manifest.plan, cfg.get("speculative_config") or {}
-    need = ("tp", "max_draft_len", "attention_backend", "kv_cache", "schedule")
-    lacking = [k for k in need if k not in p] if isinstance(p, dict) else list(need)
-    if lacking:   # a manifest edited by hand (or fuzzed): a finding, not a traceback
-        return [f"the manifest's plan lacks {lacking[0]!r}; rebuild the bundle with 'dflash-trt build'"]
+    p, spec = bundle.built.plan, cfg.get("speculative_config") or {}
+    if p is None:   # open_verifiable refuses it; a plan's every field is typed (ingest.Plan)
+        return ["the manifest has no plan; rebuild the bundle with 'dflash-trt build'"]
     out = []
-    want = {"tensor_parallel_size": (cfg.get("tensor_parallel_size", 1), p["tp"]),
-            "speculative_config.max_draft_len": (spec.get("max_draft_len"), p["max_draft_len"]),
-            "speculative_config.attention_backend": (spec.get("attention_backend", "VANILLA"), p["attention_backend"]),
-            "kv_cache_config.dtype": ((cfg.get("kv_cache_config") or {}).get("dtype", "auto"), p["kv_cache"])}
-    if p["schedule"] == "max_concurrency":
-        want["speculative_config.max_concurrency"] = (spec.get("max_concurrency"), p["max_concurrency"])
-    elif p["schedule"] == "draft_len_schedule":
+    want = {"tensor_parallel_size": (cfg.get("tensor_parallel_size", 1), p.tp),
+            "speculative_config.max_draft_len": (spec.get("max_draft_len"), p.max_draft_len),
+            "speculative_config.attention_backend": (spec.get("attention_backend", "VANILLA"), p.attention_backend),
+            "kv_cache_config.dtype": ((cfg.get("kv_cache_config") or {}).get("dtype", "auto"), p.kv_cache)}
+    if p.schedule == "max_concurrency":
+        want["speculative_config.max_concurrency"] = (spec.get("max_concurrency"), p.max_concurrency)
+    elif p.schedule == "draft_len_schedule":
         got = {int(k): int(v) for k, v in (spec.get("draft_len_schedule") or {}).items()}
-        want["speculative_config.draft_len_schedule"] = (got, {int(k): v for k, v in p["draft_len_schedule"].items()})
+        want["speculative_config.draft_len_schedule"] = (got, dict(p.draft_len_schedule or {}))
     out += [f"{k} is {got!r}, the plan says {planned!r}" for k, (got, planned) in want.items() if got != planned]
     batch, tokens, L = cfg.get("max_batch_size", 0), cfg.get("max_num_tokens", 0), spec.get("max_draft_len") or 0
     if batch * (1 + L) > tokens:   # dflash.py::validate_dflash_ctx_buffer_budget
@@ -110,7 +108,7 @@ def _plan_rules(bundle: ingest.Bundle, cfg: dict) -> list[str]:
 def check_config(bundle: ingest.Bundle) -> dict:
     release = bundle.manifest.trtllm.release if bundle.manifest.trtllm else None
     try:
-        deploy.check_bundle(bundle.root)    # layout, drafter, the config against the release's schema
+        deploy.check_trtllm_bundle(bundle.root)    # layout, drafter, the config against the release's schema
         cfg = yaml.safe_load(bundle.trtllm_config.read_text()) or {}
         problems = _plan_rules(bundle, cfg)
     except DFlashError as exc:
@@ -132,7 +130,7 @@ def check_manifest(bundle: ingest.Bundle) -> dict:
 
 def offline(path: str | Path) -> tuple[ingest.Bundle, list[dict]]:
     bundle = open_verifiable(path)
-    return bundle, [check_files(bundle), check_manifest(bundle), check_config(bundle)]
+    return bundle, [check_file_hashes(bundle), check_manifest(bundle), check_config(bundle)]
 
 
 # ---- online ---------------------------------------------------------------------------------
@@ -159,14 +157,6 @@ def likely_causes(m: ingest.Manifest, config: dict) -> list[str]:
     return causes
 
 
-def planned_draft_len(plan: dict, batch: int) -> int:
-    """What the plan has the release draft at ``batch`` live rows."""
-    lengths = planner.expand_draft_lengths(plan.get("draft_lengths") or [])
-    if not lengths:
-        return int(plan["max_draft_len"])
-    return lengths[batch - 1] if batch <= len(lengths) else 0
-
-
 def check_acceptance(w: verify_server.Window, m: ingest.Manifest, config: dict, source: str) -> dict:
     if w.tau is None:
         summary = ("the server reports no speculative counters (embedded server metrics, trtllm-serve "
@@ -176,8 +166,9 @@ def check_acceptance(w: verify_server.Window, m: ingest.Manifest, config: dict, 
                         "serving.iter_perf_stats): rebuild with it on, or pass --accept-stats DIR")
         return {"name": "acceptance", "status": "not measured", "summary": summary}
     plan = m.plan
-    alpha = float(plan["alpha"])
-    runs = w.draft_rounds or {(0, int(plan["max_draft_len"])): 1}
+    assert plan is not None   # open_verifiable refuses a manifest without one
+    alpha = plan.alpha
+    runs = w.draft_rounds or {(0, plan.max_draft_len): 1}
     expected = sum(n * planner.expected_tau(alpha, L) for (_, L), n in runs.items()) / sum(runs.values())
     details = {"source": source, "acceptance_length": w.tau, "per_position_acceptance": w.per_position,
                "expected_acceptance_length": round(expected, 3), "rounds": w.rounds,
@@ -193,11 +184,11 @@ def check_acceptance(w: verify_server.Window, m: ingest.Manifest, config: dict, 
             "summary": f"τ {w.tau:.2f} against the plan's {expected:.2f} ({source})"}
 
 
-def check_schedule(levels: list[dict], wins: list[verify_server.Window], plan: dict) -> dict:
+def check_served_schedule(levels: list[dict], wins: list[verify_server.Window], plan: ingest.Plan) -> dict:
     rows, problems = [], []
     for lv, w in zip(levels, wins, strict=False):
         for (b, L), n in sorted(w.draft_rounds.items()):
-            want = planned_draft_len(plan, b)
+            want = plan.draft_len_at(b)
             rows.append({"concurrency": lv["concurrency"], "batch_size": b, "draft_len": L, "planned": want,
                          "rounds": n})
             if L != want:
@@ -210,23 +201,23 @@ def check_schedule(levels: list[dict], wins: list[verify_server.Window], plan: d
                   + ", ".join(sorted({f"{r['batch_size']}:{r['draft_len']}" for r in rows})), {"rows": rows})
 
 
-def check_memory(w: verify_server.Window, plan: dict, config: dict) -> dict:
+def check_memory(w: verify_server.Window, plan: ingest.Plan, config: dict) -> dict:
     if w.gpu_memory is None:
         return {"name": "memory", "status": "not measured", "summary": "the server reports no GPU memory in use"}
-    mem = plan["memory"]
-    rest = mem["total"] - mem["kv_cache"]
+    mem = plan.memory
+    rest = mem.total - mem.kv_cache
     fraction = (config.get("kv_cache_config") or {}).get("free_gpu_memory_fraction") or 0.9   # KvCacheConfig default
-    expected = rest + max(mem["kv_cache"], int(fraction * max(0, mem["capacity"] - rest)))
+    expected = rest + max(mem.kv_cache, int(fraction * max(0, mem.capacity - rest)))
     gib = lambda n: f"{n / (1 << 30):.1f} GiB"  # noqa: E731
-    details = {"gpu_memory": w.gpu_memory, "planned_total": mem["total"], "expected_with_kv_pool": expected,
-               "capacity": mem["capacity"]}
+    details = {"gpu_memory": w.gpu_memory, "planned_total": mem.total, "expected_with_kv_pool": expected,
+               "capacity": mem.capacity}
     problems = []
     if w.gpu_memory > expected * (1 + MEMORY_SLACK):
         problems.append(f"GPU memory in use {gib(w.gpu_memory)} exceeds the plan's {gib(expected)} (weights, drafter, "
                         f"activations and a KV pool of {fraction:g} of what is free) by more than "
                         f"{MEMORY_SLACK:.0%}: the plan under-counts this deployment")
     return _check("memory", problems, f"GPU memory in use {gib(w.gpu_memory)}, planned {gib(expected)} of "
-                  f"{gib(mem['capacity'])}", details)
+                  f"{gib(mem.capacity)}", details)
 
 
 def _reference(bundle: ingest.Bundle, use: bool | None):
@@ -280,7 +271,7 @@ def online(bundle: ingest.Bundle, url: str, *, baseline: str | None = None, mode
         acc, source = verify_server.hist_window(hist0, verify_server.accept_files(accept_stats)), "acceptance files"
         acc.draft_rounds = total.draft_rounds
     report["stack"] = STACKS.get(total.stack)     # the serving software the levels came from
-    checks = [lossless, check_acceptance(acc, m, config, source), check_schedule(levels, wins, m.plan),
+    checks = [lossless, check_acceptance(acc, m, config, source), check_served_schedule(levels, wins, m.plan),
               check_memory(total, m.plan, config)]
     if trap_probe:
         say("trap: a load above the schedule's top, then low concurrency")

@@ -49,12 +49,12 @@ def sort_target_layers(drafter: Drafter) -> Drafter:
     return out.eval()
 
 
-def write_drafter(src: Path, out: Path) -> dict:
-    """Write ``src`` (any supported format) as the bundle's BF16 z-lab drafter at ``out``;
-    returns the manifest's ``drafter`` section (what was changed, and why)."""
+def write_bundle_drafter(src: ingest.DrafterSpec, out: Path) -> dict:
+    """Write ``src`` (any supported format, as ingest read it) as the bundle's BF16 z-lab drafter at
+    ``out``; returns the manifest's ``drafter`` section (what was changed, and why)."""
     import torch
 
-    stored = ingest.read_drafter(src).dtype       # the weights' dtype on disk
+    stored = src.dtype                            # the weights' dtype on disk
     drafter = ingest.load_drafter(src, dtype=torch.bfloat16)
     source_ids = list(drafter.cfg.target_layer_ids)
     notes = []

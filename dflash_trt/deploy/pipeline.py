@@ -8,7 +8,7 @@ Stages, each a plain function called in order by :func:`build`:
    recipe's ``target.config``/``drafter.config`` where they hold every field the planner
    needs, else the hub's (or the local Hugging Face cache's) configs at the pinned revision;
    offline with nothing cached, a recipe whose configs lack fields is refused in one line.
-2. :func:`dflash_trt.plan.deployment.make` -- memory, TP size, draft length and back-off.
+2. :func:`dflash_trt.plan.deployment.make_plan` -- memory, TP size, draft length and back-off.
 3. (not ``--dry-run``) the weights: the target copied (bf16 / as shipped) or calibrated
    and exported by ModelOpt (fp8 / nvfp4) and verified from its safetensors; the drafter
    in z-lab form (BF16, ascending target layers: ``bundle_drafter``); ``trtllm/config.yaml`` +
@@ -26,179 +26,19 @@ import datetime as _dt
 import platform
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_trt import ingest
 from dflash_trt import plan as planner
 from dflash_trt.deploy import drafter as bundle_drafter
-from dflash_trt.deploy import output, serve_sh, trtllm_installed
+from dflash_trt.deploy import output, serve_sh
 from dflash_trt.deploy import trtllm_config as trtllm
-from dflash_trt.errors import CheckpointError, CompatibilityError, DFlashError, RecipeError
-from dflash_trt.plan import GPU, DraftShape, Recipe, TargetShape, quant_precision, read_sizes
+from dflash_trt.deploy.resolve import Resolved, local_checkpoint, plan_resolved, refuse_trtllm_only, resolve_recipe
+from dflash_trt.errors import CheckpointError, DFlashError
+from dflash_trt.plan import Recipe
 
 BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
-
-
-@dataclass
-class Resolved:
-    recipe: Recipe
-    gpu: GPU
-    gpus: int
-    precision: str            # effective: bf16 | fp8 | nvfp4 | mxfp4
-    quantize: bool            # True: ModelOpt runs at build time
-    target_dir: Path          # config (dry run) or checkpoint directory
-    drafter_dir: Path
-    target: TargetShape
-    drafter: DraftShape
-    shipped_quant: dict | None
-    warnings: list[str] = field(default_factory=list)
-    drafter_config: object | None = None   # the DrafterConfig (its family's TensorRT-LLM rules read it)
-    mtp_layers: int = 0                    # MTP layers the target's config declares: build also writes the MTP arm
-
-
-def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
-    """The directory ``role`` is read from: for planning, the recipe's shipped configs where they
-    hold every field the planner needs, else the hub's (or the local cache's) configs at the
-    pinned revision; with ``weights``, the checkpoint itself."""
-    ref = getattr(recipe, role)
-    lacking = planner.lacking(recipe, role)
-    if not weights and ref.config and not lacking:
-        path = recipe.resolve_path(ref.config)
-        if not (path / "config.json").exists():
-            raise DFlashError(f"{role}.config {path}: no config.json there")
-        return path
-    kwargs = {"revision": ref.revision} if ref.revision else {}
-    try:
-        local = Path(ref.id).is_absolute() or ref.id.startswith(ingest.EMBEDDED_PREFIX)   # anchored by the recipe
-        return ingest.resolve(ref.id, role, expected_bytes=_expected_bytes(recipe, ref), configs_only=not weights,
-                              hub_only=not local, **kwargs)
-    except CheckpointError as exc:
-        if weights or not lacking:
-            raise
-        raise RecipeError(_offline_refusal(recipe, role, lacking)) from exc
-
-
-def _offline_refusal(recipe: Recipe, role: str, lacking: list[str]) -> str:
-    """The one line an offline ``plan`` gives for a recipe whose shipped configs lack fields and
-    whose hub files are not cached: what is missing (both models'), and the commands that work."""
-    ref = getattr(recipe, role)
-    at = f"@{ref.revision}" if ref.revision else ""
-    roles = [r for r in ("target", "drafter") if r == role or planner.lacking(recipe, r)]
-    fields = [f for r in roles for f in (lacking if r == role else planner.lacking(recipe, r))]
-    fetch = " and ".join(f"`hf download {getattr(recipe, r).id}"
-                         + (f" --revision {getattr(recipe, r).revision}" if getattr(recipe, r).revision else "")
-                         + " --include '*.json'`" for r in roles)
-    return (f"recipe {recipe.name}: its shipped configs lack {', '.join(fields)} and {role} {ref.id}{at} is not "
-            f"in the Hugging Face cache (and the hub is offline or unreachable); fetch the configs with {fetch} "
-            "(or run with hub access), or pass --target DIR --drafter DIR")
-
-
-def _expected_bytes(recipe: Recipe, ref) -> int | None:
-    """The checkpoint's size from the recipe's sizes.json (for the free-disk check), if known."""
-    path = recipe.resolve_path(ref.config) if ref.config else None
-    sizes = read_sizes(path) if path is not None and path.is_dir() else None
-    return (sizes or {}).get("total_size") or (sizes or {}).get("bytes")
-
-
-def resolve(recipe: Recipe, weights: bool = False) -> Resolved:
-    """Everything the plan needs, from configs; ``weights=True`` resolves the checkpoints."""
-    gpu = planner.get_gpu(recipe.gpu.name)
-    gpus = recipe.gpu.count * recipe.gpu.nodes
-    requested, kv = recipe.precision.weights, recipe.precision.kv_cache
-    if requested != "auto":
-        planner.check_precision(gpu, requested, kv)
-    elif kv == "fp8":
-        planner.check_precision(gpu, "bf16", kv)
-    by_name = ingest.refused_id(recipe.drafter.id)   # a GGUF-only or refused-format hub drafter, by name
-    if by_name:
-        raise CheckpointError(by_name)
-    unpinned = planner.unpinned_drafter(recipe)
-    tdir, ddir = _ref_dir(recipe, "target", weights), _ref_dir(recipe, "drafter", weights)
-    shipped_q = ingest.target_quantization(tdir)
-    shipped = quant_precision(shipped_q) if shipped_q else None
-    if shipped_q and shipped is None:
-        raise CompatibilityError(f"target {recipe.target.id}: quantization "
-                                 f"{shipped_q.get('quant_method') or shipped_q} "
-                                 "is not one TensorRT-LLM's DFlash path is planned for (fp8, nvfp4, mxfp4)")
-    if shipped and requested not in ("auto", shipped):
-        raise CompatibilityError(f"target {recipe.target.id} is already {shipped}-quantized; it cannot be built at "
-                                 f"{requested}: use --precision auto (or {shipped}), or start from the BF16 checkpoint")
-    precision = shipped or ("bf16" if requested == "auto" else requested)
-    planner.check_precision(gpu, precision, kv)
-    report = ingest.validate_pair(tdir, ddir, require_weights=weights)
-    warnings = list(getattr(report, "warnings", []) or []) + ([unpinned] if unpinned else [])
-    chat = ingest.chat_mismatch(ingest.trained_chat(ddir), ingest.serving_chat(tdir, recipe.serving.enable_thinking))
-    if chat:
-        warnings.append(chat)
-    dcfg = ingest.read_drafter(ddir, require_weights=False).config
-    ignored = planner.ignored_drafter_keys(dcfg)
-    if ignored:
-        warnings.append(ignored)
-    planner.check_drafter(dcfg, recipe.trtllm.release)
-    planner.refuse_quantized_drafter(ingest.target_quantization(ddir), f"drafter {recipe.drafter.id}")
-    return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
-                    quantize=shipped is None and precision in ("fp8", "nvfp4"), target_dir=tdir, drafter_dir=ddir,
-                    target=TargetShape.from_dir(tdir, shipped_precision=shipped),
-                    drafter=DraftShape.from_dir(ddir, zlab=dcfg.to_zlab()),
-                    shipped_quant=shipped_q, warnings=warnings, drafter_config=dcfg,
-                    mtp_layers=planner.mtp_layers_of(tdir))
-
-
-def _refuse_trtllm_only(r: Resolved) -> None:
-    """A bundle for TensorRT-LLM alone (no ``graphs``) of a target the recipe's TensorRT-LLM release
-    cannot capture hidden states from (``plan.trtllm_capture``), in one line naming the runtimes
-    that still run the pair."""
-    if r.recipe.graphs:
-        return
-    causal = ingest.trtllm_refusal(r.drafter_config.causal if r.drafter_config is not None else None)
-    if causal:
-        raise CompatibilityError(f"drafter {r.recipe.drafter.id}: {causal}")
-    spec = ingest.read_target(r.target_dir, require_weights=False)
-    why = planner.capture_missing(spec.architecture, r.recipe.trtllm.release)
-    if why:
-        raise CompatibilityError(
-            f"target {r.recipe.target.id}: TensorRT-LLM {r.recipe.trtllm.release}'s {spec.architecture} has no "
-            f"hidden-state capture hook ({why}), so DFlash cannot run there; build with --graphs, or serve the "
-            "pair with the reference runtime (dflash-trt generate / bench / serve)")
-
-
-def make_plan(r: Resolved, calibration: list[Path] | None = None, stack: str | None = None) -> planner.Plan:
-    """The plan; with ``calibration`` (``bench --endpoint --json`` files) the step model's constants
-    are first refitted on those measurements (:mod:`dflash_trt.plan.calibrate`); ``stack``: the
-    serving stack to predict for (default the recipe's server: TensorRT-LLM on a GPU). The target's
-    forward comes from aiconfigurator-core's measured tables where installed and covering
-    (:mod:`dflash_trt.plan.silicon`); ``calibration`` then corrects the rest of the combined
-    model (drafter, per-layer and loop costs refitted over the tables' target step)."""
-    rc = r.recipe
-    dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
-                             kv_cache=rc.precision.kv_cache, mtp_layers=r.mtp_layers)
-    spec = rc.speculative
-    installed: list[str] = []   # features the installed release has by field and the table lacks
-    row = trtllm_installed.release_row(rc.trtllm.release, installed)
-    if r.drafter_config is not None:   # non-causal windowed drafter layers rule out the TRTLLM draft attention
-        backend = planner.drafter_attention_backend(spec.attention_backend, r.drafter_config, r.gpu.sm, row)
-        spec = spec.model_copy(update={"attention_backend": backend})
-    stack = stack or planner.stack_for(r.gpu)
-    model = str(r.target_dir) if r.target_dir else None
-
-    def tables(tp: int):
-        return planner.silicon_tables(model, r.gpu.name, stack, r.precision, tp, r.target.layers, rc.trtllm.release,
-                                      rc.precision.kv_cache)
-    p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, release=row, stack=stack,
-                         tables=None if r.gpu.kind == "cpu" else tables)
-    if calibration:   # the user's rows correct the combined model: refitted over the tables' target step
-        on = None if r.gpu.kind == "cpu" else tables(p.tp)
-        cal, tau = planner.calibration_from_files(list(calibration), dep, p, planner.shipped_calibration(),
-                                                    stack, on)
-        if tau is not None and spec.acceptance is None:
-            spec = spec.model_copy(update={"acceptance": tau})
-        errors = planner.calibration_errors(list(calibration), dep, p, planner.shipped_calibration(),
-                                            stack, on)
-        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors,
-                              release=row, stack=stack, tables=None if r.gpu.kind == "cpu" else tables)
-    p.warnings = r.warnings + installed + p.warnings
-    return p
 
 
 @dataclass
@@ -222,9 +62,12 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
     out = Path(out) if out is not None else default_out(recipe)
     if not dry_run:
         output.check_output(out, force)
-    r = resolve(recipe, weights=False)
-    _refuse_trtllm_only(r)
-    p = make_plan(r)
+    # Local checkpoints (a directory, the embedded pair) are the directories planning reads too:
+    # read once, as checkpoints; hub ones are planned from their configs before the download.
+    local = not dry_run and all(local_checkpoint(recipe, role) for role in ("target", "drafter"))
+    r = resolve_recipe(recipe, weights=local)
+    refuse_trtllm_only(r)
+    p = plan_resolved(r)
     timings["plan"] = time.perf_counter() - t0
     if dry_run:
         trtllm.config(recipe, p, r.drafter, r.target)  # what build would write passes the release's schema
@@ -238,11 +81,12 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
             output.check_output(out, force)   # again: the output may have changed while we waited
         except DFlashError as exc:   # the refusal says what the recovery did: one line still
             raise type(exc)(f"{recovered}; {exc}" if recovered else str(exc)) from None
-        say("resolving checkpoints")
-        w = resolve(recipe, weights=True)
-        if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
-            r, p = w, make_plan(w)  # exact byte counts from the real checkpoint
-            p.warnings += [recovered] if recovered else []
+        if not local:
+            say("resolving checkpoints")
+            w = resolve_recipe(recipe, weights=True)
+            if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
+                r, p = w, plan_resolved(w)  # exact byte counts from the real checkpoint
+                p.warnings += [recovered] if recovered else []
         for d in (r.target_dir, r.drafter_dir):   # links only into each checkpoint's own store, before any write
             ingest.check_links(d)
         tmp = output.start_partial(out)
@@ -288,7 +132,7 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
 
 def _write_drafter(r: Resolved, tmp: Path, say) -> dict:
     say("writing the drafter (z-lab form, BF16)")
-    return bundle_drafter.write_drafter(r.drafter_dir, tmp / ingest.Layout.DRAFTER)
+    return bundle_drafter.write_bundle_drafter(r.pair.drafter, tmp / ingest.Layout.DRAFTER)
 
 
 def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
@@ -334,7 +178,7 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
             "quantized_by": "nvidia-modelopt" if r.quantize else ("as shipped" if r.shipped_quant else None),
             "quantization": quant_info, "verified": verified,
         },
-        plan=p.as_dict(),
+        plan=p,
         reference_runtime={"target": L.TARGET, "drafter": L.DRAFTER, "dequantize": r.quantize,
                            "source_target": str(r.target_dir.resolve())},
         outputs={"target": L.TARGET, "drafter": L.DRAFTER, "trtllm_config": L.TRTLLM_CONFIG, "serve": L.SERVE_SH,
@@ -343,12 +187,11 @@ def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: d
         # parallelism, and the embedded server advertises the planned context length.
         serve={"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,
                "max_seq_len": rc.serving.max_seq_len,
-               **ingest.serving_chat(r.target_dir, rc.serving.enable_thinking),
-               "drafter_chat": ingest.trained_chat(r.drafter_dir)},
+               **r.pair.serving_chat, "drafter_chat": r.pair.trained_chat},
         warnings=p.warnings,
     )
     if engine_info is not None:
-        manifest.engine = engine_info
+        manifest.engine = ingest.EngineInfo.model_validate(engine_info)
     return manifest
 
 
@@ -403,7 +246,7 @@ def _versions(quantized: bool) -> dict:
 
     from dflash_trt import __version__
 
-    out = {"dflash_trt": __version__, "python": platform.python_version()}
+    out: dict[str, str | None] = {"dflash_trt": __version__, "python": platform.python_version()}
     for pkg in ("torch", "transformers", "safetensors", "pydantic") + (("nvidia-modelopt",) if quantized else ()):
         try:
             out[pkg] = metadata.version(pkg)
@@ -412,22 +255,21 @@ def _versions(quantized: bool) -> dict:
     return out
 
 
-def check_bundle(path: str | Path) -> dict:
+def check_trtllm_bundle(path: str | Path) -> dict:
     """Check a bundle on disk (CI and tests): ``ingest.check_bundle`` (layout, manifest,
     serve.sh, drafter), then what only build knows: the TensorRT-LLM config against its
     schema, the drafter it names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
     bundle = ingest.check_bundle(root)
-    missing = [k for k in ("trtllm", "precision") if getattr(bundle.manifest, k, None) is None]
-    if missing:
-        raise CheckpointError(f"{bundle.manifest_path}: no {missing[0]!r} section; rebuild the bundle with "
-                              "'dflash-trt build'")
-    cfg = trtllm.load(root, bundle.manifest.trtllm.release)
-    spec_model = root / cfg.speculative_config.speculative_model
-    if not (spec_model / "config.json").is_file():
-        raise CheckpointError(f"{root}: speculative_model {cfg.speculative_config.speculative_model} is not the "
-                              "bundle's drafter")
-    prec = bundle.manifest.precision
+    m = bundle.built
+    if m.trtllm is None or m.precision is None:
+        raise CheckpointError(f"{bundle.manifest_path}: no {'trtllm' if m.trtllm is None else 'precision'!r} "
+                              "section; rebuild the bundle with 'dflash-trt build'")
+    cfg = trtllm.load_trtllm_config(root, m.trtllm.release)
+    model = getattr(cfg.speculative_config, "speculative_model", None)   # the DFlash config names the drafter
+    if not model or not (root / model / "config.json").is_file():
+        raise CheckpointError(f"{root}: speculative_model {model} is not the bundle's drafter")
+    prec = m.precision
     verified = None
     if prec.quantized_by == "nvidia-modelopt":
         from dflash_trt.deploy import quantize

@@ -27,6 +27,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -132,8 +133,9 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
     tokenizer = load_tokenizer(Path(target_dir))
     batches = calibration_batches(tokenizer, calibration_texts(calib), spec.calib_samples, spec.calib_seq_len)
     model = load_target(target_dir, dtype=torch.bfloat16, device=device)
-    if not getattr(model.config, "architectures", None):
-        model.config.architectures = [type(model).__name__]
+    config: Any = model.config   # a transformers PretrainedConfig
+    if not getattr(config, "architectures", None):
+        config.architectures = [type(model).__name__]
     t0 = time.perf_counter()
 
     def forward_loop(m):

@@ -219,7 +219,7 @@ def _release_keys(data: dict, release: Release) -> None:
                           f"TensorRT-LLM {release.version} ({', '.join(release.attention_backends)})")
 
 
-def validate(data: dict, release: str | Release | None = None) -> LlmApiConfig:
+def validate_trtllm_config(data: dict, release: str | Release | None = None) -> LlmApiConfig:
     """Check a config dict against the schema (and the keys ``release`` has: a version, or its row
     as completed from the installed classes); a DFlashError names the first bad key."""
     disaggregated = trtllm_judge.refuse_disaggregated(data)
@@ -302,7 +302,7 @@ def _speculative(recipe, plan, drafter) -> dict:
 def _mtp(plan) -> dict:
     if not plan.mtp:
         raise RecipeError("the target's config declares no MTP layers: there is no MTP arm to write")
-    return {"decoding_type": "MTP", "num_nextn_predict_layers": plan.mtp["num_nextn_predict_layers"]}
+    return {"decoding_type": "MTP", "num_nextn_predict_layers": plan.mtp.num_nextn_predict_layers}
 
 
 def _curated(data: dict, target) -> None:
@@ -348,10 +348,10 @@ def config(recipe, plan, drafter=None, target=None, arm: str = "dflash") -> LlmA
     if plan.moe_backend:
         data["moe_config"] = {"backend": plan.moe_backend}
     _curated(data, target)
-    return validate(data, trtllm_installed.release_row(plan.trtllm_release))
+    return validate_trtllm_config(data, trtllm_installed.release_row(plan.trtllm_release))
 
 
-def to_yaml(cfg: LlmApiConfig, release: str | None = None) -> str:
+def trtllm_yaml(cfg: LlmApiConfig, release: str | None = None) -> str:
     """The YAML ``trtllm-serve --config`` reads: the keys the config sets, no defaults filled
     in (a release may not have a key), so ``cuda_graph_config: null`` (graphs off) stays."""
     data = cfg.model_dump(mode="json", exclude_unset=True)
@@ -390,14 +390,14 @@ def write(out_dir: Path, cfg: LlmApiConfig, host: str, port: int, check: serve_s
     trtllm-serve's last ``--config`` wins)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if mtp is not None:
-        (out_dir / MTP_CONFIG).write_text(to_yaml(mtp, check.release if check else None))
-    (out_dir / "config.yaml").write_text(to_yaml(cfg, check.release if check else None))
+        (out_dir / MTP_CONFIG).write_text(trtllm_yaml(mtp, check.release if check else None))
+    (out_dir / "config.yaml").write_text(trtllm_yaml(cfg, check.release if check else None))
     (out_dir / "judge.py").write_text(Path(trtllm_judge.__file__).read_text())  # what serve.sh runs
     script = out_dir / "serve.sh"
     script.write_text(serve_script(cfg, host, port, check))
     script.chmod(0o755)
 
 
-def load(bundle: Path, release: str | None = None) -> LlmApiConfig:
+def load_trtllm_config(bundle: Path, release: str | None = None) -> LlmApiConfig:
     """Read and validate a bundle's ``trtllm/config.yaml`` (against ``release``'s keys when given)."""
-    return validate(yaml.safe_load((Path(bundle) / "trtllm" / "config.yaml").read_text()), release)
+    return validate_trtllm_config(yaml.safe_load((Path(bundle) / "trtllm" / "config.yaml").read_text()), release)

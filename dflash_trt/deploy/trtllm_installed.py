@@ -66,7 +66,7 @@ def release_row(planned: str, warnings: list[str] | None = None) -> Release:
     row = get_release(planned)
     if os.environ.get("DFLASH_IGNORE_INSTALLED_TRTLLM") == "1":
         return row
-    have = trtllm_judge.installed_version()
+    have = trtllm_judge.installed_trtllm()
     if have is None:
         return row
     try:

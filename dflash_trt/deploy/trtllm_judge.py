@@ -55,7 +55,7 @@ IMAGE = "nvcr.io/nvidia/tensorrt-llm/release"
 _STAGES = {"a": 0, "b": 1, "rc": 2, None: 3}
 
 
-def installed_version() -> str | None:
+def installed_trtllm() -> str | None:
     """The installed ``tensorrt_llm`` version, read WITHOUT importing it (importing initialises
     CUDA): its ``version.py`` (``__version__``), else the distribution's metadata; None if absent."""
     spec = importlib.util.find_spec("tensorrt_llm")
@@ -264,13 +264,13 @@ def refuse_causal_drafter(bundle: Path | str) -> str | None:
     return None
 
 
-def check(planned: str, bundle: Path | str = ".", skip_config: bool = False) -> tuple[int, list[str]]:
+def judge_trtllm_config(planned: str, bundle: Path | str = ".", skip_config: bool = False) -> tuple[int, list[str]]:
     """(exit code, lines to print) for serving ``bundle`` with the installed TensorRT-LLM:
     2 with one line when it cannot be served; else 0, with a line when the release is newer."""
     causal = refuse_causal_drafter(bundle)
     if causal:
         return 2, [causal]
-    have = installed_version()
+    have = installed_trtllm()
     if have is None:
         return 2, [f"tensorrt_llm is not installed; this bundle needs TensorRT-LLM {planned} (pip install "
                    f"tensorrt-llm=={planned} --extra-index-url {INDEX_URL}, or the {IMAGE}:{planned} container)"]
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planned", required=True, help="The TensorRT-LLM release the bundle was planned for.")
     ap.add_argument("--prefix", default="serve.sh", help="What each printed line starts with.")
     args = ap.parse_args(argv)
-    code, lines = check(args.planned, ".", skip_config=os.environ.get("DFLASH_SKIP_CONFIG_CHECK") == "1")
+    code, lines = judge_trtllm_config(args.planned, ".", skip_config=os.environ.get("DFLASH_SKIP_CONFIG_CHECK") == "1")
     for line in lines:
         print(f"{args.prefix}: {line}", file=sys.stderr)
     return code

@@ -98,7 +98,7 @@ class DFlash2Export(ExportRound):
 ROUNDS: dict[type, type[ExportRound]] = {}
 
 
-def register(family: type[DrafterFamily], round_class: type[ExportRound]) -> None:
+def register_round(family: type[DrafterFamily], round_class: type[ExportRound]) -> None:
     """Export ``family``'s drafter (and its subclasses' without their own) with ``round_class``."""
     ROUNDS[family] = round_class
 
@@ -116,5 +116,5 @@ def drafter_dynamic_axes() -> dict[str, dict[int, str]]:
     return out
 
 
-register(DrafterFamily, ExportRound)
-register(DFlash2Family, DFlash2Export)
+register_round(DrafterFamily, ExportRound)
+register_round(DFlash2Family, DFlash2Export)

@@ -3,8 +3,10 @@
 Stage order: ``resolve`` (embedded / local / hub) -> ``files`` (the one safetensors header
 reader, shard indexes, hashes) -> ``formats`` (every published drafter format normalised to
 z-lab) -> ``drafter`` / ``target`` (specs read from configs and headers; weights loaded only
-on request) -> ``compat`` (does a drafter belong to a target) -> ``bundle`` (the layout, typed
-manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench`` read).
+on request) -> ``compat`` (does a drafter belong to a target) -> ``pair`` (:class:`PairSpec`: the pair read once,
+what every later stage takes) -> ``bundle`` (the layout, typed
+manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench`` read), and
+``plan_record`` (the typed plan that manifest holds; ``dflash_trt.plan`` computes and exports it).
 
 ``files`` also holds the tables every stage shares: the one dtype table (``DTYPES``, with
 ``DTYPE_BITS`` / ``TORCH_NAMES`` / ``FLOAT_DTYPES`` / ``RUNTIME_DTYPES`` read from it) and the one
@@ -31,9 +33,8 @@ from dflash_trt.ingest.bundle import (
                                      write_manifest,
 )
 from dflash_trt.ingest.bundle_check import LoadCheck, check_bundle, check_fields, check_paths, open_bundle
-from dflash_trt.ingest.chat import mismatch as chat_mismatch
-from dflash_trt.ingest.chat import serving_chat, trained_chat
-from dflash_trt.ingest.compat import PairReport, validate_pair
+from dflash_trt.ingest.chat import chat_mismatch, serving_chat, trained_chat
+from dflash_trt.ingest.compat import PairReport, check_pair, validate_pair
 from dflash_trt.ingest.drafter import (
                                      DrafterSpec,
                                      check_pair_runtime,
@@ -43,7 +44,7 @@ from dflash_trt.ingest.drafter import (
                                      write_zlab,
 )
 from dflash_trt.ingest.families import FAMILIES as TARGET_FAMILIES
-from dflash_trt.ingest.families import TargetFamily, family_of
+from dflash_trt.ingest.families import TargetFamily, target_family_of
 from dflash_trt.ingest.files import (
                                      DTYPE_BITS,
                                      DTYPES,
@@ -63,13 +64,40 @@ from dflash_trt.ingest.files import (
                                      torch_dtype,
 )
 from dflash_trt.ingest.format_guards import GGUF_ONLY, refuse_gguf, refused_id, trtllm_refusal
+from dflash_trt.ingest.pair import PairSpec, read_pair
+from dflash_trt.ingest.plan_record import (
+                                     Arms,
+                                     CurvePoint,
+                                     DraftRun,
+                                     MeasuredArm,
+                                     Plan,
+                                     PlanMemory,
+                                     PlannedMtp,
+                                     Prediction,
+                                     Tuned,
+                                     TunedLevel,
+                                     VllmPlan,
+                                     plan_schema,
+)
 from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, read_json, resolve
 from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization
 
 __all__ = [
+    "Arms",
+    "CurvePoint",
+    "DraftRun",
+    "MeasuredArm",
+    "Plan",
+    "PlanMemory",
+    "PlannedMtp",
+    "Prediction",
+    "Tuned",
+    "TunedLevel",
+    "VllmPlan",
+    "plan_schema",
     "TARGET_FAMILIES",
     "TargetFamily",
-    "family_of",
+    "target_family_of",
     "chat_mismatch",
     "serving_chat",
     "trained_chat",
@@ -87,6 +115,9 @@ __all__ = [
     "LoadCheck",
     "Manifest",
     "PairReport",
+    "PairSpec",
+    "check_pair",
+    "read_pair",
     "RUNTIME_DTYPES",
     "ServeInfo",
     "TOKENIZER_FILES",

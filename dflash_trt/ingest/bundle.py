@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest.plan_record import Plan
 from dflash_trt.model import graph_kinds
 
 # Bump when a bundle written before can no longer be served or run as it is (the readers
@@ -216,7 +217,7 @@ class Manifest(_Section):
     trtllm: TrtllmInfo | None = None
     gpu: GpuInfo | None = None
     precision: Precision | None = None
-    plan: dict[str, Any] | None = None
+    plan: Plan | None = None
     drafter: DrafterInfo | None = None
     reference_runtime: ReferenceRuntime = Field(default_factory=ReferenceRuntime)
     outputs: Outputs | None = None

@@ -54,7 +54,7 @@ def serving_chat(target_dir: str | Path, enable_thinking: bool | None) -> dict:
             "enable_thinking": enable_thinking}
 
 
-def mismatch(trained: dict | None, serving: dict) -> str | None:
+def chat_mismatch(trained: dict | None, serving: dict) -> str | None:
     """One warning line when the serving thinking setting differs from the drafter's, else None."""
     if not trained or "enable_thinking" not in trained:
         return None

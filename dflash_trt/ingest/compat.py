@@ -74,6 +74,11 @@ def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weigh
     """
     t = read_target(target_dir, require_weights=require_weights)
     d = read_drafter(drafter_dir, require_weights=require_weights)
+    return check_pair(t, d, require_weights, raise_on_error)
+
+
+def check_pair(t: TargetSpec, d: DrafterSpec, require_weights: bool = True, raise_on_error: bool = True) -> PairReport:
+    """:func:`validate_pair` on specs already read (``ingest.read_pair``: each file read once)."""
     r = PairReport(t, d)
     _file_warnings(r, t, d, require_weights)
     _check_hidden_layout(r, t, d)

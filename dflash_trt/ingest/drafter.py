@@ -229,9 +229,10 @@ def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_drafter(path: str | Path, dtype: torch.dtype | None = None) -> Drafter:
-    """Load a drafter of any supported format (speculators, ModelOpt, z-lab) for the runtime."""
-    spec = read_drafter(path)
+def load_drafter(path: str | Path | DrafterSpec, dtype: torch.dtype | None = None) -> Drafter:
+    """Load a drafter of any supported format (speculators, ModelOpt, z-lab) for the runtime;
+    given its :class:`DrafterSpec` (read with weights), its configs and headers are not read again."""
+    spec = path if isinstance(path, DrafterSpec) else read_drafter(path)
     return drafter_for(spec.config).from_state(spec.config, load_state(spec), dtype=dtype)
 
 

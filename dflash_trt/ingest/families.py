@@ -62,6 +62,6 @@ FAMILIES: dict[str, TargetFamily] = {
 _BY_MODEL_TYPE = {mt: name for name, fam in FAMILIES.items() for mt in fam.model_types}
 
 
-def family_of(model_type: str | None) -> str | None:
+def target_family_of(model_type: str | None) -> str | None:
     """The registry's family name for a config's ``model_type``; None: not proven lossless here."""
     return _BY_MODEL_TYPE.get(model_type or "")

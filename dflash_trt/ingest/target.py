@@ -71,11 +71,12 @@ def read_modelopt_quant_config(raw: dict) -> dict | None:
     return out
 
 
-def target_quantization(target_dir: str | Path) -> dict | None:
+def target_quantization(target_dir: str | Path, config: dict | None = None) -> dict | None:
     """The quantization of a pre-quantized target, or None for plain BF16/FP16 weights.
 
     Reads ModelOpt's ``hf_quant_config.json`` first (either shape), then ``config.json``'s
-    ``quantization_config`` (ModelOpt, MXFP4 as in gpt-oss, FP8, ...).
+    ``quantization_config`` (ModelOpt, MXFP4 as in gpt-oss, FP8, ...); ``config``: that
+    ``config.json`` as already read (a spec's ``raw_config``), so it is not read again.
     """
     root = Path(target_dir)
     hq = root / "hf_quant_config.json"
@@ -88,7 +89,9 @@ def target_quantization(target_dir: str | Path) -> dict | None:
                     "exclude_modules": q.get("exclude_modules"), "producer": data.get("producer"),
                     "source": hq.name}
     cfg_path = root / "config.json"
-    qc = read_json(cfg_path).get("quantization_config") if cfg_path.exists() else None
+    if config is None and cfg_path.exists():
+        config = read_json(cfg_path)
+    qc = (config or {}).get("quantization_config")
     if isinstance(qc, dict) and qc:
         method = qc.get("quant_method")
         algo = qc.get("quant_algo") or {"mxfp4": "MXFP4", "fp8": "FP8"}.get(str(method), method)
@@ -196,7 +199,7 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
         rope_theta=theta, rope_scaling=scaling,
         dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype"),
-        quantization=target_quantization(path),
+        quantization=target_quantization(path, raw),
         tokenizer_files=files.tokenizer_files(path),
         weights=ws, warnings=list(ws.warnings),
     )
@@ -305,7 +308,9 @@ def _meta_state(spec: TargetSpec) -> dict:
     if cls is None:
         return {}
     try:
-        cfg = transformers.AutoConfig.from_pretrained(str(spec.path), trust_remote_code=False)
+        # the config.json read_target read, not the file again (what AutoConfig.from_pretrained
+        # does after reading it: the model_type's config class from the dict)
+        cfg = transformers.CONFIG_MAPPING[spec.model_type].from_dict(dict(spec.raw_config))
         with torch.device("meta"):
             model = cls(cfg)
     except Exception:  # noqa: BLE001 - a config transformers cannot build is refused where it is loaded

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 from dflash_trt.model.config import DrafterConfig, flatten_rope
 from dflash_trt.model.family import FAMILIES as DRAFTER_FAMILIES
 from dflash_trt.model.family import (
-                                    DrafterFamily,
-                                    drafter_for,
-                                    family_named,
-                                    family_of,
-                                    graph_kinds,
-                                    hook_for,
+    DrafterFamily,
+    drafter_for,
+    family_named,
+    family_of,
+    graph_kinds,
+    hook_for,
+    recognise_family,
+    register_family,
 )
-from dflash_trt.model.family import recognise as recognise_family
-from dflash_trt.model.family import register as register_family
 from dflash_trt.model.family_dflash2 import DFLASH2, DFLASH2_FIELDS, DFlash2Family
 
 if TYPE_CHECKING:

@@ -139,7 +139,7 @@ class DrafterConfig(BaseModel):
     def from_zlab(cls, cfg: dict) -> DrafterConfig:
         """Read a z-lab ``config.json`` (v1: top-level block_size; newer: inside dflash_config)."""
         dcfg = cfg.get("dflash_config") or {}
-        family = families.recognise(cfg, [])
+        family = families.recognise_family(cfg, [])
         values = family.read_fields(dcfg)
         typed = {k: (int(v) if v is not None else None) for k, v in values.items() if k in cls.model_fields}
         own = {k: v for k, v in values.items() if k not in cls.model_fields and v is not None}

@@ -21,7 +21,7 @@ vLLM puts a family on a proposer subclass (``DFlashProposer(SpecDecodeBasePropos
   names; the last-registered family that recognises it wins, so a subclass is asked before its
   parent). No stage asks "is this DFlash2?".
 * **Each higher stage** keeps a small hook class per family, registered with that layer's own
-  ``register(family_class, hook_class)`` and found with :func:`hook_for`, which walks the family's
+  ``register_family(family_class, hook_class)`` and found with :func:`hook_for`, which walks the family's
   class hierarchy: a family without its own hook at a stage inherits its parent's. The hooks:
   ``runtime.proposer.Proposer`` (drafting a block on the torch and graph backends),
   ``export.rounds.ExportRound`` (which ONNX drafter graph, its I/O and its check),
@@ -156,7 +156,7 @@ class DrafterFamily:
 FAMILIES: dict[str, DrafterFamily] = {}
 
 
-def register(family: DrafterFamily) -> DrafterFamily:
+def register_family(family: DrafterFamily) -> DrafterFamily:
     """Add ``family`` (an instance) to the registry under its name; returns it."""
     if family.name in FAMILIES and type(FAMILIES[family.name]) is not type(family):
         raise ValueError(f"drafter family {family.name!r} is already registered by {type(FAMILIES[family.name])}")
@@ -185,7 +185,7 @@ def infer(cfg: DrafterConfig) -> DrafterFamily:
     return FAMILIES["dflash"]
 
 
-def recognise(cfg: dict, names: list[str]) -> DrafterFamily:
+def recognise_family(cfg: dict, names: list[str]) -> DrafterFamily:
     """The family of a raw ``config.json`` and its tensor names: the last registered that recognises it
     (subclasses are registered after their parents, so they are asked first), else DFlash."""
     for family in reversed(list(FAMILIES.values())):
@@ -213,4 +213,4 @@ def hook_for(registry: dict[type, Any], family: DrafterFamily) -> Any:
     raise KeyError(f"no hook registered for {family!r} or its parents")
 
 
-register(DrafterFamily())
+register_family(DrafterFamily())

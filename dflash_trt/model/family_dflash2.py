@@ -15,7 +15,7 @@ The module is ``model.dflash2.DFlash2Drafter``; the higher stages' hooks are
 from __future__ import annotations
 
 from dflash_trt.errors import CheckpointError
-from dflash_trt.model.family import PREFIXES, DrafterFamily, dflash_config, register
+from dflash_trt.model.family import PREFIXES, DrafterFamily, dflash_config, register_family
 
 #: The ``dflash_config`` keys a DFlash2 drafter adds (all four, or none).
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -130,4 +130,4 @@ class DFlash2Family(DrafterFamily):
                       f"rank {cfg.selector_rank}, top-{cfg.selector_top_k} of {target_vocab}")
 
 
-DFLASH2 = register(DFlash2Family())
+DFLASH2 = register_family(DFlash2Family())

@@ -10,50 +10,52 @@ applies, and each drafter family's),
 ranges from leave-one-out errors), ``acceptance`` (τ from a per-position
 rate), ``perf_model`` (the step model the speedups come from), ``perf_fit`` (its constants fitted
 on measurements), ``calibrate`` (refitted on yours), ``deployment`` (memory, TP, draft lengths: the
-plan itself).
+plan itself, a typed :class:`Plan` whose models ``ingest`` defines beside the manifest that
+stores them; ``plan_schema`` is its JSON Schema).
 
 Importing this package imports neither torch nor transformers (``tests/plan/test_face.py``).
 Other subpackages import the names below, never the modules inside.
 """
 from __future__ import annotations
 
+from dflash_trt.ingest import Plan, plan_schema
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha
-from dflash_trt.plan.calibrate import bundle_deployment, cases_from_bench, refit
-from dflash_trt.plan.calibrate import expand as expand_draft_lengths
-from dflash_trt.plan.calibrate import from_files as calibration_from_files
-from dflash_trt.plan.calibrate_loo import from_files as calibration_errors
-from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, Plan, predicted, step_model
-from dflash_trt.plan.deployment import make as make_plan
-from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision
-from dflash_trt.plan.hardware import get as get_gpu
+from dflash_trt.plan.calibrate import bundle_deployment, calibration_from_files, cases_from_bench, refit
+from dflash_trt.plan.calibrate_loo import calibration_errors
+from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, make_plan, predicted, step_model
+from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision, get_gpu
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
-from dflash_trt.plan.mtp import layers_of as mtp_layers_of
-from dflash_trt.plan.mtp import winner as arm_winner
-from dflash_trt.plan.perf_model import Acceptance, Calibration, stack_for
-from dflash_trt.plan.perf_model import shipped as shipped_calibration
+from dflash_trt.plan.mtp import arm_winner, mtp_layers, mtp_layers_of
+from dflash_trt.plan.perf_model import Acceptance, Calibration, shipped_calibration, stack_for
 from dflash_trt.plan.published import lacking
-from dflash_trt.plan.recipe import FieldValue, PrecisionSpec, Recipe, SpeculativeSpec
-from dflash_trt.plan.recipe import bundled as bundled_recipes
-from dflash_trt.plan.recipe import from_dict as recipe_from_dict
-from dflash_trt.plan.recipe import load as load_recipe
+from dflash_trt.plan.recipe import (
+    FieldValue,
+    PrecisionSpec,
+    Recipe,
+    SpeculativeSpec,
+    apply_overrides,
+    bundled_recipes,
+    load_recipe,
+    recipe_from_dict,
+)
 from dflash_trt.plan.recipe_status import Status, recipe_status, unpinned_drafter
 from dflash_trt.plan.schedule import TRAP as ZERO_DRAFT_TRAP
-from dflash_trt.plan.schedule import batch_grid, zero_draft_rule
-from dflash_trt.plan.schedule import check as check_schedule
-from dflash_trt.plan.schedule import choose as choose_schedule
-from dflash_trt.plan.schedule import runs as schedule_runs
+from dflash_trt.plan.schedule import batch_grid, check_schedule, choose_schedule, schedule_runs, zero_draft_rule
 from dflash_trt.plan.schedule_vllm import trtllm_to_vllm, vllm_lengths, vllm_to_trtllm
 from dflash_trt.plan.silicon import tables_for as silicon_tables
 from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
-from dflash_trt.plan.trtllm_capture import missing as capture_missing
-from dflash_trt.plan.trtllm_capture import supported as capture_supported
+from dflash_trt.plan.trtllm_capture import capture_missing, capture_supported
 from dflash_trt.plan.trtllm_dflash2 import DFlash2Rules
-from dflash_trt.plan.trtllm_family import TrtllmRules, check_drafter, drafter_attention_backend, rules_for
-from dflash_trt.plan.trtllm_family import register as register_trtllm_rules
-from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release
+from dflash_trt.plan.trtllm_family import (
+    TrtllmRules,
+    check_drafter,
+    drafter_attention_backend,
+    register_trtllm_rules,
+    rules_for,
+)
+from dflash_trt.plan.trtllm_releases import DEFAULT_RELEASE, Release, get_release
 from dflash_trt.plan.trtllm_releases import IMAGE as TRTLLM_IMAGE
 from dflash_trt.plan.trtllm_releases import KNOWN as KNOWN_RELEASES
-from dflash_trt.plan.trtllm_releases import get as get_release
 from dflash_trt.plan.trtllm_rules import (
     ignored_drafter_keys,
     refuse_disaggregated,
@@ -83,6 +85,7 @@ __all__ = [
     "TrtllmRules",
     "TargetShape",
     "batch_grid",
+    "apply_overrides",
     "arm_winner",
     "bundle_deployment",
     "bundled_recipes",
@@ -94,7 +97,6 @@ __all__ = [
     "check_schedule",
     "choose_schedule",
     "drafter_attention_backend",
-    "expand_draft_lengths",
     "expected_tau",
     "fit_alpha",
     "get_gpu",
@@ -102,7 +104,9 @@ __all__ = [
     "ignored_drafter_keys",
     "load_recipe",
     "make_plan",
+    "mtp_layers",
     "mtp_layers_of",
+    "plan_schema",
     "predicted",
     "quant_precision",
     "read_sizes",

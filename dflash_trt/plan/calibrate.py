@@ -97,7 +97,8 @@ def _bad_level(lv) -> str | None:
         if v is None and key != "concurrency":
             continue
         ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-        if isinstance(v, bool) or not ok or not math.isfinite(v) or not low <= v <= high:
+        if isinstance(v, bool) or not ok or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not low <= v <= high:
             kind = "an integer" if integer else "a finite number"
             return f"{key} is {v!r}; it must be {kind} in [{low:g}, {high:g}]"
     return None
@@ -148,20 +149,15 @@ def refit(cal: Calibration, stack: str, cases: list[Case], source: str) -> Calib
     return cal.with_stack(stack, mine.constants(stack), source, {k: len(cases) for k in CONSTANTS})
 
 
-def expand(draft_lengths: list[dict]) -> list[int]:
-    """A plan's runs ``[{batch_from, batch_to, draft_len}]`` as the length at every batch size."""
-    return [r["draft_len"] for r in draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
-
-
-def from_files(paths: list[Path], dep, first, cal: Calibration, stack: str,
-               tables: silicon.Tables | None = None) -> tuple[Calibration, float | None]:
+def calibration_from_files(paths: list[Path], dep, first, cal: Calibration, stack: str,
+                           tables: silicon.Tables | None = None) -> tuple[Calibration, float | None]:
     """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
     with ``cal``; over the target step of ``tables`` where they serve, :func:`over_tables`), and
     the measured τ scaled to the full block (None: no level reported τ)."""
     from dflash_trt.plan.acceptance import expected_tau, fit_alpha
     from dflash_trt.plan.perf_model import Acceptance
 
-    lengths = expand(first.draft_lengths) or [first.max_draft_len]
+    lengths = first.lengths() or [first.max_draft_len]
     acc = Acceptance(alpha=first.alpha)
     cases: list[Case] = []
     for path in paths:
@@ -181,14 +177,14 @@ def from_files(paths: list[Path], dep, first, cal: Calibration, stack: str,
 
 
 def bundle_deployment(root: Path, manifest) -> tuple:
-    """(Deployment, tp, plan dict) of a built bundle, from its manifest and model configs."""
+    """(Deployment, tp, Plan) of a built bundle, from its manifest and model configs."""
     from dflash_trt.plan.deployment import Deployment
 
     if manifest is None or manifest.plan is None or manifest.gpu is None or manifest.precision is None:
         raise DFlashError(f"{root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
-    gpu = hardware.get(manifest.gpu.name)
+    gpu = hardware.get_gpu(manifest.gpu.name)
     dep = Deployment(target=TargetShape.from_dir(Path(root) / "target"),
                      drafter=DraftShape.from_dir(Path(root) / "drafter"),
                      gpu=gpu, gpus=manifest.gpu.count, precision=manifest.precision.weights,
                      kv_cache=manifest.precision.kv_cache)
-    return dep, int(manifest.plan.get("tp", 1)), manifest.plan
+    return dep, manifest.plan.tp, manifest.plan

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_trt.plan.calibrate import cases_from_bench, expand, over_tables, read_bench, refit
+from dflash_trt.plan.calibrate import cases_from_bench, over_tables, read_bench, refit
 from dflash_trt.plan.perf_model import Acceptance
 from dflash_trt.plan.uncertainty import RowError
 
@@ -36,11 +36,11 @@ def from_cases(cases: list, cal, stack: str) -> list[RowError]:
     return out
 
 
-def from_files(paths: list[Path], dep, first, cal, stack: str, tables=None) -> list[RowError]:
+def calibration_errors(paths: list[Path], dep, first, cal, stack: str, tables=None) -> list[RowError]:
     """Leave-one-out errors of the levels in ``paths`` (``bench --endpoint --json`` reports, what
     ``plan --calibration`` reads), for deployment ``dep`` first planned as ``first`` (over the
-    target step of ``tables`` where they serve, as :func:`calibrate.from_files` refits)."""
-    lengths = expand(first.draft_lengths) or [first.max_draft_len]
+    target step of ``tables`` where they serve, as :func:`calibrate.calibration_from_files` refits)."""
+    lengths = first.lengths() or [first.max_draft_len]
     acc = Acceptance(alpha=first.alpha)
     cases = []
     for path in paths:

@@ -76,9 +76,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.ingest import CurvePoint, DraftRun, Plan, PlanMemory, PlannedMtp, Prediction, VllmPlan
 from dflash_trt.plan import mtp as mtp_mod
 from dflash_trt.plan import perf_model, schedule_vllm, silicon, sizing, startup, trtllm_releases, uncertainty
 from dflash_trt.plan import schedule as sched_mod
@@ -216,7 +217,7 @@ def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None
     headroom and the fraction: :mod:`startup`); ``draft_len`` None: the trained block's ``B - 1``,
     an upper bound; ``release`` None: the default release's row; ``schedule``: the
     ``draft_len_schedule`` whose keys add graphs."""
-    release = release or trtllm_releases.get(trtllm_releases.DEFAULT_RELEASE)
+    release = release or trtllm_releases.get_release(trtllm_releases.DEFAULT_RELEASE)
     t, d = dep.target, dep.drafter
     batch, seq, tokens = serving.max_batch_size, serving.max_seq_len, serving.max_num_tokens
     L = d.block_size - 1 if draft_len is None else draft_len
@@ -256,71 +257,13 @@ def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
 def step_model(dep: Deployment, tp: int, ctx: int, calibration: Calibration | None = None,
                stack: str | None = None) -> StepModel:
     """The deployment's step times at ``tp`` and decode context ``ctx`` (:mod:`perf_model`)."""
-    cal = calibration or perf_model.shipped()
+    cal = calibration or perf_model.shipped_calibration()
     k = cal.constants(stack or perf_model.stack_for(dep.gpu))
     return StepModel(dep.target, dep.drafter, dep.gpu, dep.precision, dep.kv_cache, tp, ctx, k,
                      weight_bytes(dep.target, dep.precision), cal.shared)
 
 
 # --- The plan ---------------------------------------------------------------------------
-
-
-@dataclass
-class Plan:
-    gpu: str
-    gpus: int
-    tp: int
-    ep: int
-    precision: str
-    kv_cache: str
-    memory: Memory
-    block_size: int
-    max_draft_len: int
-    acceptance: float
-    alpha: float
-    attention_backend: str
-    schedule: str                      # max_concurrency | draft_len_schedule | none
-    max_concurrency: int | None = None
-    draft_len_schedule: dict[int, int] | None = None
-    curve: list[dict] = field(default_factory=list)  # [{batch, draft_len, speedup}] at 1, 2, 4, ..., max
-    warnings: list[str] = field(default_factory=list)
-    # What the targeted TensorRT-LLM release drafts at EVERY batch size: [{batch_from, batch_to, draft_len}]
-    draft_lengths: list[dict] = field(default_factory=list)
-    trtllm_release: str = trtllm_releases.DEFAULT_RELEASE
-    max_num_tokens: int = 0            # after the token budget (may be raised over the recipe's)
-    enable_chunked_prefill: bool = False
-    context_recompute_tail: int | None = None
-    moe_backend: str | None = None     # moe_config.backend pinned for the release, None: AUTO
-    calibration: str = ""              # which constants the step model used (perf_model.Calibration.describe)
-    # [{batch, draft_len, tokens_per_second_per_user, baseline_..., output_tokens_per_second_per_gpu,
-    #   baseline_..., speedup}] at 1, 2, 4, ..., max_batch_size: what bench --plot overlays
-    predicted: list[dict] = field(default_factory=list)
-    # The target's own MTP heads as the other arm (plan.mtp.MtpArm.as_dict); None: it has none.
-    # Every curve row then carries mtp_speedup; every row a winner (dflash | mtp | autoregressive).
-    mtp: dict | None = None
-    # The same draft lengths for vLLM (num_speculative_tokens + _per_batch_size: inclusive ranges,
-    # gaps inherit), converted from what TensorRT-LLM drafts, never copied (plan.schedule_vllm)
-    vllm_schedule: dict | None = None
-    # The serving limits the plan is for (sized down from unset defaults that did not fit: ``sized``,
-    # [{key, from, to, why}], plan.sizing) and the KV pool's share (plan.startup)
-    max_batch_size: int = 0
-    max_seq_len: int = 0
-    kv_cache_free_gpu_memory_fraction: float | None = None
-    sized: list[dict] = field(default_factory=list)
-    # The serving stack the step model predicts for, and where each of its terms comes from
-    # (target_forward, drafter, kv_injection, loop, mtp_step: plan.silicon.sources)
-    stack: str = "trtllm"
-    step_sources: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["memory"] = self.memory.as_dict()
-        return d
-
-    def describe_draft_lengths(self) -> str:
-        """``1-16: 15, 17-64: 12`` (what TensorRT-LLM drafts, by batch size)."""
-        return sched_mod.describe([sched_mod.Run(r["batch_from"], r["batch_to"], r["draft_len"])
-                                   for r in self.draft_lengths])
 
 
 def _best_len(roof: StepModel, b: int, longest: int, alpha: Acceptance) -> int:
@@ -378,41 +321,41 @@ def _wanted(roof: StepModel, max_batch_size: int, max_len: int, alpha: Acceptanc
     return out
 
 
-def _curve(roof: StepModel, lengths: list[int], alpha: Acceptance) -> list[dict]:
-    """[{batch, draft_len, speedup}] at 1, 2, 4, ..., max_batch_size, for the lengths TensorRT-LLM drafts."""
+def _curve(roof: StepModel, lengths: list[int], alpha: Acceptance) -> list[CurvePoint]:
+    """The curve at 1, 2, 4, ..., max_batch_size, for the lengths TensorRT-LLM drafts."""
     rows = []
     for b in sched_mod.batch_grid(len(lengths)):
         n = lengths[b - 1]
-        rows.append({"batch": b, "draft_len": n, "speedup": round(roof.speedup(b, n, alpha) if n else 1.0, 3)})
+        rows.append(CurvePoint(batch=b, draft_len=n, speedup=round(roof.speedup(b, n, alpha) if n else 1.0, 3)))
     return rows
 
 
-def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -> list[dict]:
+def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -> list[Prediction]:
     """Tokens/s per user and per GPU, with the planned draft lengths and without drafting, at
     1, 2, 4, ..., max_batch_size (``gpus``: the GPUs one server uses)."""
     rows = []
     for b in sched_mod.batch_grid(len(lengths)):
         n = lengths[b - 1]
         user, base = roof.per_user(b, n, acc), roof.per_user(b, 0, acc)
-        rows.append({"batch": b, "draft_len": n, "tokens_per_second_per_user": round(user, 3),
-                     "baseline_tokens_per_second_per_user": round(base, 3),
-                     "output_tokens_per_second_per_gpu": round(b * user / gpus, 3),
-                     "baseline_output_tokens_per_second_per_gpu": round(b * base / gpus, 3),
-                     "speedup": round(user / base, 3)})
+        rows.append(Prediction(batch=b, draft_len=n, tokens_per_second_per_user=round(user, 3),
+                               baseline_tokens_per_second_per_user=round(base, 3),
+                               output_tokens_per_second_per_gpu=round(b * user / gpus, 3),
+                               baseline_output_tokens_per_second_per_gpu=round(b * base / gpus, 3),
+                               speedup=round(user / base, 3)))
     return rows
 
 
-def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
+def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
          trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None,
          errors: list[uncertainty.RowError] | None = None, release: trtllm_releases.Release | None = None,
          stack: str | None = None, tables: Callable[[int], silicon.Tables | None] | None = None) -> Plan:
     """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections;
-    step times from ``calibration`` (default: the package's, :func:`perf_model.shipped`); every
+    step times from ``calibration`` (default: the package's, :func:`perf_model.shipped_calibration`); every
     predicted speedup's range from ``errors`` (the user's own rows' leave-one-out errors), else
     the published rows' (:mod:`uncertainty`); ``release``: the targeted release's row as completed
     from the installed classes (``deploy.trtllm_installed``), default the table's."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
-    release = release or trtllm_releases.get((trtllm or TrtllmSpec()).release)
+    release = release or trtllm_releases.get_release((trtllm or TrtllmSpec()).release)
     rules.refuse_disaggregated(serving.disaggregated)
     warnings: list[str] = []
     if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
@@ -430,7 +373,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
         raise RecipeError("speculative.block_size must be >= 2 to draft anything")
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
     acc = Acceptance.from_tau(tau, block, spec.per_position_acceptance)
-    cal = calibration or perf_model.shipped()
+    cal = calibration or perf_model.shipped_calibration()
     stack = stack or perf_model.stack_for(gpu)
     roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
     if tables is not None:   # tables(tp); the user's calibration was refitted over them (calibrate.from_files)
@@ -447,7 +390,7 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len,
                                  gpu.name, warnings)
     want = _wanted(roof, serving.max_batch_size, max_len, acc)
-    mode, max_conc, sched, lengths = sched_mod.choose(want, spec, max_len, release)
+    mode, max_conc, sched, lengths = sched_mod.choose_schedule(want, spec, max_len, release)
     warnings += sched_mod.floor_cost(want, lengths, lambda b, n: roof.speedup(b, n, acc), release)
     mem = memory(dep, tp_, serving, max_len, backend, release, sched)
     if not mem.fits:   # the schedule's keys add graphs (startup.captured_batch_sizes)
@@ -455,12 +398,14 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
                             f"on {gpu.name}, {_gib(mem.missing)} missing: lower serving.max_batch_size")
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     plan = Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
-                memory=mem, block_size=block, max_draft_len=max_len, acceptance=round(tau, 3),
+                memory=PlanMemory.model_validate(mem.as_dict()), block_size=block, max_draft_len=max_len,
+                acceptance=round(tau, 3),
                 alpha=round(acc.alpha, 4),
                 attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
                 curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(stack),
                 predicted=predicted(roof, lengths, acc, tp_),
-                draft_lengths=[r.as_dict() for r in sched_mod.runs(lengths)], trtllm_release=release.version,
+                draft_lengths=[DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
+                               for r in sched_mod.schedule_runs(lengths)], trtllm_release=release.version,
                 max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
                 enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
                 moe_backend=rules.moe_backend(t.model_type, gpu, release),
@@ -472,20 +417,19 @@ def make(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel:
     _arms(plan, roof, dep.mtp_layers, acc)
     if any(lengths):
         n, entries = schedule_vllm.from_lengths(lengths)
-        plan.vllm_schedule = {"num_speculative_tokens": n, "num_speculative_tokens_per_batch_size": entries}
+        plan.vllm_schedule = VllmPlan(num_speculative_tokens=n, num_speculative_tokens_per_batch_size=entries)
     return plan
 
 
 def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None:
     """The MTP arm's predicted speedup beside DFlash's, and which arm wins, per curve row."""
     arm = mtp_mod.plan_arm(roof, mtp_layers, acc) if mtp_layers else None
-    plan.mtp = arm.as_dict() if arm else None
+    plan.mtp = PlannedMtp.model_validate(arm.as_dict()) if arm else None
     for row in plan.curve:
         m = None
         if arm:
-            m = row["mtp_speedup"] = round(mtp_mod.speedup(roof, row["batch"], arm.draft_len,
-                                                            mtp_mod.acceptance(acc)), 3)
-        row["winner"] = mtp_mod.winner(row["speedup"] if row["draft_len"] else 1.0, m)
+            m = row.mtp_speedup = round(mtp_mod.speedup(roof, row.batch, arm.draft_len, mtp_mod.acceptance(acc)), 3)
+        row.winner = mtp_mod.arm_winner(row.speedup if row.draft_len else 1.0, m)
 
 
 def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None,
@@ -493,8 +437,8 @@ def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None,
     """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on
     (``model_rows``: the step model's own leave-one-out rows where not the calibrated model's)."""
     own = bool(errors)
-    rows = errors if own else (model_rows or uncertainty.shipped())
-    for table in (plan.curve, plan.predicted):
-        for row in table:
-            r = uncertainty.speedup_range(row["speedup"], rows, stack, plan.gpu, row["batch"], own=own)
-            row["speedup_range"], row["range_basis"] = [r.low, r.high], r.basis
+    rows = errors if errors else (model_rows or uncertainty.shipped_errors())
+    table: list[CurvePoint | Prediction] = [*plan.curve, *plan.predicted]
+    for row in table:
+        r = uncertainty.speedup_range(row.speedup, rows, stack, plan.gpu, row.batch, own=own)
+        row.speedup_range, row.range_basis = [r.low, r.high], r.basis

@@ -237,7 +237,7 @@ def required_target_fields(cfg: dict) -> list[str]:
     elif mt in SECOND_WAVE:
         from dflash_trt.plan import hybrid_shapes
 
-        extra = hybrid_shapes.required(mt)
+        extra = hybrid_shapes.hybrid_required(mt)
     else:
         moe = cfg.get("num_experts") or cfg.get("num_local_experts")
         extra = ("moe_intermediate_size",) if moe and mt != "gpt_oss" else _REQUIRED["plain"]
@@ -258,7 +258,7 @@ def layer_counts(cfg: dict) -> Counts | None:
     if mt in SECOND_WAVE:
         from dflash_trt.plan import hybrid_shapes
 
-        return hybrid_shapes.counts(cfg, Counts, KVGroup, StateGroup)
+        return hybrid_shapes.hybrid_counts(cfg, Counts, KVGroup, StateGroup)
     return None
 
 

@@ -111,7 +111,7 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def get(name: str) -> GPU:
+def get_gpu(name: str) -> GPU:
     """Look a GPU up by name or alias (case-insensitive; 'NVIDIA ' prefix tolerated); ``cpu`` has
     the memory of the machine it runs on."""
     key = _norm(name).removeprefix("nvidia ").strip()

@@ -19,6 +19,8 @@ so the two modules do not import each other).
 
 from __future__ import annotations
 
+from dflash_trt.errors import CheckpointError
+
 FAMILIES = ("nemotron_h", "kimi_linear", "glm5_next", "glm5_next_text")
 REQUIRED = {
     "nemotron_h": ("num_key_value_heads", "head_dim", "mamba_num_heads", "mamba_head_dim", "ssm_state_size",
@@ -32,11 +34,11 @@ _KIND = {"M": "mamba", "mamba": "mamba", "linear_attention": "mamba", "*": "atte
          "full_attention": "attention", "-": "mlp", "mlp": "mlp", "E": "moe", "moe": "moe"}
 
 
-def required(mt: str) -> tuple[str, ...]:
+def hybrid_required(mt: str) -> tuple[str, ...]:
     return REQUIRED["glm5_next" if mt.startswith("glm5_next") else mt]
 
 
-def counts(cfg: dict, Counts, KVGroup, StateGroup):
+def hybrid_counts(cfg: dict, Counts, KVGroup, StateGroup):
     """``family_shapes.Counts`` of a second-wave hybrid (the three classes are family_shapes')."""
     mt = str(cfg.get("model_type", ""))
     if mt == "nemotron_h":
@@ -103,6 +105,9 @@ def _kda_mla(cfg: dict, glm: bool, c, KVGroup, StateGroup):
     c.add(n_dense * 3 * H * cfg["intermediate_size"], 0, 3 * n_dense)
     E = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
     k = cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token")
+    if not E or not k:
+        raise CheckpointError(f"target config ({cfg.get('model_type')}) lacks its routed experts or experts per "
+                              "token (n_routed_experts, num_experts_per_tok); cannot plan")
     mi = cfg["moe_intermediate_size"]
     shared = int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * mi
     per = 3 * H * mi

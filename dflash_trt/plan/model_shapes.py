@@ -41,6 +41,12 @@ def read_config(path: Path, role: str = "target") -> dict:
         raise CheckpointError(f"{role} {path}: no config.json") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{f}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
+    return text_config(cfg)
+
+
+def text_config(cfg: dict) -> dict:
+    """The config the shapes are read from: a VLM's ``text_config`` (its model_type defaulted to
+    the outer one), else the config itself."""
     if "num_hidden_layers" in cfg or not isinstance(cfg.get("text_config"), dict):
         return cfg
     text = dict(cfg["text_config"])  # a VLM: the text model (its model_type may be only the outer one)
@@ -168,11 +174,13 @@ class TargetShape:
         mt = str(cfg.get("model_type", ""))
         wave2 = mt in SECOND_WAVE  # deepseek_v32/v4, glm_moe_dsa, mimo, laguna, muse_glimmer, gemma4_unified
         fields = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]
-        required = fields + list(sparse_shapes.required(mt)) if wave2 else required_target_fields(cfg)
+        required = fields + list(sparse_shapes.sparse_required(mt)) if wave2 else required_target_fields(cfg)
         missing = [f for f in required if cfg.get(f) is None]
         if missing:
             raise CheckpointError(f"target config lacks {missing[0]!r}; cannot plan")
-        c = sparse_shapes.counts(cfg) if wave2 else layer_counts(cfg)
+        c = sparse_shapes.sparse_counts(cfg) if wave2 else layer_counts(cfg)
+        if c is None:
+            raise CheckpointError(f"target model_type {mt!r}: no shape rules to plan it with")
         H, V, nh = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
         tied = bool(cfg.get("tie_word_embeddings", False))
         kv = c.kv[-1]  # the layers whose cache grows with the context
@@ -185,6 +193,16 @@ class TargetShape:
             experts_per_token=c.experts_per_token, expert_params=c.expert_params, shipped_bytes=shipped_bytes,
             shipped_precision=shipped_precision, kv_groups=c.kv, state_groups=c.states, vision_params=vision,
         )
+
+    @classmethod
+    def from_spec(cls, spec: ingest.TargetSpec, shipped_precision: str | None = None) -> TargetShape:
+        """Shape from a target ingest read (its config and headers, not read again); byte count
+        from the headers, else ``sizes.json`` beside a config-only directory."""
+        size = sum(t.nbytes for t in spec.weights.tensors.values()) if spec.weights.present else None
+        if size is None:
+            size = (read_sizes(spec.path) or {}).get("total_size")
+        return cls.from_config(text_config(spec.raw_config), shipped_bytes=size, shipped_precision=shipped_precision,
+                               vision=vision_params(spec.raw_config))
 
     @classmethod
     def from_dir(cls, path: Path, shipped_precision: str | None = None) -> TargetShape:
@@ -240,6 +258,12 @@ class DraftShape:
     def bytes(self) -> int:
         """The drafter stays BF16: its checkpoint's bytes when known, else 2 B per parameter."""
         return self.shipped_bytes or 2 * self.params
+
+    @classmethod
+    def from_spec(cls, spec: ingest.DrafterSpec) -> DraftShape:
+        """Shape from a drafter ingest read (any published format, in its z-lab form)."""
+        size = sum(t.nbytes for t in spec.weights.tensors.values()) if spec.weights.present else None
+        return cls.from_config(spec.config.to_zlab(), shipped_bytes=size or (read_sizes(spec.path) or {}).get("bytes"))
 
     @classmethod
     def from_dir(cls, path: Path, zlab: dict | None = None) -> DraftShape:

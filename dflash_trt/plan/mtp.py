@@ -29,9 +29,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from dflash_trt.plan.acceptance import fit_alpha
 from dflash_trt.plan.perf_model import Acceptance, StepModel
+
+Arm = Literal["dflash", "mtp", "autoregressive"]
 
 CONFIG_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 # (MTP τ, DFlash τ) pairs, same target and block: FACTS §14 (DFlash2 blog, Aug 2026)
@@ -41,7 +44,7 @@ PUBLISHED_DRAFT = 7          # the blog's block 8
 MAX_DRAFT = 7                # the longest MTP draft the arm considers
 
 
-def layers(cfg: dict) -> int:
+def mtp_layers(cfg: dict) -> int:
     """MTP layers the (text) config declares; 0: none."""
     for src in (cfg, cfg.get("text_config") or {}):
         for key in CONFIG_KEYS:
@@ -50,10 +53,10 @@ def layers(cfg: dict) -> int:
     return 0
 
 
-def layers_of(path: Path) -> int:
+def mtp_layers_of(path: Path) -> int:
     """MTP layers of the checkpoint or config directory ``path`` (0: none, or no readable config)."""
     try:
-        return layers(json.loads((Path(path) / "config.json").read_text()))
+        return mtp_layers(json.loads((Path(path) / "config.json").read_text()))
     except (OSError, ValueError):
         return 0
 
@@ -117,9 +120,9 @@ def plan_arm(m: StepModel, n_layers: int, dflash: Acceptance) -> MtpArm:
     return MtpArm(n_layers, best, acc.tau(best), acc.alpha)
 
 
-def winner(dflash: float, mtp: float | None) -> str:
+def arm_winner(dflash: float, mtp: float | None) -> Arm:
     """Which arm a predicted (or measured) speedup over autoregressive makes the fastest."""
-    arms = {"dflash": dflash, "autoregressive": 1.0}
+    arms: dict[Arm, float] = {"dflash": dflash, "autoregressive": 1.0}
     if mtp is not None:
         arms["mtp"] = mtp
     return max(arms, key=lambda a: arms[a])

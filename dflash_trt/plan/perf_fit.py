@@ -147,7 +147,7 @@ def _shapes(target: str, drafter: str) -> tuple[TargetShape, DraftShape]:
 
 def case_of(row: Row) -> Case:
     t, d = _shapes(row.target, row.drafter)
-    return Case(row, t, d, hardware.get(row.gpu), weight_bytes(t, row.precision))
+    return Case(row, t, d, hardware.get_gpu(row.gpu), weight_bytes(t, row.precision))
 
 
 def row_from_dict(r: dict) -> Row:
@@ -185,7 +185,7 @@ def _from_param(name: str, x: float) -> float:
 
 
 def pool_of(gpu: str) -> str:
-    return "cpu" if hardware.get(gpu).kind == "cpu" else "gpu"
+    return "cpu" if hardware.get_gpu(gpu).kind == "cpu" else "gpu"
 
 
 @dataclass
@@ -342,7 +342,7 @@ def trends(cases: list[Case], predicted: dict[str, dict[str, float]], flat: floa
             continue
         lo = min(members, key=lambda m: m.row.concurrency)
         hi = max(members, key=lambda m: m.row.concurrency)
-        measured = way(lo.row.speedup, hi.row.speedup)
+        measured = way(lo.row.speedup or 0.0, hi.row.speedup or 0.0)   # not None: grouped above
         model = way(predicted[lo.row.id]["speedup"], predicted[hi.row.id]["speedup"])
         out.append({"stack": key[0], "gpu": key[1], "target": key[2],
                     "concurrency": (lo.row.concurrency, hi.row.concurrency),

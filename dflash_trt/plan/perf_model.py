@@ -186,7 +186,7 @@ def data_dir() -> Path:
     return Path(str(resources.files("dflash_trt") / "assets" / "perf"))
 
 
-def shipped() -> Calibration:
+def shipped_calibration() -> Calibration:
     """The constants fitted on the published measurements (``bench/fit_perf_model.py`` writes them)."""
     f = data_dir() / CALIBRATION_FILE
     if not f.is_file():
@@ -254,7 +254,7 @@ class StepModel:
     def _weights_read(self, b: int, n: int) -> float:
         """Target weight bytes one forward over ``b x n`` tokens streams, per rank."""
         t = self.target
-        total = self.weights_bytes - 2 * t.embed_params + (2 * t.embed_params if not t.lm_head_params else 0)
+        total: float = self.weights_bytes - 2 * t.embed_params + (2 * t.embed_params if not t.lm_head_params else 0)
         total -= 2 * getattr(t, "vision_params", 0)    # a VLM's vision tower is never read in decode
         if t.experts:
             share = t.expert_params / max(1, t.linear_params)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args, overload
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
@@ -195,6 +196,11 @@ class Recipe(_Strict):
 
     source: Path | None = Field(None, exclude=True, description="Where the recipe was loaded from (not a YAML key).")
 
+    @overload
+    def resolve_path(self, p: str) -> Path: ...
+    @overload
+    def resolve_path(self, p: None) -> None: ...
+
     def resolve_path(self, p: str | None) -> Path | None:
         """A path in the recipe, relative to the recipe file."""
         if p is None:
@@ -218,7 +224,7 @@ def _bundled_dir() -> Path:
     return Path(str(resources.files("dflash_trt") / "recipes"))
 
 
-def bundled() -> dict[str, Path]:
+def bundled_recipes() -> dict[str, Path]:
     """Bundled recipe names -> files."""
     return {p.stem: p for p in sorted(_bundled_dir().glob("*.yaml"))}
 
@@ -277,7 +283,7 @@ def apply_overrides(data: dict, overrides: list[str] | None) -> dict:
 _UNION_TAG = re.compile(r"(constrained-)?(int|float|str|bool|dict|list)|[\w-]+\[.*\]")
 
 
-def _format_validation(err: ValidationError, where: str, fields: list[FieldValue] = ()) -> str:
+def _format_validation(err: ValidationError, where: str, fields: Sequence[FieldValue] = ()) -> str:
     first = err.errors()[0]
     # a union's member tags (``int``, ``constrained-int``, ``literal['auto']``) are not keys
     loc = tuple(str(x) for x in first["loc"] if not _UNION_TAG.fullmatch(str(x)))
@@ -298,8 +304,8 @@ def _overlaps(a: tuple[str, ...], b: list[str]) -> bool:
     return tuple(a[:n]) == tuple(b[:n])
 
 
-def from_dict(data: dict, where: str = "recipe", source: Path | None = None,
-              overrides: list[str] | None = None, fields: list[FieldValue] = ()) -> Recipe:
+def recipe_from_dict(data: dict, where: str = "recipe", source: Path | None = None,
+              overrides: list[str] | None = None, fields: Sequence[FieldValue] = ()) -> Recipe:
     """Validate ``data`` after setting ``fields`` (typed values), then ``overrides`` (``--set``)."""
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: expected a mapping of keys at the top level")
@@ -363,13 +369,14 @@ def _is_dir(value: str) -> bool:
         return False
 
 
-def load(name_or_path: str | Path, overrides: list[str] | None = None, fields: list[FieldValue] = ()) -> Recipe:
+def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None,
+                fields: Sequence[FieldValue] = ()) -> Recipe:
     """Load a bundled recipe by name, or a YAML file by path, then set ``fields`` and ``--set`` overrides."""
     path = Path(name_or_path)
-    if not path.is_file() and str(name_or_path) in bundled():  # names may contain dots (llama3.1-...)
-        path = bundled()[str(name_or_path)]
+    if not path.is_file() and str(name_or_path) in bundled_recipes():  # names may contain dots (llama3.1-...)
+        path = bundled_recipes()[str(name_or_path)]
     if not path.is_file():
-        names = ", ".join(bundled()) or "none"
+        names = ", ".join(bundled_recipes()) or "none"
         raise RecipeError(f"no recipe {str(name_or_path)!r}: not a file, nor a bundled recipe ({names})")
     try:
         data = yaml.safe_load(read_text(path, "recipe")) or {}
@@ -377,4 +384,4 @@ def load(name_or_path: str | Path, overrides: list[str] | None = None, fields: l
         mark = getattr(exc, "problem_mark", None)
         at = f" line {mark.line + 1}" if mark else ""
         raise RecipeError(f"{path}:{at} invalid YAML: {getattr(exc, 'problem', exc)}") from None
-    return from_dict(data, where=str(path), source=path.resolve(), overrides=overrides, fields=fields)
+    return recipe_from_dict(data, where=str(path), source=path.resolve(), overrides=overrides, fields=fields)

@@ -51,7 +51,7 @@ def _model_type(recipe) -> str | None:
     cfg, _ = published.read_any(path) if path is not None and path.is_dir() else (None, False)
     if cfg is None:
         return None
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    text: dict = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else {}
     return cfg.get("model_type") or text.get("model_type")
 
 

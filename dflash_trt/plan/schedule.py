@@ -67,7 +67,7 @@ class Run:
         return {"batch_from": self.first, "batch_to": self.last, "draft_len": self.draft_len}
 
 
-def runs(lengths: list[int]) -> list[Run]:
+def schedule_runs(lengths: list[int]) -> list[Run]:
     """``lengths[b - 1]`` is the draft length at batch ``b``; consecutive equal lengths merged."""
     out: list[Run] = []
     for b, n in enumerate(lengths, start=1):
@@ -78,7 +78,7 @@ def runs(lengths: list[int]) -> list[Run]:
     return out
 
 
-def check(schedule: dict[int, int], max_draft_len: int) -> dict[int, int]:
+def check_schedule(schedule: dict[int, int], max_draft_len: int) -> dict[int, int]:
     """TensorRT-LLM's rules (``DecodingBaseConfig.validate_draft_len_schedule_and_sort``); sorted."""
     if not schedule:
         raise RecipeError("speculative.draft_len_schedule is empty; give {batch size: draft length}")
@@ -117,7 +117,7 @@ def lengths(max_batch_size: int, max_draft_len: int, release: Release, *, schedu
     return [lookup(schedule, b, max_draft_len, release) for b in range(1, max_batch_size + 1)]
 
 
-def emit(plan_runs: list[Run], release: Release) -> dict[int, int]:
+def emit_schedule(plan_runs: list[Run], release: Release) -> dict[int, int]:
     """The ``draft_len_schedule`` that makes ``release`` draft ``plan_runs``."""
     if release.schedule_lookup == "lower_bound":
         return {r.first: r.draft_len for r in plan_runs}
@@ -132,7 +132,7 @@ def batch_grid(max_batch_size: int) -> list[int]:
     return [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size] + [max_batch_size]
 
 
-def choose(want: list[int], spec: SpeculativeSpec, max_len: int,
+def choose_schedule(want: list[int], spec: SpeculativeSpec, max_len: int,
            release: Release) -> tuple[str, int | None, dict | None, list[int]]:
     """The recipe's back-off (``speculative.schedule``) for the planned lengths ``want``
     (``want[b - 1]`` at batch ``b``, non-increasing): (schedule, max_concurrency,
@@ -156,12 +156,12 @@ def choose(want: list[int], spec: SpeculativeSpec, max_len: int,
         mode = "none"   # a max_concurrency >= max_batch_size never applies: not written
     if mode == "draft_len_schedule":
         if spec.draft_len_schedule:
-            sched = check(dict(spec.draft_len_schedule), max_len)
+            sched = check_schedule(dict(spec.draft_len_schedule), max_len)
             bad = rule.refusal(n_batch, max_len, schedule=sched)
             if bad:
                 raise RecipeError(f"speculative.{bad}")
         else:
-            sched = emit(runs(want), release)
+            sched = emit_schedule(schedule_runs(want), release)
         drafted = lengths(n_batch, max_len, release, schedule=sched)
         if not spec.draft_len_schedule and drafted != want:  # what we write must read back as planned
             raise AssertionError(f"draft_len_schedule {sched} does not read back as planned on {release.version}")

@@ -64,7 +64,7 @@ def from_lengths(lengths: list[int]) -> tuple[int, VllmSchedule]:
     top = max(lengths)
     if top <= 0:
         raise RecipeError("vLLM needs num_speculative_tokens > 0: this schedule never drafts")
-    return top, [[r.first, r.last, r.draft_len] for r in trt.runs(lengths)]
+    return top, [[r.first, r.last, r.draft_len] for r in trt.schedule_runs(lengths)]
 
 
 def trtllm_to_vllm(schedule: dict[int, int] | None, max_draft_len: int, release: Release,
@@ -87,5 +87,5 @@ def vllm_to_trtllm(entries: VllmSchedule, num_speculative_tokens: int, release: 
     if max(want) != want[0]:  # DecodingBaseConfig: the smallest key maps to max_draft_len, the most
         raise RecipeError("TensorRT-LLM drafts the most at the smallest batch size; this vLLM schedule drafts "
                           f"{max(want)} above batch 1's {want[0]}")
-    sched = trt.check(trt.emit(trt.runs(want), release), want[0])
+    sched = trt.check_schedule(trt.emit_schedule(trt.schedule_runs(want), release), want[0])
     return want[0], sched

@@ -251,7 +251,7 @@ def combined(model: StepModel, tables: Tables | None, refitted: bool = False) ->
     """``model`` with the target's forward from ``tables`` and the loop cost fitted beside them
     (:func:`loop`); ``model`` itself where the tables do not serve. ``refitted``: ``model``'s
     constants were refitted over the tables' target step (the user's ``--calibration``,
-    :func:`dflash_trt.plan.calibrate.from_files`) and stay as they are."""
+    :func:`dflash_trt.plan.calibrate.calibration_from_files`) and stay as they are."""
     fields = {f: getattr(model, f) for f in StepModel.__dataclass_fields__}
     if tables is None or tables.reason is not None or refitted:
         return SiliconStepModel(**fields, tables=tables, calibrated=model.k)

@@ -43,11 +43,11 @@ REQUIRED = {
 }
 
 
-def required(mt: str) -> tuple[str, ...]:
+def sparse_required(mt: str) -> tuple[str, ...]:
     return REQUIRED["dsa" if mt in DSA else "v4" if mt in V4 else "sliding"]
 
 
-def counts(cfg: dict) -> Counts:
+def sparse_counts(cfg: dict) -> Counts:
     mt = str(cfg.get("model_type", ""))
     if mt in DSA:
         return _dsa(cfg)
@@ -105,7 +105,7 @@ def _sliding(cfg: dict) -> Counts:
     hd, nkv = cfg["head_dim"], cfg["num_key_value_heads"]
     sl_kv = 2 * nkv if mt == "mimo_v2_flash" else nkv  # MiMo's sliding layers have twice the KV heads
     vd = cfg.get("v_head_dim") or hd
-    over = next(iter((cfg.get("per_layer_config") or {}).values()), {})  # a saved config's full-layer override
+    over: dict = next(iter((cfg.get("per_layer_config") or {}).values()), {})  # a saved config's full-layer override
     full_hd = (cfg.get("global_head_dim") or over.get("head_dim") or hd) if mt == "gemma4_unified" else hd
     full_kv = (cfg.get("num_global_key_value_heads") or over.get("num_key_value_heads") or nkv
                if mt == "gemma4_unified" else nkv)

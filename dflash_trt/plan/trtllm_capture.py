@@ -90,7 +90,7 @@ def capture(architecture: str | None) -> Capture | None:
     return _BY_ARCH.get(architecture or "")
 
 
-def missing(architecture: str | None, release: str) -> str | None:
+def capture_missing(architecture: str | None, release: str) -> str | None:
     """Why TensorRT-LLM ``release`` cannot capture this architecture's hidden states (the file that
     shows it), or None where it can or was not read (planning goes on; ``inspect`` says "not known")."""
     row = capture(architecture)
@@ -104,8 +104,8 @@ def missing(architecture: str | None, release: str) -> str | None:
     return None
 
 
-def supported(architecture: str | None, release: str = _NEWEST) -> bool | None:
+def capture_supported(architecture: str | None, release: str = _NEWEST) -> bool | None:
     """True: ``release`` captures; False: it does not; None: not read."""
     if capture(architecture) is None:
         return None
-    return missing(architecture, release) is None
+    return capture_missing(architecture, release) is None

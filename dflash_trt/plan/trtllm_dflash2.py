@@ -34,7 +34,7 @@ from __future__ import annotations
 from dflash_trt.errors import RecipeError
 from dflash_trt.model import DFlash2Family
 from dflash_trt.plan import trtllm_releases
-from dflash_trt.plan.trtllm_family import TrtllmRules, register
+from dflash_trt.plan.trtllm_family import TrtllmRules, register_trtllm_rules
 
 
 def serves(release: str) -> bool:
@@ -64,4 +64,4 @@ class DFlash2Rules(TrtllmRules):
                               "to choose between); the drafter needs selector_top_k >= 2")
 
 
-register(DFlash2Family, DFlash2Rules)
+register_trtllm_rules(DFlash2Family, DFlash2Rules)

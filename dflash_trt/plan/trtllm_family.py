@@ -52,7 +52,7 @@ class TrtllmRules:
 RULES: dict[type, type[TrtllmRules]] = {}
 
 
-def register(family: type[DrafterFamily], rules: type[TrtllmRules]) -> None:
+def register_trtllm_rules(family: type[DrafterFamily], rules: type[TrtllmRules]) -> None:
     """Serve ``family`` (and its subclasses without their own) under ``rules``."""
     RULES[family] = rules
 
@@ -72,4 +72,4 @@ def drafter_attention_backend(requested: str, cfg, sm: int, release: Release) ->
     return rules_for(family_of(cfg)).attention_backend(requested, cfg, sm, release)
 
 
-register(DrafterFamily, TrtllmRules)
+register_trtllm_rules(DrafterFamily, TrtllmRules)

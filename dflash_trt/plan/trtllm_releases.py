@@ -144,7 +144,7 @@ KNOWN: dict[str, Release] = {r.version: r for r in RELEASES}
 DEFAULT_RELEASE = RELEASES[-1].version   # the newest the project knows: a recipe's default
 
 
-def get(version: str) -> Release:
+def get_release(version: str) -> Release:
     """The release row, or a RecipeError listing the ones the project knows."""
     try:
         return KNOWN[str(version)]

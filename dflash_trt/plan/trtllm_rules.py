@@ -42,6 +42,7 @@ would reject raises a one-line ``RecipeError`` / ``HardwareError`` (exit 2). Sou
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from dflash_trt.errors import HardwareError, RecipeError
 from dflash_trt.plan.hardware import GPU
@@ -51,6 +52,17 @@ from dflash_trt.plan.trtllm_releases import Release, gpt_oss_moe_backend
 DEFAULT_RECOMPUTE_TAIL = 512   # prompt tokens recomputed on a prefix-cache hit when block reuse is on
 IGNORED_DRAFTER_KEYS = ("causal", "input_embedding_scale", "output_multiplier", "final_logit_softcapping")
 GiB = 1 << 30
+
+
+class Sized(Protocol):
+    """What the token budget reads of the plan's memory (``deployment.Memory``)."""
+
+    @property
+    def fits(self) -> bool: ...
+    @property
+    def total(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
 
 
 def fa4_head_dim(head_dim: int | None) -> bool:
@@ -146,7 +158,7 @@ def refuse_quantized_drafter(quant: dict | None, drafter: str = "the drafter") -
                           "--speculative-draft-model-quantization unquant; vLLM issue #51581); use its BF16 checkpoint")
 
 
-def token_budget(memory_at: Callable[[ServingSpec], object], serving: ServingSpec, max_draft_len: int,
+def token_budget(memory_at: Callable[[ServingSpec], Sized], serving: ServingSpec, max_draft_len: int,
                  gpu_name: str, warnings: list[str]) -> ServingSpec:
     """``serving`` with ``max_num_tokens`` raised to the DFlash token budget when memory allows
     (``memory_at(serving)`` is the plan's Memory); else a one-line refusal with the numbers."""

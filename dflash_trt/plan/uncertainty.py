@@ -48,7 +48,7 @@ def band_label(i: int) -> str:
 
 
 def gpu_class(gpu: str) -> str:
-    return hardware.get(gpu).arch
+    return hardware.get_gpu(gpu).arch
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def save(errors: list[RowError], path: Path, source: str) -> None:
     Path(path).write_text(json.dumps({"source": source, "rows": [asdict(e) for e in errors]}, indent=1) + "\n")
 
 
-def shipped() -> list[RowError]:
+def shipped_errors() -> list[RowError]:
     """The published rows' leave-one-out errors (``assets/perf/loo.json``; none when absent)."""
     from dflash_trt.plan.perf_model import data_dir
 

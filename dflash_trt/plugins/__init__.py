@@ -19,15 +19,13 @@ DFlash2's two additions need no custom op (standard ONNX ops express them, see e
 
 from __future__ import annotations
 
-from dflash_trt.plugins.attention import visibility as block_visibility
+from dflash_trt.plugins.attention import block_visibility
 from dflash_trt.plugins.dispatch import KERNELS, block_attention, fused_kv_weights, kv_injection
 from dflash_trt.plugins.dynamic_conv import grouped_dynamic_conv
 from dflash_trt.plugins.injection import fused_kv
 from dflash_trt.plugins.paged_cache import PagedKVCache
 from dflash_trt.plugins.primitives import apply_rope, rms_norm, rotate_half
-from dflash_trt.plugins.selector import walk as selector_walk
-from dflash_trt.plugins.selector import walk_graph as selector_walk_graph
-from dflash_trt.plugins.selector import walk_greedy as selector_walk_greedy
+from dflash_trt.plugins.selector import selector_walk, selector_walk_graph, selector_walk_greedy
 
 # Public modules (imported where used: they register ops or need optional packages):
 # ``torch_ops`` (torch.library ops), ``onnx_ops`` (ONNX schemas and onnxruntime ops),

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 
-def visibility(lengths: torch.Tensor, max_len: int, B: int, causal: bool, window: int | None) -> torch.Tensor:
+def block_visibility(lengths: torch.Tensor, max_len: int, B: int, causal: bool, window: int | None) -> torch.Tensor:
     """Boolean [b, B, max_len + B]: which keys each block query may see."""
     dev = lengths.device
     t = torch.arange(B, device=dev)
@@ -56,7 +56,7 @@ def block_attention_reference(q, k, v, k_cache, v_cache, page_table, lengths, *,
     # [b, kvh, K, d]
     keys = torch.cat([gather_pages(k_cache, page_table, max_len).to(k.dtype), k], dim=1).transpose(1, 2)
     vals = torch.cat([gather_pages(v_cache, page_table, max_len).to(v.dtype), v], dim=1).transpose(1, 2)
-    mask = visibility(lengths, max_len, B, causal, window)
+    mask = block_visibility(lengths, max_len, B, causal, window)
     # enable_gqa: query head h reads kv head h // (heads // kv_heads) without copying the keys and
     # values once per query head (the copy was most of the round at long context: 2.5 s -> 0.96 s
     # at b 4, 8k context, 32/8 heads on one CPU thread).

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 
-def walk(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
+def selector_walk(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
          successor: torch.Tensor, anchor: torch.Tensor, temperature: float = 0.0,
          uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The selector's walk.
@@ -51,7 +51,7 @@ def walk(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, pr
     return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
 
 
-def walk_graph(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
+def selector_walk_graph(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
                successor: torch.Tensor, anchor: torch.Tensor, temperature: torch.Tensor,
                uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`walk` with the temperature a tensor [1] (0: greedy) and no Python branch on it, so
@@ -79,7 +79,7 @@ def walk_graph(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tens
     return candidates.gather(2, index[:, :, None])[:, :, 0], torch.cat(qs, dim=1)
 
 
-def walk_greedy(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
+def selector_walk_greedy(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
                 successor: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
     """:func:`walk`'s tokens at temperature 0 [b, K], from every transition's score at once.
 

@@ -12,8 +12,7 @@ from dflash_trt.runtime.decoder import STATIC_ROPE, plain_decoder
 from dflash_trt.runtime.dequantize import dequantize_state
 from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
 from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
-from dflash_trt.runtime.proposer import Proposer, SelectorProposer, proposer_for
-from dflash_trt.runtime.proposer import register as register_proposer
+from dflash_trt.runtime.proposer import Proposer, SelectorProposer, proposer_for, register_proposer
 from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample
 from dflash_trt.runtime.scheduler import Scheduler, Step, draft_len_for_batch_size
 from dflash_trt.runtime.spec import BACKENDS, RunSpec, resolve_run

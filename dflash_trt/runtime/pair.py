@@ -113,17 +113,16 @@ def load_pair(target: str | Path, drafter: str | Path | None, spec: RunSpec | No
                           "pass a bundle built with --graphs")
     tdir = ingest.resolve(str(target), role="target")
     ddir = ingest.resolve(str(drafter), role="drafter") if drafter is not None else None
-    # Configs + safetensors headers only: a mismatched or corrupt pair fails here, before any load.
-    if ddir is not None:
-        ingest.validate_pair(tdir, ddir)
-    else:
+    # Configs + safetensors headers only, read once: a mismatched or corrupt pair fails here, before any load.
+    read = ingest.read_pair(tdir, ddir) if ddir is not None else None
+    if read is None:
         ingest.read_target(tdir)
     torch_dtype = parse_dtype(dtype, device)
     model = load_target(tdir, dtype=torch_dtype, device=device)
     tokenizer = load_tokenizer(tdir)
     d = None
-    if ddir is not None:
-        d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
+    if ddir is not None and read is not None:
+        d = ingest.load_drafter(read.drafter, dtype=torch_dtype).to(device)
         ingest.check_pair_runtime(model, d, where=str(ddir))
     layer_ids = d.cfg.target_layer_ids if d is not None else None
     return Pair(Target(model, layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=tdir.name, spec=spec)
@@ -176,12 +175,13 @@ def _load_bundle(bundle, spec: RunSpec, dtype: str, device: str) -> Pair:
         model, d = _graph_shell(tdir, ddir)
     else:
         torch_dtype = parse_dtype(dtype, device)
+        drafter: Path | ingest.DrafterSpec = ddir
         if not ref.dequantize:
-            ingest.validate_pair(tdir, ddir)
+            drafter = ingest.read_pair(tdir, ddir).drafter
             model = load_target(tdir, dtype=torch_dtype, device=device)
         else:
             model = _load_dequantized(tdir, torch_dtype, device)
-        d = ingest.load_drafter(ddir, dtype=torch_dtype).to(device)
+        d = ingest.load_drafter(drafter, dtype=torch_dtype).to(device)
         ingest.check_pair_runtime(model, d, where=str(ddir))
     tokenizer = load_tokenizer(tdir)
     max_batch_size, schedule = serving_plan(bundle.trtllm_config)
@@ -198,11 +198,10 @@ def _graph_shell(tdir: Path, ddir: Path):
 
     from dflash_trt.model import drafter_for
 
-    ingest.validate_pair(tdir, ddir)                  # configs + safetensors headers only
+    spec = ingest.read_pair(tdir, ddir).drafter       # configs + safetensors headers only
     cfg = AutoConfig.from_pretrained(str(tdir), trust_remote_code=False)
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
-    spec = ingest.read_drafter(ddir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False).eval()
         drafter = drafter_for(spec.config)(spec.config).eval()

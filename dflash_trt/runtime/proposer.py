@@ -175,7 +175,7 @@ def walk_groups(params: list[SamplingParams], keys: list) -> list[tuple[list[int
 PROPOSERS: dict[type, type[Proposer]] = {}
 
 
-def register(family: type[DrafterFamily], proposer: type[Proposer]) -> None:
+def register_proposer(family: type[DrafterFamily], proposer: type[Proposer]) -> None:
     """Draft ``family``'s blocks (and its subclasses' without their own) with ``proposer``."""
     PROPOSERS[family] = proposer
 
@@ -198,5 +198,5 @@ def graph_proposer(kind: str | None, input_names: list[str]) -> Proposer:
     return max(fits, key=lambda p: len(p.graph_inputs))()
 
 
-register(DrafterFamily, Proposer)
-register(DFlash2Family, SelectorProposer)
+register_proposer(DrafterFamily, Proposer)
+register_proposer(DFlash2Family, SelectorProposer)

@@ -13,63 +13,49 @@ ranks on this machine, each running :func:`_worker`, and returns rank 0's result
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import inspect
 import os
 import socket
 import sys
-import typing
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import typer
+
+try:  # typer >= 0.29 vendors click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click import exceptions as click_exc  # type: ignore[no-redef]
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.train.loop import preflight, train_drafter
+from dflash_trt.train.options import parameters, settings_from
 from dflash_trt.train.settings import Progress, Result, TrainSettings
 
-SHORT = {"target": "-t", "out": "-o", "block_size": "-b"}
+
+def command() -> Any:
+    """``python -m dflash_trt.train``'s command: the options ``train-drafter`` takes (``options``)."""
+    def rank(**params: Any) -> TrainSettings:
+        return settings_from(params.pop("ctx"), params)
+
+    rank.__signature__ = inspect.Signature(parameters())  # type: ignore[attr-defined]
+    app = typer.Typer(add_completion=False)
+    app.command(help="Train a DFlash drafter in each rank torchrun starts; the options are those of "
+                     "`dflash-trt train-drafter` (but --nproc: torchrun starts the ranks).")(rank)
+    return typer.main.get_command(app)
 
 
-def _int_list(value: str) -> list[int]:
+def settings_from_argv(argv: list[str]) -> TrainSettings | int:
+    """The settings ``argv`` gives, or the exit code of a ``--help`` or a usage error (said on stderr)."""
     try:
-        ids = [int(x) for x in value.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected integers like 1,3,5") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("give at least one integer")
-    return ids
-
-
-def _unwrap_optional(tp) -> tuple[object, bool]:
-    """(the type, whether None is allowed) of ``X``, ``X | None`` or ``Optional[X]``."""
-    args = typing.get_args(tp)
-    if type(None) in args and len(args) == 2:
-        return next(a for a in args if a is not type(None)), True
-    return tp, False
-
-
-def parser() -> argparse.ArgumentParser:
-    """Flags from the fields of TrainSettings (their annotations give the types)."""
-    p = argparse.ArgumentParser(prog="python -m dflash_trt.train",
-                                description="Train a DFlash drafter in each rank torchrun starts; the flags "
-                                            "are those of `dflash-trt train-drafter` (see its --help).")
-    hints = typing.get_type_hints(TrainSettings)  # real types, whatever spelling the annotations use
-    for f in dataclasses.fields(TrainSettings):
-        names = [f"--{f.name.replace('_', '-')}"] + ([SHORT[f.name]] if f.name in SHORT else [])
-        required = f.default is dataclasses.MISSING
-        kind, optional = _unwrap_optional(hints[f.name])
-        if kind is bool:
-            action = argparse.BooleanOptionalAction if optional else "store_true"
-            p.add_argument(*names, dest=f.name, action=action, default=None if optional else False)
-        else:
-            conv = {int: int, float: float, list[int]: _int_list}.get(kind, str)
-            p.add_argument(*names, dest=f.name, type=conv, required=required,
-                           default=None if required else f.default, metavar=f.name.upper())
-    return p
-
-
-def settings_from_argv(argv: list[str]) -> TrainSettings:
-    return TrainSettings(**vars(parser().parse_args(argv)))
+        got = command().main(args=argv, prog_name="python -m dflash_trt.train", standalone_mode=False)
+    except click_exc.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    return got if isinstance(got, TrainSettings) else int(got or 0)
 
 
 def line_progress(write: Callable[[str], None] | None = None) -> Progress:
@@ -94,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     """One rank of ``torchrun ... -m dflash_trt.train``: train, print rank 0's summary line."""
     rank = int(os.environ.get("RANK", "0"))
     try:
-        result = train_drafter(settings_from_argv(sys.argv[1:] if argv is None else argv),
-                               line_progress() if rank == 0 else Progress())
+        settings = settings_from_argv(sys.argv[1:] if argv is None else argv)
+        if not isinstance(settings, TrainSettings):
+            return settings
+        result = train_drafter(settings, line_progress() if rank == 0 else Progress())
     except DFlashError as exc:
         where = "" if rank == 0 else f" (rank {rank})"
         print(f"dflash_trt.train: error{where}: {exc}", file=sys.stderr)

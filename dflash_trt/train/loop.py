@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import DRAFTER_FAMILIES, Drafter, Target, family_of
+from dflash_trt.model import Drafter, Target, family_of
 from dflash_trt.train import data as train_data
 from dflash_trt.train import dist, objective, regen
 from dflash_trt.train import features as train_features
@@ -56,15 +56,7 @@ from dflash_trt.train.settings import (
     Result,
     TrainSettings,
 )
-
-
-def pick_mask_token(tokenizer, vocab_rows: int) -> int:
-    mid = getattr(tokenizer, "mask_token_id", None)
-    if mid is not None and mid < vocab_rows:
-        return int(mid)
-    if vocab_rows > len(tokenizer):
-        return len(tokenizer)          # first embedding row no token uses (Qwen3 pads its vocab)
-    raise DFlashError("the tokenizer has no mask token and the embedding no spare row: pass --mask-token-id")
+from dflash_trt.train.setup import drafter_setup, frozen_target, optimizer
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -171,8 +163,8 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
         """Every rank checks OUT, the numbers, the target and the data before rank 0 writes."""
         s = _prepare(settings, out, work)
         _check_numbers(s, ranks.world)
-        model, tokenizer, stops = _frozen_target(s, ranks.device)
-        cfg = _drafter_config(s, model, tokenizer)
+        model, tokenizer, stops = frozen_target(s, ranks.device)
+        cfg = drafter_setup(s, model, tokenizer)
         data = None if regen.cached_set(s, work) else train_data.read_data(s.data)   # bad --data fails first
         held = None if s.eval_data is None else train_data.read_data(s.eval_data, flag="--eval-data")
         return s, model, tokenizer, stops, cfg, data, held
@@ -180,7 +172,7 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
     s, model, tokenizer, stops, cfg, data, held = ranks.together(setup)
     work.mkdir(parents=True, exist_ok=True)
     if ranks.main and not s.resume:
-        write_json(work / "settings.json", asdict(s))
+        write_json(work / "settings.json", s.model_dump())
     target = Target(model, cfg.target_layer_ids)
     regen_set, regen_meta = regen.training_set(s, work, data, tokenizer, target, stops, ranks, progress)
     if held is not None:   # held-out τ on prompts from other files (the windows held back from --data go unused)
@@ -199,7 +191,7 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
     progress.log(f"weights per rank: target {dist.local_bytes(model) / mb:.1f} MB ({dtype}), "
                  f"drafter with AdamW {4 * dist.local_bytes(drafter) / mb:.1f} MB ({ranks.parallel})")
     run = _Run(s, out, work, target, regen_set, regen_meta, stops, progress, ranks, features, drafter, module)
-    return _optimise(run, _optimizer(drafter, s))
+    return _optimise(run, optimizer(drafter, s))
 
 
 class DraftStep(nn.Module):
@@ -260,85 +252,6 @@ class _Run:
                 "eval_data": s.eval_data or "windows held back from data",
                 "regeneration": self.regen_meta.get("regeneration", {"sources": ["unknown (an older run)"]}),
                 "features": "online" if s.feature_cache is None else f"cached in {s.feature_cache}"}
-
-
-TARGET_DTYPES = ("auto", "bfloat16", "float16", "float32")
-
-
-def target_dtype(s: TrainSettings, tdir) -> torch.dtype:
-    """``--target-dtype``: auto = the precision the target ships in (its config's dtype), bfloat16
-    when it names none."""
-    if s.target_dtype not in TARGET_DTYPES:
-        raise DFlashError(f"--target-dtype {s.target_dtype!r}: choose one of {', '.join(TARGET_DTYPES)}")
-    if s.target_dtype != "auto":
-        return getattr(torch, s.target_dtype)
-    cfg = json.loads((Path(tdir) / "config.json").read_text())
-    shipped = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
-    return getattr(torch, shipped) if shipped in TARGET_DTYPES[1:] else torch.bfloat16
-
-
-def _frozen_target(s: TrainSettings, device: torch.device):
-    """(target model in its --target-dtype without gradients, its tokenizer, its stop token ids)."""
-    from dflash_trt import ingest
-    from dflash_trt.model import load_target
-    from dflash_trt.runtime import load_tokenizer, stop_ids
-
-    tdir = ingest.resolve(s.target, role="target")
-    model = load_target(tdir, dtype=target_dtype(s, tdir), device=str(device))
-    for p in model.parameters():
-        p.requires_grad_(False)
-    tokenizer = load_tokenizer(tdir)
-    return model, tokenizer, stop_ids(model, tokenizer)
-
-
-def _drafter_config(s: TrainSettings, model, tokenizer):
-    """The drafter's config for this target; fills the shape fields of ``s`` with what was chosen."""
-    B = s.block_size or 8
-    if B < 2:
-        raise DFlashError("--block-size must be >= 2 (the anchor and at least one draft position)")
-    mask_id = s.mask_token_id if s.mask_token_id is not None else pick_mask_token(
-        tokenizer, model.get_input_embeddings().weight.shape[0])
-    family, sizes = _family_sizes(s)
-    cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
-                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, family=family,
-                                       sizes=sizes)
-    s.block_size, s.layers = B, cfg.num_hidden_layers
-    s.target_layer_ids, s.mask_token_id = cfg.target_layer_ids, mask_id
-    s.arch = family
-    for name, value in sizes.items():
-        if hasattr(s, name):
-            setattr(s, name, value)
-    return cfg
-
-
-def _family_sizes(s: TrainSettings) -> tuple[str, dict]:
-    """(the ``--arch`` family, its sizes: unset ones from its objective's defaults); sizes of another
-    family are refused in one line naming the ``--arch`` they need."""
-    arch = s.arch or "dflash"
-    if arch not in DRAFTER_FAMILIES:
-        raise DFlashError(f"--arch {arch!r}: choose one of {', '.join(DRAFTER_FAMILIES)}")
-    family = DRAFTER_FAMILIES[arch]
-    for other in DRAFTER_FAMILIES.values():
-        stray = [k for k in other.fields if k not in family.fields and getattr(s, k, None) is not None]
-        if stray:
-            flags = ", ".join(f"--{k.replace('_', '-')}" for k in stray)
-            raise DFlashError(f"{flags} size a {other.display} drafter: add --arch {other.name}")
-    defaults = objective.objective_for(family).defaults
-    sizes = {k: getattr(s, k, None) if getattr(s, k, None) is not None else defaults.get(k) for k in family.fields}
-    bad = [k for k, v in sizes.items() if v is None or v < 1]
-    if bad:
-        raise DFlashError(f"--{bad[0].replace('_', '-')} must be >= 1")
-    return arch, sizes
-
-
-def _optimizer(drafter: Drafter, s: TrainSettings) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices only (not norms and biases)."""
-    # Matrices decay (linear weights, DFlash2's codebooks); norms, biases and DFlash2's base
-    # convolution kernels [2, K, H] (identity at init, not a weight to pull to zero) do not.
-    decay = [p for n, p in drafter.named_parameters() if p.dim() == 2]
-    rest = [p for n, p in drafter.named_parameters() if p.dim() != 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                              {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
 
 
 def _optimise(run: _Run, opt: torch.optim.Optimizer) -> Result:

@@ -128,7 +128,7 @@ def init_drafter(cfg: DrafterConfig, seed: int = 0) -> Drafter:
 # ---------------------------------------------------------------------------------------
 
 
-def block_visibility(anchors: torch.Tensor, T: int, B: int, *, causal: bool = False,
+def training_visibility(anchors: torch.Tensor, T: int, B: int, *, causal: bool = False,
                      window: int | None = None) -> torch.Tensor:
     """Boolean [b, K*B, T + K*B]: which keys each block query sees.
 
@@ -179,7 +179,7 @@ def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: t
         each block sees only context before its anchor and itself (``block_visibility``)."""
         key = (cfg.layer_causal(i), cfg.layer_window(i))
         if key not in masks:
-            masks[key] = block_visibility(anchors, T, B, causal=key[0], window=key[1])[:, None]
+            masks[key] = training_visibility(anchors, T, B, causal=key[0], window=key[1])[:, None]
         attn = drafter.layers[i].self_attn
         kc = plugins.apply_rope(attn.k_norm(attn.k_proj(ctx).view(b, T, kvh, hd)), cos_c, sin_c)
         vc = attn.v_proj(ctx).view(b, T, kvh, hd)

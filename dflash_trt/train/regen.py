@@ -22,7 +22,6 @@ still read.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -229,7 +228,7 @@ def cached_set(s: TrainSettings, work: Path) -> dict | None:
     if set_path(work) is None or not mpath.exists():
         return None
     saved = json.loads(mpath.read_text())
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainSettings)}
+    defaults = {name: f.default for name, f in TrainSettings.model_fields.items()}
     made_with = {k: (saved.get("settings") or {}).get(k, defaults.get(k)) for k in DATA_FIELDS}  # older runs
     return saved if made_with == {k: getattr(s, k) for k in DATA_FIELDS} else None
 

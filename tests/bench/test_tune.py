@@ -16,7 +16,7 @@ import yaml
 from dflash_trt import ingest
 from dflash_trt.bench import tune as T
 from dflash_trt.cli import run
-from dflash_trt.deploy import check_bundle
+from dflash_trt.deploy import check_trtllm_bundle
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, cap
     plan = json.loads((bundle / "manifest.json").read_text())["plan"]
     assert {int(k): v for k, v in plan["draft_len_schedule"].items()} == sched
     assert plan["max_draft_len"] == spec["max_draft_len"] and plan["tuned"]["winners"] == r["winners"]
-    check_bundle(bundle)   # still a bundle TensorRT-LLM's schema accepts
+    check_trtllm_bundle(bundle)   # still a bundle TensorRT-LLM's schema accepts
     assert ingest.check_files(ingest.open_bundle(bundle)) == []   # and every file as the manifest records
 
 
@@ -168,10 +168,11 @@ def test_tune_endpoint_records_which_arm_won(bundle, capsys):
                     "--concurrency", "1", "--max-tokens", "4", "--requests", "2", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["arms_written"] and [a["concurrency"] for a in r["arms"]] == [1]
-    arms = ingest.open_bundle(bundle).manifest.plan["arms"]
-    assert arms["measured"] == r["arms"] and arms["measured"][0]["leader"] in ("dflash", "mtp", "autoregressive")
-    assert arms["measured"][0]["winner"] in ("dflash", "mtp", "autoregressive", "indistinguishable")
-    check_bundle(bundle)
+    arms = ingest.open_bundle(bundle).manifest.plan.arms
+    assert [a.model_dump() for a in arms.measured] == r["arms"]
+    assert arms.measured[0].leader in ("dflash", "mtp", "autoregressive")
+    assert arms.measured[0].winner in ("dflash", "mtp", "autoregressive", "indistinguishable")
+    check_trtllm_bundle(bundle)
 
 
 # ---- issue 39: tune is an exclusive, crash-safe writer ----------------------------------------------------

@@ -247,16 +247,22 @@ def test_a_near_tie_is_numerics_a_clear_margin_a_bug():
 
 
 def test_schedule_and_memory_rules():
+    from dflash_trt import deploy
+    from dflash_trt import plan as P
     from dflash_trt.bench.verify_server import Window
 
-    plan = {"max_draft_len": 7, "draft_lengths": [{"batch_from": 1, "batch_to": 2, "draft_len": 7},
-                                                  {"batch_from": 3, "batch_to": 4, "draft_len": 3}]}
+    tiny = deploy.plan_resolved(deploy.resolve_recipe(P.load_recipe("tiny", [])))   # a real plan, its rows then set
+    runs = [ingest.DraftRun(batch_from=a, batch_to=b, draft_len=n) for a, b, n in ((1, 2, 7), (3, 4, 3))]
+    plan = tiny.model_copy(update={"max_draft_len": 7, "draft_lengths": runs})
     ok = Window("trtllm", draft_rounds={(1, 7): 5, (4, 3): 2})
-    assert V.check_schedule([{"concurrency": 4}], [ok], plan)["status"] == "pass"
-    bad = V.check_schedule([{"concurrency": 4}], [Window("trtllm", draft_rounds={(4, 7): 2})], plan)
+    assert V.check_served_schedule([{"concurrency": 4}], [ok], plan)["status"] == "pass"
+    bad = V.check_served_schedule([{"concurrency": 4}], [Window("trtllm", draft_rounds={(4, 7): 2})], plan)
     assert bad["status"] == "fail" and "drafts 7 tokens with 4 live rows; the plan says 3" in bad["summary"]
-    assert V.check_schedule([{"concurrency": 1}], [Window()], plan)["status"] == "not measured"
-    mem = {"memory": {"total": 30 << 30, "kv_cache": 10 << 30, "capacity": 80 << 30}}
+    assert V.check_served_schedule([{"concurrency": 1}], [Window()], plan)["status"] == "not measured"
+    mem = tiny.model_copy(update={"memory": ingest.PlanMemory(weights=20 << 30, drafter=0, drafter_arena=0,
+                                                              kv_cache=10 << 30, activations=0, reserve=0,
+                                                              capacity=80 << 30, total=30 << 30, fits=True,
+                                                              missing=0)})
     cfg = {"kv_cache_config": {"free_gpu_memory_fraction": 0.5}}
     # rest 20 GiB + a pool of half of the 60 GiB free = 50 GiB expected
     assert V.check_memory(Window(gpu_memory=52 << 30), mem, cfg)["status"] == "pass"

@@ -44,7 +44,7 @@ class StandIn:
         from dflash_trt.ingest import open_bundle
 
         self.pair = load_bundle(bundle, dtype="float32")
-        planned = open_bundle(bundle).manifest.plan["memory"]["total"]   # default: what the plan says it uses
+        planned = open_bundle(bundle).manifest.plan.memory.total   # default: what the plan says it uses
         self.speculative, self.argmax, self.gpu_memory, self.name = speculative, argmax, gpu_memory or planned, name
         self.stats_dir = accept_stats_dir
         self.max_draft_len = self.pair.drafter.cfg.block_size - 1

@@ -57,7 +57,7 @@ def test_an_fp32_drafter_is_written_bf16_sorted_with_block_size_in_both_places(t
     src = tmp_path / "src"
     tiny_drafter(model, target_layer_ids=[2, 0, 1], block_size=8).save(src)
     assert json.loads((src / "config.json").read_text())["dtype"] == "float32"
-    info = bundle_drafter.write_drafter(src, tmp_path / "out")
+    info = bundle_drafter.write_bundle_drafter(ingest.read_drafter(src), tmp_path / "out")
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["dtype"] == "bfloat16" and cfg["block_size"] == 8 and cfg["dflash_config"]["block_size"] == 8
     assert cfg["dflash_config"]["target_layer_ids"] == [0, 1, 2]

@@ -67,7 +67,7 @@ def _gemma4(r):
 
 def _kimi(r):
     # Kimi-K2.6 keeps K2.5's DeepSeek-V3 (MLA) layout: the stand-in is K2.5's config
-    k25 = R.load("kimi-k2.5-8xh200-int4")
+    k25 = R.load_recipe("kimi-k2.5-8xh200-int4")
     target = {k: v for k, v in _config(k25, "target").items() if k != "quantization_config"}
     text = {k: v for k, v in target.get("text_config", {}).items() if k != "quantization_config"}
     drafter = {**_config(r, "drafter"), "intermediate_size": 18432, "block_size": 8}
@@ -79,7 +79,7 @@ CASES = {"qwen3.5-27b-h200-fp8": _qwen35, "gemma-4-26b-a4b-b200-nvfp4": _gemma4,
 
 def _hub_only(name: str):
     """The bundled recipe (its shipped configs lack fields: planning must read the cache)."""
-    r = R.load(name)
+    r = R.load_recipe(name)
     assert published.lacking(r, "target") or published.lacking(r, "drafter"), f"{name} plans offline already"
     return r
 
@@ -98,10 +98,10 @@ def test_a_hub_only_recipe_plans_from_the_local_cache(name, offline_cache):
     tfiles, dfiles = CASES[name](r)
     tsnap = _snapshot(offline_cache, r.target.id, r.target.revision, tfiles)
     dsnap = _snapshot(offline_cache, r.drafter.id, r.drafter.revision, dfiles)
-    res = pipeline.resolve(_short(r))
+    res = pipeline.resolve_recipe(_short(r))
     assert any(ref.revision and len(ref.revision) == 8 for ref in (r.target, r.drafter))
     assert res.target_dir == tsnap and res.drafter_dir == dsnap   # short prefixes found their snapshots
-    p = pipeline.make_plan(res)
+    p = pipeline.plan_resolved(res)
     assert 1 <= p.max_draft_len < p.block_size
 
 
@@ -109,7 +109,7 @@ def test_a_hub_only_recipe_plans_from_the_local_cache(name, offline_cache):
 def test_offline_with_nothing_cached_refuses_in_one_line(name, offline_cache):
     r = _hub_only(name)
     with pytest.raises(RecipeError) as exc:
-        pipeline.resolve(r)
+        pipeline.resolve_recipe(r)
     msg = str(exc.value)
     assert "\n" not in msg and "--target DIR --drafter DIR" in msg
     for role in ("target", "drafter"):   # every model whose configs lack fields: its fields, its fetch
@@ -131,15 +131,15 @@ def test_a_speculators_drafter_from_the_cache_gets_zlab_ids_in_the_trtllm_config
                "transformer_layer_config": layer, "aux_hidden_state_layer_ids": [2, 10, 19, 28, 35],
                "mask_token_id": 151669, "draft_vocab_size": 151936}
     _snapshot(offline_cache, r.drafter.id, r.drafter.revision, {"config.json": drafter})
-    res = pipeline.resolve(r)
+    res = pipeline.resolve_recipe(r)
     assert list(res.drafter.target_layer_ids) == [1, 9, 18, 27, 34]
     assert all(not res.drafter_config.layer_causal(i) for i in range(5))
-    spec = trtllm_config.config(r, pipeline.make_plan(res), res.drafter).speculative_config
+    spec = trtllm_config.config(r, pipeline.plan_resolved(res), res.drafter).speculative_config
     assert spec.target_layer_ids == [1, 9, 18, 27, 34]
 
 
 def test_a_complete_recipe_still_plans_from_its_shipped_configs(offline_cache):
-    res = pipeline.resolve(R.load("qwen3.5-4b-h100-bf16"))
+    res = pipeline.resolve_recipe(R.load_recipe("qwen3.5-4b-h100-bf16"))
     assert "configs" in str(res.target_dir) and not any(offline_cache.iterdir())
 
 
@@ -162,7 +162,7 @@ def test_the_build_reads_the_same_cached_snapshot_without_weights_offline(offlin
     tfiles, dfiles = _gemma4(r)
     _snapshot(offline_cache, r.target.id, r.target.revision, tfiles)
     _snapshot(offline_cache, r.drafter.id, r.drafter.revision, dfiles)
-    res = pipeline.resolve(r)
+    res = pipeline.resolve_recipe(r)
     assert res.precision == "nvfp4"
     with pytest.raises(DFlashError):
-        pipeline.resolve(r, weights=True)
+        pipeline.resolve_recipe(r, weights=True)

@@ -60,10 +60,10 @@ def test_bundle_layout_manifest_and_config(bundles, pair, prec):
     assert set(m["inputs"]["drafter"]["sha256"]) >= {"config.json", "model.safetensors"}
     assert m["tools"]["torch"] and m["tools"]["transformers"] and m["plan"]["tp"] == 1
     assert set(m["timings"]) >= {"plan", "target", "drafter", "total"}
-    cfg = trtllm.load(b)  # passes the schema
+    cfg = trtllm.load_trtllm_config(b)  # passes the schema
     assert cfg.speculative_config.speculative_model == "./drafter" and cfg.max_seq_len == 256
     assert cfg.speculative_config.max_draft_len <= 7
-    check = pipeline.check_bundle(b)
+    check = pipeline.check_trtllm_bundle(b)
     assert check["precision"] == prec
     assert not list(b.parent.glob(".*partial*"))
 
@@ -184,8 +184,8 @@ def test_flags_override_the_recipe(pair, tmp_path):
     out = tmp_path / "o"
     assert run(["build", str(f), "--gpu", "b200", "--dry-run", "--json", "-o", str(out)]) == 0
     assert not out.exists()
-    r = R.load(f, ["gpu.name=b200"])
-    assert pipeline.make_plan(pipeline.resolve(r)).attention_backend == "TRTLLM"
+    r = R.load_recipe(f, ["gpu.name=b200"])
+    assert pipeline.plan_resolved(pipeline.resolve_recipe(r)).attention_backend == "TRTLLM"
 
 
 def test_calibration_file_is_relative_to_the_recipe(pair, tmp_path):
@@ -211,7 +211,7 @@ def test_existing_output_needs_force(bundles, pair, capsys):
     assert run(argv) == 2 and "--force" in capsys.readouterr().err
     before = json.loads((bundles["bf16"] / "manifest.json").read_text())["created"]
     assert run(argv + ["--force"]) == 0
-    assert pipeline.check_bundle(bundles["bf16"])["precision"] == "bf16"
+    assert pipeline.check_trtllm_bundle(bundles["bf16"])["precision"] == "bf16"
     assert json.loads((bundles["bf16"] / "manifest.json").read_text())["created"] >= before
 
 
@@ -267,8 +267,8 @@ def test_plan_command_json_and_table(capsys):
 def test_build_without_arguments_uses_the_tiny_recipe(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run(["build"]) == 0
-    report = pipeline.check_bundle(tmp_path / "dflash-out" / "tiny")
-    assert report["precision"] == R.load("tiny").precision.weights
+    report = pipeline.check_trtllm_bundle(tmp_path / "dflash-out" / "tiny")
+    assert report["precision"] == R.load_recipe("tiny").precision.weights
 
 
 def test_serve_reads_what_build_writes(bundles, tmp_path, capsys):

@@ -24,7 +24,7 @@ B200_ROW = "NVIDIA B200, 10.0, 183359"
 
 
 def _config():
-    return trtllm.validate({"max_batch_size": 8, "max_num_tokens": 512, "max_seq_len": 1024,
+    return trtllm.validate_trtllm_config({"max_batch_size": 8, "max_num_tokens": 512, "max_seq_len": 1024,
                             "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7,
                                                    "speculative_model": "./drafter"}})
 
@@ -117,7 +117,7 @@ def test_serve_script_of_a_built_bundle_carries_the_plan(tmp_path):
     from dflash_trt.plan import recipe as R
 
     out = tmp_path / "tiny"
-    build(R.load("tiny", ["trtllm.release=1.4.0rc1"]), out)    # the one release serving its DFlash2 drafter
+    build(R.load_recipe("tiny", ["trtllm.release=1.4.0rc1"]), out)    # the one release serving its DFlash2 drafter
     text = (out / "trtllm" / "serve.sh").read_text()
     assert "NEED_TRTLLM=1.4.0rc1" in text and "TensorRT-LLM 1.4.0rc1" in text.splitlines()[1]
     assert os.access(out / "trtllm" / "serve.sh", os.X_OK)

@@ -15,15 +15,15 @@ from dflash_trt.plan import recipe as R
 
 
 def _cfg(name="qwen3-8b-h100-fp8", sets=None):
-    r = R.load(name, sets)
-    res = pipeline.resolve(r)
-    return r, pipeline.make_plan(res), res.drafter
+    r = R.load_recipe(name, sets)
+    res = pipeline.resolve_recipe(r)
+    return r, pipeline.plan_resolved(res), res.drafter
 
 
 def test_emitted_config_for_a_hopper_recipe():
     r, p, d = _cfg()
     cfg = trtllm.config(r, p, d)
-    data = yaml.safe_load(trtllm.to_yaml(cfg))
+    data = yaml.safe_load(trtllm.trtllm_yaml(cfg))
     spec = data["speculative_config"]
     assert spec["decoding_type"] == "DFlash" and spec["speculative_model"] == "./drafter"
     assert spec["attention_backend"] == "FA4" and spec["max_draft_len"] == p.max_draft_len <= 15
@@ -40,7 +40,7 @@ def test_emitted_config_for_a_hopper_recipe():
     assert data["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": 32}
     assert "moe_expert_parallel_size" not in data
     assert data["enable_iter_perf_stats"] is True     # trtllm-serve's /metrics reports acceptance for verify
-    assert trtllm.validate(data) == cfg  # round-trips through the schema
+    assert trtllm.validate_trtllm_config(data) == cfg  # round-trips through the schema
 
 
 def test_iteration_stats_can_be_turned_off_and_verify_then_says_why_acceptance_is_unmeasured():
@@ -48,7 +48,7 @@ def test_iteration_stats_can_be_turned_off_and_verify_then_says_why_acceptance_i
     from dflash_trt.bench.verify_server import Window
 
     r, p, d = _cfg(sets=["serving.iter_perf_stats=false"])
-    data = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, d)))
+    data = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, d)))
     assert data["enable_iter_perf_stats"] is False
     check = verify.check_acceptance(Window(), None, data, "trtllm server metrics")
     assert check["status"] == "not measured" and "leaves enable_iter_perf_stats off" in check["summary"]
@@ -92,10 +92,10 @@ def _base():
 ])
 def test_schema_rejects_what_trtllm_would_not_accept(mutate, needle):
     data = _base()
-    trtllm.validate(data)
+    trtllm.validate_trtllm_config(data)
     mutate(data)
     with pytest.raises(DFlashError) as e:
-        trtllm.validate(data)
+        trtllm.validate_trtllm_config(data)
     assert needle in str(e.value)
 
 
@@ -116,8 +116,8 @@ def test_schema_rejects_what_trtllm_would_not_accept(mutate, needle):
 def test_schema_accepts_what_trtllm_accepts(mutate):
     data = _base()
     mutate(data)
-    cfg = trtllm.validate(data, "1.4.0rc1")
-    assert trtllm.validate(yaml.safe_load(trtllm.to_yaml(cfg)), "1.4.0rc1") == cfg  # and round-trips
+    cfg = trtllm.validate_trtllm_config(data, "1.4.0rc1")
+    assert trtllm.validate_trtllm_config(yaml.safe_load(trtllm.trtllm_yaml(cfg)), "1.4.0rc1") == cfg  # and round-trips
 
 
 @pytest.mark.parametrize("spec, needle", [
@@ -130,14 +130,14 @@ def test_a_written_config_that_drafts_0_is_refused_on_a_release_without_the_floo
     they walk into the zero-draft trap, so no config is written or passed with one."""
     data = _base()
     data["speculative_config"].update(spec)
-    trtllm.validate(data)                     # the schema alone accepts it
+    trtllm.validate_trtllm_config(data)                     # the schema alone accepts it
     with pytest.raises(DFlashError) as e:
-        trtllm.validate(data, "1.4.0rc1")
+        trtllm.validate_trtllm_config(data, "1.4.0rc1")
     msg = str(e.value)
     assert needle in msg and "zero-draft trap" in msg and "PR #16888" in msg and "\n" not in msg
     data["speculative_config"].pop("max_concurrency", None)
     data["speculative_config"]["draft_len_schedule"] = {4: 7, 8: 1}   # the same back-off with the floor kept
-    trtllm.validate(data, "1.4.0rc1")
+    trtllm.validate_trtllm_config(data, "1.4.0rc1")
 
 
 def test_the_speculation_gate_is_documented_and_refused_for_measurement():
@@ -147,7 +147,7 @@ def test_the_speculation_gate_is_documented_and_refused_for_measurement():
     data = _base()
     assert trtllm.speculation_gate(data) is None
     data["speculative_config"]["acceptance_rate_threshold"] = 0.5
-    trtllm.validate(data, "1.4.0rc1")          # a valid config: TensorRT-LLM runs it
+    trtllm.validate_trtllm_config(data, "1.4.0rc1")          # a valid config: TensorRT-LLM runs it
     line = trtllm.speculation_gate(data)
     assert "acceptance_rate_threshold is 0.5" in line and "permanently" in line and "\n" not in line
 
@@ -155,7 +155,7 @@ def test_the_speculation_gate_is_documented_and_refused_for_measurement():
 def test_speculative_model_dir_is_read_as_speculative_model():
     data = _base()
     data["speculative_config"]["speculative_model_dir"] = data["speculative_config"].pop("speculative_model")
-    assert trtllm.validate(data).speculative_config.speculative_model == "./drafter"
+    assert trtllm.validate_trtllm_config(data).speculative_config.speculative_model == "./drafter"
 
 
 @pytest.mark.parametrize("release, key, value", [
@@ -165,42 +165,42 @@ def test_speculative_model_dir_is_read_as_speculative_model():
 def test_release_refuses_keys_it_does_not_have(release, key, value):
     data = _base()
     data["speculative_config"][key] = value
-    trtllm.validate(data, "1.4.0rc1")
+    trtllm.validate_trtllm_config(data, "1.4.0rc1")
     with pytest.raises(DFlashError) as e:
-        trtllm.validate(data, release)
+        trtllm.validate_trtllm_config(data, release)
     assert key in str(e.value) and release in str(e.value)
 
 
 def test_cuda_graphs_off_is_written_as_null():
     r, p, d = _cfg("tiny")
     assert r.serving.cuda_graphs is False
-    text = trtllm.to_yaml(trtllm.config(r, p, d))
+    text = trtllm.trtllm_yaml(trtllm.config(r, p, d))
     assert "cuda_graph_config: null" in text.splitlines()
     assert yaml.safe_load(text)["cuda_graph_config"] is None
     r, p, d = _cfg("qwen3-8b-h100-fp8")
-    assert yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, d)))["cuda_graph_config"]["enable_padding"] is True
+    assert yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, d)))["cuda_graph_config"]["enable_padding"] is True
 
 
 def test_long_sequences_get_chunked_prefill_and_gpt_oss_its_moe_backend():
     for name, backend in (("gpt-oss-120b-8xb300", "TRTLLM"), ("gpt-oss-120b-8xh200", "TRITON")):
         r, p, d = _cfg(name)
-        data = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, d)))
+        data = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, d)))
         assert data["max_seq_len"] == 16384 > data["max_num_tokens"] == 8192
         assert data["enable_chunked_prefill"] is True
         assert data["moe_config"] == {"backend": backend}
     r, p, d = _cfg("qwen3-8b-h100-fp8")
-    data = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, d)))
+    data = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, d)))
     assert data["enable_chunked_prefill"] is False and "moe_config" not in data
 
 
 def test_only_set_keys_are_written():
     """A default filled in could be a key the targeted release does not have."""
     r, p, d = _cfg("qwen3-8b-h100-fp8", ["trtllm.release=1.3.0rc27"])
-    data = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, d)))
+    data = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, d)))
     assert set(data["speculative_config"]) <= {"decoding_type", "max_draft_len", "speculative_model", "mask_token_id",
                                                "target_layer_ids", "attention_backend", "use_rejection_sampling",
                                                "draft_len_schedule", "max_concurrency"}
-    trtllm.validate(data, "1.3.0rc27")
+    trtllm.validate_trtllm_config(data, "1.3.0rc27")
 
 
 def test_schedule_is_emitted_when_planned():

@@ -35,9 +35,9 @@ def installed(tmp_path, monkeypatch):
 
 
 def _plan(sets):
-    r = R.load("qwen3-8b-h100-fp8", sets)
-    res = pipeline.resolve(r)
-    return r, pipeline.make_plan(res), res
+    r = R.load_recipe("qwen3-8b-h100-fp8", sets)
+    res = pipeline.resolve_recipe(r)
+    return r, pipeline.plan_resolved(res), res
 
 
 def test_without_an_installed_release_the_table_stands():

@@ -25,7 +25,7 @@ SPEC = {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model": "./d
 def bundle(tmp_path):
     """A bundle planned for 1.4.0rc1 whose config uses a 1.4.0rc1 key and a curated top-level key."""
     root = tmp_path / "bundle"
-    cfg = trtllm.validate({"max_batch_size": 8, "max_num_tokens": 512, "max_seq_len": 1024,
+    cfg = trtllm.validate_trtllm_config({"max_batch_size": 8, "max_num_tokens": 512, "max_seq_len": 1024,
                            "disable_mm_encoder": True, "speculative_config": SPEC}, "1.4.0rc1")
     trtllm.write(root / "trtllm", cfg, "127.0.0.1", 8000,
                  serve_sh.ServeCheck(release="1.4.0rc1", gpu="H100", sm=90, memory_gb=80, gpus=1))
@@ -99,7 +99,7 @@ def test_disaggregated_serving_is_refused_citing_the_pr(tmp_path, bundle):
     err = _one_line_error(_run(tmp_path, bundle, version="1.4.0rc1", gpus=[H100_ROW]))
     assert "cache_transceiver_config" in err and "PR #19352" in err and "acceptance collapses" in err
     with pytest.raises(DFlashError, match="PR #19352"):
-        trtllm.validate({**data, "cache_transceiver_config": {"backend": "UCX"}})
+        trtllm.validate_trtllm_config({**data, "cache_transceiver_config": {"backend": "UCX"}})
 
 
 def test_the_acceptance_histogram_dir_is_opt_in_and_resolved_from_the_caller(tmp_path, bundle):
@@ -147,7 +147,7 @@ def built(tmp_path_factory):
     from dflash_trt.plan import recipe as R
 
     out = tmp_path_factory.mktemp("built") / "tiny"
-    build(R.load("tiny"), out)
+    build(R.load_recipe("tiny"), out)
     return out
 
 
@@ -170,9 +170,10 @@ def test_curated_keys_for_vlm_and_hybrid_targets_pass_the_documented_classes(ins
     from dflash_trt.plan import recipe as R
 
     def config(name):
-        r = R.load(name)
-        res = pipeline.resolve(r)
-        return yaml.safe_load(trtllm.to_yaml(trtllm.config(r, pipeline.make_plan(res), res.drafter, res.target)))
+        r = R.load_recipe(name)
+        res = pipeline.resolve_recipe(r)
+        cfg = trtllm.config(r, pipeline.plan_resolved(res), res.drafter, res.target)
+        return yaml.safe_load(trtllm.trtllm_yaml(cfg))
 
     hybrid, dense = config("qwen3.5-4b-h100-bf16"), config("qwen3-8b-h100-fp8")
     assert hybrid["disable_mm_encoder"] is True and hybrid["kv_cache_config"]["mamba_ssm_cache_dtype"] == "float32"

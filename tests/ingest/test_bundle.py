@@ -10,7 +10,7 @@ import pytest
 
 from dflash_trt import ingest
 from dflash_trt.cli import run
-from dflash_trt.deploy import check_bundle as build_check_bundle
+from dflash_trt.deploy import check_trtllm_bundle as build_check_bundle
 from dflash_trt.errors import CheckpointError
 
 
@@ -48,10 +48,10 @@ def test_manifest_round_trips_what_build_wrote(built, tmp_path):
     # typed, with the values build planned
     assert m.format == ingest.BUNDLE_FORMAT == "dflash-trt-bundle/3"
     assert m.files == ingest.bundle_hashes(built) and "trtllm/config.yaml" in m.files and "manifest.json" not in m.files
-    assert m.trtllm.release == m.plan["trtllm_release"] and m.trtllm.image.endswith(":" + m.trtllm.release)
+    assert m.trtllm.release == m.plan.trtllm_release and m.trtllm.image.endswith(":" + m.trtllm.release)
     assert m.drafter.dtype == "bfloat16" and m.drafter.target_layer_ids == sorted(m.drafter.target_layer_ids)
     assert m.precision.weights == "bf16" and m.precision.quantized_by is None
-    assert m.gpu.name == "cpu" and m.gpu.count == 1 and m.serve.tp_size == m.plan["tp"] == 1
+    assert m.gpu.name == "cpu" and m.gpu.count == 1 and m.serve.tp_size == m.plan.tp == 1
     assert m.serve.max_seq_len == 256 and m.reference_runtime.dequantize is False
     assert len(m.inputs.target.sha256["model.safetensors"]) == 64 and m.inputs.calibration is None
     assert set(m.timings) >= {"plan", "target", "drafter", "total"}

@@ -143,5 +143,5 @@ def test_serve_sh_refuses_a_jetspec_bundle_for_trtllm_serve(tmp_path, monkeypatc
     for causal, refused in ((True, True), (None, False), (False, False)):
         dflash = {"mask_token_id": 1, "target_layer_ids": [0], **({} if causal is None else {"causal": causal})}
         (tmp_path / "drafter" / "config.json").write_text(json.dumps({"dflash_config": dflash}))
-        code, lines = trtllm_judge.check("1.4.0rc1", tmp_path)
+        code, lines = trtllm_judge.judge_trtllm_config("1.4.0rc1", tmp_path)
         assert (code == 2 and "JetSpec" in lines[0]) if refused else not any("JetSpec" in x for x in lines)

@@ -20,14 +20,14 @@ TRUE_TAU = 4.0
 
 def _truth_model(plan, r):
     """A deployment that is not the shipped calibration: slower steps, less bandwidth."""
-    res = pipeline.resolve(r)
+    res = pipeline.resolve_recipe(r)
     dep = P.Deployment(res.target, res.drafter, res.gpu, res.gpus, res.precision, r.precision.kv_cache)
-    cal = M.Calibration({"trtllm": M.StackConstants(0.55, 0.35, 5e-3, 15e-6)}, M.shipped().shared)
+    cal = M.Calibration({"trtllm": M.StackConstants(0.55, 0.35, 5e-3, 15e-6)}, M.shipped_calibration().shared)
     return P.step_model(dep, plan.tp, 64 + 128 // 2, cal)
 
 
 def _lengths(plan):
-    return [r["draft_len"] for r in plan.draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
+    return plan.lengths()
 
 
 def _bench_json(path, plan, model):
@@ -50,7 +50,7 @@ def _bench_json(path, plan, model):
 
 def _error(plan, report):
     """Mean |predicted / measured - 1| of tokens/s per user, DFlash and baseline, at the levels."""
-    pred = {r["batch"]: r for r in plan.predicted}
+    pred = {r.batch: r.model_dump() for r in plan.predicted}
     errs = []
     for side, key in (("endpoint", "tokens_per_second_per_user"), ("baseline", "baseline_tokens_per_second_per_user")):
         for lv in report[side]["levels"]:
@@ -62,10 +62,10 @@ def test_calibration_moves_the_plan_toward_the_measurements(tmp_path, capsys, mo
     # the shipped calibrated model as the starting point (without the measured tables of plan.silicon,
     # which a plan uses where aiconfigurator-core is installed): the calibration refits its constants
     monkeypatch.setattr(silicon, "installed", lambda: None)
-    r = R.load(RECIPE, SETS)
-    first = pipeline.make_plan(pipeline.resolve(r))
+    r = R.load_recipe(RECIPE, SETS)
+    first = pipeline.plan_resolved(pipeline.resolve_recipe(r))
     report = _bench_json(tmp_path / "bench.json", first, _truth_model(first, r))
-    calibrated = pipeline.make_plan(pipeline.resolve(r), calibration=[tmp_path / "bench.json"])
+    calibrated = pipeline.plan_resolved(pipeline.resolve_recipe(r), calibration=[tmp_path / "bench.json"])
     before, after = _error(first, report), _error(calibrated, report)
     assert before > 0.3 and after < 0.1 and after < before / 4, (before, after)
     assert calibrated.calibration.startswith("trtllm calibration (your measurements: bench.json, 6 levels")
@@ -77,7 +77,7 @@ def test_calibration_moves_the_plan_toward_the_measurements(tmp_path, capsys, mo
 
 
 def _tables_of(r, plan):
-    res = pipeline.resolve(r)
+    res = pipeline.resolve_recipe(r)
     return silicon.tables_for(str(res.target_dir), res.gpu.name, "trtllm", res.precision, plan.tp,
                               res.target.layers, r.trtllm.release, r.precision.kv_cache)
 
@@ -86,22 +86,22 @@ def test_calibration_corrects_the_combined_model_and_keeps_the_tables(tmp_path):
     # on a GPU the tables hold, the user's rows refit the drafter, per-layer and loop terms over the
     # tables' target step: the measured-kernel target cost stays, the prediction moves to the rows
     pytest.importorskip("aiconfigurator_core")
-    r = R.load(RECIPE, SETS)
-    first = pipeline.make_plan(pipeline.resolve(r))
+    r = R.load_recipe(RECIPE, SETS)
+    first = pipeline.plan_resolved(pipeline.resolve_recipe(r))
     assert first.step_sources["target_forward"].startswith("aiconfigurator-core")
     tables = _tables_of(r, first)
     slow = M.StackConstants(0.55, 0.35, 5e-3, 15e-6)   # a slower loop and drafter than the combined model's
     truth = silicon.combined(_truth_model(first, r), tables, refitted=True)
     assert truth.k == _truth_model(first, r).k and truth.k.step_s == slow.step_s
     report = _bench_json(tmp_path / "bench.json", first, truth)
-    calibrated = pipeline.make_plan(pipeline.resolve(r), calibration=[tmp_path / "bench.json"])
+    calibrated = pipeline.plan_resolved(pipeline.resolve_recipe(r), calibration=[tmp_path / "bench.json"])
     before, after = _error(first, report), _error(calibrated, report)
     assert before > 0.2 and after < 0.05 and after < before / 4, (before, after)
     assert calibrated.step_sources["target_forward"] == first.step_sources["target_forward"]
     assert "over the tables' target step" in calibrated.step_sources["drafter"]
     assert "over the measured tables' target step" in calibrated.calibration
     # without the file nothing changes: the same plan as before the calibrated one
-    again = pipeline.make_plan(pipeline.resolve(r))
+    again = pipeline.plan_resolved(pipeline.resolve_recipe(r))
     assert again.curve == first.curve and again.predicted == first.predicted
     assert again.step_sources == first.step_sources
 

@@ -27,7 +27,7 @@ def qwen():
 
 def on(t, d, gpu, precision, kv_cache="auto", gpus=1):
     """The pair on ``gpus`` x ``gpu`` at ``precision``: what the planner sizes."""
-    return P.Deployment(target=t, drafter=d, gpu=hw.get(gpu), gpus=gpus, precision=precision, kv_cache=kv_cache)
+    return P.Deployment(target=t, drafter=d, gpu=hw.get_gpu(gpu), gpus=gpus, precision=precision, kv_cache=kv_cache)
 
 
 def test_qwen3_8b_parameter_split(qwen):
@@ -138,23 +138,23 @@ def test_acceptance_model():
 
 def test_draft_length_and_backoff(qwen):
     t, d = qwen
-    p = P.make(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=16), SpeculativeSpec())
+    p = P.make_plan(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=16), SpeculativeSpec())
     assert 1 <= p.max_draft_len <= 15 and p.attention_backend == "FA4" and p.acceptance == 6.5
-    assert p.curve[0]["batch"] == 1 and p.curve[0]["speedup"] > 3  # memory-bound batch 1: tau ~6.5
+    assert p.curve[0].batch == 1 and p.curve[0].speedup > 3  # memory-bound batch 1: tau ~6.5
     # Huge batches of short sequences with a weak drafter: verification turns compute-bound
     # and drafting must stop paying at some batch size.
     weak = SpeculativeSpec(acceptance=1.6)
-    p = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
+    p = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
     # no release in the table has the draft-length floor (PR #16888 open): where drafting stops paying
     # it drafts the floor, one token, never 0 (the zero-draft trap), and the plan says what that costs
-    floored = [r["batch"] for r in p.curve if r["draft_len"] == 1]
-    assert floored and not any(r["draft_len"] == 0 for r in p.curve), p.curve
+    floored = [r.batch for r in p.curve if r.draft_len == 1]
+    assert floored and not any(r.draft_len == 0 for r in p.curve), p.curve
     assert p.schedule == "draft_len_schedule" and max(p.draft_len_schedule) == 1024
     assert p.draft_len_schedule[1] == p.max_draft_len and 0 not in p.draft_len_schedule.values()
     assert any("drafting does not pay" in w and "costs up to" in w for w in p.warnings), p.warnings
-    lens = [r["draft_len"] for r in p.curve]
+    lens = [r.draft_len for r in p.curve]
     assert lens == sorted(lens, reverse=True)  # drafting only backs off as batches grow
-    p2 = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
+    p2 = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
                 SpeculativeSpec(acceptance=1.6, schedule="max_concurrency"))
     assert p2.max_concurrency is None and p2.draft_len_schedule == p.draft_len_schedule
 
@@ -167,11 +167,11 @@ def test_on_a_release_with_the_floor_the_rule_follows_it(qwen, monkeypatch):
     t, d = qwen
     monkeypatch.setattr(S, "installed_floor", lambda: (1, False, "9.9.9"))
     weak = SpeculativeSpec(acceptance=1.6)
-    p = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
+    p = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
     assert p.draft_len_schedule == {1: 15}     # above the largest key the release drafts its floor, 1
     assert p.draft_lengths[-1]["draft_len"] == 1 and not any(r["draft_len"] == 0 for r in p.curve)
     assert not any("drafting does not pay" in w for w in p.warnings)   # the runtime floors it: nothing to pay
-    p2 = P.make(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
+    p2 = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
                 SpeculativeSpec(acceptance=1.6, schedule="max_concurrency", max_concurrency=8))
     assert p2.max_concurrency == 8 and p2.draft_lengths[-1] == {"batch_from": 9, "batch_to": 1024, "draft_len": 1}
 
@@ -179,8 +179,8 @@ def test_on_a_release_with_the_floor_the_rule_follows_it(qwen, monkeypatch):
 def test_explicit_draft_length_is_checked_against_the_block(qwen):
     t, d = qwen
     with pytest.raises(RecipeError, match="between 1 and block size - 1 \\(15\\)"):
-        P.make(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=8), SpeculativeSpec(max_draft_len=16))
-    p = P.make(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=8), SpeculativeSpec(max_draft_len=7))
+        P.make_plan(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=8), SpeculativeSpec(max_draft_len=16))
+    p = P.make_plan(on(t, d, "h100", "fp8"), ServingSpec(max_batch_size=8), SpeculativeSpec(max_draft_len=7))
     assert p.max_draft_len == 7
 
 
@@ -193,6 +193,6 @@ def test_explicit_draft_length_is_checked_against_the_block(qwen):
 def test_every_bundled_recipe_plans_offline(name, tp, precision, backend):
     from dflash_trt.deploy import pipeline
 
-    p = pipeline.make_plan(pipeline.resolve(R.load(name)))
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe(name)))
     assert (p.tp, p.precision, p.attention_backend) == (tp, precision, backend)
     assert p.memory.fits and p.max_draft_len <= p.block_size - 1

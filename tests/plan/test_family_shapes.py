@@ -66,7 +66,7 @@ def test_the_roofline_reads_neither_the_vision_tower_nor_the_embedding():
     from dflash_trt.plan.model_shapes import DraftShape
 
     d = DraftShape.from_dir(CONFIGS / "z-lab--Qwen3.5-4B-DFlash")
-    dep = plan.Deployment(target=t, drafter=d, gpu=hardware.get("H100"), gpus=1, precision="bf16", kv_cache="auto")
+    dep = plan.Deployment(target=t, drafter=d, gpu=hardware.get_gpu("H100"), gpus=1, precision="bf16", kv_cache="auto")
     read = plan.step_model(dep, tp=1, ctx=2048)._weights_read(1, 1)
     head = 0 if t.lm_head_params else 2 * t.embed_params   # a tied head reads the embedding matrix
     assert t.vision_params > 0

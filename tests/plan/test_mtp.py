@@ -19,34 +19,33 @@ from dflash_trt.plan.perf_model import data_dir
 
 @pytest.fixture(scope="module")
 def qwen35():
-    r = pipeline.resolve(R.load("qwen3.5-4b-h100-bf16", []))
-    return r, pipeline.make_plan(r)
+    r = pipeline.resolve_recipe(R.load_recipe("qwen3.5-4b-h100-bf16", []))
+    return r, pipeline.plan_resolved(r)
 
 
 def test_mtp_layers_read_from_the_real_configs():
     configs = data_dir().parent.parent / "recipes" / "configs"
-    assert mtp.layers_of(configs / "Qwen--Qwen3.5-4B") == 1           # text_config.mtp_num_hidden_layers
-    assert mtp.layers_of(configs / "Qwen--Qwen3-8B") == 0
-    assert mtp.layers({"model_type": "deepseek_v3", "num_nextn_predict_layers": 1}) == 1
-    assert mtp.layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2
+    assert mtp.mtp_layers_of(configs / "Qwen--Qwen3.5-4B") == 1           # text_config.mtp_num_hidden_layers
+    assert mtp.mtp_layers_of(configs / "Qwen--Qwen3-8B") == 0
+    assert mtp.mtp_layers({"model_type": "deepseek_v3", "num_nextn_predict_layers": 1}) == 1
+    assert mtp.mtp_layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2
 
 
 def test_plan_has_the_mtp_arm_and_a_winner_per_batch(qwen35):
     r, p = qwen35
-    assert r.mtp_layers == 1 and p.mtp["layers"] == 1
-    assert 1 <= p.mtp["num_nextn_predict_layers"] <= mtp.MAX_DRAFT
+    assert r.mtp_layers == 1 and p.mtp.layers == 1
+    assert 1 <= p.mtp.num_nextn_predict_layers <= mtp.MAX_DRAFT
     for row in p.curve:
-        arms = {"dflash": row["speedup"] if row["draft_len"] else 1.0, "mtp": row["mtp_speedup"],
-                "autoregressive": 1.0}
-        assert row["winner"] == max(arms, key=arms.get)
-    d = json.loads(json.dumps(p.as_dict()))
+        arms = {"dflash": row.speedup if row.draft_len else 1.0, "mtp": row.mtp_speedup, "autoregressive": 1.0}
+        assert row.winner == max(arms, key=arms.get)
+    d = json.loads(json.dumps(p.to_json()))
     assert d["mtp"]["acceptance"] < d["acceptance"]        # published: MTP τ below DFlash's on the same target
 
 
 def test_no_mtp_arm_without_mtp_layers():
-    p = pipeline.make_plan(pipeline.resolve(R.load("qwen3-8b-h100-fp8", [])))
-    assert p.mtp is None and all("mtp_speedup" not in row for row in p.curve)
-    assert {row["winner"] for row in p.curve} <= {"dflash", "autoregressive"}
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe("qwen3-8b-h100-fp8", [])))
+    assert p.mtp is None and all("mtp_speedup" not in row for row in p.to_json()["curve"])
+    assert {row.winner for row in p.curve} <= {"dflash", "autoregressive"}
 
 
 def test_mtp_step_model(qwen35):
@@ -67,20 +66,20 @@ def test_mtp_config_is_validated_and_round_trips(qwen35, tmp_path):
     trtllm.write(tmp_path, trtllm.config(r.recipe, p, r.drafter, r.target), "0.0.0.0", 8000, mtp=cfg)
     data = yaml.safe_load((tmp_path / trtllm.MTP_CONFIG).read_text())
     assert data["speculative_config"] == {"decoding_type": "MTP",
-                                          "num_nextn_predict_layers": p.mtp["num_nextn_predict_layers"]}
-    assert trtllm.validate(data, p.trtllm_release).speculative_config.num_nextn_predict_layers >= 1
+                                          "num_nextn_predict_layers": p.mtp.num_nextn_predict_layers}
+    assert trtllm.validate_trtllm_config(data, p.trtllm_release).speculative_config.num_nextn_predict_layers >= 1
     bad = dict(data, speculative_config={**data["speculative_config"], "mask_token_id": 5})
     with pytest.raises(DFlashError, match="mask_token_id"):
-        trtllm.validate(bad)
+        trtllm.validate_trtllm_config(bad)
     lossy = dict(data, speculative_config={**data["speculative_config"], "use_relaxed_acceptance_for_thinking": True})
     with pytest.raises(DFlashError, match="lossless"):
-        trtllm.validate(lossy)
+        trtllm.validate_trtllm_config(lossy)
 
 
 def test_no_mtp_config_for_a_target_without_mtp():
-    r = pipeline.resolve(R.load("qwen3-8b-h100-fp8", []))
+    r = pipeline.resolve_recipe(R.load_recipe("qwen3-8b-h100-fp8", []))
     with pytest.raises(RecipeError, match="no MTP layers"):
-        trtllm.config(r.recipe, pipeline.make_plan(r), target=r.target, arm="mtp")
+        trtllm.config(r.recipe, pipeline.plan_resolved(r), target=r.target, arm="mtp")
 
 
 # --- ranges ------------------------------------------------------------------------------
@@ -104,8 +103,8 @@ def test_comparable_rows_tiers():
 def test_range_brackets_the_prediction_and_own_rows_narrow_it(qwen35):
     r, p = qwen35
     for row in p.curve:
-        lo, hi = row["speedup_range"]
-        assert lo <= row["speedup"] <= hi and lo < hi
+        lo, hi = row.speedup_range
+        assert lo <= row.speedup <= hi and lo < hi
     rng = uncertainty.speedup_range(3.0, [_err("trtllm", "B200", 1, 0.25), _err("trtllm", "B200", 1, -0.1)],
                                     "trtllm", "B200", 1)
     assert (rng.low, rng.high) == (2.4, pytest.approx(3.333, abs=1e-3))   # measured = predicted / (1 + e)
@@ -114,14 +113,14 @@ def test_range_brackets_the_prediction_and_own_rows_narrow_it(qwen35):
     narrow = pipeline.planner.make_plan(dep, r.recipe.serving, r.recipe.speculative, r.recipe.parallel,
                                         r.recipe.trtllm, errors=own)
     for a, b in zip(p.curve, narrow.curve, strict=True):
-        assert b["speedup_range"][1] - b["speedup_range"][0] < a["speedup_range"][1] - a["speedup_range"][0]
-        assert b["range_basis"].startswith("your measurements")
+        assert b.speedup_range[1] - b.speedup_range[0] < a.speedup_range[1] - a.speedup_range[0]
+        assert b.range_basis.startswith("your measurements")
 
 
 def test_shipped_loo_table_covers_every_published_row():
     from dflash_trt.plan import perf_fit
 
-    ids = {e.id for e in uncertainty.shipped()}
+    ids = {e.id for e in uncertainty.shipped_errors()}
     assert ids == {r.id for r in perf_fit.load_rows()}
 
 
@@ -130,8 +129,8 @@ def test_your_measurements_narrow_the_ranges(tmp_path, capsys):
     from dflash_trt.cli import run
     from tests.plan import test_calibrate as tc
 
-    r = R.load(tc.RECIPE, tc.SETS)
-    first = pipeline.make_plan(pipeline.resolve(r))
+    r = R.load_recipe(tc.RECIPE, tc.SETS)
+    first = pipeline.plan_resolved(pipeline.resolve_recipe(r))
     tc._bench_json(tmp_path / "bench.json", first, tc._truth_model(first, r))
     assert run(["plan", tc.RECIPE, *sum((["--set", s] for s in tc.SETS), []), "--json",
                 "--calibration", str(tmp_path / "bench.json")]) == 0
@@ -140,9 +139,9 @@ def test_your_measurements_narrow_the_ranges(tmp_path, capsys):
         assert b["range_basis"].startswith("your measurements")
         assert b["speedup_range"][0] <= b["speedup"] <= b["speedup_range"][1]
         width = (b["speedup_range"][1] - b["speedup_range"][0]) / b["speedup"]
-        assert width < (a["speedup_range"][1] - a["speedup_range"][0]) / a["speedup"]
+        assert width < (a.speedup_range[1] - a.speedup_range[0]) / a.speedup
 
 
 def test_winner_is_the_fastest_arm():
-    assert mtp.winner(1.5, 1.8) == "mtp" and mtp.winner(2.0, 1.8) == "dflash"
-    assert mtp.winner(0.9, None) == "autoregressive" and mtp.winner(0.9, 0.95) == "autoregressive"
+    assert mtp.arm_winner(1.5, 1.8) == "mtp" and mtp.arm_winner(2.0, 1.8) == "dflash"
+    assert mtp.arm_winner(0.9, None) == "autoregressive" and mtp.arm_winner(0.9, 0.95) == "autoregressive"

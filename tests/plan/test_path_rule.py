@@ -12,7 +12,7 @@ from dflash_trt.plan import recipe as R
 
 
 def _recipe(tmp_path: Path, **sections) -> Path:
-    base = yaml.safe_load(R.bundled()["tiny"].read_text())
+    base = yaml.safe_load(R.bundled_recipes()["tiny"].read_text())
     for k, v in sections.items():
         base[k] = {**base.get(k, {}), **v}
     d = tmp_path / "recipes"
@@ -27,11 +27,11 @@ def test_recipe_values_follow_the_file_and_typed_values_the_working_directory(tm
     work = tmp_path / "work"
     (work / "org" / "drafter").mkdir(parents=True)   # a same-named local directory does not make it local
     monkeypatch.chdir(work)
-    r = R.load(str(f))
+    r = R.load_recipe(str(f))
     assert r.precision.calib == str(f.parent / "data/c.txt")
     assert (r.target.id, r.target.config) == (str(f.parent / "models/t"), str(f.parent / "cfg/t"))
     assert r.drafter.id == "org/drafter"
-    r = R.load(str(f), overrides=["precision.calib=mine.txt", "target.config=../cfg"],
+    r = R.load_recipe(str(f), overrides=["precision.calib=mine.txt", "target.config=../cfg"],
                fields=[R.FieldValue("drafter.id", "./d", "--drafter")])
     assert r.precision.calib == str(work / "mine.txt") and r.target.config == str(work / "../cfg")
     assert r.drafter.id == str(work / "d")

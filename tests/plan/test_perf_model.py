@@ -63,7 +63,7 @@ def test_the_shipped_constants_are_the_fit_of_the_shipped_measurements():
     rows = F.load_rows()
     assert len({r.id for r in rows}) == len(rows) and all(r.source for r in rows)
     refit = F.fit([F.case_of(r) for r in rows], stacks=M.STACKS)
-    shipped = M.shipped()
+    shipped = M.shipped_calibration()
     for e in M.STACKS:
         for name in F.CONSTANTS:
             assert getattr(shipped.constants(e), name) == pytest.approx(getattr(refit.constants(e), name), rel=0.02), \
@@ -85,8 +85,8 @@ def test_leave_one_out_predicts_rows_it_did_not_see_and_reports_trends():
 
 def _shipped_model(pair, gpu, precision="bf16", tp=1, ctx=512, stack="trtllm"):
     t, d = F._shapes(*PAIRS[pair]) if pair in PAIRS else F._shapes(*pair)
-    cal = M.shipped()
-    return M.StepModel(t, d, hw.get(gpu), precision, "auto", tp, ctx, cal.constants(stack),
+    cal = M.shipped_calibration()
+    return M.StepModel(t, d, hw.get_gpu(gpu), precision, "auto", tp, ctx, cal.constants(stack),
                        F.weight_bytes(t, precision), cal.shared)
 
 
@@ -115,12 +115,12 @@ def test_tau_from_per_position_acceptance_and_geometric_beyond():
 def test_the_cpu_plans_from_this_machines_memory_and_the_reference_calibration():
     import os
 
-    gpu = hw.get("cpu")
+    gpu = hw.get_gpu("cpu")
     assert gpu.memory_bytes == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), rel=1e-3)
-    assert M.stack_for(gpu) == "reference" and M.stack_for(hw.get("h100")) == "trtllm"
+    assert M.stack_for(gpu) == "reference" and M.stack_for(hw.get_gpu("h100")) == "trtllm"
     from dflash_trt.deploy import pipeline
 
-    p = pipeline.make_plan(pipeline.resolve(R.load("tiny")))
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe("tiny")))
     assert p.memory.capacity == gpu.memory_bytes and p.calibration.startswith("reference calibration")
     assert not math.isclose(p.memory.capacity, 64e9)
 
@@ -130,7 +130,7 @@ def test_files_say_stack_and_the_old_word_engine_is_refused(tmp_path):
     (CHANGELOG: removed, no release read it), one line naming the file."""
     import json
 
-    new = M.shipped().as_dict()
+    new = M.shipped_calibration().as_dict()
     assert "stacks" in new and "engines" not in new
     assert M.Calibration.from_dict(json.loads(json.dumps(new))) == M.Calibration.from_dict(new)
     old = {("engines" if k == "stacks" else k): v for k, v in new.items()}

@@ -22,7 +22,7 @@ PUBLISHED = [
 
 
 def _recipes():
-    return {name: R.load(path) for name, path in R.bundled().items()}
+    return {name: R.load_recipe(path) for name, path in R.bundled_recipes().items()}
 
 
 def test_every_published_drafter_has_a_recipe_with_its_config_shipped():
@@ -38,11 +38,11 @@ def test_every_published_drafter_has_a_recipe_with_its_config_shipped():
             assert r.drafter.revision or any("drafter.revision" in f for f in r.incomplete), r.name
 
 
-@pytest.mark.parametrize("name", sorted(R.bundled()))
+@pytest.mark.parametrize("name", sorted(R.bundled_recipes()))
 def test_a_recipe_whose_configs_lack_fields_is_never_ready(name):
     """Every field the planner needs and a shipped config lacks keeps the recipe off ``ready``
     (the status is derived: ``incomplete`` only adds what the configs cannot show)."""
-    r = R.load(name)
+    r = R.load_recipe(name)
     missing = published.missing(r) + [f for f in r.incomplete
                                       if not f.startswith(("target.revision", "drafter.revision"))]
     if missing:
@@ -52,9 +52,9 @@ def test_a_recipe_whose_configs_lack_fields_is_never_ready(name):
 def test_an_incomplete_recipe_refuses_offline_in_one_line_naming_the_fields(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    r = R.load("qwen3.5-9b-h100-fp8")
+    r = R.load_recipe("qwen3.5-9b-h100-fp8")
     with pytest.raises(RecipeError) as exc:
-        pipeline.resolve(r)
+        pipeline.resolve_recipe(r)
     msg = str(exc.value)
     assert "\n" not in msg and "not in the Hugging Face cache" in msg and "target.linear_num_key_heads" in msg
     assert "hf download Qwen/Qwen3.5-9B" in msg
@@ -87,7 +87,7 @@ def test_every_second_wave_drafter_has_a_recipe_with_a_derived_status():
     for s in statuses.values():
         if s.kind == "unsupported" and "TARGET_FAMILIES" in s.reason:
             family = s.reason.split("target family ", 1)[1].split()[0]
-            assert family not in ingest.TARGET_FAMILIES and ingest.family_of(family) is None, s.reason
+            assert family not in ingest.TARGET_FAMILIES and ingest.target_family_of(family) is None, s.reason
     assert any(s.kind == "unsupported" for s in statuses.values())
     assert statuses["RedHatAI/Qwen3-8B-speculator.dflash"].kind == "hub-only"
     assert statuses["z-lab/Kimi-K2.7-Code-DFlash"].kind == "id-unconfirmed"
@@ -98,7 +98,7 @@ def test_the_status_follows_the_family_registry(monkeypatch):
     from dflash_trt import ingest
     from dflash_trt.ingest import families
 
-    r = R.load("laguna-xs-2.1-poolside-b200")
+    r = R.load_recipe("laguna-xs-2.1-poolside-b200")
     assert R_status(r).kind == "hub-only"
     monkeypatch.delitem(ingest.TARGET_FAMILIES, "laguna")
     monkeypatch.setattr(families, "_BY_MODEL_TYPE", {k: v for k, v in families._BY_MODEL_TYPE.items() if v != "laguna"})
@@ -115,7 +115,7 @@ def R_status(r):
 @pytest.mark.parametrize("name", ["qwen3.5-4b-h100-bf16", "gpt-oss-20b-h100", "qwen3-4b-h100-fp8",
                                   "qwen3-coder-30b-a3b-h200-fp8"])
 def test_the_new_complete_recipes_plan_offline(name):
-    p = pipeline.make_plan(pipeline.resolve(R.load(name)))
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe(name)))
     assert p.memory.fits and 1 <= p.max_draft_len < p.block_size
 
 
@@ -124,7 +124,7 @@ def test_the_qwen35_drafter_traits_are_read_as_published():
     inside dflash_config, theta 1e7 only in rope_parameters."""
     import json
 
-    path = R.load("qwen3.5-4b-h100-bf16").resolve_path("configs/z-lab--Qwen3.5-4B-DFlash")
+    path = R.load_recipe("qwen3.5-4b-h100-bf16").resolve_path("configs/z-lab--Qwen3.5-4B-DFlash")
     raw = json.loads((path / "config.json").read_text())
     assert "block_size" not in raw and "rope_theta" not in raw  # the traits this test is about
     c = DrafterConfig.from_zlab(raw)
@@ -136,10 +136,10 @@ def test_the_qwen35_drafter_traits_are_read_as_published():
 def test_the_gemma_and_kimi_drafter_traits_are_read_as_published():
     import json
 
-    gemma = R.load("gemma-4-26b-a4b-b200-nvfp4").resolve_path("configs/z-lab--gemma-4-26B-A4B-it-DFlash")
+    gemma = R.load_recipe("gemma-4-26b-a4b-b200-nvfp4").resolve_path("configs/z-lab--gemma-4-26B-A4B-it-DFlash")
     g = DrafterConfig.from_zlab(json.loads((gemma / "config.partial.json").read_text()))
     assert g.final_logit_softcapping == 30.0 and g.sliding_window == 2048 and len(g.target_layer_ids) == 6
-    kimi = R.load("kimi-k2.5-8xh200-int4").resolve_path("configs/z-lab--Kimi-K2.5-DFlash")
+    kimi = R.load_recipe("kimi-k2.5-8xh200-int4").resolve_path("configs/z-lab--Kimi-K2.5-DFlash")
     raw = json.loads((kimi / "config.partial.json").read_text())
     k = DrafterConfig.from_zlab({**raw, "block_size": 8})
     assert k.rope_scaling["rope_type"] == "yarn" and k.rope_scaling["factor"] == 64.0
@@ -155,6 +155,6 @@ def test_recipes_list_shows_each_status_at_80_columns(monkeypatch, capsys):
     text = capsys.readouterr().out
     rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in text.splitlines()
             if line.startswith("│") and line.split("│")[1].strip()}
-    for name, path in R.bundled().items():
-        assert rows.get(name) == R_status(R.load(path)).kind, name
+    for name, path in R.bundled_recipes().items():
+        assert rows.get(name) == R_status(R.load_recipe(path)).kind, name
     assert max(len(line) for line in text.splitlines() if line.startswith(("│", "┃"))) <= 80

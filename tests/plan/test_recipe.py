@@ -24,49 +24,49 @@ def write(tmp_path, data, name="r.yaml"):
 def test_unknown_key_is_reported_with_file_and_path(tmp_path):
     p = write(tmp_path, {**BASE, "serving": {"max_batch_sise": 8}})
     with pytest.raises(RecipeError) as e:
-        R.load(p)
+        R.load_recipe(p)
     assert str(p) in str(e.value) and "serving.max_batch_sise" in str(e.value) and "unknown key" in str(e.value)
 
 
 def test_bad_value_and_missing_key(tmp_path):
     with pytest.raises(RecipeError, match=r"precision\.weights"):
-        R.load(write(tmp_path, {**BASE, "precision": {"weights": "int3"}}))
+        R.load_recipe(write(tmp_path, {**BASE, "precision": {"weights": "int3"}}))
     with pytest.raises(RecipeError, match=r"drafter: required key is missing"):
-        R.load(write(tmp_path, {"name": "x", "target": {"id": "t"}}, "m.yaml"))
+        R.load_recipe(write(tmp_path, {"name": "x", "target": {"id": "t"}}, "m.yaml"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
     with pytest.raises(RecipeError, match="invalid YAML"):
-        R.load(bad)
+        R.load_recipe(bad)
 
 
 def test_set_overrides_parse_values_and_create_sections(tmp_path):
     p = write(tmp_path, BASE)
-    r = R.load(p, ["serving.max_batch_size=32", "precision.weights=fp8", "speculative.draft_len_schedule={1: 7, 8: 3}",
-                   "gpu.name=H100"])
+    r = R.load_recipe(p, ["serving.max_batch_size=32", "precision.weights=fp8",
+                          "speculative.draft_len_schedule={1: 7, 8: 3}", "gpu.name=H100"])
     assert r.serving.max_batch_size == 32 and isinstance(r.serving.max_batch_size, int)
     assert r.precision.weights == "fp8" and r.gpu.name == "H100"
     assert r.speculative.draft_len_schedule == {1: 7, 8: 3}
     with pytest.raises(RecipeError, match="KEY=VALUE"):
-        R.load(p, ["serving.max_batch_size"])
+        R.load_recipe(p, ["serving.max_batch_size"])
     with pytest.raises(RecipeError, match="serving.max_batch_size"):
-        R.load(p, ["serving.max_batch_size=-1"])
+        R.load_recipe(p, ["serving.max_batch_size=-1"])
     with pytest.raises(RecipeError, match="not a section"):
-        R.load(p, ["name.sub=1"])
+        R.load_recipe(p, ["name.sub=1"])
 
 
 def test_relative_config_paths_resolve_against_the_recipe_file(tmp_path):
     p = write(tmp_path, {**BASE, "target": {"id": "org/t", "config": "cfg/t"}})
-    r = R.load(p)
+    r = R.load_recipe(p)
     assert r.resolve_path(r.target.config) == tmp_path / "cfg" / "t"
 
 
 def test_every_bundled_recipe_loads_and_round_trips():
-    names = R.bundled()
+    names = R.bundled_recipes()
     assert {"tiny", "qwen3-8b-b200-nvfp4", "qwen3-8b-h100-fp8", "llama3.1-8b-h100-fp8",
             "gpt-oss-120b-8xh200"} <= set(names)
     for name in names:
-        r = R.load(name)
-        again = R.from_dict(yaml.safe_load(r.to_yaml()), where=name)
+        r = R.load_recipe(name)
+        again = R.recipe_from_dict(yaml.safe_load(r.to_yaml()), where=name)
         assert again == r.model_copy(update={"source": None}) or again.model_dump() == r.model_dump()
 
 
@@ -78,7 +78,7 @@ def test_recipes_cli(tmp_path, capsys):
     assert shown["serving"]["max_batch_size"] == 16 and shown["gpu"]["name"] == "H100"
     dest = tmp_path / "mine.yaml"
     assert run(["recipes", "copy", "tiny", str(dest)]) == 0
-    assert R.load(dest).name == "tiny"
+    assert R.load_recipe(dest).name == "tiny"
     assert run(["recipes", "copy", "tiny", str(dest)]) == 2          # never overwrites
     capsys.readouterr()
     bad = write(tmp_path, {**BASE, "enginee": "trtllm"}, "bad.yaml")
@@ -102,7 +102,7 @@ def test_flags_land_in_typed_fields_without_yaml():
     assert (r.precision.weights, r.precision.kv_cache, r.precision.calib) == ("fp8", "fp8", calib)
     assert r.graphs is True
     assert (r.target.id, r.target.config, r.target.revision) == ("org/t", None, None)  # the recipe's config dir goes
-    assert r.drafter == R.load("qwen3-8b-h100-fp8").drafter
+    assert r.drafter == R.load_recipe("qwen3-8b-h100-fp8").drafter
     # Without a recipe: named after the target and precision; --set still applies after the flags.
     r = recipe_from_flags(None, "some/dir/my-target/", "org/d", {"--precision": "nvfp4"},
                           ["precision.weights=bf16", "serving.max_batch_size=8"])
@@ -126,17 +126,17 @@ def test_graphs_flag_sets_the_recipe_key(tmp_path, monkeypatch):
     for argv in (["--graphs"], [], ["--set", "graphs=true"]):
         assert run(["build", *argv, "--dry-run"]) == 2
     assert seen == [True, False, True]
-    r = R.load(write(tmp_path, {**BASE, "graphs": True}))
+    r = R.load_recipe(write(tmp_path, {**BASE, "graphs": True}))
     assert r.graphs is True and yaml.safe_load(r.to_yaml())["graphs"] is True
 
 
 def test_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys):
     p = write(tmp_path, BASE)
     with pytest.raises(RecipeError, match=r"^--gpus-per-node 0: Input should be greater than or equal to 1$"):
-        R.load(p, fields=[R.FieldValue("gpu.count", 0, "--gpus-per-node")])
+        R.load_recipe(p, fields=[R.FieldValue("gpu.count", 0, "--gpus-per-node")])
     # A --set on the same key wins over the flag, so its error names the key, not the flag.
     with pytest.raises(RecipeError, match=rf"^{re.escape(str(p))}: gpu.count: Input should be greater"):
-        R.load(p, ["gpu.count=-1"], fields=[R.FieldValue("gpu.count", 2, "--gpus-per-node")])
+        R.load_recipe(p, ["gpu.count=-1"], fields=[R.FieldValue("gpu.count", 2, "--gpus-per-node")])
     for argv, flag in ((["plan", "--precision", "fp16"], "--precision 'fp16'"),
                        (["plan", "qwen3-8b-h100-fp8", "--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4'")):
         assert run(argv) == 2, argv

@@ -40,24 +40,24 @@ def trtllm_draft_len(spec: dict, batch: int) -> int:
 
 
 def _plan(name, sets=()):
-    r = R.load(name, list(sets))
-    res = pipeline.resolve(r)
-    p = pipeline.make_plan(res)
-    spec = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, res.drafter)))["speculative_config"]
+    r = R.load_recipe(name, list(sets))
+    res = pipeline.resolve_recipe(r)
+    p = pipeline.plan_resolved(res)
+    spec = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, res.drafter)))["speculative_config"]
     return r, p, spec
 
 
-def _expand(draft_lengths: list[dict]) -> list[int]:
+def _expand(draft_lengths) -> list[int]:
     out = []
     for row in draft_lengths:
-        out += [row["draft_len"]] * (row["batch_to"] - row["batch_from"] + 1)
+        out += [row.draft_len] * (row.batch_to - row.batch_from + 1)
     return out
 
 
 def _check_plan_against_trtllm(r, p, spec):
     n = r.serving.max_batch_size
     planned = _expand(p.draft_lengths)
-    assert len(planned) == n and p.draft_lengths[0]["batch_from"] == 1
+    assert len(planned) == n and p.draft_lengths[0].batch_from == 1
     assert [trtllm_draft_len(spec, b) for b in range(1, n + 1)] == planned, (spec, p.draft_lengths)
     assert planned == sorted(planned, reverse=True)                 # monotone non-increasing
     assert planned[0] == p.max_draft_len == spec["max_draft_len"]
@@ -67,10 +67,10 @@ def _check_plan_against_trtllm(r, p, spec):
     if "draft_len_schedule" in spec:
         assert max(spec["draft_len_schedule"]) >= n
     for row in p.curve:                                             # the plan table shows the same
-        assert row["draft_len"] == trtllm_draft_len(spec, row["batch"])
+        assert row.draft_len == trtllm_draft_len(spec, row.batch)
 
 
-@pytest.mark.parametrize("name", sorted(R.bundled()))
+@pytest.mark.parametrize("name", sorted(R.bundled_recipes()))
 def test_every_bundled_recipe_drafts_what_its_plan_says(name):
     try:
         r, p, spec = _plan(name)
@@ -120,15 +120,15 @@ def test_a_schedule_for_max_batch_size_1024():
 def test_schedule_none_drafts_the_constant_length():
     r, p, spec = _plan("tiny")
     assert r.speculative.schedule == "none" and "draft_len_schedule" not in spec and "max_concurrency" not in spec
-    assert [row["draft_len"] for row in p.curve] == [7, 7, 7, 7]
-    assert p.draft_lengths == [{"batch_from": 1, "batch_to": 8, "draft_len": 7}]
+    assert [row.draft_len for row in p.curve] == [7, 7, 7, 7]
+    assert [r.model_dump() for r in p.draft_lengths] == [{"batch_from": 1, "batch_to": 8, "draft_len": 7}]
 
 
 def test_trtllms_documented_example_is_accepted_and_read_as_it_documents():
     r, p, spec = _plan("qwen3-8b-h100-fp8", ["speculative.max_draft_len=4", "speculative.schedule=draft_len_schedule",
                                              "speculative.draft_len_schedule={4: 4, 8: 2, 32: 1}"])
     assert spec["draft_len_schedule"] == {4: 4, 8: 2, 32: 1}
-    assert p.draft_lengths == [{"batch_from": 1, "batch_to": 4, "draft_len": 4},
+    assert [r.model_dump() for r in p.draft_lengths] == [{"batch_from": 1, "batch_to": 4, "draft_len": 4},
                                {"batch_from": 5, "batch_to": 8, "draft_len": 2},
                                {"batch_from": 9, "batch_to": 32, "draft_len": 1}]
 
@@ -189,18 +189,18 @@ def test_emit_reads_back_for_each_release_semantics(lookup, floor):
     for _ in range(200):
         n, top = rng.randint(1, 300), rng.randint(1, 15)
         want = [max(v, floor) for v in _random_lengths(rng, n, top)]
-        sched = schedule.emit(schedule.runs(want), release)
-        schedule.check(sched, top)  # TensorRT-LLM's validator accepts it
+        sched = schedule.emit_schedule(schedule.schedule_runs(want), release)
+        schedule.check_schedule(sched, top)  # TensorRT-LLM's validator accepts it
         assert schedule.lengths(n, top, release, schedule=sched) == want
         assert list(sched) == sorted(sched)
 
 
 def test_lower_bound_keys_are_the_first_batch_of_each_run():
     release = trtllm_releases.Release("old", ("VANILLA",), frozenset(), schedule_lookup="lower_bound")
-    runs = schedule.runs([7] * 4 + [5] * 4 + [0] * 8)
-    assert schedule.emit(runs, release) == {1: 7, 5: 5, 9: 0}
-    upper = trtllm_releases.get("1.4.0rc1")
-    assert schedule.emit(runs, upper) == {4: 7, 8: 5}
+    runs = schedule.schedule_runs([7] * 4 + [5] * 4 + [0] * 8)
+    assert schedule.emit_schedule(runs, release) == {1: 7, 5: 5, 9: 0}
+    upper = trtllm_releases.get_release("1.4.0rc1")
+    assert schedule.emit_schedule(runs, upper) == {4: 7, 8: 5}
 
 
 def _fake_trtllm(root, floor: int | None):
@@ -227,7 +227,7 @@ def test_the_rule_reads_the_installed_classes(tmp_path, monkeypatch, floor, trap
     for name in [m for m in sys.modules if m.startswith("tensorrt_llm")]:   # another test's stand-in, restored after
         monkeypatch.delitem(sys.modules, name)
     try:
-        rule = schedule.zero_draft_rule(trtllm_releases.get("1.4.0rc1"))
+        rule = schedule.zero_draft_rule(trtllm_releases.get_release("1.4.0rc1"))
         assert rule.trap is trap and rule.shortest == 1 and "installed TensorRT-LLM 9.9.9" in rule.source
         bad = rule.refusal(32, 4, schedule={4: 4, 8: 0})
         assert (bad is not None) is trap      # with the floor, TensorRT-LLM drafts 1 where the schedule says 0

@@ -19,7 +19,7 @@ from dflash_trt.errors import RecipeError
 from dflash_trt.plan import schedule_vllm as sv
 from dflash_trt.plan import trtllm_releases
 
-RELEASE = trtllm_releases.get(trtllm_releases.DEFAULT_RELEASE)
+RELEASE = trtllm_releases.get_release(trtllm_releases.DEFAULT_RELEASE)
 
 
 def vllm_dense(entries, num_spec: int, max_bs: int) -> list[int]:
@@ -108,7 +108,7 @@ def test_the_plan_carries_its_schedule_for_vllm():
     from dflash_trt.deploy import pipeline
     from dflash_trt.plan import recipe as R
 
-    p = pipeline.make_plan(pipeline.resolve(R.load("gpt-oss-120b-8xb300", [])))
-    want = [r["draft_len"] for r in p.draft_lengths for _ in range(r["batch_from"], r["batch_to"] + 1)]
+    p = pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe("gpt-oss-120b-8xb300", [])))
+    want = p.lengths()
     v = p.vllm_schedule
-    assert vllm_dense(v["num_speculative_tokens_per_batch_size"], v["num_speculative_tokens"], len(want)) == want
+    assert vllm_dense(v.num_speculative_tokens_per_batch_size, v.num_speculative_tokens, len(want)) == want

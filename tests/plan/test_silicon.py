@@ -89,15 +89,15 @@ def test_a_verify_reads_each_rows_context_once():
 
 
 def _make(stack=None, calibration=None, tables=True):
-    r = R.load("qwen3-8b-h200-fp8")
-    res = pipeline.resolve(r)
+    r = R.load_recipe("qwen3-8b-h200-fp8")
+    res = pipeline.resolve_recipe(r)
     dep = deployment.Deployment(target=res.target, drafter=res.drafter, gpu=res.gpu, gpus=res.gpus,
                                 precision=res.precision, kv_cache="auto")
 
     def factory(tp):
         return silicon.tables_for(str(res.target_dir), res.gpu.name, stack or "trtllm", res.precision, tp,
                                   res.target.layers, r.trtllm.release)
-    return deployment.make(dep, r.serving, r.speculative, r.parallel, r.trtllm, calibration=calibration,
+    return deployment.make_plan(dep, r.serving, r.speculative, r.parallel, r.trtllm, calibration=calibration,
                            stack=stack, tables=factory if tables else None)
 
 
@@ -108,7 +108,7 @@ def test_every_term_names_its_source_and_calibration_corrects_the_rest():
     assert p.step_sources["mtp_step"] == p.step_sources["target_forward"]
     assert "beside the tables" in p.step_sources["loop"] and p.step_sources["drafter"].startswith("calibrated")
     # a user's calibration (refitted over the tables' step, calibrate.from_files) corrects the rest
-    own = _make(calibration=perf_model.shipped())
+    own = _make(calibration=perf_model.shipped_calibration())
     assert own.step_sources["target_forward"] == p.step_sources["target_forward"]
     assert own.step_sources["drafter"].startswith("user calibration") and "over the tables" in \
         own.step_sources["drafter"]
@@ -131,8 +131,8 @@ def test_plan_predicts_for_the_chosen_stack(capsys):
 def test_the_mtp_arm_steps_on_the_same_tables():
     pytest.importorskip("aiconfigurator_core")
     t = silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
-    r = R.load("qwen3-8b-h200-fp8")
-    res = pipeline.resolve(r)
+    r = R.load_recipe("qwen3-8b-h200-fp8")
+    res = pipeline.resolve_recipe(r)
     dep = deployment.Deployment(target=res.target, drafter=res.drafter, gpu=res.gpu, gpus=1, precision="bf16",
                                 kv_cache="auto")
     m = silicon.combined(deployment.step_model(dep, 1, 1024), t)

@@ -37,7 +37,7 @@ def _model(tmp_path, hidden):
     tmp_path.mkdir()
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     target = TargetShape.from_dir(tmp_path)
-    res = pipeline.resolve(R.load("qwen3-8b-h200-fp8"))
+    res = pipeline.resolve_recipe(R.load_recipe("qwen3-8b-h200-fp8"))
     dep = deployment.Deployment(target=target, drafter=res.drafter, gpu=res.gpu, gpus=1, precision="bf16",
                                 kv_cache="auto")
     tables = silicon.tables_for(str(tmp_path), "H200", "trtllm", "bf16", 1, 2, "1.4.0rc1")

@@ -33,7 +33,7 @@ def qwen():
 
 def _dep(qwen, gpu="h100"):
     t, d = qwen
-    return P.Deployment(target=t, drafter=d, gpu=hw.get(gpu), gpus=1, precision="fp8", kv_cache="auto")
+    return P.Deployment(target=t, drafter=d, gpu=hw.get_gpu(gpu), gpus=1, precision="fp8", kv_cache="auto")
 
 
 def test_captured_batch_sizes_follow_tensorrt_llm_and_add_schedule_keys():
@@ -108,9 +108,9 @@ def test_plan_prints_our_budget_beside_the_open_pr_estimate(capsys):
 
 
 def test_config_writes_the_planned_sizes_and_fraction():
-    r = R.load("qwen3-8b-h100-fp8", ["serving.max_batch_size=16"])
-    res = pipeline.resolve(r)
-    p = pipeline.make_plan(res)
+    r = R.load_recipe("qwen3-8b-h100-fp8", ["serving.max_batch_size=16"])
+    res = pipeline.resolve_recipe(r)
+    p = pipeline.plan_resolved(res)
     cfg = trtllm.config(r, p, res.drafter)
     assert cfg.kv_cache_config.free_gpu_memory_fraction == p.memory.fraction > 0.85   # more room at batch 16
     assert cfg.attn_backend == "TRTLLM" and cfg.max_batch_size == 16
@@ -122,27 +122,28 @@ def test_config_writes_the_planned_sizes_and_fraction():
 ])
 def test_a_draft_backend_the_rule_forbids_is_refused_naming_the_rule(gpu, backend, match):
     with pytest.raises((HardwareError, RecipeError), match=match):
-        trtllm_rules.attention_backend(backend, hw.get(gpu), trtllm_releases.get("1.4.0rc1"), [])
+        trtllm_rules.attention_backend(backend, hw.get_gpu(gpu), trtllm_releases.get_release("1.4.0rc1"), [])
 
 
 def test_head_dim_and_gpu_pick_the_draft_backend():
-    rel, w = trtllm_releases.get("1.4.0rc1"), []
-    assert trtllm_rules.attention_backend("auto", hw.get("h100"), rel, w, 128) == "FA4"
-    assert trtllm_rules.attention_backend("auto", hw.get("b200"), rel, w, 256) == "TRTLLM"
-    assert trtllm_rules.attention_backend("auto", hw.get("h100"), rel, w, 512) == "VANILLA" and "head_dim 512" in w[0]
+    rel, w = trtllm_releases.get_release("1.4.0rc1"), []
+    assert trtllm_rules.attention_backend("auto", hw.get_gpu("h100"), rel, w, 128) == "FA4"
+    assert trtllm_rules.attention_backend("auto", hw.get_gpu("b200"), rel, w, 256) == "TRTLLM"
+    assert trtllm_rules.attention_backend("auto", hw.get_gpu("h100"), rel, w, 512) == "VANILLA"
+    assert "head_dim 512" in w[0]
     with pytest.raises(RecipeError, match="FA4 takes head_dim 8-256"):
-        trtllm_rules.attention_backend("FA4", hw.get("h100"), rel, [], 260)
-    assert trtllm_rules.attention_backend("VANILLA", hw.get("b200"), rel, []) == "VANILLA"   # always allowed
+        trtllm_rules.attention_backend("FA4", hw.get_gpu("h100"), rel, [], 260)
+    assert trtllm_rules.attention_backend("VANILLA", hw.get_gpu("b200"), rel, []) == "VANILLA"   # always allowed
 
 
 def test_the_target_attn_backend_is_never_flashinfer_for_dflash():
     assert trtllm_rules.target_attn_backend(None) == "TRTLLM"
     with pytest.raises(RecipeError, match="FLASHINFER cannot verify K \\+ 1 tokens"):
         trtllm_rules.target_attn_backend("FLASHINFER")
-    r = R.load("qwen3-8b-h100-fp8")
-    res = pipeline.resolve(r)
-    data = trtllm.config(r, pipeline.make_plan(res), res.drafter).model_dump(mode="json", exclude_unset=True)
+    r = R.load_recipe("qwen3-8b-h100-fp8")
+    res = pipeline.resolve_recipe(r)
+    data = trtllm.config(r, pipeline.plan_resolved(res), res.drafter).model_dump(mode="json", exclude_unset=True)
     with pytest.raises(DFlashError, match="FLASHINFER cannot verify"):
-        trtllm.validate({**data, "attn_backend": "FLASHINFER"})
+        trtllm.validate_trtllm_config({**data, "attn_backend": "FLASHINFER"})
     mtp = {**data, "attn_backend": "FLASHINFER", "speculative_config": {"decoding_type": "MTP"}}
-    assert trtllm.validate(mtp).attn_backend == "FLASHINFER"   # the rule is DFlash's, not every arm's
+    assert trtllm.validate_trtllm_config(mtp).attn_backend == "FLASHINFER"   # the rule is DFlash's, not every arm's

@@ -90,11 +90,11 @@ def _dflash2_recipe(tmp_path: Path, gpu: str, **sets) -> Path:
 
 @pytest.mark.parametrize("gpu, backend", [("B200", "VANILLA"), ("H200", "FA4")])
 def test_a_dflash2_recipe_plans_and_emits_the_dflash_config(tmp_path, gpu, backend):
-    r = R.load(_dflash2_recipe(tmp_path, gpu))
-    res = pipeline.resolve(r)
-    p = pipeline.make_plan(res)
+    r = R.load_recipe(_dflash2_recipe(tmp_path, gpu))
+    res = pipeline.resolve_recipe(r)
+    p = pipeline.plan_resolved(res)
     assert p.attention_backend == backend and p.trtllm_release == "1.4.0rc1"
-    spec = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, res.drafter)))["speculative_config"]
+    spec = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, res.drafter)))["speculative_config"]
     assert spec["decoding_type"] == "DFlash" and spec["attention_backend"] == backend
     assert spec["max_draft_len"] <= 15 and spec["target_layer_ids"] == [1, 9, 17, 25, 33]
 
@@ -113,10 +113,10 @@ def test_a_dflash2_recipe_for_another_release_or_trtllm_attention_is_one_line(tm
 
 @pytest.mark.parametrize("name", ["qwen3.8-27b-dflash2-h200-fp8", "muse-glimmer-30b-dflash2-h200-fp8"])
 def test_the_published_dflash2_recipes_are_incomplete_and_refused_in_one_line(name, capsys):
-    r = R.load(name)
+    r = R.load_recipe(name)
     assert r.incomplete and all("target.config" in x for x in r.incomplete)
     assert r.drafter.config and "DFlash2DraftModel" in (r.resolve_path(r.drafter.config) / "config.json").read_text()
     assert run(["plan", name]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"recipe {name}: its shipped configs lack" in err, err
-    assert "incomplete" in r.to_yaml() and "incomplete" not in R.load("tiny").to_yaml()
+    assert "incomplete" in r.to_yaml() and "incomplete" not in R.load_recipe("tiny").to_yaml()

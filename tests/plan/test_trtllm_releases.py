@@ -66,8 +66,8 @@ def test_one_rule_on_the_layers_decides_the_draft_attention(kind):
 
 
 def _plan(sets):
-    r = R.load("qwen3-8b-h100-fp8", list(sets))
-    return pipeline.make_plan(pipeline.resolve(r))
+    r = R.load_recipe("qwen3-8b-h100-fp8", list(sets))
+    return pipeline.plan_resolved(pipeline.resolve_recipe(r))
 
 
 def test_the_unused_draft_kv_pool_is_charged_per_release_and_backend():

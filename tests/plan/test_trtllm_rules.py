@@ -20,9 +20,9 @@ from dflash_trt.plan import recipe as R
 
 
 def _plan(name, sets=()):
-    r = R.load(name, list(sets))
-    res = pipeline.resolve(r)
-    return r, pipeline.make_plan(res), res
+    r = R.load_recipe(name, list(sets))
+    res = pipeline.resolve_recipe(r)
+    return r, pipeline.plan_resolved(res), res
 
 
 def qwen_h100_total(S: int, B: int, tokens: int, graphs: int = 16) -> int:
@@ -96,7 +96,7 @@ def test_unknown_release_is_one_line(capsys):
 
 def test_block_reuse_gets_the_recompute_tail_on_1_4_and_a_warning_before():
     r, p, res = _plan("qwen3-8b-h100-fp8", ["serving.enable_block_reuse=true"])
-    spec = yaml.safe_load(trtllm.to_yaml(trtllm.config(r, p, res.drafter)))["speculative_config"]
+    spec = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, res.drafter)))["speculative_config"]
     assert p.context_recompute_tail == spec["context_recompute_tail"] == 512
     assert p.enable_chunked_prefill  # TensorRT-LLM applies the tail only with chunked prefill
     r, p, res = _plan("qwen3-8b-h100-fp8", ["serving.enable_block_reuse=true", "speculative.context_recompute_tail=-1"])

@@ -89,7 +89,7 @@ def _walk_dense(c, temperature=0.0, uniforms=None):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_walk_follows_the_dense_score_table(seed):
     c = _selector_case(seed=seed)
-    tokens, q = selector.walk(**c)
+    tokens, q = selector.selector_walk(**c)
     assert q is None and torch.equal(tokens, _walk_dense(c))
 
 
@@ -99,8 +99,8 @@ def test_the_table_walk_is_the_greedy_walk(seed, strength):
     walk's path, where the transitions decide it too (strength 3: the path leaves the argmax)."""
     c = _selector_case(seed=seed, r=6)
     c["predecessor"], c["successor"] = c["predecessor"] * strength, c["successor"] * strength
-    tokens, _ = selector.walk(**c)
-    assert torch.equal(selector.walk_greedy(**c), tokens)
+    tokens, _ = selector.selector_walk(**c)
+    assert torch.equal(selector.selector_walk_greedy(**c), tokens)
     if strength > 1:
         assert not torch.equal(tokens, c["candidates"][..., 0])
 
@@ -109,14 +109,14 @@ def test_greedy_walk_is_not_an_argmax_per_position():
     # Strong transitions: the pairwise term decides, so the path leaves the per-position argmax.
     c = _selector_case(seed=3, r=6)
     c["predecessor"], c["successor"] = c["predecessor"] * 3, c["successor"] * 3
-    tokens, _ = selector.walk(**c)
+    tokens, _ = selector.selector_walk(**c)
     assert not torch.equal(tokens, c["candidates"][..., 0])
 
 
 def test_sampled_walk_is_the_inverse_cdf_of_q():
     c = _selector_case(seed=4)
     u = torch.rand(3, 5, generator=torch.Generator().manual_seed(5))
-    tokens, q = selector.walk(**c, temperature=0.7, uniforms=u)
+    tokens, q = selector.selector_walk(**c, temperature=0.7, uniforms=u)
     assert torch.equal(tokens, _walk_dense(c, 0.7, u))
     torch.testing.assert_close(q.sum(-1), torch.ones(3, 5))
 
@@ -125,8 +125,8 @@ def test_sampled_walk_is_the_inverse_cdf_of_q():
 def test_the_exported_walk_is_the_walk(temperature):
     c = _selector_case(seed=6)
     u = torch.rand(3, 5, generator=torch.Generator().manual_seed(7))
-    tokens, q = selector.walk(**c, temperature=temperature, uniforms=u)
-    g_tokens, g_q = selector.walk_graph(**c, temperature=torch.tensor([temperature]), uniforms=u)
+    tokens, q = selector.selector_walk(**c, temperature=temperature, uniforms=u)
+    g_tokens, g_q = selector.selector_walk_graph(**c, temperature=torch.tensor([temperature]), uniforms=u)
     assert torch.equal(tokens, g_tokens)
     if q is not None:
         torch.testing.assert_close(q, g_q)

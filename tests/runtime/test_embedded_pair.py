@@ -75,7 +75,7 @@ def test_heldout_prompts_come_from_files_the_target_never_saw():
 
 
 def test_tiny_recipe_names_the_embedded_pair():
-    r = recipe.load("tiny")
+    r = recipe.load_recipe("tiny")
     assert (r.target.id, r.drafter.id) == (TARGET, DRAFTER)
     assert r.gpu.name == "cpu" and r.precision.weights == "bf16" and r.graphs is False
     assert ingest.resolve(r.target.id).is_dir() and ingest.resolve(r.drafter.id).is_dir()

@@ -100,7 +100,7 @@ def test_the_graph_export_refuses_each_in_one_line():
 
 def test_each_is_in_the_family_registry():
     """The registry recipes read names every family proven here, VLM and text model alike."""
-    from dflash_trt.ingest import family_of
+    from dflash_trt.ingest import target_family_of as family_of
     from tests.second_wave import _config
 
     for family in FAMILIES + TEXT_ONLY:

@@ -315,7 +315,7 @@ def test_python_m_dflash_trt_train_takes_the_train_drafter_flags():
 
     cmd = next(c for c in typer.main.get_command(app).commands.values() if c.name == "train-drafter")
     cli_flags = {o for p in cmd.params for o in p.opts if o.startswith("--")} - {"--nproc", "--json", "--help"}
-    ours = {o for a in train_launch.parser()._actions for o in a.option_strings}
+    ours = {o for p in train_launch.command().params for o in p.opts}
     assert cli_flags <= ours, cli_flags - ours
     s = train_launch.settings_from_argv(["-t", "T", "--data", "D", "-o", "O", "--target-layer-ids", "1,3",
                                          "--no-thinking", "--feature-cache", "C", "--steps", "7"])

@@ -23,7 +23,7 @@ from tests.helpers import char_tokenizer, tiny_dflash2_drafter, tiny_drafter, ti
 def test_block_cannot_see_later_context_or_other_blocks():
     T_, B = 12, 4
     anchors = torch.tensor([[3, 7]])
-    vis = objective.block_visibility(anchors, T_, B)[0]          # [K*B, T + K*B]
+    vis = objective.training_visibility(anchors, T_, B)[0]          # [K*B, T + K*B]
     assert vis.shape == (2 * B, T_ + 2 * B)
     for k, a in enumerate([3, 7]):
         rows = vis[k * B:(k + 1) * B]
@@ -38,9 +38,9 @@ def test_block_cannot_see_later_context_or_other_blocks():
 
 
 def test_causal_and_window_masks_follow_the_runtime_rules():
-    vis = objective.block_visibility(torch.tensor([[5]]), 8, 4, causal=True)[0]
+    vis = objective.training_visibility(torch.tensor([[5]]), 8, 4, causal=True)[0]
     assert torch.equal(vis[:, 8:], torch.tril(torch.ones(4, 4, dtype=torch.bool)))
-    win = objective.block_visibility(torch.tensor([[5]]), 8, 4, window=3)[0]
+    win = objective.training_visibility(torch.tensor([[5]]), 8, 4, window=3)[0]
     # query t at position 5+t sees context j only if 5+t-j < 3 (and j < 5)
     assert win[0, :8].nonzero().flatten().tolist() == [3, 4]
     assert win[2, :8].nonzero().flatten().tolist() == []

@@ -21,7 +21,7 @@ from dflash_trt._cli.common import (
 )
 
 if TYPE_CHECKING:   # annotations only: the CLI imports the planner when a command runs (start-up cost)
-    from dflash_trt.ingest import CurvePoint
+    from dflash_trt.ingest import CurvePoint, PlanMemory
     from dflash_trt.plan import Plan, Recipe
 
 DEFAULT_RECIPE = "tiny"
@@ -238,14 +238,15 @@ def show_plan(p: Plan, r: Recipe) -> None:
         err.print(Text.assemble(("warning:", "yellow"), " ", w))  # w as written: no markup in file names
 
 
-def show_budget(m) -> None:
+def show_budget(m: PlanMemory) -> None:
     """The KV pool's share and what is left beside it, with PR #19466's estimate beside ours."""
-    b = m.budget()
-    est = m.as_dict()["pr19466"]
-    how = "set in the recipe" if b.fraction_source == "recipe" else "chosen to leave start-up its room"
-    out.print(f"free_gpu_memory_fraction {b.fraction:.2f} ({how}): KV pool {_gib(int(b.fraction * b.free_after_load))}"
-              f" for {_gib(b.in_pool)}; beside it {_gib(b.after_pool)} needed, {_gib(b.left_after_pool)} spare",
-              markup=False)
+    b, est = m.budget, m.pr19466
+    if b is None or est is None:   # a plan without the start-up budget (no GPU memory to size)
+        return
+    how = "set in the recipe" if b["fraction_source"] == "recipe" else "chosen to leave start-up its room"
+    pool = _gib(int(b["fraction"] * b["free_after_load"]))
+    out.print(f"free_gpu_memory_fraction {b['fraction']:.2f} ({how}): KV pool {pool} for {_gib(b['in_pool'])}; "
+              f"beside it {_gib(b['after_pool'])} needed, {_gib(b['left_after_pool'])} spare", markup=False)
     out.print(f"PR #19466 estimate (an open pull request, not in a release): drafter buffers {_gib(est['buffers'])} "
               f"against a budget of {_gib(est['budget'])} (0.70 x (memory - weights - 4 GiB) x (1 - fraction)): "
               f"{est['verdict']}", markup=False)

@@ -66,13 +66,12 @@ async def _phases(url: str, model: str | None, prompts: list[str], crowd: int, m
     return bodies
 
 
-def _expected(w: verify_server.Window, plan: dict) -> float:
-    alpha = float(plan["alpha"])
-    runs = w.draft_rounds or {(SURVIVORS, int(plan["max_draft_len"])): 1}
-    return sum(n * planner.expected_tau(alpha, L) for (_, L), n in runs.items()) / sum(runs.values())
+def _expected(w: verify_server.Window, plan: planner.Plan) -> float:
+    runs = w.draft_rounds or {(SURVIVORS, plan.max_draft_len): 1}
+    return sum(n * planner.expected_tau(plan.alpha, L) for (_, L), n in runs.items()) / sum(runs.values())
 
 
-def probe(url: str, plan: dict, config: dict, *, model: str | None = None, prompts: list[str],
+def probe(url: str, plan: planner.Plan, config: dict, *, model: str | None = None, prompts: list[str],
           max_tokens: int = 32, collapsed: bool = False) -> dict:
     """The ``trap`` check of ``verify --endpoint`` (module docstring); ``collapsed``: acceptance
     already collapsed at the load levels, so a low τ here could not be told from that."""

@@ -59,13 +59,6 @@ def check_paths(bundle: Bundle) -> None:
                                   "rebuild the bundle with 'dflash-trt build'")
 
 
-def _plan(bundle: Bundle) -> dict:
-    plan = bundle.built.plan
-    if plan is None:
-        return {}
-    return plan if isinstance(plan, dict) else plan.model_dump(mode="json")   # a typed plan reads the same
-
-
 def serve_sh_settings(text: str) -> dict[str, str]:
     """What ``serve.sh`` says: the release it checks for, the GPU it checks, and trtllm-serve's flags."""
     out = {}
@@ -83,14 +76,14 @@ def serve_sh_settings(text: str) -> dict[str, str]:
 def check_fields(bundle: Bundle, config: dict) -> list[str]:
     """Where the manifest's own fields differ from what ``trtllm/config.yaml`` (``config``),
     ``trtllm/serve.sh`` and the bundle's files say (one line each; empty: all agree)."""
-    m, plan = bundle.built, _plan(bundle)
+    m, plan = bundle.built, bundle.built.plan
     sh = serve_sh_settings(bundle.serve_sh.read_text()) if bundle.serve_sh.is_file() else {}
     spec = config.get("speculative_config") or {}
     want: dict[str, tuple[object, object, str]] = {}   # field -> (manifest's, the file's, which file)
     if m.trtllm is not None:
         want["trtllm.release"] = (m.trtllm.release, sh.get("release"), Layout.SERVE_SH)
-        if "trtllm_release" in plan:
-            want["plan.trtllm_release"] = (plan["trtllm_release"], m.trtllm.release, "manifest trtllm.release")
+        if plan is not None:
+            want["plan.trtllm_release"] = (plan.trtllm_release, m.trtllm.release, "manifest trtllm.release")
     if m.gpu is not None and "want_sm" in sh:
         want["gpu.sm"] = (str(m.gpu.sm), sh["want_sm"], Layout.SERVE_SH)
         want["gpu.memory_gb"] = (f"{m.gpu.memory_gb:g}", sh.get("want_gb"), Layout.SERVE_SH)
@@ -101,9 +94,9 @@ def check_fields(bundle: Bundle, config: dict) -> list[str]:
                       ("max_num_tokens", "max_num_tokens"), ("max_seq_len", "max_seq_len")):
         if flag in sh and key in config:
             want[f"serve.sh --{flag}"] = (str(config[key]), sh[flag], Layout.SERVE_SH)
-    if m.precision is not None:
-        want["precision.kv_cache"] = (m.precision.kv_cache, plan.get("kv_cache", m.precision.kv_cache), "plan")
-        want["precision.weights"] = (m.precision.weights, plan.get("precision", m.precision.weights), "plan")
+    if m.precision is not None and plan is not None:
+        want["precision.kv_cache"] = (m.precision.kv_cache, plan.kv_cache, "plan")
+        want["precision.weights"] = (m.precision.weights, plan.precision, "plan")
     if m.drafter is not None and spec.get("target_layer_ids") is not None:
         want["drafter.target_layer_ids"] = (sorted(m.drafter.target_layer_ids), sorted(spec["target_layer_ids"]),
                                             Layout.TRTLLM_CONFIG)

@@ -1,4 +1,5 @@
 import os
+import sys
 
 # Tests never reach a hub: huggingface_hub reads this at import, and the project's resolver on
 # every call. Without it each lookup of a hub-only recipe waited ~25 s for this closed network
@@ -23,6 +24,35 @@ if not torch.cuda.is_available():
 # Every model in the tests is tiny: one CPU thread runs them fastest, and a suite that
 # does not fight itself for the cores keeps its run time steady on a busy machine.
 torch.set_num_threads(1)
+
+
+def _trtllm_modules() -> dict:
+    return {k: v for k, v in sys.modules.items() if k == "tensorrt_llm" or k.startswith("tensorrt_llm.")}
+
+
+_TRTLLM = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """Note which ``tensorrt_llm`` modules are loaded before any of the test's fixtures run."""
+    item.stash[_TRTLLM] = _trtllm_modules()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After every fixture's teardown (monkeypatch's undo included, which re-inserts modules it
+    deleted), ``sys.modules`` holds the ``tensorrt_llm`` modules it held before the test and no
+    others: a stand-in release a test imported cannot be found by the next test's
+    ``find_spec("tensorrt_llm")`` (which answers from ``sys.modules`` before ``sys.path``), so an
+    installed-release lookup (``trtllm_judge.installed_version``, ``schedule.installed_floor``)
+    never sees another test's stand-in."""
+    yield
+    before = item.stash.get(_TRTLLM, {})
+    for name in set(_trtllm_modules()) - set(before):
+        del sys.modules[name]
+    sys.modules.update(before)
 
 
 @pytest.fixture(autouse=True)

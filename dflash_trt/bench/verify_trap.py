@@ -44,26 +44,31 @@ def schedule_top(config: dict) -> int:
     return int(config.get("max_batch_size") or 8)
 
 
-async def _phases(url: str, model: str | None, prompts: list[str], crowd: int, max_tokens: int) -> list[str | None]:
-    """The three /metrics bodies: before, when the crowd is done, when the survivors are."""
+async def _phases(url: str, model: str | None, prompts: list[str], crowd: int,
+                  max_tokens: int) -> tuple[list[str | None], list[str]]:
+    """The three /metrics bodies (before, when the crowd is done, when the survivors are) and the
+    errors of the requests that failed. The warm-up (before the first scrape, so outside both
+    windows) settles what the server accepts, as ``bench.endpoint.run``'s does: a server that
+    refuses per-chunk usage (the embedded one, vLLM's extension) is asked without it."""
     from dflash_trt.bench import endpoint
 
     bodies: list[str | None] = []
     ep = endpoint.Endpoint(url, model, on_scrape=bodies.append)
     try:
         await ep.discover()
+        await ep.warm_up(prompts[0], min(8, max_tokens), 0.0, True)
         await ep.scrape()
         long = [asyncio.create_task(ep.request(prompts[i % len(prompts)], LONG * max_tokens, 0.0, True))
                 for i in range(SURVIVORS)]
         await asyncio.sleep(0.05)   # the survivors are admitted first
         short = [ep.request(prompts[(SURVIVORS + i) % len(prompts)], max_tokens, 0.0, True) for i in range(crowd)]
-        await asyncio.gather(*short)
+        records = list(await asyncio.gather(*short))
         await ep.scrape()
-        await asyncio.gather(*long)
+        records += await asyncio.gather(*long)
         await ep.scrape()
     finally:
         await ep.close()
-    return bodies
+    return bodies, [f"{r.status or '-'} {r.error}" for r in records if not r.ok]
 
 
 def _expected(w: verify_server.Window, plan: planner.Plan) -> float:
@@ -80,15 +85,19 @@ def probe(url: str, plan: planner.Plan, config: dict, *, model: str | None = Non
         return {"name": "trap", "status": "not measured", "details": {"top": top},
                 "summary": "acceptance already collapsed at the load levels: the probe cannot tell the zero-draft "
                            "trap from that"}
-    bodies = asyncio.run(_phases(url, model, prompts, top + 1 - SURVIVORS, max_tokens))
+    bodies, errors = asyncio.run(_phases(url, model, prompts, top + 1 - SURVIVORS, max_tokens))
     load, low = verify_server.window(bodies[0], bodies[1]), verify_server.window(bodies[1], bodies[2])
     details = {"top": top, "load_concurrency": top + 1, "survivors": SURVIVORS, "load_acceptance_length": load.tau,
                "low_acceptance_length": low.tau, "load_draft_rounds": {f"{b}:{L}": n for (b, L), n in
                                                                       sorted(load.draft_rounds.items())}}
+    if errors:
+        details["failed_requests"] = {"count": len(errors), "first": errors[0]}
     if low.tau is None:
+        why = (f"{len(errors)} of {top + 1} requests failed ({errors[0]})" if errors else
+               "the server reports none, or the survivors finished first")
         return {"name": "trap", "status": "not measured", "details": details,
                 "summary": "no speculative counters for the low-concurrency phase after the load above the "
-                           f"schedule's top ({top}): the server reports none, or the survivors finished first"}
+                           f"schedule's top ({top}): {why}"}
     expected = _expected(low, plan)
     details["expected_acceptance_length"] = round(expected, 3)
     where = f"after {top + 1} requests in flight (the schedule's top: {top})"

@@ -61,8 +61,8 @@ def predictor(case, cal):
     r = case.row
     k = cal.constants(r.stack)
     model_dir = str(perf_fit._config_dir(r.target)) if not r.target.startswith("embedded:") else None
-    tables = silicon.tables_for(model_dir, r.gpu, r.stack, r.precision, r.tp, case.target.layers,
-                                trtllm_releases.DEFAULT_RELEASE, r.kv_cache)
+    tables = silicon.silicon_tables(model_dir, r.gpu, r.stack, r.precision, r.tp, case.target.layers,
+                                    trtllm_releases.DEFAULT_RELEASE, r.kv_cache)
     if tables is None or tables.reason:
         return None, (tables.reason if tables else "aiconfigurator-core not installed"), None
     tabled = calibrate.TabledCase(**{f: getattr(case, f) for f in case.__dataclass_fields__}, tables=tables)

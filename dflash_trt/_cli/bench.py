@@ -117,11 +117,18 @@ def bench(
         raise DFlashError("--baseline, --mtp-endpoint, --request-rate and --plot go with --endpoint URL")
     pair = load_pair_from(target, drafter, dtype, bundle=bundle, kernels=kernels,
                           backend=backend)
+    context = context_len(pair, bundle)
     if input_len is not None:
         rows = datasets.cut(rows, input_len, pair.tokenizer)
+    elif prompts is None:   # the shipped prompts fit any bundle: cut to its context (a user's file is refused)
+        room = context - max_tokens - (64 if chat else 0)   # the chat template's own tokens
+        if room < 1:
+            raise DFlashError(f"--max-tokens {max_tokens} leaves no room for a prompt in this model's context of "
+                              f"{context} tokens")
+        rows = datasets.cut(rows, room, pair.tokenizer)
     with steps("prompts", len(rows) * (repeats or 1)) as step:
         report = inprocess.run(pair, rows, max_new_tokens=max_tokens, block_size=block_size, chat=chat,
-                               repeats=repeats or 1, progress=step, context=context_len(pair, bundle))
+                               repeats=repeats or 1, progress=step, context=context)
     if as_json:
         print_json(report)
         return

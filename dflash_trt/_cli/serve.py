@@ -204,9 +204,8 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
     (the block size and the engines' profile are the scheduler's to check: ``runtime.Scheduler``)."""
     from dflash_trt.errors import require
     from dflash_trt.runtime import load_bundle, parse_dtype
-    from dflash_trt.serve import check_fits_cpu, create_app
+    from dflash_trt.serve import ServeSpec, check_fits_cpu, create_app
     from dflash_trt.serve import serve as run_server
-    from dflash_trt.serve.spec import ServeSpec
 
     require("fastapi", "serve", "the embedded server")
     require("uvicorn", "serve", "the embedded server")

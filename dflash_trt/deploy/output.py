@@ -11,7 +11,7 @@ Invariants:
 - **nothing half-written**: a build writes into ``.NAME.partial-PID`` beside the output (or
   ``OUT/.dflash-trt.partial-PID`` when the parent is not writable: a container volume's mount
   point); the next writer of the same output first finishes or rolls back a swap a killed
-  process left (:func:`deploy.swap.recover`), then sweeps partial directories whose process is gone.
+  process left (:func:`deploy.swap.recover_swap`), then sweeps partial directories whose process is gone.
 - **only a bundle's own files**: a new output is renamed into place (atomic). An existing one
   (``--force``, a mount point, an immutable directory: nothing that needs renaming the output
   itself) is swapped file by file through a journal (:mod:`dflash_trt.deploy.swap`): the previous
@@ -152,7 +152,7 @@ def _acquire(out: Path, path: Path) -> int:
 def recover(out: Path) -> str | None:
     """Under the lock: finish or roll back a swap of ``out`` a killed writer left (the sentence
     saying which; None when there was none)."""
-    return swap.recover(out) if out.is_dir() and not out.is_symlink() else None
+    return swap.recover_swap(out) if out.is_dir() and not out.is_symlink() else None
 
 
 def _partial_prefix(out: Path) -> tuple[Path, str]:

@@ -7,7 +7,7 @@ Invariants:
   coming. The files leaving are *moved* into ``OUT/.dflash-trt.old/`` (manifest first), the
   journal's phase then says ``in``, the new files are moved in (manifest last), the phase says
   ``clean``, and only then are the moved-out files and the partial removed. A process killed at
-  any step leaves the journal; the next writer (:func:`recover`, under the output's lock) finishes
+  any step leaves the journal; the next writer (:func:`recover_swap`, under the output's lock) finishes
   the swap where the partial still holds every file not yet moved in, else moves the previous
   bundle's files back, and says which it did. Every step is idempotent, so a recovery killed in
   turn is recovered again.
@@ -185,7 +185,7 @@ def _read_journal(out: Path) -> dict | None:
     return j
 
 
-def recover(out: Path) -> str | None:
+def recover_swap(out: Path) -> str | None:
     """Finish or roll back a swap of ``out`` a killed process left (call it holding the output's
     lock); the sentence saying which, or None when there was none."""
     try:

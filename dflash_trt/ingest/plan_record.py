@@ -101,10 +101,21 @@ class Arms(_Row):
     measured: list[MeasuredArm]
 
 
+class Spread(_Row):
+    """A figure over its repeats (``bench.spread.interval``)."""
+
+    values: list[float]
+    mean: float
+    min: float
+    max: float
+
+
 class TunedLevel(_Row):
     concurrency: int
     output_tokens_per_second: float | None
     acceptance_length: float | None
+    output_tokens_per_second_spread: Spread | None = Field(None, description="Over the level's repeats.")
+    tpot_ms: dict[str, float | None] | None = Field(None, description="TPOT per request: mean, median, p90, p99.")
 
 
 class Tuned(_Row):
@@ -133,13 +144,39 @@ class PlanMemory(_Row):
     # The start-up memory budget (main's plan.startup, from memory46): written where the planner sizes it.
     cuda_graphs: int = Field(0, description="The captured decode graphs' pool.")
     headroom: int = Field(0, description="Post-arena consumers.")
-    graph_batch_sizes: list[int] = Field(default_factory=list)
+    graph_batch_sizes: tuple[int, ...] = Field((), description="The decode graphs' batch sizes (padding on).")
     user_fraction: float | None = Field(None, description="free_gpu_memory_fraction the user set (None: chosen).")
     budget: dict[str, Any] | None = Field(None, description="The KV pool's share at start-up, and what it rests on.")
     pr19466: dict[str, Any] | None = None
     total: int = Field(description="The sum of the terms: what the plan needs per GPU.")
     fits: bool = Field(description="Whether the total fits the GPU.")
     missing: int = Field(description="Bytes over the GPU's capacity (0: it fits).")
+
+    # The start-up budget's terms, as the planner derived them (plan.deployment.Memory's properties).
+    def _budget(self) -> dict[str, Any]:
+        if self.budget is None:
+            raise ValueError("this plan predates the start-up memory budget: rebuild the bundle")
+        return self.budget
+
+    @property
+    def fraction(self) -> float:
+        """``kv_cache_config.free_gpu_memory_fraction``: the user's, else the one the planner chose."""
+        return float(self._budget()["fraction"])
+
+    @property
+    def free_after_load(self) -> int:
+        """Free when TensorRT-LLM sizes the KV pool (weights, drafter and CUDA context resident)."""
+        return int(self._budget()["free_after_load"])
+
+    @property
+    def in_pool(self) -> int:
+        """What the KV pool must hold."""
+        return int(self._budget()["in_pool"])
+
+    @property
+    def after_pool(self) -> int:
+        """What must fit beside the KV pool."""
+        return int(self._budget()["after_pool"])
 
 
 WRITTEN_WHEN_SET = {"tuned", "arms", "max_batch_size", "max_seq_len", "kv_cache_free_gpu_memory_fraction", "sized",

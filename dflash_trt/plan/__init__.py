@@ -42,7 +42,7 @@ from dflash_trt.plan.recipe_status import Status, recipe_status, unpinned_drafte
 from dflash_trt.plan.schedule import TRAP as ZERO_DRAFT_TRAP
 from dflash_trt.plan.schedule import batch_grid, check_schedule, choose_schedule, schedule_runs, zero_draft_rule
 from dflash_trt.plan.schedule_vllm import trtllm_to_vllm, vllm_lengths, vllm_to_trtllm
-from dflash_trt.plan.silicon import tables_for as silicon_tables
+from dflash_trt.plan.silicon import silicon_tables
 from dflash_trt.plan.trtllm_capture import CAPTURES as TRTLLM_CAPTURES
 from dflash_trt.plan.trtllm_capture import capture_missing, capture_supported
 from dflash_trt.plan.trtllm_dflash2 import DFlash2Rules

@@ -362,8 +362,8 @@ def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, para
         warnings.append(f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
                         f"{t.max_position_embeddings}")
     backend = rules.attention_backend(spec.attention_backend, gpu, release, warnings, d.head_dim)
-    tp_, _, serving, sized = sizing.fit(lambda s: choose_tp(dep, parallel, s, backend, release), serving,
-                                        f"{dep.gpus}x {gpu.name}")
+    tp_, _, serving, sized = sizing.size_serving(lambda s: choose_tp(dep, parallel, s, backend, release), serving,
+                                                 f"{dep.gpus}x {gpu.name}")
     warnings += [f"{c['key']} lowered from {c['from']} to {c['to']}: {c['why']}" for c in sized]
     block = spec.block_size or d.block_size
     if block > d.block_size:

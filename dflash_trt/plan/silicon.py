@@ -5,7 +5,7 @@ forward at width ``w`` tokens per row and batch ``b`` is the sum of the tables' 
 per-operation latencies for that step; everything else (the drafter, the KV injection, the loop's
 fixed cost) stays our calibrated model, and a term the tables cannot give falls back to that model
 and says so (:attr:`Tables.reason`). Importing this module imports nothing of ``aiconfigurator_core``;
-:func:`tables_for` loads it (and its tables) on first use.
+:func:`silicon_tables` loads it (and its tables) on first use.
 
 How a width is asked for without MTP layer scaling (read in ``aiconfigurator_core/sdk``, 0.12.0):
 ``engine.compile_engine(..., nextn=n)`` sets the verify width of a generation step to ``n + 1``
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -46,6 +45,7 @@ from pathlib import Path
 from dflash_trt.plan import silicon_floors
 from dflash_trt.plan.model_shapes import TargetShape
 from dflash_trt.plan.perf_model import StackConstants, StepModel
+from dflash_trt.plan.silicon_floors import table_version_key
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +79,6 @@ def installed() -> str | None:
         return None
 
 
-def _vkey(v: str) -> tuple:
-    parts = re.findall(r"\d+|rc|a|b", v)
-    return tuple(int(p) if p.isdigit() else {"a": -3, "b": -2, "rc": -1}[p] for p in parts) + (0,)
-
-
 def table_version(system: str, framework: str, release: str | None) -> str | None:
     """The newest GEMM table version for ``system``/``framework`` at or below ``release``
     (None: the newest); None when the tables hold none."""
@@ -91,9 +86,9 @@ def table_version(system: str, framework: str, release: str | None) -> str | Non
     if spec is None or not spec.submodule_search_locations:
         return None
     root = Path(list(spec.submodule_search_locations)[0]) / "systems" / "data" / system / "gemm" / framework
-    versions = sorted((p.name for p in root.iterdir() if p.is_dir()), key=_vkey) if root.is_dir() else []
+    versions = sorted((p.name for p in root.iterdir() if p.is_dir()), key=table_version_key) if root.is_dir() else []
     if release is not None:
-        versions = [v for v in versions if _vkey(v.replace("rc", "rc")) <= _vkey(release)]
+        versions = [v for v in versions if table_version_key(v) <= table_version_key(release)]
     return versions[-1] if versions else None
 
 
@@ -178,8 +173,8 @@ def _probe(model: str, system: str, framework: str, version: str | None, precisi
     return t
 
 
-def tables_for(model: str | None, gpu: str, stack: str, precision: str, tp: int, layers: int,
-               release: str | None, kv_cache: str = "auto") -> Tables | None:
+def silicon_tables(model: str | None, gpu: str, stack: str, precision: str, tp: int, layers: int,
+                   release: str | None, kv_cache: str = "auto") -> Tables | None:
     """The tables for a deployment, or None when the library is absent; a :class:`Tables` whose
     ``reason`` says why when they lack the GPU, the stack, the model or the version."""
     if installed() is None:

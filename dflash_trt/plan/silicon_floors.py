@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,6 +34,13 @@ TABLES = (("gemm", "gemm_perf", {"m": "GEMM m", "n": "GEMM n", "k": "GEMM k"}, "
           ("moe", "moe_perf", {"num_tokens": "MoE tokens"}, "moe_dtype"))
 
 
+def table_version_key(v: str) -> tuple:
+    """A table version directory's name (``1.3.0rc20``) as a sortable key: a pre-release sorts
+    below its release."""
+    parts = re.findall(r"\d+|rc|a|b", v)
+    return tuple(int(p) if p.isdigit() else {"a": -3, "b": -2, "rc": -1}[p] for p in parts) + (0,)
+
+
 def _root() -> Path | None:
     spec = importlib.util.find_spec("aiconfigurator_core")
     if spec is None or not spec.submodule_search_locations:
@@ -41,12 +49,10 @@ def _root() -> Path | None:
 
 
 def _version_dir(op_dir: Path, table: str, version: str | None) -> Path | None:
-    from dflash_trt.plan.silicon import _vkey
-
     held = [p for p in op_dir.iterdir() if (p / f"{table}.parquet").is_file()] if op_dir.is_dir() else []
     if version is not None:
-        held = [p for p in held if _vkey(p.name) <= _vkey(version)]
-    return max(held, key=lambda p: _vkey(p.name)) if held else None
+        held = [p for p in held if table_version_key(p.name) <= table_version_key(version)]
+    return max(held, key=lambda p: table_version_key(p.name)) if held else None
 
 
 @lru_cache(maxsize=64)

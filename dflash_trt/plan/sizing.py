@@ -65,8 +65,8 @@ def changes(before: ServingSpec, after: ServingSpec, why: str) -> list[dict]:
             for k in SIZED if getattr(before, k) != getattr(after, k)]
 
 
-def fit(choose: Callable[[ServingSpec], tuple[int, Any]], serving: ServingSpec, where: str
-        ) -> tuple[int, Any, ServingSpec, list[dict]]:
+def size_serving(choose: Callable[[ServingSpec], tuple[int, Any]], serving: ServingSpec, where: str
+                 ) -> tuple[int, Any, ServingSpec, list[dict]]:
     """``(tp, memory, serving, changes)``: ``choose(serving)`` is ``deployment.choose_tp`` at that
     serving (a HardwareError when nothing fits); ``where`` names the GPUs for the messages."""
     fixed = user_set(serving)

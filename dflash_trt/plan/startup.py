@@ -99,7 +99,9 @@ class Budget:
         return int(self.free_after_load * (1 - self.fraction)) - self.after_pool
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "left_after_pool": self.left_after_pool}
+        # JSON-shaped (the plan stores it as written): the batch sizes a list, as they read back
+        return {**asdict(self), "graph_batch_sizes": list(self.graph_batch_sizes),
+                "left_after_pool": self.left_after_pool}
 
 
 def best_fraction(free: int, after_pool: int) -> float:

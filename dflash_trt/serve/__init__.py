@@ -2,8 +2,9 @@
 
 Modules: ``protocol`` (request models, OpenAI-style errors), ``batcher`` (the bounded queue and jobs),
 ``continuous`` (the worker over the runtime's scheduler), ``metrics`` (Prometheus), ``render`` (chat
-templates in child processes), ``state`` (what one app serves), ``routes`` (one handler per endpoint,
-request checks and error answers in one place) and ``responses`` (OpenAI bodies, SSE chunks),
+templates in child processes), ``state`` (what one app serves), ``spec`` (``ServeSpec``: the
+server's settings, checked once), ``routes`` (one handler per endpoint, request checks and error
+answers in one place) and ``responses`` (OpenAI bodies, SSE chunks),
 both importing fastapi and imported on use, ``app`` (``create_app`` wiring, ``serve``,
 ``ServerThread``), ``memory`` (will the weights fit in RAM), ``launch`` (``trtllm-serve``
 through the bundle's script; Slurm and Kubernetes files), ``client`` (an OpenAI completions
@@ -17,6 +18,7 @@ from dflash_trt.serve.batcher import Batcher, Job
 from dflash_trt.serve.client import Completion, CompletionClient, complete_all, served_model
 from dflash_trt.serve.continuous import ContinuousBatcher
 from dflash_trt.serve.memory import check_fits_cpu
+from dflash_trt.serve.spec import ServeSpec
 
 __all__ = [
     "launch",
@@ -25,6 +27,7 @@ __all__ = [
     "CompletionClient",
     "ContinuousBatcher",
     "Job",
+    "ServeSpec",
     "ServerThread",
     "check_fits_cpu",
     "complete_all",

@@ -14,7 +14,9 @@ only acceptance falls. ``floor=1`` is the fixed release (PR #16888): never 0, no
 
 from __future__ import annotations
 
+import collections
 import copy
+import threading
 import time
 
 import torch
@@ -23,9 +25,36 @@ from dflash_trt.runtime import SamplingParams, generate
 from tests.bench.trtllm_standin import StandIn
 
 
+class _TurnLock:
+    """A lock handed over in arrival order: a request that finishes a segment queues behind the
+    ones already waiting, so segments interleave as a batching server's steps do (``threading.Lock``
+    promises no order: on two busy cores one survivor could run to its end before a short one
+    got a turn, leaving the probe's low-concurrency window empty)."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._queue: collections.deque = collections.deque()
+        self._held = False
+
+    def __enter__(self):
+        me = object()
+        with self._cv:
+            self._queue.append(me)
+            self._cv.wait_for(lambda: not self._held and self._queue[0] is me)
+            self._queue.popleft()
+            self._held = True
+        return self
+
+    def __exit__(self, *exc):
+        with self._cv:
+            self._held = False
+            self._cv.notify_all()
+
+
 class TrapStandIn(StandIn):
     def __init__(self, bundle, *, top: int, segment: int = 16, floor: int = 0, **kw):
         super().__init__(bundle, **kw)
+        self.lock = _TurnLock()   # segments in turn (see _TurnLock)
         self.top, self.segment, self.floor = top, segment, floor
         self.zero_steps = 0
         self.stale = copy.deepcopy(self.pair.drafter)

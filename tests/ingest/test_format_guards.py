@@ -138,7 +138,7 @@ def test_serve_sh_refuses_a_jetspec_bundle_for_trtllm_serve(tmp_path, monkeypatc
     """The judge serve.sh runs before trtllm-serve (a bundle built with --graphs still has a trtllm/ config)."""
     from dflash_trt.deploy import trtllm_judge
 
-    monkeypatch.setattr(trtllm_judge, "installed_version", lambda: None)   # refused before the release matters
+    monkeypatch.setattr(trtllm_judge, "installed_trtllm", lambda: None)   # refused before the release matters
     (tmp_path / "drafter").mkdir()
     for causal, refused in ((True, True), (None, False), (False, False)):
         dflash = {"mask_token_id": 1, "target_layer_ids": [0], **({} if causal is None else {"causal": causal})}

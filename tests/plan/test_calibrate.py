@@ -78,8 +78,8 @@ def test_calibration_moves_the_plan_toward_the_measurements(tmp_path, capsys, mo
 
 def _tables_of(r, plan):
     res = pipeline.resolve_recipe(r)
-    return silicon.tables_for(str(res.target_dir), res.gpu.name, "trtllm", res.precision, plan.tp,
-                              res.target.layers, r.trtllm.release, r.precision.kv_cache)
+    return silicon.silicon_tables(str(res.target_dir), res.gpu.name, "trtllm", res.precision, plan.tp,
+                                  res.target.layers, r.trtllm.release, r.precision.kv_cache)
 
 
 def test_calibration_corrects_the_combined_model_and_keeps_the_tables(tmp_path):

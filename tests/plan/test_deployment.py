@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dflash_trt.errors import HardwareError, RecipeError
+from dflash_trt.ingest import DraftRun
 from dflash_trt.plan import deployment as P
 from dflash_trt.plan import hardware as hw
 from dflash_trt.plan import recipe as R
@@ -169,11 +170,11 @@ def test_on_a_release_with_the_floor_the_rule_follows_it(qwen, monkeypatch):
     weak = SpeculativeSpec(acceptance=1.6)
     p = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
     assert p.draft_len_schedule == {1: 15}     # above the largest key the release drafts its floor, 1
-    assert p.draft_lengths[-1]["draft_len"] == 1 and not any(r["draft_len"] == 0 for r in p.curve)
+    assert p.draft_lengths[-1].draft_len == 1 and not any(r.draft_len == 0 for r in p.curve)
     assert not any("drafting does not pay" in w for w in p.warnings)   # the runtime floors it: nothing to pay
     p2 = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
                 SpeculativeSpec(acceptance=1.6, schedule="max_concurrency", max_concurrency=8))
-    assert p2.max_concurrency == 8 and p2.draft_lengths[-1] == {"batch_from": 9, "batch_to": 1024, "draft_len": 1}
+    assert p2.max_concurrency == 8 and p2.draft_lengths[-1] == DraftRun(batch_from=9, batch_to=1024, draft_len=1)
 
 
 def test_explicit_draft_length_is_checked_against_the_block(qwen):

@@ -151,8 +151,10 @@ def test_a_users_schedule_that_drafts_0_is_refused_naming_the_trap(sets, needle,
     assert len(err.splitlines()) == 1 and "zero-draft trap" in err
 
 
+# a key below 1 is refused by the recipe's range on batch sizes (BatchSize), before the schedule's own check
 @pytest.mark.parametrize("bad, needle", [({2: 3, 8: 1}, "smallest batch-size key must map"),
-                                         ({1: 4, 8: 9}, "between 0 and max_draft_len"), ({0: 4}, "must be >= 1")])
+                                         ({1: 4, 8: 9}, "between 0 and max_draft_len"),
+                                         ({0: 4}, r"schedule\.0\.\[key\]: Input should be greater than or equal to 1")])
 def test_a_schedule_trtllm_refuses_is_refused(bad, needle):
     with pytest.raises(RecipeError, match=needle):
         _plan("qwen3-8b-h100-fp8", ["speculative.max_draft_len=4", "speculative.schedule=draft_len_schedule",

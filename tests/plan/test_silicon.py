@@ -29,7 +29,7 @@ def test_importing_plan_loads_no_tables():
 
 def test_without_the_library_the_plan_says_so(monkeypatch, capsys):
     monkeypatch.setattr(silicon, "installed", lambda: None)
-    assert silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1") is None
+    assert silicon.silicon_tables(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1") is None
     assert run(["plan", "qwen3-8b-h100-fp8", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert "aiconfigurator-core not installed" in plan["step_sources"]["target_forward"]
@@ -38,9 +38,9 @@ def test_without_the_library_the_plan_says_so(monkeypatch, capsys):
 
 def test_a_gpu_or_stack_the_tables_lack_falls_back_naming_why():
     pytest.importorskip("aiconfigurator_core")
-    t = silicon.tables_for(QWEN, "RTX PRO 6000 Blackwell", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    t = silicon.silicon_tables(QWEN, "RTX PRO 6000 Blackwell", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None and t.reason == "the tables hold no RTX PRO 6000 Blackwell"
-    t = silicon.tables_for(QWEN, "H200", "transformers", "bf16", 1, 36, "1.4.0rc1")
+    t = silicon.silicon_tables(QWEN, "H200", "transformers", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None and t.reason == "the tables hold no transformers stack"
     assert silicon.table_version("h200_sxm", "trtllm", "1.3.0rc10") is None   # nothing at or below it
 
@@ -49,7 +49,7 @@ def test_width_k_plus_1_is_the_mtp_engine_with_its_layer_scale_divided_out():
     pytest.importorskip("aiconfigurator_core")
     from aiconfigurator_core.sdk.engine import EngineHandle
 
-    t = silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    t = silicon.silicon_tables(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None and t.reason is None and t.version == "1.3.0rc20"
     kw = dict(backend_version="1.3.0rc20", tp_size=1, moe_tp_size=1, moe_ep_size=1, gemm_quant_mode="bfloat16",
               kvcache_quant_mode="bfloat16", fmha_quant_mode="bfloat16")
@@ -66,7 +66,7 @@ def test_a_width_is_priced_from_the_width_1_step_not_interpolated():
     # the library's step at width w over b rows is its width-1 step over b x w rows, to the last digit
     # (what forward_ms builds on, one engine for every width, none interpolated between compiled widths)
     pytest.importorskip("aiconfigurator_core")
-    t = silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    t = silicon.silicon_tables(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None
     for b, w, ctx in ((1, 4, 64), (3, 16, 2048), (32, 10, 320)):
         assert t._width_ms(b, w, ctx) == pytest.approx(t._width_ms(b * w, 1, ctx), rel=1e-9)
@@ -78,7 +78,7 @@ def test_a_verify_reads_each_rows_context_once():
     # the library's w decode rows per request read its K/V w times; a verify reads it once: what a
     # longer context adds to a verify is what it adds to one decode row per request, whatever w
     pytest.importorskip("aiconfigurator_core")
-    t = silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    t = silicon.silicon_tables(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None
     for b, w in ((1, 16), (8, 4), (32, 10)):
         added = t.forward_ms(b, w, 4096) - t.forward_ms(b, w, 16)
@@ -95,8 +95,8 @@ def _make(stack=None, calibration=None, tables=True):
                                 precision=res.precision, kv_cache="auto")
 
     def factory(tp):
-        return silicon.tables_for(str(res.target_dir), res.gpu.name, stack or "trtllm", res.precision, tp,
-                                  res.target.layers, r.trtllm.release)
+        return silicon.silicon_tables(str(res.target_dir), res.gpu.name, stack or "trtllm", res.precision, tp,
+                                      res.target.layers, r.trtllm.release)
     return deployment.make_plan(dep, r.serving, r.speculative, r.parallel, r.trtllm, calibration=calibration,
                            stack=stack, tables=factory if tables else None)
 
@@ -115,8 +115,8 @@ def test_every_term_names_its_source_and_calibration_corrects_the_rest():
     assert own.curve != p.curve   # the user's constants set the drafter and loop terms
     # the ranges rest on the combined model's own leave-one-out rows, not the calibrated model's
     row = p.curve[0]
-    r = uncertainty.speedup_range(row["speedup"], silicon.loo_errors(), "trtllm", p.gpu, row["batch"])
-    assert row["speedup_range"] == [r.low, r.high] and len(silicon.loo_errors()) == 13
+    r = uncertainty.speedup_range(row.speedup, silicon.loo_errors(), "trtllm", p.gpu, row.batch)
+    assert row.speedup_range == [r.low, r.high] and len(silicon.loo_errors()) == 13
 
 
 def test_plan_predicts_for_the_chosen_stack(capsys):
@@ -130,7 +130,7 @@ def test_plan_predicts_for_the_chosen_stack(capsys):
 
 def test_the_mtp_arm_steps_on_the_same_tables():
     pytest.importorskip("aiconfigurator_core")
-    t = silicon.tables_for(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    t = silicon.silicon_tables(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     r = R.load_recipe("qwen3-8b-h200-fp8")
     res = pipeline.resolve_recipe(r)
     dep = deployment.Deployment(target=res.target, drafter=res.drafter, gpu=res.gpu, gpus=1, precision="bf16",

@@ -40,7 +40,7 @@ def _model(tmp_path, hidden):
     res = pipeline.resolve_recipe(R.load_recipe("qwen3-8b-h200-fp8"))
     dep = deployment.Deployment(target=target, drafter=res.drafter, gpu=res.gpu, gpus=1, precision="bf16",
                                 kv_cache="auto")
-    tables = silicon.tables_for(str(tmp_path), "H200", "trtllm", "bf16", 1, 2, "1.4.0rc1")
+    tables = silicon.silicon_tables(str(tmp_path), "H200", "trtllm", "bf16", 1, 2, "1.4.0rc1")
     assert tables is not None and tables.reason is None
     calibrated = deployment.step_model(dep, 1, 512)
     return silicon.combined(calibrated, tables), calibrated
@@ -62,5 +62,5 @@ def test_a_step_below_the_smallest_collected_gemm_is_the_calibrated_models(tmp_p
 
 
 def test_a_published_target_lies_above_the_floors():
-    t = silicon.tables_for(str(QWEN), "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
+    t = silicon.silicon_tables(str(QWEN), "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None and t.below(TargetShape.from_dir(QWEN), 1, 1, 16) is None

@@ -181,7 +181,9 @@ class TorchBackend(Backend):
 
     def draft_hidden_logits(self, target_hidden, n_new, anchor, block_size, cache):
         """Inject, draft one block: (hidden [b, B-1, H], draft logits [b, B-1, V] float32)."""
-        d, cfg = self.drafter, self.drafter.cfg
+        d = self.drafter
+        assert d is not None, "a draft round needs a drafter"
+        cfg = d.cfg
         run = self.lean_drafter or d   # the same round (``lean_drafter.py``), or the reference ops
         run.inject(target_hidden.to(d.dtype), n_new, cache)
         if block_size == 1:  # a round with drafting off: the drafter only takes in the last commit

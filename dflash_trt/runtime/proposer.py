@@ -127,6 +127,7 @@ class SelectorProposer(Proposer):
                 q = torch.zeros(b, K, V, device=backend.device) if q is None else q
                 q[rows] = torch.zeros(len(rows), K, V, device=backend.device).scatter(-1, cand.long(), q_k.float())
         if dense:
+            assert new_kv is not None   # every group drafted: each set its K/V
             cache.append(*new_kv, n_new)
         else:
             cache.lengths = cache.lengths + n_new

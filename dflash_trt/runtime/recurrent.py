@@ -62,7 +62,7 @@ class RecurrentStates:
     def _per_token(self, cache):
         factors: dict[int, linear_states.Factors] = {}
         convs: dict[int, torch.Tensor] = {}
-        current = [None]
+        current: list[int] = [-1]   # the layer whose forward is running
 
         def record(f):
             factors[current[0]] = f
@@ -97,7 +97,8 @@ class RecurrentStates:
         """Snapshot every linear layer's states, and keep each mixer's input [b, T, H] while
         the forward runs."""
         snap = {i: _states(cache.layers[i]) for i in self.mixers}
-        snap = {i: tuple(None if s is None else s.clone() for s in st) for i, st in snap.items()}
+        snap = {i: (None if st[0] is None else st[0].clone(), None if st[1] is None else st[1].clone())
+                for i, st in snap.items()}
         inputs: dict[int, torch.Tensor] = {}
 
         def grab(i):
@@ -217,7 +218,12 @@ class _OneLayer:
 
     def update_conv_state(self, x, layer_idx, conv_kernel_size=None, **kwargs):
         """x [n, C, k] new conv inputs; keeps the last K, returns what the conv must see."""
-        K = conv_kernel_size or self.conv.shape[-1]
+        if conv_kernel_size:
+            K = conv_kernel_size
+        elif self.conv is not None:
+            K = self.conv.shape[-1]
+        else:
+            raise ValueError("the first conv update needs conv_kernel_size")
         full = x if self.conv is None else torch.cat([self.conv, x], dim=-1)
         if full.shape[-1] < K:  # a prompt shorter than the kernel: zeros before it, as transformers pads
             full = F.pad(full, (K - full.shape[-1], 0))

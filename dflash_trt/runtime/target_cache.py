@@ -175,7 +175,8 @@ class CachePolicy:
             return attention_mask.long()
         T = positions.shape[1]
         col_pos = attention_mask.long().cumsum(1) - 1                           # [b, S+T]
-        masks = {"full_attention": _additive(attention_mask, col_pos, positions, None, self.dtype)}
+        masks: dict[str, torch.Tensor | None] = {
+            "full_attention": _additive(attention_mask, col_pos, positions, None, self.dtype)}
         win_valid = torch.cat([cache.win_valid, attention_mask[:, -T:]], dim=1)  # [b, L+T]
         win_pos = torch.cat([cache.win_pos, positions], dim=1)
         masks["sliding_attention"] = _additive(win_valid, win_pos, positions, self.window, self.dtype)
@@ -197,6 +198,7 @@ class CachePolicy:
     def _keep_window(self, cache, new_valid: torch.Tensor, new_pos: torch.Tensor) -> None:
         """Sliding layers keep, per row, the last W-1 committed columns (right-aligned; rows
         with fewer are left-padded with invalid columns)."""
+        assert self.window is not None   # only sliding layers keep a window
         valid = torch.cat([cache.win_valid, new_valid], dim=1)                  # [b, L+T]
         pos = torch.cat([cache.win_pos, new_pos], dim=1)
         after = valid.flip(1).long().cumsum(1).flip(1)  # valid columns at or after each column

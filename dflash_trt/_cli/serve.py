@@ -88,7 +88,7 @@ def serve(
                                                    "(default: all cores but one, left to the event loop).")] = None,
     dtype: DtypeOpt = "auto",
     backend: BackendOpt = "torch",
-    kernels: KernelsOpt = "reference",
+    kernels: KernelsOpt = "lean",
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="DFLASH_API_KEY", help="Embedded server: "
                                                    "answer 401 to requests without 'Authorization: Bearer KEY' "
                                                    "(env DFLASH_API_KEY). trtllm-serve checks no key: with it, "
@@ -126,11 +126,11 @@ def serve(
     trtllm = launch.find_trtllm_serve()
     if dry_run:
         return _print_dry_run(b, host, port, trtllm, server)
-    if (backend != "torch" or kernels != "reference") and server is Server.trtllm:
+    if (backend != "torch" or kernels != "lean") and server is Server.trtllm:
         raise DFlashError("--backend/--kernels choose how the embedded server runs the models; --server trtllm "
                           "serves with trtllm-serve: use --server embedded (or auto)")
     if server is Server.trtllm or (server is Server.auto and trtllm is not None and backend == "torch"
-                                   and kernels == "reference"):
+                                   and kernels == "lean"):
         if trtllm is None:
             raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
                               "or use --server embedded")
@@ -198,7 +198,7 @@ def _warn_chat(b) -> None:
 def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
                    api_key: str | None = None, max_body_bytes: int = 4 << 20,
-                   kernels: str = "reference", drain_timeout: float = 30.0, template_timeout: float = 5.0,
+                   kernels: str = "lean", drain_timeout: float = 30.0, template_timeout: float = 5.0,
                    log: tuple[str, str] = ("info", "text")) -> int:
     """The embedded server on the reference runtime, its pair loaded under the resolved run spec
     (the block size and the engines' profile are the scheduler's to check: ``runtime.Scheduler``)."""

@@ -5,12 +5,16 @@ exit code 2, never a traceback; so do what the machine refuses (a full disk, a f
 name too long), input nested past the parsers' recursion, and a library's error that does not
 derive from ``Exception``. Ctrl-C is 130 and ``SystemExit`` keeps its code. Anything else is a
 bug: one line saying so and naming the file its traceback was written to (outside any output or
-bundle), exit code 1. Output the terminal cannot encode is replaced, never fatal.
+bundle), exit code 1; with ``--debug`` (or ``DFLASH_DEBUG=1``) the traceback is also printed above
+it. Output the terminal cannot encode is replaced, never fatal.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
+from typing import Annotated
 
 import typer
 
@@ -38,6 +42,17 @@ app = typer.Typer(
 
 for module in (build, serve, generate, bench, tune, verify, inspect, train, recipes):
     module.register(app)
+
+
+#: ``--debug`` of the command being run (reset by :func:`run`; read by :func:`_bug`)
+_debug = {"on": False}
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option(
+        "--debug", envvar="DFLASH_DEBUG", help="On an internal error (a bug), also print its full traceback to "
+                                               "stderr (it is always written to a file).")] = False) -> None:
+    _debug["on"] = debug
 
 
 @app.command("version")
@@ -113,6 +128,7 @@ def run(argv: list[str] | None = None) -> int:
     from dflash_trt.errors import DFlashError, environment_error
 
     _degrade_streams()
+    _debug["on"] = os.environ.get("DFLASH_DEBUG", "").lower() in ("1", "true", "yes", "on")
     held = _HeldLibraryOutput(argv)
     try:
         with held:
@@ -153,11 +169,14 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _bug(exc: Exception) -> int:
-    """One line saying this is a bug and where its traceback went (``logs.write_traceback``); exit 1."""
+    """One line saying this is a bug and where its traceback went (``logs.write_traceback``); exit 1.
+    With ``--debug`` (``DFLASH_DEBUG``) the traceback is printed to stderr first."""
     from dflash_trt.logs import write_traceback
 
     where = write_traceback(exc)
     kept = f"the traceback is in {where}" if where else "its traceback could not be written"
+    if _debug["on"]:   # --debug: the full traceback here too, above the one line
+        sys.stderr.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     print(f"internal error (a bug in dflash-trt, not in your input): {type(exc).__name__}: "
           f"{one_line(str(exc))[:200]}; {kept}; please report it", file=sys.stderr)
     return 1

@@ -88,12 +88,12 @@ def test_console_entry_point_runs_as_module():
 def test_triton_kernels_give_the_same_tokens_as_reference(tiny_pair_dir, capsys):
     tdir, ddir = tiny_pair_dir
     runs = {}
-    for kernels in ("reference", "triton"):
+    for kernels in ("lean", "triton"):
         assert run(["generate", "-t", str(tdir), "-d", str(ddir), "-p", "for i in", "-n", "12",
                     "--kernels", kernels, "--json"]) == 0
         runs[kernels] = json.loads(capsys.readouterr().out)
-    assert runs["triton"]["token_ids"] == runs["reference"]["token_ids"]
-    assert runs["triton"]["per_position_acceptance"] == runs["reference"]["per_position_acceptance"]
+    assert runs["triton"]["token_ids"] == runs["lean"]["token_ids"]
+    assert runs["triton"]["per_position_acceptance"] == runs["lean"]["per_position_acceptance"]
 
 
 def test_library_warnings_never_push_a_refusal_past_one_line(monkeypatch, capsys):
@@ -143,3 +143,10 @@ def test_generate_honours_the_context_as_the_server_does(capsys, tmp_path):
     capsys.readouterr()
     assert run(["generate", str(out), "-p", "hello", "-n", "64"]) == 2   # the bundle's planned context
     assert "context of 64 tokens" in capsys.readouterr().err
+
+
+def test_the_old_kernels_spelling_is_an_unknown_choice(capsys):
+    """``--kernels reference`` named the opposite of what ran (the lean path): removed, one line, exit 2."""
+    assert run(["generate", "-p", "hi", "-n", "1", "--kernels", "reference"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--kernels 'reference': choose one of lean, triton" in err, err

@@ -28,6 +28,23 @@ def test_an_internal_failure_is_one_line_naming_its_traceback_file(monkeypatch, 
     assert not list(tmp_path.iterdir())          # nothing written where the user works
 
 
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_debug_prints_the_traceback_too(how, monkeypatch, capsys, tmp_path):
+    """``--debug`` (or ``DFLASH_DEBUG=1``): the full traceback on stderr, above the same last line
+    naming its file; without it, the one line alone (the test above)."""
+    from dflash_trt import plan
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(plan, "bundled_recipes", _boom)
+    if how == "env":
+        monkeypatch.setenv("DFLASH_DEBUG", "1")
+    assert run(["--debug", "recipes", "list"] if how == "flag" else ["recipes", "list"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "Traceback (most recent call last):" and any("_boom" in line for line in err), err
+    assert "KeyError: 'an internal invariant'" in err[-2]
+    assert err[-1].startswith("internal error (a bug in dflash-trt") and "the traceback is in " in err[-1]
+
+
 def test_a_user_error_stays_exit_2(monkeypatch, capsys):
     from dflash_trt import plan
 

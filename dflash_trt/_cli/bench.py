@@ -58,7 +58,7 @@ def bench(
     block_size: BlockSizeOpt = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
     dtype: DtypeOpt = "auto",
-    kernels: KernelsOpt = "reference",
+    kernels: KernelsOpt = "lean",
     backend: BackendOpt = "torch",
     as_json: JsonOpt = False,
     endpoint: Annotated[str | None, typer.Option("--endpoint", help="Benchmark this OpenAI-compatible server "

@@ -28,8 +28,8 @@ DrafterOpt = Annotated[str | None, typer.Option(
 DtypeOpt = Annotated[str, typer.Option(
     "--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
 KernelsOpt = Annotated[str, typer.Option(
-    "--kernels", help="DFlash op implementations inside the torch backend: reference (PyTorch) or triton (needs a "
-                      "GPU, or TRITON_INTERPRET=1).")]
+    "--kernels", help="DFlash op implementations inside the torch backend: lean (the runtime's fused PyTorch path) "
+                      "or triton (needs a GPU, or TRITON_INTERPRET=1).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 BundleArg = Annotated[str | None, typer.Argument(
     help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
@@ -98,7 +98,7 @@ def default_prompts() -> str:
 SMALL_MODEL_PARAMS = 50_000_000
 
 
-def run_spec(backend: str = "torch", kernels: str = "reference", bundle: str | None = None,
+def run_spec(backend: str = "torch", kernels: str = "lean", bundle: str | None = None,
              dtype: str = "auto"):
     """The resolved ``runtime.RunSpec`` for the flags (one DFlashError line if they cannot run);
     what resolving changed is said here, once, on stderr."""
@@ -113,7 +113,7 @@ def run_spec(backend: str = "torch", kernels: str = "reference", bundle: str | N
 
 
 def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
-                   bundle: str | None = None, kernels: str = "reference", backend: str = "torch"):
+                   bundle: str | None = None, kernels: str = "lean", backend: str = "torch"):
     """The finished pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair,
     under the run spec the flags resolve to (``pair.backend`` answers its model calls)."""
     check_refs(target, drafter, need_drafter, bundle)

@@ -39,7 +39,7 @@ def generate(
     block_size: BlockSizeOpt = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the tokenizer's chat template.")] = False,
     dtype: DtypeOpt = "auto",
-    kernels: KernelsOpt = "reference",
+    kernels: KernelsOpt = "lean",
     backend: BackendOpt = "torch",
     as_json: JsonOpt = False,
 ) -> None:

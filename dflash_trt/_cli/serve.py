@@ -4,9 +4,6 @@ write a multi-node launch file (--emit slurm|k8s)."""
 from __future__ import annotations
 
 import shlex
-from enum import Enum
-from pathlib import Path
-from typing import Annotated, Literal
 
 import typer
 
@@ -20,15 +17,31 @@ from dflash_trt._cli.common import (
     run_spec,
 )
 from dflash_trt._cli.port import check_free
-
-
-class Server(str, Enum):
-    """What answers HTTP: trtllm-serve, or the embedded server on the reference runtime."""
-
-    auto = "auto"
-    trtllm = "trtllm"
-    embedded = "embedded"
-
+from dflash_trt._cli.serve_options import (
+    ApiKeyOpt,
+    BundlePathArg,
+    CheckOpt,
+    DrainTimeoutOpt,
+    DryRunOpt,
+    EmitGpusOpt,
+    EmitOpt,
+    EmitOutputOpt,
+    HostOpt,
+    ImageOpt,
+    LogFormatOpt,
+    LogLevelOpt,
+    MaxBatchOpt,
+    MaxBodyOpt,
+    MaxQueueOpt,
+    ModelNameOpt,
+    NodesOpt,
+    PortOpt,
+    PvcOpt,
+    Server,
+    ServerOpt,
+    TemplateTimeoutOpt,
+    ThreadsOpt,
+)
 
 #: Why ``--api-key`` is refused where trtllm-serve would answer. Read in NVIDIA/TensorRT-LLM:
 #: ``tensorrt_llm/commands/serve.py::serve`` has no key option and ``launch_server`` builds
@@ -41,75 +54,36 @@ NO_KEY_IN_TRTLLM = ("--api-key (or DFLASH_API_KEY) cannot guard trtllm-serve: it
                     "put an authenticating proxy in front of it, or use --server embedded")
 
 
-LogLevel = Literal["debug", "info", "warning", "error"]
-LogFormat = Literal["text", "json"]
-
-
-class Emit(str, Enum):
-    slurm = "slurm"
-    k8s = "k8s"
-
-
-# Over 60 lines only because the signature is the command's option list (Typer reads it);
-# the body is short and calls one stage per branch.
 def serve(
-    bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    server: Annotated[Server, typer.Option("--server", case_sensitive=False,
-                                           help="What answers HTTP: trtllm (trtllm-serve), embedded "
-                                           "(the embedded server on the reference runtime), or auto: trtllm-serve "
-                                           "when it is on PATH and --backend/--kernels are left as they are, else "
-                                           "embedded.")] = Server.auto,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the trtllm-serve command and exit.")] = False,
-    check: Annotated[bool, typer.Option("--check", help="Validate the bundle's trtllm/config.yaml with the "
-                                        "installed TensorRT-LLM's own LLM-API classes (what serve.sh does before "
-                                        "it serves) and exit: 2 naming a key that release rejects.")] = False,
-    emit: Annotated[Emit | None, typer.Option(
-        case_sensitive=False, help="Write a multi-node launch file instead of serving.")] = None,
-    nodes: Annotated[int, typer.Option(min=1, help="Nodes for --emit.")] = 1,
-    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node for --emit "
-                                                         "(default: the manifest's, else 8).")] = None,
-    image: Annotated[str | None, typer.Option(help="Container image for --emit (default: TensorRT-LLM's "
-                                                 "release image).")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="File --emit writes (default: "
-                                                   "NAME.slurm.sh / NAME.lws.yaml here).")] = None,
-    pvc: Annotated[str, typer.Option(
-        help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")] = "dflash-bundles",
-    model_name: Annotated[str | None, typer.Option("--model-name", help="Model id clients send "
-                                                      "(default: the bundle's name).")] = None,
-    max_batch: Annotated[int | None, typer.Option(
-        "--max-batch", min=1, help="Embedded server: requests per runtime batch (default: the bundle's planned "
-                                   "max_batch_size, else 8).")] = None,
-    max_queue: Annotated[int, typer.Option(
-        "--max-queue", min=0, help="Embedded server: waiting requests before 429.")] = 64,
+    bundle: BundlePathArg,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8000,
+    server: ServerOpt = Server.auto,
+    dry_run: DryRunOpt = False,
+    check: CheckOpt = False,
+    emit: EmitOpt = None,
+    nodes: NodesOpt = 1,
+    gpus_per_node: EmitGpusOpt = None,
+    image: ImageOpt = None,
+    output: EmitOutputOpt = None,
+    pvc: PvcOpt = "dflash-bundles",
+    model_name: ModelNameOpt = None,
+    max_batch: MaxBatchOpt = None,
+    max_queue: MaxQueueOpt = 64,
     block_size: BlockSizeOpt = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads for generation "
-                                                   "(default: all cores but one, left to the event loop).")] = None,
+    threads: ThreadsOpt = None,
     dtype: DtypeOpt = "auto",
     backend: BackendOpt = "torch",
-    kernels: KernelsOpt = "reference",
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="DFLASH_API_KEY", help="Embedded server: "
-                                                   "answer 401 to requests without 'Authorization: Bearer KEY' "
-                                                   "(env DFLASH_API_KEY). trtllm-serve checks no key: with it, "
-                                                   "--api-key is refused.")] = None,
-    max_body_mb: Annotated[float, typer.Option("--max-body-mb", min=0.001, help="Embedded server: largest request "
-                                               "body in MiB (413 above it).")] = 4.0,
-    drain_timeout: Annotated[float, typer.Option("--drain-timeout", min=0.0, help="Embedded server: on SIGTERM, "
-                                                 "seconds in-flight requests may still run before what is left is "
-                                                 "failed and the server stops.")] = 30.0,
-    template_timeout: Annotated[float, typer.Option("--template-timeout", min=0.01, help="Embedded server: "
-                                                    "seconds one chat-template render may take (it runs in a "
-                                                    "child process; 400 past it).")] = 5.0,
-    log_level: Annotated[LogLevel, typer.Option("--log-level", case_sensitive=False, help="Embedded server: "
-                                                "the least severe log record shown (uvicorn's too).")] = "info",
-    log_format: Annotated[LogFormat, typer.Option("--log-format", case_sensitive=False, help="Embedded server: "
-                                                  "text lines, or one JSON object per record (tracebacks "
-                                                  "included; never the API key, headers or prompts).")] = "text",
+    kernels: KernelsOpt = "lean",
+    api_key: ApiKeyOpt = None,
+    max_body_mb: MaxBodyOpt = 4.0,
+    drain_timeout: DrainTimeoutOpt = 30.0,
+    template_timeout: TemplateTimeoutOpt = 5.0,
+    log_level: LogLevelOpt = "info",
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     from dflash_trt._cli.common import check_refs
-    from dflash_trt.errors import DFlashError
 
     check_refs(bundle=bundle)  # a bad path is one line before the server's imports (torch)
     from dflash_trt.serve import launch
@@ -126,29 +100,44 @@ def serve(
     trtllm = launch.find_trtllm_serve()
     if dry_run:
         return _print_dry_run(b, host, port, trtllm, server)
-    if (backend != "torch" or kernels != "reference") and server is Server.trtllm:
-        raise DFlashError("--backend/--kernels choose how the embedded server runs the models; --server trtllm "
-                          "serves with trtllm-serve: use --server embedded (or auto)")
-    if server is Server.trtllm or (server is Server.auto and trtllm is not None and backend == "torch"
-                                   and kernels == "reference"):
-        if trtllm is None:
-            raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
-                              "or use --server embedded")
-        if api_key:
-            raise DFlashError(NO_KEY_IN_TRTLLM)
-        check_free(host, port)   # a busy port is one line now, not after trtllm-serve loads the models
-        argv = launch.trtllm_argv(b, host, port)
-        err.print(f"[dim]running {shlex.join(argv)}[/dim]")
-        code = launch.run(argv, host, port)
-        if code != 0:  # pass the server's exit status on, with one line saying whose it is
-            exc = DFlashError(f"{argv[1]} exited with status {code}")
-            exc.exit_code = code if code > 0 else 128 - code  # killed by a signal: 128 + signum
-            raise exc
-        return
+    if _use_trtllm(server, trtllm, backend, kernels):
+        return _serve_trtllm(b, host, port, trtllm, api_key)
     serve_embedded(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
                    api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
                    drain_timeout=drain_timeout, template_timeout=template_timeout,
                    log=(log_level.lower(), log_format.lower()))
+
+
+def _use_trtllm(server: Server, trtllm: str | None, backend: str, kernels: str) -> bool:
+    """Whether trtllm-serve answers: asked for (then --backend/--kernels must be left as they are),
+    or ``auto`` with trtllm-serve on PATH and the run spec left at its defaults."""
+    from dflash_trt.errors import DFlashError
+
+    as_given = backend == "torch" and kernels == "lean"
+    if not as_given and server is Server.trtllm:
+        raise DFlashError("--backend/--kernels choose how the embedded server runs the models; --server trtllm "
+                          "serves with trtllm-serve: use --server embedded (or auto)")
+    return server is Server.trtllm or (server is Server.auto and trtllm is not None and as_given)
+
+
+def _serve_trtllm(b, host: str, port: int, trtllm: str | None, api_key: str | None) -> None:
+    """Run the bundle's trtllm-serve command; its exit status passed on, with one line saying whose."""
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.serve import launch
+
+    if trtllm is None:
+        raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
+                          "or use --server embedded")
+    if api_key:
+        raise DFlashError(NO_KEY_IN_TRTLLM)
+    check_free(host, port)   # a busy port is one line now, not after trtllm-serve loads the models
+    argv = launch.trtllm_argv(b, host, port)
+    err.print(f"[dim]running {shlex.join(argv)}[/dim]")
+    code = launch.run(argv, host, port)
+    if code != 0:
+        exc = DFlashError(f"{argv[1]} exited with status {code}")
+        exc.exit_code = code if code > 0 else 128 - code  # killed by a signal: 128 + signum
+        raise exc
 
 
 def _print_dry_run(b, host: str, port: int, trtllm: str | None, server: Server) -> None:
@@ -198,7 +187,7 @@ def _warn_chat(b) -> None:
 def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
                    block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
                    api_key: str | None = None, max_body_bytes: int = 4 << 20,
-                   kernels: str = "reference", drain_timeout: float = 30.0, template_timeout: float = 5.0,
+                   kernels: str = "lean", drain_timeout: float = 30.0, template_timeout: float = 5.0,
                    log: tuple[str, str] = ("info", "text")) -> int:
     """The embedded server on the reference runtime, its pair loaded under the resolved run spec
     (the block size and the engines' profile are the scheduler's to check: ``runtime.Scheduler``)."""

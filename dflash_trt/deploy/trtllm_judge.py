@@ -42,12 +42,15 @@ import copy
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import sys
 import time
 import typing
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 CONFIG = "trtllm/config.yaml"
 INDEX_URL = "https://pypi.nvidia.com"
@@ -245,6 +248,7 @@ def judge(data: dict, release: str, model: str = "./target") -> str | None:
 
 
 def _line(exc: Exception, section: str | None, release: str) -> str:
+    logger.debug("the installed release refused the config", exc_info=exc)   # the line keeps its message only
     key, why = _first_error(exc, section)
     return f"{CONFIG}: {key}: TensorRT-LLM {release} rejects it ({why})"
 

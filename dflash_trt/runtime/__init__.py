@@ -14,7 +14,7 @@ from dflash_trt.runtime.loop import Generation, Request, block_size_for, generat
 from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
 from dflash_trt.runtime.proposer import Proposer, SelectorProposer, proposer_for, register_proposer
 from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample
-from dflash_trt.runtime.scheduler import Scheduler, Step, draft_len_for_batch_size
+from dflash_trt.runtime.scheduler import Refused, Scheduler, Step, draft_len_for_batch_size
 from dflash_trt.runtime.spec import BACKENDS, RunSpec, resolve_run
 from dflash_trt.runtime.stats import Stats
 
@@ -25,6 +25,7 @@ __all__ = [
     "Generation",
     "Pair",
     "Proposer",
+    "Refused",
     "Request",
     "RunSpec",
     "SamplingParams",

@@ -20,7 +20,7 @@ from dflash_trt.errors import CheckpointError, DFlashError
 from dflash_trt.model import Drafter, Target, load_target
 from dflash_trt.runtime.backend import Backend, TorchBackend
 from dflash_trt.runtime.loop import block_size_for
-from dflash_trt.runtime.spec import RunSpec
+from dflash_trt.runtime.spec import DISPATCH, RunSpec
 
 # The dtypes the reference runtime computes in (``ingest.RUNTIME_DTYPES``, the one dtype table's).
 DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
@@ -52,7 +52,7 @@ class Pair:
                                   "load it with load_bundle")
             object.__setattr__(self, "backend", TorchBackend(self.target, self.drafter))
         if self.drafter is not None:  # the torch backend's dflash ops (``plugins.dispatch``)
-            self.drafter.kernels = self.spec.kernels
+            self.drafter.kernels = DISPATCH[self.spec.kernels]
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         tok = self.tokenizer
@@ -105,7 +105,7 @@ def stop_ids(model, tokenizer) -> list[int]:
 def load_pair(target: str | Path, drafter: str | Path | None, spec: RunSpec | None = None, *,
               dtype: str = "auto", device: str = "cpu") -> Pair:
     """Load a target and (optionally) a drafter in any supported format, validated as a pair first,
-    to run under ``spec`` (default: the torch backend, reference kernels); the graph backends
+    to run under ``spec`` (default: the torch backend, lean kernels); the graph backends
     run a bundle's graphs (:func:`load_bundle`)."""
     spec = spec or RunSpec()
     if spec.graphs:

@@ -48,6 +48,16 @@ from dflash_trt.runtime.stats import Stats
 logger = logging.getLogger(__name__)
 
 
+class Refused(DFlashError):
+    """A request the scheduler does not admit (:meth:`Scheduler.check`), in one line; ``param`` names
+    what to change ("prompt" | "max_new_tokens"; None: the request's shape as a whole) and
+    ``context`` is True when the refusal is the context length's."""
+
+    def __init__(self, message: str, param: str | None = None, context: bool = False):
+        super().__init__(message)
+        self.param, self.context = param, context
+
+
 def draft_len_for_batch_size(schedule: dict[int, int] | None, batch_size: int, max_draft_len: int) -> int:
     """TensorRT-LLM's ``get_draft_len_for_batch_size``: no schedule -> ``max_draft_len``; else the
     value of the first key >= ``batch_size``; 0 (no drafting) above the largest key.
@@ -91,7 +101,7 @@ class Scheduler:
     """Requests in, tokens out, one step at a time (not thread-safe: one thread owns it)."""
 
     def __init__(self, backend: Backend, *, block_size: int | None = None, max_batch: int = 8,
-                 draft_len_schedule: dict[int, int] | None = None):
+                 draft_len_schedule: dict[int, int] | None = None, context_len: int | None = None):
         trained = backend.drafter_block_size
         B = block_size_for(block_size, trained)
         if B > 1 and (trained is None or B > trained):
@@ -101,6 +111,8 @@ class Scheduler:
             raise DFlashError(f"max_batch must be >= 1, got {max_batch}")
         backend.check_batch(max_batch, B)   # a graph backend's engine profile: once, here
         self.backend, self.block_size, self.max_batch = backend, B, max_batch
+        #: the longest prompt + completion admitted, in tokens (None: the backend's own bound only)
+        self.context_len = context_len
         self.schedule = dict(draft_len_schedule) if draft_len_schedule else None
         self.batch: Batch | None = None
         self.waiting: deque[Request] = deque()
@@ -113,12 +125,30 @@ class Scheduler:
     def idle(self) -> bool:
         return self.batch is None and not self.waiting
 
+    def check(self, prompt: list[int], max_new_tokens: int) -> None:
+        """The admission rule, its one owner: raise :class:`Refused` (one line) for a request this
+        scheduler will not run: an empty prompt, one past ``context_len`` with its completion, or
+        one outside the shapes the backend runs (a graph backend's engine profile). Reads only what
+        is fixed when the scheduler is made, so another thread may ask before queueing."""
+        n, ctx = len(prompt), self.context_len
+        if n == 0:
+            raise Refused("the prompt is empty", "prompt")
+        if ctx is not None and n >= ctx:
+            raise Refused(f"the prompt has {n} tokens; this model's context is {ctx} tokens", "prompt", True)
+        if ctx is not None and n + max_new_tokens > ctx:
+            raise Refused(f"prompt ({n} tokens) + max_tokens ({max_new_tokens}) exceeds this model's context "
+                          f"of {ctx} tokens", "max_new_tokens", True)
+        try:
+            self.backend.check_request([prompt], max_new_tokens, self.block_size)
+        except Refused:
+            raise
+        except DFlashError as exc:
+            raise Refused(str(exc)) from None
+
     def add(self, request: Request) -> None:
-        """Queue ``request``; it is admitted at a coming step, in the order added. A request outside
-        the shapes the backend runs (a graph backend's engine profile) is refused here, alone."""
-        if not request.prompt:
-            raise DFlashError("every prompt needs at least one token")
-        self.backend.check_request([request.prompt], request.max_new_tokens, self.block_size)  # one line if not
+        """Queue ``request``; it is admitted at a coming step, in the order added. What
+        :meth:`check` refuses is refused here, alone."""
+        self.check(request.prompt, request.max_new_tokens)
         self.waiting.append(request)
 
     def draft_len(self, batch_size: int) -> int:

@@ -3,8 +3,11 @@
 The words (docs/design/pipeline.md, "Words"): the **backend** executes the forwards under the runtime's loop
 (``torch``: the PyTorch modules; ``onnx``: ONNX Runtime over a bundle's ``onnx/``; ``tensorrt``:
 TensorRT over its ``engines/``); the **kernels** are the dflash ops' implementation inside the
-torch backend (``reference`` | ``triton``). Every backend batches continuously (the scheduler:
-rows join and leave a running batch every round).
+torch backend, named for what runs: ``lean`` (the runtime's fused PyTorch round and decoder
+forward, checked once against the reference ops on a probe; the reference ops where that check
+does not hold or does not apply) | ``triton`` (the Triton kernels). The reference ops
+themselves (``plugins``' ``kernels="reference"``, the specification) are the tests'. Every
+backend batches continuously (the scheduler: rows join and leave a running batch every round).
 
 :func:`resolve_run` is the one place the user's choices meet the bundle: it refuses, in one
 DFlashError line, only what truly cannot run, before any weights load:
@@ -25,12 +28,16 @@ from pathlib import Path
 
 from dflash_trt import ingest
 from dflash_trt.errors import DFlashError, HardwareError
-from dflash_trt.plugins import KERNELS
 
 #: what ``--backend`` chooses: the PyTorch modules, ONNX Runtime over onnx/, TensorRT over engines/
 BACKENDS = ("torch", "onnx", "tensorrt")
 #: the backends that run a bundle's exported graphs
 GRAPH_BACKENDS = ("onnx", "tensorrt")
+#: what ``--kernels`` chooses inside the torch backend: the lean fused path, or the Triton kernels
+KERNELS = ("lean", "triton")
+#: the ``plugins`` dispatch each choice sets on the drafter (lean: the reference ops the lean
+#: round is probed against and falls back to; ``runtime.lean_drafter``)
+DISPATCH = {"lean": "reference", "triton": "triton"}
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class RunSpec:
     """A resolved run: every field is a value that runs (see :func:`resolve_run`)."""
 
     backend: str = "torch"
-    kernels: str = "reference"
+    kernels: str = "lean"
     #: what resolving changed from the choices given (one line each), for the caller to say once
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -48,7 +55,7 @@ class RunSpec:
         return self.backend in GRAPH_BACKENDS
 
 
-def resolve_run(backend: str = "torch", kernels: str = "reference", *,
+def resolve_run(backend: str = "torch", kernels: str = "lean", *,
                 bundle: str | Path | None = None, dtype: str = "auto") -> RunSpec:
     """The :class:`RunSpec` for the user's choices and the bundle (None: a pair named by
     ``--target``/``--drafter``), or one DFlashError line for a combination that cannot run.
@@ -58,7 +65,7 @@ def resolve_run(backend: str = "torch", kernels: str = "reference", *,
     _choice("--kernels", kernels, KERNELS)
     if backend == "torch":
         return RunSpec(backend, kernels)
-    if kernels != "reference":
+    if kernels != "lean":
         raise DFlashError(f"--kernels {kernels} chooses the torch backend's dflash ops; the {backend} backend runs "
                           "the graphs' own: drop --kernels or use --backend torch")
     if bundle is None:

@@ -16,12 +16,15 @@ engines.py`` runs it where both exist.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
 from dflash_trt.errors import DFlashError, HardwareError
 from dflash_trt.runtime.graph_backend import GraphBackend
+
+logger = logging.getLogger(__name__)
 
 ENGINE_FILES = {"embed": "embed.engine", "target": "target.engine", "drafter": "drafter.engine"}
 #: outputs written in place into an input's buffer (the plugin's aliased outputs)
@@ -33,6 +36,7 @@ def tensorrt_problem() -> str | None:
     try:
         import tensorrt  # noqa: F401
     except ImportError as exc:
+        logger.debug("tensorrt does not import", exc_info=exc)   # a broken install's own traceback
         return f"the 'tensorrt' Python package (>= 10.8) is not importable ({exc})"
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible to torch"

@@ -69,11 +69,11 @@ def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | N
     cfg = pair.target.config
     B = pair.block_size(s.block_size)
     metrics = ServerMetrics(B)
-    batcher = ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule,
+    context_len = s.max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+    batcher = ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule, context_len=context_len,
                                 max_batch=s.max_batch or pair.max_batch_size or 8, max_queue=s.max_queue, block_size=B,
                                 metrics=metrics, torch_threads=s.torch_threads)
-    server = ServerState(pair, s.model_name or model_name or pair.name,
-                         context_len=s.max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096),
+    server = ServerState(pair, s.model_name or model_name or pair.name, context_len=context_len,
                          block_size=B, default_max_tokens=s.default_max_tokens, batcher=batcher, metrics=metrics,
                          chat=_renderer(pair.tokenizer, s.template_timeout_s, s.template_max_chars))
 

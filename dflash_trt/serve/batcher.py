@@ -232,6 +232,11 @@ class Batcher:
         """Batch slots a job could take now without waiting (0 while paused)."""
         return 0 if self._paused else max(0, self.max_batch - len(self._running))
 
+    def check(self, job: Job) -> None:
+        """Raise ``runtime.Refused`` (one line) for a job this batcher will not run; asked before
+        :meth:`submit` (default: any runs)."""
+        return None
+
     def submit(self, job: Job) -> None:
         """Queue ``job``: refused (QueueFull) only when ``max_queue`` jobs would wait beyond the
         free slots, so an idle server always admits."""

@@ -33,11 +33,16 @@ logger = logging.getLogger(__name__)
 class ContinuousBatcher(Batcher):
     """Jobs join the running batch at every round and leave it when done."""
 
-    def __init__(self, pair: Pair, *, draft_len_schedule: dict[int, int] | None = None, **kw):
+    def __init__(self, pair: Pair, *, draft_len_schedule: dict[int, int] | None = None,
+                 context_len: int | None = None, **kw):
         super().__init__(pair, **kw)
         self.scheduler = Scheduler(pair.backend, block_size=self.block_size, max_batch=self.max_batch,
-                                   draft_len_schedule=draft_len_schedule)
+                                   draft_len_schedule=draft_len_schedule, context_len=context_len)
         self._jobs: dict[Request, Job] = {}
+
+    def check(self, job: Job) -> None:
+        """The scheduler's admission rule for ``job``, asked before it is queued (``Refused``)."""
+        self.scheduler.check(job.request.prompt, job.request.max_new_tokens)
 
     def _request(self, job: Job) -> Request:
         def on_commit(new: list[int]) -> None:

@@ -2,12 +2,12 @@
 
 Every handler reads what the app serves from ``request.app.state.server`` (a
 :class:`~dflash_trt.serve.state.ServerState`). What the generation endpoints share lives here
-once: :func:`accept` (model name, fields this server cannot honour), :func:`make_job` (prompt
-against the context, token ids, sampling), :func:`submit` (the bounded queue: 429 / 503) and
-:func:`respond` (full or streamed). Every refusal is an :class:`APIError`; the handlers in
-``ERROR_HANDLERS`` answer it, and FastAPI's validation errors, through :func:`error`, the one
-place that writes an error body and counts it. :func:`install` adds ``ROUTES`` and
-``ERROR_HANDLERS`` to an app.
+once: :func:`accept` (model name, fields this server cannot honour), :func:`make_job` (token ids,
+sampling, then the scheduler's own admission check: context length, engine profile),
+:func:`submit` (the bounded queue: 429 / 503) and :func:`respond` (full or streamed). Every
+refusal is an :class:`APIError`; the handlers in ``ERROR_HANDLERS`` answer it, and FastAPI's
+validation errors, through :func:`error`, the one place that writes an error body and counts it.
+:func:`install` adds ``ROUTES`` and ``ERROR_HANDLERS`` to an app.
 
 Imported by ``create_app`` once fastapi is known to be installed (it imports fastapi).
 """
@@ -21,13 +21,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dflash_trt.runtime import SamplingParams
+from dflash_trt.runtime import Refused, SamplingParams
 from dflash_trt.serve.batcher import Draining, Job, QueueFull
 from dflash_trt.serve.fields import MESSAGE_CHARS, quoted
 from dflash_trt.serve.protocol import APIError, ChatRequest, CompletionRequest, validation_message
 from dflash_trt.serve.responses import JobStream, Reply, completion_body, error_body, stream_events
 from dflash_trt.serve.state import ServerState
 from dflash_trt.serve.stops import TextStream
+
+#: the request field a scheduler refusal names (``runtime.Refused.param``), as OpenAI spells it
+OPENAI_PARAM: dict[str | None, str | None] = {"max_new_tokens": "max_tokens"}
 
 
 def server_of(request: Request) -> ServerState:
@@ -97,20 +100,13 @@ def accept(request: Request, req) -> ServerState:
 
 
 def make_job(server: ServerState, req, prompt_ids: list[int], requested: int | None, default: int) -> Job:
-    """A job for ``prompt_ids``: the prompt fits the context, its ids the vocabulary, sampling is valid.
+    """A job for ``prompt_ids``: its ids in the vocabulary, sampling valid, and admitted by the
+    scheduler's rule (``runtime.Scheduler.check``: not empty, within the context, the engine profile),
+    answered 400 here, before the job is queued.
 
     ``requested``: the client's max tokens (None: ``default``, capped by what the context leaves).
     """
-    n, ctx_len = len(prompt_ids), server.context_len
-    if n == 0:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    if n >= ctx_len:
-        raise APIError(400, f"the prompt has {n} tokens; this model's context is {ctx_len} tokens",
-                       param="prompt", code="context_length_exceeded")
-    if requested is not None and n + requested > ctx_len:
-        raise APIError(400, f"prompt ({n} tokens) + max_tokens ({requested}) exceeds this model's context "
-                       f"of {ctx_len} tokens", param="max_tokens", code="context_length_exceeded")
-    max_tokens = requested if requested is not None else min(default, ctx_len - n)
+    max_tokens = requested if requested is not None else max(1, min(default, server.context_len - len(prompt_ids)))
     vocab = int(server.pair.target.config.vocab_size)
     if any(not 0 <= t < vocab for t in prompt_ids):
         raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
@@ -120,7 +116,13 @@ def make_job(server: ServerState, req, prompt_ids: list[int], requested: int | N
         raise APIError(400, str(exc)) from None
     # the text as it is committed, cut at a stop string: what a stream sends (serve/stops.py)
     text = TextStream(server.pair.tokenizer, req.stops()) if req.stream or req.stop else None
-    return Job.new(prompt_ids, max_tokens, sampling, ignore_eos=req.ignore_eos, text=text)
+    job = Job.new(prompt_ids, max_tokens, sampling, ignore_eos=req.ignore_eos, text=text)
+    try:
+        server.batcher.check(job)   # the scheduler's admission rule (context, engine profile), its one owner
+    except Refused as exc:
+        raise APIError(400, str(exc), param=OPENAI_PARAM.get(exc.param, exc.param),
+                       code="context_length_exceeded" if exc.context else None) from None
+    return job
 
 
 def submit(server: ServerState, job: Job) -> asyncio.Queue:

@@ -41,6 +41,7 @@ import bisect
 import errno
 import hashlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -53,6 +54,8 @@ from dflash_trt.train.checkpoint import write_json
 from dflash_trt.train.data import Regenerated
 from dflash_trt.train.dist import Ranks
 from dflash_trt.train.settings import Progress
+
+logger = logging.getLogger(__name__)
 
 FULL = {errno.ENOSPC, errno.EDQUOT}
 FORMAT = 1
@@ -137,6 +140,7 @@ def _finished(path: Path, key: str) -> bool:
         with safe_open(str(path), "pt") as f:
             return (f.metadata() or {}).get("key") == key
     except Exception:  # noqa: BLE001 - a torn or foreign file is simply not finished
+        logger.debug("%s does not read back as a finished shard; it is redone", path, exc_info=True)
         return False
 
 

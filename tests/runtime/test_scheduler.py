@@ -14,7 +14,7 @@ from dflash_trt.plugins import PagedKVCache
 from dflash_trt.runtime.backend import TorchBackend, merge_paged, repack_paged
 from dflash_trt.runtime.loop import Request, generate
 from dflash_trt.runtime.sampling import SamplingParams
-from dflash_trt.runtime.scheduler import Scheduler, draft_len_for_batch_size
+from dflash_trt.runtime.scheduler import Refused, Scheduler, draft_len_for_batch_size
 from tests.helpers import OracleDrafter, hf_greedy, prompts, tiny_drafter, tiny_drafter_config, tiny_target, wrap
 
 FAMILIES = ["qwen3", "llama"]
@@ -148,8 +148,25 @@ def test_the_scheduler_refuses_what_it_cannot_run(family):
     backend, ps, _ = family
     with pytest.raises(DFlashError, match="block size 8"):
         Scheduler(backend, block_size=8)
-    with pytest.raises(DFlashError, match="at least one token"):
+    with pytest.raises(DFlashError, match="the prompt is empty"):
         Scheduler(backend).add(Request([], 3))
+
+
+def test_admission_is_one_check_with_one_message(family):
+    """The context limit is the scheduler's to check (``check``, asked by ``add`` and by the server
+    before queueing): a refused request is not queued; one at the limit is admitted."""
+    backend, ps, _ = family
+    sched = Scheduler(backend, context_len=12)
+    with pytest.raises(Refused, match="the prompt has 12 tokens; this model's context is 12 tokens") as e:
+        sched.add(Request(list(range(3, 15)), 1))
+    assert (e.value.param, e.value.context) == ("prompt", True)
+    with pytest.raises(Refused, match=r"prompt \(8 tokens\) \+ max_tokens \(5\) exceeds") as e:
+        sched.check(list(range(3, 11)), 5)
+    assert (e.value.param, e.value.context) == ("max_new_tokens", True)
+    assert sched.idle
+    sched.add(Request(list(range(3, 11)), 4))   # 8 + 4 = 12: exactly the context
+    assert len(sched.waiting) == 1
+    Scheduler(backend).check(list(range(3, 500)), 500)   # no context given: the backend's bound only
 
 
 def test_paged_caches_merge_and_repack_without_moving_a_row():

@@ -12,14 +12,15 @@ from dflash_trt.runtime import RunSpec, TorchBackend, load_bundle, resolve_run
 
 
 def test_torch_choices_resolve_as_given():
-    assert resolve_run() == RunSpec("torch", "reference")
+    assert resolve_run() == RunSpec("torch", "lean")
     assert resolve_run("torch", "triton") == RunSpec("torch", "triton")
     assert resolve_run().notes == () and not resolve_run().graphs
 
 
 @pytest.mark.parametrize("kw, needle", [
     (dict(backend="tvm"), "--backend 'tvm': choose one of torch, onnx, tensorrt"),
-    (dict(kernels="cuda"), "--kernels 'cuda': choose one of reference, triton"),
+    (dict(kernels="cuda"), "--kernels 'cuda': choose one of lean, triton"),
+    (dict(kernels="reference"), "--kernels 'reference': choose one of lean, triton"),   # the old spelling
     (dict(backend="onnx"), "pass a bundle built with --graphs"),
     (dict(backend="onnx", kernels="triton"), "the onnx backend runs the graphs' own"),
 ])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import threading
@@ -13,6 +14,8 @@ import pytest
 import torch
 
 from dflash_trt.cli import run
+from dflash_trt.errors import DFlashError
+from dflash_trt.runtime.backend import TorchBackend
 from dflash_trt.runtime.loop import generate
 from dflash_trt.runtime.pair import Pair, load_bundle
 from dflash_trt.serve.app import ServerThread, create_app
@@ -148,6 +151,29 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, kwa
     assert err["param"] == param and err["code"] == code
     ok = c.post("/v1/completions", json={"model": "tiny", "prompt": "still here", "max_tokens": 3, "temperature": 0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+class ProfiledBackend(TorchBackend):
+    """A torch backend with a graph backend's kind of request check (``Backend.check_request``)."""
+
+    def check_request(self, prompts, max_new_tokens, block_size):
+        if max_new_tokens > 6:
+            raise DFlashError(f"max_new_tokens {max_new_tokens} is past this engine profile's 6")
+
+
+def test_the_backends_refusal_is_the_admission_check_a_400(pair):
+    """A request the backend cannot run is refused at admission, before it is queued: a 400 error
+    object with the backend's one line (not a failed generation), and the server keeps serving."""
+    profiled = dataclasses.replace(pair, backend=ProfiledBackend(pair.target, pair.drafter))
+    with ServerThread(create_app(profiled, "tiny", max_batch=2)) as srv:
+        c = httpx.Client(base_url=srv.url, timeout=60)
+        r = c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 7})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"] == "max_new_tokens 7 is past this engine profile's 6" and err["code"] is None
+        assert metric(c.get("/metrics").text, "dflash_request_failures_total", stage="admit") == 0  # never queued
+        ok = c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 6, "temperature": 0})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 6
 
 
 def test_models_and_health(server):

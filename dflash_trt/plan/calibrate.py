@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dflash_trt.errors import DFlashError, read_text
 from dflash_trt.plan import hardware, silicon
-from dflash_trt.plan.deployment import weight_bytes
+from dflash_trt.plan.memory_model import weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.perf_fit import CONSTANTS, Case, Row, fit
 from dflash_trt.plan.perf_model import Calibration, Shared, StackConstants, StepModel

@@ -39,7 +39,7 @@ import numpy as np
 from dflash_trt import ingest
 from dflash_trt.errors import DFlashError
 from dflash_trt.plan import hardware
-from dflash_trt.plan.deployment import weight_bytes
+from dflash_trt.plan.memory_model import weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.perf_model import Calibration, Shared, StackConstants, StepModel, data_dir
 

@@ -43,6 +43,7 @@ from dflash_trt.plan import perf_model, schedule_vllm, silicon, sizing, trtllm_r
 from dflash_trt.plan import schedule as sched_mod
 from dflash_trt.plan import trtllm_rules as rules
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha  # noqa: F401 - planner's public names
+from dflash_trt.plan.hardware import GPU
 from dflash_trt.plan.memory_model import (
     Deployment,
     _gib,
@@ -51,6 +52,7 @@ from dflash_trt.plan.memory_model import (
     memory,
     weight_bytes,
 )
+from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.perf_model import Acceptance, Calibration, StepModel
 from dflash_trt.plan.recipe import ParallelSpec, ServingSpec, SpeculativeSpec, TrtllmSpec
 
@@ -137,25 +139,13 @@ def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, para
     tp_, _, serving, sized = sizing.size_serving(lambda s: choose_tp(dep, parallel, s, backend, release), serving,
                                                  f"{dep.gpus}x {gpu.name}")
     warnings += [f"{c['key']} lowered from {c['from']} to {c['to']}: {c['why']}" for c in sized]
-    block = spec.block_size or d.block_size
-    if block > d.block_size:
-        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size} "
-                          "(TensorRT-LLM refuses a runtime block wider than the checkpoint's, PR #17935)")
-    if block < 2:
-        raise RecipeError("speculative.block_size must be >= 2 to draft anything")
-    tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
-    acc = Acceptance.from_tau(tau, block, spec.per_position_acceptance)
+    block, tau, acc = _block_and_acceptance(spec, d, t)
     cal = calibration or perf_model.shipped_calibration()
     stack = stack or perf_model.stack_for(gpu)
     roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
     if tables is not None:   # tables(tp); the user's calibration was refitted over them (calibrate.from_files)
         roof = silicon.combined(roof, tables(tp_), refitted=calibration is not None)
-    if spec.max_draft_len == "auto":
-        max_len = _best_len(roof, 1, block - 1, acc)
-    else:
-        max_len = int(spec.max_draft_len)
-        if not 1 <= max_len <= block - 1:
-            raise RecipeError(f"speculative.max_draft_len {max_len} must be between 1 and block size - 1 ({block - 1})")
+    max_len = _max_draft_len(spec, roof, block, acc)
     if roof.speedup(1, max_len, acc) < MIN_SPEEDUP:
         warnings.append(f"the step model predicts no gain from drafting even at batch 1 on {gpu.name} "
                         f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
@@ -178,10 +168,7 @@ def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, para
                 predicted=predicted(roof, lengths, acc, tp_),
                 draft_lengths=[DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
                                for r in sched_mod.schedule_runs(lengths)], trtllm_release=release.version,
-                max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
-                enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
-                moe_backend=rules.moe_backend(t.model_type, gpu, release),
-                max_batch_size=serving.max_batch_size, max_seq_len=serving.max_seq_len,
+                **_serving_fields(serving, tail, warnings, t, gpu, release),
                 kv_cache_free_gpu_memory_fraction=mem.fraction, sized=sized, stack=stack,
                 step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None, lengths))
     tabled = isinstance(roof, silicon.SiliconStepModel) and roof.uses_tables
@@ -191,6 +178,37 @@ def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, para
         n, entries = schedule_vllm.from_lengths(lengths)
         plan.vllm_schedule = VllmPlan(num_speculative_tokens=n, num_speculative_tokens_per_batch_size=entries)
     return plan
+
+
+def _block_and_acceptance(spec: SpeculativeSpec, d: DraftShape, t: TargetShape) -> tuple[int, float, Acceptance]:
+    """The runtime block (at most the drafter's trained one), the expected tau and the acceptance model."""
+    block = spec.block_size or d.block_size
+    if block > d.block_size:
+        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size} "
+                          "(TensorRT-LLM refuses a runtime block wider than the checkpoint's, PR #17935)")
+    if block < 2:
+        raise RecipeError("speculative.block_size must be >= 2 to draft anything")
+    tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
+    return block, tau, Acceptance.from_tau(tau, block, spec.per_position_acceptance)
+
+
+def _max_draft_len(spec: SpeculativeSpec, roof: StepModel, block: int, acc: Acceptance) -> int:
+    """The recipe's max_draft_len (1 .. block - 1), or on ``auto`` the best at batch 1."""
+    if spec.max_draft_len == "auto":
+        return _best_len(roof, 1, block - 1, acc)
+    max_len = int(spec.max_draft_len)
+    if not 1 <= max_len <= block - 1:
+        raise RecipeError(f"speculative.max_draft_len {max_len} must be between 1 and block size - 1 ({block - 1})")
+    return max_len
+
+
+def _serving_fields(serving: ServingSpec, tail: int | None, warnings: list[str], t: TargetShape, gpu: GPU,
+                    release: trtllm_releases.Release) -> dict:
+    """The plan's serving fields: token budget, recompute tail, chunked prefill, MoE backend, sizes."""
+    return dict(max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
+                enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
+                moe_backend=rules.moe_backend(t.model_type, gpu, release),
+                max_batch_size=serving.max_batch_size, max_seq_len=serving.max_seq_len)
 
 
 def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None:

@@ -32,6 +32,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from functools import cache
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -128,7 +129,6 @@ class Case:
 def _config_dir(ref: str) -> Path:
     if ref.startswith(ingest.EMBEDDED_PREFIX):
         return ingest.resolve(ref)
-    from importlib import resources
 
     path = Path(str(resources.files("dflash_trt") / "recipes" / "configs" / ref))
     if not (path / "config.json").is_file():

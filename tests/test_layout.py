@@ -1,7 +1,7 @@
 """The package's layout holds: imports point one way, through each subpackage's public face.
 
 Every import statement of every module is read (inside functions too, where cycles hide).
-Three rules:
+Four rules:
 
 1. **Direction.** A subpackage imports only from subpackages below it in ``ORDER``; a
    module of the top-level (``cli``, ``_cli``) may import anything. At the bottom sit two single
@@ -10,6 +10,9 @@ Three rules:
    (``from dflash_trt.ingest import validate_pair``), never one of its modules
    (``from dflash_trt.ingest.compat import ...``); a leaf module is its own face.
 3. **No cycles** between modules, counting imports inside functions.
+4. **Imports at module top** in ``plan/``, ``deploy/``, ``ingest/`` and ``train/`` (``LATE_CHECKED``), unless the
+   import says why it waits (``WHY``): ``# start-up: torch`` (a heavy import the command may not need),
+   ``# optional: onnx`` (a dependency that may be absent), ``# cycle: ...`` (a cycle it breaks).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ ORDER = ["bench", "train", "serve", "deploy", "export", "runtime", "plan", "inge
 # Single modules, not packages: each imports nothing of ours and is its own face.
 LEAVES = ("logs", "errors")
 TOP = {"cli", "_cli", "__main__", "__init__"}
+# Rule 4: where an import inside a function must say why it is not at the top.
+LATE_CHECKED = ("plan", "deploy", "ingest", "train")
+WHY = ("# start-up:", "# optional:", "# cycle:")
 
 
 def modules() -> dict[str, Path]:
@@ -149,3 +155,34 @@ def test_the_checker_sees_a_planted_violation(tmp_path):
     found = imports(a, "dflash_trt.model.a")
     assert found == [(2, "dflash_trt.runtime.loop", ["generate"])]
     assert ORDER.index(stage(found[0][1])) < ORDER.index("model")
+
+
+def unexplained_late_imports(path: Path) -> list[str]:
+    """``line: import`` for each import inside a function that gives no ``WHY`` comment on its lines."""
+    text = path.read_text()
+    lines = text.splitlines()
+    bad = []
+    for fn in ast.walk(ast.parse(text, str(path))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                said = " ".join(lines[node.lineno - 1: node.end_lineno])
+                if not any(why in said for why in WHY):
+                    bad.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODS if stage(n) in LATE_CHECKED))
+def test_late_imports_say_why(name):
+    bad = unexplained_late_imports(MODS[name])
+    assert not bad, (f"{MODS[name]}: move these imports to the top, or say why they wait "
+                     f"({', '.join(WHY)}):\n  " + "\n  ".join(bad))
+
+
+def test_the_late_import_check_sees_a_planted_one(tmp_path):
+    """Rule 4 can fail: a function-level import without a reason is found, one with a reason is not."""
+    a = tmp_path / "a.py"
+    a.write_text("import json\n\n\ndef f():\n    import math\n    import torch  # start-up: torch\n"
+                 "    from onnx import (  # optional: onnx\n        helper,\n    )\n")
+    assert unexplained_late_imports(a) == ["line 5: import math"]

@@ -42,9 +42,31 @@ from dflash_trt._cli.load_options import (
     rates,
 )
 
+ChatOpt = Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")]
+EndpointOpt = Annotated[str | None, typer.Option("--endpoint", help="Benchmark this OpenAI-compatible server "
+                                                 "(URL) instead of running models in-process.")]
+BaselineOpt = Annotated[str | None, typer.Option("--baseline", help="With --endpoint: a second server to compare "
+                                                 "against (e.g. the same target without drafting).")]
+MtpEndpointOpt = Annotated[str | None, typer.Option("--mtp-endpoint", help="With --endpoint: the same target "
+                                                    "drafting with its own MTP layers (a bundle's "
+                                                    "trtllm/config.mtp.yaml); reports which arm wins per "
+                                                    "concurrency.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request "
+                                              "(default: the server's first).")]
+ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", help="With --endpoint: closed-loop levels, "
+                                                    "comma-separated (default 1,4,16,32; none when only "
+                                                    "--request-rate is given).")]
+RequestsOpt = Annotated[int | None, typer.Option("--requests", min=1, help="With --endpoint: requests per level "
+                                                 "(default: max(prompts, 2 x concurrency)).")]
+TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")]
+IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
+                                            "max tokens (vLLM/TRT-LLM/dflash extension).")]
+PlotOpt = Annotated[Path | None, typer.Option(
+    "--plot", help="With --endpoint: write throughput per GPU against tokens/s per user (DFlash and "
+                   "--baseline on one chart), TTFT, ITL and speedup to this PNG; with a BUNDLE, its plan's "
+                   "predicted curves too.")]
 
-# Over 60 lines only because the signature is the command's option list (Typer reads it);
-# the body is short and calls one stage per branch.
+
 def bench(
     bundle: BundleArg = None,
     target: TargetOpt = None,
@@ -56,39 +78,26 @@ def bench(
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = 128,
     block_size: BlockSizeOpt = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")] = False,
+    chat: ChatOpt = False,
     dtype: DtypeOpt = "auto",
     kernels: KernelsOpt = "lean",
     backend: BackendOpt = "torch",
     as_json: JsonOpt = False,
-    endpoint: Annotated[str | None, typer.Option("--endpoint", help="Benchmark this OpenAI-compatible server "
-                                                    "(URL) instead of running models in-process.")] = None,
-    baseline: Annotated[str | None, typer.Option("--baseline", help="With --endpoint: a second server to compare "
-                                                    "against (e.g. the same target without drafting).")] = None,
-    mtp_endpoint: Annotated[str | None, typer.Option("--mtp-endpoint", help="With --endpoint: the same target "
-                                                        "drafting with its own MTP layers (a bundle's "
-                                                        "trtllm/config.mtp.yaml); reports which arm wins per "
-                                                        "concurrency.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request "
-                                                 "(default: the server's first).")] = None,
-    concurrency: Annotated[str | None, typer.Option("--concurrency", help="With --endpoint: closed-loop levels, "
-                                                    "comma-separated (default 1,4,16,32; none when only "
-                                                    "--request-rate is given).")] = None,
-    requests: Annotated[int | None, typer.Option("--requests", min=1, help="With --endpoint: requests per level "
-                                                    "(default: max(prompts, 2 x concurrency)).")] = None,
-    temperature: Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")] = 0.0,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
-                                             "max tokens (vLLM/TRT-LLM/dflash extension).")] = False,
+    endpoint: EndpointOpt = None,
+    baseline: BaselineOpt = None,
+    mtp_endpoint: MtpEndpointOpt = None,
+    model: ModelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    requests: RequestsOpt = None,
+    temperature: TemperatureOpt = 0.0,
+    ignore_eos: IgnoreEosOpt = False,
     request_rate: RequestRateOpt = None,
     burstiness: BurstinessOpt = 1.0,
     duration: DurationOpt = None,
     goodput: GoodputOpt = None,
     repeats: RepeatsOpt = None,
     warmup: WarmupOpt = None,
-    plot: Annotated[Path | None, typer.Option(
-        "--plot", help="With --endpoint: write throughput per GPU against tokens/s per user (DFlash and "
-                       "--baseline on one chart), TTFT, ITL and speedup to this PNG; with a BUNDLE, its plan's "
-                       "predicted curves too.")] = None,
+    plot: PlotOpt = None,
 ) -> None:
     """Measure τ, per-position acceptance and speedup over autoregressive decoding, and check losslessness.
 
@@ -99,7 +108,6 @@ def bench(
 
     if endpoint is None:
         check_refs(target, drafter, True, bundle)  # before the runtime (torch) loads
-    from dflash_trt.bench import datasets, inprocess
     from dflash_trt.bench import load as loads
 
     if endpoint is not None and backend != "torch":
@@ -117,6 +125,14 @@ def bench(
         raise DFlashError("--baseline, --mtp-endpoint, --request-rate and --plot go with --endpoint URL")
     pair = load_pair_from(target, drafter, dtype, bundle=bundle, kernels=kernels,
                           backend=backend)
+    _bench_inprocess(pair, bundle, rows, prompts, input_len, max_tokens, block_size, chat, repeats, as_json)
+
+
+def _bench_inprocess(pair, bundle, rows, prompts, input_len, max_tokens, block_size, chat, repeats, as_json) -> None:
+    """The prompts cut to the pair's context, run DFlash vs autoregressive in-process, reported."""
+    from dflash_trt.bench import datasets, inprocess
+    from dflash_trt.errors import DFlashError
+
     context = context_len(pair, bundle)
     if input_len is not None:
         rows = datasets.cut(rows, input_len, pair.tokenizer)

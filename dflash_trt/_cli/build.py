@@ -35,6 +35,18 @@ PrecisionOpt = Annotated[str | None, typer.Option(
 KvOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="KV cache dtype: auto or fp8.")]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")]
+CalibOpt = Annotated[str | None, typer.Option(
+    "--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")]
+OutputOpt = Annotated[Path | None, typer.Option(
+    "--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")]
+DryRunOpt = Annotated[bool, typer.Option(
+    "--dry-run", help="Resolve, validate and plan from configs; write nothing.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing bundle: only the files its "
+                                                    "manifest lists; other files in the directory are kept.")]
+GraphsOpt = Annotated[bool, typer.Option(
+    "--graphs", help="Also export the standalone path: ONNX graphs with the DFlash custom ops to OUT/onnx, and "
+                     "TensorRT engines to OUT/engines where TensorRT and a GPU are present (run by --backend "
+                     "onnx|tensorrt).")]
 
 
 # The recipe field each flag sets, as the typed value typer parsed (never re-read as YAML).
@@ -80,19 +92,12 @@ def build(
     gpus_per_node: GpusPerNodeOpt = None,
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
-    calib: Annotated[str | None, typer.Option(
-        "--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")] = None,
-    output: Annotated[Path | None, typer.Option(
-        "--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")] = None,
+    calib: CalibOpt = None,
+    output: OutputOpt = None,
     set_: SetOpt = None,
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Resolve, validate and plan from configs; write nothing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle: only the files its "
-                                                    "manifest lists; other files in the directory are kept.")] = False,
-    graphs: Annotated[bool, typer.Option(
-        "--graphs", help="Also export the standalone path: ONNX graphs with the DFlash custom ops to OUT/onnx, and "
-                         "TensorRT engines to OUT/engines where TensorRT and a GPU are present (run by --backend "
-                         "onnx|tensorrt).")] = False,
+    dry_run: DryRunOpt = False,
+    force: ForceOpt = False,
+    graphs: GraphsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a TensorRT-LLM bundle: quantized target, z-lab drafter, trtllm config and serve.sh.

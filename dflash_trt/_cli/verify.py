@@ -16,36 +16,50 @@ from dflash_trt._cli.tune import _ints
 STYLE = {"pass": "green", "fail": "red", "not measured": "yellow"}
 
 
-# Over 60 lines only because the signature is the command's option list (Typer reads it).
+VerifyBundleArg = Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")]
+VerifyEndpointOpt = Annotated[str | None, typer.Option(
+    "--endpoint", help="The running deployment (serve.sh or 'dflash-trt serve') to measure: lossless, τ, draft "
+    "lengths, GPU memory.")]
+VerifyBaselineOpt = Annotated[str | None, typer.Option(
+    "--baseline", help="With --endpoint: the same target served without speculation; the greedy completions must "
+    "agree. Default: the reference runtime on the bundle's weights (small targets).")]
+VerifyModelOpt = Annotated[str | None, typer.Option("--model", help="Model id to request (default: the server's "
+                                             "first).")]
+BaselineModelOpt = Annotated[str | None, typer.Option("--baseline-model", help="Model id on --baseline.")]
+VerifyPromptsOpt = Annotated[Path | None, typer.Option("--prompts", help="JSONL with 'kind' and 'prompt' or 'messages' "
+                                                "(default: the package's code, math, prose and chat set).")]
+VerifyMaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens per greedy completion.")]
+VerifyConcurrencyOpt = Annotated[str, typer.Option("--concurrency", help="Load levels the schedule, τ and memory are "
+                                         "measured at, comma-separated.")]
+VerifyRequestsOpt = Annotated[int | None, typer.Option("--requests", min=1, help="Requests per level (default: "
+                                                "max(prompts, 2 x concurrency)).")]
+AcceptStatsOpt = Annotated[Path | None, typer.Option("--accept-stats", help="TensorRT-LLM's acceptance files: the "
+                                                     "TLLM_DFLASH_ACCEPT_STATS_DIR trtllm-serve runs with "
+                                                     "(per-position acceptance).")]
+ReferenceOpt = Annotated[bool | None, typer.Option(
+    "--reference/--no-reference", help="Run the bundle's target on the reference runtime (baseline without "
+    "--baseline, margins where the server sends no logprobs). Default: targets up to 4 GiB.")]
+TrapProbeOpt = Annotated[bool, typer.Option(
+    "--trap-probe/--no-trap-probe", help="With --endpoint: after the levels, a load above the schedule's top, "
+    "then low concurrency; τ must recover to the plan's (the zero-draft trap, TensorRT-LLM PR #16888).")]
+ReportOpt = Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here (with --endpoint, "
+                                               "'dflash-trt plan --calibration' reads it).")]
+
+
 def verify(
-    bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
-    endpoint: Annotated[str | None, typer.Option(
-        "--endpoint", help="The running deployment (serve.sh or 'dflash-trt serve') to measure: lossless, τ, draft "
-        "lengths, GPU memory.")] = None,
-    baseline: Annotated[str | None, typer.Option(
-        "--baseline", help="With --endpoint: the same target served without speculation; the greedy completions must "
-        "agree. Default: the reference runtime on the bundle's weights (small targets).")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model id to request (default: the server's "
-                                                 "first).")] = None,
-    baseline_model: Annotated[str | None, typer.Option("--baseline-model", help="Model id on --baseline.")] = None,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL with 'kind' and 'prompt' or 'messages' "
-                                                    "(default: the package's code, math, prose and chat set).")] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens per greedy completion.")] = 64,
-    concurrency: Annotated[str, typer.Option("--concurrency", help="Load levels the schedule, τ and memory are "
-                                             "measured at, comma-separated.")] = "1,4",
-    requests: Annotated[int | None, typer.Option("--requests", min=1, help="Requests per level (default: "
-                                                    "max(prompts, 2 x concurrency)).")] = None,
-    accept_stats: Annotated[Path | None, typer.Option("--accept-stats", help="TensorRT-LLM's acceptance files: the "
-                                                         "TLLM_DFLASH_ACCEPT_STATS_DIR trtllm-serve runs with "
-                                                         "(per-position acceptance).")] = None,
-    reference: Annotated[bool | None, typer.Option(
-        "--reference/--no-reference", help="Run the bundle's target on the reference runtime (baseline without "
-        "--baseline, margins where the server sends no logprobs). Default: targets up to 4 GiB.")] = None,
-    trap_probe: Annotated[bool, typer.Option(
-        "--trap-probe/--no-trap-probe", help="With --endpoint: after the levels, a load above the schedule's top, "
-        "then low concurrency; τ must recover to the plan's (the zero-draft trap, TensorRT-LLM PR #16888).")] = True,
-    report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here (with --endpoint, "
-                                                   "'dflash-trt plan --calibration' reads it).")] = None,
+    bundle: VerifyBundleArg,
+    endpoint: VerifyEndpointOpt = None,
+    baseline: VerifyBaselineOpt = None,
+    model: VerifyModelOpt = None,
+    baseline_model: BaselineModelOpt = None,
+    prompts: VerifyPromptsOpt = None,
+    max_tokens: VerifyMaxTokensOpt = 64,
+    concurrency: VerifyConcurrencyOpt = "1,4",
+    requests: VerifyRequestsOpt = None,
+    accept_stats: AcceptStatsOpt = None,
+    reference: ReferenceOpt = None,
+    trap_probe: TrapProbeOpt = True,
+    report: ReportOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Check a bundle, and the deployment serving it.

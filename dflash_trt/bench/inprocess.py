@@ -110,6 +110,33 @@ def _categories(rows: list[Prompt], passes: list[tuple[list[Stats], list[Stats]]
     return out
 
 
+def _encoded(pair: Pair, rows: list[Prompt], max_new_tokens: int, chat: bool,
+             context: int | None) -> tuple[list[list[int]], list[int]]:
+    """Each prompt's token ids and new-token budget; an empty prompt, or one past ``context``, refused."""
+    encoded = [pair.encode(p.text, chat=chat) for p in rows]
+    lengths = [p.max_tokens or max_new_tokens for p in rows]
+    for k, (ids, n) in enumerate(zip(encoded, lengths, strict=True)):
+        if not ids:
+            raise DFlashError(f"--prompts: prompt {k + 1} is empty (0 tokens)")
+        if context is not None and len(ids) + n > context:
+            raise DFlashError(f"--prompts: prompt {k + 1} has {len(ids)} tokens; with --max-tokens {n} it passes "
+                              f"this model's context of {context} tokens")
+    return encoded, lengths
+
+
+def _step(dflash: dict, ar: dict) -> dict:
+    """Mean milliseconds per round: draft, verify, an autoregressive forward, and the step's cost ratio."""
+    ar_forward = ar["verify_seconds"] / max(1, ar["rounds"])
+    verify = dflash["verify_seconds"] / max(1, dflash["rounds"])
+    draft = dflash["draft_seconds"] / max(1, dflash["rounds"])
+    return {
+        "draft_ms": round(1e3 * draft, 3),
+        "verify_ms": round(1e3 * verify, 3),
+        "autoregressive_forward_ms": round(1e3 * ar_forward, 3),
+        "step_cost_ratio": round((draft + verify) / verify, 4) if verify else None,
+    }
+
+
 def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 128, block_size: int | None = None,
         chat: bool = False, repeats: int = 1, progress: Callable[[int], None] | None = None,
         context: int | None = None) -> dict:
@@ -123,14 +150,7 @@ def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 
         raise DFlashError("--repeats must be >= 1")
     B = pair.block_size(block_size)
     rows = [p if isinstance(p, Prompt) else Prompt(p) for p in prompts]
-    encoded = [pair.encode(p.text, chat=chat) for p in rows]
-    lengths = [p.max_tokens or max_new_tokens for p in rows]
-    for k, (ids, n) in enumerate(zip(encoded, lengths, strict=True)):
-        if not ids:
-            raise DFlashError(f"--prompts: prompt {k + 1} is empty (0 tokens)")
-        if context is not None and len(ids) + n > context:
-            raise DFlashError(f"--prompts: prompt {k + 1} has {len(ids)} tokens; with --max-tokens {n} it passes "
-                              f"this model's context of {context} tokens")
+    encoded, lengths = _encoded(pair, rows, max_new_tokens, chat, context)
     stops = pair.stop_token_ids
     # Warm-up both paths (allocator, kernels, first-call overheads). Both run through the pair's
     # backend (None: the PyTorch modules), so the speedup compares like with like.
@@ -145,9 +165,6 @@ def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 
     ds = [x for d, _ in passes for x in d]
     ars = [x for _, a in passes for x in a]
     dflash, ar = _merge(ds), _merge(ars)
-    ar_forward = ar["verify_seconds"] / max(1, ar["rounds"])
-    verify = dflash["verify_seconds"] / max(1, dflash["rounds"])
-    draft = dflash["draft_seconds"] / max(1, dflash["rounds"])
     report = {
         "backend": getattr(be, "name", "torch"),
         "prompts": len(prompts),
@@ -163,12 +180,7 @@ def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 
         "categories": _categories(rows, passes),
         "lossless": not mismatches,
         "mismatched_prompts": sorted(mismatches),
-        "step": {
-            "draft_ms": round(1e3 * draft, 3),
-            "verify_ms": round(1e3 * verify, 3),
-            "autoregressive_forward_ms": round(1e3 * ar_forward, 3),
-            "step_cost_ratio": round((draft + verify) / verify, 4) if verify else None,
-        },
+        "step": _step(dflash, ar),
     }
     if getattr(be, "files", None):   # a graph backend: the graph file each model call ran
         report["graphs"] = dict(be.files)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_trt import ingest
+from dflash_trt.model import drafter_for
 
 if TYPE_CHECKING:  # torch loads when a build writes weights, not when `plan` or `--dry-run` imports deploy
     from dflash_trt.model import Drafter
@@ -30,9 +31,8 @@ if TYPE_CHECKING:  # torch loads when a build writes weights, not when `plan` or
 def sort_target_layers(drafter: Drafter) -> Drafter:
     """The same drafter with ascending ``target_layer_ids`` and ``fc``'s column blocks permuted
     to match (itself when already ascending). fc.weight: [H, n_tap*H], block j = tap j."""
-    import torch
+    import torch  # start-up: torch
 
-    from dflash_trt.model import drafter_for
 
     ids = list(drafter.cfg.target_layer_ids)
     order = sorted(range(len(ids)), key=lambda j: ids[j])
@@ -52,7 +52,7 @@ def sort_target_layers(drafter: Drafter) -> Drafter:
 def write_bundle_drafter(src: ingest.DrafterSpec, out: Path) -> dict:
     """Write ``src`` (any supported format, as ingest read it) as the bundle's BF16 z-lab drafter at
     ``out``; returns the manifest's ``drafter`` section (what was changed, and why)."""
-    import torch
+    import torch  # start-up: torch
 
     stored = src.dtype                            # the weights' dtype on disk
     drafter = ingest.load_drafter(src, dtype=torch.bfloat16)

@@ -23,13 +23,15 @@ writes through them, runtime / serve / bench read through them.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import platform
 import shutil
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
-from dflash_trt import ingest
+from dflash_trt import __version__, ingest
 from dflash_trt import plan as planner
 from dflash_trt.deploy import drafter as bundle_drafter
 from dflash_trt.deploy import output, serve_sh
@@ -119,7 +121,7 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
         say("copying the target")
         output.copy_checkpoint(r.target_dir, tmp / "target")
         return None, None
-    from dflash_trt.deploy import quantize
+    from dflash_trt.deploy import quantize  # start-up: torch (deploy.quantize imports it)
 
     rc = r.recipe
     say(f"quantizing the target to {r.precision} with ModelOpt")
@@ -209,10 +211,10 @@ def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
     shapes of the recipe's serving limits (recorded as the manifest's ``engine.profile``);
     engines where TensorRT and a GPU are present. The ONNX graphs are exported in float32 from
     the unquantized source target (quantized TensorRT engines are not built here)."""
-    import torch
+    import torch  # start-up: torch
 
-    from dflash_trt import export
-    from dflash_trt.model import load_target
+    from dflash_trt import export  # start-up: torch (dflash_trt.export)
+    from dflash_trt.model import load_target  # start-up: torch (the model face loads it lazily)
 
     drafter = ingest.load_drafter(tmp / "drafter", dtype=torch.float32)
     model = load_target(r.target_dir, dtype=torch.float32)
@@ -236,15 +238,11 @@ def _calib_input(rc: Recipe) -> dict | None:
     if not rc.precision.calib:
         return None
     path = rc.resolve_path(rc.precision.calib)
-    import hashlib
 
     return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None}
 
 
 def _versions(quantized: bool) -> dict:
-    from importlib import metadata
-
-    from dflash_trt import __version__
 
     out: dict[str, str | None] = {"dflash_trt": __version__, "python": platform.python_version()}
     for pkg in ("torch", "transformers", "safetensors", "pydantic") + (("nvidia-modelopt",) if quantized else ()):
@@ -272,7 +270,7 @@ def check_trtllm_bundle(path: str | Path) -> dict:
     prec = m.precision
     verified = None
     if prec.quantized_by == "nvidia-modelopt":
-        from dflash_trt.deploy import quantize
+        from dflash_trt.deploy import quantize  # start-up: torch (deploy.quantize imports it)
 
         verified = quantize.verify_export(bundle.target, prec.weights, prec.kv_cache)
     return {"bundle": str(root), "precision": prec.weights, "tp": cfg.tensor_parallel_size,

@@ -33,7 +33,9 @@ import torch
 
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError, DFlashError, read_text, require
+from dflash_trt.model import load_target
 from dflash_trt.plan import PrecisionSpec
+from dflash_trt.runtime import load_tokenizer
 
 ALGO = {"fp8": "FP8", "nvfp4": "NVFP4"}
 
@@ -119,14 +121,12 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
     mtq = require("modelopt.torch.quantization", "quant", "quantizing the target")
     export = require("modelopt.torch.export", "quant", "exporting the quantized target")
     require("requests", "quant", "ModelOpt's export")
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # start-up: transformers
 
-    from dflash_trt.model import load_target
-    from dflash_trt.runtime import load_tokenizer
 
     hf_logging.disable_progress_bar()
     with contextlib.suppress(ImportError):
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils import disable_progress_bars  # start-up: huggingface_hub
 
         disable_progress_bars()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -48,6 +48,7 @@ import re
 import sys
 import time
 import typing
+from importlib import metadata
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,6 @@ def installed_trtllm() -> str | None:
         m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read_text()) if f.is_file() else None
         if m:
             return m.group(1)
-    from importlib import metadata
 
     try:
         return metadata.version("tensorrt_llm")
@@ -87,7 +87,6 @@ def installed_commit() -> str | None:
                       f.read_text()) if f.is_file() else None
         if m:
             return m.group(1)
-    from importlib import metadata
 
     try:
         direct = metadata.distribution("tensorrt_llm").read_text("direct_url.json")
@@ -116,7 +115,7 @@ def installed_features() -> dict:
     """The installed release's decoding classes, read by field (imports ``tensorrt_llm.llmapi``):
     ``{"fields": {class: [field, ...]}, "attention_backends": [...], "defaults": {field: default},
     "features": [feature, ...]}``."""
-    from tensorrt_llm.llmapi import llm_args
+    from tensorrt_llm.llmapi import llm_args  # optional: tensorrt_llm
 
     fields: dict[str, dict] = {}
     for name in ("DecodingBaseConfig", "DFlashDecodingConfig"):
@@ -177,10 +176,10 @@ def version_key(v: str) -> tuple[int, ...]:
 
 def llm_api():
     """``(TorchLlmArgs, update_llm_args_with_extra_dict)`` of the installed release (imports it)."""
-    from tensorrt_llm.llmapi import llm_args
+    from tensorrt_llm.llmapi import llm_args  # optional: tensorrt_llm
 
     try:
-        from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict as update
+        from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict as update  # optional: tensorrt_llm
     except ImportError:
         update = llm_args.update_llm_args_with_extra_dict
     return llm_args.TorchLlmArgs, update
@@ -287,7 +286,7 @@ def judge_trtllm_config(planned: str, bundle: Path | str = ".", skip_config: boo
         return 2, [f"TensorRT-LLM {have} is installed; this bundle was planned for TensorRT-LLM {planned}, which is "
                    f"newer: install tensorrt-llm=={planned}, or rebuild with --set trtllm.release=<a release "
                    "dflash-trt knows>"]
-    import yaml  # TensorRT-LLM requires PyYAML
+    import yaml  # optional: yaml (TensorRT-LLM requires PyYAML; judge.py runs alone)
 
     root = Path(bundle)
     data = yaml.safe_load((root / CONFIG).read_text())

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dflash_trt.errors import CheckpointError
+from dflash_trt.ingest.files import sha256_files
 from dflash_trt.ingest.plan_record import Plan
 from dflash_trt.model import graph_kinds
 
@@ -304,8 +305,6 @@ def check_format(where: str | Path, fmt: object, accept: tuple[str, ...] = READA
 
 def bundle_hashes(root: str | Path) -> dict[str, str]:
     """sha256 of every file under ``root`` but the manifest (what format 3 records as ``files``)."""
-    from dflash_trt.ingest.files import sha256_files
-
     return {k: v for k, v in sha256_files(root).items() if k != Layout.MANIFEST}
 
 

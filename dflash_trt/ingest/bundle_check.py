@@ -26,7 +26,9 @@ from pathlib import Path, PurePosixPath
 
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.bundle import BUILD_SECTIONS, REQUIRED_FILES, Bundle, Layout, read_manifest
+from dflash_trt.ingest.chat import serving_chat
 from dflash_trt.ingest.drafter import read_drafter
+from dflash_trt.ingest.files import sha256_file
 
 
 def _plain(rel: str) -> bool:
@@ -101,8 +103,6 @@ def check_fields(bundle: Bundle, config: dict) -> list[str]:
         want["drafter.target_layer_ids"] = (sorted(m.drafter.target_layer_ids), sorted(spec["target_layer_ids"]),
                                             Layout.TRTLLM_CONFIG)
     if m.serve.chat_template_sha256 is not None:
-        from dflash_trt.ingest.chat import serving_chat
-
         got = serving_chat(bundle.root / m.reference_runtime.target, None)["chat_template_sha256"]
         want["serve.chat_template_sha256"] = (m.serve.chat_template_sha256, got, "the target's chat template")
     return [f"manifest {k} is {mine!r}, {where} says {theirs!r}" for k, (mine, theirs, where) in want.items()
@@ -135,8 +135,6 @@ class LoadCheck:
         return sorted(rels)
 
     def _hash(self) -> None:
-        from dflash_trt.ingest.files import sha256_file
-
         try:
             for rel in self._wanted():
                 self.found[rel] = sha256_file(self.bundle.root / rel)

@@ -15,6 +15,7 @@ from pathlib import Path
 from dflash_trt.errors import CompatibilityError
 from dflash_trt.ingest.drafter import DrafterSpec, read_drafter
 from dflash_trt.ingest.target import TargetSpec, read_target
+from dflash_trt.ingest.tokenizer import probe, probe_light
 from dflash_trt.model import family_of
 
 
@@ -217,8 +218,6 @@ def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> Non
     """With weights (inspect, build, the runtime) the tokenizer is loaded and probed; a config-only
     read (plan, --dry-run) names its files only, so planning stays free of torch."""
     if t.tokenizer_files and not require_weights:
-        from dflash_trt.ingest.tokenizer import probe_light
-
         why = probe_light(t.path, t.vocab_size)
         if why:
             r.add("tokenizer", "error", why)
@@ -226,8 +225,6 @@ def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> Non
             r.add("tokenizer", "ok", f"{', '.join(t.tokenizer_files)} (tokenizer.json: ids inside the vocabulary, "
                   "its own text re-encodes; loaded with transformers when the bundle is built)")
     elif t.tokenizer_files:
-        from dflash_trt.ingest.tokenizer import probe
-
         why = probe(t.path, t.vocab_size)
         if why:
             r.add("tokenizer", "error", why)

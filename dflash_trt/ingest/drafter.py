@@ -190,7 +190,7 @@ def _check_tensors(spec: DrafterSpec) -> None:
 
 def _absolute_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, spec: DrafterSpec) -> torch.Tensor:
     """Draft id -> absolute target id (speculators stores offsets; validated against t2d)."""
-    import torch
+    import torch  # start-up: torch
     vocab = spec.config.vocab_size
     d2t = d2t.long()
     candidates = [d2t + torch.arange(len(d2t)), d2t] if spec.norm.d2t_offsets else [d2t]
@@ -209,7 +209,7 @@ def _absolute_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, spec: DrafterSpec
 
 def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:
     """The drafter's tensors under z-lab names, vocabulary map normalised (absolute d2t)."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # start-up: safetensors
 
     state: dict[str, torch.Tensor] = {}
     t2d = None

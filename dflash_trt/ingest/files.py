@@ -51,7 +51,7 @@ def torch_dtype(name: str | None):
     """``torch.<name>`` for one of :data:`RUNTIME_DTYPES`; None for any other name (torch imported on use)."""
     if name not in RUNTIME_DTYPES:
         return None
-    import torch
+    import torch  # start-up: torch
 
     return getattr(torch, name)
 

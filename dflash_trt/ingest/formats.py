@@ -51,7 +51,7 @@ from pathlib import Path
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest import format_guards
 from dflash_trt.ingest.files import FLOAT_DTYPES, TensorInfo
-from dflash_trt.ingest.resolve import positive_int
+from dflash_trt.ingest.resolve import positive_int, transformers_names
 from dflash_trt.model import family_named, family_of, flatten_rope, recognise_family
 
 # Tensors some exports carry that DFlash takes from the target (or recomputes): dropped.
@@ -151,8 +151,6 @@ def detect(cfg: dict, names: list[str], root: Path) -> str:
 
 
 def _known_arch(arch: str) -> bool:
-    from dflash_trt.ingest.resolve import transformers_names
-
     return arch in transformers_names()  # without importing the modeling code (torch)
 
 
@@ -174,7 +172,7 @@ def _prefix(names: list[str], where: str) -> str:
 
 def _class_defaults(model_type: str) -> dict:
     """Defaults of the transformers config class the drafter's loaders instantiate."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # start-up: transformers
 
     try:
         c = CONFIG_MAPPING[model_type]()
@@ -254,7 +252,7 @@ def _speculators(cfg: dict, names: list[str], root: Path) -> Normalised:
 
 def _speculators_decoder(cfg: dict, where: str) -> dict:
     """The full transformers config of the nested ``transformer_layer_config`` (defaults filled in)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # start-up: transformers
 
     tl = cfg.get("transformer_layer_config")
     if not isinstance(tl, dict):

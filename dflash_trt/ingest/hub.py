@@ -76,7 +76,7 @@ def reachable() -> bool:
 
 
 def _endpoint() -> str:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # start-up: huggingface_hub
 
     return str(constants.ENDPOINT)
 
@@ -90,7 +90,7 @@ def _cache_dir() -> str | None:
 
 
 def _repo_folder(repo_id: str) -> Path:
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # start-up: huggingface_hub
 
     return Path(_cache_dir() or constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
 
@@ -116,8 +116,8 @@ def expand_revision(repo_id: str, revision: str | None) -> str | None:
 def _check_disk(repo_id: str, revision: str | None, ref: str, role: str, expected_bytes: int | None) -> None:
     """Refuse, before any byte is fetched, a download the cache's disk cannot hold (a snapshot
     already in the cache needs nothing)."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub import errors as hf_errors
+    from huggingface_hub import constants, snapshot_download  # start-up: huggingface_hub
+    from huggingface_hub import errors as hf_errors  # start-up: huggingface_hub
 
     if not expected_bytes or _offline():
         return
@@ -143,8 +143,8 @@ def download(repo_id: str, revision: str | None, role: str, expected_bytes: int 
     """The local snapshot of ``repo_id`` (from the cache, downloading what is missing).
     ``expected_bytes`` (the checkpoint's size, when a recipe knows it) is checked against the
     cache's free disk space first. ``configs_only``: what planning reads, no weights."""
-    from huggingface_hub import errors as hf_errors
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import errors as hf_errors  # start-up: huggingface_hub
+    from huggingface_hub import snapshot_download  # start-up: huggingface_hub
 
     ref = f"{repo_id}@{revision}" if revision else repo_id
     terms = f"https://huggingface.co/{repo_id}"

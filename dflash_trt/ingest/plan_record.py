@@ -129,7 +129,7 @@ class Tuned(_Row):
 
 
 class PlanMemory(_Row):
-    """Bytes per GPU as the planner sized them (``plan.deployment.Memory``; its docstring gives each
+    """Bytes per GPU as the planner sized them (``plan.memory_model.Memory``; its docstring gives each
     term), with the totals it derived, stored as computed."""
 
     weights: int
@@ -152,7 +152,7 @@ class PlanMemory(_Row):
     fits: bool = Field(description="Whether the total fits the GPU.")
     missing: int = Field(description="Bytes over the GPU's capacity (0: it fits).")
 
-    # The start-up budget's terms, as the planner derived them (plan.deployment.Memory's properties).
+    # The start-up budget's terms, as the planner derived them (plan.memory_model.Memory's properties).
     def _budget(self) -> dict[str, Any]:
         if self.budget is None:
             raise ValueError("this plan predates the start-up memory budget: rebuild the bundle")

@@ -9,18 +9,17 @@ from __future__ import annotations
 import functools
 import json
 import math
+from importlib import resources
 from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
-from dflash_trt.ingest import files
+from dflash_trt.ingest import files, hub
 
 EMBEDDED_PREFIX = "embedded:"
 
 
 def embedded_dir(name: str) -> Path:
     """Where ``embedded:NAME`` lives: ``dflash_trt/assets/NAME`` inside the package."""
-    from importlib import resources
-
     return Path(str(resources.files("dflash_trt") / "assets" / name))
 
 
@@ -28,7 +27,7 @@ def embedded_dir(name: str) -> Path:
 def transformers_names() -> frozenset[str]:
     """The names the installed transformers exports (its lazy ``__all__``): an architecture is
     known without importing its modeling code (torch), and without ``dir()``'s 0.2 s per call."""
-    import transformers
+    import transformers  # start-up: transformers
 
     return frozenset(transformers.__all__)  # type: ignore[attr-defined]  # the _LazyModule sets it
 
@@ -58,8 +57,6 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
             raise CheckpointError(f"{role} {ref!r}: no such embedded model; this installation has {names}")
         return path
     if hub_only:   # a recipe's id that is not a local path by the recipe path rule
-        from dflash_trt.ingest import hub
-
         hub_id = hub.parse_hub_id(ref)
         if hub_id is None:
             raise CheckpointError(f"{role} {ref!r}: not a hub id org/name[@revision]; a local directory starts "
@@ -74,7 +71,6 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
         return path
     if path.exists():
         raise CheckpointError(f"{role} {ref!r}: is a file; pass the model's directory")
-    from dflash_trt.ingest import hub
 
     hub_id = hub.parse_hub_id(ref)
     if hub_id is None:

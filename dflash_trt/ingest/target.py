@@ -14,8 +14,8 @@ from pathlib import Path
 
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest import files
-from dflash_trt.ingest.formats import flatten_rope
-from dflash_trt.ingest.resolve import open_dir, positive_int, read_json, transformers_names
+from dflash_trt.ingest.formats import _class_defaults, flatten_rope
+from dflash_trt.ingest.resolve import embedded_dir, open_dir, positive_int, read_json, transformers_names
 
 # Whether TensorRT-LLM captures a target's hidden states is the release table's business:
 # ``dflash_trt.plan.trtllm_capture`` (one row per family, read in TensorRT-LLM's source).
@@ -158,15 +158,15 @@ def _config_mapping_names():
     (``configuration_auto`` imports torch: reading a config directory must not); architectures
     are looked up in ``resolve.transformers_names()`` the same way."""
     try:  # transformers >= 5: the generated table the auto classes extend
-        from transformers.models.auto.auto_mappings import CONFIG_MAPPING_NAMES
+        from transformers.models.auto.auto_mappings import CONFIG_MAPPING_NAMES  # start-up: transformers
     except ImportError:  # pragma: no cover - older transformers keep it in configuration_auto
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # start-up: transformers
     return CONFIG_MAPPING_NAMES
 
 
 def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     """Read a Hugging Face causal LM directory from its configs and safetensors headers."""
-    import transformers
+    import transformers  # start-up: transformers
 
     CONFIG_MAPPING_NAMES = _config_mapping_names()
     path = open_dir(path, "Hugging Face model")
@@ -207,8 +207,6 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
         spec.warnings.append(f"{where}: architecture {archs[0]} is not in transformers {transformers.__version__}; "
                              "the reference runtime may not load it")
     if spec.rope_theta is None:
-        from dflash_trt.ingest.formats import _class_defaults
-
         base = _class_defaults(model_type)
         spec.rope_theta, spec.rope_scaling = base.get("rope_theta"), spec.rope_scaling or base.get("rope_scaling")
     if ws.present:
@@ -240,8 +238,6 @@ def _check_numbers(text: dict, theta, where: Path) -> None:
 
 def _packaged(path: Path) -> bool:
     """Whether ``path`` is inside the installed package's embedded assets."""
-    from dflash_trt.ingest.resolve import embedded_dir
-
     return Path(path).resolve().is_relative_to(embedded_dir("").resolve())
 
 
@@ -301,8 +297,8 @@ def _integer_by_design(name: str, meta: dict) -> bool:
 
 def _meta_state(spec: TargetSpec) -> dict:
     """The state dict of the config's architecture, built on the meta device (no memory, no weights)."""
-    import torch
-    import transformers
+    import torch  # start-up: torch
+    import transformers  # start-up: transformers
 
     cls = getattr(transformers, spec.architecture, None)
     if cls is None:

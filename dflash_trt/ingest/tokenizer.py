@@ -48,7 +48,7 @@ def probe(path: str | Path, vocab_size: int | None = None) -> str | None:
 
 @functools.lru_cache(maxsize=32)
 def _probe(path: str, stamps: tuple, vocab_size: int | None) -> str | None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # start-up: transformers
 
     quiet = logging.getLogger("transformers")
     level, quiet.level = quiet.level, logging.ERROR
@@ -78,7 +78,7 @@ def probe_light(path: str | Path, vocab_size: int | None = None) -> str | None:
     f = Path(path) / "tokenizer.json"
     if not f.is_file():
         return None
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # start-up: tokenizers
 
     try:
         tok = Tokenizer.from_file(str(f))

@@ -9,9 +9,9 @@ applies, and each drafter family's),
 ``mtp`` (the target's own MTP heads as the other arm), ``uncertainty`` / ``calibrate_loo`` (the
 ranges from leave-one-out errors), ``acceptance`` (τ from a per-position
 rate), ``perf_model`` (the step model the speedups come from), ``perf_fit`` (its constants fitted
-on measurements), ``calibrate`` (refitted on yours), ``deployment`` (memory, TP, draft lengths: the
-plan itself, a typed :class:`Plan` whose models ``ingest`` defines beside the manifest that
-stores them; ``plan_schema`` is its JSON Schema).
+on measurements), ``calibrate`` (refitted on yours), ``memory_model`` (memory per GPU, the TP
+that fits), ``deployment`` (draft lengths: the plan itself, a typed :class:`Plan` whose models
+``ingest`` defines beside the manifest that stores them; ``plan_schema`` is its JSON Schema).
 
 Importing this package imports neither torch nor transformers (``tests/plan/test_face.py``).
 Other subpackages import the names below, never the modules inside.
@@ -22,8 +22,9 @@ from dflash_trt.ingest import Plan, plan_schema
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha
 from dflash_trt.plan.calibrate import bundle_deployment, calibration_from_files, cases_from_bench, refit
 from dflash_trt.plan.calibrate_loo import calibration_errors
-from dflash_trt.plan.deployment import PLANNING_CONTEXT, Deployment, make_plan, predicted, step_model
+from dflash_trt.plan.deployment import PLANNING_CONTEXT, make_plan, predicted, step_model
 from dflash_trt.plan.hardware import GPU, PRECISIONS, check_precision, get_gpu
+from dflash_trt.plan.memory_model import Deployment
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape, quant_precision, read_sizes
 from dflash_trt.plan.mtp import arm_winner, mtp_layers, mtp_layers_of
 from dflash_trt.plan.perf_model import Acceptance, Calibration, shipped_calibration, stack_for

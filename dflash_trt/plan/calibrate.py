@@ -23,15 +23,17 @@ GPU the tables hold keeps the measured-kernel target cost; their own rows correc
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError, read_text
 from dflash_trt.plan import hardware, silicon
-from dflash_trt.plan.deployment import weight_bytes
+from dflash_trt.plan.acceptance import expected_tau, fit_alpha
+from dflash_trt.plan.memory_model import Deployment, weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.perf_fit import CONSTANTS, Case, Row, fit
-from dflash_trt.plan.perf_model import Calibration, Shared, StackConstants, StepModel
+from dflash_trt.plan.perf_model import Acceptance, Calibration, Shared, StackConstants, StepModel
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,6 @@ _LEVEL_NUMBERS = (("concurrency", 1, 1 << 16, True), ("draft_len", 0, 1024, True
 
 def _bad_level(lv) -> str | None:
     """Why a measured level cannot be fitted (a wrong type, a non-finite or impossible number), or None."""
-    import math
-
     if not isinstance(lv, dict):
         return "not an object"
     for key, low, high, integer in _LEVEL_NUMBERS:
@@ -154,9 +154,6 @@ def calibration_from_files(paths: list[Path], dep, first, cal: Calibration, stac
     """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
     with ``cal``; over the target step of ``tables`` where they serve, :func:`over_tables`), and
     the measured τ scaled to the full block (None: no level reported τ)."""
-    from dflash_trt.plan.acceptance import expected_tau, fit_alpha
-    from dflash_trt.plan.perf_model import Acceptance
-
     lengths = first.lengths() or [first.max_draft_len]
     acc = Acceptance(alpha=first.alpha)
     cases: list[Case] = []
@@ -178,8 +175,6 @@ def calibration_from_files(paths: list[Path], dep, first, cal: Calibration, stac
 
 def bundle_deployment(root: Path, manifest) -> tuple:
     """(Deployment, tp, Plan) of a built bundle, from its manifest and model configs."""
-    from dflash_trt.plan.deployment import Deployment
-
     if manifest is None or manifest.plan is None or manifest.gpu is None or manifest.precision is None:
         raise DFlashError(f"{root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
     gpu = hardware.get_gpu(manifest.gpu.name)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dflash_trt.plan import hybrid_shapes
+
 HYBRID = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 MLA = ("deepseek_v3", "kimi_k2", "kimi_k25")
 GEMMA = ("gemma4", "gemma4_text")
@@ -235,8 +237,6 @@ def required_target_fields(cfg: dict) -> list[str]:
     elif mt == "minimax_m2":
         extra = _REQUIRED["minimax_m2"]
     elif mt in SECOND_WAVE:
-        from dflash_trt.plan import hybrid_shapes
-
         extra = hybrid_shapes.hybrid_required(mt)
     else:
         moe = cfg.get("num_experts") or cfg.get("num_local_experts")
@@ -256,8 +256,6 @@ def layer_counts(cfg: dict) -> Counts | None:
     if mt == "minimax_m2":
         return _minimax(cfg)
     if mt in SECOND_WAVE:
-        from dflash_trt.plan import hybrid_shapes
-
         return hybrid_shapes.hybrid_counts(cfg, Counts, KVGroup, StateGroup)
     return None
 

@@ -32,6 +32,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from functools import cache
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ import numpy as np
 from dflash_trt import ingest
 from dflash_trt.errors import DFlashError
 from dflash_trt.plan import hardware
-from dflash_trt.plan.deployment import weight_bytes
+from dflash_trt.plan.memory_model import weight_bytes
 from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 from dflash_trt.plan.perf_model import Calibration, Shared, StackConstants, StepModel, data_dir
 
@@ -128,7 +129,6 @@ class Case:
 def _config_dir(ref: str) -> Path:
     if ref.startswith(ingest.EMBEDDED_PREFIX):
         return ingest.resolve(ref)
-    from importlib import resources
 
     path = Path(str(resources.files("dflash_trt") / "recipes" / "configs" / ref))
     if not (path / "config.json").is_file():

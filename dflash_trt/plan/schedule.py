@@ -235,8 +235,8 @@ def installed_floor() -> tuple[int, bool, str] | None:
     if importlib.util.find_spec("tensorrt_llm") is None:
         return None
     try:
-        from tensorrt_llm import version as trt_version
-        from tensorrt_llm.llmapi import llm_args
+        from tensorrt_llm import version as trt_version  # optional: tensorrt_llm
+        from tensorrt_llm.llmapi import llm_args  # optional: tensorrt_llm
     except ImportError as exc:   # a broken install: the table decides, and the log says why
         logger.warning("tensorrt_llm is installed but its LLM-API classes do not import (%s)", exc)
         return None

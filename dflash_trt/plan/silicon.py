@@ -37,15 +37,18 @@ vLLM and SGLang, whose release a plan does not target, use the tables' current v
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
 from dflash_trt.plan import silicon_floors
 from dflash_trt.plan.model_shapes import TargetShape
 from dflash_trt.plan.perf_model import StackConstants, StepModel
 from dflash_trt.plan.silicon_floors import table_version_key
+from dflash_trt.plan.uncertainty import RowError
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +64,6 @@ LOOP_FILE = Path(__file__).resolve().parents[1] / "assets" / "perf" / "silicon.j
 def loop() -> dict:
     """The combined model's fixed cost per forward beside the tables' step (``loop_s``: scheduling,
     sampling, host sync, launches the tables do not time), fitted by ``bench/planner_accuracy.py``."""
-    import json
-
     return json.loads(LOOP_FILE.read_text())
 DECODE_ISL_FLOOR = 16
 
@@ -71,7 +72,6 @@ def installed() -> str | None:
     """The installed ``aiconfigurator-core`` version (no import), or None."""
     if importlib.util.find_spec("aiconfigurator_core") is None:
         return None
-    from importlib import metadata
 
     try:
         return metadata.version("aiconfigurator-core")
@@ -114,7 +114,7 @@ class Tables:
 
     def _engine(self, nextn: int):
         if nextn not in self._engines:
-            from aiconfigurator_core.sdk.engine import EngineHandle  # optional dependency, loaded on first use
+            from aiconfigurator_core.sdk.engine import EngineHandle  # optional: aiconfigurator_core
 
             # its per-table loading notices are not the plan's to print: the plan names the tables it used
             logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
@@ -237,8 +237,6 @@ class SiliconStepModel(StepModel):
 def loo_errors() -> list:
     """The combined model's leave-one-out errors on the rows the tables price (``uncertainty.RowError``):
     what a plan's ranges rest on when it used the tables."""
-    from dflash_trt.plan.uncertainty import RowError
-
     return [RowError.from_dict(r) for r in loop().get("loo", [])]
 
 

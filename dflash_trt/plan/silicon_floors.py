@@ -66,8 +66,8 @@ def floors(system: str, framework: str, version: str | None, gemm_dtype: str | N
         return {}
     # aiconfigurator-core's own dependency, loaded only with its tables (pyarrow alone: pandas would
     # add a third of a second to a plan)
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    import pyarrow.compute as pc  # optional: pyarrow
+    import pyarrow.parquet as pq  # optional: pyarrow
 
     out: dict[str, int] = {}
     for op, table, columns, dtype_col in TABLES:

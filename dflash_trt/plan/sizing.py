@@ -109,7 +109,7 @@ def _refusal(first: HardwareError, serving: ServingSpec, fixed: frozenset[str]) 
 
 def fraction_refusal(mem, serving: ServingSpec) -> str | None:
     """One line when the user's ``kv_cache_free_gpu_memory_fraction`` is what makes ``mem`` (a
-    ``deployment.Memory``) not fit, although the planner's own fraction would; else None."""
+    ``memory_model.Memory``) not fit, although the planner's own fraction would; else None."""
     if FRACTION not in serving.model_fields_set or mem.fits:
         return None
     if mem.total > mem.capacity:

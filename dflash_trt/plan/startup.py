@@ -4,7 +4,7 @@ Invariant: a plan fits when every byte TensorRT-LLM allocates from start-up to t
 request fits on the GPU, in the order it allocates them, not only the bytes resident at the end
 of loading. The order (``tensorrt_llm/_torch/pyexecutor/_util.py``, PRs #18343, #19410, #19466):
 
-1. weights, the drafter's weights and the CUDA context (``deployment.memory``'s weights, drafter,
+1. weights, the drafter's weights and the CUDA context (``memory_model.memory``'s weights, drafter,
    reserve) are resident when TensorRT-LLM measures free memory;
 2. the KV pool takes ``free_gpu_memory_fraction`` of that free memory: the target's KV cache and,
    with the TRTLLM draft attention backend, the drafter's context paged through the draft KV

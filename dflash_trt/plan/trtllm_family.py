@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dflash_trt.errors import RecipeError
 from dflash_trt.model import DrafterFamily, family_of, hook_for
+from dflash_trt.plan import trtllm_releases
 from dflash_trt.plan.trtllm_releases import Release
 from dflash_trt.plan.trtllm_rules import draft_attention_backend
 
@@ -28,8 +29,6 @@ class TrtllmRules:
 
     def serving_releases(self) -> list[str]:
         """The releases that serve the family, in the table's order."""
-        from dflash_trt.plan import trtllm_releases
-
         return [r.version for r in trtllm_releases.RELEASES if self.serves(r.version)]
 
     def check(self, cfg, release: str) -> None:

@@ -49,7 +49,7 @@ row's ``notes`` say so: fix the row here, not the code that reads it. Sources:
   ``tensorrt_llm/_torch/speculative/dflash.py`` / ``_torch/pyexecutor/_util.py``): before it
   every draft attention backend got a separate managed draft KV cache next to the worker's
   own context buffers; after it only TRTLLM does (its context lives in that paged pool).
-  ``draft_kv_manager`` lists the backends that get one; ``deployment.memory`` charges it.
+  ``draft_kv_manager`` lists the backends that get one; ``memory_model.memory`` charges it.
 * **Target-family capture verdicts**: ``capture`` is a placeholder the target-family issues
   fill ((architecture, verdict) pairs per release); empty rows mean "as ``ingest`` says".
 * **gpt-oss MoE backend**: ``tensorrt_llm/_torch/model_config.py::ModelConfig.resolve_moe_backend``

@@ -55,7 +55,7 @@ GiB = 1 << 30
 
 
 class Sized(Protocol):
-    """What the token budget reads of the plan's memory (``deployment.Memory``)."""
+    """What the token budget reads of the plan's memory (``memory_model.Memory``)."""
 
     @property
     def fits(self) -> bool: ...

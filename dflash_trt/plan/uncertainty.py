@@ -31,6 +31,7 @@ from pathlib import Path
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.plan import hardware
+from dflash_trt.plan.perf_model import data_dir
 
 LOO_FILE = "loo.json"
 MIN_ROWS = 2
@@ -99,8 +100,6 @@ def save(errors: list[RowError], path: Path, source: str) -> None:
 
 def shipped_errors() -> list[RowError]:
     """The published rows' leave-one-out errors (``assets/perf/loo.json``; none when absent)."""
-    from dflash_trt.plan.perf_model import data_dir
-
     f = data_dir() / LOO_FILE
     if not f.is_file():
         return []

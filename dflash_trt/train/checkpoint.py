@@ -83,9 +83,9 @@ def _tensors_only(osd: dict) -> dict:
 def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: int, history: list,
                ranks: Ranks) -> None:
     """Every rank writes its shards of the drafter and its moments; rank 0 renames the folder."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    import torch.distributed.checkpoint as dcp  # start-up: torch
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter  # start-up: torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # start-up: torch
 
     msd, osd = get_state_dict(module, opt)
     tmp, final = work / (STATE_DIR + ".tmp"), work / STATE_DIR
@@ -133,9 +133,9 @@ def has_state(work: Path) -> bool:
 
 def load_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, list]:
     """Read the saved state into this rank's shards (any rank count, any engine); (step, history)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    import torch.distributed.checkpoint as dcp  # start-up: torch
+    from torch.distributed.checkpoint import HuggingFaceStorageReader  # start-up: torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # start-up: torch
 
     folder = work / STATE_DIR
     if not (folder / "train.json").exists():
@@ -161,8 +161,8 @@ def load_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer) -> tup
 def read_state(work: Path) -> dict[str, torch.Tensor]:
     """The whole saved state as flat full tensors (``model.<name>``, ``optim.state.<name>.<moment>``),
     gathered from every rank's shards: what tests and tools compare."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    import torch.distributed.checkpoint as dcp  # start-up: torch
+    from torch.distributed.checkpoint import HuggingFaceStorageReader  # start-up: torch
 
     reader = HuggingFaceStorageReader(str(work / STATE_DIR))
     meta = reader.read_metadata()
@@ -174,8 +174,8 @@ def read_state(work: Path) -> dict[str, torch.Tensor]:
 
 def _load_legacy(work: Path, drafter: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, list]:
     """``state.safetensors`` of a run saved by one process before the distributed checkpoint."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+    from safetensors import safe_open  # start-up: safetensors
+    from safetensors.torch import load_file  # start-up: safetensors
 
     path = work / "state.safetensors"
     with safe_open(str(path), "pt") as f:
@@ -224,7 +224,7 @@ def write_drafter(drafter: Drafter, out: Path, dtype: str, metadata: dict) -> No
 def full_drafter(module: nn.Module, like: Drafter, ranks: Ranks, everywhere: bool = False) -> Drafter | None:
     """A plain copy of the trained drafter, its full weights gathered from every rank's shards
     (a collective: every rank calls it). On rank 0 only (None elsewhere) unless ``everywhere``."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # start-up: torch
 
     offload = ranks.world > 1 and not everywhere
     state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))

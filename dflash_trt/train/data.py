@@ -68,7 +68,7 @@ class Regenerated:
     def _part(self, k: int):
         """Shard k's token ids, memory-mapped on first touch."""
         if k not in self._files:
-            from safetensors import safe_open
+            from safetensors import safe_open  # start-up: safetensors
 
             self._files[k] = safe_open(str(self.path / self.shards[k]["file"]), "pt").get_slice("tokens")
         return self._files[k]
@@ -76,7 +76,7 @@ class Regenerated:
     @classmethod
     def load(cls, path: Path) -> Regenerated:
         """The set in ``path`` (a shard folder, or an old single file), token ids left on disk."""
-        from safetensors import safe_open
+        from safetensors import safe_open  # start-up: safetensors
 
         path = Path(path)
         if path.is_dir():
@@ -130,7 +130,7 @@ class ShardWriter:
         self.peak = max(self.peak, len(self.seqs))
 
     def _flush(self) -> None:
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # start-up: safetensors
 
         n, T = len(self.seqs), self.width
         tokens = torch.zeros(n, T, dtype=torch.long)                     # [n, T] right-padded

@@ -180,8 +180,8 @@ def shard_target(model: nn.Module, ranks: Ranks) -> None:
     # The reference runtime (regeneration) keeps its lean forward on the model, with references to
     # (and for small models fused copies of) the whole weights: dropped, or sharding frees nothing.
     vars(model).pop("_dflash_lean", None)
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.fsdp import fully_shard  # start-up: torch
+    from torch.distributed.tensor import DTensor  # start-up: torch
 
     for layer in decoder_layers(model):
         # Explicitly True: each layer is an FSDP root (the model is not wrapped: its embedding and
@@ -198,11 +198,11 @@ def wrap_drafter(step: nn.Module, ranks: Ranks) -> nn.Module:
     """The training module under the engine ``ranks.parallel`` (parameters replaced in place by
     fsdp's shards, so an optimiser built afterwards holds this rank's shards only)."""
     if ranks.parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # start-up: torch
 
         return fully_shard(step)
     if ranks.parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
+        from torch.nn.parallel import DistributedDataParallel  # start-up: torch
 
         ids = [ranks.device.index] if ranks.device.type == "cuda" else None
         return DistributedDataParallel(step, device_ids=ids, find_unused_parameters=True)

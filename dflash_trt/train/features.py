@@ -85,7 +85,7 @@ class CachedFeatures:
     """``target_hidden`` of a batch, read from a complete cache folder."""
 
     def __init__(self, folder: Path, table: dict):
-        from safetensors import safe_open
+        from safetensors import safe_open  # start-up: safetensors
 
         self.folder, self.starts = folder, [a for a, _ in table["shards"]]
         self.files = [safe_open(str(folder / _shard_name(k)), "pt") for k in range(len(self.starts))]
@@ -134,7 +134,7 @@ def plan_shards(lengths: list[int], token_bytes: int, shard_mb: float) -> list[t
 
 
 def _finished(path: Path, key: str) -> bool:
-    from safetensors import safe_open
+    from safetensors import safe_open  # start-up: safetensors
 
     try:
         with safe_open(str(path), "pt") as f:
@@ -200,7 +200,7 @@ def check_folder(folder: Path, table: dict, layer_ids: list[int], hidden_size: i
 
 def _check_alignment(folder: Path, table: dict, regen: Regenerated) -> None:
     """Every sequence's length (and token ids, where stored) equal the regenerated set's."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # start-up: safetensors
 
     for k, (a, b) in enumerate(table["shards"]):
         with safe_open(str(folder / _shard_name(k)), "pt") as f:

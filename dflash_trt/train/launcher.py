@@ -111,8 +111,8 @@ def _free_port() -> int:
 
 def launch(settings: TrainSettings, nproc: int) -> Result:
     """Train on ``nproc`` local ranks (started by torch's launcher); rank 0's result."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # start-up: torch
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # start-up: torch
 
     if nproc < 1:
         raise DFlashError("--nproc must be >= 1")

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash_trt import runtime  # a module, read at call time as the function-level import was
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target, family_of
 from dflash_trt.train import data as train_data
@@ -374,8 +375,6 @@ def eval_prompts(s: TrainSettings, tokenizer, data) -> list[list[int]]:
 def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: int, n_tokens: int,
                 stops, ranks: Ranks = Ranks(), sharded: bool = False) -> float:
     """τ of the drafter on prompts it never trained on (greedy, the reference runtime), over all ranks."""
-    from dflash_trt.runtime import TorchBackend, generate
-
     mine = ranks.mine(prompts)
     committed = rounds = 0
     if mine:
@@ -384,8 +383,8 @@ def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: i
         try:
             # A sharded target runs transformers' forward (its FSDP hooks gather each layer); the
             # runtime's lean forward reads the weights directly and would see this rank's shards.
-            backend = TorchBackend(target, drafter, lean=False) if sharded else None
-            stats = generate(target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops,
+            backend = runtime.TorchBackend(target, drafter, lean=False) if sharded else None
+            stats = runtime.generate(target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops,
                              backend=backend).stats
         finally:
             drafter.train(was)

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dflash_trt import runtime, serve  # modules, read at call time as the function-level imports were
 from dflash_trt.errors import DFlashError
 from dflash_trt.model import Target
 from dflash_trt.train import data as train_data
@@ -100,12 +101,10 @@ def _header(path: Path) -> str | None:
 def regenerate_local(target: Target, prompts: dict[int, list[int]], *, gen_len: int, stops: list[int],
                      on_done: Callable[[int, list[int]], None], batch_size: int = 32) -> None:
     """The target's greedy continuation of every prompt (batched reference runtime)."""
-    from dflash_trt.runtime import generate
-
     keys = list(prompts)
     for k in range(0, len(keys), batch_size):
         batch = keys[k: k + batch_size]
-        gen = generate(target, None, [prompts[i] for i in batch], max_new_tokens=gen_len, block_size=1,
+        gen = runtime.generate(target, None, [prompts[i] for i in batch], max_new_tokens=gen_len, block_size=1,
                        stop_token_ids=stops)
         for i, ids in zip(batch, gen.token_ids, strict=True):
             on_done(i, list(ids))
@@ -133,21 +132,18 @@ def regenerate_endpoint(url: str, prompts: dict[int, list[int]], *, gen_len: int
                         on_done: Callable[[int, list[int], bool], None], model: str | None = None,
                         concurrency: int = 32) -> str:
     """Every prompt's temperature-0 completion from the server at ``url``; returns its model name."""
-    from dflash_trt.serve import complete_all
-
     def done(i: int, completion) -> None:
         on_done(i, *response_ids(completion, tokenizer, stops))
 
-    return complete_all(url, prompts, gen_len, on_done=done, model=model, concurrency=concurrency)
+    return serve.complete_all(url, prompts, gen_len, on_done=done, model=model, concurrency=concurrency)
 
 
 def _source(s: TrainSettings) -> tuple[str, str | None]:
     """(what the journal records as the source, the model to ask the server for)."""
     if s.regen_endpoint is None:
         return RUNTIME, None
-    from dflash_trt.serve import served_model
 
-    model = served_model(s.regen_endpoint, s.regen_model)
+    model = serve.served_model(s.regen_endpoint, s.regen_model)
     return f"{s.regen_endpoint} (model {model})", model
 
 

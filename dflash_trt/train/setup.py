@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 
+from dflash_trt import ingest
 from dflash_trt.errors import DFlashError
-from dflash_trt.model import DRAFTER_FAMILIES, Drafter
+from dflash_trt.model import DRAFTER_FAMILIES, Drafter, load_target
+from dflash_trt.runtime import load_tokenizer, stop_ids
 from dflash_trt.train import objective
 from dflash_trt.train.settings import TrainSettings
 
@@ -42,10 +44,6 @@ def target_dtype(s: TrainSettings, tdir) -> torch.dtype:
 
 def frozen_target(s: TrainSettings, device: torch.device):
     """(target model in its --target-dtype without gradients, its tokenizer, its stop token ids)."""
-    from dflash_trt import ingest
-    from dflash_trt.model import load_target
-    from dflash_trt.runtime import load_tokenizer, stop_ids
-
     tdir = ingest.resolve(s.target, role="target")
     model = load_target(tdir, dtype=target_dtype(s, tdir), device=str(device))
     for p in model.parameters():

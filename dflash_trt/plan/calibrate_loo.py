@@ -23,7 +23,7 @@ def from_cases(cases: list, cal, stack: str) -> list[RowError]:
     per_c: dict[int, dict[str, float]] = {}
     gpu = cases[0].row.gpu
     for i, c in enumerate(cases):
-        loo = refit(cal, stack, cases[:i] + cases[i + 1:], source="loo")
+        loo = refit(cal, stack, cases[:i] + cases[i + 1 :], source="loo")
         pred = c.predict(loo.constants(stack), loo.shared)
         for key, v in c.observed().items():
             if key in pred and v:
@@ -44,8 +44,17 @@ def calibration_errors(paths: list[Path], dep, first, cal, stack: str, tables=No
     acc = Acceptance(alpha=first.alpha)
     cases = []
     for path in paths:
-        cases += cases_from_bench(read_bench(path), stack=stack, target=dep.target, drafter=dep.drafter,
-                                  gpu=dep.gpu, precision=dep.precision, kv_cache=dep.kv_cache, tp=first.tp,
-                                  draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
+        cases += cases_from_bench(
+            read_bench(path),
+            stack=stack,
+            target=dep.target,
+            drafter=dep.drafter,
+            gpu=dep.gpu,
+            precision=dep.precision,
+            kv_cache=dep.kv_cache,
+            tp=first.tp,
+            draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1],
+            tau_at=acc.tau,
+        )
     cases, start = over_tables(cases, cal, stack, tables)
     return from_cases(cases, start, stack)

@@ -105,6 +105,7 @@ def tune(
     only where a shorter one is faster beyond the min–max of the repeats; otherwise the level before's is kept, so
     lengths never rise with concurrency. Ctrl-C leaves the bundle as it was; a build --force of the same
     bundle meanwhile refuses (tune holds its lock from the first measurement to the last write)."""
+    args = dict(locals())  # the options, handed on whole to the body
     check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
     from dflash_trt import deploy  # after check_refs: the deploy face loads the pipeline
 
@@ -114,31 +115,11 @@ def tune(
         note = deploy.recover(bundle) if writes else None
         if note:
             err.print(f"[yellow]warning:[/yellow] {escape(note)}")
-        _tune(
-            bundle,
-            endpoint,
-            model,
-            baseline,
-            mtp_endpoint,
-            draft_lens,
-            concurrency,
-            requests,
-            max_tokens,
-            prompts,
-            dataset_format,
-            input_len,
-            output_len,
-            seed,
-            threads,
-            repeats,
-            warmup,
-            plot,
-            dry_run,
-            as_json,
-        )
+        _tune(**args)
 
 
 def _tune(
+    *,
     bundle,
     endpoint,
     model,

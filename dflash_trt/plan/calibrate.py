@@ -187,12 +187,9 @@ def refit(cal: Calibration, stack: str, cases: list[Case], source: str) -> Calib
     return cal.with_stack(stack, mine.constants(stack), source, {k: len(cases) for k in CONSTANTS})
 
 
-def calibration_from_files(
-    paths: list[Path], dep, first, cal: Calibration, stack: str, tables: silicon.Tables | None = None
-) -> tuple[Calibration, float | None]:
-    """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
-    with ``cal``; over the target step of ``tables`` where they serve, :func:`over_tables`), and
-    the measured τ scaled to the full block (None: no level reported τ)."""
+def cases_from_files(paths: list[Path], dep, first, stack: str) -> list[Case]:
+    """Every measured level of the ``bench --endpoint --json`` reports ``paths`` as a fitting case
+    for deployment ``dep`` first planned as ``first`` (its draft lengths by batch size, its α)."""
     lengths = first.lengths() or [first.max_draft_len]
     acc = Acceptance(alpha=first.alpha)
     cases: list[Case] = []
@@ -209,8 +206,18 @@ def calibration_from_files(
             draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1],
             tau_at=acc.tau,
         )
+    return cases
+
+
+def calibration_from_files(
+    paths: list[Path], dep, first, cal: Calibration, stack: str, tables: silicon.Tables | None = None
+) -> tuple[Calibration, float | None]:
+    """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
+    with ``cal``; over the target step of ``tables`` where they serve, :func:`over_tables`), and
+    the measured τ scaled to the full block (None: no level reported τ)."""
     names = ", ".join(Path(p).name for p in paths)
-    cases, start = over_tables(cases, cal, stack, tables)
+    acc = Acceptance(alpha=first.alpha)  # a level whose τ is the prior's own reported none of its own
+    cases, start = over_tables(cases_from_files(paths, dep, first, stack), cal, stack, tables)
     where = "" if start is cal else ", over the measured tables' target step"
     new = refit(start, stack, cases, source=f"your measurements: {names}, {len(cases)} levels{where}")
     measured = [

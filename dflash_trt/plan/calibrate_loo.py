@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_trt.plan.calibrate import cases_from_bench, over_tables, read_bench, refit
-from dflash_trt.plan.perf_model import Acceptance
+from dflash_trt.plan.calibrate import cases_from_files, over_tables, refit
 from dflash_trt.plan.uncertainty import RowError
 
 
@@ -40,21 +39,5 @@ def calibration_errors(paths: list[Path], dep, first, cal, stack: str, tables=No
     """Leave-one-out errors of the levels in ``paths`` (``bench --endpoint --json`` reports, what
     ``plan --calibration`` reads), for deployment ``dep`` first planned as ``first`` (over the
     target step of ``tables`` where they serve, as :func:`calibrate.calibration_from_files` refits)."""
-    lengths = first.lengths() or [first.max_draft_len]
-    acc = Acceptance(alpha=first.alpha)
-    cases = []
-    for path in paths:
-        cases += cases_from_bench(
-            read_bench(path),
-            stack=stack,
-            target=dep.target,
-            drafter=dep.drafter,
-            gpu=dep.gpu,
-            precision=dep.precision,
-            kv_cache=dep.kv_cache,
-            tp=first.tp,
-            draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1],
-            tau_at=acc.tau,
-        )
-    cases, start = over_tables(cases, cal, stack, tables)
+    cases, start = over_tables(cases_from_files(paths, dep, first, stack), cal, stack, tables)
     return from_cases(cases, start, stack)

@@ -216,7 +216,7 @@ def calibration_from_files(
     with ``cal``; over the target step of ``tables`` where they serve, :func:`over_tables`), and
     the measured τ scaled to the full block (None: no level reported τ)."""
     names = ", ".join(Path(p).name for p in paths)
-    acc = Acceptance(alpha=first.alpha)  # a level whose τ is the prior's own reported none of its own
+    acc = Acceptance(alpha=first.alpha)  # a level whose τ is the prior's own prediction measured none
     cases, start = over_tables(cases_from_files(paths, dep, first, stack), cal, stack, tables)
     where = "" if start is cal else ", over the measured tables' target step"
     new = refit(start, stack, cases, source=f"your measurements: {names}, {len(cases)} levels{where}")

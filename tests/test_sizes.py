@@ -17,7 +17,7 @@ import dflash_trt
 ROOT = Path(dflash_trt.__file__).parent
 MAX_FILE = 400
 MAX_FUNCTION = 60
-PENDING: set[str] = set()  # none left: the serving path split _cli/serve.py::serve (issue #48)
+PENDING: set[str] = set()   # none left: the serving path split _cli/serve.py::serve (issue #48)
 
 
 def _kernel(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

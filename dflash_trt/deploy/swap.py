@@ -30,8 +30,8 @@ from pathlib import Path, PurePosixPath
 from dflash_trt import ingest
 from dflash_trt.errors import DFlashError
 
-JOURNAL = ingest.Layout.SWAP_JOURNAL  # OUT/.dflash-trt.swap.json
-BACKUP = ".dflash-trt.old"  # OUT/.dflash-trt.old/: the files leaving, until the swap is done
+JOURNAL = ingest.Layout.SWAP_JOURNAL   # OUT/.dflash-trt.swap.json
+BACKUP = ".dflash-trt.old"             # OUT/.dflash-trt.old/: the files leaving, until the swap is done
 
 
 def _step(name: str) -> None:
@@ -53,10 +53,8 @@ def inside(root: Path, rel: str, what: str) -> Path:
             break
         if not stat.S_ISDIR(mode):
             kind = "a symlink" if stat.S_ISLNK(mode) else "not a directory"
-            raise DFlashError(
-                f"{root}: {what} {rel!r} lies under {d.relative_to(root)}, which is {kind}; "
-                "dflash-trt writes only inside the bundle: move it away and run again"
-            )
+            raise DFlashError(f"{root}: {what} {rel!r} lies under {d.relative_to(root)}, which is {kind}; "
+                              "dflash-trt writes only inside the bundle: move it away and run again")
     return root / rel
 
 
@@ -91,18 +89,14 @@ def plan(tmp: Path, out: Path, old: set[str], new: list[str], others: set[str]) 
     for rel in sorted(old):
         path = inside(out, rel, "the previous bundle's file")
         if os.path.isdir(path) and not os.path.islink(path):
-            raise DFlashError(
-                f"-o {out}: {rel} is listed as a file of the previous bundle but is a directory; "
-                f"move it away and build again; {keep}"
-            )
+            raise DFlashError(f"-o {out}: {rel} is listed as a file of the previous bundle but is a directory; "
+                              f"move it away and build again; {keep}")
     for rel in new:
         inside(out, rel, "the new bundle's file")
     clash = sorted(others & set(new))
     if clash:
-        raise DFlashError(
-            f"-o {out}: {clash[0]} is not the previous bundle's file and the new bundle would "
-            f"overwrite it; move it away and build again; {keep}"
-        )
+        raise DFlashError(f"-o {out}: {clash[0]} is not the previous bundle's file and the new bundle would "
+                          f"overwrite it; move it away and build again; {keep}")
     if tmp.parent not in (out, out.parent):
         raise DFlashError(f"-o {out}: the partial build {tmp} is neither beside nor inside it; {keep}")
     # the partial by name (beside OUT, or inside it): a journal read from another directory finds it
@@ -119,15 +113,13 @@ def swap(out: Path, journal: dict, resume: bool = False) -> None:
     recorded phase) to the end."""
     if not resume:
         if _lexists(out / JOURNAL):
-            raise DFlashError(
-                f"-o {out}: a swap a killed process left is pending ({out / JOURNAL}); run the build "
-                "or tune again: it finishes or rolls it back first"
-            )
+            raise DFlashError(f"-o {out}: a swap a killed process left is pending ({out / JOURNAL}); run the build "
+                              "or tune again: it finishes or rolls it back first")
         _write_journal(out, journal)
         _step("journal written")
     manifest = ingest.Layout.MANIFEST
     tmp, backup = partial_dir(out, journal), out / BACKUP
-    if journal["phase"] == "out":  # the previous bundle's files leave, the manifest first
+    if journal["phase"] == "out":   # the previous bundle's files leave, the manifest first
         for rel in sorted(journal["old"], key=lambda r: r != manifest):
             src, dst = out / rel, backup / rel
             if _lexists(src):
@@ -137,7 +129,7 @@ def swap(out: Path, journal: dict, resume: bool = False) -> None:
         _write_journal(out, {**journal, "phase": "in"})
         journal = {**journal, "phase": "in"}
         _step("phase in")
-    if journal["phase"] == "in":  # the new files come, the manifest last
+    if journal["phase"] == "in":    # the new files come, the manifest last
         for rel in sorted(journal["new"], key=lambda r: r == manifest):
             src, dst = tmp / rel, out / rel
             if _lexists(src):
@@ -152,7 +144,7 @@ def swap(out: Path, journal: dict, resume: bool = False) -> None:
 def _clean(out: Path, journal: dict, backup: Path, tmp: Path) -> None:
     shutil.rmtree(backup, ignore_errors=True)
     _step("moved-out files removed")
-    if tmp.parent != out or tmp.name.startswith(".dflash-trt.partial-"):  # never a directory of the user's
+    if tmp.parent != out or tmp.name.startswith(".dflash-trt.partial-"):   # never a directory of the user's
         shutil.rmtree(tmp, ignore_errors=True)
     _step("partial removed")
     _prune_dirs(out, {str(PurePosixPath(rel).parent) for rel in journal["old"]})
@@ -177,17 +169,14 @@ def _read_journal(out: Path) -> dict | None:
         return None
     try:
         j = json.loads(path.read_text())
-        ok = (
-            isinstance(j, dict)
-            and isinstance(j.get("partial"), str)
-            and isinstance(j.get("inside"), bool)
-            and j.get("phase") in ("out", "in", "clean")
+        ok = isinstance(j, dict) and isinstance(j.get("partial"), str) and isinstance(j.get("inside"), bool) \
+            and j.get("phase") in ("out", "in", "clean") \
             and all(isinstance(j.get(k), list) and all(isinstance(r, str) for r in j[k]) for k in ("old", "new"))
-        )
     except (OSError, ValueError):
         ok = False
     if not ok:
-        raise DFlashError(f"{path}: an interrupted swap's journal that cannot be read; move {out} away and build again")
+        raise DFlashError(f"{path}: an interrupted swap's journal that cannot be read; move {out} away and build "
+                          "again")
     for rel in j["old"] + j["new"]:
         inside(out, rel, "the interrupted swap's file")
     name = j["partial"]
@@ -213,17 +202,15 @@ def recover_swap(out: Path) -> str | None:
             _roll_back(out, j, backup, tmp)
             said = f"{out}: rolled back the swap a killed process left (the previous bundle is back)"
     except OSError as exc:
-        raise DFlashError(
-            f"{out}: cannot recover the swap a killed process left ({exc.strerror or exc}); "
-            f"its journal is {out / JOURNAL}"
-        ) from None
-    return said  # the caller says it (build: a warning, or the refusal's first words; tune: a warning)
+        raise DFlashError(f"{out}: cannot recover the swap a killed process left ({exc.strerror or exc}); "
+                          f"its journal is {out / JOURNAL}") from None
+    return said   # the caller says it (build: a warning, or the refusal's first words; tune: a warning)
 
 
 def _roll_back(out: Path, j: dict, backup: Path, tmp: Path) -> None:
     """The new files that came are removed, the previous bundle's files moved back (manifest last)."""
     manifest = ingest.Layout.MANIFEST
-    if j["phase"] == "in":  # the previous files had all left: what is there came (or half-came) from the partial
+    if j["phase"] == "in":   # the previous files had all left: what is there came (or half-came) from the partial
         for rel in j["new"]:
             if _lexists(out / rel):
                 (out / rel).unlink()

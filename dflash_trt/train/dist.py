@@ -114,7 +114,10 @@ def _device(device: str, local: int) -> torch.device:
     if device == "auto":
         dev = torch.device("cuda", local) if cuda else torch.device("cpu")
     else:
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            raise DFlashError(f"--device {device[:80]!r}: not a device torch knows (auto, cpu, cuda, cuda:N)") from None
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", local)
     if dev.type == "cuda":

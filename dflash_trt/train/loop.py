@@ -110,7 +110,14 @@ _MAX = {"steps": 10**9, "batch_size": 1 << 16, "anchors": 1 << 16, "prompt_len":
         "selector_rank": 1 << 20, "selector_top_k": 1 << 20, "seed": 2**63 - 1}
 
 
+NAME_MAX = 255   # bytes in one path component (Linux, macOS)
+
+
 def _check_numbers(s: TrainSettings, world: int) -> None:
+    for flag, path in (("--out", s.out), ("--feature-cache", s.feature_cache)):   # before any work is done
+        too_long = [part for part in Path(path or ".").parts if len(part.encode()) > NAME_MAX]
+        if too_long:
+            raise DFlashError(f"{flag} {str(path)[:80]}...: a name past the file system's {NAME_MAX} bytes")
     for name, most in _MAX.items():
         v = getattr(s, name)
         if v is not None and not -most <= v <= most:

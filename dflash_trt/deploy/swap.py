@@ -67,11 +67,16 @@ def _write_journal(out: Path, journal: dict) -> None:
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(journal, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out / JOURNAL)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(journal, indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out / JOURNAL)
+    except BaseException:   # the journal is whole or not there: no half-written file left beside it
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def _mkdirs(root: Path, dst: Path) -> None:

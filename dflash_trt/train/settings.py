@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,7 +80,8 @@ class TrainSettings(BaseModel):
     eval_tokens: int = _opt(64, "Tokens generated per held-out prompt for the held-out τ.", min=1)
     save_every: int = _opt(100, "Steps between checkpoints.", min=1)
     seed: int = _opt(0, "Seed for data order, anchors and initialisation.")
-    save_dtype: str = _opt("bfloat16", "Precision the drafter is written in.")
+    save_dtype: Literal["bfloat16", "float16", "float32"] = _opt(
+        "bfloat16", "Precision the drafter is written in: bfloat16, float16 or float32.")
     resume: bool = _opt(False, "Continue the run saved in --out.")
     chat_template: bool = _opt(
         False, "Format JSONL prompts with the target's chat template (lines with 'messages' always are).")

@@ -141,7 +141,7 @@ class PlanMemory(_Row):
     capacity: int
     arena_in_kv_pool: bool = Field(False, description="TRTLLM draft attention: the arena lives in the draft KV pool.")
     draft_kv_pool: int = Field(0, description="A separate managed draft KV cache drafting does not use (PR #19410).")
-    # The start-up memory budget (main's plan.startup, from memory46): written where the planner sizes it.
+    # The start-up memory budget (plan.startup): written where the planner sizes it.
     cuda_graphs: int = Field(0, description="The captured decode graphs' pool.")
     headroom: int = Field(0, description="Post-arena consumers.")
     graph_batch_sizes: tuple[int, ...] = Field((), description="The decode graphs' batch sizes (padding on).")

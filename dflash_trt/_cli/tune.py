@@ -110,9 +110,12 @@ def _tune(*, bundle, endpoint, model, baseline, mtp_endpoint, draft_lens, concur
                                         baseline=baseline, mtp=mtp_endpoint, repeats=repeats or 3, warmup=warmup)
         cal, rows = T.fit(t, report)
         written = bool(mtp_endpoint) and not dry_run   # the manifest records the arms; nothing else changes
+        left: list[str] = []
         if written:
             T.commit(t.root, T.arms_files(t, report["arms"],
-                                          f"tune --endpoint {endpoint} --mtp-endpoint {mtp_endpoint}"))
+                                          f"tune --endpoint {endpoint} --mtp-endpoint {mtp_endpoint}"), left)
+        for w in left:
+            err.print(f"[yellow]warning:[/yellow] {escape(w)}")
         if as_json:
             print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows,
                         "arms_written": written})
@@ -155,7 +158,7 @@ def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None)
     max_len, sched, drafted = T.schedule(t, lengths)
     cal, rows = T.fit(t, T.as_report(measured, max_tokens))
     files = T.new_files(t, max_len, sched, drafted, T.tuned_record(measured, wins, cal.source, arms))
-    prevs = [] if dry_run else T.commit(t.root, files)
+    prevs = [] if dry_run else T.commit(t.root, files, warnings)
     result = {"bundle": str(t.root), "measured": {str(k): v for k, v in measured.items()}, "winners": wins,
               "max_draft_len": max_len, "draft_len_schedule": sched, "written": not dry_run,
               "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings, "arms": arms}
@@ -171,7 +174,7 @@ def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None)
     if arms:
         show_arms(arms)
     for w in warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}")
+        err.print(f"[yellow]warning:[/yellow] {escape(w)}")
     if plot is not None and not refused:
         out.print(f"plot: {plot}")
     what = f"max_draft_len {max_len}, draft_len_schedule {sched}"

@@ -275,10 +275,11 @@ def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: li
     return {t.root / ingest.Layout.TRTLLM_CONFIG: text, t.root / ingest.Layout.MANIFEST: json.dumps(m, indent=2) + "\n"}
 
 
-def commit(root: Path, files: dict[Path, str]) -> list[Path]:
+def commit(root: Path, files: dict[Path, str], warnings: list[str] | None = None) -> list[Path]:
     """Write tune's files into bundle ``root`` as one journaled swap (``deploy.replace_files``), the
-    previous ones kept as ``NAME.prev``. Call it holding the bundle's lock. Returns the ``.prev`` paths."""
-    return deploy.replace_files(root, files, "tune's file")
+    previous ones kept as ``NAME.prev``. Call it holding the bundle's lock. Returns the ``.prev`` paths
+    (what the OS refused to remove afterwards is appended to ``warnings``)."""
+    return deploy.replace_files(root, files, "tune's file", warnings)
 
 
 def tuned_record(measured: dict[int, list[dict]], wins: dict[int, int], calibration: str,

@@ -211,18 +211,19 @@ def share(root: Path, copied: dict[str, int] | None = None) -> None:
 _NO_RENAME = (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES, errno.EROFS, errno.ENOTEMPTY, errno.EEXIST)
 
 
-def replace(tmp: Path, out: Path) -> None:
+def replace(tmp: Path, out: Path) -> str | None:
     """Put the bundle built in ``tmp`` at ``out``: renamed into place when ``out`` does not exist,
-    else (or where the rename is refused) swapped file by file (:func:`swap_contents`)."""
+    else (or where the rename is refused) swapped file by file (:func:`swap_contents`). Returns
+    the sentence naming what the OS refused to remove after a swap, else None."""
     if not out.exists() and tmp.parent != out:
         try:
             tmp.rename(out)
-            return
+            return None
         except OSError as exc:
             if exc.errno not in _NO_RENAME:
                 raise DFlashError(f"-o {out}: cannot move the build into place ({exc.strerror or exc}); "
                                   f"the built bundle is kept in {tmp}") from None
-    swap_contents(tmp, out)
+    return swap_contents(tmp, out)
 
 
 def _files(root: Path, skip: Path | None = None) -> list[str]:
@@ -258,21 +259,22 @@ def previous_files(out: Path) -> set[str]:
     return {*files, path.name}
 
 
-def swap_contents(tmp: Path, out: Path, old: set[str] | None = None) -> None:
+def swap_contents(tmp: Path, out: Path, old: set[str] | None = None) -> str | None:
     """Replace ``old`` (default: the previous bundle's files) in ``out`` by ``tmp``'s, keeping every
     other file, through the journaled swap (:mod:`dflash_trt.deploy.swap`).
 
     Checked before anything changes: a file in ``out`` that is not leaving and that the new bundle
     would overwrite refuses the swap (the build stays in ``tmp``). The manifest leaves first and
     comes last, so a swap cut short leaves no manifest that vouches for a mix, and a journal the
-    next writer finishes or rolls back from."""
+    next writer finishes or rolls back from. Returns what the OS refused to remove once it was done
+    (a sentence), else None."""
     keep = f"the built bundle is kept in {tmp}"
     try:
         out.mkdir(exist_ok=True)
         old = previous_files(out) if old is None else old
         others = set(_files(out, skip=tmp)) - old - {p.name for p in out.glob(f"{INSIDE}.*")}
         journal = swap.plan(tmp, out, old, _files(tmp), others)
-        swap.swap(out, journal)
+        return swap.swap(out, journal)
     except OSError as exc:
         raise DFlashError(f"-o {out}: cannot swap the bundle in ({exc.strerror or exc}; "
                           f"{getattr(exc, 'filename', '') or ''}); {keep}; the next build or tune of {out} "
@@ -303,12 +305,13 @@ def copied_modes(src: Path, target: Path, quantized: bool) -> dict[str, int]:
             for f in target.iterdir() if f.name in names and (src / f.name).is_file()}
 
 
-def replace_files(root: Path, files: dict[Path, str], what: str) -> list[Path]:
+def replace_files(root: Path, files: dict[Path, str], what: str, warnings: list[str] | None = None) -> list[Path]:
     """Write every file of bundle ``root``, the previous one kept as ``NAME.prev``, as one journaled
     swap (``deploy.swap``): the new texts and the ``.prev`` copies are written into a partial
     directory first, then swapped in, so a kill at any point leaves the old files or the new ones
     (or a swap the next writer finishes or rolls back). Ctrl-C waits until the swap
-    is done (then is raised). Call it holding the bundle's lock. Returns the ``.prev`` paths."""
+    is done (then is raised). Call it holding the bundle's lock. Returns the ``.prev`` paths; what the
+    OS refused to remove once the swap was done is appended to ``warnings`` (a sentence)."""
     tmp = start_partial(root)
     try:
         prevs = []
@@ -322,7 +325,9 @@ def replace_files(root: Path, files: dict[Path, str], what: str) -> list[Path]:
         share(tmp)
         new = [p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if not p.is_dir()]
         with _sigint_held():
-            swap_contents(tmp, root, old={r for r in new if os.path.lexists(root / r)})
+            left = swap_contents(tmp, root, old={r for r in new if os.path.lexists(root / r)})
+        if left and warnings is not None:
+            warnings.append(left)
         return prevs
     finally:
         if not os.path.lexists(root / swap.JOURNAL):   # a journal: the next writer needs the partial

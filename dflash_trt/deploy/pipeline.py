@@ -102,7 +102,8 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        output.replace(tmp, out)   # a refused swap keeps the built bundle and says where
+        left = output.replace(tmp, out)   # a refused swap keeps the built bundle and says where
+        p.warnings += [left] if left else []   # what the OS would not remove after it: said, swept next time
     return BuildResult(p, out, written, r)
 
 

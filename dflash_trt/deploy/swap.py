@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path, PurePosixPath
 
 from dflash_trt import ingest
@@ -113,13 +114,16 @@ def partial_dir(out: Path, journal: dict) -> Path:
     return (out if journal["inside"] else out.parent) / journal["partial"]
 
 
-def swap(out: Path, journal: dict, resume: bool = False) -> None:
+def swap(out: Path, journal: dict, resume: bool = False) -> str | None:
     """Run the swap ``journal`` describes (:func:`plan`; ``resume``: the one on disk, from its
-    recorded phase) to the end."""
+    recorded phase) to the end. Returns the sentence naming what the OS refused to remove once the
+    swap was done (:func:`_clean`), else None."""
     if not resume:
         if _lexists(out / JOURNAL):
             raise DFlashError(f"-o {out}: a swap a killed process left is pending ({out / JOURNAL}); run the build "
                               "or tune again: it finishes or rolls it back first")
+        if _lexists(out / BACKUP) and not (out / BACKUP).is_symlink():   # an earlier swap's, done but not removed
+            shutil.rmtree(out / BACKUP)
         _write_journal(out, journal)
         _step("journal written")
     manifest = ingest.Layout.MANIFEST
@@ -143,17 +147,39 @@ def swap(out: Path, journal: dict, resume: bool = False) -> None:
                 _step(f"moved in {rel}")
         _write_journal(out, {**journal, "phase": "clean"})
         _step("phase clean")
-    _clean(out, journal, backup, tmp)
+    return _clean(out, journal, backup, tmp)
 
 
-def _clean(out: Path, journal: dict, backup: Path, tmp: Path) -> None:
-    shutil.rmtree(backup, ignore_errors=True)
+def _clean(out: Path, journal: dict, backup: Path, tmp: Path) -> str | None:
+    """The swap is done: the moved-out files and the emptied partial go, then the journal. What the
+    OS refuses to remove stays (the bundle is whole without it) and is named in the returned
+    sentence; the next writer of ``out`` sweeps it (the backup at its swap, a partial whose process
+    is gone at ``start_partial``)."""
+    refused: dict[Path, str] = {}   # a directory that stays -> the first reason the OS gave
+
+    def said(path: Path, exc: BaseException) -> None:
+        refused.setdefault(path, str(getattr(exc, "strerror", None) or exc))
+
+    def remove(path: Path) -> None:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=lambda _fn, _p, exc: said(path, exc))
+        else:   # onerror: deprecated from 3.12, the only hook before it
+            shutil.rmtree(path, onerror=lambda _fn, _p, info: said(path, info[1]))
+
+    if _lexists(backup):
+        remove(backup)
     _step("moved-out files removed")
-    if tmp.parent != out or tmp.name.startswith(".dflash-trt.partial-"):   # never a directory of the user's
-        shutil.rmtree(tmp, ignore_errors=True)
+    if _lexists(tmp) and (tmp.parent != out or tmp.name.startswith(".dflash-trt.partial-")):   # never the user's
+        remove(tmp)
     _step("partial removed")
     _prune_dirs(out, {str(PurePosixPath(rel).parent) for rel in journal["old"]})
     (out / JOURNAL).unlink()
+    if not refused:
+        return None
+    what = " and ".join(f"{p} ({why})" for p, why in refused.items())
+    return (f"{out}: the swap is done, but the OS refused to remove {what}; the bundle is whole without "
+            f"{'them' if len(refused) > 1 else 'it'} and the next build or tune of {out} removes "
+            f"{'them' if len(refused) > 1 else 'it'}")
 
 
 def _prune_dirs(out: Path, dirs: set[str]) -> None:

@@ -199,3 +199,34 @@ def test_a_swap_begun_under_a_relative_name_is_recovered_from_anywhere(bundles, 
     monkeypatch.chdir(tmp_path)
     assert "finished" in output.recover(where / "out")
     assert _is(where / "out", bundles[1])
+
+
+def test_what_the_os_will_not_remove_after_a_swap_is_said_and_swept_next_time(bundles, tmp_path, monkeypatch):
+    """The swap is done, then the OS refuses the removals (an open, unlink or rmdir that fails in
+    rmtree): the bundle is whole, the warning names what stays, and the next swap of the same
+    output removes it (the backup inside at its start, the partial beside by start_partial)."""
+    out, tmp = _setup(bundles, tmp_path)
+    real_rmtree = shutil.rmtree
+
+    def refusing(path, *a, **k):
+        hook = k.get("onexc") or k.get("onerror")
+        if hook is None:
+            return real_rmtree(path, *a, **k)
+        hook(os.unlink, str(path), PermissionError(13, "Permission denied") if "onexc" in k
+             else (PermissionError, PermissionError(13, "Permission denied"), None))
+
+    monkeypatch.setattr(shutil, "rmtree", refusing)
+    said = output.swap_contents(tmp, out)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
+    assert said and f"remove {out / swap.BACKUP} (Permission denied) and {tmp} (Permission denied)" in said
+    assert (out / swap.BACKUP).is_dir() and tmp.is_dir()
+    assert not (out / swap.JOURNAL).exists()
+    assert ingest.read_manifest(out) is not None
+    os.rename(tmp, tmp.with_name(".out.partial-999999999"))   # its process gone, as after the build exits
+    stale = out / swap.BACKUP / ingest.Layout.MANIFEST   # half-removed: a directory where a file will move
+    stale.unlink()
+    (stale / "x").mkdir(parents=True)
+    again = output.start_partial(out)
+    shutil.copytree(bundles[0], again, dirs_exist_ok=True)
+    assert output.swap_contents(again, out) is None
+    assert _is(out, bundles[0]) and [p.name for p in tmp_path.iterdir()] == ["out"]

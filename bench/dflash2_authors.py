@@ -40,8 +40,15 @@ def prepare(out: Path, n_prompts: int, prompt_tokens: int) -> None:
     from dflash_trt.runtime import load_tokenizer
 
     v1 = Drafter.load(TINY / "drafter", dtype=torch.float32)
-    cfg = v1.cfg.model_copy(update={**DFLASH2, "causal": False, "sliding_window": 48, "dtype": "float32",
-                                    "layer_types": ["sliding_attention", "full_attention"]})
+    cfg = v1.cfg.model_copy(
+        update={
+            **DFLASH2,
+            "causal": False,
+            "sliding_window": 48,
+            "dtype": "float32",
+            "layer_types": ["sliding_attention", "full_attention"],
+        }
+    )
     d = DFlash2Drafter(cfg)
     d.load_state_dict(v1.state_dict(), strict=False)
     g = torch.Generator().manual_seed(0)
@@ -51,8 +58,11 @@ def prepare(out: Path, n_prompts: int, prompt_tokens: int) -> None:
                 conv.base_kernel[:, 1].normal_(0.0, 0.1, generator=g)
                 conv.kernel_projection.weight.normal_(0.0, 0.01, generator=g)
         sel = d.candidate_selector
-        for p, std in ((sel.predecessor_codebook, 0.5), (sel.successor_codebook, 0.5),
-                       (sel.hidden_projection.weight, 0.1)):
+        for p, std in (
+            (sel.predecessor_codebook, 0.5),
+            (sel.successor_codebook, 0.5),
+            (sel.hidden_projection.weight, 0.1),
+        ):
             p.normal_(0.0, std, generator=g)
     d.save(out / "drafter")
     tok = load_tokenizer(TINY / "target")
@@ -76,7 +86,7 @@ def ours(out: Path, max_new: int) -> None:
     for prompt in spec["prompts"]:
         commits: list[int] = []
         res = generate(target, d, [prompt], max_new_tokens=max_new, on_commit=lambda _r, t, c=commits: c.append(len(t)))
-        rows.append({"tokens": res.token_ids[0], "acceptance_lengths": commits[1:]})   # [0]: prefill's token
+        rows.append({"tokens": res.token_ids[0], "acceptance_lengths": commits[1:]})  # [0]: prefill's token
     _write(out / "ours.json", rows, time.perf_counter() - start)
 
 
@@ -85,18 +95,24 @@ def authors(out: Path, max_new: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    dm._cuda_time = time.perf_counter            # its stats timer syncs CUDA; this run is on the CPU
+    dm._cuda_time = time.perf_counter  # its stats timer syncs CUDA; this run is on the CPU
     spec = json.loads((out / "prompts.json").read_text())
-    target = AutoModelForCausalLM.from_pretrained(spec["target"], dtype=torch.float32,
-                                                  attn_implementation="sdpa").eval()
-    draft = dm.DFlash2DraftModel.from_pretrained(str(out / "drafter"), dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
+    target = AutoModelForCausalLM.from_pretrained(
+        spec["target"], dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+    draft = dm.DFlash2DraftModel.from_pretrained(
+        str(out / "drafter"), dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
     rows, start = [], time.perf_counter()
     for prompt in spec["prompts"]:
         ids = torch.tensor([prompt])
         res = dm.dflash_generate(draft, target, ids, max_new, None, temperature=0.0, return_stats=True)
-        rows.append({"tokens": res.output_ids[0, len(prompt):].tolist(),
-                     "acceptance_lengths": [int(a) for a in res.acceptance_lengths]})
+        rows.append(
+            {
+                "tokens": res.output_ids[0, len(prompt) :].tolist(),
+                "acceptance_lengths": [int(a) for a in res.acceptance_lengths],
+            }
+        )
     _write(out / "authors.json", rows, time.perf_counter() - start)
 
 
@@ -106,7 +122,7 @@ def _write(path: Path, rows: list[dict], seconds: float) -> None:
 
 def _full_rounds(acc: list[int], max_new: int, B: int) -> list[int]:
     """The rounds the authors run with a whole block: fewer than B tokens left shrinks it."""
-    done, keep = 1, []      # the prefill's token
+    done, keep = 1, []  # the prefill's token
     for a in acc:
         if max_new - done < B:
             break
@@ -124,11 +140,17 @@ def compare(out: Path, max_new: int) -> int:
     tau = lambda xs: sum(xs) / len(xs)  # noqa: E731
     all_a = [r for x in a["rows"] for r in x["acceptance_lengths"]]
     all_o = [r for x in o["rows"] for r in x["acceptance_lengths"]]
-    report = {"prompts": len(o["rows"]), "max_new_tokens": max_new, "block_size": B, "same_tokens": same_tokens,
-              "full_block_rounds": len(fo), "same_full_rounds": fa == fo,
-              "tau_full_rounds": {"authors": round(tau(fa), 4), "dflash_trt": round(tau(fo), 4)},
-              "tau_all_rounds": {"authors": round(tau(all_a), 4), "dflash_trt": round(tau(all_o), 4)},
-              "seconds": {"authors": round(a["seconds"], 2), "dflash_trt": round(o["seconds"], 2)}}
+    report = {
+        "prompts": len(o["rows"]),
+        "max_new_tokens": max_new,
+        "block_size": B,
+        "same_tokens": same_tokens,
+        "full_block_rounds": len(fo),
+        "same_full_rounds": fa == fo,
+        "tau_full_rounds": {"authors": round(tau(fa), 4), "dflash_trt": round(tau(fo), 4)},
+        "tau_all_rounds": {"authors": round(tau(all_a), 4), "dflash_trt": round(tau(all_o), 4)},
+        "seconds": {"authors": round(a["seconds"], 2), "dflash_trt": round(o["seconds"], 2)},
+    }
     print(json.dumps(report, indent=2))
     return 0 if same_tokens and fa == fo else 1
 

@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--bundle", type=Path, help="a bundle built with --graphs (default: build tiny)")
     p.add_argument("--backends", nargs="+", default=["torch", "onnx", "tensorrt"])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 3])
@@ -50,7 +51,7 @@ def run_backend(pair, name: str, bundle: Path, prompts: list[list[int]], batches
     from dflash_trt.runtime import generate, load_bundle, resolve_run
 
     backend = load_bundle(bundle, resolve_run(name, bundle=bundle)).backend
-    generate(pair.target, pair.drafter, prompts[:1], max_new_tokens=8, backend=backend)   # warm-up
+    generate(pair.target, pair.drafter, prompts[:1], max_new_tokens=8, backend=backend)  # warm-up
     out = {}
     for b in batches:
         tokens, committed, rounds, new, seconds = [], 0, 0, 0, 0.0
@@ -60,8 +61,12 @@ def run_backend(pair, name: str, bundle: Path, prompts: list[list[int]], batches
             seconds += time.perf_counter() - t
             tokens += g.token_ids
             committed, rounds, new = committed + g.stats.committed, rounds + g.stats.rounds, new + g.stats.new_tokens
-        out[b] = {"token_ids": tokens, "acceptance_length": round(committed / max(rounds, 1), 4),
-                  "tokens_per_second": round(new / seconds, 2), "seconds": round(seconds, 3)}
+        out[b] = {
+            "token_ids": tokens,
+            "acceptance_length": round(committed / max(rounds, 1), 4),
+            "tokens_per_second": round(new / seconds, 2),
+            "seconds": round(seconds, 3),
+        }
     return out
 
 
@@ -90,8 +95,10 @@ def main(argv=None) -> int:
         for b, r in runs.items() if "refused" not in runs else ():
             r["identical_to_torch"] = r["token_ids"] == ref.get(b, {}).get("token_ids")
             ok &= r["identical_to_torch"]
-            print(f"{name:9s} batch {b}: tau {r['acceptance_length']:.2f}  {r['tokens_per_second']:8.1f} tok/s  "
-                  f"identical to torch: {r['identical_to_torch']}")
+            print(
+                f"{name:9s} batch {b}: tau {r['acceptance_length']:.2f}  {r['tokens_per_second']:8.1f} tok/s  "
+                f"identical to torch: {r['identical_to_torch']}"
+            )
     for r in (r for runs in report["backends"].values() for r in runs.values() if isinstance(r, dict)):
         r.pop("token_ids", None)
     if args.json:

@@ -38,8 +38,9 @@ def main(argv=None) -> int:
         add_tune(args.add_tune, args.source, args.max_tokens)
     rows = perf_fit.load_rows()
     cases = [perf_fit.case_of(r) for r in rows]
-    full = perf_fit.fit(cases, source=f"{len(rows)} published and measured rows, {perf_fit.MEASUREMENTS_FILE}",
-                        stacks=perf_model.STACKS)
+    full = perf_fit.fit(
+        cases, source=f"{len(rows)} published and measured rows, {perf_fit.MEASUREMENTS_FILE}", stacks=perf_model.STACKS
+    )
     table = perf_fit.leave_one_out(cases, full)
     errors = []
     print(f"{'row':46s} {'quantity':22s} {'measured':>10s} {'fit':>10s} {'LOO':>10s} {'LOO err':>8s}")
@@ -49,19 +50,24 @@ def main(argv=None) -> int:
             errors.append(abs(loo / v - 1))
             print(f"{t['id']:46s} {key:22s} {v:10.2f} {t['fitted'][key]:10.2f} {loo:10.2f} {loo / v - 1:+8.0%}")
     within = sum(e <= 0.20 for e in errors)
-    print(f"\nleave-one-out: {within}/{len(errors)} within ±20%, "
-          f"median |error| {sorted(errors)[len(errors) // 2]:.0%}, max {max(errors):.0%}")
+    print(
+        f"\nleave-one-out: {within}/{len(errors)} within ±20%, "
+        f"median |error| {sorted(errors)[len(errors) // 2]:.0%}, max {max(errors):.0%}"
+    )
     print("\ntrend with concurrency (leave-one-out predictions):")
     for tr in perf_fit.trends(cases, {t["id"]: t["loo"] for t in table}):
         mark = "ok " if tr["right"] else "NO "
-        print(f"  {mark} {tr['stack']:12s} {tr['gpu']:6s} {tr['target']:38s} "
-              f"c={tr['concurrency'][0]}->{tr['concurrency'][1]}: "
-              f"measured {tr['measured']}, predicted {tr['predicted']}")
+        print(
+            f"  {mark} {tr['stack']:12s} {tr['gpu']:6s} {tr['target']:38s} "
+            f"c={tr['concurrency'][0]}->{tr['concurrency'][1]}: "
+            f"measured {tr['measured']}, predicted {tr['predicted']}"
+        )
     print()
     for e in full.stacks:
         print(" ", full.describe(e))
-    print("  shared:", {k: round(v, 4) for k, v in full.as_dict()["shared"].items()},
-          "MoE rows:", full.rows.get("shared"))
+    print(
+        "  shared:", {k: round(v, 4) for k, v in full.as_dict()["shared"].items()}, "MoE rows:", full.rows.get("shared")
+    )
     if args.json:
         args.json.write_text(json.dumps({"calibration": full.as_dict(), "rows": table}, indent=1))
     if args.write:
@@ -77,8 +83,9 @@ def write_loo(table: list[dict], rows) -> None:
 
     where = {r.id: (r.gpu, r.concurrency) for r in rows}
     f = perf_model.data_dir() / uncertainty.LOO_FILE
-    uncertainty.save(uncertainty.errors_of(table, where), f,
-                     f"bench/fit_perf_model.py --write: leave-one-out over {len(rows)} rows")
+    uncertainty.save(
+        uncertainty.errors_of(table, where), f, f"bench/fit_perf_model.py --write: leave-one-out over {len(rows)} rows"
+    )
     print(f"wrote {f}")
     return 0
 
@@ -95,12 +102,27 @@ def add_tune(path: Path, source: str, max_tokens: int) -> None:
         for lv in levels:
             L_, c = int(L), lv["concurrency"]
             rate = {"tokens_per_s" if L_ else "baseline_tokens_per_s": lv["tokens_per_second_per_user"]}
-            rows.append({"id": f"reference-cpu-tiny-draft{L_}-c{c}", "stack": "reference", "gpu": "cpu",
-                         "target": "embedded:tiny/target", "drafter": "embedded:tiny/drafter", "precision": "bf16",
-                         "tp": 1, "concurrency": c, "draft_len": L_, "tau": lv["acceptance_length"] if L_ else None,
-                         "tau_source": "measured", "context": 64 + max_tokens // 2, "per_user": True, "weight": 1.0,
-                         **rate, "source": source,
-                         "notes": "decode tokens/s per user (TTFT excluded), embedded server, continuous batching"})
+            rows.append(
+                {
+                    "id": f"reference-cpu-tiny-draft{L_}-c{c}",
+                    "stack": "reference",
+                    "gpu": "cpu",
+                    "target": "embedded:tiny/target",
+                    "drafter": "embedded:tiny/drafter",
+                    "precision": "bf16",
+                    "tp": 1,
+                    "concurrency": c,
+                    "draft_len": L_,
+                    "tau": lv["acceptance_length"] if L_ else None,
+                    "tau_source": "measured",
+                    "context": 64 + max_tokens // 2,
+                    "per_user": True,
+                    "weight": 1.0,
+                    **rate,
+                    "source": source,
+                    "notes": "decode tokens/s per user (TTFT excluded), embedded server, continuous batching",
+                }
+            )
     data["rows"] = rows
     f.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{f}: {sum(r['stack'] == 'reference' for r in rows)} CPU rows from {path}")

@@ -27,10 +27,19 @@ def _model(hidden: int, layers: int):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     cfg = Qwen3_5TextConfig(
-        vocab_size=4096, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 256), num_key_value_heads=1, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-        linear_value_head_dim=128, max_position_embeddings=4096)
+        vocab_size=4096,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 256),
+        num_key_value_heads=1,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        max_position_embeddings=4096,
+    )
     return Qwen3_5ForCausalLM(cfg).float().eval()
 
 
@@ -80,15 +89,27 @@ def main() -> None:
             pos += B  # positions only need to grow; the timing does not depend on them
             t_fwd, t_snap, t_replay = t_fwd + (t1 - t0), t_snap + (t2 - t1), t_replay + (t3 - t2)
     lin = policy.recurrent.mixers
-    state = sum(cache.layers[i].conv_states[0][0].numel() + cache.layers[i].recurrent_states[0][0].numel()
-                for i in lin) * 4
+    state = (
+        sum(cache.layers[i].conv_states[0][0].numel() + cache.layers[i].recurrent_states[0][0].numel() for i in lin) * 4
+    )
     r = a.rounds
-    print(json.dumps({
-        "hidden": a.hidden, "layers": a.layers, "linear_layers": len(lin), "batch": b, "block": B,
-        "verify_ms": round(1e3 * t_fwd / r, 2), "runtime_verify_ms": round(1e3 * t_snap / r, 2),
-        "commit_ms": round(1e3 * t_replay / r, 2),
-        "verify_plus_commit_over_verify": round((t_snap + t_replay) / t_fwd, 3),
-        "state_bytes_per_row": state, "verify_pending_bytes_per_row": pending}))
+    print(
+        json.dumps(
+            {
+                "hidden": a.hidden,
+                "layers": a.layers,
+                "linear_layers": len(lin),
+                "batch": b,
+                "block": B,
+                "verify_ms": round(1e3 * t_fwd / r, 2),
+                "runtime_verify_ms": round(1e3 * t_snap / r, 2),
+                "commit_ms": round(1e3 * t_replay / r, 2),
+                "verify_plus_commit_over_verify": round((t_snap + t_replay) / t_fwd, 3),
+                "state_bytes_per_row": state,
+                "verify_pending_bytes_per_row": pending,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--context", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     p.add_argument("--layers", type=int, default=5)
@@ -70,11 +71,11 @@ def timeit(fn, iters: int) -> float:
 def copy_bandwidth(iters: int) -> float:
     import torch
 
-    n = 1 << 30                                                # 1 GiB
+    n = 1 << 30  # 1 GiB
     src = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = timeit(lambda: dst.copy_(src), iters)
-    return 2 * n / (ms * 1e-3) / 1e9                           # GB/s, read + write
+    return 2 * n / (ms * 1e-3) / 1e9  # GB/s, read + write
 
 
 def main(argv=None) -> int:
@@ -110,18 +111,21 @@ def main(argv=None) -> int:
             q = torch.randn(b, B, h, d, device=dev, dtype=dtype, generator=g)
             k = torch.randn(b, B, kvh, d, device=dev, dtype=dtype, generator=g)
             v = torch.randn_like(k)
-            kw = dict(causal=args.causal, window=args.window, scale=d ** -0.5)
+            kw = dict(causal=args.causal, window=args.window, scale=d**-0.5)
             row = {"batch": b, "context": ctx}
             # attention reads the visible context K/V once + q/k/v + writes the output
             vis = min(ctx, args.window) if args.window else ctx
             attn_bytes = b * (2 * vis * kvh * d + 2 * B * h * d + 2 * B * kvh * d) * esz
-            row["attn_triton_ms"] = timeit(partial(tk.block_attention, q, k, v, kc[0], vc[0], pt, lengths, **kw),
-                                           args.iters)
+            row["attn_triton_ms"] = timeit(
+                partial(tk.block_attention, q, k, v, kc[0], vc[0], pt, lengths, **kw), args.iters
+            )
             row["attn_triton_GBps"] = attn_bytes / (row["attn_triton_ms"] * 1e-3) / 1e9
             if not args.no_reference:
                 try:
-                    row["attn_ref_ms"] = timeit(partial(ba.block_attention_reference,
-                        q, k, v, kc[0], vc[0], pt, lengths, **kw), max(3, args.iters // 4))
+                    row["attn_ref_ms"] = timeit(
+                        partial(ba.block_attention_reference, q, k, v, kc[0], vc[0], pt, lengths, **kw),
+                        max(3, args.iters // 4),
+                    )
                 except torch.OutOfMemoryError:
                     row["attn_ref_ms"] = None
             # KV injection: B new tokens per sequence into every layer
@@ -132,15 +136,44 @@ def main(argv=None) -> int:
             fc = torch.randn(args.hidden, args.target_hidden * args.hidden, device=dev, dtype=dtype, generator=g) * 0.01
             wkv = torch.randn(L * 2 * kvh * d, args.hidden, device=dev, dtype=dtype, generator=g) * 0.01
             kn = torch.ones(L, d, device=dev, dtype=dtype)
-            inj = dict(target_hidden=target_hidden, n_new=n_new, lengths=lengths_inj, fc_weight=fc,
-                       norm_weight=torch.ones(args.hidden, device=dev, dtype=dtype), kv_weight=wkv, kv_bias=None,
-                       k_norm_weight=kn, inv_freq=inv_freq, rope_scale=1.0, eps=1e-6, k_cache=kc, v_cache=vc,
-                       page_table=pt, num_kv_heads=kvh, head_dim=d)
+            inj = dict(
+                target_hidden=target_hidden,
+                n_new=n_new,
+                lengths=lengths_inj,
+                fc_weight=fc,
+                norm_weight=torch.ones(args.hidden, device=dev, dtype=dtype),
+                kv_weight=wkv,
+                kv_bias=None,
+                k_norm_weight=kn,
+                inv_freq=inv_freq,
+                rope_scale=1.0,
+                eps=1e-6,
+                k_cache=kc,
+                v_cache=vc,
+                page_table=pt,
+                num_kv_heads=kvh,
+                head_dim=d,
+            )
             kv = torch.randn(b, T, L * 2 * kvh * d, device=dev, dtype=dtype, generator=g)
-            scatter_bytes = 2 * kv.numel() * esz                       # read kv, write K and V
-            row["scatter_triton_ms"] = timeit(partial(tk.kv_scatter,
-                kv, kn, inv_freq, n_new, lengths_inj, pt, kc, vc, eps=1e-6, rope_scale=1.0,
-                num_kv_heads=kvh, head_dim=d), args.iters)
+            scatter_bytes = 2 * kv.numel() * esz  # read kv, write K and V
+            row["scatter_triton_ms"] = timeit(
+                partial(
+                    tk.kv_scatter,
+                    kv,
+                    kn,
+                    inv_freq,
+                    n_new,
+                    lengths_inj,
+                    pt,
+                    kc,
+                    vc,
+                    eps=1e-6,
+                    rope_scale=1.0,
+                    num_kv_heads=kvh,
+                    head_dim=d,
+                ),
+                args.iters,
+            )
             row["scatter_GBps"] = scatter_bytes / (row["scatter_triton_ms"] * 1e-3) / 1e9
             row["inject_triton_ms"] = timeit(partial(kvi.kv_injection_triton, **inj), args.iters)
             if not args.no_reference:
@@ -150,8 +183,17 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
 
     print(f"device: {torch.cuda.get_device_name()}  copy bandwidth: {peak:.0f} GB/s  dtype: {args.dtype}")
-    cols = ["batch", "context", "attn_triton_ms", "attn_ref_ms", "attn_triton_GBps", "scatter_triton_ms",
-            "scatter_GBps", "inject_triton_ms", "inject_ref_ms"]
+    cols = [
+        "batch",
+        "context",
+        "attn_triton_ms",
+        "attn_ref_ms",
+        "attn_triton_GBps",
+        "scatter_triton_ms",
+        "scatter_GBps",
+        "inject_triton_ms",
+        "inject_ref_ms",
+    ]
     print(" ".join(f"{c:>17}" for c in cols) + f" {'attn %peak':>11}")
     for r in rows:
         cells = []

@@ -62,6 +62,7 @@ def timed_cache(backend) -> dict:
                 return _m(*a, **k)
             finally:
                 acc["s"] += (time.perf_counter() - t0) if acc["on"] else 0.0
+
         setattr(backend, name, wrapped)
     return acc
 
@@ -70,21 +71,36 @@ def measure(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict
     B = pair.block_size()
     cache = timed_cache(backend)
     stops = pair.stop_token_ids
-    generate(pair.target, pair.drafter, prompts[:batch], max_new_tokens=8, block_size=B, stop_token_ids=stops,
-             backend=backend)                                                       # warm-up
-    out: dict = {"dflash": [], "ar": [], "draft_s": 0.0, "verify_s": 0.0, "rounds": 0, "committed": 0,
-                 "batch_rounds": 0}
+    generate(
+        pair.target,
+        pair.drafter,
+        prompts[:batch],
+        max_new_tokens=8,
+        block_size=B,
+        stop_token_ids=stops,
+        backend=backend,
+    )  # warm-up
+    out: dict = {
+        "dflash": [],
+        "ar": [],
+        "draft_s": 0.0,
+        "verify_s": 0.0,
+        "rounds": 0,
+        "committed": 0,
+        "batch_rounds": 0,
+    }
     secs = {"dflash": 0.0, "ar": 0.0}
     prefill = {"dflash": 0.0, "ar": 0.0}
     cpu = {"dflash": 0.0, "ar": 0.0}
     new = {"dflash": 0, "ar": 0}
     for i in range(0, len(prompts), batch):
-        group = prompts[i:i + batch]
+        group = prompts[i : i + batch]
         for mode, drafter, bs in (("dflash", pair.drafter, B), ("ar", None, 1)):
             cache["on"] = mode == "dflash"
             t0, c0 = time.perf_counter(), time.process_time()
-            g = generate(pair.target, drafter, group, max_new_tokens=n, block_size=bs, stop_token_ids=stops,
-                         backend=backend)
+            g = generate(
+                pair.target, drafter, group, max_new_tokens=n, block_size=bs, stop_token_ids=stops, backend=backend
+            )
             secs[mode] += time.perf_counter() - t0
             prefill[mode] += g.stats.prefill_seconds
             cpu[mode] += time.process_time() - c0
@@ -94,27 +110,33 @@ def measure(pair, backend, prompts: list[list[int]], batch: int, n: int) -> dict
                 out["draft_s"] += g.stats.draft_seconds
                 out["verify_s"] += g.stats.verify_seconds
                 out["rounds"] += g.stats.rounds
-                out["batch_rounds"] += g.stats.target_forwards - 1       # a batched round per forward but prefill
+                out["batch_rounds"] += g.stats.target_forwards - 1  # a batched round per forward but prefill
                 out["committed"] += g.stats.committed
     tps = {m: new[m] / secs[m] for m in secs}
     per_round = 1e3 / max(1, out["batch_rounds"])
-    return {"dflash_tok_s": round(tps["dflash"], 1), "ar_tok_s": round(tps["ar"], 1),
-            "speedup": round(tps["dflash"] / tps["ar"], 3),
-            "cpu_speedup": round(cpu["ar"] / new["ar"] / (cpu["dflash"] / new["dflash"]), 3),
-            "tau": round(out["committed"] / max(1, out["rounds"]), 3),
-            # the prompts' prefill is the same work in both modes and dilutes the ratio: without it
-            "decode_speedup": round((secs["ar"] - prefill["ar"]) / (secs["dflash"] - prefill["dflash"]), 3),
-            # the ratio if the drafter rounds cost nothing (prefill in): what the verify, the
-            # loop and the static batch's tail alone allow
-            "free_draft_bound": round(secs["ar"] / new["ar"] / ((secs["dflash"] - out["draft_s"]) / new["dflash"]), 3),
-            "prefill_share": round(prefill["dflash"] / secs["dflash"], 3),
-            "draft_s": round(out["draft_s"], 3), "verify_s": round(out["verify_s"], 3),
-            "draft_ms": round(out["draft_s"] * per_round, 2), "verify_ms": round(out["verify_s"] * per_round, 2),
-            "cache_ms": round(cache["s"] * per_round, 2),
-            # static batching waits for a group's slowest row: its rounds against the mean row's
-            "rounds_per_row": round(out["rounds"] / len(prompts), 1),
-            "rounds_per_group": round(out["batch_rounds"] / -(-len(prompts) // batch), 1),
-            "lossless_self": out["dflash"] == out["ar"], "tokens": out["dflash"]}
+    return {
+        "dflash_tok_s": round(tps["dflash"], 1),
+        "ar_tok_s": round(tps["ar"], 1),
+        "speedup": round(tps["dflash"] / tps["ar"], 3),
+        "cpu_speedup": round(cpu["ar"] / new["ar"] / (cpu["dflash"] / new["dflash"]), 3),
+        "tau": round(out["committed"] / max(1, out["rounds"]), 3),
+        # the prompts' prefill is the same work in both modes and dilutes the ratio: without it
+        "decode_speedup": round((secs["ar"] - prefill["ar"]) / (secs["dflash"] - prefill["dflash"]), 3),
+        # the ratio if the drafter rounds cost nothing (prefill in): what the verify, the
+        # loop and the static batch's tail alone allow
+        "free_draft_bound": round(secs["ar"] / new["ar"] / ((secs["dflash"] - out["draft_s"]) / new["dflash"]), 3),
+        "prefill_share": round(prefill["dflash"] / secs["dflash"], 3),
+        "draft_s": round(out["draft_s"], 3),
+        "verify_s": round(out["verify_s"], 3),
+        "draft_ms": round(out["draft_s"] * per_round, 2),
+        "verify_ms": round(out["verify_s"] * per_round, 2),
+        "cache_ms": round(cache["s"] * per_round, 2),
+        # static batching waits for a group's slowest row: its rounds against the mean row's
+        "rounds_per_row": round(out["rounds"] / len(prompts), 1),
+        "rounds_per_group": round(out["batch_rounds"] / -(-len(prompts) // batch), 1),
+        "lossless_self": out["dflash"] == out["ar"],
+        "tokens": out["dflash"],
+    }
 
 
 def through_scheduler(backend, prompts: list[list[int]], batch: int, n: int, block_size: int, stops) -> tuple:
@@ -134,14 +156,18 @@ def measure_continuous(pair, backend, prompts: list[list[int]], batch: int, n: i
     """DFlash against autoregressive with continuous batching (``--continuous``): tokens/s of each,
     their ratio, and ``lossless_self`` (DFlash's tokens equal autoregressive decoding's)."""
     B, stops = pair.block_size(), pair.stop_token_ids
-    through_scheduler(backend, prompts[:batch], batch, 8, B, stops)                    # warm-up
+    through_scheduler(backend, prompts[:batch], batch, 8, B, stops)  # warm-up
     toks, secs = {}, {}
     for mode, bs in (("dflash", B), ("ar", 1)):
         toks[mode], secs[mode] = through_scheduler(backend, prompts, batch, n, bs, stops)
     tps = {m: sum(len(x) for x in toks[m]) / secs[m] for m in secs}
-    return {"dflash_tok_s": round(tps["dflash"], 1), "ar_tok_s": round(tps["ar"], 1),
-            "speedup": round(tps["dflash"] / tps["ar"], 3), "lossless_self": toks["dflash"] == toks["ar"],
-            "tokens": toks["dflash"]}
+    return {
+        "dflash_tok_s": round(tps["dflash"], 1),
+        "ar_tok_s": round(tps["ar"], 1),
+        "speedup": round(tps["dflash"] / tps["ar"], 3),
+        "lossless_self": toks["dflash"] == toks["ar"],
+        "tokens": toks["dflash"],
+    }
 
 
 def main() -> None:
@@ -151,11 +177,18 @@ def main() -> None:
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--backends", default="torch,onnx,onnx-customop")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch and onnxruntime intra-op threads (1: dflash-trt bench's choice for the embedded pair)")
-    ap.add_argument("--continuous", action="store_true",
-                    help="run every prompt through one scheduler of BATCH live rows (continuous batching: a "
-                         "finished row's place goes to the next prompt) instead of generate() per group of BATCH")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch and onnxruntime intra-op threads (1: dflash-trt bench's choice for the embedded pair)",
+    )
+    ap.add_argument(
+        "--continuous",
+        action="store_true",
+        help="run every prompt through one scheduler of BATCH live rows (continuous batching: a "
+        "finished row's place goes to the next prompt) instead of generate() per group of BATCH",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -166,12 +199,12 @@ def main() -> None:
     for kind in args.backends.split(","):
         backend = backend_for(kind, args.bundle, pair)
         for batch in (int(x) for x in args.batches.split(",")):
-            r = (measure_continuous if args.continuous else measure)(pair, backend, prompts, batch,
-                                                                     args.max_new_tokens)
+            r = (measure_continuous if args.continuous else measure)(pair, backend, prompts, batch, args.max_new_tokens)
             tokens = r.pop("tokens")
             reference.setdefault(batch, tokens)
-            r.update(backend=kind, batch=batch, continuous=args.continuous,
-                     lossless_vs_first=tokens == reference[batch])
+            r.update(
+                backend=kind, batch=batch, continuous=args.continuous, lossless_vs_first=tokens == reference[batch]
+            )
             rows.append(r)
             if not args.json:
                 print(r, flush=True)

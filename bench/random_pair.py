@@ -36,11 +36,21 @@ def main() -> None:
 
     torch.manual_seed(a.seed)
     heads = max(1, a.hidden // 64)
-    cfg = Qwen3Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=3 * a.hidden,
-                      num_hidden_layers=a.layers, num_attention_heads=heads,
-                      num_key_value_heads=max(1, heads // 4), head_dim=64, max_position_embeddings=4096,
-                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                      rope_theta=1_000_000.0)
+    cfg = Qwen3Config(
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=3 * a.hidden,
+        num_hidden_layers=a.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        rope_theta=1_000_000.0,
+    )
     target = Qwen3ForCausalLM(cfg).eval()
     target.save_pretrained(a.out / "target", safe_serialization=True)
     # Byte-level-ish tokenizer: one token per character, ids within the vocabulary.
@@ -48,14 +58,25 @@ def main() -> None:
     tok = Tokenizer(models.WordLevel(table, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                            mask_token="<mask>").save_pretrained(a.out / "target")
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", mask_token="<mask>"
+    ).save_pretrained(a.out / "target")
     n = a.layers
-    dcfg = DrafterConfig(hidden_size=a.hidden, intermediate_size=3 * a.hidden, num_hidden_layers=a.draft_layers,
-                         num_attention_heads=heads, num_key_value_heads=max(1, heads // 4), head_dim=64,
-                         vocab_size=a.vocab, block_size=a.block, mask_token_id=a.vocab - 1,
-                         target_layer_ids=sorted({1, n // 2, n - 2}), num_target_layers=n,
-                         max_position_embeddings=4096, rope_theta=1_000_000.0)
+    dcfg = DrafterConfig(
+        hidden_size=a.hidden,
+        intermediate_size=3 * a.hidden,
+        num_hidden_layers=a.draft_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        head_dim=64,
+        vocab_size=a.vocab,
+        block_size=a.block,
+        mask_token_id=a.vocab - 1,
+        target_layer_ids=sorted({1, n // 2, n - 2}),
+        num_target_layers=n,
+        max_position_embeddings=4096,
+        rope_theta=1_000_000.0,
+    )
     Drafter(dcfg).save(a.out / "drafter")
     prompts = ["def main(argv):", "import os, sys", "class Node:", "for i in range(10):"]
     (a.out / "prompts.txt").write_text("\n".join(prompts) + "\n")

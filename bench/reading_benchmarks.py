@@ -48,17 +48,30 @@ def main(argv=None) -> None:
             bundle = Path(tmp) / "tiny"
             assert run(["build", "tiny", "-o", str(bundle)]) == 0
         pair = load_bundle(bundle)
-        with ServerThread(create_app(pair, "tiny", max_batch=8)) as dflash, \
-                ServerThread(create_app(pair, "tiny-ar", max_batch=8, block_size=1)) as ar:
-            report = loadgen.run(dflash.url, baseline=ar.url, prompts=datasets.load(PROMPTS),
-                                 concurrency=[int(c) for c in a.concurrency.split(",")],
-                                 request_rate=[float(r) for r in a.request_rate.split(",")],
-                                 requests=a.requests, repeats=a.repeats, max_tokens=a.max_tokens, ignore_eos=True)
+        with (
+            ServerThread(create_app(pair, "tiny", max_batch=8)) as dflash,
+            ServerThread(create_app(pair, "tiny-ar", max_batch=8, block_size=1)) as ar,
+        ):
+            report = loadgen.run(
+                dflash.url,
+                baseline=ar.url,
+                prompts=datasets.load(PROMPTS),
+                concurrency=[int(c) for c in a.concurrency.split(",")],
+                request_rate=[float(r) for r in a.request_rate.split(",")],
+                requests=a.requests,
+                repeats=a.repeats,
+                max_tokens=a.max_tokens,
+                ignore_eos=True,
+            )
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     today = dt.date.today().isoformat()
-    out = {"date": today, "machine": "shared 2-core development CPU, no GPU (other work running beside it)",
-           "commit": commit, "command": "python bench/reading_benchmarks.py " + " ".join(argv or sys.argv[1:]),
-           "results": report}
+    out = {
+        "date": today,
+        "machine": "shared 2-core development CPU, no GPU (other work running beside it)",
+        "commit": commit,
+        "command": "python bench/reading_benchmarks.py " + " ".join(argv or sys.argv[1:]),
+        "results": report,
+    }
     path = a.out or Path(__file__).parent / "results" / f"{today}-reading-benchmarks.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(path)

@@ -34,8 +34,9 @@ def copied_heads(q, k, v, k_cache, v_cache, page_table, lengths, *, causal, wind
     keys = torch.cat([ba.gather_pages(k_cache, page_table, n), k], 1).repeat_interleave(rep, 2).transpose(1, 2)
     vals = torch.cat([ba.gather_pages(v_cache, page_table, n), v], 1).repeat_interleave(rep, 2).transpose(1, 2)
     mask = ba.visibility(lengths, n, B, causal, window)
-    return F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None],
-                                          scale=scale).transpose(1, 2)
+    return F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, vals, attn_mask=mask[:, None], scale=scale
+    ).transpose(1, 2)
 
 
 def main() -> None:
@@ -50,7 +51,7 @@ def main() -> None:
         q, k, v = torch.randn(b, B, h, d), torch.randn(b, B, kvh, d), torch.randn(b, B, kvh, d)
         kc, vc = torch.randn(b * per + 1, ps, kvh, d), torch.randn(b * per + 1, ps, kvh, d)
         args = (q, k, v, kc, vc, torch.arange(b * per).view(b, per).int(), torch.full((b,), n))
-        kw = dict(causal=False, window=None, scale=d ** -0.5)
+        kw = dict(causal=False, window=None, scale=d**-0.5)
         torch.testing.assert_close(ba.block_attention_reference(*args, **kw), copied_heads(*args, **kw))
         times = {"enable_gqa": [], "copied_heads": []}
         for _ in range(a.iters):
@@ -59,9 +60,11 @@ def main() -> None:
                 f(*args, **kw)
                 times[name].append(time.perf_counter() - t)
         med = {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
-        print(f"b {b} block {B} heads {h}/{kvh} d {d} context {n}: "
-              + ", ".join(f"{name} {ms:.3f} ms" for name, ms in med.items())
-              + f" ({med['copied_heads'] / med['enable_gqa']:.2f}x)")
+        print(
+            f"b {b} block {B} heads {h}/{kvh} d {d} context {n}: "
+            + ", ".join(f"{name} {ms:.3f} ms" for name, ms in med.items())
+            + f" ({med['copied_heads'] / med['enable_gqa']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

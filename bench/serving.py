@@ -53,12 +53,22 @@ async def short_behind_long(url: str, long_tokens: int, shorts: int) -> dict:
 
     async with httpx.AsyncClient(base_url=url, timeout=600) as c:
         flags = [asyncio.Event(), asyncio.Event()]
-        longs = [asyncio.create_task(stream(c, {"prompt": f"def long_{i}(", "max_tokens": long_tokens,
-                                                "temperature": 0, "ignore_eos": True}, f)) for i, f in enumerate(flags)]
+        longs = [
+            asyncio.create_task(
+                stream(
+                    c, {"prompt": f"def long_{i}(", "max_tokens": long_tokens, "temperature": 0, "ignore_eos": True}, f
+                )
+            )
+            for i, f in enumerate(flags)
+        ]
         for f in flags:
             await f.wait()
-        short = await asyncio.gather(*(stream(c, {"prompt": f"x{i} = ", "max_tokens": 8, "temperature": 0,
-                                                  "ignore_eos": True}) for i in range(shorts)))
+        short = await asyncio.gather(
+            *(
+                stream(c, {"prompt": f"x{i} = ", "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+                for i in range(shorts)
+            )
+        )
         long = await asyncio.gather(*longs)
     return {"short_median_s": round(statistics.median(short), 3), "long_median_s": round(statistics.median(long), 3)}
 
@@ -69,11 +79,25 @@ def run_mode(pair, batching: str, a, levels: list[int]) -> dict:
 
     app = create_app(pair, "tiny", max_batch=a.max_batch, max_queue=1024, torch_threads=a.threads)
     with ServerThread(app) as srv:
-        report = endpoint.run(srv.url, concurrency=levels, requests=a.requests, max_tokens=a.max_tokens,
-                              ignore_eos=True)
+        report = endpoint.run(
+            srv.url, concurrency=levels, requests=a.requests, max_tokens=a.max_tokens, ignore_eos=True
+        )
         hol = asyncio.run(short_behind_long(srv.url, a.long, a.shorts))
-    rows = [{k: lv[k] for k in ("concurrency", "ok", "requests", "output_tokens_per_second", "ttft_ms", "itl_ms",
-                                "acceptance_length")} for lv in report["endpoint"]["levels"]]
+    rows = [
+        {
+            k: lv[k]
+            for k in (
+                "concurrency",
+                "ok",
+                "requests",
+                "output_tokens_per_second",
+                "ttft_ms",
+                "itl_ms",
+                "acceptance_length",
+            )
+        }
+        for lv in report["endpoint"]["levels"]
+    ]
     return {"max_batch": app.state.batcher.max_batch, "levels": rows, "short_behind_long": hol}
 
 
@@ -90,14 +114,20 @@ def main() -> int:
             bundle = Path(tmp) / "tiny"
             assert run(["build", "-o", str(bundle)]) == 0
         pair = load_bundle(bundle, dtype="float32")
-        out = {"bundle": str(a.bundle or "tiny recipe"), "max_tokens": a.max_tokens, "threads": a.threads,
-               "modes": {"continuous": run_mode(pair, "continuous", a, levels)}}
+        out = {
+            "bundle": str(a.bundle or "tiny recipe"),
+            "max_tokens": a.max_tokens,
+            "threads": a.threads,
+            "modes": {"continuous": run_mode(pair, "continuous", a, levels)},
+        }
     for mode, r in out["modes"].items():
         print(f"{mode} (max batch {r['max_batch']}):")
         for lv in r["levels"]:
-            print(f"  c={lv['concurrency']:>3}  {lv['output_tokens_per_second']:8.1f} tok/s  "
-                  f"TTFT p50 {lv['ttft_ms']['median']} p99 {lv['ttft_ms']['p99']} ms  "
-                  f"ITL p50 {lv['itl_ms']['median']} p99 {lv['itl_ms']['p99']} ms  τ {lv['acceptance_length']}")
+            print(
+                f"  c={lv['concurrency']:>3}  {lv['output_tokens_per_second']:8.1f} tok/s  "
+                f"TTFT p50 {lv['ttft_ms']['median']} p99 {lv['ttft_ms']['p99']} ms  "
+                f"ITL p50 {lv['itl_ms']['median']} p99 {lv['itl_ms']['p99']} ms  τ {lv['acceptance_length']}"
+            )
         h = r["short_behind_long"]
         print(f"  short behind long: shorts {h['short_median_s']} s, longs {h['long_median_s']} s")
     if a.json:

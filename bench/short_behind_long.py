@@ -36,8 +36,9 @@ def worker(pair, max_batch: int) -> ContinuousBatcher:
 
 def run_job(w, prompt: list[int], n: int) -> tuple[Job, threading.Event]:
     done = threading.Event()
-    job = Job.new(prompt, n, ignore_eos=True,
-              sink=lambda kind, _payload: done.set() if kind in ("done", "error") else None)
+    job = Job.new(
+        prompt, n, ignore_eos=True, sink=lambda kind, _payload: done.set() if kind in ("done", "error") else None
+    )
     w.submit(job)
     return job, done
 
@@ -51,13 +52,20 @@ def one(w, prompts, args) -> dict:
     done.wait(600)
     for _, d in longs:
         d.wait(600)
-    return {"short_s": short.finished_at - short.enqueued_at,
-            "long_makespan_s": max(j.finished_at for j, _ in longs) - t0, "short_tokens": short.tokens}
+    return {
+        "short_s": short.finished_at - short.enqueued_at,
+        "long_makespan_s": max(j.finished_at for j, _ in longs) - t0,
+        "short_tokens": short.tokens,
+    }
 
 
 def spread(xs: list[float]) -> dict:
-    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3),
-            "runs": [round(x, 3) for x in xs]}
+    return {
+        "median": round(statistics.median(xs), 3),
+        "min": round(min(xs), 3),
+        "max": round(max(xs), 3),
+        "runs": [round(x, 3) for x in xs],
+    }
 
 
 def main() -> None:
@@ -80,14 +88,25 @@ def main() -> None:
         done.wait(600)
         alone.append(job.finished_at - job.enqueued_at)
     w.stop(60)
-    ref = generate(None, None, [prompts[-1]], max_new_tokens=args.short_tokens, block_size=1,
-                   backend=pair.backend).token_ids[0]
-    print(json.dumps({"backend": args.backend, "batching": "continuous", "long": args.long,
-                      "long_tokens": args.long_tokens, "short_tokens": args.short_tokens,
-                      "short_s": spread([r["short_s"] for r in runs]),
-                      "long_makespan_s": spread([r["long_makespan_s"] for r in runs]),
-                      "short_alone_s": spread(alone),
-                      "lossless": all(r["short_tokens"] == ref for r in runs)}, indent=1))
+    ref = generate(
+        None, None, [prompts[-1]], max_new_tokens=args.short_tokens, block_size=1, backend=pair.backend
+    ).token_ids[0]
+    print(
+        json.dumps(
+            {
+                "backend": args.backend,
+                "batching": "continuous",
+                "long": args.long,
+                "long_tokens": args.long_tokens,
+                "short_tokens": args.short_tokens,
+                "short_s": spread([r["short_s"] for r in runs]),
+                "long_makespan_s": spread([r["long_makespan_s"] for r in runs]),
+                "short_alone_s": spread(alone),
+                "lossless": all(r["short_tokens"] == ref for r in runs),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -36,12 +36,48 @@ def training_split(dest: Path) -> Path:
 
 
 def train(arch: str, data: Path, out: Path, a) -> dict:
-    cmd = [sys.executable, "-m", "dflash_trt", "train-drafter", "--target", str(TARGET), "--data", str(data),
-           "--out", str(out), "--arch", arch, "--block-size", "8", "--layers", "2", "--target-layer-ids", "1,7,13",
-           "--steps", str(a.steps), "--batch-size", "8", "--anchors", "16", "--lr", "2e-3", "--prompt-len", "64",
-           "--gen-len", "128", "--samples", str(a.samples), "--eval-every", str(a.steps), "--save-every",
-           str(a.steps), "--seed", "0", "--json"]
-    if arch == "dflash2":   # the published sizes, but a rank and top-k sized to a hidden-128 target
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflash_trt",
+        "train-drafter",
+        "--target",
+        str(TARGET),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--arch",
+        arch,
+        "--block-size",
+        "8",
+        "--layers",
+        "2",
+        "--target-layer-ids",
+        "1,7,13",
+        "--steps",
+        str(a.steps),
+        "--batch-size",
+        "8",
+        "--anchors",
+        "16",
+        "--lr",
+        "2e-3",
+        "--prompt-len",
+        "64",
+        "--gen-len",
+        "128",
+        "--samples",
+        str(a.samples),
+        "--eval-every",
+        str(a.steps),
+        "--save-every",
+        str(a.steps),
+        "--seed",
+        "0",
+        "--json",
+    ]
+    if arch == "dflash2":  # the published sizes, but a rank and top-k sized to a hidden-128 target
         cmd += ["--selector-rank", str(a.selector_rank), "--selector-top-k", str(a.selector_top_k)]
     if out.exists() and (out / ".train" / "state.json").exists():
         cmd.append("--resume")
@@ -52,8 +88,19 @@ def train(arch: str, data: Path, out: Path, a) -> dict:
 
 
 def bench(out: Path) -> dict:
-    cmd = [sys.executable, "-m", "dflash_trt", "bench", "--target", str(TARGET), "--drafter", str(out), "--prompts",
-           str(TARGET.parent / "heldout_prompts.jsonl"), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflash_trt",
+        "bench",
+        "--target",
+        str(TARGET),
+        "--drafter",
+        str(out),
+        "--prompts",
+        str(TARGET.parent / "heldout_prompts.jsonl"),
+        "--json",
+    ]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout)
 
 
@@ -71,11 +118,24 @@ def main() -> None:
         out = a.work / arch
         res = train(arch, data, out, a)
         b = bench(out)
-        print(json.dumps({"arch": arch, "steps": res["step"], "loss": res["loss"], "heldout_tau": res["heldout_tau"],
-                          "train_seconds": res["train_seconds"], "drafter_params": _params(out),
-                          "bench_tau": b["acceptance_length"], "bench_speedup": b["speedup"],
-                          "lossless": b["lossless"], "per_position_acceptance": b["per_position_acceptance"],
-                          "draft_ms": b["step"]["draft_ms"]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "arch": arch,
+                    "steps": res["step"],
+                    "loss": res["loss"],
+                    "heldout_tau": res["heldout_tau"],
+                    "train_seconds": res["train_seconds"],
+                    "drafter_params": _params(out),
+                    "bench_tau": b["acceptance_length"],
+                    "bench_speedup": b["speedup"],
+                    "lossless": b["lossless"],
+                    "per_position_acceptance": b["per_position_acceptance"],
+                    "draft_ms": b["step"]["draft_ms"],
+                }
+            ),
+            flush=True,
+        )
 
 
 def _params(out: Path) -> int:

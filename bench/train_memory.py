@@ -31,8 +31,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "dflash_trt" / "assets" / "tiny" / "target"
-STEP_FLAGS = ["--block-size", "4", "--layers", "1", "--batch-size", "2", "--anchors", "4", "--prompt-len", "16",
-              "--gen-len", "8", "--samples", "4", "--eval-prompts", "0", "--save-every", "1000"]
+STEP_FLAGS = [
+    "--block-size",
+    "4",
+    "--layers",
+    "1",
+    "--batch-size",
+    "2",
+    "--anchors",
+    "4",
+    "--prompt-len",
+    "16",
+    "--gen-len",
+    "8",
+    "--samples",
+    "4",
+    "--eval-prompts",
+    "0",
+    "--save-every",
+    "1000",
+]
 
 
 def _status(field: str) -> float:
@@ -56,15 +74,18 @@ def worker(argv: list[str], report: Path) -> None:
         original(model, ranks)
         gc.collect()
         marks["run_peak_before_shard_mb"] = _status("VmHWM")
-        Path("/proc/self/clear_refs").write_text("5")           # reset the high-water mark
+        Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark
         marks["rss_after_shard_mb"] = _status("VmRSS")
 
     dist.shard_target = shard_then_reset
     train_drafter(settings_from_argv(argv))
     rank = int(os.environ.get("RANK", "0"))
-    figures = {"rank": rank, "train_peak_mb": round(_status("VmHWM"), 1),
-               "run_peak_mb": round(max(marks["run_peak_before_shard_mb"], _status("VmHWM")), 1),
-               "rss_after_shard_mb": round(marks["rss_after_shard_mb"], 1)}
+    figures = {
+        "rank": rank,
+        "train_peak_mb": round(_status("VmHWM"), 1),
+        "run_peak_mb": round(max(marks["run_peak_before_shard_mb"], _status("VmHWM")), 1),
+        "rss_after_shard_mb": round(marks["rss_after_shard_mb"], 1),
+    }
     (report / f"rank{rank}.json").write_text(json.dumps(figures))
 
 
@@ -75,11 +96,22 @@ def random_target(dest: Path) -> Path:
 
     if (dest / "config.json").exists():
         return dest
-    cfg = Qwen3Config(vocab_size=32000, hidden_size=2048, intermediate_size=6144, num_hidden_layers=20,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=2048,
-                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = Qwen3Config(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=20,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)            # built in bf16: no fp32 copy of 1.2B weights
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy of 1.2B weights
     model = Qwen3ForCausalLM(cfg)
     torch.set_default_dtype(torch.float32)
     model.save_pretrained(dest, safe_serialization=True)
@@ -93,8 +125,19 @@ def run(target: Path, data: Path, engine: str, steps: int, work: Path) -> dict:
     for p in (out, report):
         shutil.rmtree(p, ignore_errors=True)
     report.mkdir(parents=True)
-    flags = ["--target", str(target), "--data", str(data), "--out", str(out), "--steps", str(steps), *STEP_FLAGS,
-             "--parallel", engine]
+    flags = [
+        "--target",
+        str(target),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        *STEP_FLAGS,
+        "--parallel",
+        engine,
+    ]
     # glibc's malloc serves blocks under its (self-raising, up to 32 MB) mmap threshold from arenas
     # it rarely gives back: FSDP's per-layer all-gather buffers, freed after each layer, would stay
     # counted. A fixed 1 MB threshold returns them; the same setting for every engine.
@@ -108,14 +151,19 @@ def run(target: Path, data: Path, engine: str, steps: int, work: Path) -> dict:
     if proc.returncode:
         sys.exit(f"{engine} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     ranks = [json.loads(p.read_text()) for p in sorted(report.glob("rank*.json"))]
-    return {"engine": engine, "ranks": len(ranks), "train_peak_mb": max(r["train_peak_mb"] for r in ranks),
-            "run_peak_mb": max(r["run_peak_mb"] for r in ranks), "per_rank": ranks}
+    return {
+        "engine": engine,
+        "ranks": len(ranks),
+        "train_peak_mb": max(r["train_peak_mb"] for r in ranks),
+        "run_peak_mb": max(r["run_peak_mb"] for r in ranks),
+        "per_rank": ranks,
+    }
 
 
 def main() -> None:
     if "--worker" in sys.argv:
         i = sys.argv.index("--worker")
-        worker(sys.argv[i + 3:], Path(sys.argv[i + 1]))
+        worker(sys.argv[i + 3 :], Path(sys.argv[i + 1]))
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=("tiny", "1b", "both"), default="both")

@@ -58,7 +58,7 @@ def main() -> int:
     if a.python:
         argv = [x for x in sys.argv[1:] if not x.startswith("--python=")]
         if "--python" in argv:
-            del argv[argv.index("--python"): argv.index("--python") + 2]
+            del argv[argv.index("--python") : argv.index("--python") + 2]
         os.execv(a.python, [a.python, __file__, *argv])
     import torch
 
@@ -71,8 +71,9 @@ def main() -> int:
 
     theirs._cuda_time = time.perf_counter  # their timer syncs CUDA; this is a CPU run
     pair = load_pair(a.target, a.drafter, dtype="float32")
-    their_drafter = theirs.DFlashDraftModel.from_pretrained(str(ingest.resolve(a.drafter, role="drafter")),
-                                                            dtype=torch.float32).eval()
+    their_drafter = theirs.DFlashDraftModel.from_pretrained(
+        str(ingest.resolve(a.drafter, role="drafter")), dtype=torch.float32
+    ).eval()
     texts = read_prompts(ingest.embedded_dir("tiny") / "heldout_prompts.jsonl")[: a.prompts]
     prompts = [pair.encode(t) for t in texts]
     stops, n = pair.stop_token_ids, a.max_new_tokens
@@ -83,7 +84,7 @@ def main() -> int:
 
     def authors(p):
         r = theirs.dflash_generate(their_drafter, pair.target.model, torch.tensor([p]), n, stops, return_stats=True)
-        return r.output_ids[0, len(p):].tolist(), len(r.acceptance_lengths), sum(r.acceptance_lengths)
+        return r.output_ids[0, len(p) :].tolist(), len(r.acceptance_lengths), sum(r.acceptance_lengths)
 
     sides = {"runtime": ours, "authors": authors}
     for fn in sides.values():  # warm-up: allocator, first-call costs
@@ -97,23 +98,36 @@ def main() -> int:
                 out, cpu, wall = timed(partial(sides[k], p))
                 best[k][i] = [min(best[k][i][0], cpu), min(best[k][i][1], wall)]
                 result[k][i] = out
-    report = {"prompts": len(prompts), "max_new_tokens": n, "threads": a.threads, "dtype": "float32",
-              "identical_tokens": [r[0] for r in result["runtime"]] == [r[0] for r in result["authors"]]}
+    report = {
+        "prompts": len(prompts),
+        "max_new_tokens": n,
+        "threads": a.threads,
+        "dtype": "float32",
+        "identical_tokens": [r[0] for r in result["runtime"]] == [r[0] for r in result["authors"]],
+    }
     for k in sides:
         tokens = sum(len(r[0]) for r in result[k])
         cpu, wall = sum(b[0] for b in best[k]), sum(b[1] for b in best[k])
-        report[k] = {"tokens": tokens, "cpu_seconds": round(cpu, 4), "wall_seconds": round(wall, 4),
-                     "tokens_per_cpu_second": round(tokens / cpu, 2), "tokens_per_second": round(tokens / wall, 2),
-                     "acceptance_length": round(sum(r[2] for r in result[k]) / sum(r[1] for r in result[k]), 4)}
-    report["speedup_cpu"] = round(report["runtime"]["tokens_per_cpu_second"]
-                                  / report["authors"]["tokens_per_cpu_second"], 3)
+        report[k] = {
+            "tokens": tokens,
+            "cpu_seconds": round(cpu, 4),
+            "wall_seconds": round(wall, 4),
+            "tokens_per_cpu_second": round(tokens / cpu, 2),
+            "tokens_per_second": round(tokens / wall, 2),
+            "acceptance_length": round(sum(r[2] for r in result[k]) / sum(r[1] for r in result[k]), 4),
+        }
+    report["speedup_cpu"] = round(
+        report["runtime"]["tokens_per_cpu_second"] / report["authors"]["tokens_per_cpu_second"], 3
+    )
     report["speedup_wall"] = round(report["runtime"]["tokens_per_second"] / report["authors"]["tokens_per_second"], 3)
-    print(f"runtime {report['runtime']['tokens_per_cpu_second']} tok/CPU-s "
-          f"(wall {report['runtime']['tokens_per_second']}), "
-          f"authors {report['authors']['tokens_per_cpu_second']} (wall {report['authors']['tokens_per_second']}): "
-          f"{report['speedup_cpu']}x CPU, {report['speedup_wall']}x wall; "
-          f"τ {report['runtime']['acceptance_length']} vs "
-          f"{report['authors']['acceptance_length']}; identical tokens: {report['identical_tokens']}")
+    print(
+        f"runtime {report['runtime']['tokens_per_cpu_second']} tok/CPU-s "
+        f"(wall {report['runtime']['tokens_per_second']}), "
+        f"authors {report['authors']['tokens_per_cpu_second']} (wall {report['authors']['tokens_per_second']}): "
+        f"{report['speedup_cpu']}x CPU, {report['speedup_wall']}x wall; "
+        f"τ {report['runtime']['acceptance_length']} vs "
+        f"{report['authors']['acceptance_length']}; identical tokens: {report['identical_tokens']}"
+    )
     if a.json:
         text = json.dumps(report, indent=2)
         print(text) if a.json == "-" else Path(a.json).write_text(text + "\n")

@@ -49,9 +49,17 @@ _debug = {"on": False}
 
 
 @app.callback()
-def _options(debug: Annotated[bool, typer.Option(
-        "--debug", envvar="DFLASH_DEBUG", help="On an internal error (a bug), also print its full traceback to "
-                                               "stderr (it is always written to a file).")] = False) -> None:
+def _options(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar="DFLASH_DEBUG",
+            help="On an internal error (a bug), also print its full traceback to "
+            "stderr (it is always written to a file).",
+        ),
+    ] = False,
+) -> None:
     _debug["on"] = debug
 
 
@@ -103,9 +111,10 @@ class _HeldLibraryOutput:
         for lg, handlers, propagate in self._saved:
             lg.handlers, lg.propagate = handlers, propagate
         self._warnings.__exit__(*exc)
-        self.release = lambda: ([warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-                                 for w in self.caught],
-                                [print(r.getMessage(), file=sys.stderr) for r in self.records])
+        self.release = lambda: (
+            [warnings.showwarning(w.message, w.category, w.filename, w.lineno) for w in self.caught],
+            [print(r.getMessage(), file=sys.stderr) for r in self.records],
+        )
 
 
 def one_line(message: str) -> str:
@@ -175,10 +184,13 @@ def _bug(exc: Exception) -> int:
 
     where = write_traceback(exc)
     kept = f"the traceback is in {where}" if where else "its traceback could not be written"
-    if _debug["on"]:   # --debug: the full traceback here too, above the one line
+    if _debug["on"]:  # --debug: the full traceback here too, above the one line
         sys.stderr.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-    print(f"internal error (a bug in dflash-trt, not in your input): {type(exc).__name__}: "
-          f"{one_line(str(exc))[:200]}; {kept}; please report it", file=sys.stderr)
+    print(
+        f"internal error (a bug in dflash-trt, not in your input): {type(exc).__name__}: "
+        f"{one_line(str(exc))[:200]}; {kept}; please report it",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -193,9 +205,10 @@ def _translate(exc: BaseException, environment: str | None) -> str | None:
 
     if environment is not None:
         said = environment
-    elif isinstance(exc, ValueError) and "integer string conversion" in str(exc):   # int("9" * 5000)
-        said = (f"an input holds a number of more than {sys.get_int_max_str_digits()} digits; "
-                "no field takes one that large")
+    elif isinstance(exc, ValueError) and "integer string conversion" in str(exc):  # int("9" * 5000)
+        said = (
+            f"an input holds a number of more than {sys.get_int_max_str_digits()} digits; no field takes one that large"
+        )
     elif isinstance(exc, RecursionError):
         said = "an input is nested too deeply to read (a file or value nested hundreds of levels deep)"
     elif not isinstance(exc, Exception):

@@ -19,6 +19,9 @@ def alias_warning(old: str, new: str, removed_in: str) -> bool:
     if old in _warned:
         return False
     _warned.add(old)
-    print(f"warning: {old} is deprecated and is removed in dflash-trt {removed_in}: use {new}",
-          file=sys.stderr, flush=True)
+    print(
+        f"warning: {old} is deprecated and is removed in dflash-trt {removed_in}: use {new}",
+        file=sys.stderr,
+        flush=True,
+    )
     return True

@@ -37,9 +37,7 @@ class MissingExtraError(DFlashError):
     """An optional dependency is not installed."""
 
     def __init__(self, package: str, extra: str, purpose: str):
-        super().__init__(
-            f"{purpose} needs the '{package}' package: pip install 'dflash-trt[{extra}]'"
-        )
+        super().__init__(f"{purpose} needs the '{package}' package: pip install 'dflash-trt[{extra}]'")
 
 
 def require(module: str, extra: str, purpose: str):
@@ -73,17 +71,23 @@ def read_text(path, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
+        line = data[: exc.start].count(b"\n") + 1
         raise DFlashError(f"{what} {p}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line})") from None
 
 
 #: errno values that say the machine refused (space, size limit, name length, permissions), not the program
-ENVIRONMENT = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-               errno.EFBIG: "file too large for the process's file-size limit (ulimit -f) or the file system",
-               errno.ENAMETOOLONG: "file name too long for the file system",
-               errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM:
-               "operation not permitted", errno.EMFILE: "too many open files", errno.ENOTDIR: "not a directory",
-               errno.ELOOP: "too many levels of symbolic links"}
+ENVIRONMENT = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large for the process's file-size limit (ulimit -f) or the file system",
+    errno.ENAMETOOLONG: "file name too long for the file system",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EMFILE: "too many open files",
+    errno.ENOTDIR: "not a directory",
+    errno.ELOOP: "too many levels of symbolic links",
+}
 
 
 def os_refusal(exc: BaseException) -> OSError | None:
@@ -97,7 +101,7 @@ def os_refusal(exc: BaseException) -> OSError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, tuple):   # DCP's wrapped exception: (exception, traceback summary)
+        if isinstance(e, tuple):  # DCP's wrapped exception: (exception, traceback summary)
             todo.extend(x for x in e if isinstance(x, BaseException))
             continue
         if isinstance(e, OSError) and e.errno in ENVIRONMENT:
@@ -145,4 +149,5 @@ def discard_on_error(path):
             if refused is not None and refused.filename is None:
                 raise OSError(refused.errno, refused.strerror or os.strerror(refused.errno), str(p)) from exc
             raise
+
     return guard()

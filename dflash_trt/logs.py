@@ -29,8 +29,12 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, message, and the traceback when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        out = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if record.exc_info:
             out["traceback"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
@@ -70,11 +74,15 @@ def uvicorn_log_config(level: str, fmt: str) -> dict:
     """uvicorn's ``log_config``: its loggers through the same format (access lines too)."""
     cls = f"{JsonFormatter.__module__}.{JsonFormatter.__qualname__}" if fmt == "json" else None
     f = {"()": cls} if cls else {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
-    return {"version": 1, "disable_existing_loggers": False, "formatters": {"default": f},
-            "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "default",
-                                     "stream": "ext://sys.stderr"}},
-            "loggers": {name: {"handlers": ["default"], "level": level.upper(), "propagate": False}
-                        for name in UVICORN}}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"default": f},
+        "handlers": {
+            "default": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}
+        },
+        "loggers": {name: {"handlers": ["default"], "level": level.upper(), "propagate": False} for name in UVICORN},
+    }
 
 
 def write_traceback(exc: BaseException) -> Path | None:

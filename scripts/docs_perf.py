@@ -56,17 +56,24 @@ def load(path: Path) -> dict:
     data = json.loads(path.read_text())
     missing = [k for k in REQUIRED if k not in data]
     if missing or not NAME.match(path.name):
-        raise ValueError(f"{path}: a result file needs the name YYYY-MM-DD-<topic>.json and the keys "
-                         f"{', '.join(REQUIRED)} (missing: {', '.join(missing) or 'none'})")
+        raise ValueError(
+            f"{path}: a result file needs the name YYYY-MM-DD-<topic>.json and the keys "
+            f"{', '.join(REQUIRED)} (missing: {', '.join(missing) or 'none'})"
+        )
     return data
 
 
 def section(path: Path, data: dict) -> list[str]:
     topic = NAME.match(path.name).group(2)  # type: ignore[union-attr]
     title = data.get("title") or topic
-    lines = [f"## {cell(title)} {{#{path.stem}}}", "",
-             f"`{path.name}` · {cell(data['date'])} · commit `{cell(data['commit'])}` · {cell(data['machine'])}", "",
-             f"```\n{data['command']}\n```", ""]
+    lines = [
+        f"## {cell(title)} {{#{path.stem}}}",
+        "",
+        f"`{path.name}` · {cell(data['date'])} · commit `{cell(data['commit'])}` · {cell(data['machine'])}",
+        "",
+        f"```\n{data['command']}\n```",
+        "",
+    ]
     lines += results(data["results"])
     extra = {k: v for k, v in data.items() if k not in (*REQUIRED, "title", "notes")}
     if extra:
@@ -82,17 +89,23 @@ def render(directory: Path) -> str:
     for f in files:
         m = NAME.match(f.name)
         by_topic.setdefault(m.group(2) if m else f.stem, []).append(f)
-    lines = ["# Performance", "",
-             "Every figure the documentation quotes, one section per file of `bench/results/` (newest first "
-             "within a topic). A figure is re-measured by adding a file, never by editing this page: "
-             "`python scripts/gen_docs.py` renders it. Each section names the machine it was measured on; "
-             "the GPU figures the planner is calibrated on are published runs, each with its source "
-             "(`dflash_trt/assets/perf/measurements.json`).", ""]
+    lines = [
+        "# Performance",
+        "",
+        "Every figure the documentation quotes, one section per file of `bench/results/` (newest first "
+        "within a topic). A figure is re-measured by adding a file, never by editing this page: "
+        "`python scripts/gen_docs.py` renders it. Each section names the machine it was measured on; "
+        "the GPU figures the planner is calibrated on are published runs, each with its source "
+        "(`dflash_trt/assets/perf/measurements.json`).",
+        "",
+    ]
     lines += ["| file | date | commit | title |", "|---|---|---|---|"]
     ordered = [f for topic in sorted(by_topic) for f in sorted(by_topic[topic], reverse=True)]
     loaded = {f: load(f) for f in ordered}
-    lines += [f"| [{f.stem}](#{f.stem}) | {d['date']} | `{d['commit']}` | {cell(d.get('title', ''))} |"
-              for f, d in loaded.items()]
+    lines += [
+        f"| [{f.stem}](#{f.stem}) | {d['date']} | `{d['commit']}` | {cell(d.get('title', ''))} |"
+        for f, d in loaded.items()
+    ]
     lines.append("")
     for f, d in loaded.items():
         lines += section(f, d)

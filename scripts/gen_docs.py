@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))   # run as a script from anywhere: the checkout's package wins
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the checkout's package wins
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import typer  # noqa: E402  (after the path: the checkout's package wins)
@@ -97,17 +97,29 @@ def _default(p) -> str:
 def _option_row(p) -> str:
     names = ", ".join(f"`{o}`" for o in (*p.opts, *p.secondary_opts))
     lo, hi = p.min, p.max
-    rng = "" if lo is None and hi is None else f" (≥ {lo})" if hi is None else f" (≤ {hi})" if lo is None \
+    rng = (
+        ""
+        if lo is None and hi is None
+        else f" (≥ {lo})"
+        if hi is None
+        else f" (≤ {hi})"
+        if lo is None
         else f" ({lo}–{hi})"
+    )
     multi = " (repeatable)" if p.multiple or p.type_descriptor.is_list else ""
     return f"| {names} | {_kind(p)}{rng}{multi} | {_default(p)} | {cell(p.help or '')} |"
 
 
 def cli_page() -> str:
-    lines = [HEADER.format(src="the Typer app (dflash_trt/cli.py, dflash_trt/_cli/)"), "# CLI reference", "",
-             "Every command and option of `dflash-trt`, read from the command line itself "
-             "(`dflash-trt COMMAND --help` prints the same). Exit codes: 0 success, 2 bad input "
-             "(one line on stderr), other codes as each command says.", ""]
+    lines = [
+        HEADER.format(src="the Typer app (dflash_trt/cli.py, dflash_trt/_cli/)"),
+        "# CLI reference",
+        "",
+        "Every command and option of `dflash-trt`, read from the command line itself "
+        "(`dflash-trt COMMAND --help` prints the same). Exit codes: 0 success, 2 bad input "
+        "(one line on stderr), other codes as each command says.",
+        "",
+    ]
     lines += ["| command | what it does |", "|---|---|"]
     lines += [f"| [`{n}`](#{anchor(n)}) | {summary(c)} |" for n, c in commands()]
     for name, cmd in commands():
@@ -118,8 +130,10 @@ def cli_page() -> str:
         lines += [re.sub(r"\\\[", "[", (cmd.help or "").strip()), ""]
         if args:
             lines += ["| argument | required | help |", "|---|---|---|"]
-            lines += [f"| `{_metavar(a)}` | {'yes' if a.required else 'no'} | {cell(getattr(a, 'help', '') or '')} |"
-                      for a in args]
+            lines += [
+                f"| `{_metavar(a)}` | {'yes' if a.required else 'no'} | {cell(getattr(a, 'help', '') or '')} |"
+                for a in args
+            ]
             lines.append("")
         if opts:
             lines += ["| option | type | default | help |", "|---|---|---|---|"]
@@ -169,8 +183,11 @@ def fields_table(model: type[BaseModel], prefix: str = "") -> list[str]:
             continue
         path = f"{prefix}{name}"
         sub = _model_of(f.annotation)
-        default = "required" if f.is_required() else (
-            "" if f.default_factory is not None or sub is not None else f"`{f.default!r}`")
+        default = (
+            "required"
+            if f.is_required()
+            else ("" if f.default_factory is not None or sub is not None else f"`{f.default!r}`")
+        )
         meaning = f.description or ((sub.__doc__ or "").strip().split("\n\n")[0] if sub else "")
         kind = "section" if sub is not None else _type_name(f.annotation)
         rows.append(f"| `{path}` | {kind} | {default} | {cell(meaning)} |")
@@ -182,19 +199,31 @@ def fields_table(model: type[BaseModel], prefix: str = "") -> list[str]:
 def recipe_page() -> str:
     from dflash_trt.plan import Recipe
 
-    lines = [HEADER.format(src="dflash_trt.plan.Recipe (dflash_trt/plan/recipe.py)"), "# Recipe fields", "",
-             "Every key a recipe YAML may hold. Unknown keys and bad values are refused with the file and the "
-             "key path, before any work; `--set a.b=value` overrides any field from the command line.", "",
-             "| key | type | default | meaning |", "|---|---|---|---|"]
+    lines = [
+        HEADER.format(src="dflash_trt.plan.Recipe (dflash_trt/plan/recipe.py)"),
+        "# Recipe fields",
+        "",
+        "Every key a recipe YAML may hold. Unknown keys and bad values are refused with the file and the "
+        "key path, before any work; `--set a.b=value` overrides any field from the command line.",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
     return "\n".join(lines + fields_table(Recipe)) + "\n"
 
 
 def manifest_page() -> str:
     from dflash_trt.ingest import BUNDLE_FORMAT, Manifest
 
-    lines = [HEADER.format(src="dflash_trt.ingest.Manifest (dflash_trt/ingest/bundle.py)"), "# Bundle manifest", "",
-             f"`manifest.json` of a bundle, format `{BUNDLE_FORMAT}`: {cell(Manifest.__doc__ or '')}", "",
-             "| key | type | default | meaning |", "|---|---|---|---|"]
+    lines = [
+        HEADER.format(src="dflash_trt.ingest.Manifest (dflash_trt/ingest/bundle.py)"),
+        "# Bundle manifest",
+        "",
+        f"`manifest.json` of a bundle, format `{BUNDLE_FORMAT}`: {cell(Manifest.__doc__ or '')}",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
     return "\n".join(lines + fields_table(Manifest)) + "\n"
 
 
@@ -205,20 +234,28 @@ def releases_page() -> str:
     from dflash_trt.plan import trtllm_releases as T
 
     yes = {True: "yes", False: "no"}
-    lines = [HEADER.format(src="dflash_trt/plan/trtllm_releases.py"), "# TensorRT-LLM releases", "",
-             "What the project knows of each TensorRT-LLM release a recipe can target (`trtllm.release`, "
-             f"default `{T.DEFAULT_RELEASE}`). How each fact was established, with the pull requests it rests on, "
-             "is in the module's docstring (quoted below the table).", "",
-             "| release | tag | draft attention | DFlash2 (#18155) | refuses TRTLLM for non-causal windows (#19159) "
-             "| `block_size` from `dflash_config` (#17935) | separate draft KV cache (#19410) "
-             "| warns on disaggregated serving (#19352) | refuses a violated token budget | `context_recompute_tail` "
-             "| container image |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        HEADER.format(src="dflash_trt/plan/trtllm_releases.py"),
+        "# TensorRT-LLM releases",
+        "",
+        "What the project knows of each TensorRT-LLM release a recipe can target (`trtllm.release`, "
+        f"default `{T.DEFAULT_RELEASE}`). How each fact was established, with the pull requests it rests on, "
+        "is in the module's docstring (quoted below the table).",
+        "",
+        "| release | tag | draft attention | DFlash2 (#18155) | refuses TRTLLM for non-causal windows (#19159) "
+        "| `block_size` from `dflash_config` (#17935) | separate draft KV cache (#19410) "
+        "| warns on disaggregated serving (#19352) | refuses a violated token budget | `context_recompute_tail` "
+        "| container image |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in T.RELEASES:
         kv = "every backend" if set(r.draft_kv_manager) == set(T.ALL_BACKENDS) else ", ".join(r.draft_kv_manager)
-        lines.append(f"| `{r.version}` | {cell(r.tag or 'not established')} | {', '.join(r.attention_backends)} "
-                     f"| {yes[r.dflash2]} | {yes[r.refuses_windowed_trtllm]} | {yes[r.block_size_from_dflash_config]} "
-                     f"| {kv} | {yes[r.warns_disaggregated]} | {yes[r.refuses_token_budget]} "
-                     f"| {yes[r.context_recompute_tail]} | `{r.image}` |")
+        lines.append(
+            f"| `{r.version}` | {cell(r.tag or 'not established')} | {', '.join(r.attention_backends)} "
+            f"| {yes[r.dflash2]} | {yes[r.refuses_windowed_trtllm]} | {yes[r.block_size_from_dflash_config]} "
+            f"| {kv} | {yes[r.warns_disaggregated]} | {yes[r.refuses_token_budget]} "
+            f"| {yes[r.context_recompute_tail]} | `{r.image}` |"
+        )
     lines += ["", "Notes per release:", ""]
     lines += [f"- `{r.version}`: {cell(r.notes)}" for r in T.RELEASES]
     doc = (T.__doc__ or "").strip()
@@ -229,19 +266,27 @@ def releases_page() -> str:
 def gpus_page() -> str:
     from dflash_trt.plan import hardware as H
 
-    lines = [HEADER.format(src="dflash_trt/plan/hardware.py (CATALOG)"), "# GPUs", "",
-             "The GPUs `plan` and `build` know (`--gpu NAME`, or any alias), with the weight precisions each "
-             "runs natively (a precision a GPU cannot run is refused in one line naming the GPUs that can) and "
-             "the draft attention backend `auto` prefers there (the release may not have it: "
-             "[TensorRT-LLM rules](../design/trtllm.md)).", "",
-             "| GPU | architecture | SM | memory GB | bandwidth TB/s | dense BF16 TFLOPS | weights | FP8 KV cache "
-             "| draft attention (auto) | aliases |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        HEADER.format(src="dflash_trt/plan/hardware.py (CATALOG)"),
+        "# GPUs",
+        "",
+        "The GPUs `plan` and `build` know (`--gpu NAME`, or any alias), with the weight precisions each "
+        "runs natively (a precision a GPU cannot run is refused in one line naming the GPUs that can) and "
+        "the draft attention backend `auto` prefers there (the release may not have it: "
+        "[TensorRT-LLM rules](../design/trtllm.md)).",
+        "",
+        "| GPU | architecture | SM | memory GB | bandwidth TB/s | dense BF16 TFLOPS | weights | FP8 KV cache "
+        "| draft attention (auto) | aliases |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for g in H.CATALOG:
         if g.kind != "gpu":
             continue
-        lines.append(f"| {g.name} | {g.arch} | {g.sm} | {g.memory_gb:g} | {g.bandwidth_tbs:g} | {g.bf16_tflops:g} "
-                     f"| {', '.join(p for p in H.PRECISIONS if g.supports(p))} | {'yes' if g.fp8_kv_cache else 'no'} "
-                     f"| {g.draft_attention_backend} | {', '.join(f'`{a}`' for a in g.aliases)} |")
+        lines.append(
+            f"| {g.name} | {g.arch} | {g.sm} | {g.memory_gb:g} | {g.bandwidth_tbs:g} | {g.bf16_tflops:g} "
+            f"| {', '.join(p for p in H.PRECISIONS if g.supports(p))} | {'yes' if g.fp8_kv_cache else 'no'} "
+            f"| {g.draft_attention_backend} | {', '.join(f'`{a}`' for a in g.aliases)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -259,19 +304,30 @@ def recipes_page() -> str:
     from dflash_trt.plan.recipe_status import KINDS
 
     rows = _statuses()
-    lines = [HEADER.format(src="the bundled recipes (dflash_trt/recipes/) and plan/recipe_status.py"),
-             "# Bundled recipes", "", "Every recipe `dflash-trt recipes list` shows, with the status derived from "
-             "its files (`dflash-trt recipes list --reasons` prints the same reasons).", "",
-             "| status | recipes |", "|---|---|"]
+    lines = [
+        HEADER.format(src="the bundled recipes (dflash_trt/recipes/) and plan/recipe_status.py"),
+        "# Bundled recipes",
+        "",
+        "Every recipe `dflash-trt recipes list` shows, with the status derived from "
+        "its files (`dflash-trt recipes list --reasons` prints the same reasons).",
+        "",
+        "| status | recipes |",
+        "|---|---|",
+    ]
     for kind in KINDS:
         names = [n for n, _, s in rows if s.kind == kind]
         lines.append(f"| `{kind}` ({len(names)}) | {', '.join(f'`{n}`' for n in names)} |")
-    lines += ["", "| recipe | target | drafter | GPU | weights | TensorRT-LLM | status | reason |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| recipe | target | drafter | GPU | weights | TensorRT-LLM | status | reason |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for n, r, s in rows:
         gpus = f"{r.gpu.nodes}×{r.gpu.count}" if r.gpu.nodes > 1 else f"{r.gpu.count}"
-        lines.append(f"| `{n}` | `{r.target.id}` | `{r.drafter.id}` | {gpus}× {r.gpu.name} | {r.precision.weights} "
-                     f"| {r.trtllm.release} | `{s.kind}` | {cell(s.reason)} |")
+        lines.append(
+            f"| `{n}` | `{r.target.id}` | `{r.drafter.id}` | {gpus}× {r.gpu.name} | {r.precision.weights} "
+            f"| {r.trtllm.release} | `{s.kind}` | {cell(s.reason)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -281,8 +337,11 @@ def readme_recipes() -> str:
     from dflash_trt.plan.recipe_status import KINDS
 
     parts = ", ".join(f"{k} {sum(s.kind == k for _, _, s in rows)}" for k in KINDS)
-    return (f"{len(rows)} bundled recipes ({parts}). Ready to plan and build offline: "
-            + ", ".join(f"`{n}`" for n in ready) + ".\n")
+    return (
+        f"{len(rows)} bundled recipes ({parts}). Ready to plan and build offline: "
+        + ", ".join(f"`{n}`" for n in ready)
+        + ".\n"
+    )
 
 
 def changelog_page() -> str:

@@ -47,11 +47,22 @@ def train_tokenizer(texts: list[str], vocab: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, special_tokens=[EOS, MASK],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        min_frequency=2,
+        special_tokens=[EOS, MASK],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, mask_token=MASK,
-                                   model_max_length=2048, clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS,
+        pad_token=EOS,
+        mask_token=MASK,
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def heldout_prompts(files: list[Path], n: int, context_lines: int = 12) -> list[dict]:
@@ -62,7 +73,7 @@ def heldout_prompts(files: list[Path], n: int, context_lines: int = 12) -> list[
         for i in range(30, len(lines)):
             s = lines[i].lstrip()
             if s.startswith("def ") and lines[i].rstrip().endswith(":"):
-                text = "\n".join(lines[max(0, i - context_lines): i + 1]) + "\n"
+                text = "\n".join(lines[max(0, i - context_lines) : i + 1]) + "\n"
                 out.append({"prompt": text, "source": f"Lib/{f.name}:{i + 1}"})
                 break
         if len(out) == n:
@@ -104,16 +115,27 @@ def main() -> None:
     for t in texts:
         ids += tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     data = torch.tensor(ids, dtype=torch.long)
-    held = torch.tensor([i for f in held_files
-                         for i in tok(read(f), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]])
-    print(f"tokenizer: {len(tok)} tokens, {len(data)} training tokens, {len(held)} held-out "
-          f"({time.time() - t0:.0f}s)", flush=True)
+    held = torch.tensor(
+        [i for f in held_files for i in tok(read(f), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+    )
+    print(
+        f"tokenizer: {len(tok)} tokens, {len(data)} training tokens, {len(held)} held-out ({time.time() - t0:.0f}s)",
+        flush=True,
+    )
 
     cfg = Qwen3Config(
-        vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.hidden // args.heads, max_position_embeddings=2048, rope_theta=10000.0,
-        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id,
         bos_token_id=None,
     )
     model = Qwen3ForCausalLM(cfg)
@@ -121,19 +143,22 @@ def main() -> None:
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm)
-        * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
+    )
     g = torch.Generator().manual_seed(args.seed)
     L = args.seq_len
     model.train()
     t0 = time.time()
     for step in range(1, args.steps + 1):
         starts = torch.randint(0, len(data) - L - 1, (args.batch,), generator=g)
-        x = torch.stack([data[s: s + L + 1] for s in starts.tolist()])
+        x = torch.stack([data[s : s + L + 1] for s in starts.tolist()])
         loss = model(input_ids=x[:, :-1], labels=x[:, :-1]).loss
         # transformers shifts labels itself: labels == inputs gives next-token loss.
         loss.backward()
@@ -143,8 +168,11 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         if step % 10 == 0 or step == args.steps:
             el = time.time() - t0
-            print(f"step {step}/{args.steps} loss {loss.item():.3f} lr {sched.get_last_lr()[0]:.2e} "
-                  f"{step * args.batch * L / el:.0f} tok/s {el:.0f}s", flush=True)
+            print(
+                f"step {step}/{args.steps} loss {loss.item():.3f} lr {sched.get_last_lr()[0]:.2e} "
+                f"{step * args.batch * L / el:.0f} tok/s {el:.0f}s",
+                flush=True,
+            )
     model.eval()
     with torch.no_grad():
         chunks = held[: (len(held) // L) * L].view(-1, L)[:32]
@@ -158,13 +186,26 @@ def main() -> None:
     model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
     GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, do_sample=False).save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / "training.json").write_text(json.dumps({
-        "data": "Lib/*.py of Python " + sysconfig.get_python_version() + ", sorted; index % 8 == 5 held out",
-        "train_files": len(train_files), "heldout_files": [f.name for f in held_files],
-        "train_tokens": len(data), "steps": args.steps, "batch": args.batch, "seq_len": L, "lr": args.lr,
-        "seed": args.seed, "params": n_params, "heldout_loss": round(eval_loss, 4),
-        "seconds": round(time.time() - t0, 1),
-    }, indent=2) + "\n")
+    (tmp / "training.json").write_text(
+        json.dumps(
+            {
+                "data": "Lib/*.py of Python " + sysconfig.get_python_version() + ", sorted; index % 8 == 5 held out",
+                "train_files": len(train_files),
+                "heldout_files": [f.name for f in held_files],
+                "train_tokens": len(data),
+                "steps": args.steps,
+                "batch": args.batch,
+                "seq_len": L,
+                "lr": args.lr,
+                "seed": args.seed,
+                "params": n_params,
+                "heldout_loss": round(eval_loss, 4),
+                "seconds": round(time.time() - t0, 1),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(args.out)

@@ -34,7 +34,8 @@ def main(bundle: str) -> None:
         "trap stand-in (no floor, stops drafting above 2 in flight)": lambda: standin_app(TrapStandIn(bundle, top=2)),
         "fixed stand-in (floor 1)": lambda: standin_app(TrapStandIn(bundle, top=2, floor=1)),
         "embedded server (schedule {2: 7}, max_batch 4)": lambda: create_app(
-            dataclasses.replace(load_bundle(bundle), draft_len_schedule={2: 7}), "tiny", max_batch=4),
+            dataclasses.replace(load_bundle(bundle), draft_len_schedule={2: 7}), "tiny", max_batch=4
+        ),
     }
     rows = []
     for name, make in servers.items():
@@ -43,10 +44,18 @@ def main(bundle: str) -> None:
             with ServerThread(make()) as srv:
                 checks.append(verify_trap.probe(srv.url, plan, cfg, prompts=prompts, max_tokens=16))
         lows = [c["details"]["low_acceptance_length"] for c in checks]
-        rows.append({"server": name, "repeats": REPEATS, "statuses": [c["status"] for c in checks],
-                     "low_phase_tau": lows, "low_phase_tau_median": statistics.median(lows),
-                     "low_phase_tau_min": min(lows), "low_phase_tau_max": max(lows),
-                     "expected_tau": checks[0]["details"]["expected_acceptance_length"]})
+        rows.append(
+            {
+                "server": name,
+                "repeats": REPEATS,
+                "statuses": [c["status"] for c in checks],
+                "low_phase_tau": lows,
+                "low_phase_tau_median": statistics.median(lows),
+                "low_phase_tau_min": min(lows),
+                "low_phase_tau_max": max(lows),
+                "expected_tau": checks[0]["details"]["expected_acceptance_length"],
+            }
+        )
     print(json.dumps(rows, indent=2))
 
 

@@ -13,16 +13,27 @@ VOCAB = 96
 MASK_ID = VOCAB - 1
 
 
-def tiny_target(arch: str = "qwen3", layers: int = 4, hidden: int = 64, seed: int = 0,
-                dtype=torch.float64, vocab: int = VOCAB):
+def tiny_target(
+    arch: str = "qwen3", layers: int = 4, hidden: int = 64, seed: int = 0, dtype=torch.float64, vocab: int = VOCAB
+):
     """A random tiny Qwen3 or Llama causal LM (float64 so argmax ties cannot flake)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=hidden // 4, max_position_embeddings=512, tie_word_embeddings=False,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     if arch == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**common))
     elif arch == "llama":
@@ -42,11 +53,18 @@ def tiny_drafter_config(target, block_size: int = 8, layers: int = 2, **kw) -> D
     cfg = target.config
     n = cfg.num_hidden_layers
     args = dict(
-        hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size, num_hidden_layers=layers,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, block_size=block_size,
-        mask_token_id=cfg.vocab_size - 1, target_layer_ids=sorted({0, n // 2, n - 2}),
-        num_target_layers=n, rope_theta=getattr(cfg, "rope_theta", None) or 10000.0,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=2 * cfg.hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab_size,
+        block_size=block_size,
+        mask_token_id=cfg.vocab_size - 1,
+        target_layer_ids=sorted({0, n // 2, n - 2}),
+        num_target_layers=n,
+        rope_theta=getattr(cfg, "rope_theta", None) or 10000.0,
         max_position_embeddings=cfg.max_position_embeddings,
     )
     args.update(kw)
@@ -88,10 +106,16 @@ def prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40, vocab: int = VOCAB
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """The target's own greedy decoding (transformers generate), generated tokens only."""
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def wrap(model, drafter=None) -> Target:
@@ -158,8 +182,9 @@ def char_tokenizer(vocab: int = VOCAB):
     tok = Tokenizer(models.WordLevel(table, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", mask_token="<mask>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", mask_token="<mask>"
+    )
 
 
 def save_pair(root, arch: str = "qwen3", block_size: int = 8, dflash2: bool = False):

@@ -51,38 +51,89 @@ CASES = {
     "recipe is not UTF-8": (lambda d: ["plan", str(_bytes(d / "r.yaml", b"name: \xff\xfe\n"))], "not UTF-8"),
     "recipe acceptance below 1": (lambda d: ["plan", str(_tiny_recipe(d, acceptance=0.5))], "acceptance"),
     "recipe per-position acceptance above 1": (
-        lambda d: ["plan", str(_tiny_recipe(d, per_position_acceptance=[0.9, 1.5]))], "per_position_acceptance"),
+        lambda d: ["plan", str(_tiny_recipe(d, per_position_acceptance=[0.9, 1.5]))],
+        "per_position_acceptance",
+    ),
     "recipe acceptance NaN": (lambda d: ["plan", str(_nan_acceptance(d))], "finite"),
     "--set per-position acceptance negative": (
-        lambda d: ["plan", "--set", "speculative.per_position_acceptance=[-0.1]"], "per_position_acceptance"),
+        lambda d: ["plan", "--set", "speculative.per_position_acceptance=[-0.1]"],
+        "per_position_acceptance",
+    ),
     "--set a list where a number goes": (lambda d: ["plan", "--set", "serving.max_batch_size=[1]"], "max_batch_size"),
     "--set an overflowing number": (lambda d: ["plan", "--set", "gpu.count=1e999"], "gpu.count"),
-    "prompts not UTF-8": (lambda d: ["bench", "--prompts", str(_bytes(d / "p.txt", b"hi\n\xc3\x28\n"))],
-                          "not UTF-8 text (byte 0xc3 on line 2)"),
-    "prompts JSONL line is a list": (lambda d: ["bench", "--prompts", str(_bytes(d / "p.txt", b'{"prompt": 1}\n'))],
-                                     "string 'prompt'"),
+    "prompts not UTF-8": (
+        lambda d: ["bench", "--prompts", str(_bytes(d / "p.txt", b"hi\n\xc3\x28\n"))],
+        "not UTF-8 text (byte 0xc3 on line 2)",
+    ),
+    "prompts JSONL line is a list": (
+        lambda d: ["bench", "--prompts", str(_bytes(d / "p.txt", b'{"prompt": 1}\n'))],
+        "string 'prompt'",
+    ),
     "prompts is a FIFO": (lambda d: ["bench", "--prompts", str(_fifo(d / "p.txt"))], "not a regular file"),
     "calibration not UTF-8": (lambda d: ["plan", "--calibration", str(_bytes(d / "c.json", b"\xff"))], "not UTF-8"),
-    "calibration concurrency is a word": (lambda d: ["plan", "--calibration", str(_json(d / "c.json", _bench_report(
-        [{**GOOD_LEVEL, "concurrency": "four"}])))], "concurrency is 'four'"),
-    "calibration acceptance below 1": (lambda d: ["plan", "--calibration", str(_json(d / "c.json", _bench_report(
-        [{**GOOD_LEVEL, "acceptance_length": 0.3}])))], "acceptance_length is 0.3"),
-    "calibration rate is NaN": (lambda d: ["plan", "--calibration", str(_bytes(d / "c.json", json.dumps(
-        _bench_report([{**GOOD_LEVEL, "tokens_per_second_per_user": float("nan")}])).encode()))],
-                                "tokens_per_second_per_user is nan"),
+    "calibration concurrency is a word": (
+        lambda d: [
+            "plan",
+            "--calibration",
+            str(_json(d / "c.json", _bench_report([{**GOOD_LEVEL, "concurrency": "four"}]))),
+        ],
+        "concurrency is 'four'",
+    ),
+    "calibration acceptance below 1": (
+        lambda d: [
+            "plan",
+            "--calibration",
+            str(_json(d / "c.json", _bench_report([{**GOOD_LEVEL, "acceptance_length": 0.3}]))),
+        ],
+        "acceptance_length is 0.3",
+    ),
+    "calibration rate is NaN": (
+        lambda d: [
+            "plan",
+            "--calibration",
+            str(
+                _bytes(
+                    d / "c.json",
+                    json.dumps(_bench_report([{**GOOD_LEVEL, "tokens_per_second_per_user": float("nan")}])).encode(),
+                )
+            ),
+        ],
+        "tokens_per_second_per_user is nan",
+    ),
     "generate temperature NaN": (lambda d: ["generate", "-p", "hi", "--temperature", "nan"], "temperature"),
     # issue 41: every integer has a range, whatever its digit count; depth past the parsers' recursion
     "--set a 30-digit GPU count": (lambda d: ["plan", "--set", "gpu.count=" + "9" * 30], "less than or equal to 4096"),
     "--set a 5000-digit batch": (lambda d: ["plan", "--set", "serving.max_batch_size=" + "9" * 5000], "digits"),
     "--set a schedule key past any batch": (
-        lambda d: ["plan", "--set", "speculative.draft_len_schedule={99999999999: 3}"], "draft_len_schedule"),
-    "recipe nested 5000 deep": (lambda d: ["plan", str(_bytes(d / "r.yaml", b"name: " + b"[" * 5000 + b"]" * 5000))],
-                                "nested too deeply"),
-    "calibration concurrency 10**30": (lambda d: ["plan", "--calibration", str(_json(d / "c.json", _bench_report(
-        [{**GOOD_LEVEL, "concurrency": 10**30}])))], "in [1, 65536]"),
-    "train 30-digit steps": (lambda d: ["train-drafter", "--target", "embedded:tiny/target", "--data",
-                                        str(_bytes(d / "t.txt", b"def f(x):\n    return x\n")), "--out",
-                                        str(d / "o"), "--steps", "9" * 30], "--steps"),
+        lambda d: ["plan", "--set", "speculative.draft_len_schedule={99999999999: 3}"],
+        "draft_len_schedule",
+    ),
+    "recipe nested 5000 deep": (
+        lambda d: ["plan", str(_bytes(d / "r.yaml", b"name: " + b"[" * 5000 + b"]" * 5000))],
+        "nested too deeply",
+    ),
+    "calibration concurrency 10**30": (
+        lambda d: [
+            "plan",
+            "--calibration",
+            str(_json(d / "c.json", _bench_report([{**GOOD_LEVEL, "concurrency": 10**30}]))),
+        ],
+        "in [1, 65536]",
+    ),
+    "train 30-digit steps": (
+        lambda d: [
+            "train-drafter",
+            "--target",
+            "embedded:tiny/target",
+            "--data",
+            str(_bytes(d / "t.txt", b"def f(x):\n    return x\n")),
+            "--out",
+            str(d / "o"),
+            "--steps",
+            "9" * 30,
+        ],
+        "--steps",
+    ),
 }
 
 

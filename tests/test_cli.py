@@ -15,12 +15,30 @@ from tests.helpers import hf_greedy
 
 def test_generate_json_is_lossless(tiny_pair_dir, capsys):
     tdir, ddir = tiny_pair_dir
-    code = run(["generate", "--target", str(tdir), "--drafter", str(ddir), "--prompt", "def f(x):",
-                "--max-tokens", "20", "--json"])
+    code = run(
+        [
+            "generate",
+            "--target",
+            str(tdir),
+            "--drafter",
+            str(ddir),
+            "--prompt",
+            "def f(x):",
+            "--max-tokens",
+            "20",
+            "--json",
+        ]
+    )
     assert code == 0
     res = json.loads(capsys.readouterr().out)
-    for key in ("text", "token_ids", "acceptance_length", "per_position_acceptance", "target_forwards",
-                "tokens_per_second"):
+    for key in (
+        "text",
+        "token_ids",
+        "acceptance_length",
+        "per_position_acceptance",
+        "target_forwards",
+        "tokens_per_second",
+    ):
         assert key in res
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -38,8 +56,26 @@ def test_generate_json_is_lossless(tiny_pair_dir, capsys):
 
 def test_generate_text_and_stats_line(tiny_pair_dir, capsys):
     tdir, ddir = tiny_pair_dir
-    assert run(["generate", "-t", str(tdir), "-d", str(ddir), "-p", "hello", "-n", "8",
-                "--temperature", "0.8", "--seed", "1"]) == 0
+    assert (
+        run(
+            [
+                "generate",
+                "-t",
+                str(tdir),
+                "-d",
+                str(ddir),
+                "-p",
+                "hello",
+                "-n",
+                "8",
+                "--temperature",
+                "0.8",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     cap = capsys.readouterr()
     assert "τ" in cap.err and "target forwards" in cap.err
 
@@ -56,16 +92,21 @@ def test_bench_json(tiny_pair_dir, tmp_path, capsys):
     assert r["speedup"] > 0 and r["step"]["step_cost_ratio"] >= 1.0
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["generate", "--prompt", "x", "--drafter", "/nonexistent"], "--drafter needs --target"),
-    (["generate", "--prompt", "x", "--target", "/nonexistent", "--drafter", "/nonexistent"], "no such directory"),
-    (["generate"], "Missing option"),
-    (["generate", "-p", "x", "--top-k", "-1"], "top-k"),
-    (["bench", "--prompts", "/nonexistent/file", "-t", "embedded:tiny/target", "-d", "embedded:tiny/drafter"],
-     "does not exist"),
-    (["recipes", "show", "no-such-recipe"], "no recipe"),
-    (["frobnicate"], "No such command"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["generate", "--prompt", "x", "--drafter", "/nonexistent"], "--drafter needs --target"),
+        (["generate", "--prompt", "x", "--target", "/nonexistent", "--drafter", "/nonexistent"], "no such directory"),
+        (["generate"], "Missing option"),
+        (["generate", "-p", "x", "--top-k", "-1"], "top-k"),
+        (
+            ["bench", "--prompts", "/nonexistent/file", "-t", "embedded:tiny/target", "-d", "embedded:tiny/drafter"],
+            "does not exist",
+        ),
+        (["recipes", "show", "no-such-recipe"], "no recipe"),
+        (["frobnicate"], "No such command"),
+    ],
+)
 def test_user_errors_are_one_line_exit_2(argv, needle, capsys):
     assert run(argv) == 2
     errtext = capsys.readouterr().err.strip()
@@ -89,8 +130,25 @@ def test_triton_kernels_give_the_same_tokens_as_reference(tiny_pair_dir, capsys)
     tdir, ddir = tiny_pair_dir
     runs = {}
     for kernels in ("lean", "triton"):
-        assert run(["generate", "-t", str(tdir), "-d", str(ddir), "-p", "for i in", "-n", "12",
-                    "--kernels", kernels, "--json"]) == 0
+        assert (
+            run(
+                [
+                    "generate",
+                    "-t",
+                    str(tdir),
+                    "-d",
+                    str(ddir),
+                    "-p",
+                    "for i in",
+                    "-n",
+                    "12",
+                    "--kernels",
+                    kernels,
+                    "--json",
+                ]
+            )
+            == 0
+        )
         runs[kernels] = json.loads(capsys.readouterr().out)
     assert runs["triton"]["token_ids"] == runs["lean"]["token_ids"]
     assert runs["triton"]["per_position_acceptance"] == runs["lean"]["per_position_acceptance"]
@@ -132,7 +190,7 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
 
 def test_generate_honours_the_context_as_the_server_does(capsys, tmp_path):
     """Issue 27: generate refused nothing; the server answers 400 context_length_exceeded."""
-    long = "word " * 2100   # the tiny target's context is 2048 tokens
+    long = "word " * 2100  # the tiny target's context is 2048 tokens
     assert run(["generate", "-p", long, "-n", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "context is 2048 tokens" in err
@@ -141,7 +199,7 @@ def test_generate_honours_the_context_as_the_server_does(capsys, tmp_path):
     out = tmp_path / "b"
     assert run(["build", "-o", str(out), "--set", "serving.max_seq_len=64"]) == 0
     capsys.readouterr()
-    assert run(["generate", str(out), "-p", "hello", "-n", "64"]) == 2   # the bundle's planned context
+    assert run(["generate", str(out), "-p", "hello", "-n", "64"]) == 2  # the bundle's planned context
     assert "context of 64 tokens" in capsys.readouterr().err
 
 

@@ -43,8 +43,7 @@ def _param(cmd: str, name: str):
 
 
 def test_block_size_has_one_range_everywhere():
-    ranges = {c: (_param(c, "--block-size").min, _param(c, "--block-size").max)
-              for c in ("bench", "generate", "serve")}
+    ranges = {c: (_param(c, "--block-size").min, _param(c, "--block-size").max) for c in ("bench", "generate", "serve")}
     assert len(set(ranges.values())) == 1, ranges
 
 
@@ -87,8 +86,16 @@ def test_embedded_names_in_help_and_in_the_error(capsys):
 
 def test_no_backoff_verdict_agrees_with_the_table(capsys):
     """A plan kept drafting everywhere (schedule none) whose table predicts a slowdown says so."""
-    sets = ["--set", "speculative.schedule=none", "--set", "speculative.acceptance=1.5",
-            "--set", "serving.max_batch_size=64", "--set", "serving.max_seq_len=2048"]
+    sets = [
+        "--set",
+        "speculative.schedule=none",
+        "--set",
+        "speculative.acceptance=1.5",
+        "--set",
+        "serving.max_batch_size=64",
+        "--set",
+        "serving.max_seq_len=2048",
+    ]
     assert run(["plan", "qwen3-8b-h100-fp8", *sets, "--json"]) == 0
     import json
 
@@ -117,19 +124,33 @@ def test_damaged_bundle_speaks_of_bundles(bundle_dir, tmp_path, capsys):
 
 
 def _level(c: int) -> dict:
-    return {"concurrency": c, "ok": 64, "requests": 64, "output_tokens_per_second": 12345.6,
-            "tokens_per_second_per_user": 123.4, "ttft_ms": {"median": 1234.5, "p99": 2345.6},
-            "itl_ms": {"median": 12.3, "p99": 45.6}, "tpot_ms": {"median": 4.1, "p99": 9.8},
-            "itl_per_token_ms": {"median": 4.0, "p99": 9.0}, "acceptance_length": 3.21, "errors": []}
+    return {
+        "concurrency": c,
+        "ok": 64,
+        "requests": 64,
+        "output_tokens_per_second": 12345.6,
+        "tokens_per_second_per_user": 123.4,
+        "ttft_ms": {"median": 1234.5, "p99": 2345.6},
+        "itl_ms": {"median": 12.3, "p99": 45.6},
+        "tpot_ms": {"median": 4.1, "p99": 9.8},
+        "itl_per_token_ms": {"median": 4.0, "p99": 9.0},
+        "acceptance_length": 3.21,
+        "errors": [],
+    }
 
 
 def _endpoint_report(baseline: bool) -> dict:
-    r = {"endpoint": {"url": "http://127.0.0.1:8000", "model": "qwen3-8b-h100-fp8", "levels": [_level(1), _level(32)]},
-         "max_tokens": 128, "temperature": 0.0}
+    r = {
+        "endpoint": {"url": "http://127.0.0.1:8000", "model": "qwen3-8b-h100-fp8", "levels": [_level(1), _level(32)]},
+        "max_tokens": 128,
+        "temperature": 0.0,
+    }
     if baseline:
         r["baseline"] = {"url": "http://127.0.0.1:8001", "model": "qwen3-8b", "levels": [_level(1), _level(32)]}
-        r["comparison"] = {"speedup": [{"concurrency": 1, "speedup": 2.5}, {"concurrency": 32, "speedup": 0.9}],
-                           "stops_paying_at": 32}
+        r["comparison"] = {
+            "speedup": [{"concurrency": 1, "speedup": 2.5}, {"concurrency": 32, "speedup": 0.9}],
+            "stops_paying_at": 32,
+        }
     return r
 
 
@@ -162,8 +183,10 @@ def test_recipes_list_fits_80_columns(monkeypatch):
     assert any(re.match(r"^[\w.-]+: \w", line) for line in lines)  # --reasons: one line per recipe, under the table
 
 
-@pytest.mark.parametrize("baseline, device, unit", [(False, "cpu", "per process (CPU)"), (True, "H100", "per GPU"),
-                                                    (False, None, "per server")])
+@pytest.mark.parametrize(
+    "baseline, device, unit",
+    [(False, "cpu", "per process (CPU)"), (True, "H100", "per GPU"), (False, None, "per server")],
+)
 def test_endpoint_plot_title_panels_and_units(baseline, device, unit, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
@@ -183,8 +206,23 @@ def test_endpoint_plot_title_panels_and_units(baseline, device, unit, tmp_path, 
 def test_bench_prints_a_line_per_step_without_a_terminal(tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text("import os\nclass A:\n")
-    assert run(["bench", "-t", "embedded:tiny/target", "-d", "embedded:tiny/drafter", "--prompts", str(prompts),
-                "-n", "4", "--json"]) == 0
+    assert (
+        run(
+            [
+                "bench",
+                "-t",
+                "embedded:tiny/target",
+                "-d",
+                "embedded:tiny/drafter",
+                "--prompts",
+                str(prompts),
+                "-n",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert re.search(r"^prompts: 1/2 \(\d+ s\)$", err, re.M) and re.search(r"^prompts: 2/2 ", err, re.M), err
 

@@ -39,5 +39,4 @@ def test_build_for_tensorrt_llm_refuses_gemma4_in_one_line(gemma_pair, capsys):
     assert run(["build", "--target", str(tdir), "--drafter", str(ddir), "--gpu", "b200", "--dry-run"]) == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error")]
     assert len(lines) == 1 and "no hidden-state capture hook" in lines[0] and "--graphs" in lines[0]
-    assert run(["build", "--target", str(tdir), "--drafter", str(ddir), "--gpu", "b200", "--dry-run",
-                "--graphs"]) == 0
+    assert run(["build", "--target", str(tdir), "--drafter", str(ddir), "--gpu", "b200", "--dry-run", "--graphs"]) == 0

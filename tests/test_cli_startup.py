@@ -49,8 +49,7 @@ for argv, code in json.loads(sys.argv[1]):
 
 
 def test_light_commands_import_no_torch():
-    r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(LIGHT)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(LIGHT)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(rows) == len(LIGHT), rows[-1]

@@ -89,9 +89,9 @@ def test_every_result_file_is_dated_and_complete(tmp_path):
     files = sorted((ROOT / "bench" / "results").glob("*.json"))
     assert files
     for f in files:
-        data = perf.load(f)   # raises naming the file and the missing keys
+        data = perf.load(f)  # raises naming the file and the missing keys
         assert f.name.startswith(data["date"]), f"{f.name}: its name's date is not its date {data['date']}"
-    probe = tmp_path / "2026-01-01-probe.json"   # a file without its commit is refused, naming the key
+    probe = tmp_path / "2026-01-01-probe.json"  # a file without its commit is refused, naming the key
     probe.write_text(json.dumps({"date": "2026-01-01", "machine": "m", "command": "c", "results": []}))
     with pytest.raises(ValueError, match="missing: commit"):
         perf.load(probe)
@@ -100,9 +100,13 @@ def test_every_result_file_is_dated_and_complete(tmp_path):
 def test_the_site_builds_strict(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
-    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                         cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1",
-                                                                        "PATH": "/usr/bin:/bin"})
+    res = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
 
 

@@ -178,7 +178,7 @@ def test_greedy_through_the_family_is_the_targets_own(checkpoint):
     CALLS.clear()
     got = generate(wrap(model, loaded), loaded, ps, max_new_tokens=MAX_NEW)
     assert got.token_ids == [hf_greedy(model, p, MAX_NEW) for p in ps]
-    assert "runtime" in CALLS                               # drafted by the family's proposer
+    assert "runtime" in CALLS  # drafted by the family's proposer
 
 
 def test_the_family_s_export_round_writes_drafter_onnx_checked_by_onnx_runtime(checkpoint, tmp_path):
@@ -189,8 +189,9 @@ def test_the_family_s_export_round_writes_drafter_onnx_checked_by_onnx_runtime(c
     model, _, root = checkpoint
     loaded = ingest.load_drafter(root / "drafter", dtype=torch.float32)
     CALLS.clear()
-    kind, err = bundle_graphs.export_drafter(loaded, model.get_output_embeddings().weight.detach(), tmp_path, 4,
-                                             lambda msg: None)
+    kind, err = bundle_graphs.export_drafter(
+        loaded, model.get_output_embeddings().weight.detach(), tmp_path, 4, lambda msg: None
+    )
     assert CALLS == ["export"] and kind == "dflash" and (tmp_path / "drafter.onnx").is_file()
     assert set(err) >= {"logits", "k_cache", "v_cache"} and max(err.values()) < 1e-4
 
@@ -205,9 +206,27 @@ def test_bundle_exports_the_family_round_and_runs_through_onnx_runtime(checkpoin
     model, _, root = checkpoint
     out = tmp_path / "bundle"
     CALLS.clear()
-    assert run(["build", "-t", str(root / "target"), "-d", str(root / "drafter"), "--gpu", "cpu", "--graphs",
-                "-o", str(out), "--set", "serving.max_seq_len=128",
-                "--set", "serving.max_batch_size=4"]) == 0
+    assert (
+        run(
+            [
+                "build",
+                "-t",
+                str(root / "target"),
+                "-d",
+                str(root / "drafter"),
+                "--gpu",
+                "cpu",
+                "--graphs",
+                "-o",
+                str(out),
+                "--set",
+                "serving.max_seq_len=128",
+                "--set",
+                "serving.max_batch_size=4",
+            ]
+        )
+        == 0
+    )
     assert CALLS == ["export"]
     manifest = ingest.read_manifest(out)
     assert manifest.engine.drafter_graph == "dflash" and max(manifest.engine.drafter_onnx_max_error.values()) < 1e-4
@@ -226,8 +245,9 @@ def test_trtllm_rules_and_training_hook_are_the_family_s(checkpoint):
     assert drafter_attention_backend("auto", cfg, 100, ("VANILLA", "TRTLLM")) == "VANILLA"
     plain = tiny_drafter_config(model)
     assert drafter_attention_backend("auto", plain, 100, ("VANILLA", "TRTLLM")) == "auto"
-    tcfg = objective.drafter_config_for(model, block_size=4, layers=1, mask_token_id=95, family="dflash-gated",
-                                        sizes={"gate_scale": 1})
+    tcfg = objective.drafter_config_for(
+        model, block_size=4, layers=1, mask_token_id=95, family="dflash-gated", sizes={"gate_scale": 1}
+    )
     fresh = objective.init_drafter(tcfg)
     assert type(fresh) is GatedDrafter and tcfg.field("gate_scale") == 1
     with torch.no_grad():

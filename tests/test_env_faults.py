@@ -51,13 +51,14 @@ def _error_line(capsys, code) -> str:
 
 
 def _leftovers(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                  if p.name.endswith((".tmp", ".lock")) or ".partial-" in p.name)
+    return sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.name.endswith((".tmp", ".lock")) or ".partial-" in p.name
+    )
 
 
 def test_build_under_a_file_size_limit(tmp_path, capsys):
     out = tmp_path / "b"
-    with file_size_limit(200_000):   # the tiny target's safetensors is ~7 MB
+    with file_size_limit(200_000):  # the tiny target's safetensors is ~7 MB
         err = _one_line(capsys, run(["build", "-o", str(out)]))
     assert "EFBIG" in err and "model.safetensors" in err and "ulimit -f" in err
     assert not out.exists() and _leftovers(tmp_path) == []
@@ -67,7 +68,7 @@ def test_build_on_a_full_disk(tmp_path, capsys, monkeypatch):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "sendfile", full)   # shutil's copy of the checkpoint
+    monkeypatch.setattr(os, "sendfile", full)  # shutil's copy of the checkpoint
     out = tmp_path / "b"
     err = _one_line(capsys, run(["build", "-o", str(out)]))
     assert "no space left" in err and "ENOSPC" in err and str(tmp_path) in err
@@ -77,7 +78,7 @@ def test_build_on_a_full_disk(tmp_path, capsys, monkeypatch):
 def test_names_past_the_limit_and_a_legal_long_output(tmp_path, capsys, monkeypatch):
     from dflash_trt.deploy import output
 
-    NAME_MAX, PID_ROOM = 255, 32   # a partial's name adds the pid and a random tail after its prefix
+    NAME_MAX, PID_ROOM = 255, 32  # a partial's name adds the pid and a random tail after its prefix
     monkeypatch.chdir(tmp_path)
     err = _one_line(capsys, run(["build", "-o", "x" * (NAME_MAX + 1)]))
     assert "too long" in err
@@ -94,9 +95,9 @@ def test_names_past_the_limit_and_a_legal_long_output(tmp_path, capsys, monkeypa
 
 def test_stdout_that_cannot_encode_degrades(tmp_path, monkeypatch):
     raw = io.BytesIO()
-    ascii_out = io.TextIOWrapper(raw, encoding="ascii")   # errors="strict", like PYTHONIOENCODING=ascii
+    ascii_out = io.TextIOWrapper(raw, encoding="ascii")  # errors="strict", like PYTHONIOENCODING=ascii
     monkeypatch.setattr(sys, "stdout", ascii_out)
-    assert run(["build", "-o", str(tmp_path / "b")]) == 0   # the plan prints τ
+    assert run(["build", "-o", str(tmp_path / "b")]) == 0  # the plan prints τ
     ascii_out.flush()
     assert (tmp_path / "b" / "manifest.json").is_file() and b"bundle written" in raw.getvalue()
 
@@ -118,10 +119,37 @@ def test_a_busy_port_is_one_line_before_any_model_loads(bundle_dir, capsys, monk
 
 # ---- training: a file-size limit, and a damaged run on --resume ---------------------------------
 def _train(root: Path, out: Path, steps: int, *extra: str) -> list[str]:
-    return ["train-drafter", "--target", str(root / "target"), "--data", str(root / "data.txt"), "--out", str(out),
-            "--steps", str(steps), "--block-size", "4", "--layers", "1", "--batch-size", "2", "--anchors", "4",
-            "--prompt-len", "12", "--gen-len", "8", "--samples", "8", "--eval-every", "100",
-            "--save-every", "1", "--json", *extra]
+    return [
+        "train-drafter",
+        "--target",
+        str(root / "target"),
+        "--data",
+        str(root / "data.txt"),
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--block-size",
+        "4",
+        "--layers",
+        "1",
+        "--batch-size",
+        "2",
+        "--anchors",
+        "4",
+        "--prompt-len",
+        "12",
+        "--gen-len",
+        "8",
+        "--samples",
+        "8",
+        "--eval-every",
+        "100",
+        "--save-every",
+        "1",
+        "--json",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +175,7 @@ def test_training_under_a_file_size_limit(trained, tmp_path, capsys):
 def _garbage(rel: str):
     def damage(run_dir: Path) -> None:
         (run_dir / rel).write_bytes(b"\x00{not json")
+
     return damage
 
 
@@ -155,8 +184,11 @@ def _truncate_shard(run_dir: Path) -> None:
     shard.write_bytes(shard.read_bytes()[:100])
 
 
-DAMAGE = {"settings.json": _garbage(".train/settings.json"), "state/train.json": _garbage(".train/state/train.json"),
-          "a truncated shard": _truncate_shard}
+DAMAGE = {
+    "settings.json": _garbage(".train/settings.json"),
+    "state/train.json": _garbage(".train/state/train.json"),
+    "a truncated shard": _truncate_shard,
+}
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
@@ -179,6 +211,7 @@ PanicException.__module__ = "pyo3_runtime"
 def _raising(exc: BaseException):
     def boom(*a, **k):
         raise exc
+
     return boom
 
 
@@ -188,9 +221,11 @@ def test_errors_outside_exception_are_one_line(capsys, monkeypatch):
     from dflash_trt import ingest
 
     dcp_failed = CheckpointException("load", {0: _wrap_exception(RuntimeError("bad shard"))})
-    for exc, needle in ((PanicException("called `Option::unwrap()` on a `None` value"), "pyo3_runtime.PanicException"),
-                        (dcp_failed, "CheckpointException"),
-                        (RecursionError("maximum recursion depth exceeded"), "nested too deeply")):
+    for exc, needle in (
+        (PanicException("called `Option::unwrap()` on a `None` value"), "pyo3_runtime.PanicException"),
+        (dcp_failed, "CheckpointException"),
+        (RecursionError("maximum recursion depth exceeded"), "nested too deeply"),
+    ):
         monkeypatch.setattr(ingest, "validate_pair", _raising(exc))
         err = _one_line(capsys, run(["inspect", "embedded:tiny/drafter", "--target", "embedded:tiny/target"]))
         assert needle in err, err

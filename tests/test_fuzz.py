@@ -35,20 +35,29 @@ from dflash_trt.plan import recipe as R
 BUDGETS = [pytest.param(6, id="small"), pytest.param(60, id="large", marks=pytest.mark.slow)]
 
 # JSON-ish values, the odd ones a hostile file holds: wrong types, huge / negative / non-finite numbers
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.sampled_from([0, -1, 1, 2**63]),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-                    st.sampled_from(["", "auto", "../x", "/etc", "\ud800", "1e999", "nan"]))
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                      max_leaves=6)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, -1, 1, 2**63]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["", "auto", "../x", "/etc", "\ud800", "1e999", "nan"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=6,
+)
 
 
 def fuzz(budget: int, strategy, check) -> None:
     """Run ``check`` on ``budget`` examples of ``strategy`` (no example database: nothing written)."""
     small = budget < 20
 
-    @settings(max_examples=budget, deadline=None, database=None, derandomize=small,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=budget, deadline=None, database=None, derandomize=small, suppress_health_check=list(HealthCheck)
+    )
     @given(strategy)
     def inner(example):
         check(example)
@@ -93,8 +102,9 @@ KEYS = sorted({f"{s}.{k}" for s, sec in TINY.items() if isinstance(sec, dict) fo
 
 @st.composite
 def recipe_edits(draw):
-    edits = draw(st.lists(st.tuples(st.sampled_from(KEYS + ["speculative.per_position_acceptance", "x.y"]),
-                                    values), max_size=3))
+    edits = draw(
+        st.lists(st.tuples(st.sampled_from(KEYS + ["speculative.per_position_acceptance", "x.y"]), values), max_size=3)
+    )
     sets = draw(st.lists(st.tuples(st.sampled_from(KEYS), st.text(max_size=10)), max_size=2))
     return edits, [f"{k}={v}" for k, v in sets]
 
@@ -116,6 +126,7 @@ def test_fuzz_recipes_and_set(work, budget):
         except (yaml.YAMLError, UnicodeEncodeError):
             return
         cli_ok(["plan", str(f), *[a for s in sets for a in ("--set", s)]], work)
+
     fuzz(budget, recipe_edits(), check)
 
 
@@ -124,9 +135,18 @@ def test_fuzz_recipe_bytes(work, budget):
     def check(raw):
         (work / "r.yaml").write_bytes(raw)
         cli_ok(["plan", str(work / "r.yaml")], work)
+
     base = R.bundled_recipes()["tiny"].read_bytes()
-    fuzz(budget, st.one_of(st.binary(max_size=200), st.builds(
-        lambda i, b: base[:i] + b + base[i:], st.integers(0, len(base)), st.binary(min_size=1, max_size=8))), check)
+    fuzz(
+        budget,
+        st.one_of(
+            st.binary(max_size=200),
+            st.builds(
+                lambda i, b: base[:i] + b + base[i:], st.integers(0, len(base)), st.binary(min_size=1, max_size=8)
+            ),
+        ),
+        check,
+    )
 
 
 # ---- checkpoints: configs, safetensors headers, shard indexes, tokenizer files ------------------
@@ -160,7 +180,9 @@ def test_fuzz_checkpoint_configs(work, pair_copy, budget):
             c = json.loads(f.read_text())
             c[key] = value
             f.write_text(json.dumps(c))
+
         _inspect_with(pair_copy, work, mutate)
+
     fuzz(budget, st.tuples(st.sampled_from(["target", "drafter"]), st.sampled_from(sorted(cfg)), values), check)
 
 
@@ -175,18 +197,30 @@ def test_fuzz_safetensors_headers_and_indexes(work, pair_copy, budget):
             (n,) = struct.unpack("<Q", data[:8])
             if kind == "header":
                 raw = json.dumps(blob).encode() if not isinstance(blob, bytes) else blob
-                f.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+                f.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
             elif kind == "length":
-                f.write_bytes(struct.pack("<Q", blob if isinstance(blob, int) and 0 <= blob < 2**64 else 7)
-                              + data[8:])
-            else:   # a shard index beside the shard
+                f.write_bytes(struct.pack("<Q", blob if isinstance(blob, int) and 0 <= blob < 2**64 else 7) + data[8:])
+            else:  # a shard index beside the shard
                 f.rename(t / "model-00001-of-00001.safetensors")
                 (t / "model.safetensors.index.json").write_text(json.dumps(blob))
+
         _inspect_with(pair_copy, work, mutate)
-    fuzz(budget, st.one_of(st.tuples(st.just("header"), st.one_of(values, st.binary(max_size=40))),
-                           st.tuples(st.just("length"), st.integers(0, 2**64 - 1)),
-                           st.tuples(st.just("index"), st.one_of(values, st.fixed_dictionaries(
-                               {"weight_map": st.dictionaries(st.text(max_size=20), values, max_size=3)})))), check)
+
+    fuzz(
+        budget,
+        st.one_of(
+            st.tuples(st.just("header"), st.one_of(values, st.binary(max_size=40))),
+            st.tuples(st.just("length"), st.integers(0, 2**64 - 1)),
+            st.tuples(
+                st.just("index"),
+                st.one_of(
+                    values,
+                    st.fixed_dictionaries({"weight_map": st.dictionaries(st.text(max_size=20), values, max_size=3)}),
+                ),
+            ),
+        ),
+        check,
+    )
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -200,14 +234,21 @@ def test_fuzz_tokenizer_files(work, pair_copy, budget):
             f = t / name
             if isinstance(blob, bytes):
                 f.write_bytes(blob)
-            elif name == "tokenizer.json" and isinstance(blob, tuple):   # one key of the real file replaced
+            elif name == "tokenizer.json" and isinstance(blob, tuple):  # one key of the real file replaced
                 f.write_text(json.dumps({**tok, blob[0]: blob[1]}))
             else:
                 f.write_text(json.dumps(blob))
+
         _inspect_with(pair_copy, work, mutate)
-    fuzz(budget, st.tuples(st.sampled_from(["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]),
-                           st.one_of(st.binary(max_size=60), values,
-                                     st.tuples(st.sampled_from(sorted(tok)), values))), check)
+
+    fuzz(
+        budget,
+        st.tuples(
+            st.sampled_from(["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]),
+            st.one_of(st.binary(max_size=60), values, st.tuples(st.sampled_from(sorted(tok)), values)),
+        ),
+        check,
+    )
 
 
 # ---- bundle manifests, prompts, calibration reports --------------------------------------------
@@ -230,6 +271,7 @@ def test_fuzz_manifests(work, built, budget):
         shutil.copytree(built, b)
         (b / "manifest.json").write_text(json.dumps({**manifest, key: value}) if key else json.dumps(value))
         cli_ok(["verify", str(b)], work, verdicts=(1,))
+
     fuzz(budget, st.tuples(st.one_of(st.none(), st.sampled_from(sorted(manifest))), values), check)
 
 
@@ -237,6 +279,7 @@ def test_fuzz_manifests(work, built, budget):
 def test_fuzz_prompt_text(work, budget):
     def check(prompt):
         cli_ok(["generate", "-p", prompt, "-n", "2"], work)
+
     fuzz(budget, st.one_of(st.text(max_size=40), st.sampled_from(["", "\ud800", "\x00", "word " * 3000])), check)
 
 
@@ -245,22 +288,38 @@ def test_fuzz_prompt_files(work, budget):
     def check(raw):
         (work / "p.txt").write_bytes(raw)
         cli_ok(["bench", "--prompts", str(work / "p.txt"), "-n", "2"], work)
+
     line = st.one_of(st.binary(max_size=30), st.builds(lambda v: json.dumps({"prompt": v}).encode(), values))
     fuzz(budget, st.lists(line, max_size=3).map(lambda ls: b"\n".join(ls)), check)
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_fuzz_calibration_reports(work, budget):
-    level = st.fixed_dictionaries({}, optional={k: values for k in (
-        "concurrency", "draft_len", "tokens_per_second_per_user", "acceptance_length", "ttft_ms")})
+    level = st.fixed_dictionaries(
+        {},
+        optional={
+            k: values
+            for k in ("concurrency", "draft_len", "tokens_per_second_per_user", "acceptance_length", "ttft_ms")
+        },
+    )
 
     def check(report):
         f = work / "c.json"
         f.write_text(json.dumps(report)) if not isinstance(report, bytes) else f.write_bytes(report)
         cli_ok(["plan", "--calibration", str(f)], work)
-    fuzz(budget, st.one_of(values, st.binary(max_size=40), st.fixed_dictionaries(
-        {"endpoint": st.fixed_dictionaries({"levels": st.lists(level, max_size=3)})},
-        optional={"baseline": st.fixed_dictionaries({"levels": st.lists(level, max_size=2)})})), check)
+
+    fuzz(
+        budget,
+        st.one_of(
+            values,
+            st.binary(max_size=40),
+            st.fixed_dictionaries(
+                {"endpoint": st.fixed_dictionaries({"levels": st.lists(level, max_size=3)})},
+                optional={"baseline": st.fixed_dictionaries({"levels": st.lists(level, max_size=2)})},
+            ),
+        ),
+        check,
+    )
 
 
 # ---- the server's request bodies ----------------------------------------------------------------
@@ -272,21 +331,49 @@ def client():
     from dflash_trt.serve.app import create_app
 
     pair = load_pair("embedded:tiny/target", "embedded:tiny/drafter")
-    app = create_app(pair, "tiny", max_batch=4, max_model_len=48)   # a small context bounds every request
+    app = create_app(pair, "tiny", max_batch=4, max_model_len=48)  # a small context bounds every request
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
 
-FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-          "seed", "n", "stop", "stream", "stream_options", "ignore_eos", "echo", "logprobs", "best_of",
-          "return_token_ids", "add_generation_prompt"]
-sane = {"prompt": st.one_of(st.text(max_size=20), st.lists(st.integers(-2, 600), max_size=4)),
-        "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]),
-                                                    "content": st.one_of(st.text(max_size=20), values)}), max_size=2),
-        "max_tokens": st.integers(-2, 60), "temperature": st.floats(-1, 3), "top_p": st.floats(-0.5, 1.5),
-        "top_k": st.integers(-3, 1000), "stream": st.booleans()}
-bodies = st.tuples(st.fixed_dictionaries({}, optional=sane), st.dictionaries(st.sampled_from(FIELDS), values,
-                                                                            max_size=4)).map(lambda p: {**p[0], **p[1]})
+FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "n",
+    "stop",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+    "echo",
+    "logprobs",
+    "best_of",
+    "return_token_ids",
+    "add_generation_prompt",
+]
+sane = {
+    "prompt": st.one_of(st.text(max_size=20), st.lists(st.integers(-2, 600), max_size=4)),
+    "messages": st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "system", "x"]), "content": st.one_of(st.text(max_size=20), values)}
+        ),
+        max_size=2,
+    ),
+    "max_tokens": st.integers(-2, 60),
+    "temperature": st.floats(-1, 3),
+    "top_p": st.floats(-0.5, 1.5),
+    "top_k": st.integers(-3, 1000),
+    "stream": st.booleans(),
+}
+bodies = st.tuples(
+    st.fixed_dictionaries({}, optional=sane), st.dictionaries(st.sampled_from(FIELDS), values, max_size=4)
+).map(lambda p: {**p[0], **p[1]})
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -301,6 +388,14 @@ def test_fuzz_request_bodies(client, budget):
             assert err["message"] and err["type"], r.text
         elif not (body or {}).get("stream"):
             assert r.json()["choices"], r.text
-    fuzz(budget, st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), bodies,
-                           st.one_of(st.none(), st.none(), st.binary(max_size=30)),
-                           st.sampled_from(["application/json", "application/json", "text/plain"])), check)
+
+    fuzz(
+        budget,
+        st.tuples(
+            st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+            bodies,
+            st.one_of(st.none(), st.none(), st.binary(max_size=30)),
+            st.sampled_from(["application/json", "application/json", "text/plain"]),
+        ),
+        check,
+    )

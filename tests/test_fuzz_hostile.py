@@ -68,9 +68,25 @@ BASES = {
     "tune": lambda w: ["tune", str(w["bundle"]), "--dry-run", "--endpoint", "http://127.0.0.1:9/v1", "--requests", "1"],
     "verify": lambda w: ["verify", str(w["bundle"])],
     "inspect": lambda w: ["inspect", "embedded:tiny/drafter", "--target", "embedded:tiny/target"],
-    "train-drafter": lambda w: ["train-drafter", "--target", "embedded:tiny/target", "--data",
-                                str(_small_prompts(w["root"])), "--out", str(w["root"] / "run"), "--steps", "1",
-                                "--batch-size", "1", "--samples", "2", "--prompt-len", "4", "--gen-len", "2"],
+    "train-drafter": lambda w: [
+        "train-drafter",
+        "--target",
+        "embedded:tiny/target",
+        "--data",
+        str(_small_prompts(w["root"])),
+        "--out",
+        str(w["root"] / "run"),
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--samples",
+        "2",
+        "--prompt-len",
+        "4",
+        "--gen-len",
+        "2",
+    ],
     "version": lambda w: ["version"],
     "recipes list": lambda w: ["recipes", "list"],
     "recipes show": lambda w: ["recipes", "show", "tiny"],
@@ -85,8 +101,11 @@ def test_every_command_is_a_fuzz_surface():
 
 def _options(cmd) -> list[str]:
     """The command's value-taking options (flags aside), as the user types them."""
-    return sorted(p.opts[-1] for p in cmd.params
-                  if p.param_type_name == "option" and not getattr(p, "is_flag", False) and not p.hidden)
+    return sorted(
+        p.opts[-1]
+        for p in cmd.params
+        if p.param_type_name == "option" and not getattr(p, "is_flag", False) and not p.hidden
+    )
 
 
 def hostile_values(root: Path):
@@ -98,11 +117,11 @@ def hostile_values(root: Path):
         loop.symlink_to(loop)
         dangling.symlink_to(root / "nowhere")
     return st.one_of(
-        st.integers(19, 6000).map(lambda n: "9" * n),                        # range: huge, any digit count
+        st.integers(19, 6000).map(lambda n: "9" * n),  # range: huge, any digit count
         st.sampled_from(["-1", "0", "-99999999999999999999", "nan", "inf", "-inf", "1e999", "0x10"]),
-        st.sampled_from(["[1, 2]", "{a: 1}", "true", "null", "auto", "AUTO", "1,2,x", ",", ""]),   # type swaps
-        st.integers(50, 3000).map(lambda n: "[" * n + "]" * n),               # depth
-        st.integers(256, 4096).map(lambda n: "x" * n),                        # a name past NAME_MAX
+        st.sampled_from(["[1, 2]", "{a: 1}", "true", "null", "auto", "AUTO", "1,2,x", ",", ""]),  # type swaps
+        st.integers(50, 3000).map(lambda n: "[" * n + "]" * n),  # depth
+        st.integers(256, 4096).map(lambda n: "x" * n),  # a name past NAME_MAX
         st.sampled_from([str(fifo), str(loop), str(dangling), "/dev/zero", "/", str(root), "~nosuchuser/x"]),
         st.sampled_from(["\udcff", "a\x00b", "\u202e", "../../etc/passwd", "http://", "embedded:nope"]),
     )
@@ -144,10 +163,11 @@ def test_fuzz_every_option_with_hostile_values(work, surfaces, command, budget):
 
     def check(example):
         option, value = example
-        if option == "--port":   # the harness never listens: a free port is asked of the OS by the property
+        if option == "--port":  # the harness never listens: a free port is asked of the OS by the property
             return
         with _deadline(120):
             cli_ok([*base, option, value], surfaces["bundle"], verdicts=(1,) if command == "verify" else ())
+
     fuzz(budget, st.tuples(st.sampled_from(options), hostile_values(surfaces["root"])), check)
 
 
@@ -203,10 +223,10 @@ def test_fuzz_os_faults_while_writing(work, surfaces, budget):
     def check(example):
         writer, name, code, after = example
         out = work / "out"
-        for p in _residue(work):   # what an earlier example was allowed to leave (a free lock, a kept partial)
-            if p.is_dir() and not p.is_symlink():   # is not this one's to answer for
+        for p in _residue(work):  # what an earlier example was allowed to leave (a free lock, a kept partial)
+            if p.is_dir() and not p.is_symlink():  # is not this one's to answer for
                 shutil.rmtree(p)
-            elif os.path.lexists(p):   # not inside a partial removed just before
+            elif os.path.lexists(p):  # not inside a partial removed just before
                 p.unlink()
         if writer == "build --force" and not (out / "manifest.json").exists():
             shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink(missing_ok=True)
@@ -223,36 +243,52 @@ def test_fuzz_os_faults_while_writing(work, surfaces, budget):
         if result == 2:
             assert len(text.splitlines()) == 1 and "Traceback" not in text, (argv, name, text[-2000:])
         left = _residue(work)
-        if name in ("unlink", "rmdir"):   # the OS refused the removals themselves: what stays blocks nobody
-            _, prefix = output._partial_prefix(out)   # and is what the next writer sweeps (a partial of `out`)
+        if name in ("unlink", "rmdir"):  # the OS refused the removals themselves: what stays blocks nobody
+            _, prefix = output._partial_prefix(out)  # and is what the next writer sweeps (a partial of `out`)
             for p in list(left):
                 if p.name.endswith(".lock"):
                     assert _free(p), (argv, name, code, after, p.name)
                     left.remove(p)
-                elif p.name.startswith(prefix) and p.name[len(prefix):].split("-")[0].isdigit():
+                elif p.name.startswith(prefix) and p.name[len(prefix) :].split("-")[0].isdigit():
                     left.remove(p)
         # a build whose last move the OS refused keeps the finished bundle where its one line says; one
         # whose swap was done but whose partial the OS would not remove says so (the next writer sweeps it)
-        said = [p for p in left if ".partial-" in p.name and (result == 2 and f"kept in {p}" in text or result == 0
-                                                                and "refused to remove" in text and f"{p} (" in text)]
+        said = [
+            p
+            for p in left
+            if ".partial-" in p.name
+            and (
+                result == 2
+                and f"kept in {p}" in text
+                or result == 0
+                and "refused to remove" in text
+                and f"{p} (" in text
+            )
+        ]
         left = [p for p in left if p not in said]
         assert not left, (argv, name, code, after, [p.name for p in left])
-        if writer.startswith("build") and out.exists():   # a bundle is whole, absent, or a swap the next writer ends
+        if writer.startswith("build") and out.exists():  # a bundle is whole, absent, or a swap the next writer ends
             if not (out / "manifest.json").is_file():
                 assert (out / ".dflash-trt.swap.json").is_file(), (argv, name, code, after)
                 assert output.recover(out) and (out / "manifest.json").is_file(), (argv, name, code, after)
-    fuzz(budget, st.tuples(st.sampled_from(sorted(WRITERS)), st.sampled_from(FAULTS), st.sampled_from(ERRNOS),
-                           st.integers(0, 40)), check)
+
+    fuzz(
+        budget,
+        st.tuples(
+            st.sampled_from(sorted(WRITERS)), st.sampled_from(FAULTS), st.sampled_from(ERRNOS), st.integers(0, 40)
+        ),
+        check,
+    )
 
 
 # ---- hostile structure inside the files the CLI reads: depth, size, range, type swaps ---------------
 fragments = st.one_of(
-    st.integers(100, 5000).map(lambda n: "[" * n + "]" * n),                 # depth past the parsers' recursion
+    st.integers(100, 5000).map(lambda n: "[" * n + "]" * n),  # depth past the parsers' recursion
     st.integers(100, 3000).map(lambda n: '{"a": ' * n + "1" + "}" * n),
-    st.integers(19, 6000).map(lambda n: "9" * n),                            # range, any digit count
+    st.integers(19, 6000).map(lambda n: "9" * n),  # range, any digit count
     st.integers(19, 400).map(lambda n: "-" + "9" * n + ".5e" + "9" * 3),
-    st.integers(10_000, 300_000).map(lambda n: '"' + "x" * n + '"'),        # size
-    st.sampled_from(["[1]", '["a", 2]', "{}", '"str"', "null", "true", "-1", "0", "1e999", "[[]]"]),   # type swaps
+    st.integers(10_000, 300_000).map(lambda n: '"' + "x" * n + '"'),  # size
+    st.sampled_from(["[1]", '["a", 2]', "{}", '"str"', "null", "true", "-1", "0", "1e999", "[[]]"]),  # type swaps
 )
 PLACEHOLDER = "@@hostile@@"
 
@@ -266,31 +302,44 @@ def splice(data, key_path: list[str], fragment: str, fmt: str) -> str:
         node = node.setdefault(k, {}) if isinstance(node.get(k), dict) or k not in node else {}
     node[key_path[-1]] = PLACEHOLDER
     text = json.dumps(data) if fmt == "json" else yaml.safe_dump(data, default_flow_style=True, width=10**9)
-    return text.replace(f'"{PLACEHOLDER}"', fragment).replace(f"'{PLACEHOLDER}'", fragment).replace(
-        PLACEHOLDER, fragment)
+    return (
+        text.replace(f'"{PLACEHOLDER}"', fragment).replace(f"'{PLACEHOLDER}'", fragment).replace(PLACEHOLDER, fragment)
+    )
 
 
 def _key_paths(data, prefix=()) -> list[list[str]]:
     out = []
-    for k, v in (data.items() if isinstance(data, dict) else []):
+    for k, v in data.items() if isinstance(data, dict) else []:
         out.append([*prefix, k])
         out.extend(_key_paths(v, (*prefix, k)))
     return out
 
 
 @pytest.mark.parametrize("budget", [pytest.param(4, id="small"), pytest.param(40, id="large", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("surface", ["recipe", "--set", "manifest", "target config", "generation config",
-                                     "calibration report", "prompt lines"])
+@pytest.mark.parametrize(
+    "surface",
+    ["recipe", "--set", "manifest", "target config", "generation config", "calibration report", "prompt lines"],
+)
 def test_fuzz_hostile_structure_in_files(work, surfaces, pair_copy, surface, budget):
     bundle = surfaces["bundle"]
     manifest = json.loads((bundle / "manifest.json").read_text())
     tcfg = json.loads((pair_copy / "target" / "config.json").read_text())
     gen = json.loads((pair_copy / "target" / "generation_config.json").read_text())
-    report = {"endpoint": {"url": "x", "levels": [{"concurrency": 1, "tokens_per_second_per_user": 50.0,
-                                                   "acceptance_length": 2.0}]}}
-    keys = {"recipe": _key_paths(TINY), "--set": _key_paths(TINY), "manifest": _key_paths(manifest),
-            "target config": _key_paths(tcfg), "generation config": _key_paths(gen),
-            "calibration report": _key_paths(report), "prompt lines": [["prompt"]]}[surface]
+    report = {
+        "endpoint": {
+            "url": "x",
+            "levels": [{"concurrency": 1, "tokens_per_second_per_user": 50.0, "acceptance_length": 2.0}],
+        }
+    }
+    keys = {
+        "recipe": _key_paths(TINY),
+        "--set": _key_paths(TINY),
+        "manifest": _key_paths(manifest),
+        "target config": _key_paths(tcfg),
+        "generation config": _key_paths(gen),
+        "calibration report": _key_paths(report),
+        "prompt lines": [["prompt"]],
+    }[surface]
 
     def check(example):
         key, fragment = example
@@ -315,4 +364,5 @@ def test_fuzz_hostile_structure_in_files(work, surfaces, pair_copy, surface, bud
             (work / "p.jsonl").write_text(splice({"prompt": "x"}, key, fragment, "json") + "\n")
             with _deadline(120):
                 cli_ok(["bench", "--prompts", str(work / "p.jsonl"), "-n", "2"], work)
+
     fuzz(budget, st.tuples(st.sampled_from(keys), fragments), check)

@@ -42,9 +42,14 @@ def test_inspect_speculators_json(tiny_pair_dir, tmp_path, capsys):
 def test_inspect_prequantized_target(tiny_pair_dir, tmp_path, capsys):
     t = tmp_path / "t"
     shutil.copytree(tiny_pair_dir[0], t)
-    (t / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt", "version": "0.47.0"},
-         "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}}))
+    (t / "hf_quant_config.json").write_text(
+        json.dumps(
+            {
+                "producer": {"name": "modelopt", "version": "0.47.0"},
+                "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]},
+            }
+        )
+    )
     assert run(["inspect", str(t), "--json"]) == 0
     info = _json(capsys)
     from transformers import AutoModelForCausalLM
@@ -64,8 +69,15 @@ def test_inspect_pair_verdict(tiny_pair_dir, tmp_path, capsys):
     assert run(["inspect", str(ddir), "--target", str(tdir), "--json"]) == 0
     pair = _json(capsys)["pair"]
     assert pair["ok"] is True and {c["check"] for c in pair["checks"]} >= {
-        "hidden size", "vocabulary", "mask token", "target layer ids", "target depth", "rope", "tokenizer",
-        "hidden-state capture"}
+        "hidden size",
+        "vocabulary",
+        "mask token",
+        "target layer ids",
+        "target depth",
+        "rope",
+        "tokenizer",
+        "hidden-state capture",
+    }
     bad = tmp_path / "d"
     shutil.copytree(ddir, bad)
     cfg = json.loads((bad / "config.json").read_text())

@@ -25,7 +25,7 @@ def test_an_internal_failure_is_one_line_naming_its_traceback_file(monkeypatch, 
     path = err.split("the traceback is in ")[1].split(";")[0]
     text = open(path).read()
     assert "Traceback (most recent call last)" in text and "_boom" in text and "KeyError" in text
-    assert not list(tmp_path.iterdir())          # nothing written where the user works
+    assert not list(tmp_path.iterdir())  # nothing written where the user works
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
@@ -75,7 +75,7 @@ def test_logs_keep_the_traceback_in_either_format(fmt, capsys):
             logging.getLogger(name).propagate = True
     err = capsys.readouterr().err
     if fmt == "json":
-        rec = json.loads(err)              # one record, one line: the traceback is a field
+        rec = json.loads(err)  # one record, one line: the traceback is a field
         assert rec["level"] == "error" and rec["message"] == "request 7 failed (step)" and "_boom" in rec["traceback"]
     else:
         assert "request 7 failed (step)" in err and "Traceback" in err and "_boom" in err

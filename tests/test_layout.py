@@ -26,8 +26,20 @@ import dflash_trt
 
 ROOT = Path(dflash_trt.__file__).parent
 # Top to bottom: each may import from the ones after it, never before.
-ORDER = ["bench", "train", "serve", "deploy", "export", "runtime", "plan", "ingest", "model", "plugins",
-         "logs", "errors"]
+ORDER = [
+    "bench",
+    "train",
+    "serve",
+    "deploy",
+    "export",
+    "runtime",
+    "plan",
+    "ingest",
+    "model",
+    "plugins",
+    "logs",
+    "errors",
+]
 # Single modules, not packages: each imports nothing of ours and is its own face.
 LEAVES = ("logs", "errors")
 TOP = {"cli", "_cli", "__main__", "__init__"}
@@ -136,7 +148,7 @@ def test_no_import_cycles():
         stack.append(m)
         for t in sorted(graph[m]):
             if state.get(t) == 1:
-                cycle = stack[stack.index(t):] + [t]
+                cycle = stack[stack.index(t) :] + [t]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if t not in state:
                 visit(t)
@@ -167,7 +179,7 @@ def unexplained_late_imports(path: Path) -> list[str]:
             continue
         for node in ast.walk(fn):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                said = " ".join(lines[node.lineno - 1: node.end_lineno])
+                said = " ".join(lines[node.lineno - 1 : node.end_lineno])
                 if not any(why in said for why in WHY):
                     bad.append(f"line {node.lineno}: {ast.unparse(node)}")
     return bad
@@ -176,13 +188,16 @@ def unexplained_late_imports(path: Path) -> list[str]:
 @pytest.mark.parametrize("name", sorted(n for n in MODS if stage(n) in LATE_CHECKED))
 def test_late_imports_say_why(name):
     bad = unexplained_late_imports(MODS[name])
-    assert not bad, (f"{MODS[name]}: move these imports to the top, or say why they wait "
-                     f"({', '.join(WHY)}):\n  " + "\n  ".join(bad))
+    assert not bad, (
+        f"{MODS[name]}: move these imports to the top, or say why they wait ({', '.join(WHY)}):\n  " + "\n  ".join(bad)
+    )
 
 
 def test_the_late_import_check_sees_a_planted_one(tmp_path):
     """Rule 4 can fail: a function-level import without a reason is found, one with a reason is not."""
     a = tmp_path / "a.py"
-    a.write_text("import json\n\n\ndef f():\n    import math\n    import torch  # start-up: torch\n"
-                 "    from onnx import (  # optional: onnx\n        helper,\n    )\n")
+    a.write_text(
+        "import json\n\n\ndef f():\n    import math\n    import torch  # start-up: torch\n"
+        "    from onnx import (  # optional: onnx\n        helper,\n    )\n"
+    )
     assert unexplained_late_imports(a) == ["line 5: import math"]

@@ -22,8 +22,11 @@ UNIQUE_IN = ("plan", "deploy", "ingest")
 @pytest.mark.parametrize("face", FACES)
 def test_faces_export_functions_under_their_own_names(face):
     module = importlib.import_module(f"dflash_trt.{face}")
-    renamed = [f"{n} is {o.__module__}.{o.__name__}" for n in module.__all__
-               if inspect.isfunction(o := getattr(module, n, None)) and o.__name__ != n]
+    renamed = [
+        f"{n} is {o.__module__}.{o.__name__}"
+        for n in module.__all__
+        if inspect.isfunction(o := getattr(module, n, None)) and o.__name__ != n
+    ]
     assert not renamed, renamed
 
 
@@ -31,7 +34,7 @@ def test_one_function_per_name_in_plan_deploy_and_ingest():
     where: dict[str, list[str]] = defaultdict(list)
     for sub in UNIQUE_IN:
         for path in sorted((ROOT / sub).glob("*.py")):
-            if path.name == "trtllm_judge.py":   # copied into every bundle and run alone: it imports nothing of ours
+            if path.name == "trtllm_judge.py":  # copied into every bundle and run alone: it imports nothing of ours
                 continue
             for node in ast.parse(path.read_text()).body:
                 if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):

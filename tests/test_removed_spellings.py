@@ -23,8 +23,11 @@ REMOVED = [
     (["generate", "--bundle", "dflash-out/none", "-p", "hi"], "No such option: --bundle", "generate --bundle OUT"),
     (["bench", "--bundle", "dflash-out/none"], "No such option: --bundle", "bench --bundle OUT"),
     (["build", "--set", "engine=tensorrt", "--dry-run"], "engine: unknown key", "--set engine=..."),
-    (["generate", "-p", "hi", "--max-new-tokens", "4"], "No such option: --max-new-tokens",
-     "generate --max-new-tokens"),
+    (
+        ["generate", "-p", "hi", "--max-new-tokens", "4"],
+        "No such option: --max-new-tokens",
+        "generate --max-new-tokens",
+    ),
     (["bench", "--max-new-tokens", "4"], "No such option: --max-new-tokens", "bench --max-new-tokens"),
     (["serve", "dflash-out/none", "--batching", "static"], "No such option: --batching", "serve --batching"),
     (["generate", "-p", "hi", "--kernels", "reference"], "'reference'", "--kernels reference"),

@@ -45,7 +45,7 @@ def norm(text: str) -> list[str]:
 def check(cmd: str, quoted: list[str], printed: str) -> None:
     lines = norm(printed)
     for q in quoted:
-        pat = re.escape(" ".join(q.split()))   # "..." is any text; at a line's end, also none (a wrapped row)
+        pat = re.escape(" ".join(q.split()))  # "..." is any text; at a line's end, also none (a wrapped row)
         pat = pat.replace(re.escape(" ..."), "(?: .*)?").replace(re.escape("..."), ".*")
         assert any(re.fullmatch(pat, line) for line in lines), f"`{cmd}` did not print {q!r}:\n{printed}"
 
@@ -88,7 +88,7 @@ def readme_gpu_lines_match_the_bundle(out: Path) -> None:
     execs = serve.split("then: ", 1)[1].removesuffix("...").strip()
     sh = (out / "trtllm" / "serve.sh").read_text()
     assert re.search(rf"^{re.escape(execs)} ", sh, re.M), f"serve.sh does not `{execs}`"
-    assert "judge.py" in sh and (out / "trtllm" / "judge.py").exists()   # "judges the config with ..."
+    assert "judge.py" in sh and (out / "trtllm" / "judge.py").exists()  # "judges the config with ..."
     for word in ("files", "config", "lossless", "acceptance", "schedule", "memory"):
         assert word in next(line for line in six.splitlines() if line.startswith("dflash-trt verify"))
 
@@ -122,7 +122,7 @@ def test_the_whole_walkthrough_on_the_embedded_server(tmp_path, monkeypatch, cap
             assert time.time() < deadline, log.read_text()
             time.sleep(0.2)
         check(serve_cmd, [sub(q) for q in serve_quoted], log.read_text())
-        for cmd, quoted in all_steps[len(before_server()) + 1:]:
+        for cmd, quoted in all_steps[len(before_server()) + 1 :]:
             run_step(sub(cmd), [sub(q) for q in quoted], capsys)
     finally:
         proc.terminate()

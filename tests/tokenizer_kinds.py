@@ -29,9 +29,15 @@ def _byte_level_bpe() -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     return tok
 
 
@@ -39,8 +45,7 @@ def _sentencepiece_byte_fallback() -> Tokenizer:
     """Llama-2's layout: Metaspace pieces, ``<0xNN>`` byte tokens for what the pieces miss."""
     base = Tokenizer(models.BPE(unk_token="<unk>"))
     base.pre_tokenizer = pre_tokenizers.Metaspace()
-    base.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=160, special_tokens=SPECIALS,
-                                                         show_progress=False))
+    base.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=160, special_tokens=SPECIALS, show_progress=False))
     trained = _model(base)["vocab"]
     vocab = {s: i for i, s in enumerate(SPECIALS)}
     for b in range(256):
@@ -50,8 +55,9 @@ def _sentencepiece_byte_fallback() -> Tokenizer:
     merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in _model(base)["merges"]]
     tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return tok
 
 
@@ -65,8 +71,9 @@ def _sentencepiece_unigram() -> Tokenizer:
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=200, special_tokens=SPECIALS,
-                                                            unk_token="<unk>", show_progress=False))
+    tok.train_from_iterator(
+        CORPUS, trainers.UnigramTrainer(vocab_size=200, special_tokens=SPECIALS, unk_token="<unk>", show_progress=False)
+    )
     return tok
 
 
@@ -83,8 +90,9 @@ def _normalising() -> Tokenizer:
     tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=SPECIALS,
-                                                              show_progress=False))
+    tok.train_from_iterator(
+        CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=SPECIALS, show_progress=False)
+    )
     tok.add_tokens([AddedToken("Hello", normalized=True)])
     return tok
 
@@ -103,11 +111,17 @@ def _wrong_decoder() -> Tokenizer:
     return tok
 
 
-VALID = {"byte-level BPE": _byte_level_bpe, "SentencePiece byte fallback": _sentencepiece_byte_fallback,
-         "SentencePiece unigram": _sentencepiece_unigram, "word-level": _word_level,
-         "normalising WordPiece": _normalising}
-BROKEN = {"byte-level without its decoder": (_no_decoder, "does not re-encode"),
-          "SentencePiece with a byte-level decoder": (_wrong_decoder, "does not re-encode")}
+VALID = {
+    "byte-level BPE": _byte_level_bpe,
+    "SentencePiece byte fallback": _sentencepiece_byte_fallback,
+    "SentencePiece unigram": _sentencepiece_unigram,
+    "word-level": _word_level,
+    "normalising WordPiece": _normalising,
+}
+BROKEN = {
+    "byte-level without its decoder": (_no_decoder, "does not re-encode"),
+    "SentencePiece with a byte-level decoder": (_wrong_decoder, "does not re-encode"),
+}
 
 
 def fast(tok: Tokenizer):
@@ -115,8 +129,14 @@ def fast(tok: Tokenizer):
     from transformers import PreTrainedTokenizerFast
 
     tok.add_special_tokens([AddedToken("<mask>", special=True)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", mask_token="<mask>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
 
 
 def save_kind_pair(root: Path, build, arch: str = "qwen3") -> tuple[Path, Path]:

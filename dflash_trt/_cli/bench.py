@@ -43,28 +43,63 @@ from dflash_trt._cli.load_options import (
 )
 
 ChatOpt = Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")]
-EndpointOpt = Annotated[str | None, typer.Option("--endpoint", help="Benchmark this OpenAI-compatible server "
-                                                 "(URL) instead of running models in-process.")]
-BaselineOpt = Annotated[str | None, typer.Option("--baseline", help="With --endpoint: a second server to compare "
-                                                 "against (e.g. the same target without drafting).")]
-MtpEndpointOpt = Annotated[str | None, typer.Option("--mtp-endpoint", help="With --endpoint: the same target "
-                                                    "drafting with its own MTP layers (a bundle's "
-                                                    "trtllm/config.mtp.yaml); reports which arm wins per "
-                                                    "concurrency.")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request "
-                                              "(default: the server's first).")]
-ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", help="With --endpoint: closed-loop levels, "
-                                                    "comma-separated (default 1,4,16,32; none when only "
-                                                    "--request-rate is given).")]
-RequestsOpt = Annotated[int | None, typer.Option("--requests", min=1, help="With --endpoint: requests per level "
-                                                 "(default: max(prompts, 2 x concurrency)).")]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint", help="Benchmark this OpenAI-compatible server (URL) instead of running models in-process."
+    ),
+]
+BaselineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--baseline",
+        help="With --endpoint: a second server to compare against (e.g. the same target without drafting).",
+    ),
+]
+MtpEndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--mtp-endpoint",
+        help="With --endpoint: the same target "
+        "drafting with its own MTP layers (a bundle's "
+        "trtllm/config.mtp.yaml); reports which arm wins per "
+        "concurrency.",
+    ),
+]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", help="With --endpoint: model id to request (default: the server's first).")
+]
+ConcurrencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency",
+        help="With --endpoint: closed-loop levels, "
+        "comma-separated (default 1,4,16,32; none when only "
+        "--request-rate is given).",
+    ),
+]
+RequestsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--requests", min=1, help="With --endpoint: requests per level (default: max(prompts, 2 x concurrency))."
+    ),
+]
 TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")]
-IgnoreEosOpt = Annotated[bool, typer.Option("--ignore-eos", help="With --endpoint: ask the server to generate "
-                                            "max tokens (vLLM/TRT-LLM/dflash extension).")]
-PlotOpt = Annotated[Path | None, typer.Option(
-    "--plot", help="With --endpoint: write throughput per GPU against tokens/s per user (DFlash and "
-                   "--baseline on one chart), TTFT, ITL and speedup to this PNG; with a BUNDLE, its plan's "
-                   "predicted curves too.")]
+IgnoreEosOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ignore-eos", help="With --endpoint: ask the server to generate max tokens (vLLM/TRT-LLM/dflash extension)."
+    ),
+]
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="With --endpoint: write throughput per GPU against tokens/s per user (DFlash and "
+        "--baseline on one chart), TTFT, ITL and speedup to this PNG; with a BUNDLE, its plan's "
+        "predicted curves too.",
+    ),
+]
 
 
 def bench(
@@ -114,17 +149,37 @@ def bench(
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
     rows = dataset(prompts, dataset_format, None, output_len, seed, default=default_prompts())
     if endpoint is not None:
-        load = {"request_rate": rates(request_rate), "burstiness": burstiness, "duration": duration,
-                "goodput": loads.parse_goodput(goodput), "seed": seed or 0, "repeats": repeats or 3, "warmup": warmup,
-                "requests": requests, "max_tokens": max_tokens, "temperature": temperature, "chat": chat,
-                "ignore_eos": ignore_eos}
-        bench_endpoint(endpoint, baseline, model, rows if prompts else None, concurrency, load, plot, as_json,
-                       bundle=bundle, mtp=mtp_endpoint, input_len=input_len)
+        load = {
+            "request_rate": rates(request_rate),
+            "burstiness": burstiness,
+            "duration": duration,
+            "goodput": loads.parse_goodput(goodput),
+            "seed": seed or 0,
+            "repeats": repeats or 3,
+            "warmup": warmup,
+            "requests": requests,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "chat": chat,
+            "ignore_eos": ignore_eos,
+        }
+        bench_endpoint(
+            endpoint,
+            baseline,
+            model,
+            rows if prompts else None,
+            concurrency,
+            load,
+            plot,
+            as_json,
+            bundle=bundle,
+            mtp=mtp_endpoint,
+            input_len=input_len,
+        )
         return
     if baseline is not None or plot is not None or mtp_endpoint is not None or request_rate is not None:
         raise DFlashError("--baseline, --mtp-endpoint, --request-rate and --plot go with --endpoint URL")
-    pair = load_pair_from(target, drafter, dtype, bundle=bundle, kernels=kernels,
-                          backend=backend)
+    pair = load_pair_from(target, drafter, dtype, bundle=bundle, kernels=kernels, backend=backend)
     _bench_inprocess(pair, bundle, rows, prompts, input_len, max_tokens, block_size, chat, repeats, as_json)
 
 
@@ -136,15 +191,24 @@ def _bench_inprocess(pair, bundle, rows, prompts, input_len, max_tokens, block_s
     context = context_len(pair, bundle)
     if input_len is not None:
         rows = datasets.cut(rows, input_len, pair.tokenizer)
-    elif prompts is None:   # the shipped prompts fit any bundle: cut to its context (a user's file is refused)
-        room = context - max_tokens - (64 if chat else 0)   # the chat template's own tokens
+    elif prompts is None:  # the shipped prompts fit any bundle: cut to its context (a user's file is refused)
+        room = context - max_tokens - (64 if chat else 0)  # the chat template's own tokens
         if room < 1:
-            raise DFlashError(f"--max-tokens {max_tokens} leaves no room for a prompt in this model's context of "
-                              f"{context} tokens")
+            raise DFlashError(
+                f"--max-tokens {max_tokens} leaves no room for a prompt in this model's context of {context} tokens"
+            )
         rows = datasets.cut(rows, room, pair.tokenizer)
     with steps("prompts", len(rows) * (repeats or 1)) as step:
-        report = inprocess.run(pair, rows, max_new_tokens=max_tokens, block_size=block_size, chat=chat,
-                               repeats=repeats or 1, progress=step, context=context)
+        report = inprocess.run(
+            pair,
+            rows,
+            max_new_tokens=max_tokens,
+            block_size=block_size,
+            chat=chat,
+            repeats=repeats or 1,
+            progress=step,
+            context=context,
+        )
     if as_json:
         print_json(report)
         return
@@ -161,7 +225,7 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
     plan = ingest.open_bundle(bundle).manifest.plan
     if plan is None:
         return None, 1, None
-    rows = [r.model_dump(mode="json", exclude_unset=True) for r in plan.predicted]   # the plot reads JSON rows
+    rows = [r.model_dump(mode="json", exclude_unset=True) for r in plan.predicted]  # the plot reads JSON rows
     return rows or None, plan.tp, plan.gpu
 
 
@@ -178,13 +242,14 @@ def refuse_gate(bundle) -> None:
     try:
         gate = deploy.speculation_gate(yaml.safe_load(path.read_text()))
     except yaml.YAMLError:
-        return   # what the config holds is the bundle check's to say
+        return  # what the config holds is the bundle check's to say
     if gate:
         raise DFlashError(f"{path}: {gate}")
 
 
-def bench_endpoint(endpoint, baseline, model, rows, concurrency, load: dict, plot, as_json, bundle=None, mtp=None,
-                   input_len=None) -> None:
+def bench_endpoint(
+    endpoint, baseline, model, rows, concurrency, load: dict, plot, as_json, bundle=None, mtp=None, input_len=None
+) -> None:
     """``rows``: the prompt set (None: the load generator's own); ``load``: :func:`loadgen.run`'s
     load and request options."""
     from dflash_trt.bench import datasets, plots
@@ -192,7 +257,7 @@ def bench_endpoint(endpoint, baseline, model, rows, concurrency, load: dict, plo
     from dflash_trt.errors import DFlashError
 
     if concurrency is None:
-        concurrency = "" if load["request_rate"] else "1,4,16,32"   # --request-rate alone: open loop only
+        concurrency = "" if load["request_rate"] else "1,4,16,32"  # --request-rate alone: open loop only
     try:
         levels = [int(x) for x in concurrency.split(",") if x.strip()]
     except ValueError:
@@ -202,15 +267,27 @@ def bench_endpoint(endpoint, baseline, model, rows, concurrency, load: dict, plo
     refuse_gate(bundle)
     n = (len(levels) + len(load["request_rate"])) * (1 + bool(baseline) + bool(mtp))
     with steps("benchmarking", n) as step:
-        report = loadgen.run(endpoint, model=model, baseline=baseline, mtp=mtp, prompts=rows, concurrency=levels,
-                             records=as_json, **load,
-                             progress=lambda url, c: step(desc=f"benchmarking: {url} {_label(c)} done"))
+        report = loadgen.run(
+            endpoint,
+            model=model,
+            baseline=baseline,
+            mtp=mtp,
+            prompts=rows,
+            concurrency=levels,
+            records=as_json,
+            **load,
+            progress=lambda url, c: step(desc=f"benchmarking: {url} {_label(c)} done"),
+        )
     refused = None
-    if plot is not None:   # the results are saved (PLOT.json) before the figure is drawn
+    if plot is not None:  # the results are saved (PLOT.json) before the figure is drawn
         predicted, gpus, device = planned_curve(bundle)
-        refused = save_then_plot(report, plot, lambda p: plots.plot(report, p, predicted=predicted, gpus=gpus,
-                                                                    device=device,
-                                                                    name=Path(bundle).name if bundle else None))
+        refused = save_then_plot(
+            report,
+            plot,
+            lambda p: plots.plot(
+                report, p, predicted=predicted, gpus=gpus, device=device, name=Path(bundle).name if bundle else None
+            ),
+        )
         report["plot"] = None if refused else str(plot)
     if as_json:
         print_json(report)

@@ -20,38 +20,62 @@ from dflash_trt._cli.common import (
     print_json,
 )
 
-if TYPE_CHECKING:   # annotations only: the CLI imports the planner when a command runs (start-up cost)
+if TYPE_CHECKING:  # annotations only: the CLI imports the planner when a command runs (start-up cost)
     from dflash_trt.ingest import CurvePoint, PlanMemory
     from dflash_trt.plan import Plan, Recipe
 
 DEFAULT_RECIPE = "tiny"
 
-RecipeArg = Annotated[str | None, typer.Argument(help="Bundled recipe name or YAML file (default: tiny, "
-                                                    "or none when --target and --drafter are given).")]
-GpuOpt = Annotated[str | None, typer.Option(
-    "--gpu", help="GPU model: B300, B200, GB200, H200, H100, L40S, A100, cpu ...")]
-PrecisionOpt = Annotated[str | None, typer.Option(
-    "--precision", help="Target weights: bf16, fp8, nvfp4, or auto (as shipped).")]
+RecipeArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="Bundled recipe name or YAML file (default: tiny, or none when --target and --drafter are given)."
+    ),
+]
+GpuOpt = Annotated[
+    str | None, typer.Option("--gpu", help="GPU model: B300, B200, GB200, H200, H100, L40S, A100, cpu ...")
+]
+PrecisionOpt = Annotated[
+    str | None, typer.Option("--precision", help="Target weights: bf16, fp8, nvfp4, or auto (as shipped).")
+]
 KvOpt = Annotated[str | None, typer.Option("--kv-cache-dtype", help="KV cache dtype: auto or fp8.")]
-SetOpt = Annotated[list[str] | None, typer.Option(
-    "--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")]
-CalibOpt = Annotated[str | None, typer.Option(
-    "--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")]
-OutputOpt = Annotated[Path | None, typer.Option(
-    "--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")]
-DryRunOpt = Annotated[bool, typer.Option(
-    "--dry-run", help="Resolve, validate and plan from configs; write nothing.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing bundle: only the files its "
-                                                    "manifest lists; other files in the directory are kept.")]
-GraphsOpt = Annotated[bool, typer.Option(
-    "--graphs", help="Also export the standalone path: ONNX graphs with the DFlash custom ops to OUT/onnx, and "
-                     "TensorRT engines to OUT/engines where TensorRT and a GPU are present (run by --backend "
-                     "onnx|tensorrt).")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a recipe field: KEY.PATH=VALUE (repeatable).")
+]
+CalibOpt = Annotated[
+    str | None, typer.Option("--calib", help="Calibration text: one sample per line, or JSONL with 'prompt'/'text'.")
+]
+OutputOpt = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Bundle directory (default: dflash-out/<recipe>).")
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Resolve, validate and plan from configs; write nothing.")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Replace an existing bundle: only the files its manifest lists; other files in the directory are kept.",
+    ),
+]
+GraphsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--graphs",
+        help="Also export the standalone path: ONNX graphs with the DFlash custom ops to OUT/onnx, and "
+        "TensorRT engines to OUT/engines where TensorRT and a GPU are present (run by --backend "
+        "onnx|tensorrt).",
+    ),
+]
 
 
 # The recipe field each flag sets, as the typed value typer parsed (never re-read as YAML).
-FLAG_FIELDS = {"--gpu": "gpu.name", "--gpus-per-node": "gpu.count", "--precision": "precision.weights",
-               "--kv-cache-dtype": "precision.kv_cache", "--calib": "precision.calib", "--graphs": "graphs"}
+FLAG_FIELDS = {
+    "--gpu": "gpu.name",
+    "--gpus-per-node": "gpu.count",
+    "--precision": "precision.weights",
+    "--kv-cache-dtype": "precision.kv_cache",
+    "--calib": "precision.calib",
+    "--graphs": "graphs",
+}
 
 
 def flag_fields(target: str | None, drafter: str | None, flags: dict[str, object]) -> list:
@@ -62,13 +86,17 @@ def flag_fields(target: str | None, drafter: str | None, flags: dict[str, object
     fields = []
     for flag, role, ref in (("--target", "target", target), ("--drafter", "drafter", drafter)):
         if ref is not None:
-            fields += [R.FieldValue(f"{role}.id", ref, flag), R.FieldValue(f"{role}.config", None, flag),
-                       R.FieldValue(f"{role}.revision", None, flag)]
+            fields += [
+                R.FieldValue(f"{role}.id", ref, flag),
+                R.FieldValue(f"{role}.config", None, flag),
+                R.FieldValue(f"{role}.revision", None, flag),
+            ]
     return fields + [R.FieldValue(FLAG_FIELDS[flag], value, flag) for flag, value in flags.items() if value is not None]
 
 
-def recipe_from_flags(recipe: str | None, target: str | None, drafter: str | None,
-                      flags: dict[str, object], sets: list[str] | None):
+def recipe_from_flags(
+    recipe: str | None, target: str | None, drafter: str | None, flags: dict[str, object], sets: list[str] | None
+):
     """A Recipe from a name/file plus flags (``{"--precision": "fp8", ...}``, keys of
     :data:`FLAG_FIELDS`); the flags set their fields, then ``--set`` overrides apply."""
     from dflash_trt import plan as R
@@ -110,13 +138,24 @@ def build(
     which says which."""
     from dflash_trt import deploy as pipeline
 
-    flags = {"--gpu": gpu, "--gpus-per-node": gpus_per_node,
-             "--precision": precision, "--kv-cache-dtype": kv_cache_dtype,
-             "--calib": calib, "--graphs": True if graphs else None}  # None: the recipe's own
+    flags = {
+        "--gpu": gpu,
+        "--gpus-per-node": gpus_per_node,
+        "--precision": precision,
+        "--kv-cache-dtype": kv_cache_dtype,
+        "--calib": calib,
+        "--graphs": True if graphs else None,
+    }  # None: the recipe's own
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err, transient=True,
-                  disable=not err.is_terminal) as bar:  # off in a log: a refusal stays one line
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:  # off in a log: a refusal stays one line
         task = bar.add_task(f"building {r.name}", total=None)
 
         def status(msg):
@@ -128,8 +167,15 @@ def build(
         res = pipeline.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
     engine_info = (res.manifest or {}).get("engine")
     if as_json:
-        print_json({"recipe": r.name, "dry_run": dry_run, "out": str(res.out) if res.out else None,
-                    "plan": res.plan.to_json(), "engine": engine_info})
+        print_json(
+            {
+                "recipe": r.name,
+                "dry_run": dry_run,
+                "out": str(res.out) if res.out else None,
+                "plan": res.plan.to_json(),
+                "engine": engine_info,
+            }
+        )
         return
     show_plan(res.plan, r)
     if dry_run:
@@ -138,8 +184,9 @@ def build(
     out.print(f"bundle written to {res.out}  (serve: {res.out}/trtllm/serve.sh)")
     if engine_info is not None:
         err_max = max(engine_info["drafter_onnx_max_error"].values())
-        out.print(f"ONNX: {', '.join(engine_info['onnx'])} in {res.out}/onnx "
-                  f"(drafter vs PyTorch max error {err_max:.1e})")
+        out.print(
+            f"ONNX: {', '.join(engine_info['onnx'])} in {res.out}/onnx (drafter vs PyTorch max error {err_max:.1e})"
+        )
         if not engine_info["engines_built"]:
             out.print(f"engines not built: {engine_info['engines_reason']}")
 
@@ -153,20 +200,36 @@ def plan(
     precision: PrecisionOpt = None,
     kv_cache_dtype: KvOpt = None,
     set_: SetOpt = None,
-    calibration: Annotated[list[Path] | None, typer.Option("--calibration", help="Refit the step model on your "
-                           "own server's measurements first: the JSON of 'dflash-trt bench --endpoint URL "
-                           "--concurrency ... --json', with and without drafting (--baseline, or two files; "
-                           "repeatable).")] = None,
-    stack: Annotated[str | None, typer.Option("--stack", help="The serving stack to predict for: trtllm, vllm or "
-                     "sglang (default: the recipe's server, TensorRT-LLM on a GPU), so engines and published "
-                     "tables of another engine compare like for like.")] = None,
+    calibration: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--calibration",
+            help="Refit the step model on your "
+            "own server's measurements first: the JSON of 'dflash-trt bench --endpoint URL "
+            "--concurrency ... --json', with and without drafting (--baseline, or two files; "
+            "repeatable).",
+        ),
+    ] = None,
+    stack: Annotated[
+        str | None,
+        typer.Option(
+            "--stack",
+            help="The serving stack to predict for: trtllm, vllm or "
+            "sglang (default: the recipe's server, TensorRT-LLM on a GPU), so engines and published "
+            "tables of another engine compare like for like.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
     from dflash_trt import deploy as pipeline
 
-    flags = {"--gpu": gpu, "--gpus-per-node": gpus_per_node,
-             "--precision": precision, "--kv-cache-dtype": kv_cache_dtype}
+    flags = {
+        "--gpu": gpu,
+        "--gpus-per-node": gpus_per_node,
+        "--precision": precision,
+        "--kv-cache-dtype": kv_cache_dtype,
+    }
     if stack is not None and stack not in ("trtllm", "vllm", "sglang"):
         from dflash_trt.errors import RecipeError
 
@@ -185,26 +248,37 @@ def _gib(n: int) -> str:
 
 def show_plan(p: Plan, r: Recipe) -> None:
     m = p.memory
-    t = Table(title=f"{r.name}: {p.gpus}x {p.gpu}, {p.precision} weights, KV {p.kv_cache}, tp={p.tp}"
-              + (f", ep={p.ep}" if p.ep > 1 else ""))
+    t = Table(
+        title=f"{r.name}: {p.gpus}x {p.gpu}, {p.precision} weights, KV {p.kv_cache}, tp={p.tp}"
+        + (f", ep={p.ep}" if p.ep > 1 else "")
+    )
     t.add_column("memory per GPU")
     t.add_column("", justify="right")
     arena = "drafter context arena" + (" (in the KV pool)" if m.arena_in_kv_pool else " (dense, outside the pool)")
     batch, seq = p.max_batch_size or r.serving.max_batch_size, p.max_seq_len or r.serving.max_seq_len
-    rows = [("target weights", m.weights), ("drafter (bf16)", m.drafter), (arena, m.drafter_arena),
-            (f"KV cache ({batch} x {seq} tokens)", m.kv_cache), ("activations", m.activations),
-            ("runtime reserve", m.reserve)]
+    rows = [
+        ("target weights", m.weights),
+        ("drafter (bf16)", m.drafter),
+        (arena, m.drafter_arena),
+        (f"KV cache ({batch} x {seq} tokens)", m.kv_cache),
+        ("activations", m.activations),
+        ("runtime reserve", m.reserve),
+    ]
     if m.draft_kv_pool:
         rows.insert(3, ("separate draft KV pool (unused, PR #19410)", m.draft_kv_pool))
-    rows += [(f"CUDA graphs ({len(m.graph_batch_sizes)} batch sizes)", m.cuda_graphs),
-             ("start-up headroom (PR #19466)", m.headroom)]
+    rows += [
+        (f"CUDA graphs ({len(m.graph_batch_sizes)} batch sizes)", m.cuda_graphs),
+        ("start-up headroom (PR #19466)", m.headroom),
+    ]
     for label, value in rows:
         t.add_row(label, _gib(value))
     t.add_row("total", f"{_gib(m.total)} of {_gib(m.capacity)}")
     out.print(t)
     show_budget(m)
-    s = Table(title=f"drafting: block {p.block_size}, max_draft_len {p.max_draft_len}, expected τ {p.acceptance} "
-              f"(α {p.alpha}), draft attention {p.attention_backend}")
+    s = Table(
+        title=f"drafting: block {p.block_size}, max_draft_len {p.max_draft_len}, expected τ {p.acceptance} "
+        f"(α {p.alpha}), draft attention {p.attention_backend}"
+    )
     cols = ["batch", "draft", "speedup (range)"] + (["MTP"] if p.mtp else []) + ["best", "tok/s/user", "tok/s/GPU"]
     for col in cols:
         s.add_column(col, justify="right")
@@ -212,13 +286,18 @@ def show_plan(p: Plan, r: Recipe) -> None:
     for row in p.curve:
         r = pred.get(row.batch)
         lo, hi = row.speedup_range or [row.speedup, row.speedup]
-        cells = [str(row.batch), str(row.draft_len) if row.draft_len else "off",
-                 f"{row.speedup:.2f}x ({lo:.2f}-{hi:.2f})"]
+        cells = [
+            str(row.batch),
+            str(row.draft_len) if row.draft_len else "off",
+            f"{row.speedup:.2f}x ({lo:.2f}-{hi:.2f})",
+        ]
         if p.mtp:
             cells.append(f"{row.mtp_speedup or 0.0:.2f}x")
-        cells += [{"autoregressive": "AR"}.get(row.winner or "", row.winner or ""),
-                  f"{r.tokens_per_second_per_user if r else 0:.0f}",
-                  f"{r.output_tokens_per_second_per_gpu if r else 0:.0f}"]
+        cells += [
+            {"autoregressive": "AR"}.get(row.winner or "", row.winner or ""),
+            f"{r.tokens_per_second_per_user if r else 0:.0f}",
+            f"{r.output_tokens_per_second_per_gpu if r else 0:.0f}",
+        ]
         s.add_row(*cells)
     out.print(s)
     if p.calibration:
@@ -229,9 +308,12 @@ def show_plan(p: Plan, r: Recipe) -> None:
         bases = dict.fromkeys(row.range_basis for row in p.curve)
         out.print(f"ranges: leave-one-out errors of {'; '.join(b for b in bases if b)}", markup=False)
     if p.mtp:
-        out.print(f"MTP arm: {p.mtp.layers} MTP layer(s), num_nextn_predict_layers "
-                  f"{p.mtp.num_nextn_predict_layers}, expected τ {p.mtp.acceptance} "
-                  f"({p.mtp.tau_ratio_to_dflash} x DFlash's, published)", markup=False)
+        out.print(
+            f"MTP arm: {p.mtp.layers} MTP layer(s), num_nextn_predict_layers "
+            f"{p.mtp.num_nextn_predict_layers}, expected τ {p.mtp.acceptance} "
+            f"({p.mtp.tau_ratio_to_dflash} x DFlash's, published)",
+            markup=False,
+        )
     if p.schedule == "max_concurrency":
         out.print(f"back-off: max_concurrency {p.max_concurrency} (drafting off above it)")
     elif p.schedule == "draft_len_schedule":
@@ -246,15 +328,21 @@ def show_plan(p: Plan, r: Recipe) -> None:
 def show_budget(m: PlanMemory) -> None:
     """The KV pool's share and what is left beside it, with PR #19466's estimate beside ours."""
     b, est = m.budget, m.pr19466
-    if b is None or est is None:   # a plan without the start-up budget (no GPU memory to size)
+    if b is None or est is None:  # a plan without the start-up budget (no GPU memory to size)
         return
     how = "set in the recipe" if b["fraction_source"] == "recipe" else "chosen to leave start-up its room"
     pool = _gib(int(b["fraction"] * b["free_after_load"]))
-    out.print(f"free_gpu_memory_fraction {b['fraction']:.2f} ({how}): KV pool {pool} for {_gib(b['in_pool'])}; "
-              f"beside it {_gib(b['after_pool'])} needed, {_gib(b['left_after_pool'])} spare", markup=False)
-    out.print(f"PR #19466 estimate (an open pull request, not in a release): drafter buffers {_gib(est['buffers'])} "
-              f"against a budget of {_gib(est['budget'])} (0.70 x (memory - weights - 4 GiB) x (1 - fraction)): "
-              f"{est['verdict']}", markup=False)
+    out.print(
+        f"free_gpu_memory_fraction {b['fraction']:.2f} ({how}): KV pool {pool} for {_gib(b['in_pool'])}; "
+        f"beside it {_gib(b['after_pool'])} needed, {_gib(b['left_after_pool'])} spare",
+        markup=False,
+    )
+    out.print(
+        f"PR #19466 estimate (an open pull request, not in a release): drafter buffers {_gib(est['buffers'])} "
+        f"against a budget of {_gib(est['budget'])} (0.70 x (memory - weights - 4 GiB) x (1 - fraction)): "
+        f"{est['verdict']}",
+        markup=False,
+    )
 
 
 def no_backoff_verdict(curve: list[CurvePoint]) -> str:
@@ -264,8 +352,9 @@ def no_backoff_verdict(curve: list[CurvePoint]) -> str:
     if not slow:
         return "back-off: none (drafting predicted to pay at every planned batch size)"
     where = f"batch {slow[0]}" if len(slow) == 1 else f"batch {slow[0]}-{slow[-1]}"
-    return (f"back-off: none, yet the table predicts a slowdown at {where}: "
-            "--set speculative.schedule=auto backs off there")
+    return (
+        f"back-off: none, yet the table predicts a slowdown at {where}: --set speculative.schedule=auto backs off there"
+    )
 
 
 def register(app: typer.Typer) -> None:

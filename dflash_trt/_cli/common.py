@@ -18,29 +18,57 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 #: the ``embedded:`` references --help lists (tests/test_cli_conventions.py checks them against
 #: ``ingest.resolve.embedded_names()``; written out so --help need not import ingest)
 EMBEDDED_REFS = ("embedded:tiny/target", "embedded:tiny/drafter")
-TargetOpt = Annotated[str | None, typer.Option(
-    "--target", "-t",
-    help="Target model: local directory, hub id (org/name\\[@rev]) or embedded:NAME "
-         f"({EMBEDDED_REFS[0]}). Default: the embedded tiny pair.")]
-DrafterOpt = Annotated[str | None, typer.Option(
-    "--drafter", "-d", help="DFlash drafter: local directory, hub id (any published format) or embedded:NAME "
-                            f"({EMBEDDED_REFS[1]}).")]
-DtypeOpt = Annotated[str, typer.Option(
-    "--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")]
-KernelsOpt = Annotated[str, typer.Option(
-    "--kernels", help="DFlash op implementations inside the torch backend: lean (the runtime's fused PyTorch path) "
-                      "or triton (needs a GPU, or TRITON_INTERPRET=1).")]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        "-t",
+        help="Target model: local directory, hub id (org/name\\[@rev]) or embedded:NAME "
+        f"({EMBEDDED_REFS[0]}). Default: the embedded tiny pair.",
+    ),
+]
+DrafterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--drafter",
+        "-d",
+        help=f"DFlash drafter: local directory, hub id (any published format) or embedded:NAME ({EMBEDDED_REFS[1]}).",
+    ),
+]
+DtypeOpt = Annotated[
+    str, typer.Option("--dtype", help="Runtime dtype: auto (float32 on CPU), float32, bfloat16, float16.")
+]
+KernelsOpt = Annotated[
+    str,
+    typer.Option(
+        "--kernels",
+        help="DFlash op implementations inside the torch backend: lean (the runtime's fused PyTorch path) "
+        "or triton (needs a GPU, or TRITON_INTERPRET=1).",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
-BundleArg = Annotated[str | None, typer.Argument(
-    help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")]
-BlockSizeOpt = Annotated[int | None, typer.Option(
-    "--block-size", "-b", min=1, help="Draft block size B (default: the drafter's trained block); 1 is plain "
-                                      "autoregressive decoding.")]
+BundleArg = Annotated[
+    str | None, typer.Argument(help="A bundle directory from `dflash-trt build` (instead of --target/--drafter).")
+]
+BlockSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--block-size",
+        "-b",
+        min=1,
+        help="Draft block size B (default: the drafter's trained block); 1 is plain autoregressive decoding.",
+    ),
+]
 GpusPerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node.")]
-BackendOpt = Annotated[str, typer.Option(
-    "--backend", help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over "
-                      "the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle "
-                      "built with --graphs.")]
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="What runs the models: torch (the reference runtime's PyTorch modules), onnx (ONNX Runtime over "
+        "the bundle's onnx/, CPU) or tensorrt (its engines/, GPU); onnx and tensorrt need a bundle "
+        "built with --graphs.",
+    ),
+]
 
 
 @contextmanager
@@ -53,13 +81,23 @@ def steps(description: str, total: int | None):
     if err.is_terminal:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
             task = bar.add_task(description, total=total)
 
             def update(completed=None, desc=None):
-                bar.update(task, **({"advance": 1} if completed is None else {"completed": completed}),
-                           **({"description": desc} if desc else {}))
+                bar.update(
+                    task,
+                    **({"advance": 1} if completed is None else {"completed": completed}),
+                    **({"description": desc} if desc else {}),
+                )
+
             yield update
         return
     start, done = time.perf_counter(), [0]
@@ -67,8 +105,10 @@ def steps(description: str, total: int | None):
     def line(completed=None, desc=None):
         done[0] = done[0] + 1 if completed is None else completed
         of = f"/{total}" if total else ""
-        print(f"{desc or description}: {done[0]}{of} ({time.perf_counter() - start:.0f} s)", file=sys.stderr,
-              flush=True)
+        print(
+            f"{desc or description}: {done[0]}{of} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True
+        )
+
     yield line
 
 
@@ -98,8 +138,7 @@ def default_prompts() -> str:
 SMALL_MODEL_PARAMS = 50_000_000
 
 
-def run_spec(backend: str = "torch", kernels: str = "lean", bundle: str | None = None,
-             dtype: str = "auto"):
+def run_spec(backend: str = "torch", kernels: str = "lean", bundle: str | None = None, dtype: str = "auto"):
     """The resolved ``runtime.RunSpec`` for the flags (one DFlashError line if they cannot run);
     what resolving changed is said here, once, on stderr."""
     from dflash_trt.runtime import resolve_run
@@ -112,8 +151,15 @@ def run_spec(backend: str = "torch", kernels: str = "lean", bundle: str | None =
     return spec
 
 
-def load_pair_from(target: str | None, drafter: str | None, dtype: str, need_drafter: bool = True,
-                   bundle: str | None = None, kernels: str = "lean", backend: str = "torch"):
+def load_pair_from(
+    target: str | None,
+    drafter: str | None,
+    dtype: str,
+    need_drafter: bool = True,
+    bundle: str | None = None,
+    kernels: str = "lean",
+    backend: str = "torch",
+):
     """The finished pair a command runs: a bundle, --target/--drafter, or the embedded tiny pair,
     under the run spec the flags resolve to (``pair.backend`` answers its model calls)."""
     check_refs(target, drafter, need_drafter, bundle)
@@ -206,7 +252,7 @@ def save_then_plot(report: dict, path, draw) -> str | None:
 
     path = Path(path)
     try:
-        saved: Path | None = _plain(path.with_suffix(".json"))   # ValueError for a path with no name ("/", ".")
+        saved: Path | None = _plain(path.with_suffix(".json"))  # ValueError for a path with no name ("/", ".")
         replace_file(saved, lambda tmp: tmp.write_text(json.dumps(report, indent=2, default=str) + "\n"))
     except (OSError, ValueError) as exc:
         saved = None

@@ -29,10 +29,10 @@ def generate(
     bundle: BundleArg = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
-    max_new_tokens: Annotated[int, typer.Option(
-        "--max-tokens", "-n", min=0, help="Tokens to generate at most.")] = 128,
-    temperature: Annotated[float, typer.Option(
-        min=0.0, help="0 is greedy (lossless: identical to the target's own greedy output).")] = 0.0,
+    max_new_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=0, help="Tokens to generate at most.")] = 128,
+    temperature: Annotated[
+        float, typer.Option(min=0.0, help="0 is greedy (lossless: identical to the target's own greedy output).")
+    ] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", min=0, help="Keep the k most likely tokens (0: all).")] = 0,
     seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
@@ -49,29 +49,40 @@ def generate(
     from dflash_trt.runtime import generate as run
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    pair = load_pair_from(target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle, kernels=kernels,
-                          backend=backend)
-    with _quiet("transformers"):   # its "longer than the maximum" warning: check_context says it in one line
+    pair = load_pair_from(
+        target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle, kernels=kernels, backend=backend
+    )
+    with _quiet("transformers"):  # its "longer than the maximum" warning: check_context says it in one line
         try:
             ids = pair.encode(prompt, chat=chat)
-        except (UnicodeError, TypeError, ValueError) as exc:   # a lone surrogate, ...
+        except (UnicodeError, TypeError, ValueError) as exc:  # a lone surrogate, ...
             from dflash_trt.errors import DFlashError
 
             raise DFlashError(f"--prompt cannot be tokenized ({type(exc).__name__}: {exc})") from None
     check_context(len(ids), max_new_tokens, context_len(pair, bundle))
     drafter_model = pair.drafter if block_size != 1 else None
-    res = run(pair.target, drafter_model, [ids], max_new_tokens=max_new_tokens, sampling=params,
-              block_size=block_size, stop_token_ids=pair.stop_token_ids, backend=pair.backend)
+    res = run(
+        pair.target,
+        drafter_model,
+        [ids],
+        max_new_tokens=max_new_tokens,
+        sampling=params,
+        block_size=block_size,
+        stop_token_ids=pair.stop_token_ids,
+        backend=pair.backend,
+    )
     tokens = res.token_ids[0]
     text = pair.decode(tokens)
     s = res.stats
     if as_json:
-        print_json({
-            "text": text,
-            "token_ids": tokens,
-            "finish_reason": res.finish_reasons[0],
-            **s.as_dict(),
-        })
+        print_json(
+            {
+                "text": text,
+                "token_ids": tokens,
+                "finish_reason": res.finish_reasons[0],
+                **s.as_dict(),
+            }
+        )
         return
     out.print(text, markup=False)
     per_pos = " ".join(f"{x:.2f}" for x in s.per_position_acceptance)
@@ -117,8 +128,10 @@ def check_context(n: int, max_new: int, ctx: int) -> None:
     if n >= ctx:
         raise DFlashError(f"the prompt has {n} tokens; this model's context is {ctx} tokens")
     if n + max_new > ctx:
-        raise DFlashError(f"prompt ({n} tokens) + --max-tokens ({max_new}) exceeds this model's context of "
-                          f"{ctx} tokens; pass -n {ctx - n} or less")
+        raise DFlashError(
+            f"prompt ({n} tokens) + --max-tokens ({max_new}) exceeds this model's context of "
+            f"{ctx} tokens; pass -n {ctx - n} or less"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -30,8 +30,12 @@ def _human_count(n: int | None) -> str:
 
 
 def _rows(info: dict) -> list[tuple[str, str]]:
-    rows = [("path", info["path"]), ("kind", info["kind"]), ("format", info["format"]),
-            ("architecture", info["architecture"])]
+    rows = [
+        ("path", info["path"]),
+        ("kind", info["kind"]),
+        ("format", info["format"]),
+        ("architecture", info["architecture"]),
+    ]
     if info["kind"] == "drafter":
         ids = info["target_layer_ids"]
         rows += [
@@ -43,11 +47,17 @@ def _rows(info: dict) -> list[tuple[str, str]]:
             ("trained target depth", str(info["num_target_layers"] or "not recorded")),
             ("layers x hidden", f"{info['layers']} x {info['hidden_size']}"),
             ("heads", f"{info['heads']} x {info['head_dim']} (kv {info['kv_heads']})"),
-            ("vocabulary", str(info["vocab_size"]) + (f" (draft head {info['draft_vocab_size']})"
-                                                      if info["draft_vocab_size"] else "")),
-            ("attention", ", ".join(sorted(set(info["layer_types"] or ["full_attention"])))
-             + (f", window {info['sliding_window']}" if info["sliding_window"] else "")
-             + ("" if info["causal"] is None else f", causal={info['causal']}")),
+            (
+                "vocabulary",
+                str(info["vocab_size"])
+                + (f" (draft head {info['draft_vocab_size']})" if info["draft_vocab_size"] else ""),
+            ),
+            (
+                "attention",
+                ", ".join(sorted(set(info["layer_types"] or ["full_attention"])))
+                + (f", window {info['sliding_window']}" if info["sliding_window"] else "")
+                + ("" if info["causal"] is None else f", causal={info['causal']}"),
+            ),
         ]
     else:
         q = info["quantization"]
@@ -55,26 +65,44 @@ def _rows(info: dict) -> list[tuple[str, str]]:
             ("layers x hidden", f"{info['layers']} x {info['hidden_size']}"),
             ("heads", f"{info['heads']} x {info['head_dim']} (kv {info['kv_heads']})"),
             ("vocabulary", f"{info['vocab_size']} (embedding rows: {info['embedding_rows'] or 'unknown'})"),
-            ("quantization", "none" if not q else f"{q['quant_algo']} ({q['method']}, {q['source']})"
-             + (f", KV cache {q['kv_cache_quant_algo']}" if q.get("kv_cache_quant_algo") else "")),
+            (
+                "quantization",
+                "none"
+                if not q
+                else f"{q['quant_algo']} ({q['method']}, {q['source']})"
+                + (f", KV cache {q['kv_cache_quant_algo']}" if q.get("kv_cache_quant_algo") else ""),
+            ),
             ("tokenizer", ", ".join(info["tokenizer_files"]) or "absent"),
-            ("hidden-state capture (TensorRT-LLM)", {True: "yes", False: "no"}.get(info["hidden_state_capture"],
-                                                                                     "not known")),
+            (
+                "hidden-state capture (TensorRT-LLM)",
+                {True: "yes", False: "no"}.get(info["hidden_state_capture"], "not known"),
+            ),
         ]
     rope = f"theta {info['rope_theta']:g}" if info["rope_theta"] else "?"
     if info["rope_scaling"]:
         rope += f", {info['rope_scaling'].get('rope_type', info['rope_scaling'].get('type'))}"
-    rows += [("rope", rope), ("parameters", _human_count(info["num_parameters"])),
-             ("bytes on disk", _human_bytes(info["bytes_on_disk"])), ("dtype", str(info["dtype"]))]
+    rows += [
+        ("rope", rope),
+        ("parameters", _human_count(info["num_parameters"])),
+        ("bytes on disk", _human_bytes(info["bytes_on_disk"])),
+        ("dtype", str(info["dtype"])),
+    ]
     return rows
 
 
 def inspect(
-    ref: Annotated[str, typer.Argument(
-        metavar="PATH_OR_ID", help="Drafter or target: local directory, hub id (org/name or org/name@revision) "
-                                   "or embedded:NAME (embedded:tiny/target, embedded:tiny/drafter).")],
-    target: Annotated[str | None, typer.Option("--target", "-t", help="Check the drafter against this target "
-                                                                       "(also embedded:tiny/target).")] = None,
+    ref: Annotated[
+        str,
+        typer.Argument(
+            metavar="PATH_OR_ID",
+            help="Drafter or target: local directory, hub id (org/name or org/name@revision) "
+            "or embedded:NAME (embedded:tiny/target, embedded:tiny/drafter).",
+        ),
+    ],
+    target: Annotated[
+        str | None,
+        typer.Option("--target", "-t", help="Check the drafter against this target (also embedded:tiny/target)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Describe a checkpoint (format, layer ids, mask id, sizes, quantization); with --target, the pair verdict."""
@@ -132,10 +160,14 @@ def _capture(architecture: str | None) -> tuple[bool | None, str]:
     if ok:
         return True, f"TensorRT-LLM {release} captures hidden states for {architecture}"
     if why:
-        return False, (f"TensorRT-LLM's {architecture} has no hidden-state capture hook ({why}): build without "
-                       "--graphs refuses it; the reference runtime (generate, bench, serve) runs the pair")
-    return None, (f"TensorRT-LLM may not capture hidden states for {architecture} (its source was not read for "
-                  "it); DFlash there is unverified (the reference runtime works)")
+        return False, (
+            f"TensorRT-LLM's {architecture} has no hidden-state capture hook ({why}): build without "
+            "--graphs refuses it; the reference runtime (generate, bench, serve) runs the pair"
+        )
+    return None, (
+        f"TensorRT-LLM may not capture hidden states for {architecture} (its source was not read for "
+        "it); DFlash there is unverified (the reference runtime works)"
+    )
 
 
 def _capture_check(report) -> None:

@@ -26,8 +26,10 @@ def check_free(host: str, port: int) -> None:
                 s.bind(address)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise DFlashError(f"--port {port}: {host}:{port} is already in use; stop what listens there "
-                                      "or pass another --port") from None
+                    raise DFlashError(
+                        f"--port {port}: {host}:{port} is already in use; stop what listens there "
+                        "or pass another --port"
+                    ) from None
                 if exc.errno == errno.EADDRNOTAVAIL:
                     raise DFlashError(f"--host {host}: not an address of this machine") from None
                 if exc.errno == errno.EACCES:

@@ -11,8 +11,9 @@ from rich.table import Table
 
 from dflash_trt._cli.common import out
 
-recipes_app = typer.Typer(help="List, show, copy and validate recipes (one YAML per model pair x GPU x precision).",
-                          no_args_is_help=True)
+recipes_app = typer.Typer(
+    help="List, show, copy and validate recipes (one YAML per model pair x GPU x precision).", no_args_is_help=True
+)
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: KEY.PATH=VALUE (repeatable).")]
 
@@ -24,9 +25,11 @@ def list_(
     """List the bundled recipes and what the project can do with each (derived from their configs)."""
     from dflash_trt import plan as R
 
-    t = Table(caption="status: ready (plans offline) | hub-only (plans from the hub or the local HF cache) | "
-                      "id-unconfirmed | unsupported (target family not in the runtime's registry); "
-                      "--reasons says why; recipes show NAME: the full recipe")
+    t = Table(
+        caption="status: ready (plans offline) | hub-only (plans from the hub or the local HF cache) | "
+        "id-unconfirmed | unsupported (target family not in the runtime's registry); "
+        "--reasons says why; recipes show NAME: the full recipe"
+    )
     t.add_column("name", no_wrap=True)  # the handle users copy: never split across lines
     t.add_column("gpus", no_wrap=True)
     t.add_column("weights", no_wrap=True)
@@ -52,8 +55,9 @@ def show(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML f
 
 
 @recipes_app.command("validate")
-def validate(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")],
-             set_: SetOpt = None) -> None:
+def validate(
+    name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None
+) -> None:
     """Check a recipe's keys and values; exit 2 naming the first bad key."""
     from dflash_trt import plan as R
 
@@ -71,9 +75,9 @@ def copy(
     from dflash_trt.errors import RecipeError
 
     src = R.load_recipe(name).source
-    if os.path.lexists(dest):   # a dangling symlink too: it would be written through, wherever it points
+    if os.path.lexists(dest):  # a dangling symlink too: it would be written through, wherever it points
         raise RecipeError(f"{dest} exists; choose another destination")
-    try:   # created here, never through a link made meanwhile
+    try:  # created here, never through a link made meanwhile
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise RecipeError(f"{dest}: cannot write it ({exc.strerror or exc}); choose another destination") from None

@@ -50,8 +50,10 @@ from dflash_trt._cli.serve_options import (
 #: dependency. Its only request signatures (``serve/runtime_control_auth.py::
 #: validate_runtime_control_request``) guard the runtime-control endpoints, not /v1. So a key
 #: passed on would be a value the server never reads: refused rather than an open server.
-NO_KEY_IN_TRTLLM = ("--api-key (or DFLASH_API_KEY) cannot guard trtllm-serve: it checks no API key on /v1; "
-                    "put an authenticating proxy in front of it, or use --server embedded")
+NO_KEY_IN_TRTLLM = (
+    "--api-key (or DFLASH_API_KEY) cannot guard trtllm-serve: it checks no API key on /v1; "
+    "put an authenticating proxy in front of it, or use --server embedded"
+)
 
 
 def serve(
@@ -93,8 +95,7 @@ def serve(
         return _check_trtllm(b)
     _warn_chat(b)
     if emit is not None:
-        path = launch.emit(b, emit.value, nodes, output, gpus_per_node=gpus_per_node, image=image, port=port,
-                           pvc=pvc)
+        path = launch.emit(b, emit.value, nodes, output, gpus_per_node=gpus_per_node, image=image, port=port, pvc=pvc)
         out.print(f"wrote {path} ({emit.value}, {nodes} node(s))")
         return
     trtllm = launch.find_trtllm_serve()
@@ -102,10 +103,24 @@ def serve(
         return _print_dry_run(b, host, port, trtllm, server)
     if _use_trtllm(server, trtllm, backend, kernels):
         return _serve_trtllm(b, host, port, trtllm, api_key)
-    serve_embedded(b, host, port, model_name, max_batch, max_queue, block_size, dtype, threads, backend,
-                   api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)), kernels=kernels,
-                   drain_timeout=drain_timeout, template_timeout=template_timeout,
-                   log=(log_level.lower(), log_format.lower()))
+    serve_embedded(
+        b,
+        host,
+        port,
+        model_name,
+        max_batch,
+        max_queue,
+        block_size,
+        dtype,
+        threads,
+        backend,
+        api_key=api_key,
+        max_body_bytes=int(max_body_mb * (1 << 20)),
+        kernels=kernels,
+        drain_timeout=drain_timeout,
+        template_timeout=template_timeout,
+        log=(log_level.lower(), log_format.lower()),
+    )
 
 
 def _use_trtllm(server: Server, trtllm: str | None, backend: str, kernels: str) -> bool:
@@ -115,8 +130,10 @@ def _use_trtllm(server: Server, trtllm: str | None, backend: str, kernels: str) 
 
     as_given = backend == "torch" and kernels == "lean"
     if not as_given and server is Server.trtllm:
-        raise DFlashError("--backend/--kernels choose how the embedded server runs the models; --server trtllm "
-                          "serves with trtllm-serve: use --server embedded (or auto)")
+        raise DFlashError(
+            "--backend/--kernels choose how the embedded server runs the models; --server trtllm "
+            "serves with trtllm-serve: use --server embedded (or auto)"
+        )
     return server is Server.trtllm or (server is Server.auto and trtllm is not None and as_given)
 
 
@@ -126,11 +143,13 @@ def _serve_trtllm(b, host: str, port: int, trtllm: str | None, api_key: str | No
     from dflash_trt.serve import launch
 
     if trtllm is None:
-        raise DFlashError("trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
-                          "or use --server embedded")
+        raise DFlashError(
+            "trtllm-serve is not on PATH: install TensorRT-LLM >= 1.3 (PyTorch backend with DFlash) "
+            "or use --server embedded"
+        )
     if api_key:
         raise DFlashError(NO_KEY_IN_TRTLLM)
-    check_free(host, port)   # a busy port is one line now, not after trtllm-serve loads the models
+    check_free(host, port)  # a busy port is one line now, not after trtllm-serve loads the models
     argv = launch.trtllm_argv(b, host, port)
     err.print(f"[dim]running {shlex.join(argv)}[/dim]")
     code = launch.run(argv, host, port)
@@ -149,8 +168,10 @@ def _print_dry_run(b, host: str, port: int, trtllm: str | None, server: Server) 
     if inner:
         out.print(f"# {b.serve_sh} runs: {inner} --host {host} --port {port}", markup=False)
     if trtllm is None and server is not Server.trtllm:
-        out.print("# trtllm-serve is not on PATH here: 'serve' would use the embedded server "
-                  "on the reference runtime", markup=False)
+        out.print(
+            "# trtllm-serve is not on PATH here: 'serve' would use the embedded server on the reference runtime",
+            markup=False,
+        )
 
 
 def _check_trtllm(b) -> None:
@@ -164,8 +185,11 @@ def _check_trtllm(b) -> None:
     load_trtllm_config(b.root, info.release)
     have = installed_trtllm()
     if have is None:
-        out.print(f"trtllm/config.yaml matches dflash-trt's schema of TensorRT-LLM {info.release}; tensorrt_llm is "
-                  "not installed here, so no installed release judged it", markup=False)
+        out.print(
+            f"trtllm/config.yaml matches dflash-trt's schema of TensorRT-LLM {info.release}; tensorrt_llm is "
+            "not installed here, so no installed release judged it",
+            markup=False,
+        )
         return
     code, lines = judge_trtllm_config(info.release, b.root)
     if code:
@@ -184,11 +208,24 @@ def _warn_chat(b) -> None:
         err.print(f"[yellow]warning:[/yellow] {chat}")
 
 
-def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: int | None, max_queue: int,
-                   block_size: int | None, dtype: str, threads: int | None = None, backend: str = "torch",
-                   api_key: str | None = None, max_body_bytes: int = 4 << 20,
-                   kernels: str = "lean", drain_timeout: float = 30.0, template_timeout: float = 5.0,
-                   log: tuple[str, str] = ("info", "text")) -> int:
+def serve_embedded(
+    b,
+    host: str,
+    port: int,
+    model_name: str | None,
+    max_batch: int | None,
+    max_queue: int,
+    block_size: int | None,
+    dtype: str,
+    threads: int | None = None,
+    backend: str = "torch",
+    api_key: str | None = None,
+    max_body_bytes: int = 4 << 20,
+    kernels: str = "lean",
+    drain_timeout: float = 30.0,
+    template_timeout: float = 5.0,
+    log: tuple[str, str] = ("info", "text"),
+) -> int:
     """The embedded server on the reference runtime, its pair loaded under the resolved run spec
     (the block size and the engines' profile are the scheduler's to check: ``runtime.Scheduler``)."""
     from dflash_trt.errors import require
@@ -203,19 +240,31 @@ def serve_embedded(b, host: str, port: int, model_name: str | None, max_batch: i
     configure(*log)
     itemsize = parse_dtype(dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
-    check_free(host, port)   # a busy port is one line now, before any model loads
+    check_free(host, port)  # a busy port is one line now, before any model loads
     spec = run_spec(backend, kernels, bundle=b.root, dtype=dtype)
     with err.status("loading models"):
         pair = load_bundle(b.root, spec, dtype=dtype)
-    app = create_app(pair, spec=ServeSpec(model_name=model_name or b.name, max_queue=max_queue, max_batch=max_batch,
-                                          block_size=block_size, torch_threads=threads,
-                                          max_model_len=b.serve.max_seq_len, api_key=api_key,
-                                          max_body_bytes=max_body_bytes, template_timeout_s=template_timeout))
+    app = create_app(
+        pair,
+        spec=ServeSpec(
+            model_name=model_name or b.name,
+            max_queue=max_queue,
+            max_batch=max_batch,
+            block_size=block_size,
+            torch_threads=threads,
+            max_model_len=b.serve.max_seq_len,
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            template_timeout_s=template_timeout,
+        ),
+    )
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: listening on {host} without --api-key: anyone who reaches this port can use the model")
     through = f", {backend} backend" if backend != "torch" else ""
-    err.print(f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, continuous "
-              f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})")
+    err.print(
+        f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, continuous "
+        f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})"
+    )
     return run_server(app, host, port, drain_timeout=drain_timeout, log_level=log[0], log_format=log[1])
 
 

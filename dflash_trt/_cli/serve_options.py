@@ -32,48 +32,104 @@ LogFormat = Literal["text", "json"]
 BundlePathArg = Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")]
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on.")]
 PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
-ServerOpt = Annotated[Server, typer.Option(
-    "--server", case_sensitive=False, help="What answers HTTP: trtllm (trtllm-serve), embedded (the embedded server "
-    "on the reference runtime), or auto: trtllm-serve when it is on PATH and --backend/--kernels are left as they "
-    "are, else embedded.")]
+ServerOpt = Annotated[
+    Server,
+    typer.Option(
+        "--server",
+        case_sensitive=False,
+        help="What answers HTTP: trtllm (trtllm-serve), embedded (the embedded server "
+        "on the reference runtime), or auto: trtllm-serve when it is on PATH and --backend/--kernels are left as they "
+        "are, else embedded.",
+    ),
+]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the trtllm-serve command and exit.")]
-CheckOpt = Annotated[bool, typer.Option(
-    "--check", help="Validate the bundle's trtllm/config.yaml with the installed TensorRT-LLM's own LLM-API classes "
-    "(what serve.sh does before it serves) and exit: 2 naming a key that release rejects.")]
-EmitOpt = Annotated[Emit | None, typer.Option(
-    "--emit", case_sensitive=False, help="Write a multi-node launch file instead of serving.")]
+CheckOpt = Annotated[
+    bool,
+    typer.Option(
+        "--check",
+        help="Validate the bundle's trtllm/config.yaml with the installed TensorRT-LLM's own LLM-API classes "
+        "(what serve.sh does before it serves) and exit: 2 naming a key that release rejects.",
+    ),
+]
+EmitOpt = Annotated[
+    Emit | None, typer.Option("--emit", case_sensitive=False, help="Write a multi-node launch file instead of serving.")
+]
 NodesOpt = Annotated[int, typer.Option("--nodes", min=1, help="Nodes for --emit.")]
-EmitGpusOpt = Annotated[int | None, typer.Option(
-    "--gpus-per-node", min=1, help="GPUs per node for --emit (default: the manifest's, else 8).")]
-ImageOpt = Annotated[str | None, typer.Option(
-    "--image", help="Container image for --emit (default: TensorRT-LLM's release image).")]
-EmitOutputOpt = Annotated[Path | None, typer.Option(
-    "--output", "-o", help="File --emit writes (default: NAME.slurm.sh / NAME.lws.yaml here).")]
-PvcOpt = Annotated[str, typer.Option(
-    "--pvc", help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")]
-ModelNameOpt = Annotated[str | None, typer.Option(
-    "--model-name", help="Model id clients send (default: the bundle's name).")]
-MaxBatchOpt = Annotated[int | None, typer.Option(
-    "--max-batch", min=1, help="Embedded server: requests per runtime batch (default: the bundle's planned "
-                               "max_batch_size, else 8).")]
-MaxQueueOpt = Annotated[int, typer.Option(
-    "--max-queue", min=0, help="Embedded server: waiting requests before 429.")]
-ThreadsOpt = Annotated[int | None, typer.Option(
-    "--threads", min=1, help="Embedded server: torch threads for generation (default: all cores but one, left to "
-                             "the event loop).")]
-ApiKeyOpt = Annotated[str | None, typer.Option(
-    "--api-key", envvar="DFLASH_API_KEY", help="Embedded server: answer 401 to requests without 'Authorization: "
-    "Bearer KEY' (env DFLASH_API_KEY). trtllm-serve checks no key: with it, --api-key is refused.")]
-MaxBodyOpt = Annotated[float, typer.Option(
-    "--max-body-mb", min=0.001, help="Embedded server: largest request body in MiB (413 above it).")]
-DrainTimeoutOpt = Annotated[float, typer.Option(
-    "--drain-timeout", min=0.0, help="Embedded server: on SIGTERM, seconds in-flight requests may still run before "
-    "what is left is failed and the server stops.")]
-TemplateTimeoutOpt = Annotated[float, typer.Option(
-    "--template-timeout", min=0.01, help="Embedded server: seconds one chat-template render may take (it runs in a "
-    "child process; 400 past it).")]
-LogLevelOpt = Annotated[LogLevel, typer.Option(
-    "--log-level", case_sensitive=False, help="Embedded server: the least severe log record shown (uvicorn's too).")]
-LogFormatOpt = Annotated[LogFormat, typer.Option(
-    "--log-format", case_sensitive=False, help="Embedded server: text lines, or one JSON object per record "
-    "(tracebacks included; never the API key, headers or prompts).")]
+EmitGpusOpt = Annotated[
+    int | None,
+    typer.Option("--gpus-per-node", min=1, help="GPUs per node for --emit (default: the manifest's, else 8)."),
+]
+ImageOpt = Annotated[
+    str | None, typer.Option("--image", help="Container image for --emit (default: TensorRT-LLM's release image).")
+]
+EmitOutputOpt = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", help="File --emit writes (default: NAME.slurm.sh / NAME.lws.yaml here)."),
+]
+PvcOpt = Annotated[
+    str, typer.Option("--pvc", help="k8s: PersistentVolumeClaim holding the bundle (mounted at /bundles).")
+]
+ModelNameOpt = Annotated[
+    str | None, typer.Option("--model-name", help="Model id clients send (default: the bundle's name).")
+]
+MaxBatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-batch",
+        min=1,
+        help="Embedded server: requests per runtime batch (default: the bundle's planned max_batch_size, else 8).",
+    ),
+]
+MaxQueueOpt = Annotated[int, typer.Option("--max-queue", min=0, help="Embedded server: waiting requests before 429.")]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        min=1,
+        help="Embedded server: torch threads for generation (default: all cores but one, left to the event loop).",
+    ),
+]
+ApiKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="DFLASH_API_KEY",
+        help="Embedded server: answer 401 to requests without 'Authorization: "
+        "Bearer KEY' (env DFLASH_API_KEY). trtllm-serve checks no key: with it, --api-key is refused.",
+    ),
+]
+MaxBodyOpt = Annotated[
+    float, typer.Option("--max-body-mb", min=0.001, help="Embedded server: largest request body in MiB (413 above it).")
+]
+DrainTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--drain-timeout",
+        min=0.0,
+        help="Embedded server: on SIGTERM, seconds in-flight requests may still run before "
+        "what is left is failed and the server stops.",
+    ),
+]
+TemplateTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--template-timeout",
+        min=0.01,
+        help="Embedded server: seconds one chat-template render may take (it runs in a child process; 400 past it).",
+    ),
+]
+LogLevelOpt = Annotated[
+    LogLevel,
+    typer.Option(
+        "--log-level", case_sensitive=False, help="Embedded server: the least severe log record shown (uvicorn's too)."
+    ),
+]
+LogFormatOpt = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        case_sensitive=False,
+        help="Embedded server: text lines, or one JSON object per record "
+        "(tracebacks included; never the API key, headers or prompts).",
+    ),
+]

@@ -30,13 +30,26 @@ def train_drafter(**params: Any) -> None:
 # The options are TrainSettings' fields (dflash_trt.train.options: the parser python -m
 # dflash_trt.train uses too), then what only this command takes.
 _KW = inspect.Parameter.KEYWORD_ONLY
-train_drafter.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
-    *parameters(),
-    inspect.Parameter("nproc", _KW, default=1, annotation=Annotated[int, typer.Option(
-        "--nproc", min=1, help="Data-parallel ranks on this machine, started with torch's launcher (torchrun). "
-                               "The batch is global.")]),
-    inspect.Parameter("as_json", _KW, default=False, annotation=JsonOpt),
-])
+train_drafter.__signature__ = inspect.Signature(
+    [  # type: ignore[attr-defined]
+        *parameters(),
+        inspect.Parameter(
+            "nproc",
+            _KW,
+            default=1,
+            annotation=Annotated[
+                int,
+                typer.Option(
+                    "--nproc",
+                    min=1,
+                    help="Data-parallel ranks on this machine, started with torch's launcher (torchrun). "
+                    "The batch is global.",
+                ),
+            ],
+        ),
+        inspect.Parameter("as_json", _KW, default=False, annotation=JsonOpt),
+    ]
+)
 
 
 def _run_with_bars(settings):
@@ -47,8 +60,14 @@ def _run_with_bars(settings):
     from dflash_trt.train import Progress
     from dflash_trt.train import train_drafter as run
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Bar(*columns, console=err, transient=False) as bar:
         state = {"task": None, "heldout": ""}
 
@@ -69,13 +88,19 @@ def _run_with_bars(settings):
 
 def _summary(result) -> dict:
     """The --json object (NaN losses, e.g. before the first step, become null)."""
+
     def num(x, nd):
         return None if x is None or x != x else round(x, nd)
 
-    return {"out": str(result.out), "step": result.step, "loss": num(result.loss, 4),
-            "train_tau": num(result.train_tau, 3),
-            "heldout_tau": None if result.heldout_tau is None else round(result.heldout_tau, 3),
-            "seconds": round(result.seconds, 1), "history": result.history}
+    return {
+        "out": str(result.out),
+        "step": result.step,
+        "loss": num(result.loss, 4),
+        "train_tau": num(result.train_tau, 3),
+        "heldout_tau": None if result.heldout_tau is None else round(result.heldout_tau, 3),
+        "seconds": round(result.seconds, 1),
+        "history": result.history,
+    }
 
 
 def register(app: typer.Typer) -> None:

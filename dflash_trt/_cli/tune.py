@@ -43,22 +43,42 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 # Over 60 lines only because the signature is the command's option list (Typer reads it).
 def tune(
     bundle: Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")],
-    endpoint: Annotated[str | None, typer.Option(
-        "--endpoint", help="Measure this running server (one it did not start) and refit the calibration; the bundle "
-                           "is not changed.")] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="Measure this running server (one it did not start) and refit the calibration; the bundle "
+            "is not changed.",
+        ),
+    ] = None,
     model: Annotated[str | None, typer.Option("--model", help="With --endpoint: model id to request.")] = None,
-    baseline: Annotated[str | None, typer.Option("--baseline", help="With --endpoint: the same target without "
-                                                    "drafting (the autoregressive arm).")] = None,
-    mtp_endpoint: Annotated[str | None, typer.Option(
-        "--mtp-endpoint", help="The same target drafting with its own MTP layers (serve.sh --config "
-                               "./trtllm/config.mtp.yaml): DFlash, MTP and autoregressive are compared per "
-                               "concurrency and the manifest records which arm won where (plan.arms).")] = None,
-    draft_lens: Annotated[str | None, typer.Option("--draft-lens", help="Draft lengths to sweep, comma-separated "
-                                                      "(default: max_draft_len, about half, 1; off always).")] = None,
-    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Concurrency levels (default: 1, 2, 4, "
-                                                       "... max_batch_size).")] = None,
-    requests: Annotated[int | None, typer.Option("--requests", min=1, help="Requests per level (default: "
-                                                    "max(prompts, 2 x concurrency)).")] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", help="With --endpoint: the same target without drafting (the autoregressive arm)."),
+    ] = None,
+    mtp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--mtp-endpoint",
+            help="The same target drafting with its own MTP layers (serve.sh --config "
+            "./trtllm/config.mtp.yaml): DFlash, MTP and autoregressive are compared per "
+            "concurrency and the manifest records which arm won where (plan.arms).",
+        ),
+    ] = None,
+    draft_lens: Annotated[
+        str | None,
+        typer.Option(
+            "--draft-lens",
+            help="Draft lengths to sweep, comma-separated (default: max_draft_len, about half, 1; off always).",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        str | None, typer.Option("--concurrency", help="Concurrency levels (default: 1, 2, 4, ... max_batch_size).")
+    ] = None,
+    requests: Annotated[
+        int | None,
+        typer.Option("--requests", min=1, help="Requests per level (default: max(prompts, 2 x concurrency))."),
+    ] = None,
     max_tokens: MaxTokensOpt = 64,
     prompts: PromptsOpt = None,
     dataset_format: DatasetFormatOpt = "auto",
@@ -68,9 +88,14 @@ def tune(
     threads: Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads.")] = None,
     repeats: RepeatsOpt = None,
     warmup: WarmupOpt = None,
-    plot: Annotated[Path | None, typer.Option(
-        "--plot", help="Write the tuned and the baseline curves (throughput per GPU vs tokens/s per user, TTFT, ITL) "
-                       "with the planner's to this PNG.")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Write the tuned and the baseline curves (throughput per GPU vs tokens/s per user, TTFT, ITL) "
+            "with the planner's to this PNG.",
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Measure and print; write nothing.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -80,7 +105,7 @@ def tune(
     only where a shorter one is faster beyond the min–max of the repeats; otherwise the level before's is kept, so
     lengths never rise with concurrency. Ctrl-C leaves the bundle as it was; a build --force of the same
     bundle meanwhile refuses (tune holds its lock from the first measurement to the last write)."""
-    args = dict(locals())   # the options, handed on whole to the body
+    args = dict(locals())  # the options, handed on whole to the body
     check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
     from dflash_trt import deploy  # after check_refs: the deploy face loads the pipeline
 
@@ -93,8 +118,29 @@ def tune(
         _tune(**args)
 
 
-def _tune(*, bundle, endpoint, model, baseline, mtp_endpoint, draft_lens, concurrency, requests, max_tokens, prompts,
-          dataset_format, input_len, output_len, seed, threads, repeats, warmup, plot, dry_run, as_json) -> None:
+def _tune(
+    *,
+    bundle,
+    endpoint,
+    model,
+    baseline,
+    mtp_endpoint,
+    draft_lens,
+    concurrency,
+    requests,
+    max_tokens,
+    prompts,
+    dataset_format,
+    input_len,
+    output_len,
+    seed,
+    threads,
+    repeats,
+    warmup,
+    plot,
+    dry_run,
+    as_json,
+) -> None:
     from dflash_trt.bench import tune as T
     from dflash_trt.plan import batch_grid
 
@@ -105,38 +151,69 @@ def _tune(*, bundle, endpoint, model, baseline, mtp_endpoint, draft_lens, concur
         raise DFlashError("--baseline goes with --endpoint URL (the sweep measures drafting off itself)")
     if endpoint is not None:
         with steps("measuring", len(levels) * (1 + bool(baseline) + bool(mtp_endpoint))) as step:
-            report = T.measure_endpoint(endpoint, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                        model=model, progress=lambda _L, c: step(desc=f"concurrency {c}"),
-                                        baseline=baseline, mtp=mtp_endpoint, repeats=repeats or 3, warmup=warmup)
+            report = T.measure_endpoint(
+                endpoint,
+                levels,
+                requests=requests,
+                max_tokens=max_tokens,
+                prompts=texts,
+                model=model,
+                progress=lambda _L, c: step(desc=f"concurrency {c}"),
+                baseline=baseline,
+                mtp=mtp_endpoint,
+                repeats=repeats or 3,
+                warmup=warmup,
+            )
         cal, rows = T.fit(t, report)
-        written = bool(mtp_endpoint) and not dry_run   # the manifest records the arms; nothing else changes
+        written = bool(mtp_endpoint) and not dry_run  # the manifest records the arms; nothing else changes
         left: list[str] = []
         if written:
-            T.commit(t.root, T.arms_files(t, report["arms"],
-                                          f"tune --endpoint {endpoint} --mtp-endpoint {mtp_endpoint}"), left)
+            T.commit(
+                t.root,
+                T.arms_files(t, report["arms"], f"tune --endpoint {endpoint} --mtp-endpoint {mtp_endpoint}"),
+                left,
+            )
         for w in left:
             err.print(f"[yellow]warning:[/yellow] {escape(w)}")
         if as_json:
-            print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows,
-                        "arms_written": written})
+            print_json({**report, "calibration": cal.as_dict(), "predicted_vs_measured": rows, "arms_written": written})
         else:
             _show_fit(rows, cal, t)
             if report.get("arms"):
                 show_arms(report["arms"])
-            out.print(f"{cal.describe(build_stack(t))}; {t.root} "
-                      + ("manifest: plan.arms recorded" if written else "unchanged"), markup=False)
+            out.print(
+                f"{cal.describe(build_stack(t))}; {t.root} "
+                + ("manifest: plan.arms recorded" if written else "unchanged"),
+                markup=False,
+            )
         return
     sweep = T.settings(t.max_draft_len, _ints(draft_lens, "--draft-lens"))
     with steps("measuring", len(sweep) * len(levels) * (repeats or 3)) as step:
-        measured = T.measure_embedded(t, sweep, levels, requests=requests, max_tokens=max_tokens, prompts=texts,
-                                      threads=threads, repeats=repeats or 3, warmup=warmup,
-                                      progress=lambda L, c: step(desc=f"draft {L or 'off'}, concurrency {c}"))
+        measured = T.measure_embedded(
+            t,
+            sweep,
+            levels,
+            requests=requests,
+            max_tokens=max_tokens,
+            prompts=texts,
+            threads=threads,
+            repeats=repeats or 3,
+            warmup=warmup,
+            progress=lambda L, c: step(desc=f"draft {L or 'off'}, concurrency {c}"),
+        )
     mtp_levels = None
     if mtp_endpoint is not None:
         with steps("measuring the MTP arm", len(levels)) as step:
-            mtp_report = T.measure_endpoint(mtp_endpoint, levels, requests=requests, max_tokens=max_tokens,
-                                            prompts=texts, progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"),
-                                            repeats=repeats or 3, warmup=warmup)
+            mtp_report = T.measure_endpoint(
+                mtp_endpoint,
+                levels,
+                requests=requests,
+                max_tokens=max_tokens,
+                prompts=texts,
+                progress=lambda _L, c: step(desc=f"MTP, concurrency {c}"),
+                repeats=repeats or 3,
+                warmup=warmup,
+            )
         mtp_levels = mtp_report["endpoint"]["levels"]
     _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels)
 
@@ -149,9 +226,15 @@ def build_stack(t) -> str:
 
 def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None) -> None:
     noisy = [f"{L or 'off'}@{lv['concurrency']}" for L, rows in measured.items() for lv in rows if lv.get("noisy")]
-    warnings: list[str] = [f"the machine was noisy: repeats differed by more than 15% in output tokens/s at "
-                           f"{len(noisy)} of {sum(map(len, measured.values()))} levels (draft@concurrency: "
-                           f"{', '.join(noisy)}); more --repeats or a quieter machine"] if noisy else []
+    warnings: list[str] = (
+        [
+            f"the machine was noisy: repeats differed by more than 15% in output tokens/s at "
+            f"{len(noisy)} of {sum(map(len, measured.values()))} levels (draft@concurrency: "
+            f"{', '.join(noisy)}); more --repeats or a quieter machine"
+        ]
+        if noisy
+        else []
+    )
     wins = T.winners(measured, warnings, shortest=T.shortest_length(t))
     arms = T.sweep_arms(measured, wins, mtp_levels) if mtp_levels else None
     lengths = T.lengths_for(wins, t.max_batch_size)
@@ -159,11 +242,20 @@ def _finish(T, t, measured, max_tokens, plot, dry_run, as_json, mtp_levels=None)
     cal, rows = T.fit(t, T.as_report(measured, max_tokens))
     files = T.new_files(t, max_len, sched, drafted, T.tuned_record(measured, wins, cal.source, arms))
     prevs = [] if dry_run else T.commit(t.root, files, warnings)
-    result = {"bundle": str(t.root), "measured": {str(k): v for k, v in measured.items()}, "winners": wins,
-              "max_draft_len": max_len, "draft_len_schedule": sched, "written": not dry_run,
-              "calibration": cal.as_dict(), "predicted_vs_measured": rows, "warnings": warnings, "arms": arms}
+    result = {
+        "bundle": str(t.root),
+        "measured": {str(k): v for k, v in measured.items()},
+        "winners": wins,
+        "max_draft_len": max_len,
+        "draft_len_schedule": sched,
+        "written": not dry_run,
+        "calibration": cal.as_dict(),
+        "predicted_vs_measured": rows,
+        "warnings": warnings,
+        "arms": arms,
+    }
     refused = None
-    if plot is not None:   # measured results saved (PLOT.json) before the figure is drawn
+    if plot is not None:  # measured results saved (PLOT.json) before the figure is drawn
         refused = save_then_plot(result, plot, lambda p: _plot(T, t, measured, wins, cal, drafted, p))
     if as_json:
         print_json({**result, "plot": str(plot) if plot is not None and not refused else None})
@@ -190,9 +282,6 @@ def _refused(message: str | None) -> None:
         from dflash_trt.errors import DFlashError
 
         raise DFlashError(message)
-
-
-
 
 
 def _show_sweep(measured: dict, wins: dict) -> None:

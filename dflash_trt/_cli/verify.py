@@ -17,33 +17,71 @@ STYLE = {"pass": "green", "fail": "red", "not measured": "yellow"}
 
 
 VerifyBundleArg = Annotated[Path, typer.Argument(help="Bundle directory written by 'dflash-trt build'.")]
-VerifyEndpointOpt = Annotated[str | None, typer.Option(
-    "--endpoint", help="The running deployment (serve.sh or 'dflash-trt serve') to measure: lossless, τ, draft "
-    "lengths, GPU memory.")]
-VerifyBaselineOpt = Annotated[str | None, typer.Option(
-    "--baseline", help="With --endpoint: the same target served without speculation; the greedy completions must "
-    "agree. Default: the reference runtime on the bundle's weights (small targets).")]
-VerifyModelOpt = Annotated[str | None, typer.Option("--model", help="Model id to request (default: the server's "
-                                             "first).")]
+VerifyEndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint",
+        help="The running deployment (serve.sh or 'dflash-trt serve') to measure: lossless, τ, draft "
+        "lengths, GPU memory.",
+    ),
+]
+VerifyBaselineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--baseline",
+        help="With --endpoint: the same target served without speculation; the greedy completions must "
+        "agree. Default: the reference runtime on the bundle's weights (small targets).",
+    ),
+]
+VerifyModelOpt = Annotated[
+    str | None, typer.Option("--model", help="Model id to request (default: the server's first).")
+]
 BaselineModelOpt = Annotated[str | None, typer.Option("--baseline-model", help="Model id on --baseline.")]
-VerifyPromptsOpt = Annotated[Path | None, typer.Option("--prompts", help="JSONL with 'kind' and 'prompt' or 'messages' "
-                                                "(default: the package's code, math, prose and chat set).")]
+VerifyPromptsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--prompts",
+        help="JSONL with 'kind' and 'prompt' or 'messages' (default: the package's code, math, prose and chat set).",
+    ),
+]
 VerifyMaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens per greedy completion.")]
-VerifyConcurrencyOpt = Annotated[str, typer.Option("--concurrency", help="Load levels the schedule, τ and memory are "
-                                         "measured at, comma-separated.")]
-VerifyRequestsOpt = Annotated[int | None, typer.Option("--requests", min=1, help="Requests per level (default: "
-                                                "max(prompts, 2 x concurrency)).")]
-AcceptStatsOpt = Annotated[Path | None, typer.Option("--accept-stats", help="TensorRT-LLM's acceptance files: the "
-                                                     "TLLM_DFLASH_ACCEPT_STATS_DIR trtllm-serve runs with "
-                                                     "(per-position acceptance).")]
-ReferenceOpt = Annotated[bool | None, typer.Option(
-    "--reference/--no-reference", help="Run the bundle's target on the reference runtime (baseline without "
-    "--baseline, margins where the server sends no logprobs). Default: targets up to 4 GiB.")]
-TrapProbeOpt = Annotated[bool, typer.Option(
-    "--trap-probe/--no-trap-probe", help="With --endpoint: after the levels, a load above the schedule's top, "
-    "then low concurrency; τ must recover to the plan's (the zero-draft trap, TensorRT-LLM PR #16888).")]
-ReportOpt = Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here (with --endpoint, "
-                                               "'dflash-trt plan --calibration' reads it).")]
+VerifyConcurrencyOpt = Annotated[
+    str, typer.Option("--concurrency", help="Load levels the schedule, τ and memory are measured at, comma-separated.")
+]
+VerifyRequestsOpt = Annotated[
+    int | None, typer.Option("--requests", min=1, help="Requests per level (default: max(prompts, 2 x concurrency)).")
+]
+AcceptStatsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--accept-stats",
+        help="TensorRT-LLM's acceptance files: the "
+        "TLLM_DFLASH_ACCEPT_STATS_DIR trtllm-serve runs with "
+        "(per-position acceptance).",
+    ),
+]
+ReferenceOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--reference/--no-reference",
+        help="Run the bundle's target on the reference runtime (baseline without "
+        "--baseline, margins where the server sends no logprobs). Default: targets up to 4 GiB.",
+    ),
+]
+TrapProbeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trap-probe/--no-trap-probe",
+        help="With --endpoint: after the levels, a load above the schedule's top, "
+        "then low concurrency; τ must recover to the plan's (the zero-draft trap, TensorRT-LLM PR #16888).",
+    ),
+]
+ReportOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report", help="Also write the JSON report here (with --endpoint, 'dflash-trt plan --calibration' reads it)."
+    ),
+]
 
 
 def verify(
@@ -79,11 +117,23 @@ def verify(
 
     if endpoint is None and any(x is not None for x in (baseline, accept_stats, prompts)):
         raise DFlashError("--baseline, --prompts and --accept-stats go with --endpoint URL")
-    kw = {} if endpoint is None else dict(
-        baseline=baseline, model=model, baseline_model=baseline_model, prompts=prompts, max_tokens=max_tokens,
-        concurrency=_ints(concurrency, "--concurrency"), requests=requests, accept_stats=accept_stats,
-        reference=reference, trap_probe=trap_probe)
-    with err.status("verify: checking the bundle") as status:   # transient: a refusal stays one line
+    kw = (
+        {}
+        if endpoint is None
+        else dict(
+            baseline=baseline,
+            model=model,
+            baseline_model=baseline_model,
+            prompts=prompts,
+            max_tokens=max_tokens,
+            concurrency=_ints(concurrency, "--concurrency"),
+            requests=requests,
+            accept_stats=accept_stats,
+            reference=reference,
+            trap_probe=trap_probe,
+        )
+    )
+    with err.status("verify: checking the bundle") as status:  # transient: a refusal stays one line
         result = V.run(bundle, endpoint, progress=lambda msg: status.update(f"verify: {msg}"), **kw)
     if report is not None:
         report.write_text(json.dumps(result, indent=2) + "\n")

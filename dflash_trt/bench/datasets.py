@@ -39,11 +39,19 @@ HF_COLUMNS = ("prompt", "question", "instruction", "text", "conversations")
 class Prompt:
     text: str
     category: str | None = None
-    max_tokens: int | None = None   # this request's output length; None: the run's max tokens
+    max_tokens: int | None = None  # this request's output length; None: the run's max tokens
 
 
-def load(source: str | Path, fmt: str = "auto", *, input_len: int | None = None, output_len: int | None = None,
-         seed: int | None = None, limit: int | None = None, tokenizer=None) -> list[Prompt]:
+def load(
+    source: str | Path,
+    fmt: str = "auto",
+    *,
+    input_len: int | None = None,
+    output_len: int | None = None,
+    seed: int | None = None,
+    limit: int | None = None,
+    tokenizer=None,
+) -> list[Prompt]:
     """The prompts of ``source`` (a file, or ``hf:NAME[:SPLIT]``) with the length controls applied."""
     if fmt not in FORMATS:
         raise DFlashError(f"--dataset-format {fmt!r}: expected one of {', '.join(FORMATS)}")
@@ -86,7 +94,7 @@ def _file(path: Path, fmt: str, tokenizer) -> list[Prompt]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if fmt == "jsonl" or (fmt == "auto" and line.lstrip().startswith("{")):   # auto: JSONL and text lines mix
+        if fmt == "jsonl" or (fmt == "auto" and line.lstrip().startswith("{")):  # auto: JSONL and text lines mix
             rows.append(_record(_json(path, n, line), f"{path}:{n}"))
         else:
             rows.append(Prompt(line.replace("\\n", "\n")))
@@ -148,9 +156,16 @@ def _turns(obj) -> list[tuple[str, str]] | None:
         if isinstance(t, dict):
             who, what = t.get("from", t.get("role")), t.get("value", t.get("content"))
             if isinstance(who, str) and isinstance(what, str):
-                out.append(("user" if who in ("human", "user") else "assistant" if who in ("gpt", "assistant",
-                                                                                          "chatgpt", "bing") else who,
-                            what))
+                out.append(
+                    (
+                        "user"
+                        if who in ("human", "user")
+                        else "assistant"
+                        if who in ("gpt", "assistant", "chatgpt", "bing")
+                        else who,
+                        what,
+                    )
+                )
     return out
 
 
@@ -163,7 +178,7 @@ def _conversation(obj, where: str, tokenizer) -> Prompt | None:
     first = next((i for i, (who, _) in enumerate(turns) if who == "user"), None)
     if first is None:
         return None
-    reply = next((what for who, what in turns[first + 1:] if who == "assistant"), None)
+    reply = next((what for who, what in turns[first + 1 :] if who == "assistant"), None)
     out_len = None
     if reply and tokenizer is not None:
         out_len = max(1, len(tokenizer.encode(reply, add_special_tokens=False)))
@@ -189,14 +204,16 @@ def _huggingface(src: str, tokenizer) -> list[Prompt]:
     try:
         import datasets  # optional: only a Hugging Face dataset needs it
     except ImportError:
-        raise DFlashError(f"{src}: reading a Hugging Face dataset needs the 'datasets' package "
-                          "(pip install datasets)") from None
+        raise DFlashError(
+            f"{src}: reading a Hugging Face dataset needs the 'datasets' package (pip install datasets)"
+        ) from None
     name, _, split = src[3:].partition(":")
     ds = datasets.load_dataset(name, split=split or "train")
     column = next((c for c in HF_COLUMNS if c in ds.column_names), None)
     if column is None:
-        raise DFlashError(f"{src}: no prompt column (looked for {', '.join(HF_COLUMNS)}; has "
-                          f"{', '.join(ds.column_names)})")
+        raise DFlashError(
+            f"{src}: no prompt column (looked for {', '.join(HF_COLUMNS)}; has {', '.join(ds.column_names)})"
+        )
     rows = []
     for i, row in enumerate(ds):
         where = f"{src}[{i}]"

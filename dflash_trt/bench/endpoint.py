@@ -34,8 +34,17 @@ from dflash_trt.bench.load import Level
 from dflash_trt.bench.spec_metrics import parse_spec_metrics, tau_between
 from dflash_trt.errors import DFlashError, require
 
-__all__ = ["PROMPTS", "Endpoint", "arms", "compare", "merge_levels", "parse_spec_metrics", "run", "tau_between",
-           "throughput_interval"]
+__all__ = [
+    "PROMPTS",
+    "Endpoint",
+    "arms",
+    "compare",
+    "merge_levels",
+    "parse_spec_metrics",
+    "run",
+    "tau_between",
+    "throughput_interval",
+]
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -47,15 +56,14 @@ PROMPTS = [
     "Summarize the plot of Romeo and Juliet in one paragraph.",
     "What is the derivative of x^3 * sin(x)? Show your work.",
 ]
-REPEATS = 3   # passes per level: the fewest that give a spread with a middle
+REPEATS = 3  # passes per level: the fewest that give a spread with a middle
 SPREAD_KEYS = ("output_tokens_per_second", "tokens_per_second_per_user", "request_throughput")
 SPREAD_MEDIANS = ("ttft_ms", "tpot_ms", "itl_per_token_ms")
 
 
 # ---- one endpoint -----------------------------------------------------------------------------
 class Endpoint:
-    def __init__(self, url: str, model: str | None = None, chat: bool = False, timeout: float = 600.0,
-                 on_scrape=None):
+    def __init__(self, url: str, model: str | None = None, chat: bool = False, timeout: float = 600.0, on_scrape=None):
         """``on_scrape(body)``: every /metrics body read (None when none came), in order: one
         before and one after each level (``dflash-trt verify`` reads more of them than τ)."""
         httpx = require("httpx", "bench", "benchmarking an endpoint")
@@ -64,9 +72,12 @@ class Endpoint:
         if self.url.endswith("/v1"):
             self.url = self.url[:-3]
         self.chat = chat
-        self.continuous_usage = True   # dropped by warm_up when the server refuses it
-        self.client = httpx.AsyncClient(base_url=self.url, timeout=timeout,
-                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+        self.continuous_usage = True  # dropped by warm_up when the server refuses it
+        self.client = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
         self.model = model
 
     async def close(self) -> None:
@@ -108,16 +119,22 @@ class Endpoint:
 
     def body(self, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool) -> tuple[str, dict]:
         opts = {"include_usage": True, **({"continuous_usage_stats": True} if self.continuous_usage else {})}
-        body: dict = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-                      "stream_options": opts}
+        body: dict = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "stream": True,
+            "stream_options": opts,
+        }
         if ignore_eos:
             body["ignore_eos"] = True
         if self.chat:
             return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt}]}
         return "/v1/completions", {**body, "prompt": prompt}
 
-    async def request(self, prompt: str | Prompt, max_tokens: int, temperature: float, ignore_eos: bool,
-                      t0: float | None = None) -> Record:
+    async def request(
+        self, prompt: str | Prompt, max_tokens: int, temperature: float, ignore_eos: bool, t0: float | None = None
+    ) -> Record:
         """One streamed completion as a :class:`Record` (``t0``: when the load began); a
         :class:`Prompt` with its own ``max_tokens`` asks for that many."""
         p = prompt if isinstance(prompt, Prompt) else Prompt(prompt)
@@ -144,7 +161,7 @@ class Endpoint:
                         rec.error = str(obj["error"].get("message"))
                         return rec
                     usage = obj.get("usage") or usage
-                    ext = obj.get("dflash") or ext    # the embedded server's per-request τ
+                    ext = obj.get("dflash") or ext  # the embedded server's per-request τ
                     for ch in obj.get("choices") or []:
                         text = ch.get("text") if "text" in ch else (ch.get("delta") or {}).get("content")
                         if text:
@@ -204,18 +221,31 @@ async def _level(ep: Endpoint, prompts: list[Prompt], lv: Level, n: int | None, 
         passes.append(summarize(recs, wall, opts["goodput"]))
     after = await ep.scrape()
     errors = [f"{r.status or '-'} {r.error}" for r in records if not r.ok]
-    key = {"concurrency": lv.concurrency} if lv.concurrency else {"request_rate": lv.request_rate,
-                                                                  "burstiness": lv.burstiness}
-    level = {**key, "requests": len(records), "requests_per_repeat": n, "duration": lv.duration,
-             "repeats": opts["repeats"], "warmup": warm, **summarize(records, sum(walls), opts["goodput"]),
-             "errors": errors[:5], "acceptance_length": tau_between(before, after), "spread": _spread(passes)}
+    key = (
+        {"concurrency": lv.concurrency}
+        if lv.concurrency
+        else {"request_rate": lv.request_rate, "burstiness": lv.burstiness}
+    )
+    level = {
+        **key,
+        "requests": len(records),
+        "requests_per_repeat": n,
+        "duration": lv.duration,
+        "repeats": opts["repeats"],
+        "warmup": warm,
+        **summarize(records, sum(walls), opts["goodput"]),
+        "errors": errors[:5],
+        "acceptance_length": tau_between(before, after),
+        "spread": _spread(passes),
+    }
     level["noisy"] = spread.noisy(level["spread"]["output_tokens_per_second"])
-    level["_records"] = records      # the raw records; run() decides whether the report keeps them
+    level["_records"] = records  # the raw records; run() decides whether the report keeps them
     return level
 
 
-async def _run_endpoint(url: str, model: str | None, prompts: list[Prompt], levels: list[Level], opts: dict,
-                        progress, on_scrape=None) -> dict:
+async def _run_endpoint(
+    url: str, model: str | None, prompts: list[Prompt], levels: list[Level], opts: dict, progress, on_scrape=None
+) -> dict:
     ep = Endpoint(url, model, opts["chat"], on_scrape=on_scrape)
     try:
         name = await ep.discover()
@@ -229,14 +259,19 @@ async def _run_endpoint(url: str, model: str | None, prompts: list[Prompt], leve
             out["levels" if lv.concurrency else "rate_levels"].append(rec)
             if progress:
                 progress(url, lv.concurrency or lv.label)
-        return {"url": ep.url, "model": name, "levels": out["levels"],
-                **({"rate_levels": out["rate_levels"]} if out["rate_levels"] else {})}
+        return {
+            "url": ep.url,
+            "model": name,
+            "levels": out["levels"],
+            **({"rate_levels": out["rate_levels"]} if out["rate_levels"] else {}),
+        }
     finally:
         await ep.close()
 
 
-def _levels(concurrency, request_rate, burstiness: float, requests: int | None, duration: float | None,
-            seed: int) -> list[Level]:
+def _levels(
+    concurrency, request_rate, burstiness: float, requests: int | None, duration: float | None, seed: int
+) -> list[Level]:
     cs = sorted(set(int(c) for c in concurrency))
     if (cs and cs[0] < 1) or (not cs and not request_rate):
         raise DFlashError("--concurrency needs positive integers, e.g. 1,4,16,32")
@@ -246,17 +281,37 @@ def _levels(concurrency, request_rate, burstiness: float, requests: int | None, 
     if rates and not (rates[0] > 0 and burstiness > 0):
         raise DFlashError("--request-rate and --burstiness must be positive")
     common = {"requests": requests, "duration": duration, "seed": seed}
-    return ([Level(concurrency=c, **common) for c in cs]
-            + [Level(request_rate=r, burstiness=burstiness, **common) for r in rates])
+    return [Level(concurrency=c, **common) for c in cs] + [
+        Level(request_rate=r, burstiness=burstiness, **common) for r in rates
+    ]
 
 
-def run(url: str, *, model: str | None = None, baseline: str | None = None, baseline_model: str | None = None,
-        mtp: str | None = None, mtp_model: str | None = None,
-        prompts: list[str] | list[Prompt] | None = None, concurrency=(1, 4, 16, 32), requests: int | None = None,
-        max_tokens: int = 128, temperature: float = 0.0, chat: bool = False, ignore_eos: bool = False,
-        repeats: int = REPEATS, warmup: int | None = None, request_rate=(), burstiness: float = 1.0,
-        duration: float | None = None, goodput: dict[str, float] | None = None, seed: int = 0,
-        records: bool = False, progress=None, on_scrape=None) -> dict:
+def run(
+    url: str,
+    *,
+    model: str | None = None,
+    baseline: str | None = None,
+    baseline_model: str | None = None,
+    mtp: str | None = None,
+    mtp_model: str | None = None,
+    prompts: list[str] | list[Prompt] | None = None,
+    concurrency=(1, 4, 16, 32),
+    requests: int | None = None,
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    chat: bool = False,
+    ignore_eos: bool = False,
+    repeats: int = REPEATS,
+    warmup: int | None = None,
+    request_rate=(),
+    burstiness: float = 1.0,
+    duration: float | None = None,
+    goodput: dict[str, float] | None = None,
+    seed: int = 0,
+    records: bool = False,
+    progress=None,
+    on_scrape=None,
+) -> dict:
     """Benchmark ``url`` (and ``baseline``, ``mtp``) at each concurrency (closed loop) and each
     request rate (open loop, :mod:`~dflash_trt.bench.load`); returns the report dict.
     ``warmup``: requests before each level (None: one per concurrent slot); ``records``: keep each
@@ -267,11 +322,23 @@ def run(url: str, *, model: str | None = None, baseline: str | None = None, base
     if repeats < 1:
         raise DFlashError("--repeats must be >= 1")
     texts = [p if isinstance(p, Prompt) else Prompt(p) for p in (prompts or PROMPTS)]
-    opts = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat, "ignore_eos": ignore_eos,
-            "repeats": repeats, "warmup": warmup, "goodput": goodput}
-    report: dict = {"max_tokens": max_tokens, "temperature": temperature, "chat": chat, "repeats": repeats,
-                    **({"goodput_limits_ms": goodput} if goodput else {}),
-                    "endpoint": asyncio.run(_run_endpoint(url, model, texts, levels, opts, progress, on_scrape))}
+    opts = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "chat": chat,
+        "ignore_eos": ignore_eos,
+        "repeats": repeats,
+        "warmup": warmup,
+        "goodput": goodput,
+    }
+    report: dict = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "chat": chat,
+        "repeats": repeats,
+        **({"goodput_limits_ms": goodput} if goodput else {}),
+        "endpoint": asyncio.run(_run_endpoint(url, model, texts, levels, opts, progress, on_scrape)),
+    }
     if baseline:
         report["baseline"] = asyncio.run(_run_endpoint(baseline, baseline_model, texts, levels, opts, progress))
         report["comparison"] = compare(report["endpoint"], report["baseline"])
@@ -296,12 +363,18 @@ def merge_levels(passes: list[dict], keep_records: bool = False) -> dict:
     taus = [lv["acceptance_length"] for lv in passes if lv.get("acceptance_length") is not None]
     first = passes[0]
     limits = (first.get("goodput") or {}).get("limits_ms")
-    level = {**{k: first[k] for k in ("concurrency", "request_rate", "burstiness") if k in first},
-             "requests": len(records), "requests_per_repeat": first["requests_per_repeat"],
-             "duration": first.get("duration"), "repeats": len(passes), "warmup": first.get("warmup"),
-             **summarize(records, sum(lv["seconds"] for lv in passes), limits),
-             "errors": [e for lv in passes for e in lv.get("errors", [])][:5],
-             "acceptance_length": round(sum(taus) / len(taus), 4) if taus else None, "spread": _spread(passes)}
+    level = {
+        **{k: first[k] for k in ("concurrency", "request_rate", "burstiness") if k in first},
+        "requests": len(records),
+        "requests_per_repeat": first["requests_per_repeat"],
+        "duration": first.get("duration"),
+        "repeats": len(passes),
+        "warmup": first.get("warmup"),
+        **summarize(records, sum(lv["seconds"] for lv in passes), limits),
+        "errors": [e for lv in passes for e in lv.get("errors", [])][:5],
+        "acceptance_length": round(sum(taus) / len(taus), 4) if taus else None,
+        "spread": _spread(passes),
+    }
     level["noisy"] = spread.noisy(level["spread"]["output_tokens_per_second"])
     if keep_records:
         level["records"] = [r.as_dict() for r in records]
@@ -314,9 +387,11 @@ def noise_warnings(report: dict) -> list[str]:
     for side in ("endpoint", "baseline", "mtp"):
         noisy = [lv["concurrency"] for lv in (report.get(side) or {}).get("levels", []) if lv.get("noisy")]
         if noisy:
-            out.append(f"{side}: repeats at concurrency {', '.join(map(str, noisy))} differ by more than "
-                       f"{spread.NOISY:.0%} in output tokens/s; the machine was noisy (more --repeats, or a "
-                       "quieter machine)")
+            out.append(
+                f"{side}: repeats at concurrency {', '.join(map(str, noisy))} differ by more than "
+                f"{spread.NOISY:.0%} in output tokens/s; the machine was noisy (more --repeats, or a "
+                "quieter machine)"
+            )
     return out
 
 
@@ -349,8 +424,15 @@ def arms(report: dict) -> list[dict]:
         second = r[order[1]] if len(order) > 1 else None
         margin = r[order[0]]["mean"] / second["mean"] - 1 if second and second["mean"] else None
         winner = order[0] if second is None or spread.beyond(r[order[0]], second) else "indistinguishable"
-        rows.append({"concurrency": c, **{a: round(r[a]["mean"], 2) if a in r else None for a, _ in ARMS},
-                     "winner": winner, "leader": order[0], "margin": None if margin is None else round(margin, 4)})
+        rows.append(
+            {
+                "concurrency": c,
+                **{a: round(r[a]["mean"], 2) if a in r else None for a, _ in ARMS},
+                "winner": winner,
+                "leader": order[0],
+                "margin": None if margin is None else round(margin, 4),
+            }
+        )
     return rows
 
 
@@ -377,13 +459,20 @@ def _compare_rows(mine: list[dict], theirs: list[dict], key: str) -> list[dict]:
         if other is None or a_iv is None or b_iv is None or not b_iv["mean"]:
             continue
         v = spread.verdict(a_iv, b_iv)
-        row = {key: lv[key], "speedup": round(a_iv["mean"] / b_iv["mean"], 4), "interval": spread.ratio(a_iv, b_iv),
-               "verdict": {"higher": "pays", "lower": "does not pay"}.get(v, "indistinguishable")}
+        row = {
+            key: lv[key],
+            "speedup": round(a_iv["mean"] / b_iv["mean"], 4),
+            "interval": spread.ratio(a_iv, b_iv),
+            "verdict": {"higher": "pays", "lower": "does not pay"}.get(v, "indistinguishable"),
+        }
         mt, bt = (lv.get("tpot_ms") or {}).get("median"), (other.get("tpot_ms") or {}).get("median")
-        row["tpot_ratio"] = round(mt / bt, 4) if mt and bt else None   # DFlash TPOT / baseline TPOT
+        row["tpot_ratio"] = round(mt / bt, 4) if mt and bt else None  # DFlash TPOT / baseline TPOT
         cats, other_cats = lv.get("categories") or {}, other.get("categories") or {}
-        per = {c: _ratio(x.get("tokens_per_second_per_user"), other_cats[c].get("tokens_per_second_per_user"))
-               for c, x in cats.items() if c in other_cats}
+        per = {
+            c: _ratio(x.get("tokens_per_second_per_user"), other_cats[c].get("tokens_per_second_per_user"))
+            for c, x in cats.items()
+            if c in other_cats
+        }
         if per:
             row["category_speedup"] = per
         rows.append(row)

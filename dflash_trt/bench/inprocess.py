@@ -58,20 +58,31 @@ def _record(stats: Stats) -> Record:
 
 def _latency(stats: list[Stats]) -> dict:
     s = summarize([_record(x) for x in stats], sum(x.seconds for x in stats))
-    return {k: s[k] for k in ("ttft_ms", "tpot_ms", "e2el_ms", "tokens_per_second_per_user",
-                              "tokens_per_second_per_user_with_ttft")}
+    return {
+        k: s[k]
+        for k in ("ttft_ms", "tpot_ms", "e2el_ms", "tokens_per_second_per_user", "tokens_per_second_per_user_with_ttft")
+    }
 
 
-def _one_pass(pair: Pair, encoded: list, B: int, lengths: list[int], progress, done: int
-              ) -> tuple[list[Stats], list[Stats], list[int]]:
+def _one_pass(
+    pair: Pair, encoded: list, B: int, lengths: list[int], progress, done: int
+) -> tuple[list[Stats], list[Stats], list[int]]:
     """Every prompt through DFlash, then through autoregressive decoding, back to back."""
     be, stops = pair.backend, pair.stop_token_ids
     ds, ars, mismatches = [], [], []
     for k, (ids, max_new_tokens) in enumerate(zip(encoded, lengths, strict=True)):
-        d = generate(pair.target, pair.drafter, [ids], max_new_tokens=max_new_tokens, block_size=B,
-                     stop_token_ids=stops, backend=be)
-        a = generate(pair.target, None, [ids], max_new_tokens=max_new_tokens, block_size=1, stop_token_ids=stops,
-                     backend=be)
+        d = generate(
+            pair.target,
+            pair.drafter,
+            [ids],
+            max_new_tokens=max_new_tokens,
+            block_size=B,
+            stop_token_ids=stops,
+            backend=be,
+        )
+        a = generate(
+            pair.target, None, [ids], max_new_tokens=max_new_tokens, block_size=1, stop_token_ids=stops, backend=be
+        )
         ds.append(d.stats)
         ars.append(a.stats)
         if d.token_ids != a.token_ids:
@@ -89,8 +100,12 @@ def _speed(passes: list[tuple[list[Stats], list[Stats]]], dflash: dict, ar: dict
     a_iv = spread.interval([rate(a) for _, a in passes])
     d_iv, a_iv = {**d_iv, "mean": dflash["tokens_per_second"]}, {**a_iv, "mean": ar["tokens_per_second"]}
     verdict = {"higher": "pays", "lower": "does not pay"}.get(spread.verdict(d_iv, a_iv), "indistinguishable")
-    return {"tokens_per_second": {"dflash": d_iv, "autoregressive": a_iv}, "speedup": spread.ratio(d_iv, a_iv),
-            "verdict": verdict, "noisy": spread.noisy(d_iv) or spread.noisy(a_iv)}
+    return {
+        "tokens_per_second": {"dflash": d_iv, "autoregressive": a_iv},
+        "speedup": spread.ratio(d_iv, a_iv),
+        "verdict": verdict,
+        "noisy": spread.noisy(d_iv) or spread.noisy(a_iv),
+    }
 
 
 def _categories(rows: list[Prompt], passes: list[tuple[list[Stats], list[Stats]]]) -> dict | None:
@@ -104,14 +119,17 @@ def _categories(rows: list[Prompt], passes: list[tuple[list[Stats], list[Stats]]
         d = [ds[i] for ds, _ in passes for i in idx]
         a = [ars[i] for _, ars in passes for i in idx]
         dm, am = _merge(d), _merge(a)
-        out[c] = {"prompts": len(idx), "acceptance_length": dm["acceptance_length"],
-                  "speedup": round(dm["tokens_per_second"] / am["tokens_per_second"], 4)
-                  if am["tokens_per_second"] else None}
+        out[c] = {
+            "prompts": len(idx),
+            "acceptance_length": dm["acceptance_length"],
+            "speedup": round(dm["tokens_per_second"] / am["tokens_per_second"], 4) if am["tokens_per_second"] else None,
+        }
     return out
 
 
-def _encoded(pair: Pair, rows: list[Prompt], max_new_tokens: int, chat: bool,
-             context: int | None) -> tuple[list[list[int]], list[int]]:
+def _encoded(
+    pair: Pair, rows: list[Prompt], max_new_tokens: int, chat: bool, context: int | None
+) -> tuple[list[list[int]], list[int]]:
     """Each prompt's token ids and new-token budget; an empty prompt, or one past ``context``, refused."""
     encoded = [pair.encode(p.text, chat=chat) for p in rows]
     lengths = [p.max_tokens or max_new_tokens for p in rows]
@@ -119,8 +137,10 @@ def _encoded(pair: Pair, rows: list[Prompt], max_new_tokens: int, chat: bool,
         if not ids:
             raise DFlashError(f"--prompts: prompt {k + 1} is empty (0 tokens)")
         if context is not None and len(ids) + n > context:
-            raise DFlashError(f"--prompts: prompt {k + 1} has {len(ids)} tokens; with --max-tokens {n} it passes "
-                              f"this model's context of {context} tokens")
+            raise DFlashError(
+                f"--prompts: prompt {k + 1} has {len(ids)} tokens; with --max-tokens {n} it passes "
+                f"this model's context of {context} tokens"
+            )
     return encoded, lengths
 
 
@@ -137,9 +157,17 @@ def _step(dflash: dict, ar: dict) -> dict:
     }
 
 
-def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 128, block_size: int | None = None,
-        chat: bool = False, repeats: int = 1, progress: Callable[[int], None] | None = None,
-        context: int | None = None) -> dict:
+def run(
+    pair: Pair,
+    prompts: list[str] | list[Prompt],
+    *,
+    max_new_tokens: int = 128,
+    block_size: int | None = None,
+    chat: bool = False,
+    repeats: int = 1,
+    progress: Callable[[int], None] | None = None,
+    context: int | None = None,
+) -> dict:
     """Both arms over every prompt, ``repeats`` times after a warm-up of each (``progress(n)``:
     prompts done over all repeats). A :class:`Prompt`'s own ``max_tokens`` wins over
     ``max_new_tokens``; its ``category`` gives τ and speedup per category. ``context``: the tokens
@@ -182,6 +210,6 @@ def run(pair: Pair, prompts: list[str] | list[Prompt], *, max_new_tokens: int = 
         "mismatched_prompts": sorted(mismatches),
         "step": _step(dflash, ar),
     }
-    if getattr(be, "files", None):   # a graph backend: the graph file each model call ran
+    if getattr(be, "files", None):  # a graph backend: the graph file each model call ran
         report["graphs"] = dict(be.files)
     return report

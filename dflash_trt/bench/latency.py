@@ -58,9 +58,9 @@ class Record:
     tokens_from: str | None = None
     prompt_tokens: int | None = None
     category: str | None = None
-    acceptance_length: float | None = None   # τ of this request, where the server reports it
-    rounds: int | None = None                # its verify rounds (weights τ when requests are pooled)
-    repeat: int = 0                          # the pass of its level it was sent in (``start`` counts from it)
+    acceptance_length: float | None = None  # τ of this request, where the server reports it
+    rounds: int | None = None  # its verify rounds (weights τ when requests are pooled)
+    repeat: int = 0  # the pass of its level it was sent in (``start`` counts from it)
 
     @property
     def output_tokens(self) -> int | None:
@@ -68,20 +68,39 @@ class Record:
 
     def as_dict(self) -> dict:
         # times unrounded: a summary re-derived from the JSON equals the one reported
-        return {"ok": self.ok, "status": self.status, "error": self.error, "start_s": self.start,
-                "e2el_s": self.e2el, "chunks": [[t, n] for t, n in self.chunks],
-                "output_tokens": self.output_tokens, "prompt_tokens": self.prompt_tokens,
-                "tokens_from": self.tokens_from, "category": self.category,
-                "acceptance_length": self.acceptance_length, "rounds": self.rounds, "repeat": self.repeat}
+        return {
+            "ok": self.ok,
+            "status": self.status,
+            "error": self.error,
+            "start_s": self.start,
+            "e2el_s": self.e2el,
+            "chunks": [[t, n] for t, n in self.chunks],
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens_from": self.tokens_from,
+            "category": self.category,
+            "acceptance_length": self.acceptance_length,
+            "rounds": self.rounds,
+            "repeat": self.repeat,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> Record:
         """A record as :meth:`as_dict` wrote it (``--json`` output re-read for re-analysis)."""
-        return cls(ok=d["ok"], start=d.get("start_s", 0.0), chunks=[(t, n) for t, n in d.get("chunks", [])],
-                   e2el=d.get("e2el_s", 0.0), status=d.get("status", 0), error=d.get("error"),
-                   tokens_from=d.get("tokens_from"), prompt_tokens=d.get("prompt_tokens"),
-                   category=d.get("category"), acceptance_length=d.get("acceptance_length"), rounds=d.get("rounds"),
-                   repeat=d.get("repeat", 0))
+        return cls(
+            ok=d["ok"],
+            start=d.get("start_s", 0.0),
+            chunks=[(t, n) for t, n in d.get("chunks", [])],
+            e2el=d.get("e2el_s", 0.0),
+            status=d.get("status", 0),
+            error=d.get("error"),
+            tokens_from=d.get("tokens_from"),
+            prompt_tokens=d.get("prompt_tokens"),
+            category=d.get("category"),
+            acceptance_length=d.get("acceptance_length"),
+            rounds=d.get("rounds"),
+            repeat=d.get("repeat", 0),
+        )
 
 
 # ---- tokens per chunk -----------------------------------------------------------------------------
@@ -95,7 +114,7 @@ def spread_tokens(texts: Sequence[str], total: int) -> list[int]:
     weights = [max(len(t), 1) for t in texts]
     share = [total * w / sum(weights) for w in weights]
     counts = [math.floor(x) for x in share]
-    for i in sorted(range(n), key=lambda i: (-(share[i] - counts[i]), i))[:total - sum(counts)]:
+    for i in sorted(range(n), key=lambda i: (-(share[i] - counts[i]), i))[: total - sum(counts)]:
         counts[i] += 1
     while total >= n and 0 in counts:
         counts[counts.index(max(counts))] -= 1
@@ -103,8 +122,9 @@ def spread_tokens(texts: Sequence[str], total: int) -> list[int]:
     return counts
 
 
-def chunk_tokens(texts: Sequence[str], cumulative: Sequence[int | None], logprobs: Sequence[int | None],
-                 final: int | None) -> tuple[list[int] | None, str | None]:
+def chunk_tokens(
+    texts: Sequence[str], cumulative: Sequence[int | None], logprobs: Sequence[int | None], final: int | None
+) -> tuple[list[int] | None, str | None]:
     """(tokens per chunk, where from) for chunks with ``texts``; ``cumulative[i]``: the chunk's
     ``usage.completion_tokens`` when sent per chunk, ``logprobs[i]``: its logprob entries, ``final``:
     the closing usage. (None, None) when the server gave no count."""
@@ -167,27 +187,36 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
 
 def distribution(xs: Sequence[float], scale: float = MS, digits: int = 3) -> dict:
     """``{mean, median, p90, p99}`` of ``xs`` times ``scale`` (None each when empty)."""
+
     def r(x: float | None) -> float | None:
         return None if x is None else round(scale * x, digits)
 
-    return {"mean": r(statistics.fmean(xs)) if xs else None, "median": r(percentile(xs, 0.5)),
-            "p90": r(percentile(xs, 0.9)), "p99": r(percentile(xs, 0.99))}
+    return {
+        "mean": r(statistics.fmean(xs)) if xs else None,
+        "median": r(percentile(xs, 0.5)),
+        "p90": r(percentile(xs, 0.9)),
+        "p99": r(percentile(xs, 0.99)),
+    }
 
 
 def meets(r: Record, limits: dict[str, float]) -> bool:
     """``r`` completed within every limit (ms; ``ttft``, ``tpot``, ``e2el``). A request of one
     token has no TPOT and meets that limit; one without a token misses TTFT's."""
     got = {"ttft": ttft(r), "tpot": tpot(r), "e2el": r.e2el}
-    return r.ok and all((got[k] is None and k == "tpot") or (got[k] is not None and MS * got[k] <= ms)
-                        for k, ms in limits.items())
+    return r.ok and all(
+        (got[k] is None and k == "tpot") or (got[k] is not None and MS * got[k] <= ms) for k, ms in limits.items()
+    )
 
 
 def goodput(records: Sequence[Record], wall: float, limits: dict[str, float]) -> dict:
     """Requests per second that met every limit, and their share of all sent."""
     good = sum(meets(r, limits) for r in records)
-    return {"limits_ms": dict(limits), "good_requests": good,
-            "goodput": round(good / wall, 4) if wall > 0 else None,
-            "good_fraction": round(good / len(records), 4) if records else None}
+    return {
+        "limits_ms": dict(limits),
+        "good_requests": good,
+        "goodput": round(good / wall, 4) if wall > 0 else None,
+        "good_fraction": round(good / len(records), 4) if records else None,
+    }
 
 
 def tau(records: Sequence[Record]) -> float | None:
@@ -206,9 +235,12 @@ def by_category(records: Sequence[Record]) -> dict[str, dict] | None:
     for c in cats:
         mine = [r for r in records if r.category == c and r.ok]
         users = [x for x in map(per_user, mine) if x is not None]
-        out[c] = {"requests": len(mine), "acceptance_length": tau(mine),
-                  "tokens_per_second_per_user": round(statistics.median(users), 3) if users else None,
-                  "tpot_ms": distribution([x for x in map(tpot, mine) if x is not None])}
+        out[c] = {
+            "requests": len(mine),
+            "acceptance_length": tau(mine),
+            "tokens_per_second_per_user": round(statistics.median(users), 3) if users else None,
+            "tpot_ms": distribution([x for x in map(tpot, mine) if x is not None]),
+        }
     return out
 
 
@@ -230,7 +262,9 @@ def summarize(records: Sequence[Record], wall: float, limits: dict[str, float] |
     users = [x for x in map(per_user, ok) if x is not None]
     users_ttft = [x for x in map(per_user_with_ttft, ok) if x is not None]
     out = {
-        "ok": len(ok), "failed": len(records) - len(ok), "seconds": wall,
+        "ok": len(ok),
+        "failed": len(records) - len(ok),
+        "seconds": wall,
         "output_tokens": tokens if counted else None,
         "output_tokens_per_second": round(tokens / wall, 3) if counted and wall > 0 else None,
         "request_throughput": round(len(ok) / wall, 4) if wall > 0 else None,

@@ -49,8 +49,9 @@ class Level:
         return f"concurrency {self.concurrency}" if self.concurrency else f"rate {self.request_rate:g}/s"
 
 
-def arrivals(rate: float, burstiness: float = 1.0, *, n: int | None = None, duration: float | None = None,
-             seed: int = 0) -> list[float]:
+def arrivals(
+    rate: float, burstiness: float = 1.0, *, n: int | None = None, duration: float | None = None, seed: int = 0
+) -> list[float]:
     """Send times in seconds from the start: the first at 0, then gaps ~ Gamma(shape=burstiness,
     scale=1/(rate x burstiness)) (mean 1/rate); ``burstiness`` inf: every gap 1/rate. Ends after
     ``n`` sends or past ``duration`` seconds, whichever first (at least one bound)."""
@@ -80,14 +81,17 @@ def parse_goodput(text: str | None) -> dict[str, float] | None:
         except ValueError:
             ms = -1.0
         if key not in GOODPUT_KEYS or not ms > 0 or math.isinf(ms):
-            raise DFlashError(f"--goodput {text!r}: expected KEY:MS pairs with KEY one of "
-                              f"{', '.join(GOODPUT_KEYS)}, e.g. ttft:500,tpot:50")
+            raise DFlashError(
+                f"--goodput {text!r}: expected KEY:MS pairs with KEY one of "
+                f"{', '.join(GOODPUT_KEYS)}, e.g. ttft:500,tpot:50"
+            )
         out[key] = ms
     return out
 
 
-async def closed_loop(send, prompts: list[Prompt], concurrency: int, n: int | None, duration: float | None,
-                      offset: int) -> tuple[list[Record], float]:
+async def closed_loop(
+    send, prompts: list[Prompt], concurrency: int, n: int | None, duration: float | None, offset: int
+) -> tuple[list[Record], float]:
     """``concurrency`` workers, each sending the next prompt when its last one ended, until ``n``
     were sent or ``duration`` passed. ``send(prompt, t0)`` returns a Record."""
     t0 = time.perf_counter()
@@ -116,11 +120,9 @@ async def open_loop(send, prompts: list[Prompt], times: list[float], offset: int
     return list(records), time.perf_counter() - t0
 
 
-async def one_pass(send, prompts: list[Prompt], level: Level, n: int | None, offset: int
-                   ) -> tuple[list[Record], float]:
+async def one_pass(send, prompts: list[Prompt], level: Level, n: int | None, offset: int) -> tuple[list[Record], float]:
     """One repeat of ``level``: closed loop at its concurrency, or open loop at its rate."""
     if level.concurrency:
         return await closed_loop(send, prompts, level.concurrency, n, level.duration, offset)
-    times = arrivals(level.request_rate or math.inf, level.burstiness, n=n, duration=level.duration,
-                     seed=level.seed)
+    times = arrivals(level.request_rate or math.inf, level.burstiness, n=n, duration=level.duration, seed=level.seed)
     return await open_loop(send, prompts, times, offset)

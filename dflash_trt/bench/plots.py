@@ -22,8 +22,14 @@ def throughput_unit(device: str | None) -> str:
     return "process (CPU)" if device.lower() == "cpu" else "GPU"
 
 
-def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1, device: str | None = None,
-         name: str | None = None) -> None:
+def plot(
+    report: dict,
+    path,
+    predicted: list[dict] | None = None,
+    gpus: int = 1,
+    device: str | None = None,
+    name: str | None = None,
+) -> None:
     """In one PNG:
 
     * throughput per GPU (output tokens/s / ``gpus``) against decode tokens/s per user, one point
@@ -44,14 +50,20 @@ def plot(report: dict, path, predicted: list[dict] | None = None, gpus: int = 1,
     has_base = "baseline" in report
     fig, grid = plt.subplots(2, 2, figsize=(11, 8.4)) if has_base else plt.subplots(1, 3, figsize=(15, 4.6))
     axes = grid if has_base else [[grid[0], grid[1]], [grid[2], None]]
-    run = [f"max {report['max_tokens']} tokens" if "max_tokens" in report else "",
-           f"temperature {report['temperature']}" if "temperature" in report else ""]
+    run = [
+        f"max {report['max_tokens']} tokens" if "max_tokens" in report else "",
+        f"temperature {report['temperature']}" if "temperature" in report else "",
+    ]
     fig.suptitle(", ".join([name or report["endpoint"]["model"], *filter(None, run)]))
-    styles = (("endpoint", "DFlash" if has_base else "endpoint", "o-", "tab:blue"),
-              ("baseline", "baseline", "s-", "tab:gray"))
+    styles = (
+        ("endpoint", "DFlash" if has_base else "endpoint", "o-", "tab:blue"),
+        ("baseline", "baseline", "s-", "tab:gray"),
+    )
     _frontier(axes[0][0], report, styles, predicted, max(1, gpus), throughput_unit(device))
-    for ax, key, title in ((axes[0][1], "ttft_ms", "time to first token"),
-                           (axes[1][0], "tpot_ms", "time per output token (TPOT)")):
+    for ax, key, title in (
+        (axes[0][1], "ttft_ms", "time to first token"),
+        (axes[1][0], "tpot_ms", "time per output token (TPOT)"),
+    ):
         _latency(ax, report, styles, key)
         _axes(ax, "concurrency", "ms", title)
     if has_base:
@@ -66,8 +78,9 @@ def _latency(ax, report: dict, styles, key: str) -> None:
         if side in report:
             lv = report[side]["levels"]
             c = [x["concurrency"] for x in lv]
-            ax.plot(c, [_nan((x.get(key) or {}).get("median")) for x in lv], style, color=color,
-                    label=f"{label} median")
+            ax.plot(
+                c, [_nan((x.get(key) or {}).get("median")) for x in lv], style, color=color, label=f"{label} median"
+            )
             ax.plot(c, [_nan((x.get(key) or {}).get("p99")) for x in lv], ":", color=color, label=f"{label} p99")
 
 
@@ -78,8 +91,9 @@ def _speedup(ax, rows: list[dict], predicted: list[dict] | None) -> None:
     hi = [(r.get("interval") or {}).get("max", r["speedup"]) - r["speedup"] for r in rows]
     ax.errorbar(c, s, yerr=[lo, hi], fmt="o-", color="tab:green", capsize=3, label="measured (min–max of repeats)")
     if predicted:
-        ax.plot([r["batch"] for r in predicted], [r["speedup"] for r in predicted], "--", color="tab:green",
-                label="planner")
+        ax.plot(
+            [r["batch"] for r in predicted], [r["speedup"] for r in predicted], "--", color="tab:green", label="planner"
+        )
     ax.axhline(1.0, color="gray", linestyle=":")
     _axes(ax, "concurrency", "DFlash tok/s ÷ baseline tok/s", "speedup")
 
@@ -89,21 +103,37 @@ def _frontier(ax, report: dict, styles, predicted: list[dict] | None, gpus: int,
     for side, label, style, color in styles:
         if side not in report:
             continue
-        lv = [x for x in report[side]["levels"] if x.get("tokens_per_second_per_user")
-              and x.get("output_tokens_per_second")]
+        lv = [
+            x
+            for x in report[side]["levels"]
+            if x.get("tokens_per_second_per_user") and x.get("output_tokens_per_second")
+        ]
         xs, ys = [x["tokens_per_second_per_user"] for x in lv], [x["output_tokens_per_second"] / gpus for x in lv]
         ax.plot(xs, ys, style, color=color, label=f"{label} ({report[side].get('model')})")
         for x, y, v in zip(xs, ys, lv, strict=True):
             ax.annotate(str(v["concurrency"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if predicted:
-        ax.plot([r["tokens_per_second_per_user"] for r in predicted],
-                [r["output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:blue",
-                label="planner: DFlash")
-        ax.plot([r["baseline_tokens_per_second_per_user"] for r in predicted],
-                [r["baseline_output_tokens_per_second_per_gpu"] for r in predicted], "--", color="tab:gray",
-                label="planner: baseline")
-    _axes(ax, "decode tokens/s per user (TTFT excluded)", f"output tokens/s per {unit}",
-          f"throughput per {unit} vs tokens/s per user", log=False)
+        ax.plot(
+            [r["tokens_per_second_per_user"] for r in predicted],
+            [r["output_tokens_per_second_per_gpu"] for r in predicted],
+            "--",
+            color="tab:blue",
+            label="planner: DFlash",
+        )
+        ax.plot(
+            [r["baseline_tokens_per_second_per_user"] for r in predicted],
+            [r["baseline_output_tokens_per_second_per_gpu"] for r in predicted],
+            "--",
+            color="tab:gray",
+            label="planner: baseline",
+        )
+    _axes(
+        ax,
+        "decode tokens/s per user (TTFT excluded)",
+        f"output tokens/s per {unit}",
+        f"throughput per {unit} vs tokens/s per user",
+        log=False,
+    )
 
 
 def _nan(x: float | None) -> float:

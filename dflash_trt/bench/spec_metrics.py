@@ -50,8 +50,11 @@ def parse_spec_metrics(body: str) -> dict | None:
         except ValueError:
             continue
     if "dflash_spec_rounds_total" in values:
-        return {"kind": "dflash", "num": values.get("dflash_spec_committed_tokens_total", 0.0),
-                "den": values["dflash_spec_rounds_total"]}
+        return {
+            "kind": "dflash",
+            "num": values.get("dflash_spec_committed_tokens_total", 0.0),
+            "den": values["dflash_spec_rounds_total"],
+        }
     if "vllm:spec_decode_num_drafts_total" in values:
         d = values["vllm:spec_decode_num_drafts_total"]
         return {"kind": "vllm", "num": d + values.get("vllm:spec_decode_num_accepted_tokens_total", 0.0), "den": d}
@@ -73,5 +76,3 @@ def tau_between(before: dict | None, after: dict | None) -> float | None:
     else:
         return None
     return round(num / den, 4) if den > 0 else None
-
-

@@ -19,8 +19,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-NOISY = 0.15            # repeats more than 15% apart (relative range): the machine was noisy
-MIN_DIFFERENCE = 0.05   # means closer than 5% are never told apart
+NOISY = 0.15  # repeats more than 15% apart (relative range): the machine was noisy
+MIN_DIFFERENCE = 0.05  # means closer than 5% are never told apart
 
 
 def interval(values: Sequence[float | None], digits: int = 3) -> dict | None:
@@ -28,8 +28,12 @@ def interval(values: Sequence[float | None], digits: int = 3) -> dict | None:
     xs = [float(v) for v in values if v is not None]
     if not xs:
         return None
-    return {"values": [round(x, digits) for x in xs], "mean": round(statistics.fmean(xs), digits),
-            "min": round(min(xs), digits), "max": round(max(xs), digits)}
+    return {
+        "values": [round(x, digits) for x in xs],
+        "mean": round(statistics.fmean(xs), digits),
+        "min": round(min(xs), digits),
+        "max": round(max(xs), digits),
+    }
 
 
 def beyond(a: dict | None, b: dict | None) -> bool:
@@ -41,7 +45,7 @@ def beyond(a: dict | None, b: dict | None) -> bool:
 
 
 def verdict(a: dict | None, b: dict | None) -> str:
-    """"higher", "lower" or "indistinguishable" (``a`` against ``b``)."""
+    """ "higher", "lower" or "indistinguishable" (``a`` against ``b``)."""
     return "higher" if beyond(a, b) else "lower" if beyond(b, a) else "indistinguishable"
 
 
@@ -49,8 +53,11 @@ def ratio(a: dict | None, b: dict | None, digits: int = 4) -> dict | None:
     """The interval of ``a / b``: ``{mean (of the means), min, max}``."""
     if not a or not b or not b["min"] or not b["mean"]:
         return None
-    return {"mean": round(a["mean"] / b["mean"], digits), "min": round(a["min"] / b["max"], digits),
-            "max": round(a["max"] / b["min"], digits)}
+    return {
+        "mean": round(a["mean"] / b["mean"], digits),
+        "min": round(a["min"] / b["max"], digits),
+        "max": round(a["max"] / b["min"], digits),
+    }
 
 
 def relative_range(iv: dict | None) -> float | None:

@@ -56,7 +56,7 @@ class Tunable:
 
     root: Path
     manifest: ingest.Manifest
-    config: dict                 # trtllm/config.yaml
+    config: dict  # trtllm/config.yaml
     max_batch_size: int
     max_draft_len: int
     release: str
@@ -81,8 +81,7 @@ def read(bundle: Path) -> Tunable:
     if b.built.plan is None:
         raise DFlashError(f"{b.root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
     release = b.built.plan.trtllm_release
-    return Tunable(b.root, b.manifest, cfg, int(cfg.get("max_batch_size") or 8), int(spec["max_draft_len"]),
-                   release)
+    return Tunable(b.root, b.manifest, cfg, int(cfg.get("max_batch_size") or 8), int(spec["max_draft_len"]), release)
 
 
 def settings(max_draft_len: int, draft_lens: list[int] | None = None) -> list[int]:
@@ -90,8 +89,9 @@ def settings(max_draft_len: int, draft_lens: list[int] | None = None) -> list[in
     if draft_lens:
         bad = [n for n in draft_lens if not 1 <= n <= max_draft_len]
         if bad:
-            raise DFlashError(f"--draft-lens {bad[0]}: must be between 1 and the bundle's max_draft_len "
-                              f"({max_draft_len})")
+            raise DFlashError(
+                f"--draft-lens {bad[0]}: must be between 1 and the bundle's max_draft_len ({max_draft_len})"
+            )
         return [0] + sorted(set(draft_lens), reverse=True)
     return [0] + sorted({max_draft_len, math.ceil(max_draft_len / 2), 1}, reverse=True)
 
@@ -99,18 +99,29 @@ def settings(max_draft_len: int, draft_lens: list[int] | None = None) -> list[in
 # --- measuring --------------------------------------------------------------------------
 
 
-def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, requests: int | None,
-                     max_tokens: int, prompts: list[str] | None, threads: int | None = None,
-                     repeats: int = loadgen.REPEATS, warmup: int | None = None,
-                     progress=None) -> dict[int, list[dict]]:
+def measure_embedded(
+    t: Tunable,
+    setting_list: list[int],
+    levels: list[int],
+    *,
+    requests: int | None,
+    max_tokens: int,
+    prompts: list[str] | None,
+    threads: int | None = None,
+    repeats: int = loadgen.REPEATS,
+    warmup: int | None = None,
+    progress=None,
+) -> dict[int, list[dict]]:
     """{draft length (0: off): the load generator's levels}, one embedded server per setting and
     repeat, the repeats of one level merged (:func:`loadgen.merge_levels`)."""
     from dflash_trt import runtime, serve
     from dflash_trt.serve import launch
 
     if launch.find_trtllm_serve() is not None:
-        raise DFlashError("trtllm-serve is installed here: tune drives the embedded server only; start trtllm-serve "
-                          "at each setting and measure it with 'dflash-trt tune BUNDLE --endpoint URL'")
+        raise DFlashError(
+            "trtllm-serve is installed here: tune drives the embedded server only; start trtllm-serve "
+            "at each setting and measure it with 'dflash-trt tune BUNDLE --endpoint URL'"
+        )
     serve.check_fits_cpu(t.name, [t.root / ingest.Layout.TARGET, t.root / ingest.Layout.DRAFTER], 2)
     # each setting drafts one fixed length: no schedule (a changed pair is a new one)
     pair = dataclasses.replace(runtime.load_bundle(t.root), draft_len_schedule=None)
@@ -118,28 +129,66 @@ def measure_embedded(t: Tunable, setting_list: list[int], levels: list[int], *, 
     for k in range(repeats):
         # repeats interleave the settings (each pass in another order), so a quiet or a busy minute
         # of the machine lands on every setting alike and shows as spread, not as a difference
-        for L in setting_list[k % len(setting_list):] + setting_list[:k % len(setting_list)]:
-            app = serve.create_app(pair, t.name, block_size=L + 1 if L else 1, max_batch=t.max_batch_size,
-                                   max_queue=max(64, 4 * max(levels)), torch_threads=threads,
-                                   max_model_len=int(t.config.get("max_seq_len") or 0) or None)
+        for L in setting_list[k % len(setting_list) :] + setting_list[: k % len(setting_list)]:
+            app = serve.create_app(
+                pair,
+                t.name,
+                block_size=L + 1 if L else 1,
+                max_batch=t.max_batch_size,
+                max_queue=max(64, 4 * max(levels)),
+                torch_threads=threads,
+                max_model_len=int(t.config.get("max_seq_len") or 0) or None,
+            )
             with serve.ServerThread(app) as srv:
-                rep = loadgen.run(srv.url, concurrency=levels, requests=requests, max_tokens=max_tokens,
-                                  prompts=prompts, ignore_eos=True, repeats=1, warmup=warmup, records=True,
-                                  progress=(lambda url, c, L=L: progress(L, c)) if progress else None)
+                rep = loadgen.run(
+                    srv.url,
+                    concurrency=levels,
+                    requests=requests,
+                    max_tokens=max_tokens,
+                    prompts=prompts,
+                    ignore_eos=True,
+                    repeats=1,
+                    warmup=warmup,
+                    records=True,
+                    progress=(lambda url, c, L=L: progress(L, c)) if progress else None,
+                )
             passes[L].append(rep["endpoint"]["levels"])
-    return {L: [{**loadgen.merge_levels([run[i] for run in runs]), "draft_len": L} for i in range(len(levels))]
-            for L, runs in passes.items()}
+    return {
+        L: [{**loadgen.merge_levels([run[i] for run in runs]), "draft_len": L} for i in range(len(levels))]
+        for L, runs in passes.items()
+    }
 
 
-def measure_endpoint(url: str, levels: list[int], *, requests: int | None, max_tokens: int,
-                     prompts: list[str] | None, model: str | None = None, progress=None,
-                     baseline: str | None = None, mtp: str | None = None, repeats: int = loadgen.REPEATS,
-                     warmup: int | None = None) -> dict:
+def measure_endpoint(
+    url: str,
+    levels: list[int],
+    *,
+    requests: int | None,
+    max_tokens: int,
+    prompts: list[str] | None,
+    model: str | None = None,
+    progress=None,
+    baseline: str | None = None,
+    mtp: str | None = None,
+    repeats: int = loadgen.REPEATS,
+    warmup: int | None = None,
+) -> dict:
     """The load generator's report for a server tune did not start (and, given, the same target
     without drafting and with its MTP layers: the report's ``arms``)."""
-    return loadgen.run(url, model=model, baseline=baseline, mtp=mtp, concurrency=levels, requests=requests,
-                       max_tokens=max_tokens, prompts=prompts, ignore_eos=True, repeats=repeats, warmup=warmup,
-                       progress=(lambda u, c: progress(None, c)) if progress else None)
+    return loadgen.run(
+        url,
+        model=model,
+        baseline=baseline,
+        mtp=mtp,
+        concurrency=levels,
+        requests=requests,
+        max_tokens=max_tokens,
+        prompts=prompts,
+        ignore_eos=True,
+        repeats=repeats,
+        warmup=warmup,
+        progress=(lambda u, c: progress(None, c)) if progress else None,
+    )
 
 
 # --- the arms: DFlash against MTP and autoregressive -------------------------------------
@@ -163,11 +212,12 @@ def arms_files(t: Tunable, rows: list[dict], source: str) -> dict[Path, str]:
     import hashlib
 
     manifest = t.manifest.model_copy(deep=True)
-    assert manifest.plan is not None   # read() refuses a manifest without one
-    manifest.plan.arms = ingest.Arms(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                                     source=source, measured=rows)
+    assert manifest.plan is not None  # read() refuses a manifest without one
+    manifest.plan.arms = ingest.Arms(
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), source=source, measured=rows
+    )
     m = manifest.to_json()
-    if m.get("files") is not None:   # the .prev copy, so verify still holds
+    if m.get("files") is not None:  # the .prev copy, so verify still holds
         rel = ingest.Layout.MANIFEST
         m["files"] = {**m["files"], f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()}
     ingest.Manifest.model_validate(m)
@@ -207,10 +257,15 @@ def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, 
     current, wins, held, noisy = lengths[0], {}, [], []
     for c in levels:
         here = tps[current].get(c)
-        beat = [L for L in lengths if L < current and (L or c != levels[0])   # the smallest key drafts
-                and spread.beyond(tps[L].get(c), here)]
+        beat = [
+            L
+            for L in lengths
+            if L < current
+            and (L or c != levels[0])  # the smallest key drafts
+            and spread.beyond(tps[L].get(c), here)
+        ]
         if beat and (spread.noisy(here) or any(spread.noisy(tps[L][c]) for L in beat)):
-            noisy.append(c)     # a step on repeats that disagree would not repeat on the next run
+            noisy.append(c)  # a step on repeats that disagree would not repeat on the next run
             beat = []
         if beat:
             top = max(beat, key=lambda L: tps[L][c]["mean"])
@@ -220,12 +275,16 @@ def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, 
             held.append(c)
         wins[c] = current
     if warnings is not None and held:
-        warnings.append(f"at concurrency {', '.join(map(str, held))} a longer draft measured faster beyond noise; "
-                        "lengths never rise with the batch size, so the shorter one of the level before is kept")
+        warnings.append(
+            f"at concurrency {', '.join(map(str, held))} a longer draft measured faster beyond noise; "
+            "lengths never rise with the batch size, so the shorter one of the level before is kept"
+        )
     if warnings is not None and noisy:
-        warnings.append(f"at concurrency {', '.join(map(str, noisy))} a shorter draft measured faster, but on repeats "
-                        f"more than {spread.NOISY:.0%} apart: no step taken (the level before's length kept); "
-                        "rerun on a quieter machine or with more --repeats")
+        warnings.append(
+            f"at concurrency {', '.join(map(str, noisy))} a shorter draft measured faster, but on repeats "
+            f"more than {spread.NOISY:.0%} apart: no step taken (the level before's length kept); "
+            "rerun on a quieter machine or with more --repeats"
+        )
     return wins
 
 
@@ -239,7 +298,7 @@ def lengths_for(wins: dict[int, int], max_batch_size: int) -> list[int]:
 def schedule(t: Tunable, lengths: list[int]) -> tuple[int, dict[int, int], list[int]]:
     """(max_draft_len, draft_len_schedule, what the release then drafts at each batch size)."""
     release = planner.get_release(t.release)
-    lengths = planner.zero_draft_rule(release).floor(lengths)   # never 0 where the release has no floor
+    lengths = planner.zero_draft_rule(release).floor(lengths)  # never 0 where the release has no floor
     spec = planner.SpeculativeSpec(schedule="draft_len_schedule")
     _, _, sched, drafted = planner.choose_schedule(lengths, spec, lengths[0], release)
     return lengths[0], dict(sched), drafted
@@ -248,8 +307,9 @@ def schedule(t: Tunable, lengths: list[int]) -> tuple[int, dict[int, int], list[
 # --- writing ----------------------------------------------------------------------------
 
 
-def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: list[int],
-              tuned: dict) -> dict[Path, str]:
+def new_files(
+    t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: list[int], tuned: dict
+) -> dict[Path, str]:
     """The new ``config.yaml`` and ``manifest.json`` texts (validated), by path."""
     cfg = json.loads(json.dumps(t.config))
     spec = cfg["speculative_config"]
@@ -257,20 +317,27 @@ def new_files(t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: li
     spec.update(max_draft_len=max_draft_len, draft_len_schedule=dict(sched))
     text = deploy.trtllm_yaml(deploy.validate_trtllm_config(cfg, t.release), t.release)
     manifest = t.manifest.model_copy(deep=True)
-    assert manifest.plan is not None   # read() refuses a manifest without one
-    runs = [ingest.DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
-            for r in planner.schedule_runs(drafted)]
-    plan = manifest.plan   # each assignment validated (ingest.Plan)
+    assert manifest.plan is not None  # read() refuses a manifest without one
+    runs = [
+        ingest.DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
+        for r in planner.schedule_runs(drafted)
+    ]
+    plan = manifest.plan  # each assignment validated (ingest.Plan)
     plan.max_draft_len, plan.schedule, plan.max_concurrency = max_draft_len, "draft_len_schedule", None
     plan.draft_len_schedule, plan.draft_lengths, plan.tuned = dict(sched), runs, ingest.Tuned.model_validate(tuned)
     m = manifest.to_json()
-    if m.get("files") is not None:    # the new config and the two .prev copies, so verify still holds
+    if m.get("files") is not None:  # the new config and the two .prev copies, so verify still holds
         import hashlib
 
         L = ingest.Layout
-        m["files"] = {**m["files"], L.TRTLLM_CONFIG: hashlib.sha256(text.encode()).hexdigest(),
-                      **{f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()
-                         for rel in (L.TRTLLM_CONFIG, L.MANIFEST)}}
+        m["files"] = {
+            **m["files"],
+            L.TRTLLM_CONFIG: hashlib.sha256(text.encode()).hexdigest(),
+            **{
+                f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()
+                for rel in (L.TRTLLM_CONFIG, L.MANIFEST)
+            },
+        }
     ingest.Manifest.model_validate(m)
     return {t.root / ingest.Layout.TRTLLM_CONFIG: text, t.root / ingest.Layout.MANIFEST: json.dumps(m, indent=2) + "\n"}
 
@@ -282,15 +349,28 @@ def commit(root: Path, files: dict[Path, str], warnings: list[str] | None = None
     return deploy.replace_files(root, files, "tune's file", warnings)
 
 
-def tuned_record(measured: dict[int, list[dict]], wins: dict[int, int], calibration: str,
-                 arms: list[dict] | None = None) -> dict:
-    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "winners": wins,
-            "calibration": calibration, **({"arms": arms} if arms else {}),
-            "measured": {str(L): [{"concurrency": lv["concurrency"], "output_tokens_per_second":
-                                   lv["output_tokens_per_second"], "acceptance_length": lv["acceptance_length"],
-                                   "output_tokens_per_second_spread": (lv.get("spread") or {}).get(
-                                       "output_tokens_per_second"), "tpot_ms": lv.get("tpot_ms")}
-                                  for lv in levels] for L, levels in measured.items()}}
+def tuned_record(
+    measured: dict[int, list[dict]], wins: dict[int, int], calibration: str, arms: list[dict] | None = None
+) -> dict:
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "winners": wins,
+        "calibration": calibration,
+        **({"arms": arms} if arms else {}),
+        "measured": {
+            str(L): [
+                {
+                    "concurrency": lv["concurrency"],
+                    "output_tokens_per_second": lv["output_tokens_per_second"],
+                    "acceptance_length": lv["acceptance_length"],
+                    "output_tokens_per_second_spread": (lv.get("spread") or {}).get("output_tokens_per_second"),
+                    "tpot_ms": lv.get("tpot_ms"),
+                }
+                for lv in levels
+            ]
+            for L, levels in measured.items()
+        },
+    }
 
 
 # --- fitting ----------------------------------------------------------------------------
@@ -312,17 +392,31 @@ def fit(t: Tunable, report: dict) -> tuple[object, list[dict]]:
     stack = planner.stack_for(dep.gpu)
     acc = planner.Acceptance(alpha=plan.alpha or 0.7)
     lengths = plan.lengths() or [t.max_draft_len]
-    cases = planner.cases_from_bench(report, stack=stack, target=dep.target, drafter=dep.drafter, gpu=dep.gpu,
-                                     precision=dep.precision, kv_cache=dep.kv_cache, tp=tp,
-                                     draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
+    cases = planner.cases_from_bench(
+        report,
+        stack=stack,
+        target=dep.target,
+        drafter=dep.drafter,
+        gpu=dep.gpu,
+        precision=dep.precision,
+        kv_cache=dep.kv_cache,
+        tp=tp,
+        draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1],
+        tau_at=acc.tau,
+    )
     cal = planner.refit(planner.shipped_calibration(), stack, cases, source=f"tune of {t.name}, {len(cases)} levels")
     rows = []
     for c in cases:
         pred = c.predict(cal.constants(stack), cal.shared)
         key = "tokens_per_s" if c.row.draft_len else "baseline_tokens_per_s"
-        rows.append({"concurrency": c.row.concurrency, "draft_len": c.row.draft_len,
-                     "measured_tokens_per_second_per_user": round(getattr(c.row, key), 3),
-                     "predicted_tokens_per_second_per_user": round(pred[key], 3)})
+        rows.append(
+            {
+                "concurrency": c.row.concurrency,
+                "draft_len": c.row.draft_len,
+                "measured_tokens_per_second_per_user": round(getattr(c.row, key), 3),
+                "predicted_tokens_per_second_per_user": round(pred[key], 3),
+            }
+        )
     return cal, rows
 
 
@@ -332,4 +426,4 @@ def predicted_curve(t: Tunable, cal, drafted: list[int]) -> list[dict]:
     ctx = max(1, min(int(t.config.get("max_seq_len") or 2048) // 2, planner.PLANNING_CONTEXT))
     model = planner.step_model(dep, tp, ctx, cal)
     rows = planner.predicted(model, drafted, planner.Acceptance(alpha=plan.alpha or 0.7), tp)
-    return [r.model_dump(mode="json", exclude_unset=True) for r in rows]   # the plot reads JSON rows
+    return [r.model_dump(mode="json", exclude_unset=True) for r in rows]  # the plot reads JSON rows

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dflash_trt.errors import DFlashError
 
-NEAR_TIE = 0.5          # nats: BF16 logits of magnitude ~20 carry errors of ~0.1
+NEAR_TIE = 0.5  # nats: BF16 logits of magnitude ~20 carry errors of ~0.1
 TOP_LOGPROBS = 2
 
 
@@ -35,13 +35,13 @@ class Answer:
     ids: list[int] | None
     tokens: list[str] | None
     text: str
-    top2: list[float | None] | None = None     # margin per position, where logprobs came
+    top2: list[float | None] | None = None  # margin per position, where logprobs came
 
 
 @dataclass
 class Prompt:
     kind: str
-    text: str           # what is shown in the report
+    text: str  # what is shown in the report
     ids: list[int]
 
 
@@ -99,7 +99,7 @@ class ServerSide:
         if self.logprobs:
             try:
                 c = await self.client.complete(prompt.ids, max_tokens, 0.0, logprobs=TOP_LOGPROBS)
-            except DFlashError as exc:    # e.g. the embedded server: 400 "logprobs are not supported"
+            except DFlashError as exc:  # e.g. the embedded server: 400 "logprobs are not supported"
                 if "logprobs" not in str(exc):
                     raise
                 self.logprobs = False
@@ -120,9 +120,16 @@ class ReferenceSide:
         from dflash_trt.runtime import generate
 
         self.lock = self.lock or asyncio.Lock()
-        async with self.lock:    # one model, one generation at a time
-            gen = await asyncio.to_thread(generate, self.pair.target, None, [prompt.ids], max_new_tokens=max_tokens,
-                                          block_size=1, stop_token_ids=self.pair.stop_token_ids)
+        async with self.lock:  # one model, one generation at a time
+            gen = await asyncio.to_thread(
+                generate,
+                self.pair.target,
+                None,
+                [prompt.ids],
+                max_new_tokens=max_tokens,
+                block_size=1,
+                stop_token_ids=self.pair.stop_token_ids,
+            )
         ids = list(gen.token_ids[0])
         return Answer(ids, None, self.pair.decode(ids))
 
@@ -130,7 +137,7 @@ class ReferenceSide:
         import torch
 
         with torch.inference_mode():
-            logits = self.pair.target.model(torch.tensor([ids])).logits[0, -1].float()   # [V]
+            logits = self.pair.target.model(torch.tensor([ids])).logits[0, -1].float()  # [V]
         top = torch.log_softmax(logits, -1).topk(2).values
         return round(float(top[0] - top[1]), 4)
 
@@ -145,7 +152,7 @@ def _sequences(a: Answer, b: Answer, tokenizer, stops: frozenset[int]) -> tuple[
         return strip(a.ids), strip(b.ids), True
     if a.tokens is not None and b.tokens is not None:
         return a.tokens, b.tokens, False
-    if a.text == b.text:    # ids on one side, token strings on the other: the same text agrees
+    if a.text == b.text:  # ids on one side, token strings on the other: the same text agrees
         return [a.text], [b.text], False
     enc = lambda x: x.ids if x.ids is not None else tokenizer(x.text, add_special_tokens=False)["input_ids"]  # noqa: E731
     return enc(a), enc(b), True
@@ -176,8 +183,15 @@ def compare(prompt: Prompt, served: Answer, base: Answer, tokenizer, reference: 
     if margin is None and reference is not None and are_ids:
         margin, source = reference.margin(prompt.ids + list(a[:k])), "reference runtime"
     verdict = "not measured" if margin is None else ("numerics" if margin < NEAR_TIE else "bug")
-    row.update(agree=False, position=k, endpoint_token=_at(a, k), baseline_token=_at(b, k), margin=margin,
-               margin_source=source, verdict=verdict)
+    row.update(
+        agree=False,
+        position=k,
+        endpoint_token=_at(a, k),
+        baseline_token=_at(b, k),
+        margin=margin,
+        margin_source=source,
+        verdict=verdict,
+    )
     return row
 
 
@@ -200,12 +214,25 @@ async def _run(prompts: list[Prompt], served: ServerSide, base, max_tokens: int,
             await base.client.close()
 
 
-def check(prompts: list[Prompt], url: str, model: str | None, *, baseline: str | None, baseline_model: str | None,
-          reference: ReferenceSide | None, tokenizer, max_tokens: int, concurrency: int = 4) -> dict:
+def check(
+    prompts: list[Prompt],
+    url: str,
+    model: str | None,
+    *,
+    baseline: str | None,
+    baseline_model: str | None,
+    reference: ReferenceSide | None,
+    tokenizer,
+    max_tokens: int,
+    concurrency: int = 4,
+) -> dict:
     """The lossless check's result: status, one-line summary, and a row per prompt."""
     if baseline is None and reference is None:
-        return {"name": "lossless", "status": "not measured",
-                "summary": "no baseline: pass --baseline URL (the same target served without speculation)"}
+        return {
+            "name": "lossless",
+            "status": "not measured",
+            "summary": "no baseline: pass --baseline URL (the same target served without speculation)",
+        }
     served = ServerSide(url, model)
     base = ServerSide(baseline, baseline_model) if baseline else reference
     pairs = asyncio.run(_run(prompts, served, base, max_tokens, concurrency))
@@ -215,12 +242,22 @@ def check(prompts: list[Prompt], url: str, model: str | None, *, baseline: str |
     against = f"baseline {baseline}" if baseline else "the reference runtime"
     if bad:
         r = bad[0]
-        m = ("margin not measured" if r["margin"] is None
-             else f"top-2 margin {r['margin']:.2f} nats ({r['margin_source']})")
-        summary = (f"{len(bad)} of {len(rows)} completions diverge from {against}; first: {r['kind']} prompt "
-                   f"{r['prompt']!r} at token {r['position']}, {m}: a bug, not numerics")
+        m = (
+            "margin not measured"
+            if r["margin"] is None
+            else f"top-2 margin {r['margin']:.2f} nats ({r['margin_source']})"
+        )
+        summary = (
+            f"{len(bad)} of {len(rows)} completions diverge from {against}; first: {r['kind']} prompt "
+            f"{r['prompt']!r} at token {r['position']}, {m}: a bug, not numerics"
+        )
     else:
         summary = f"{len(rows) - len(ties)} of {len(rows)} greedy completions identical to {against}" + (
-            f"; {len(ties)} diverge at near-ties (margin < {NEAR_TIE} nats: numerics)" if ties else "")
-    return {"name": "lossless", "status": "fail" if bad else "pass", "summary": summary,
-            "details": {"against": against, "max_tokens": max_tokens, "near_tie_nats": NEAR_TIE, "prompts": rows}}
+            f"; {len(ties)} diverge at near-ties (margin < {NEAR_TIE} nats: numerics)" if ties else ""
+        )
+    return {
+        "name": "lossless",
+        "status": "fail" if bad else "pass",
+        "summary": summary,
+        "details": {"against": against, "max_tokens": max_tokens, "near_tie_nats": NEAR_TIE, "prompts": rows},
+    }

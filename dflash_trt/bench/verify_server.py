@@ -43,11 +43,11 @@ ACCEPT_FILE_PREFIX = "dflash_accept_stats_rank"
 
 @dataclass
 class Window:
-    stack: str = "unknown"                  # embedded | trtllm | unknown (what the scrapes looked like)
+    stack: str = "unknown"  # embedded | trtllm | unknown (what the scrapes looked like)
     rounds: int = 0
     committed: int = 0
     accepted_at: list[int] = field(default_factory=list)
-    draft_rounds: Counter = field(default_factory=Counter)   # (batch size, draft length) -> rounds
+    draft_rounds: Counter = field(default_factory=Counter)  # (batch size, draft length) -> rounds
     gpu_memory: int | None = None
 
     @property
@@ -64,10 +64,14 @@ class Window:
         n = max(len(self.accepted_at), len(other.accepted_at))
         pad = lambda xs: list(xs) + [0] * (n - len(xs))  # noqa: E731
         mems = [m for m in (self.gpu_memory, other.gpu_memory) if m is not None]
-        return Window(self.stack if self.stack != "unknown" else other.stack, self.rounds + other.rounds,
-                      self.committed + other.committed, [a + b for a, b in zip(pad(self.accepted_at),
-                                                                                pad(other.accepted_at), strict=True)],
-                      self.draft_rounds + other.draft_rounds, max(mems) if mems else None)
+        return Window(
+            self.stack if self.stack != "unknown" else other.stack,
+            self.rounds + other.rounds,
+            self.committed + other.committed,
+            [a + b for a, b in zip(pad(self.accepted_at), pad(other.accepted_at), strict=True)],
+            self.draft_rounds + other.draft_rounds,
+            max(mems) if mems else None,
+        )
 
 
 def prometheus(body: str) -> dict[tuple[str, tuple], float]:
@@ -91,8 +95,13 @@ def _embedded(before: str | None, after: str) -> Window:
         if name == "dflash_draft_rounds_total" and round(v) > 0:
             d = dict(lab)
             draft[(int(d["batch_size"]), int(d["draft_len"]))] += int(round(v))
-    return Window("embedded", get("dflash_spec_rounds_total"), get("dflash_spec_committed_tokens_total"),
-                  [get("dflash_spec_accepted_total", position=str(k)) for k in positions], draft)
+    return Window(
+        "embedded",
+        get("dflash_spec_rounds_total"),
+        get("dflash_spec_committed_tokens_total"),
+        [get("dflash_spec_accepted_total", position=str(k)) for k in positions],
+        draft,
+    )
 
 
 def _trtllm(after: str) -> Window:
@@ -122,7 +131,7 @@ def window(before: str | None, after: str | None) -> Window:
     if after is None:
         return Window()
     text = after.strip()
-    if text.startswith(("[", "{")):        # trtllm-serve: the rows since the previous scrape
+    if text.startswith(("[", "{")):  # trtllm-serve: the rows since the previous scrape
         return _trtllm(text)
     if "dflash_spec_rounds_total" in text:
         return _embedded(before, text)
@@ -140,8 +149,9 @@ def accept_files(stats_dir: str | Path) -> list[int] | None:
     what verify reads, so TP-replicated ranks (identical files) do not skew them."""
     d = Path(stats_dir)
     if not d.is_dir():
-        raise DFlashError(f"--accept-stats {d}: no such directory (the TLLM_DFLASH_ACCEPT_STATS_DIR trtllm-serve "
-                          "was started with)")
+        raise DFlashError(
+            f"--accept-stats {d}: no such directory (the TLLM_DFLASH_ACCEPT_STATS_DIR trtllm-serve was started with)"
+        )
     total: list[int] | None = None
     for f in sorted(d.glob(f"{ACCEPT_FILE_PREFIX}*.json")):
         try:
@@ -159,5 +169,6 @@ def hist_window(before: list[int] | None, after: list[int] | None) -> Window:
         return Window()
     hist = [a - b for a, b in zip(after, before, strict=False)] if before else list(after)
     steps = sum(hist)
-    return Window("trtllm", steps, steps + sum(a * n for a, n in enumerate(hist)),
-                  [sum(hist[k:]) for k in range(1, len(hist))])
+    return Window(
+        "trtllm", steps, steps + sum(a * n for a, n in enumerate(hist)), [sum(hist[k:]) for k in range(1, len(hist))]
+    )

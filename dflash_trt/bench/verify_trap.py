@@ -44,8 +44,9 @@ def schedule_top(config: dict) -> int:
     return int(config.get("max_batch_size") or 8)
 
 
-async def _phases(url: str, model: str | None, prompts: list[str], crowd: int,
-                  max_tokens: int) -> tuple[list[str | None], list[str]]:
+async def _phases(
+    url: str, model: str | None, prompts: list[str], crowd: int, max_tokens: int
+) -> tuple[list[str | None], list[str]]:
     """The three /metrics bodies (before, when the crowd is done, when the survivors are) and the
     errors of the requests that failed. The warm-up (before the first scrape, so outside both
     windows) settles what the server accepts, as ``bench.endpoint.run``'s does: a server that
@@ -58,9 +59,11 @@ async def _phases(url: str, model: str | None, prompts: list[str], crowd: int,
         await ep.discover()
         await ep.warm_up(prompts[0], min(8, max_tokens), 0.0, True)
         await ep.scrape()
-        long = [asyncio.create_task(ep.request(prompts[i % len(prompts)], LONG * max_tokens, 0.0, True))
-                for i in range(SURVIVORS)]
-        await asyncio.sleep(0.05)   # the survivors are admitted first
+        long = [
+            asyncio.create_task(ep.request(prompts[i % len(prompts)], LONG * max_tokens, 0.0, True))
+            for i in range(SURVIVORS)
+        ]
+        await asyncio.sleep(0.05)  # the survivors are admitted first
         short = [ep.request(prompts[(SURVIVORS + i) % len(prompts)], max_tokens, 0.0, True) for i in range(crowd)]
         records = list(await asyncio.gather(*short))
         await ep.scrape()
@@ -76,37 +79,69 @@ def _expected(w: verify_server.Window, plan: planner.Plan) -> float:
     return sum(n * planner.expected_tau(plan.alpha, L) for (_, L), n in runs.items()) / sum(runs.values())
 
 
-def probe(url: str, plan: planner.Plan, config: dict, *, model: str | None = None, prompts: list[str],
-          max_tokens: int = 32, collapsed: bool = False) -> dict:
+def probe(
+    url: str,
+    plan: planner.Plan,
+    config: dict,
+    *,
+    model: str | None = None,
+    prompts: list[str],
+    max_tokens: int = 32,
+    collapsed: bool = False,
+) -> dict:
     """The ``trap`` check of ``verify --endpoint`` (module docstring); ``collapsed``: acceptance
     already collapsed at the load levels, so a low τ here could not be told from that."""
     top = schedule_top(config)
     if collapsed:
-        return {"name": "trap", "status": "not measured", "details": {"top": top},
-                "summary": "acceptance already collapsed at the load levels: the probe cannot tell the zero-draft "
-                           "trap from that"}
+        return {
+            "name": "trap",
+            "status": "not measured",
+            "details": {"top": top},
+            "summary": "acceptance already collapsed at the load levels: the probe cannot tell the zero-draft "
+            "trap from that",
+        }
     bodies, errors = asyncio.run(_phases(url, model, prompts, top + 1 - SURVIVORS, max_tokens))
     load, low = verify_server.window(bodies[0], bodies[1]), verify_server.window(bodies[1], bodies[2])
-    details = {"top": top, "load_concurrency": top + 1, "survivors": SURVIVORS, "load_acceptance_length": load.tau,
-               "low_acceptance_length": low.tau, "load_draft_rounds": {f"{b}:{L}": n for (b, L), n in
-                                                                      sorted(load.draft_rounds.items())}}
+    details = {
+        "top": top,
+        "load_concurrency": top + 1,
+        "survivors": SURVIVORS,
+        "load_acceptance_length": load.tau,
+        "low_acceptance_length": low.tau,
+        "load_draft_rounds": {f"{b}:{L}": n for (b, L), n in sorted(load.draft_rounds.items())},
+    }
     if errors:
         details["failed_requests"] = {"count": len(errors), "first": errors[0]}
     if low.tau is None:
-        why = (f"{len(errors)} of {top + 1} requests failed ({errors[0]})" if errors else
-               "the server reports none, or the survivors finished first")
-        return {"name": "trap", "status": "not measured", "details": details,
-                "summary": "no speculative counters for the low-concurrency phase after the load above the "
-                           f"schedule's top ({top}): {why}"}
+        why = (
+            f"{len(errors)} of {top + 1} requests failed ({errors[0]})"
+            if errors
+            else "the server reports none, or the survivors finished first"
+        )
+        return {
+            "name": "trap",
+            "status": "not measured",
+            "details": details,
+            "summary": "no speculative counters for the low-concurrency phase after the load above the "
+            f"schedule's top ({top}): {why}",
+        }
     expected = _expected(low, plan)
     details["expected_acceptance_length"] = round(expected, 3)
     where = f"after {top + 1} requests in flight (the schedule's top: {top})"
     if low.tau - 1 < COLLAPSE * (expected - 1):
-        return {"name": "trap", "status": "fail", "details": details,
-                "summary": f"acceptance did not recover {where}: τ {low.tau:.2f} at low concurrency against the "
-                           f"plan's {expected:.2f}; likely cause: {planner.ZERO_DRAFT_TRAP}: serve a config whose "
-                           "draft_len_schedule drafts >= 1 up to max_batch_size (dflash-trt build writes one), or a "
-                           "TensorRT-LLM release with the draft-length floor"}
-    return {"name": "trap", "status": "pass", "details": details,
-            "summary": f"acceptance recovered {where}: τ {low.tau:.2f} at low concurrency against the plan's "
-                       f"{expected:.2f}"}
+        return {
+            "name": "trap",
+            "status": "fail",
+            "details": details,
+            "summary": f"acceptance did not recover {where}: τ {low.tau:.2f} at low concurrency against the "
+            f"plan's {expected:.2f}; likely cause: {planner.ZERO_DRAFT_TRAP}: serve a config whose "
+            "draft_len_schedule drafts >= 1 up to max_batch_size (dflash-trt build writes one), or a "
+            "TensorRT-LLM release with the draft-length floor",
+        }
+    return {
+        "name": "trap",
+        "status": "pass",
+        "details": details,
+        "summary": f"acceptance recovered {where}: τ {low.tau:.2f} at low concurrency against the plan's "
+        f"{expected:.2f}",
+    }

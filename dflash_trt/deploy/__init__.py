@@ -11,6 +11,7 @@ installed TensorRT-LLM's own classes judge that config; copied into every bundle
 
 Other subpackages import the names below, never the modules inside.
 """
+
 from __future__ import annotations
 
 from dflash_trt.deploy.output import lock, recover, replace_files

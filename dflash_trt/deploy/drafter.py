@@ -33,7 +33,6 @@ def sort_target_layers(drafter: Drafter) -> Drafter:
     to match (itself when already ascending). fc.weight: [H, n_tap*H], block j = tap j."""
     import torch  # start-up: torch
 
-
     ids = list(drafter.cfg.target_layer_ids)
     order = sorted(range(len(ids)), key=lambda j: ids[j])
     if order == list(range(len(ids))):
@@ -41,7 +40,7 @@ def sort_target_layers(drafter: Drafter) -> Drafter:
     H = drafter.cfg.hidden_size
     state = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
     w = state["fc.weight"]
-    state["fc.weight"] = torch.cat([w[:, j * H:(j + 1) * H] for j in order], dim=1)
+    state["fc.weight"] = torch.cat([w[:, j * H : (j + 1) * H] for j in order], dim=1)
     cfg = drafter.cfg.model_copy(update={"target_layer_ids": [ids[j] for j in order]})
     out = drafter_for(cfg)(cfg).to(drafter.dtype)  # cast first: loading into fp32 parameters would round fp64 weights
     out.load_state_dict(state)
@@ -54,7 +53,7 @@ def write_bundle_drafter(src: ingest.DrafterSpec, out: Path) -> dict:
     ``out``; returns the manifest's ``drafter`` section (what was changed, and why)."""
     import torch  # start-up: torch
 
-    stored = src.dtype                            # the weights' dtype on disk
+    stored = src.dtype  # the weights' dtype on disk
     drafter = ingest.load_drafter(src, dtype=torch.bfloat16)
     source_ids = list(drafter.cfg.target_layer_ids)
     notes = []
@@ -62,8 +61,10 @@ def write_bundle_drafter(src: ingest.DrafterSpec, out: Path) -> dict:
         notes.append(f"cast from {stored} to bfloat16 (TensorRT-LLM serves DFlash drafters in fp16/bf16)")
     drafter = sort_target_layers(drafter)
     if drafter.cfg.target_layer_ids != source_ids:
-        notes.append(f"target_layer_ids {source_ids} sorted to {drafter.cfg.target_layer_ids}, fc columns permuted "
-                     "to match (TensorRT-LLM captures the layers in ascending order)")
+        notes.append(
+            f"target_layer_ids {source_ids} sorted to {drafter.cfg.target_layer_ids}, fc columns permuted "
+            "to match (TensorRT-LLM captures the layers in ascending order)"
+        )
     drafter.cfg = drafter.cfg.model_copy(update={"dtype": "bfloat16"})
     drafter.save(out)
     cfg_path = out / "config.json"
@@ -71,5 +72,11 @@ def write_bundle_drafter(src: ingest.DrafterSpec, out: Path) -> dict:
     cfg["block_size"] = drafter.cfg.block_size
     cfg["dflash_config"]["block_size"] = drafter.cfg.block_size
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
-    return {"dtype": "bfloat16", "source_dtype": stored, "target_layer_ids": list(drafter.cfg.target_layer_ids),
-            "source_target_layer_ids": source_ids, "block_size": drafter.cfg.block_size, "notes": notes}
+    return {
+        "dtype": "bfloat16",
+        "source_dtype": stored,
+        "target_layer_ids": list(drafter.cfg.target_layer_ids),
+        "source_target_layer_ids": source_ids,
+        "block_size": drafter.cfg.block_size,
+        "notes": notes,
+    }

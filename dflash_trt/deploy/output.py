@@ -52,21 +52,23 @@ def check_output(out: Path, force: bool) -> None:
     pending = os.path.lexists(out / swap.JOURNAL)
     if out.is_dir() and not pending and any(not p.name.startswith(INSIDE) for p in out.iterdir()):
         if not (out / ingest.Layout.MANIFEST).is_file():
-            raise DFlashError(f"-o {out}: a directory that is not a dflash-trt bundle (no {ingest.Layout.MANIFEST}); "
-                              "--force only replaces bundles: choose another -o")
+            raise DFlashError(
+                f"-o {out}: a directory that is not a dflash-trt bundle (no {ingest.Layout.MANIFEST}); "
+                "--force only replaces bundles: choose another -o"
+            )
         if not force:
             raise DFlashError(f"{out} exists; pass --force to replace it, or choose another -o")
-        previous_files(out)   # refused now, before any work, when it does not list its files
+        previous_files(out)  # refused now, before any work, when it does not list its files
     parent = next((p for p in (out.parent, *out.parent.parents) if p.exists()), Path("."))
     if not parent.is_dir():
         raise DFlashError(f"-o {out}: {parent} is a file, not a directory")
-    where = out if out.is_dir() else parent   # an existing output directory is written inside
+    where = out if out.is_dir() else parent  # an existing output directory is written inside
     if not os.access(where, os.W_OK | os.X_OK):
         raise DFlashError(f"-o {out}: {where} is not writable")
 
 
-INSIDE = ".dflash-trt"   # the lock and partial names used inside OUT when its parent is read-only
-_LONG = 96               # bytes of a name kept whole in ``.NAME.lock`` / ``.NAME.partial-PID``
+INSIDE = ".dflash-trt"  # the lock and partial names used inside OUT when its parent is read-only
+_LONG = 96  # bytes of a name kept whole in ``.NAME.lock`` / ``.NAME.partial-PID``
 
 
 def short_name(name: str) -> str:
@@ -82,7 +84,7 @@ def _beside(out: Path) -> bool:
     """Whether the lock and partial go beside ``out`` (its parent writable), else inside it."""
     parent = out.parent
     if not parent.exists():
-        return True   # created by start_partial's mkdir (check_output vetted the ancestor)
+        return True  # created by start_partial's mkdir (check_output vetted the ancestor)
     return os.access(parent, os.W_OK | os.X_OK) or not out.is_dir()
 
 
@@ -138,14 +140,15 @@ def _acquire(out: Path, path: Path) -> int:
         except BlockingIOError:
             holder = _describe(os.pread(fd, 4096, 0))
             os.close(fd)
-            raise DFlashError(f"-o {out}: another dflash-trt writer holds it ({holder}); wait for it to finish "
-                              "or choose another -o") from None
+            raise DFlashError(
+                f"-o {out}: another dflash-trt writer holds it ({holder}); wait for it to finish or choose another -o"
+            ) from None
         try:
             if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
                 return fd
         except FileNotFoundError:
             pass
-        os.close(fd)   # the previous holder removed it as we locked: open the current one
+        os.close(fd)  # the previous holder removed it as we locked: open the current one
     raise DFlashError(f"-o {out}: cannot take the write lock {path}")
 
 
@@ -221,8 +224,10 @@ def replace(tmp: Path, out: Path) -> str | None:
             return None
         except OSError as exc:
             if exc.errno not in _NO_RENAME:
-                raise DFlashError(f"-o {out}: cannot move the build into place ({exc.strerror or exc}); "
-                                  f"the built bundle is kept in {tmp}") from None
+                raise DFlashError(
+                    f"-o {out}: cannot move the build into place ({exc.strerror or exc}); "
+                    f"the built bundle is kept in {tmp}"
+                ) from None
     return swap_contents(tmp, out)
 
 
@@ -249,11 +254,14 @@ def previous_files(out: Path) -> set[str]:
     try:
         files = json.loads(path.read_text()).get("files")
     except (OSError, ValueError, AttributeError) as exc:
-        raise DFlashError(f"-o {out}: cannot read its {path.name} ({exc}); remove the old bundle yourself "
-                          "or choose another -o") from None
+        raise DFlashError(
+            f"-o {out}: cannot read its {path.name} ({exc}); remove the old bundle yourself or choose another -o"
+        ) from None
     if not isinstance(files, dict) or not all(isinstance(k, str) for k in files):
-        raise DFlashError(f"-o {out}: its {path.name} lists no files (a bundle older than format 3), so which "
-                          "files are the bundle's is unknown; remove it yourself or choose another -o")
+        raise DFlashError(
+            f"-o {out}: its {path.name} lists no files (a bundle older than format 3), so which "
+            "files are the bundle's is unknown; remove it yourself or choose another -o"
+        )
     for rel in files:
         swap.inside(out, rel, f"the file its {path.name} lists")
     return {*files, path.name}
@@ -276,12 +284,14 @@ def swap_contents(tmp: Path, out: Path, old: set[str] | None = None) -> str | No
         journal = swap.plan(tmp, out, old, _files(tmp), others)
         return swap.swap(out, journal)
     except OSError as exc:
-        raise DFlashError(f"-o {out}: cannot swap the bundle in ({exc.strerror or exc}; "
-                          f"{getattr(exc, 'filename', '') or ''}); {keep}; the next build or tune of {out} "
-                          "finishes or rolls back the swap") from None
+        raise DFlashError(
+            f"-o {out}: cannot swap the bundle in ({exc.strerror or exc}; "
+            f"{getattr(exc, 'filename', '') or ''}); {keep}; the next build or tune of {out} "
+            "finishes or rolls back the swap"
+        ) from None
 
 
-SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")   # never copied: pickles, code
+SKIP_SUFFIXES = (".bin", ".pt", ".pth", ".py", ".pkl", ".msgpack", ".h5", ".ckpt")  # never copied: pickles, code
 
 
 def copy_checkpoint(src: Path, dst: Path) -> None:
@@ -301,8 +311,11 @@ def copied_modes(src: Path, target: Path, quantized: bool) -> dict[str, int]:
     for a ModelOpt export only its tokenizer files), relative path -> the source's mode: ``share``
     opens them no wider than their source."""
     names = set(ingest.tokenizer_files(src)) if quantized else {f.name for f in src.iterdir()}
-    return {f"{ingest.Layout.TARGET}/{f.name}": ingest.checkpoint_file(src, src / f.name).stat().st_mode & 0o777
-            for f in target.iterdir() if f.name in names and (src / f.name).is_file()}
+    return {
+        f"{ingest.Layout.TARGET}/{f.name}": ingest.checkpoint_file(src, src / f.name).stat().st_mode & 0o777
+        for f in target.iterdir()
+        if f.name in names and (src / f.name).is_file()
+    }
 
 
 def replace_files(root: Path, files: dict[Path, str], what: str, warnings: list[str] | None = None) -> list[Path]:
@@ -330,7 +343,7 @@ def replace_files(root: Path, files: dict[Path, str], what: str, warnings: list[
             warnings.append(left)
         return prevs
     finally:
-        if not os.path.lexists(root / swap.JOURNAL):   # a journal: the next writer needs the partial
+        if not os.path.lexists(root / swap.JOURNAL):  # a journal: the next writer needs the partial
             shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -47,7 +47,7 @@ BUNDLE_FORMAT = ingest.BUNDLE_FORMAT
 class BuildResult:
     plan: planner.Plan
     out: Path | None
-    manifest: dict | None     # the JSON object written to manifest.json
+    manifest: dict | None  # the JSON object written to manifest.json
     resolved: Resolved
 
 
@@ -55,8 +55,9 @@ def default_out(recipe: Recipe) -> Path:
     return Path("dflash-out") / recipe.name
 
 
-def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force: bool = False,
-          status=None, progress=None) -> BuildResult:
+def build(
+    recipe: Recipe, out: Path | None = None, dry_run: bool = False, force: bool = False, status=None, progress=None
+) -> BuildResult:
     """Run the pipeline. ``status(msg)`` reports stages; ``progress(done, total)`` calibration."""
     say = status or (lambda msg: None)
     timings: dict[str, float] = {}
@@ -75,13 +76,13 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
         trtllm.config(recipe, p, r.drafter, r.target)  # what build would write passes the release's schema
         return BuildResult(p, None, None, r)
 
-    with output.lock(out):   # held to the swap: a second build to `out` fails at once
-        recovered = output.recover(out)   # a swap a killed writer left: finished or rolled back first
+    with output.lock(out):  # held to the swap: a second build to `out` fails at once
+        recovered = output.recover(out)  # a swap a killed writer left: finished or rolled back first
         if recovered:
             p.warnings.append(recovered)
         try:
-            output.check_output(out, force)   # again: the output may have changed while we waited
-        except DFlashError as exc:   # the refusal says what the recovery did: one line still
+            output.check_output(out, force)  # again: the output may have changed while we waited
+        except DFlashError as exc:  # the refusal says what the recovery did: one line still
             raise type(exc)(f"{recovered}; {exc}" if recovered else str(exc)) from None
         if not local:
             say("resolving checkpoints")
@@ -89,21 +90,21 @@ def build(recipe: Recipe, out: Path | None = None, dry_run: bool = False, force:
             if (w.target_dir, w.drafter_dir) != (r.target_dir, r.drafter_dir):
                 r, p = w, plan_resolved(w)  # exact byte counts from the real checkpoint
                 p.warnings += [recovered] if recovered else []
-        for d in (r.target_dir, r.drafter_dir):   # links only into each checkpoint's own store, before any write
+        for d in (r.target_dir, r.drafter_dir):  # links only into each checkpoint's own store, before any write
             ingest.check_links(d)
         tmp = output.start_partial(out)
         try:
             manifest = _write_bundle(r, p, tmp, say, progress, timings)
             timings["total"] = time.perf_counter() - t0
             manifest.timings = {k: round(v, 3) for k, v in timings.items()}
-            manifest.files = ingest.bundle_hashes(tmp)   # every file as built: dflash-trt verify checks them
+            manifest.files = ingest.bundle_hashes(tmp)  # every file as built: dflash-trt verify checks them
             written = ingest.write_manifest(tmp, manifest)
             output.share(tmp, copied=output.copied_modes(r.target_dir, tmp / ingest.Layout.TARGET, r.quantize))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        left = output.replace(tmp, out)   # a refused swap keeps the built bundle and says where
-        p.warnings += [left] if left else []   # what the OS would not remove after it: said, swept next time
+        left = output.replace(tmp, out)  # a refused swap keeps the built bundle and says where
+        p.warnings += [left] if left else []  # what the OS would not remove after it: said, swept next time
     return BuildResult(p, out, written, r)
 
 
@@ -128,8 +129,9 @@ def _write_target(r: Resolved, tmp: Path, say, progress) -> tuple[dict | None, d
     say(f"quantizing the target to {r.precision} with ModelOpt")
     # The calibration file is relative to the recipe file; quantize_target gets the resolved path.
     calib = str(rc.resolve_path(rc.precision.calib)) if rc.precision.calib else None
-    info = quantize.quantize_target(r.target_dir, tmp / "target", rc.precision.model_copy(update={"calib": calib}),
-                                    progress=progress)
+    info = quantize.quantize_target(
+        r.target_dir, tmp / "target", rc.precision.model_copy(update={"calib": calib}), progress=progress
+    )
     return info, quantize.verify_export(tmp / "target", r.precision, rc.precision.kv_cache)
 
 
@@ -140,17 +142,28 @@ def _write_drafter(r: Resolved, tmp: Path, say) -> dict:
 
 def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
     """What the bundle's serve.sh checks: the release, and the GPUs this node serves with."""
-    return serve_sh.ServeCheck(release=p.trtllm_release, gpu=r.gpu.name, sm=r.gpu.sm, memory_gb=r.gpu.memory_gb,
-                               gpus=min(r.recipe.gpu.count, p.tp))
+    return serve_sh.ServeCheck(
+        release=p.trtllm_release,
+        gpu=r.gpu.name,
+        sm=r.gpu.sm,
+        memory_gb=r.gpu.memory_gb,
+        gpus=min(r.recipe.gpu.count, p.tp),
+    )
 
 
 def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
     drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
-    mtp = trtllm.config(rc, p, target=r.target, arm="mtp") if p.mtp else None   # the arm users compare with
-    trtllm.write(tmp / "trtllm", trtllm.config(rc, p, r.drafter, r.target), rc.serving.host, rc.serving.port,
-                 serve_check(r, p), mtp=mtp)
+    mtp = trtllm.config(rc, p, target=r.target, arm="mtp") if p.mtp else None  # the arm users compare with
+    trtllm.write(
+        tmp / "trtllm",
+        trtllm.config(rc, p, r.drafter, r.target),
+        rc.serving.host,
+        rc.serving.port,
+        serve_check(r, p),
+        mtp=mtp,
+    )
     engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.graphs else None
 
     t = time.perf_counter()
@@ -161,36 +174,57 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
     return manifest
 
 
-def _manifest(r: Resolved, p: planner.Plan, quant_info: dict | None, verified: dict | None,
-              engine_info: dict | None) -> ingest.Manifest:
+def _manifest(
+    r: Resolved, p: planner.Plan, quant_info: dict | None, verified: dict | None, engine_info: dict | None
+) -> ingest.Manifest:
     """What the bundle was built from and how (``ingest.Manifest``; hashes every input file)."""
     rc, L = r.recipe, ingest.Layout
     manifest = ingest.Manifest(
         format=BUNDLE_FORMAT,
         name=rc.name,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        recipe=rc.model_dump(mode="json", exclude={"source", "incomplete"}),   # the inputs record what was read
+        recipe=rc.model_dump(mode="json", exclude={"source", "incomplete"}),  # the inputs record what was read
         recipe_source=str(rc.source) if rc.source else None,
-        inputs={"target": _input(rc.target, r.target_dir), "drafter": _input(rc.drafter, r.drafter_dir),
-                "calibration": _calib_input(rc)},
+        inputs={
+            "target": _input(rc.target, r.target_dir),
+            "drafter": _input(rc.drafter, r.drafter_dir),
+            "calibration": _calib_input(rc),
+        },
         tools=_versions(quantized=r.quantize),
         trtllm={"release": p.trtllm_release, "image": planner.get_release(p.trtllm_release).image},
         gpu={"name": r.gpu.name, "sm": r.gpu.sm, "memory_gb": r.gpu.memory_gb, "count": r.gpus},
         precision={
-            "weights": r.precision, "kv_cache": rc.precision.kv_cache,
+            "weights": r.precision,
+            "kv_cache": rc.precision.kv_cache,
             "quantized_by": "nvidia-modelopt" if r.quantize else ("as shipped" if r.shipped_quant else None),
-            "quantization": quant_info, "verified": verified,
+            "quantization": quant_info,
+            "verified": verified,
         },
         plan=p,
-        reference_runtime={"target": L.TARGET, "drafter": L.DRAFTER, "dequantize": r.quantize,
-                           "source_target": str(r.target_dir.resolve())},
-        outputs={"target": L.TARGET, "drafter": L.DRAFTER, "trtllm_config": L.TRTLLM_CONFIG, "serve": L.SERVE_SH,
-                 **({"mtp_config": f"trtllm/{trtllm.MTP_CONFIG}"} if p.mtp else {}), **_engine_outputs(engine_info)},
+        reference_runtime={
+            "target": L.TARGET,
+            "drafter": L.DRAFTER,
+            "dequantize": r.quantize,
+            "source_target": str(r.target_dir.resolve()),
+        },
+        outputs={
+            "target": L.TARGET,
+            "drafter": L.DRAFTER,
+            "trtllm_config": L.TRTLLM_CONFIG,
+            "serve": L.SERVE_SH,
+            **({"mtp_config": f"trtllm/{trtllm.MTP_CONFIG}"} if p.mtp else {}),
+            **_engine_outputs(engine_info),
+        },
         # What `dflash-trt serve` reads: the multi-node launch files must match the plan's
         # parallelism, and the embedded server advertises the planned context length.
-        serve={"tp_size": p.tp, "pp_size": 1, "gpus_per_node": rc.gpu.count,
-               "max_seq_len": rc.serving.max_seq_len,
-               **r.pair.serving_chat, "drafter_chat": r.pair.trained_chat},
+        serve={
+            "tp_size": p.tp,
+            "pp_size": 1,
+            "gpus_per_node": rc.gpu.count,
+            "max_seq_len": rc.serving.max_seq_len,
+            **r.pair.serving_chat,
+            "drafter_chat": r.pair.trained_chat,
+        },
         warnings=p.warnings,
     )
     if engine_info is not None:
@@ -231,8 +265,7 @@ def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
 
 
 def _input(ref, path: Path) -> dict:
-    return {"id": ref.id, "revision": ref.revision, "path": str(path.resolve()),
-            "sha256": ingest.sha256_files(path)}
+    return {"id": ref.id, "revision": ref.revision, "path": str(path.resolve()), "sha256": ingest.sha256_files(path)}
 
 
 def _calib_input(rc: Recipe) -> dict | None:
@@ -262,10 +295,12 @@ def check_trtllm_bundle(path: str | Path) -> dict:
     bundle = ingest.check_bundle(root)
     m = bundle.built
     if m.trtllm is None or m.precision is None:
-        raise CheckpointError(f"{bundle.manifest_path}: no {'trtllm' if m.trtllm is None else 'precision'!r} "
-                              "section; rebuild the bundle with 'dflash-trt build'")
+        raise CheckpointError(
+            f"{bundle.manifest_path}: no {'trtllm' if m.trtllm is None else 'precision'!r} "
+            "section; rebuild the bundle with 'dflash-trt build'"
+        )
     cfg = trtllm.load_trtllm_config(root, m.trtllm.release)
-    model = getattr(cfg.speculative_config, "speculative_model", None)   # the DFlash config names the drafter
+    model = getattr(cfg.speculative_config, "speculative_model", None)  # the DFlash config names the drafter
     if not model or not (root / model / "config.json").is_file():
         raise CheckpointError(f"{root}: speculative_model {model} is not the bundle's drafter")
     prec = m.precision
@@ -274,5 +309,10 @@ def check_trtllm_bundle(path: str | Path) -> dict:
         from dflash_trt.deploy import quantize  # start-up: torch (deploy.quantize imports it)
 
         verified = quantize.verify_export(bundle.target, prec.weights, prec.kv_cache)
-    return {"bundle": str(root), "precision": prec.weights, "tp": cfg.tensor_parallel_size,
-            "max_draft_len": cfg.speculative_config.max_draft_len, "quantized": verified}
+    return {
+        "bundle": str(root),
+        "precision": prec.weights,
+        "tp": cfg.tensor_parallel_size,
+        "max_draft_len": cfg.speculative_config.max_draft_len,
+        "quantized": verified,
+    }

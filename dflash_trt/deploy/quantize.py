@@ -91,7 +91,7 @@ def calibration_batches(tokenizer, texts: list[str], samples: int, seq_len: int)
         raise DFlashError("calibration texts tokenize to nothing")
     out = []
     for start in range(0, len(stream), seq_len):
-        out.append(torch.tensor([stream[start:start + seq_len]]))
+        out.append(torch.tensor([stream[start : start + seq_len]]))
         if len(out) == samples:
             break
     return out
@@ -123,7 +123,6 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
     require("requests", "quant", "ModelOpt's export")
     from transformers.utils import logging as hf_logging  # start-up: transformers
 
-
     hf_logging.disable_progress_bar()
     with contextlib.suppress(ImportError):
         from huggingface_hub.utils import disable_progress_bars  # start-up: huggingface_hub
@@ -133,7 +132,7 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
     tokenizer = load_tokenizer(Path(target_dir))
     batches = calibration_batches(tokenizer, calibration_texts(calib), spec.calib_samples, spec.calib_seq_len)
     model = load_target(target_dir, dtype=torch.bfloat16, device=device)
-    config: Any = model.config   # a transformers PretrainedConfig
+    config: Any = model.config  # a transformers PretrainedConfig
     if not getattr(config, "architectures", None):
         config.architectures = [type(model).__name__]
     t0 = time.perf_counter()
@@ -155,14 +154,22 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
             export.export_hf_checkpoint(model, export_dir=str(out_dir), dtype=torch.bfloat16)
     except (RuntimeError, AssertionError, ValueError) as exc:
         raise DFlashError(f"ModelOpt {precision} quantization failed on {device}: {str(exc).splitlines()[0]}") from exc
-    for name in ingest.tokenizer_files(Path(target_dir)):   # only the checkpoint's own, no wider than they are
+    for name in ingest.tokenizer_files(Path(target_dir)):  # only the checkpoint's own, no wider than they are
         real = ingest.checkpoint_file(Path(target_dir), Path(target_dir) / name)
         shutil.copyfile(real, out_dir / name)
         (out_dir / name).chmod(real.stat().st_mode & 0o777)
-    return {"tool": "nvidia-modelopt", "algorithm": ALGO[precision], "kv_cache": kv_cache, "device": device,
-            "calibration": {"source": str(calib) if calib else "built-in snippets", "samples": len(batches),
-                            "tokens": sum(b.numel() for b in batches)},
-            "seconds": round(time.perf_counter() - t0, 2)}
+    return {
+        "tool": "nvidia-modelopt",
+        "algorithm": ALGO[precision],
+        "kv_cache": kv_cache,
+        "device": device,
+        "calibration": {
+            "source": str(calib) if calib else "built-in snippets",
+            "samples": len(batches),
+            "tokens": sum(b.numel() for b in batches),
+        },
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,19 +212,29 @@ def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> di
             ok = w.dtype == "F8_E4M3" and s.dtype == "F32" and s.shape in ((), (1,))
         else:  # two e2m1 values per U8 byte, one F8_E4M3 scale per 16 values
             s2 = h.get(f"{m}.weight_scale_2")
-            ok = (w.dtype == "U8" and s.dtype == "F8_E4M3" and s2 is not None and s2.dtype == "F32"
-                  and len(w.shape) == 2 and s.shape == (w.shape[0], w.shape[1] * 2 // 16))
+            ok = (
+                w.dtype == "U8"
+                and s.dtype == "F8_E4M3"
+                and s2 is not None
+                and s2.dtype == "F32"
+                and len(w.shape) == 2
+                and s.shape == (w.shape[0], w.shape[1] * 2 // 16)
+            )
         if not ok:
-            raise CheckpointError(f"{where}: {m} has unexpected {precision} tensors: weight {w.dtype} "
-                                  f"{list(w.shape)}, weight_scale {s.dtype} {list(s.shape)}")
+            raise CheckpointError(
+                f"{where}: {m} has unexpected {precision} tensors: weight {w.dtype} "
+                f"{list(w.shape)}, weight_scale {s.dtype} {list(s.shape)}"
+            )
     for name in ("lm_head.weight", "model.embed_tokens.weight"):
         if name in h and h[name].dtype not in ("BF16", "F16", "F32"):
             raise CheckpointError(f"{where}: {name} is {h[name].dtype}; it must stay unquantized")
     kv_scales = sum(k.endswith((".k_scale", ".v_scale")) for k in h)
     if kv_cache == "fp8" and not kv_scales:
         raise CheckpointError(f"{where}: FP8 KV cache requested but no k_scale/v_scale tensors")
-    return {"quant_algo": q["quant_algo"], "kv_cache_quant_algo": q.get("kv_cache_quant_algo"),
-            "quantized_linears": len(quantized), "kv_scales": kv_scales,
-            "excluded": q.get("exclude_modules")}
-
-
+    return {
+        "quant_algo": q["quant_algo"],
+        "kv_cache_quant_algo": q.get("kv_cache_quant_algo"),
+        "quantized_linears": len(quantized),
+        "kv_scales": kv_scales,
+        "excluded": q.get("exclude_modules"),
+    }

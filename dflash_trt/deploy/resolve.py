@@ -26,14 +26,14 @@ class Resolved:
     recipe: Recipe
     gpu: GPU
     gpus: int
-    precision: str            # effective: bf16 | fp8 | nvfp4 | mxfp4
-    quantize: bool            # True: ModelOpt runs at build time
-    pair: ingest.PairSpec     # the pair as ingest read it, once: every later stage takes it
+    precision: str  # effective: bf16 | fp8 | nvfp4 | mxfp4
+    quantize: bool  # True: ModelOpt runs at build time
+    pair: ingest.PairSpec  # the pair as ingest read it, once: every later stage takes it
     target: TargetShape
     drafter: DraftShape
     shipped_quant: dict | None
     warnings: list[str] = field(default_factory=list)
-    mtp_layers: int = 0                    # MTP layers the target's config declares: build also writes the MTP arm
+    mtp_layers: int = 0  # MTP layers the target's config declares: build also writes the MTP arm
 
     @property
     def target_dir(self) -> Path:
@@ -63,9 +63,15 @@ def _ref_dir(recipe: Recipe, role: str, weights: bool) -> Path:
         return path
     kwargs = {"revision": ref.revision} if ref.revision else {}
     try:
-        local = Path(ref.id).is_absolute() or ref.id.startswith(ingest.EMBEDDED_PREFIX)   # anchored by the recipe
-        return ingest.resolve(ref.id, role, expected_bytes=_expected_bytes(recipe, ref), configs_only=not weights,
-                              hub_only=not local, **kwargs)
+        local = Path(ref.id).is_absolute() or ref.id.startswith(ingest.EMBEDDED_PREFIX)  # anchored by the recipe
+        return ingest.resolve(
+            ref.id,
+            role,
+            expected_bytes=_expected_bytes(recipe, ref),
+            configs_only=not weights,
+            hub_only=not local,
+            **kwargs,
+        )
     except CheckpointError as exc:
         if weights or not lacking:
             raise
@@ -87,12 +93,17 @@ def _offline_refusal(recipe: Recipe, role: str, lacking: list[str]) -> str:
     at = f"@{ref.revision}" if ref.revision else ""
     roles = [r for r in ("target", "drafter") if r == role or planner.lacking(recipe, r)]
     fields = [f for r in roles for f in (lacking if r == role else planner.lacking(recipe, r))]
-    fetch = " and ".join(f"`hf download {getattr(recipe, r).id}"
-                         + (f" --revision {getattr(recipe, r).revision}" if getattr(recipe, r).revision else "")
-                         + " --include '*.json'`" for r in roles)
-    return (f"recipe {recipe.name}: its shipped configs lack {', '.join(fields)} and {role} {ref.id}{at} is not "
-            f"in the Hugging Face cache (and the hub is offline or unreachable); fetch the configs with {fetch} "
-            "(or run with hub access), or pass --target DIR --drafter DIR")
+    fetch = " and ".join(
+        f"`hf download {getattr(recipe, r).id}"
+        + (f" --revision {getattr(recipe, r).revision}" if getattr(recipe, r).revision else "")
+        + " --include '*.json'`"
+        for r in roles
+    )
+    return (
+        f"recipe {recipe.name}: its shipped configs lack {', '.join(fields)} and {role} {ref.id}{at} is not "
+        f"in the Hugging Face cache (and the hub is offline or unreachable); fetch the configs with {fetch} "
+        "(or run with hub access), or pass --target DIR --drafter DIR"
+    )
 
 
 def _expected_bytes(recipe: Recipe, ref) -> int | None:
@@ -111,7 +122,7 @@ def resolve_recipe(recipe: Recipe, weights: bool = False) -> Resolved:
         planner.check_precision(gpu, requested, kv)
     elif kv == "fp8":
         planner.check_precision(gpu, "bf16", kv)
-    by_name = ingest.refused_id(recipe.drafter.id)   # a GGUF-only or refused-format hub drafter, by name
+    by_name = ingest.refused_id(recipe.drafter.id)  # a GGUF-only or refused-format hub drafter, by name
     if by_name:
         raise CheckpointError(by_name)
     unpinned = planner.unpinned_drafter(recipe)
@@ -120,12 +131,16 @@ def resolve_recipe(recipe: Recipe, weights: bool = False) -> Resolved:
     shipped_q = pair.quantization
     shipped = quant_precision(shipped_q) if shipped_q else None
     if shipped_q and shipped is None:
-        raise CompatibilityError(f"target {recipe.target.id}: quantization "
-                                 f"{shipped_q.get('quant_method') or shipped_q} "
-                                 "is not one TensorRT-LLM's DFlash path is planned for (fp8, nvfp4, mxfp4)")
+        raise CompatibilityError(
+            f"target {recipe.target.id}: quantization "
+            f"{shipped_q.get('quant_method') or shipped_q} "
+            "is not one TensorRT-LLM's DFlash path is planned for (fp8, nvfp4, mxfp4)"
+        )
     if shipped and requested not in ("auto", shipped):
-        raise CompatibilityError(f"target {recipe.target.id} is already {shipped}-quantized; it cannot be built at "
-                                 f"{requested}: use --precision auto (or {shipped}), or start from the BF16 checkpoint")
+        raise CompatibilityError(
+            f"target {recipe.target.id} is already {shipped}-quantized; it cannot be built at "
+            f"{requested}: use --precision auto (or {shipped}), or start from the BF16 checkpoint"
+        )
     precision = shipped or ("bf16" if requested == "auto" else requested)
     planner.check_precision(gpu, precision, kv)
     warnings = pair.warnings + ([unpinned] if unpinned else [])
@@ -138,11 +153,19 @@ def resolve_recipe(recipe: Recipe, weights: bool = False) -> Resolved:
         warnings.append(ignored)
     planner.check_drafter(dcfg, recipe.trtllm.release)
     planner.refuse_quantized_drafter(pair.drafter_quantization, f"drafter {recipe.drafter.id}")
-    return Resolved(recipe=recipe, gpu=gpu, gpus=gpus, precision=precision,
-                    quantize=shipped is None and precision in ("fp8", "nvfp4"), pair=pair,
-                    target=TargetShape.from_spec(pair.target, shipped_precision=shipped),
-                    drafter=DraftShape.from_spec(pair.drafter), shipped_quant=shipped_q, warnings=warnings,
-                    mtp_layers=planner.mtp_layers(pair.target.raw_config))
+    return Resolved(
+        recipe=recipe,
+        gpu=gpu,
+        gpus=gpus,
+        precision=precision,
+        quantize=shipped is None and precision in ("fp8", "nvfp4"),
+        pair=pair,
+        target=TargetShape.from_spec(pair.target, shipped_precision=shipped),
+        drafter=DraftShape.from_spec(pair.drafter),
+        shipped_quant=shipped_q,
+        warnings=warnings,
+        mtp_layers=planner.mtp_layers(pair.target.raw_config),
+    )
 
 
 def refuse_trtllm_only(r: Resolved) -> None:
@@ -160,7 +183,8 @@ def refuse_trtllm_only(r: Resolved) -> None:
         raise CompatibilityError(
             f"target {r.recipe.target.id}: TensorRT-LLM {r.recipe.trtllm.release}'s {spec.architecture} has no "
             f"hidden-state capture hook ({why}), so DFlash cannot run there; build with --graphs, or serve the "
-            "pair with the reference runtime (dflash-trt generate / bench / serve)")
+            "pair with the reference runtime (dflash-trt generate / bench / serve)"
+        )
 
 
 def plan_resolved(r: Resolved, calibration: list[Path] | None = None, stack: str | None = None) -> planner.Plan:
@@ -171,9 +195,16 @@ def plan_resolved(r: Resolved, calibration: list[Path] | None = None, stack: str
     (:mod:`dflash_trt.plan.silicon`); ``calibration`` then corrects the rest of the combined
     model (drafter, per-layer and loop costs refitted over the tables' target step)."""
     rc = r.recipe
-    dep = planner.Deployment(target=r.target, drafter=r.drafter, gpu=r.gpu, gpus=r.gpus, precision=r.precision,
-                             kv_cache=rc.precision.kv_cache, mtp_layers=r.mtp_layers)
-    installed: list[str] = []   # features the installed release has by field and the table lacks
+    dep = planner.Deployment(
+        target=r.target,
+        drafter=r.drafter,
+        gpu=r.gpu,
+        gpus=r.gpus,
+        precision=r.precision,
+        kv_cache=rc.precision.kv_cache,
+        mtp_layers=r.mtp_layers,
+    )
+    installed: list[str] = []  # features the installed release has by field and the table lacks
     row = trtllm_installed.release_row(rc.trtllm.release, installed)
     # non-causal windowed drafter layers rule out the TRTLLM draft attention
     backend = planner.drafter_attention_backend(rc.speculative.attention_backend, r.drafter_config, r.gpu.sm, row)
@@ -182,17 +213,29 @@ def plan_resolved(r: Resolved, calibration: list[Path] | None = None, stack: str
     model = str(r.target_dir) if r.target_dir else None
 
     def tables(tp: int):
-        return planner.silicon_tables(model, r.gpu.name, stack, r.precision, tp, r.target.layers, rc.trtllm.release,
-                                      rc.precision.kv_cache)
+        return planner.silicon_tables(
+            model, r.gpu.name, stack, r.precision, tp, r.target.layers, rc.trtllm.release, rc.precision.kv_cache
+        )
+
     on_gpu = None if r.gpu.kind == "cpu" else tables
     p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, release=row, stack=stack, tables=on_gpu)
-    if calibration:   # the user's rows correct the combined model: refitted over the tables' target step
+    if calibration:  # the user's rows correct the combined model: refitted over the tables' target step
         on = None if on_gpu is None else tables(p.tp)
         cal, tau = planner.calibration_from_files(list(calibration), dep, p, planner.shipped_calibration(), stack, on)
         if tau is not None and spec.acceptance is None:
             spec = spec.model_copy(update={"acceptance": tau})
         errors = planner.calibration_errors(list(calibration), dep, p, planner.shipped_calibration(), stack, on)
-        p = planner.make_plan(dep, rc.serving, spec, rc.parallel, rc.trtllm, calibration=cal, errors=errors,
-                              release=row, stack=stack, tables=on_gpu)
+        p = planner.make_plan(
+            dep,
+            rc.serving,
+            spec,
+            rc.parallel,
+            rc.trtllm,
+            calibration=cal,
+            errors=errors,
+            release=row,
+            stack=stack,
+            tables=on_gpu,
+        )
     p.warnings = r.warnings + installed + p.warnings
     return p

@@ -32,9 +32,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-JUDGE = "trtllm/judge.py"   # deploy.trtllm_judge, copied into the bundle
+JUDGE = "trtllm/judge.py"  # deploy.trtllm_judge, copied into the bundle
 
-_AWK = r'''
+_AWK = r"""
 NF == 0 { next }
 { n++ }
 bad == "" {
@@ -44,16 +44,16 @@ bad == "" {
         bad = sprintf("GPU %d (%s) has %.0f GB, not %s GB", n - 1, $1, gb, want_gb)
 }
 END { if (bad == "" && n < want_n) bad = sprintf("%d GPU(s) present, %d needed", n, want_n); print bad }
-'''
+"""
 
 
 _ACCEPT_STATS = (  # resolved before the cd, so a relative DIR is the caller's
     'if [ -n "${TLLM_DFLASH_ACCEPT_STATS_DIR:-}" ]; then\n'
     '    mkdir -p "$TLLM_DFLASH_ACCEPT_STATS_DIR"\n'
     '    TLLM_DFLASH_ACCEPT_STATS_DIR="$(cd "$TLLM_DFLASH_ACCEPT_STATS_DIR" && pwd)"\n'
-    '    export TLLM_DFLASH_ACCEPT_STATS_DIR\n'
+    "    export TLLM_DFLASH_ACCEPT_STATS_DIR\n"
     '    echo "serve.sh: per-rank acceptance histograms go to $TLLM_DFLASH_ACCEPT_STATS_DIR" >&2\n'
-    'fi\n'
+    "fi\n"
 )
 
 
@@ -61,17 +61,17 @@ _ACCEPT_STATS = (  # resolved before the cd, so a relative DIR is the caller's
 class ServeCheck:
     """What ``serve.sh`` checks before it serves: the TensorRT-LLM release and the planned GPUs."""
 
-    release: str            # the TensorRT-LLM version the bundle was built for
-    gpu: str                # catalog name (H100, B200, ..., cpu)
-    sm: int                 # compute capability x 10; 0: planned for the CPU
-    memory_gb: float        # datasheet memory per GPU
-    gpus: int               # GPUs this node serves with
+    release: str  # the TensorRT-LLM version the bundle was built for
+    gpu: str  # catalog name (H100, B200, ..., cpu)
+    sm: int  # compute capability x 10; 0: planned for the CPU
+    memory_gb: float  # datasheet memory per GPU
+    gpus: int  # GPUs this node serves with
 
 
 def _checks(c: ServeCheck) -> str:
     planned = f"{c.gpus}x {c.gpu} (SM{c.sm}, {c.memory_gb:g} GB)"
     q = shlex.quote
-    return f'''NEED_TRTLLM={q(c.release)}
+    return f"""NEED_TRTLLM={q(c.release)}
 check_trtllm() {{
     [ "${{DFLASH_SKIP_VERSION_CHECK:-0}}" = 1 ] && return 0
     "${{PYTHON:-python3}}" {JUDGE} --planned "$NEED_TRTLLM" || exit 2
@@ -97,7 +97,7 @@ check_gpus() {{
 }}
 check_gpus
 check_trtllm
-'''
+"""
 
 
 def render(command: str, check: ServeCheck | None) -> str:

@@ -31,8 +31,8 @@ from pathlib import Path, PurePosixPath
 from dflash_trt import ingest
 from dflash_trt.errors import DFlashError
 
-JOURNAL = ingest.Layout.SWAP_JOURNAL   # OUT/.dflash-trt.swap.json
-BACKUP = ".dflash-trt.old"             # OUT/.dflash-trt.old/: the files leaving, until the swap is done
+JOURNAL = ingest.Layout.SWAP_JOURNAL  # OUT/.dflash-trt.swap.json
+BACKUP = ".dflash-trt.old"  # OUT/.dflash-trt.old/: the files leaving, until the swap is done
 
 
 def _step(name: str) -> None:
@@ -54,8 +54,10 @@ def inside(root: Path, rel: str, what: str) -> Path:
             break
         if not stat.S_ISDIR(mode):
             kind = "a symlink" if stat.S_ISLNK(mode) else "not a directory"
-            raise DFlashError(f"{root}: {what} {rel!r} lies under {d.relative_to(root)}, which is {kind}; "
-                              "dflash-trt writes only inside the bundle: move it away and run again")
+            raise DFlashError(
+                f"{root}: {what} {rel!r} lies under {d.relative_to(root)}, which is {kind}; "
+                "dflash-trt writes only inside the bundle: move it away and run again"
+            )
     return root / rel
 
 
@@ -74,7 +76,7 @@ def _write_journal(out: Path, journal: dict) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, out / JOURNAL)
-    except BaseException:   # the journal is whole or not there: no half-written file left beside it
+    except BaseException:  # the journal is whole or not there: no half-written file left beside it
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
@@ -95,14 +97,18 @@ def plan(tmp: Path, out: Path, old: set[str], new: list[str], others: set[str]) 
     for rel in sorted(old):
         path = inside(out, rel, "the previous bundle's file")
         if os.path.isdir(path) and not os.path.islink(path):
-            raise DFlashError(f"-o {out}: {rel} is listed as a file of the previous bundle but is a directory; "
-                              f"move it away and build again; {keep}")
+            raise DFlashError(
+                f"-o {out}: {rel} is listed as a file of the previous bundle but is a directory; "
+                f"move it away and build again; {keep}"
+            )
     for rel in new:
         inside(out, rel, "the new bundle's file")
     clash = sorted(others & set(new))
     if clash:
-        raise DFlashError(f"-o {out}: {clash[0]} is not the previous bundle's file and the new bundle would "
-                          f"overwrite it; move it away and build again; {keep}")
+        raise DFlashError(
+            f"-o {out}: {clash[0]} is not the previous bundle's file and the new bundle would "
+            f"overwrite it; move it away and build again; {keep}"
+        )
     if tmp.parent not in (out, out.parent):
         raise DFlashError(f"-o {out}: the partial build {tmp} is neither beside nor inside it; {keep}")
     # the partial by name (beside OUT, or inside it): a journal read from another directory finds it
@@ -120,15 +126,17 @@ def swap(out: Path, journal: dict, resume: bool = False) -> str | None:
     swap was done (:func:`_clean`), else None."""
     if not resume:
         if _lexists(out / JOURNAL):
-            raise DFlashError(f"-o {out}: a swap a killed process left is pending ({out / JOURNAL}); run the build "
-                              "or tune again: it finishes or rolls it back first")
-        if _lexists(out / BACKUP) and not (out / BACKUP).is_symlink():   # an earlier swap's, done but not removed
+            raise DFlashError(
+                f"-o {out}: a swap a killed process left is pending ({out / JOURNAL}); run the build "
+                "or tune again: it finishes or rolls it back first"
+            )
+        if _lexists(out / BACKUP) and not (out / BACKUP).is_symlink():  # an earlier swap's, done but not removed
             shutil.rmtree(out / BACKUP)
         _write_journal(out, journal)
         _step("journal written")
     manifest = ingest.Layout.MANIFEST
     tmp, backup = partial_dir(out, journal), out / BACKUP
-    if journal["phase"] == "out":   # the previous bundle's files leave, the manifest first
+    if journal["phase"] == "out":  # the previous bundle's files leave, the manifest first
         for rel in sorted(journal["old"], key=lambda r: r != manifest):
             src, dst = out / rel, backup / rel
             if _lexists(src):
@@ -138,7 +146,7 @@ def swap(out: Path, journal: dict, resume: bool = False) -> str | None:
         _write_journal(out, {**journal, "phase": "in"})
         journal = {**journal, "phase": "in"}
         _step("phase in")
-    if journal["phase"] == "in":    # the new files come, the manifest last
+    if journal["phase"] == "in":  # the new files come, the manifest last
         for rel in sorted(journal["new"], key=lambda r: r == manifest):
             src, dst = tmp / rel, out / rel
             if _lexists(src):
@@ -155,7 +163,7 @@ def _clean(out: Path, journal: dict, backup: Path, tmp: Path) -> str | None:
     OS refuses to remove stays (the bundle is whole without it) and is named in the returned
     sentence; the next writer of ``out`` sweeps it (the backup at its swap, a partial whose process
     is gone at ``start_partial``)."""
-    refused: dict[Path, str] = {}   # a directory that stays -> the first reason the OS gave
+    refused: dict[Path, str] = {}  # a directory that stays -> the first reason the OS gave
 
     def said(path: Path, exc: BaseException) -> None:
         refused.setdefault(path, str(getattr(exc, "strerror", None) or exc))
@@ -163,13 +171,13 @@ def _clean(out: Path, journal: dict, backup: Path, tmp: Path) -> str | None:
     def remove(path: Path) -> None:
         if sys.version_info >= (3, 12):
             shutil.rmtree(path, onexc=lambda _fn, _p, exc: said(path, exc))
-        else:   # onerror: deprecated from 3.12, the only hook before it
+        else:  # onerror: deprecated from 3.12, the only hook before it
             shutil.rmtree(path, onerror=lambda _fn, _p, info: said(path, info[1]))
 
     if _lexists(backup):
         remove(backup)
     _step("moved-out files removed")
-    if _lexists(tmp) and (tmp.parent != out or tmp.name.startswith(".dflash-trt.partial-")):   # never the user's
+    if _lexists(tmp) and (tmp.parent != out or tmp.name.startswith(".dflash-trt.partial-")):  # never the user's
         remove(tmp)
     _step("partial removed")
     _prune_dirs(out, {str(PurePosixPath(rel).parent) for rel in journal["old"]})
@@ -177,9 +185,11 @@ def _clean(out: Path, journal: dict, backup: Path, tmp: Path) -> str | None:
     if not refused:
         return None
     what = " and ".join(f"{p} ({why})" for p, why in refused.items())
-    return (f"{out}: the swap is done, but the OS refused to remove {what}; the bundle is whole without "
-            f"{'them' if len(refused) > 1 else 'it'} and the next build or tune of {out} removes "
-            f"{'them' if len(refused) > 1 else 'it'}")
+    return (
+        f"{out}: the swap is done, but the OS refused to remove {what}; the bundle is whole without "
+        f"{'them' if len(refused) > 1 else 'it'} and the next build or tune of {out} removes "
+        f"{'them' if len(refused) > 1 else 'it'}"
+    )
 
 
 def _prune_dirs(out: Path, dirs: set[str]) -> None:
@@ -200,14 +210,17 @@ def _read_journal(out: Path) -> dict | None:
         return None
     try:
         j = json.loads(path.read_text())
-        ok = isinstance(j, dict) and isinstance(j.get("partial"), str) and isinstance(j.get("inside"), bool) \
-            and j.get("phase") in ("out", "in", "clean") \
+        ok = (
+            isinstance(j, dict)
+            and isinstance(j.get("partial"), str)
+            and isinstance(j.get("inside"), bool)
+            and j.get("phase") in ("out", "in", "clean")
             and all(isinstance(j.get(k), list) and all(isinstance(r, str) for r in j[k]) for k in ("old", "new"))
+        )
     except (OSError, ValueError):
         ok = False
     if not ok:
-        raise DFlashError(f"{path}: an interrupted swap's journal that cannot be read; move {out} away and build "
-                          "again")
+        raise DFlashError(f"{path}: an interrupted swap's journal that cannot be read; move {out} away and build again")
     for rel in j["old"] + j["new"]:
         inside(out, rel, "the interrupted swap's file")
     name = j["partial"]
@@ -233,15 +246,17 @@ def recover_swap(out: Path) -> str | None:
             _roll_back(out, j, backup, tmp)
             said = f"{out}: rolled back the swap a killed process left (the previous bundle is back)"
     except OSError as exc:
-        raise DFlashError(f"{out}: cannot recover the swap a killed process left ({exc.strerror or exc}); "
-                          f"its journal is {out / JOURNAL}") from None
-    return said   # the caller says it (build: a warning, or the refusal's first words; tune: a warning)
+        raise DFlashError(
+            f"{out}: cannot recover the swap a killed process left ({exc.strerror or exc}); "
+            f"its journal is {out / JOURNAL}"
+        ) from None
+    return said  # the caller says it (build: a warning, or the refusal's first words; tune: a warning)
 
 
 def _roll_back(out: Path, j: dict, backup: Path, tmp: Path) -> None:
     """The new files that came are removed, the previous bundle's files moved back (manifest last)."""
     manifest = ingest.Layout.MANIFEST
-    if j["phase"] == "in":   # the previous files had all left: what is there came (or half-came) from the partial
+    if j["phase"] == "in":  # the previous files had all left: what is there came (or half-came) from the partial
         for rel in j["new"]:
             if _lexists(out / rel):
                 (out / rel).unlink()

@@ -58,15 +58,22 @@ def check_layer_ids(ids: list[int], zlab_ids: list[int]) -> None:
     if ids == zlab:
         return
     if ids == [i + 1 for i in zlab]:
-        raise DFlashError(f"TensorRT-LLM config: target_layer_ids {ids} are the drafter's speculators ids "
-                          f"(output_hidden_states, +1); TensorRT-LLM reads z-lab ids {zlab}")
+        raise DFlashError(
+            f"TensorRT-LLM config: target_layer_ids {ids} are the drafter's speculators ids "
+            f"(output_hidden_states, +1); TensorRT-LLM reads z-lab ids {zlab}"
+        )
     raise DFlashError(f"TensorRT-LLM config: target_layer_ids {ids} are not the drafter's {zlab}")
 
 
 def _speculative(recipe, plan, drafter) -> dict:
     sp = recipe.speculative
-    spec = {"decoding_type": "DFlash", "max_draft_len": plan.max_draft_len, "speculative_model": DRAFTER_REL,
-            "attention_backend": plan.attention_backend, "use_rejection_sampling": sp.use_rejection_sampling}
+    spec = {
+        "decoding_type": "DFlash",
+        "max_draft_len": plan.max_draft_len,
+        "speculative_model": DRAFTER_REL,
+        "attention_backend": plan.attention_backend,
+        "use_rejection_sampling": sp.use_rejection_sampling,
+    }
     if drafter is not None:  # explicit, so the bundle is auditable without reading the drafter
         if drafter.mask_token_id is not None:
             spec["mask_token_id"] = drafter.mask_token_id
@@ -120,11 +127,14 @@ def config(recipe, plan, drafter=None, target=None, arm: str = "dflash") -> LlmA
         "enable_iter_perf_stats": s.iter_perf_stats,
         # BaseLlmArgs: CUDA graphs are on unless the config says cuda_graph_config: null
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": batch} if s.cuda_graphs else None,
-        "kv_cache_config": {"dtype": plan.kv_cache, "free_gpu_memory_fraction": fraction,
-                            "enable_block_reuse": s.enable_block_reuse},
+        "kv_cache_config": {
+            "dtype": plan.kv_cache,
+            "free_gpu_memory_fraction": fraction,
+            "enable_block_reuse": s.enable_block_reuse,
+        },
         "speculative_config": _speculative(recipe, plan, drafter) if arm == "dflash" else _mtp(plan),
     }
-    if arm == "dflash":   # explicit: a head_dim of 256 (Gemma-4) would auto-select FlashInfer
+    if arm == "dflash":  # explicit: a head_dim of 256 (Gemma-4) would auto-select FlashInfer
         data["attn_backend"] = target_attn_backend(None)
     if plan.ep > 1:
         data["moe_expert_parallel_size"] = plan.ep
@@ -141,20 +151,38 @@ def trtllm_yaml(cfg: LlmApiConfig, release: str | None = None) -> str:
     spec = data.get("speculative_config") or {}
     if spec.get("draft_len_schedule"):  # JSON mode turns int keys into strings; YAML keeps ints
         spec["draft_len_schedule"] = {int(k): v for k, v in spec["draft_len_schedule"].items()}
-    head = (f"# TensorRT-LLM {release} LLM-API config for a dflash-trt bundle (trtllm-serve --config)\n"
-            if release else "")
+    head = (
+        f"# TensorRT-LLM {release} LLM-API config for a dflash-trt bundle (trtllm-serve --config)\n" if release else ""
+    )
     return head + yaml.safe_dump(data, sort_keys=False)
 
 
-def serve_args(cfg: LlmApiConfig, host: str, port: int, target: str = "./target",
-               config_path: str = "./trtllm/config.yaml") -> list[str]:
+def serve_args(
+    cfg: LlmApiConfig, host: str, port: int, target: str = "./target", config_path: str = "./trtllm/config.yaml"
+) -> list[str]:
     """``trtllm-serve`` argv, run from the bundle directory."""
-    args = ["trtllm-serve", target, "--config", config_path, "--host", host, "--port", str(port),
-            "--tp_size", str(cfg.tensor_parallel_size)]
+    args = [
+        "trtllm-serve",
+        target,
+        "--config",
+        config_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp_size",
+        str(cfg.tensor_parallel_size),
+    ]
     if cfg.moe_expert_parallel_size:
         args += ["--ep_size", str(cfg.moe_expert_parallel_size)]
-    args += ["--max_batch_size", str(cfg.max_batch_size), "--max_num_tokens", str(cfg.max_num_tokens),
-             "--max_seq_len", str(cfg.max_seq_len)]
+    args += [
+        "--max_batch_size",
+        str(cfg.max_batch_size),
+        "--max_num_tokens",
+        str(cfg.max_num_tokens),
+        "--max_seq_len",
+        str(cfg.max_seq_len),
+    ]
     if cfg.kv_cache_config.free_gpu_memory_fraction is not None:
         args += ["--kv_cache_free_gpu_memory_fraction", str(cfg.kv_cache_config.free_gpu_memory_fraction)]
     return args
@@ -166,8 +194,14 @@ def serve_script(cfg: LlmApiConfig, host: str, port: int, check: serve_sh.ServeC
     return serve_sh.render(" ".join(shlex.quote(a) for a in serve_args(cfg, host, port)), check)
 
 
-def write(out_dir: Path, cfg: LlmApiConfig, host: str, port: int, check: serve_sh.ServeCheck | None = None,
-          mtp: LlmApiConfig | None = None) -> None:
+def write(
+    out_dir: Path,
+    cfg: LlmApiConfig,
+    host: str,
+    port: int,
+    check: serve_sh.ServeCheck | None = None,
+    mtp: LlmApiConfig | None = None,
+) -> None:
     """Write ``config.yaml``, ``judge.py`` and ``serve.sh`` into ``out_dir`` (the bundle's ``trtllm/``);
     ``mtp``: also ``config.mtp.yaml``, the MTP arm (``./trtllm/serve.sh --config ./trtllm/config.mtp.yaml``:
     trtllm-serve's last ``--config`` wins)."""

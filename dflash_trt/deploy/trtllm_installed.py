@@ -29,7 +29,7 @@ from dataclasses import replace
 from dflash_trt.deploy import trtllm_judge
 from dflash_trt.plan import Release, get_release
 
-ALL_BACKENDS = ("VANILLA", "TRTLLM", "FA4")   # trtllm_releases.ALL_BACKENDS: every draft attention, in its order
+ALL_BACKENDS = ("VANILLA", "TRTLLM", "FA4")  # trtllm_releases.ALL_BACKENDS: every draft attention, in its order
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,18 @@ def with_features(row: Release, feats: dict, version: str) -> tuple[Release, lis
         update["dflash_keys"] = row.dflash_keys | keys
         used += [f"speculative_config.{k} (a DFlashDecodingConfig field)" for k in sorted(keys)]
     floor = feats["defaults"].get("min_runtime_draft_len")
-    if isinstance(floor, int) and floor > row.draft_len_floor and "min_runtime_draft_len" in dflash | set(
-            feats["fields"].get("DecodingBaseConfig", ())):
+    if (
+        isinstance(floor, int)
+        and floor > row.draft_len_floor
+        and "min_runtime_draft_len" in dflash | set(feats["fields"].get("DecodingBaseConfig", ()))
+    ):
         update["draft_len_floor"] = floor
         used.append(f"the draft-length floor min_runtime_draft_len={floor} (PR #16888: drafting never stops)")
-    lines = [f"TensorRT-LLM {version} installed here has {u}, which dflash-trt's table lacks for {row.version}: "
-             "planned with it" for u in used]
+    lines = [
+        f"TensorRT-LLM {version} installed here has {u}, which dflash-trt's table lacks for {row.version}: "
+        "planned with it"
+        for u in used
+    ]
     return (replace(row, **update) if update else row), lines
 
 
@@ -73,7 +79,7 @@ def release_row(planned: str, warnings: list[str] | None = None) -> Release:
         if trtllm_judge.version_key(have) < trtllm_judge.version_key(planned):
             return row
         feats = trtllm_judge.installed_features()
-    except (ImportError, ValueError) as exc:   # a broken install or an unreadable version: the table stands
+    except (ImportError, ValueError) as exc:  # a broken install or an unreadable version: the table stands
         logger.info("not reading TensorRT-LLM %s's classes: %s", have, exc)
         return row
     row, lines = with_features(row, feats, have)

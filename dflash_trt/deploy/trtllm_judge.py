@@ -83,8 +83,13 @@ def installed_commit() -> str | None:
     spec = importlib.util.find_spec("tensorrt_llm")
     for loc in (spec.submodule_search_locations or []) if spec else []:
         f = Path(loc, "version.py")
-        m = re.search(r"(?:__git_commit__|git_commit|__commit__|git_version)\s*=\s*['\"]([0-9a-fA-F]{7,40})",
-                      f.read_text()) if f.is_file() else None
+        m = (
+            re.search(
+                r"(?:__git_commit__|git_commit|__commit__|git_version)\s*=\s*['\"]([0-9a-fA-F]{7,40})", f.read_text()
+            )
+            if f.is_file()
+            else None
+        )
         if m:
             return m.group(1)
 
@@ -126,13 +131,21 @@ def installed_features() -> dict:
     backends = _literal_values(backend.annotation) if backend is not None else []
     have = []
     for feature, cls, field, value in FEATURES:
-        found = fields[cls].get(field) or dflash.get(field)   # DFlash inherits the base's fields
+        found = fields[cls].get(field) or dflash.get(field)  # DFlash inherits the base's fields
         if found is not None and (value is None or value in backends):
             have.append(feature)
-    defaults = {k: f.default for cls in fields.values() for k, f in cls.items()
-                if isinstance(getattr(f, "default", None), int | float | str | bool)}
-    return {"fields": {k: sorted(v) for k, v in fields.items()}, "attention_backends": backends,
-            "defaults": defaults, "features": have}
+    defaults = {
+        k: f.default
+        for cls in fields.values()
+        for k, f in cls.items()
+        if isinstance(getattr(f, "default", None), int | float | str | bool)
+    }
+    return {
+        "fields": {k: sorted(v) for k, v in fields.items()},
+        "attention_backends": backends,
+        "defaults": defaults,
+        "features": have,
+    }
 
 
 def feature_lines(feats: dict, version: str, data: dict) -> list[str]:
@@ -142,8 +155,10 @@ def feature_lines(feats: dict, version: str, data: dict) -> list[str]:
     spec = data.get("speculative_config") or {}
     floor = feats["defaults"].get("min_runtime_draft_len")
     if floor and (spec.get("draft_len_schedule") or spec.get("max_concurrency")):
-        lines.append(f"TensorRT-LLM {version} floors the draft length at min_runtime_draft_len={floor}: above the "
-                     "config's largest schedule key it keeps drafting instead of stopping (PR #16888)")
+        lines.append(
+            f"TensorRT-LLM {version} floors the draft length at min_runtime_draft_len={floor}: above the "
+            "config's largest schedule key it keeps drafting instead of stopping (PR #16888)"
+        )
     return lines
 
 
@@ -152,9 +167,14 @@ def record(bundle: Path, planned: str, have: str, commit: str | None) -> Path | 
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     log = Path(os.environ.get("DFLASH_SERVE_LOG") or Path(state, "dflash-trt", "serve-checks.jsonl"))
     manifest = bundle / "manifest.json"
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "bundle": str(bundle.resolve()),
-             "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None,
-             "planned": planned, "installed": have, "commit": commit}
+    entry = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "bundle": str(bundle.resolve()),
+        "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None,
+        "planned": planned,
+        "installed": have,
+        "commit": commit,
+    }
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as f:
@@ -206,9 +226,11 @@ def refuse_disaggregated(data: dict) -> str | None:
     """One line when the config asks for disaggregated serving (its KV transceiver): DFlash there
     drafts without the prompt and acceptance collapses; TensorRT-LLM only warns (PR #19352)."""
     if isinstance(data, dict) and data.get("cache_transceiver_config") is not None:
-        return ("cache_transceiver_config: DFlash with disaggregated serving drafts without the prompt (the "
-                "generation server gets the target's KV cache, not the drafter's context), so acceptance collapses; "
-                "TensorRT-LLM only warns (PR #19352): serve aggregated")
+        return (
+            "cache_transceiver_config: DFlash with disaggregated serving drafts without the prompt (the "
+            "generation server gets the target's KV cache, not the drafter's context), so acceptance collapses; "
+            "TensorRT-LLM only warns (PR #19352): serve aggregated"
+        )
     return None
 
 
@@ -217,8 +239,10 @@ def refuse_flashinfer(data: dict) -> str | None:
     K + 1 tokens per sequence a verify step feeds it (PR #19466 rejects it for DFlash)."""
     spec = data.get("speculative_config") if isinstance(data, dict) else None
     if isinstance(spec, dict) and spec.get("decoding_type") == "DFlash" and data.get("attn_backend") == "FLASHINFER":
-        return ("attn_backend: FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
-                "(TensorRT-LLM PR #19466 rejects it): use TRTLLM")
+        return (
+            "attn_backend: FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
+            "(TensorRT-LLM PR #19466 rejects it): use TRTLLM"
+        )
     return None
 
 
@@ -247,7 +271,7 @@ def judge(data: dict, release: str, model: str = "./target") -> str | None:
 
 
 def _line(exc: Exception, section: str | None, release: str) -> str:
-    logger.debug("the installed release refused the config", exc_info=exc)   # the line keeps its message only
+    logger.debug("the installed release refused the config", exc_info=exc)  # the line keeps its message only
     key, why = _first_error(exc, section)
     return f"{CONFIG}: {key}: TensorRT-LLM {release} rejects it ({why})"
 
@@ -259,11 +283,13 @@ def refuse_causal_drafter(bundle: Path | str) -> str | None:
     try:
         cfg = json.loads((Path(bundle) / "drafter" / "config.json").read_text())
     except (OSError, ValueError):
-        return None   # the drafter is TensorRT-LLM's to read
+        return None  # the drafter is TensorRT-LLM's to read
     if isinstance(cfg, dict) and True in ((cfg.get("dflash_config") or {}).get("causal"), cfg.get("causal")):
-        return ("drafter/config.json: a JetSpec drafter (dflash_config.causal: true); TensorRT-LLM does not read "
-                "causal and would run its block bidirectionally: serve this bundle with dflash-trt (its graphs or "
-                "the reference runtime), not trtllm-serve")
+        return (
+            "drafter/config.json: a JetSpec drafter (dflash_config.causal: true); TensorRT-LLM does not read "
+            "causal and would run its block bidirectionally: serve this bundle with dflash-trt (its graphs or "
+            "the reference runtime), not trtllm-serve"
+        )
     return None
 
 
@@ -275,17 +301,21 @@ def judge_trtllm_config(planned: str, bundle: Path | str = ".", skip_config: boo
         return 2, [causal]
     have = installed_trtllm()
     if have is None:
-        return 2, [f"tensorrt_llm is not installed; this bundle needs TensorRT-LLM {planned} (pip install "
-                   f"tensorrt-llm=={planned} --extra-index-url {INDEX_URL}, or the {IMAGE}:{planned} container)"]
+        return 2, [
+            f"tensorrt_llm is not installed; this bundle needs TensorRT-LLM {planned} (pip install "
+            f"tensorrt-llm=={planned} --extra-index-url {INDEX_URL}, or the {IMAGE}:{planned} container)"
+        ]
     try:
         newer = version_key(have) > version_key(planned)
         older = version_key(have) < version_key(planned)
     except ValueError as exc:
         return 2, [str(exc)]
     if older:
-        return 2, [f"TensorRT-LLM {have} is installed; this bundle was planned for TensorRT-LLM {planned}, which is "
-                   f"newer: install tensorrt-llm=={planned}, or rebuild with --set trtllm.release=<a release "
-                   "dflash-trt knows>"]
+        return 2, [
+            f"TensorRT-LLM {have} is installed; this bundle was planned for TensorRT-LLM {planned}, which is "
+            f"newer: install tensorrt-llm=={planned}, or rebuild with --set trtllm.release=<a release "
+            "dflash-trt knows>"
+        ]
     import yaml  # optional: yaml (TensorRT-LLM requires PyYAML; judge.py runs alone)
 
     root = Path(bundle)
@@ -303,8 +333,10 @@ def judge_trtllm_config(planned: str, bundle: Path | str = ".", skip_config: boo
             if not bad:
                 lines += feature_lines(installed_features(), have, data)
         except ImportError as exc:
-            lines.append(f"could not load TensorRT-LLM {have}'s LLM-API classes ({exc}); serving without "
-                         "checking the config against them")
+            lines.append(
+                f"could not load TensorRT-LLM {have}'s LLM-API classes ({exc}); serving without "
+                "checking the config against them"
+            )
         finally:
             os.chdir(cwd)
         if bad:
@@ -317,14 +349,18 @@ def judge_trtllm_config(planned: str, bundle: Path | str = ".", skip_config: boo
     head = f"checked against TensorRT-LLM {have} (commit {sha}): the config is {checked}"
     lines.insert(0, "; ".join([head, *fields] + ([f"recorded in {log}"] if log else [])))
     if newer:
-        lines.append(f"TensorRT-LLM {have} is newer than {planned}, the release this bundle's plan was made for; "
-                     f"the config is {checked}, draft lengths and memory are as planned for {planned}")
+        lines.append(
+            f"TensorRT-LLM {have} is newer than {planned}, the release this bundle's plan was made for; "
+            f"the config is {checked}, draft lengths and memory are as planned for {planned}"
+        )
     return 0, lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Judge a dflash-trt bundle's TensorRT-LLM config with the installed "
-                                             "release's own LLM-API classes (run from the bundle directory).")
+    ap = argparse.ArgumentParser(
+        description="Judge a dflash-trt bundle's TensorRT-LLM config with the installed "
+        "release's own LLM-API classes (run from the bundle directory)."
+    )
     ap.add_argument("--planned", required=True, help="The TensorRT-LLM release the bundle was planned for.")
     ap.add_argument("--prefix", default="serve.sh", help="What each printed line starts with.")
     args = ap.parse_args(argv)

@@ -28,7 +28,8 @@ class CudaGraphConfig(_Strict):
 
     enable_padding: bool = Field(False, description="Pad a batch up to the nearest captured size.")
     max_batch_size: int = Field(
-        0, ge=0, description="Capture graphs for sizes up to this (0: 128, or max(batch_sizes)).")
+        0, ge=0, description="Capture graphs for sizes up to this (0: 128, or max(batch_sizes))."
+    )
     batch_sizes: list[int] | None = Field(None, description="Explicit batch sizes to capture.")
 
     @model_validator(mode="after")
@@ -47,7 +48,8 @@ class KvCacheConfig(_Strict):
     max_tokens: int | None = Field(None, ge=1, description="Cap on KV-cache tokens.")
     tokens_per_block: int = Field(32, ge=1, description="Tokens per KV block.")
     mamba_ssm_cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = Field(
-        None, description="Hybrid targets: dtype of the Mamba / Gated DeltaNet SSM state cache.")
+        None, description="Hybrid targets: dtype of the Mamba / Gated DeltaNet SSM state cache."
+    )
 
     @field_validator("dtype", mode="before")
     @classmethod
@@ -58,8 +60,20 @@ class KvCacheConfig(_Strict):
         return v
 
 
-MoeBackend = Literal["AUTO", "CUTLASS", "CUTEDSL", "CUTEDSL_FC12", "TRTLLM", "DEEPGEMM", "DENSEGEMM", "VANILLA",
-                     "TRITON", "MARLIN", "MEGAMOE_DEEPGEMM", "MEGAMOE_CUTEDSL"]
+MoeBackend = Literal[
+    "AUTO",
+    "CUTLASS",
+    "CUTEDSL",
+    "CUTEDSL_FC12",
+    "TRTLLM",
+    "DEEPGEMM",
+    "DENSEGEMM",
+    "VANILLA",
+    "TRITON",
+    "MARLIN",
+    "MEGAMOE_DEEPGEMM",
+    "MEGAMOE_CUTEDSL",
+]
 
 
 class MoeConfig(_Strict):
@@ -75,9 +89,11 @@ class DFlashDecodingConfig(_Strict):
     decoding_type: Literal["DFlash"] = "DFlash"
     max_draft_len: int | None = Field(None, ge=0, description="Draft tokens per step (<= drafter block - 1).")
     max_total_draft_tokens: int | None = None
-    speculative_model: str | None = Field(None,
-                                          validation_alias=AliasChoices("speculative_model", "speculative_model_dir"),
-                                          description="Drafter directory (z-lab format) or hub id.")
+    speculative_model: str | None = Field(
+        None,
+        validation_alias=AliasChoices("speculative_model", "speculative_model_dir"),
+        description="Drafter directory (z-lab format) or hub id.",
+    )
     mask_token_id: int | None = Field(None, description="Default: read from the drafter's dflash_config.")
     target_layer_ids: list[int] | None = Field(None, description="Default: read from the drafter's dflash_config.")
     attention_backend: Literal["VANILLA", "TRTLLM", "FA4"] = "VANILLA"
@@ -89,18 +105,24 @@ class DFlashDecodingConfig(_Strict):
     # speculation is switched off for the whole server, permanently. dflash-trt never writes it,
     # and verify / tune / bench refuse a config that sets it (bench.measurement_conflict).
     acceptance_rate_window_size: int | None = Field(
-        None, ge=0, description="Completed requests the speculation gate averages over (0: gate off).")
+        None, ge=0, description="Completed requests the speculation gate averages over (0: gate off)."
+    )
     acceptance_rate_threshold: float | None = Field(
-        None, ge=0, le=1, description="Not a rate: the mean accepted draft tokens per iteration (over "
+        None,
+        ge=0,
+        le=1,
+        description="Not a rate: the mean accepted draft tokens per iteration (over "
         "acceptance_rate_window_size requests) below which TensorRT-LLM switches speculation off for the whole "
-        "server, for good; validated to [0, 1].")
+        "server, for good; validated to [0, 1].",
+    )
     use_rejection_sampling: bool = False
     allow_advanced_sampling: bool = False
     advanced_sampling_mode: Literal["full", "no_topk", "no_topp", "no_topk_no_topp"] = "full"
     enable_penalty: bool = False
     # 1.4.0rc1 on
-    context_recompute_tail: int | None = Field(None, description="Prompt tokens recomputed on prefix-cache hits; "
-                                               "0: none, negative: the whole prompt.")
+    context_recompute_tail: int | None = Field(
+        None, description="Prompt tokens recomputed on prefix-cache hits; 0: none, negative: the whole prompt."
+    )
     moe_backend: MoeBackend | None = None
     spec_dec_variant: int | None = Field(None, gt=0)
     skip_ctx_buffer_budget_check: bool = False
@@ -171,8 +193,10 @@ class LlmApiConfig(_Strict):
     def _dflash_attn(self):
         # FlashInfer cannot take K + 1 tokens per sequence (trtllm_rules.target_attn_backend)
         if self.attn_backend == "FLASHINFER" and self.speculative_config.decoding_type == "DFlash":
-            raise ValueError("FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
-                             "(TensorRT-LLM PR #19466 rejects it); use TRTLLM")
+            raise ValueError(
+                "FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
+                "(TensorRT-LLM PR #19466 rejects it); use TRTLLM"
+            )
         return self
 
 
@@ -184,12 +208,15 @@ def _release_keys(data: dict, release: Release) -> None:
     for key in spec:
         name = "speculative_model" if key == "speculative_model_dir" else key
         if not release.accepts(name):
-            raise DFlashError(f"TensorRT-LLM config: speculative_config.{key} does not exist in TensorRT-LLM "
-                              f"{release.version}")
+            raise DFlashError(
+                f"TensorRT-LLM config: speculative_config.{key} does not exist in TensorRT-LLM {release.version}"
+            )
     backend = spec.get("attention_backend", "VANILLA")
     if backend not in release.attention_backends:
-        raise DFlashError(f"TensorRT-LLM config: speculative_config.attention_backend {backend} does not exist in "
-                          f"TensorRT-LLM {release.version} ({', '.join(release.attention_backends)})")
+        raise DFlashError(
+            f"TensorRT-LLM config: speculative_config.attention_backend {backend} does not exist in "
+            f"TensorRT-LLM {release.version} ({', '.join(release.attention_backends)})"
+        )
 
 
 def validate_trtllm_config(data: dict, release: str | Release | None = None) -> LlmApiConfig:
@@ -217,8 +244,12 @@ def _zero_draft(cfg: LlmApiConfig, release: Release) -> None:
     spec = cfg.speculative_config
     if not isinstance(spec, DFlashDecodingConfig):
         return
-    bad = zero_draft_rule(release).refusal(cfg.max_batch_size, spec.max_draft_len or 0,
-                                           schedule=spec.draft_len_schedule, max_concurrency=spec.max_concurrency)
+    bad = zero_draft_rule(release).refusal(
+        cfg.max_batch_size,
+        spec.max_draft_len or 0,
+        schedule=spec.draft_len_schedule,
+        max_concurrency=spec.max_concurrency,
+    )
     if bad:
         raise DFlashError(f"TensorRT-LLM config: speculative_config.{bad}")
 
@@ -232,8 +263,10 @@ def speculation_gate(data: dict) -> str | None:
     spec = (data or {}).get("speculative_config") if isinstance(data, dict) else None
     if not isinstance(spec, dict) or not spec.get("acceptance_rate_threshold"):
         return None
-    return (f"speculative_config.acceptance_rate_threshold is {spec['acceptance_rate_threshold']}: TensorRT-LLM "
-            "switches speculation off for the whole server, permanently, once the mean accepted draft tokens per "
-            "iteration over the last acceptance_rate_window_size requests falls below it, so a measurement of this "
-            "config may measure no drafting at all; remove it from trtllm/config.yaml (and restart the server) to "
-            "measure")
+    return (
+        f"speculative_config.acceptance_rate_threshold is {spec['acceptance_rate_threshold']}: TensorRT-LLM "
+        "switches speculation off for the whole server, permanently, once the mean accepted draft tokens per "
+        "iteration over the last acceptance_rate_window_size requests falls below it, so a measurement of this "
+        "config may measure no drafting at all; remove it from trtllm/config.yaml (and restart the server) to "
+        "measure"
+    )

@@ -9,11 +9,19 @@ for; TensorRT and a GPU where they run).
 
 Other subpackages import the names below, never the modules inside.
 """
+
 from __future__ import annotations
 
 from dflash_trt.export.bundle_graphs import export_graphs
 from dflash_trt.export.engines import build_engines, engine_support, profile_for
 from dflash_trt.export.rounds import ExportRound, register_round, round_for
 
-__all__ = ["ExportRound", "build_engines", "engine_support", "export_graphs", "profile_for", "register_round",
-           "round_for"]
+__all__ = [
+    "ExportRound",
+    "build_engines",
+    "engine_support",
+    "export_graphs",
+    "profile_for",
+    "register_round",
+    "round_for",
+]

@@ -39,8 +39,10 @@ def export_graphs(drafter, hf_model, onnx_dir, profile, say=lambda msg: None) ->
     build's outcome). A graph that disagrees is one DFlashError line."""
     problem = target_export_problem(hf_model.config)
     if problem:  # before the (slow) drafter export
-        raise DFlashError(f"target {getattr(hf_model.config, 'model_type', '?')} does not export to target.onnx: "
-                          f"{problem}; build it without --graphs")
+        raise DFlashError(
+            f"target {getattr(hf_model.config, 'model_type', '?')} does not export to target.onnx: "
+            f"{problem}; build it without --graphs"
+        )
     onnx_dir = Path(onnx_dir)
     head = hf_model.get_output_embeddings().weight.detach()
     kind, d_err = export_drafter(drafter, head, onnx_dir, profile.page_size, say)
@@ -55,11 +57,17 @@ def export_graphs(drafter, hf_model, onnx_dir, profile, say=lambda msg: None) ->
         n_path = export_native_target_onnx(hf_model, drafter.cfg.target_layer_ids, onnx_dir)
         n_err = check_target_onnx(hf_model, drafter.cfg.target_layer_ids, n_path, batch=3, past=9, T=4)
         if max(n_err.values()) > TARGET_ONNX_ATOL:
-            raise DFlashError(f"exported target ONNX Runtime form disagrees with PyTorch "
-                              f"(max error {max(n_err.values()):.2e})")
+            raise DFlashError(
+                f"exported target ONNX Runtime form disagrees with PyTorch (max error {max(n_err.values()):.2e})"
+            )
         t_err = {**t_err, **{f"ort_{k}": v for k, v in n_err.items()}}
     else:
         say(f"no target_ort.onnx (the ONNX Runtime backend runs target.onnx): the target is {why_not}")
     export_embed_onnx(hf_model.get_input_embeddings().weight, drafter.cfg.input_embedding_scale, onnx_dir)
-    return {"onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")), "drafter_graph": kind,
-            "drafter_onnx_max_error": d_err, "target_onnx_max_error": t_err, "profile": profile.model_dump()}
+    return {
+        "onnx": sorted(p.name for p in onnx_dir.glob("*.onnx")),
+        "drafter_graph": kind,
+        "drafter_onnx_max_error": d_err,
+        "target_onnx_max_error": t_err,
+        "profile": profile.model_dump(),
+    }

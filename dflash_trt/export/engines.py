@@ -35,9 +35,14 @@ def profile_for(serving, block_size: int, page_size: int = PAGE_SIZE):
 
     pages_per_seq = -(-serving.max_seq_len // page_size)
     return ingest.EngineProfile(
-        max_batch=serving.max_batch_size, max_tokens=min(serving.max_num_tokens, serving.max_seq_len),
-        max_seq_len=serving.max_seq_len + block_size, block_size=block_size, page_size=page_size,
-        max_pages=serving.max_batch_size * pages_per_seq, max_pages_per_seq=pages_per_seq)
+        max_batch=serving.max_batch_size,
+        max_tokens=min(serving.max_num_tokens, serving.max_seq_len),
+        max_seq_len=serving.max_seq_len + block_size,
+        block_size=block_size,
+        page_size=page_size,
+        max_pages=serving.max_batch_size * pages_per_seq,
+        max_pages_per_seq=pages_per_seq,
+    )
 
 
 def dim_ranges(profile) -> dict[str, tuple[int, int, int]]:

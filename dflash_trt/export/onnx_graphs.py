@@ -66,12 +66,22 @@ GRAPHS = {"drafter": "drafter.onnx", "target": "target.onnx", "embed": "embed.on
 #: bounded by: batch, tokens (per row in one call), seq (cached + new columns), past (cached
 #: columns, 0 at prefill), pages (the drafter's pool), pages_per_seq (its page table's width).
 DYNAMIC_AXES = {
-    "drafter": {"target_hidden": {0: "batch", 1: "tokens"}, "n_new": {0: "batch"}, "block_embeds": {0: "batch"},
-                "k_cache": {1: "pages"}, "v_cache": {1: "pages"}, "page_table": {0: "batch", 1: "pages_per_seq"},
-                "lengths": {0: "batch"}},
-    "target": {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "seq"},
-               "position_ids": {0: "batch", 1: "tokens"}, "past_k": {1: "batch", 3: "past"},
-               "past_v": {1: "batch", 3: "past"}},
+    "drafter": {
+        "target_hidden": {0: "batch", 1: "tokens"},
+        "n_new": {0: "batch"},
+        "block_embeds": {0: "batch"},
+        "k_cache": {1: "pages"},
+        "v_cache": {1: "pages"},
+        "page_table": {0: "batch", 1: "pages_per_seq"},
+        "lengths": {0: "batch"},
+    },
+    "target": {
+        "input_ids": {0: "batch", 1: "tokens"},
+        "attention_mask": {0: "batch", 1: "seq"},
+        "position_ids": {0: "batch", 1: "tokens"},
+        "past_k": {1: "batch", 3: "past"},
+        "past_v": {1: "batch", 3: "past"},
+    },
     "embed": {"input_ids": {0: "batch", 1: "tokens"}},
 }
 
@@ -109,15 +119,37 @@ class DrafterRound(nn.Module):
         cfg = d.cfg
         kv = fused_kv(target_hidden, d.fc.weight, d.hidden_norm.weight, self.kv_weight, self.kv_bias, cfg.rms_norm_eps)
         k_cache, v_cache = torch.ops.dflash.kv_cache_update(
-            kv, self.k_norm_weight, d.inv_freq, n_new, lengths, page_table, k_cache, v_cache,
-            float(d.rope_scaling_factor), float(cfg.rms_norm_eps), cfg.num_key_value_heads, cfg.head_dim,
-            self.kernels)
+            kv,
+            self.k_norm_weight,
+            d.inv_freq,
+            n_new,
+            lengths,
+            page_table,
+            k_cache,
+            v_cache,
+            float(d.rope_scaling_factor),
+            float(cfg.rms_norm_eps),
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            self.kernels,
+        )
         ctx_len = lengths + n_new
 
         def attend(i, q, k, v):
             return torch.ops.dflash.block_attention(
-                q, k, v, k_cache, v_cache, page_table, ctx_len, cfg.layer_causal(i), cfg.layer_window(i),
-                cfg.head_dim ** -0.5, i, self.kernels)
+                q,
+                k,
+                v,
+                k_cache,
+                v_cache,
+                page_table,
+                ctx_len,
+                cfg.layer_causal(i),
+                cfg.layer_window(i),
+                cfg.head_dim**-0.5,
+                i,
+                self.kernels,
+            )
 
         positions = ctx_len[:, None] + torch.arange(block_embeds.shape[1], device=block_embeds.device)
         out = d.block_forward(block_embeds, positions, attend)
@@ -126,8 +158,7 @@ class DrafterRound(nn.Module):
         return out, k_cache, v_cache
 
 
-def example_round(drafter, batch: int = 2, T: int = 5, page_size: int = 4, seed: int = 0,
-                  prior: int = 7):
+def example_round(drafter, batch: int = 2, T: int = 5, page_size: int = 4, seed: int = 0, prior: int = 7):
     """Inputs for one round on a cache that already holds some context (random, never zeros)."""
     cfg = drafter.cfg
     gen = torch.Generator().manual_seed(seed)
@@ -140,16 +171,26 @@ def example_round(drafter, batch: int = 2, T: int = 5, page_size: int = 4, seed:
     n_new = torch.tensor([T - (i % T) for i in range(batch)])
     cache.reserve(n_new)
     inputs = dict(
-        target_hidden=torch.randn(batch, T, n_tap * H, generator=gen).to(dtype), n_new=n_new,
+        target_hidden=torch.randn(batch, T, n_tap * H, generator=gen).to(dtype),
+        n_new=n_new,
         block_embeds=torch.randn(batch, cfg.block_size, H, generator=gen).to(dtype),
-        k_cache=cache.k.clone(), v_cache=cache.v.clone(), page_table=cache.page_table.clone(),
+        k_cache=cache.k.clone(),
+        v_cache=cache.v.clone(),
+        page_table=cache.page_table.clone(),
         lengths=cache.lengths.clone(),
     )
     return inputs, cache
 
 
-def export_drafter_onnx(drafter, out_dir, *, head_weight: torch.Tensor | None = None,
-                        page_size: int = 4, dynamic: bool = True, filename: str = "drafter.onnx") -> Path:
+def export_drafter_onnx(
+    drafter,
+    out_dir,
+    *,
+    head_weight: torch.Tensor | None = None,
+    page_size: int = 4,
+    dynamic: bool = True,
+    filename: str = "drafter.onnx",
+) -> Path:
     """Export one drafter round with ``dflash::KVInjection`` / ``dflash::BlockDiffusionAttention``;
     checked with ``onnx.checker`` (op schemas registered). Returns the .onnx path."""
     onnx = require("onnx", "onnx", "ONNX export")
@@ -164,9 +205,14 @@ def export_drafter_onnx(drafter, out_dir, *, head_weight: torch.Tensor | None = 
     module = DrafterRound(drafter, head_weight=head_weight).eval()
     inputs, _ = example_round(drafter, page_size=page_size)
     table = onnx_ops.translation_table(
-        num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
-        num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, block_size=cfg.block_size,
-        page_size=page_size, rope_theta=cfg.rope_theta)
+        num_layers=cfg.num_hidden_layers,
+        num_heads=cfg.num_attention_heads,
+        num_kv_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        block_size=cfg.block_size,
+        page_size=page_size,
+        rope_theta=cfg.rope_theta,
+    )
     dyn = None
     if dynamic:
         dims = {n: Dim(n) for n in ("batch", "tokens", "pages", "pages_per_seq")}
@@ -175,10 +221,16 @@ def export_drafter_onnx(drafter, out_dir, *, head_weight: torch.Tensor | None = 
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         prog = torch.onnx.export(
-            module, tuple(inputs[n] for n in DRAFTER_INPUTS), dynamo=True, dynamic_shapes=dyn,
-            custom_translation_table=table, input_names=DRAFTER_INPUTS,
+            module,
+            tuple(inputs[n] for n in DRAFTER_INPUTS),
+            dynamo=True,
+            dynamic_shapes=dyn,
+            custom_translation_table=table,
+            input_names=DRAFTER_INPUTS,
             output_names=["logits" if head_weight is not None else "hidden", "k_cache_out", "v_cache_out"],
-            optimize=True, verbose=False)
+            optimize=True,
+            verbose=False,
+        )
     model = prog.model_proto
     onnx_ops.register_onnx_schemas()
     onnx.checker.check_model(model, full_check=True)
@@ -195,8 +247,16 @@ def run_drafter_onnx(onnx_path, inputs: dict) -> list:
     return sess.run(None, {k: v.detach().cpu().numpy() for k, v in inputs.items() if k in names})
 
 
-def check_drafter_onnx(drafter, onnx_path, *, head_weight: torch.Tensor | None = None, page_size: int = 4,
-                       batch: int = 3, T: int = 4, seed: int = 1) -> dict:
+def check_drafter_onnx(
+    drafter,
+    onnx_path,
+    *,
+    head_weight: torch.Tensor | None = None,
+    page_size: int = 4,
+    batch: int = 3,
+    T: int = 4,
+    seed: int = 1,
+) -> dict:
     """onnxruntime vs PyTorch (``Drafter.inject`` + ``Drafter.draft``) on fresh inputs whose
     batch / T / cache sizes differ from the export's. Returns max abs errors per output."""
     import numpy as np
@@ -232,10 +292,15 @@ def target_export_problem(config) -> str | None:
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers} - {"DynamicLayer"})
     if kinds:
-        what = ("recurrent/conv state (hybrid)" if any("Linear" in k or "Mamba" in k for k in kinds)
-                else "sparse-attention indexer key" if any("Indexed" in k for k in kinds)
-                else "compressor state (DeepSeek V4)" if any(k.endswith(("HCACache", "CSACache")) for k in kinds)
-                else "sliding-window")
+        what = (
+            "recurrent/conv state (hybrid)"
+            if any("Linear" in k or "Mamba" in k for k in kinds)
+            else "sparse-attention indexer key"
+            if any("Indexed" in k for k in kinds)
+            else "compressor state (DeepSeek V4)"
+            if any(k.endswith(("HCACache", "CSACache")) for k in kinds)
+            else "sliding-window"
+        )
         return f"its cache has {what} layers ({', '.join(kinds)}), which the stacked past_k/past_v cannot carry"
     if getattr(cfg, "kv_lora_rank", None):
         return "its attention is MLA (compressed K/V of a different width than V), which past_k/past_v do not carry"
@@ -263,12 +328,22 @@ class TargetWithTaps(nn.Module):
         cache = DynamicCache(config=self.model.config)
         for i in range(self.num_layers):
             cache.update(past_k[i], past_v[i], i)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, output_hidden_states=True, **{self._cache_kw: cache})
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            output_hidden_states=True,
+            **{self._cache_kw: cache},
+        )
         target_hidden = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         layers, P = cache.layers, past_k.shape[3]
-        return (out.logits, target_hidden, torch.stack([layers[i].keys[:, :, P:] for i in range(self.num_layers)]),
-                torch.stack([layers[i].values[:, :, P:] for i in range(self.num_layers)]))   # [L, b, kvh, T, d]
+        return (
+            out.logits,
+            target_hidden,
+            torch.stack([layers[i].keys[:, :, P:] for i in range(self.num_layers)]),
+            torch.stack([layers[i].values[:, :, P:] for i in range(self.num_layers)]),
+        )  # [L, b, kvh, T, d]
 
 
 def target_example_inputs(model: nn.Module, batch: int = 2, past: int = 5, T: int = 3, seed: int = 0) -> dict:
@@ -314,13 +389,20 @@ def export_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *, fi
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            prog = torch.onnx.export(module, tuple(inputs[n] for n in TARGET_INPUTS), dynamo=True,
-                                     dynamic_shapes=dyn, input_names=TARGET_INPUTS, output_names=TARGET_OUTPUTS,
-                                     verbose=False)
+            prog = torch.onnx.export(
+                module,
+                tuple(inputs[n] for n in TARGET_INPUTS),
+                dynamo=True,
+                dynamic_shapes=dyn,
+                input_names=TARGET_INPUTS,
+                output_names=TARGET_OUTPUTS,
+                verbose=False,
+            )
     except Exception as exc:  # noqa: BLE001 - torch.export's errors are pages long; one line says which
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise DFlashError(f"target {kind} does not export to target.onnx ({type(exc).__name__}: {first}); "
-                          "build it without --graphs") from None
+        raise DFlashError(
+            f"target {kind} does not export to target.onnx ({type(exc).__name__}: {first}); build it without --graphs"
+        ) from None
     onnx.checker.check_model(prog.model_proto)
     prog.save(str(path))
     return path
@@ -351,14 +433,20 @@ def export_embed_onnx(weight: torch.Tensor, scale: float, out_dir, *, filename: 
     from onnx import TensorProto, helper, numpy_helper
 
     w = weight.detach().float().cpu().numpy()
-    nodes = [helper.make_node("Gather", ["weight", "input_ids"], ["rows"], axis=0),
-             helper.make_node("Mul", ["rows", "scale"], ["embeds"])]
+    nodes = [
+        helper.make_node("Gather", ["weight", "input_ids"], ["rows"], axis=0),
+        helper.make_node("Mul", ["rows", "scale"], ["embeds"]),
+    ]
     graph = helper.make_graph(
-        nodes, "dflash_embed",
+        nodes,
+        "dflash_embed",
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"])],
         [helper.make_tensor_value_info("embeds", TensorProto.FLOAT, ["batch", "tokens", w.shape[1]])],
-        initializer=[numpy_helper.from_array(w, "weight"),
-                     numpy_helper.from_array(np.array(scale, dtype=np.float32), "scale")])
+        initializer=[
+            numpy_helper.from_array(w, "weight"),
+            numpy_helper.from_array(np.array(scale, dtype=np.float32), "scale"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     out = Path(out_dir)

@@ -44,8 +44,14 @@ NATIVE_FILE = "drafter_ort.onnx"
 OPSET = 23
 NATIVE_INPUTS = ["target_hidden", "n_new", "block_embeds", "k_ctx", "v_ctx", "lengths"]
 NATIVE_OUTPUTS = ["logits", "k_new", "v_new"]
-NATIVE_AXES = {"target_hidden": {0: "batch", 1: "tokens"}, "n_new": {0: "batch"}, "block_embeds": {0: "batch"},
-               "k_ctx": {1: "batch", 3: "seq"}, "v_ctx": {1: "batch", 3: "seq"}, "lengths": {0: "batch"}}
+NATIVE_AXES = {
+    "target_hidden": {0: "batch", 1: "tokens"},
+    "n_new": {0: "batch"},
+    "block_embeds": {0: "batch"},
+    "k_ctx": {1: "batch", 3: "seq"},
+    "v_ctx": {1: "batch", 3: "seq"},
+    "lengths": {0: "batch"},
+}
 #: a DFlash2 drafter's form: the same round, then the candidate selector's walk (``onnx_dflash2``'s
 #: extra inputs and outputs: anchor [b], uniforms [b, B-1], temperature [1] in; tokens, q and the
 #: candidates out, before this round's K/V)
@@ -58,16 +64,17 @@ def key_mask(lengths, n_new, S: int, T: int, B: int, causal: bool, window: int |
     """Boolean [b, 1, B, S+T+B]: which of (context, new, block) keys each block query sees."""
     dev, b = lengths.device, lengths.shape[0]
     j, t, tb = (torch.arange(n, device=dev) for n in (S, T, B))
-    ctx_len = lengths + n_new                                                     # [b]
+    ctx_len = lengths + n_new  # [b]
     k_pos = torch.cat([j[None].expand(b, -1), lengths[:, None] + t, ctx_len[:, None] + tb], 1)
-    valid = torch.cat([j[None] < lengths[:, None], t[None] < n_new[:, None],
-                       torch.ones(b, B, dtype=torch.bool, device=dev)], 1)   # [b, S+T+B]
-    vis = valid[:, None, :].expand(-1, B, -1)                                     # [b, B, K]
+    valid = torch.cat(
+        [j[None] < lengths[:, None], t[None] < n_new[:, None], torch.ones(b, B, dtype=torch.bool, device=dev)], 1
+    )  # [b, S+T+B]
+    vis = valid[:, None, :].expand(-1, B, -1)  # [b, B, K]
     if causal:
         block_ok = torch.cat([torch.ones(B, S + T, dtype=torch.bool, device=dev), tb[None, :] <= tb[:, None]], 1)
         vis = vis & block_ok[None]
     if window is not None:
-        q_pos = ctx_len[:, None] + tb                                             # [b, B]
+        q_pos = ctx_len[:, None] + tb  # [b, B]
         vis = vis & ((q_pos[:, :, None] - k_pos[:, None, :]).abs() < window)
     return vis[:, None]
 
@@ -75,8 +82,9 @@ def key_mask(lengths, n_new, S: int, T: int, B: int, causal: bool, window: int |
 def masked_attention(q, keys, vals, mask, scale: float) -> torch.Tensor:
     """q [b, B, h, d]; keys, vals [b, kvh, K, d]; mask [b, 1, B, K] -> [b, B, h, d]. Exported as
     one opset-23 ``Attention`` node (grouped-query: query head h reads kv head h // (h / kvh))."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, scale=scale,
-                                         enable_gqa=q.shape[2] != keys.shape[1])
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, vals, attn_mask=mask, scale=scale, enable_gqa=q.shape[2] != keys.shape[1]
+    )
     return out.transpose(1, 2)
 
 
@@ -98,11 +106,12 @@ class NativeRound(nn.Module):
         d, cfg = self.drafter, self.drafter.cfg
         b, T, _ = target_hidden.shape
         L, kvh, hd = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
-        kv = plugins.fused_kv(target_hidden, d.fc.weight, d.hidden_norm.weight, self.kv_weight, self.kv_bias,
-                              cfg.rms_norm_eps)
-        kv = kv.view(b, T, L, 2, kvh, hd).permute(2, 3, 0, 4, 1, 5)               # [L, 2, b, kvh, T, d]
+        kv = plugins.fused_kv(
+            target_hidden, d.fc.weight, d.hidden_norm.weight, self.kv_weight, self.kv_bias, cfg.rms_norm_eps
+        )
+        kv = kv.view(b, T, L, 2, kvh, hd).permute(2, 3, 0, 4, 1, 5)  # [L, 2, b, kvh, T, d]
         k = plugins.rms_norm(kv[:, 0], self.k_norm_weight[:, None, None, None, :], cfg.rms_norm_eps)
-        cos, sin = d.rope(lengths[:, None] + torch.arange(T, device=lengths.device), k.dtype)   # [b, T, d]
+        cos, sin = d.rope(lengths[:, None] + torch.arange(T, device=lengths.device), k.dtype)  # [b, T, d]
         k = k * cos[None, :, None] + plugins.rotate_half(k) * sin[None, :, None]
         return k, kv[:, 1]
 
@@ -121,9 +130,9 @@ class NativeRound(nn.Module):
             key = (cfg.layer_causal(i), cfg.layer_window(i))
             if key not in masks:
                 masks[key] = key_mask(lengths, n_new, S, T, B, *key)
-            keys = torch.cat([k_ctx[i], k_new[i], k.transpose(1, 2)], dim=2)     # [b, kvh, S+T+B, d]
+            keys = torch.cat([k_ctx[i], k_new[i], k.transpose(1, 2)], dim=2)  # [b, kvh, S+T+B, d]
             vals = torch.cat([v_ctx[i], v_new[i], v.transpose(1, 2)], dim=2)
-            return masked_attention(q, keys, vals, masks[key], cfg.head_dim ** -0.5)
+            return masked_attention(q, keys, vals, masks[key], cfg.head_dim**-0.5)
 
         positions = (lengths + n_new)[:, None] + torch.arange(B, device=block_embeds.device)
         return d.block_forward(block_embeds, positions, attend), k_new, v_new
@@ -146,16 +155,17 @@ def is_dflash2(drafter) -> bool:
 def dense_from_paged(cache, capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``PagedKVCache``'s context as the dense [L, b, kvh, S, d] the native graph reads."""
     L = cache.k.shape[0]
-    ks, vs = zip(*(cache.gather(i) for i in range(L)), strict=True)               # [b, len, kvh, d] each
-    k, v = (torch.stack(x).transpose(2, 3) for x in (ks, vs))                    # [L, b, kvh, len, d]
+    ks, vs = zip(*(cache.gather(i) for i in range(L)), strict=True)  # [b, len, kvh, d] each
+    k, v = (torch.stack(x).transpose(2, 3) for x in (ks, vs))  # [L, b, kvh, len, d]
     pad = (capacity or k.shape[3]) - k.shape[3]
     if pad > 0:
         k, v = (torch.cat([x, x.new_zeros(*x.shape[:3], pad, x.shape[4])], 3) for x in (k, v))
     return k.contiguous(), v.contiguous()
 
 
-def native_example(drafter, batch: int = 2, T: int = 5, seed: int = 0, prior: int = 7, slack: int = 3,
-                   temperature: float = 0.0):
+def native_example(
+    drafter, batch: int = 2, T: int = 5, seed: int = 0, prior: int = 7, slack: int = 3, temperature: float = 0.0
+):
     """(inputs, paged cache holding the same context) for one round; the dense cache has ``slack``
     zero columns past the longest row, as the runtime's capacity leaves them. A DFlash2 drafter's
     inputs add an anchor, uniforms and ``temperature``."""
@@ -163,8 +173,14 @@ def native_example(drafter, batch: int = 2, T: int = 5, seed: int = 0, prior: in
 
     paged, cache = example_round(drafter, batch=batch, T=T, seed=seed, prior=prior)
     k, v = dense_from_paged(cache, int(cache.lengths.max()) + slack)
-    inputs = {"target_hidden": paged["target_hidden"], "n_new": paged["n_new"], "block_embeds": paged["block_embeds"],
-              "k_ctx": k, "v_ctx": v, "lengths": paged["lengths"]}
+    inputs = {
+        "target_hidden": paged["target_hidden"],
+        "n_new": paged["n_new"],
+        "block_embeds": paged["block_embeds"],
+        "k_ctx": k,
+        "v_ctx": v,
+        "lengths": paged["lengths"],
+    }
     if is_dflash2(drafter):
         inputs.update(onnx_dflash2.selector_inputs(drafter, batch, seed, temperature))
     return inputs, cache
@@ -181,31 +197,44 @@ def export_native_drafter_onnx(drafter, out_dir, head_weight: torch.Tensor, *, f
     out.mkdir(parents=True, exist_ok=True)
     two = is_dflash2(drafter)
     module = (NativeDFlash2Round if two else NativeRound)(drafter, head_weight).eval()
-    names, outputs, axes = ((DFLASH2_NATIVE_INPUTS, DFLASH2_NATIVE_OUTPUTS, DFLASH2_NATIVE_AXES) if two
-                            else (NATIVE_INPUTS, NATIVE_OUTPUTS, NATIVE_AXES))
-    inputs, _ = native_example(drafter, batch=3)   # sizes unlike L, kvh (no accidental specialisation)
+    names, outputs, axes = (
+        (DFLASH2_NATIVE_INPUTS, DFLASH2_NATIVE_OUTPUTS, DFLASH2_NATIVE_AXES)
+        if two
+        else (NATIVE_INPUTS, NATIVE_OUTPUTS, NATIVE_AXES)
+    )
+    inputs, _ = native_example(drafter, batch=3)  # sizes unlike L, kvh (no accidental specialisation)
     dims = {n: Dim(n) for n in ("batch", "tokens", "seq")}
     dyn = {name: ({axis: dims[dim] for axis, dim in ax.items()} or None) for name, ax in axes.items()}
     return export_opset23(module, inputs, names, outputs, dyn, out / filename)
 
 
-def export_opset23(module: nn.Module, inputs: dict, names: list[str], outputs: list[str], dyn: dict,
-                   path: Path) -> Path:
+def export_opset23(
+    module: nn.Module, inputs: dict, names: list[str], outputs: list[str], dyn: dict, path: Path
+) -> Path:
     """``module`` on ``inputs[n] for n in names`` through the dynamo exporter at :data:`OPSET`
     (optimized), checked with ``onnx.checker`` (full) and saved at ``path``: ONNX Runtime's forms."""
     onnx = require("onnx", "onnx", "ONNX export")
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        prog = torch.onnx.export(module, tuple(inputs[n] for n in names), dynamo=True, dynamic_shapes=dyn,
-                                 input_names=names, output_names=outputs, optimize=True,
-                                 opset_version=OPSET, verbose=False)
+        prog = torch.onnx.export(
+            module,
+            tuple(inputs[n] for n in names),
+            dynamo=True,
+            dynamic_shapes=dyn,
+            input_names=names,
+            output_names=outputs,
+            optimize=True,
+            opset_version=OPSET,
+            verbose=False,
+        )
     onnx.checker.check_model(prog.model_proto, full_check=True)
     onnx.save(prog.model_proto, str(path))
     return path
 
 
-def check_native_drafter_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, batch: int = 3, T: int = 4,
-                              seed: int = 1) -> dict[str, float]:
+def check_native_drafter_onnx(
+    drafter, onnx_path, head_weight: torch.Tensor, *, batch: int = 3, T: int = 4, seed: int = 1
+) -> dict[str, float]:
     """onnxruntime (no custom ops) vs ``Drafter.inject`` + ``draft`` + ``logits`` on fresh shapes;
     max abs error of the logits and of the new K/V's valid columns against the paged cache."""
     import onnxruntime as ort
@@ -216,7 +245,7 @@ def check_native_drafter_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, 
     before = cache.lengths.clone()
     n_new = inputs["n_new"]
     with torch.no_grad():
-        drafter.inject(inputs["target_hidden"], n_new, cache)               # advances cache.lengths
+        drafter.inject(inputs["target_hidden"], n_new, cache)  # advances cache.lengths
         head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=False)
         head.weight = nn.Parameter(head_weight)
         want = drafter.logits(drafter.draft(inputs["block_embeds"], cache), head)
@@ -227,7 +256,7 @@ def new_kv_errors(k_new, v_new, cache, before: torch.Tensor, n_new: torch.Tensor
     """A native graph's new K/V [L, b, kvh, T, d] (numpy) against the columns ``inject`` wrote into
     the paged ``cache`` after each row's ``before`` committed ones: max abs error of each, over the
     first n_new[i] columns of row i (the rest are padding the runtime drops)."""
-    k_all, v_all = dense_from_paged(cache)                                        # [L, b, kvh, len, d]
+    k_all, v_all = dense_from_paged(cache)  # [L, b, kvh, len, d]
     err = {"k_new": 0.0, "v_new": 0.0}
     for i in range(len(n_new)):
         cols = slice(int(before[i]), int(before[i] + n_new[i]))
@@ -237,8 +266,16 @@ def new_kv_errors(k_new, v_new, cache, before: torch.Tensor, n_new: torch.Tensor
     return err
 
 
-def check_native_dflash2_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, temperature: float = 0.0,
-                              batch: int = 3, T: int = 4, seed: int = 1) -> dict[str, float]:
+def check_native_dflash2_onnx(
+    drafter,
+    onnx_path,
+    head_weight: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    batch: int = 3,
+    T: int = 4,
+    seed: int = 1,
+) -> dict[str, float]:
     """:func:`check_native_drafter_onnx` for the DFlash2 form: onnxruntime against
     ``onnx_dflash2.reference_proposal`` on the same uniforms. The max abs errors of q and the new
     K/V, and how many tokens / candidates differ (which must be none)."""
@@ -249,5 +286,7 @@ def check_native_dflash2_onnx(drafter, onnx_path, head_weight: torch.Tensor, *, 
     tokens, q, cand, k_new, v_new = sess.run(DFLASH2_NATIVE_OUTPUTS, {k: v.numpy() for k, v in inputs.items()})
     before = cache.lengths.clone()
     want = onnx_dflash2.reference_proposal(drafter, head_weight, inputs, cache, temperature)
-    return {**new_kv_errors(k_new, v_new, cache, before, inputs["n_new"]),
-            **onnx_dflash2.proposal_errors(tokens, q, cand, want)}
+    return {
+        **new_kv_errors(k_new, v_new, cache, before, inputs["n_new"]),
+        **onnx_dflash2.proposal_errors(tokens, q, cand, want),
+    }

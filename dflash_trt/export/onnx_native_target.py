@@ -28,7 +28,7 @@ from dflash_trt.export.onnx_graphs import DYNAMIC_AXES, TARGET_INPUTS, TARGET_OU
 from dflash_trt.export.onnx_native import export_opset23
 
 NATIVE_TARGET_FILE = "target_ort.onnx"
-MAX_BYTES = 1 << 30   # the lean forward's own bound (``decoder.FUSE_BYTES``): a second copy of the weights
+MAX_BYTES = 1 << 30  # the lean forward's own bound (``decoder.FUSE_BYTES``): a second copy of the weights
 
 
 def native_target_problem(model: nn.Module) -> str | None:
@@ -85,14 +85,15 @@ class NativeTarget(nn.Module):
                 self.register_buffer(f"o_bias{i}", a.o_proj.bias.detach(), persistent=False)
             self.register_buffer(f"gate_up{i}", _t(m.gate_proj, m.up_proj), persistent=False)
             self.register_buffer(f"down{i}", _t(m.down_proj), persistent=False)
-            if m.gate_proj.bias is not None:   # Llama's mlp_bias
+            if m.gate_proj.bias is not None:  # Llama's mlp_bias
                 self.register_buffer(f"gate_up_bias{i}", _bias(m.gate_proj, m.up_proj), persistent=False)
                 self.register_buffer(f"down_bias{i}", m.down_proj.bias.detach(), persistent=False)
             self.register_buffer(f"ln1_{i}", layer.input_layernorm.weight.detach(), persistent=False)
             self.register_buffer(f"ln2_{i}", layer.post_attention_layernorm.weight.detach(), persistent=False)
             if self.has_qk_norm:  # q_norm on each q head, then k_norm on each k head: [h + kvh, 1, d]
-                qk_norm = torch.cat([a.q_norm.weight.detach().expand(self.h, -1),
-                                     a.k_norm.weight.detach().expand(self.kvh, -1)])
+                qk_norm = torch.cat(
+                    [a.q_norm.weight.detach().expand(self.h, -1), a.k_norm.weight.detach().expand(self.kvh, -1)]
+                )
                 self.register_buffer(f"qk_norm{i}", qk_norm[:, None].contiguous(), persistent=False)
         self.register_buffer("embed", model.get_input_embeddings().weight.detach(), persistent=False)
         self.register_buffer("norm", inner.norm.weight.detach(), persistent=False)
@@ -111,12 +112,12 @@ class NativeTarget(nn.Module):
         S = past_k.shape[3]
         h, kvh, d = self.h, self.kvh, self.d
         x = F.embedding(input_ids, self.embed)
-        freqs = position_ids[..., None].float() * self.inv_freq                     # [b, T, d/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None]                             # [b, 1, T, d]
+        freqs = position_ids[..., None].float() * self.inv_freq  # [b, T, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [b, 1, T, d]
         cos, sin = (emb.cos() * self.rope_scale).to(x.dtype), (emb.sin() * self.rope_scale).to(x.dtype)
         col = torch.arange(S + T, device=x.device)
-        causal = col[None, :] <= S + torch.arange(T, device=x.device)[:, None]        # [T, S+T]
-        mask = (attention_mask.bool()[:, None, :] & causal[None])[:, None]           # [b, 1, T, S+T]
+        causal = col[None, :] <= S + torch.arange(T, device=x.device)[:, None]  # [T, S+T]
+        mask = (attention_mask.bool()[:, None, :] & causal[None])[:, None]  # [b, 1, T, S+T]
         taps = set(self.layer_ids)
         hidden, new_k, new_v = {}, [], []
         for i in range(self.n):
@@ -127,13 +128,12 @@ class NativeTarget(nn.Module):
             qk, v = qkv.view(b, T, h + 2 * kvh, d).transpose(1, 2).split([h + kvh, kvh], dim=1)  # [b, heads, T, d]
             if self.has_qk_norm:
                 qk = F.rms_norm(qk, (d,), None, self.eps) * buf("qk_norm")
-            qk = qk * cos + _rotate_half(qk) * sin                                    # RoPE on q and k at once
+            qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k at once
             q, k = qk.split([h, kvh], dim=1)
             new_k.append(k)
             new_v.append(v)
             keys, vals = torch.cat([past_k[i], k], dim=2), torch.cat([past_v[i], v], dim=2)
-            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=d ** -0.5,
-                                                 enable_gqa=h != kvh)
+            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=d**-0.5, enable_gqa=h != kvh)
             att = att.transpose(1, 2).reshape(b, T, h * d) @ buf("o")
             if hasattr(self, f"o_bias{i}"):
                 att = att + buf("o_bias")
@@ -155,8 +155,9 @@ class NativeTarget(nn.Module):
         return logits, target_hidden, torch.stack(new_k), torch.stack(new_v)
 
 
-def export_native_target_onnx(hf_model: nn.Module, layer_ids: list[int], out_dir, *,
-                              filename: str = NATIVE_TARGET_FILE) -> Path:
+def export_native_target_onnx(
+    hf_model: nn.Module, layer_ids: list[int], out_dir, *, filename: str = NATIVE_TARGET_FILE
+) -> Path:
     """Export :class:`NativeTarget` with ``target.onnx``'s I/O and dynamic axes; ``onnx.checker``-clean."""
     require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")

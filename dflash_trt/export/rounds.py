@@ -51,8 +51,9 @@ class ExportRound:
         native = onnx_native.export_native_drafter_onnx(drafter, onnx_dir, head)
         n_err = onnx_native.check_native_drafter_onnx(drafter, native, head)
         if max(n_err.values()) > DRAFTER_ONNX_ATOL:
-            raise DFlashError(f"exported drafter ONNX Runtime form disagrees with PyTorch "
-                              f"(max error {max(n_err.values()):.2e})")
+            raise DFlashError(
+                f"exported drafter ONNX Runtime form disagrees with PyTorch (max error {max(n_err.values()):.2e})"
+            )
         return {**err, **{f"ort_{k}": v for k, v in n_err.items()}}
 
 
@@ -69,16 +70,20 @@ class DFlash2Export(ExportRound):
         path = onnx_dflash2.export_dflash2_drafter_onnx(drafter, onnx_dir, head_weight=head, page_size=page_size)
         err: dict[str, float] = {}
         for t in self.temperatures:
-            got = onnx_dflash2.check_dflash2_drafter_onnx(drafter, path, head_weight=head, temperature=t,
-                                                          page_size=page_size)
+            got = onnx_dflash2.check_dflash2_drafter_onnx(
+                drafter, path, head_weight=head, temperature=t, page_size=page_size
+            )
             differing = got.pop("tokens_differing") + got.pop("candidates_differing")
             if differing:
-                raise DFlashError(f"exported DFlash2 drafter ONNX proposes other tokens than PyTorch at temperature "
-                                  f"{t} ({differing} tokens / candidates differ)")
+                raise DFlashError(
+                    f"exported DFlash2 drafter ONNX proposes other tokens than PyTorch at temperature "
+                    f"{t} ({differing} tokens / candidates differ)"
+                )
             worst = max(got.values())
             if worst > DRAFTER_ONNX_ATOL:
-                raise DFlashError(f"exported DFlash2 drafter ONNX disagrees with PyTorch at temperature {t} "
-                                  f"(max error {worst:.2e})")
+                raise DFlashError(
+                    f"exported DFlash2 drafter ONNX disagrees with PyTorch at temperature {t} (max error {worst:.2e})"
+                )
             for k, v in got.items():
                 err[k] = max(err.get(k, 0.0), v)
         say("exporting the DFlash2 drafter's ONNX Runtime form (standard ops over a dense context cache)")
@@ -87,8 +92,10 @@ class DFlash2Export(ExportRound):
             got = onnx_native.check_native_dflash2_onnx(drafter, native, head, temperature=t)
             differing = got.pop("tokens_differing") + got.pop("candidates_differing")
             if differing or max(got.values()) > DRAFTER_ONNX_ATOL:
-                raise DFlashError(f"exported DFlash2 drafter ONNX Runtime form disagrees with PyTorch at temperature "
-                                  f"{t} ({differing} tokens / candidates differ, max error {max(got.values()):.2e})")
+                raise DFlashError(
+                    f"exported DFlash2 drafter ONNX Runtime form disagrees with PyTorch at temperature "
+                    f"{t} ({differing} tokens / candidates differ, max error {max(got.values()):.2e})"
+                )
             for k, v in got.items():
                 err[f"ort_{k}"] = max(err.get(f"ort_{k}", 0.0), v)
         return err

@@ -14,70 +14,71 @@ list of tokenizer files (``TOKENIZER_FILES``).
 
 Other subpackages import from here, never from the modules inside.
 """
+
 from __future__ import annotations
 
 from dflash_trt.ingest.bundle import (
-                                     BUNDLE_FORMAT,
-                                     Bundle,
-                                     DrafterInfo,
-                                     EngineInfo,
-                                     EngineProfile,
-                                     Layout,
-                                     Manifest,
-                                     ServeInfo,
-                                     TrtllmInfo,
-                                     bundle_hashes,
-                                     check_files,
-                                     check_format,
-                                     read_manifest,
-                                     write_manifest,
+    BUNDLE_FORMAT,
+    Bundle,
+    DrafterInfo,
+    EngineInfo,
+    EngineProfile,
+    Layout,
+    Manifest,
+    ServeInfo,
+    TrtllmInfo,
+    bundle_hashes,
+    check_files,
+    check_format,
+    read_manifest,
+    write_manifest,
 )
 from dflash_trt.ingest.bundle_check import LoadCheck, check_bundle, check_fields, check_paths, open_bundle
 from dflash_trt.ingest.chat import chat_mismatch, serving_chat, trained_chat
 from dflash_trt.ingest.compat import PairReport, check_pair, validate_pair
 from dflash_trt.ingest.drafter import (
-                                     DrafterSpec,
-                                     check_pair_runtime,
-                                     is_drafter,
-                                     load_drafter,
-                                     read_drafter,
-                                     write_zlab,
+    DrafterSpec,
+    check_pair_runtime,
+    is_drafter,
+    load_drafter,
+    read_drafter,
+    write_zlab,
 )
 from dflash_trt.ingest.families import FAMILIES as TARGET_FAMILIES
 from dflash_trt.ingest.families import TargetFamily, target_family_of
 from dflash_trt.ingest.files import (
-                                     DTYPE_BITS,
-                                     DTYPES,
-                                     FLOAT_DTYPES,
-                                     RUNTIME_DTYPES,
-                                     TOKENIZER_FILES,
-                                     TORCH_NAMES,
-                                     TensorInfo,
-                                     WeightSet,
-                                     check_links,
-                                     checkpoint_file,
-                                     read_header,
-                                     read_headers,
-                                     scan,
-                                     sha256_files,
-                                     tokenizer_files,
-                                     torch_dtype,
+    DTYPE_BITS,
+    DTYPES,
+    FLOAT_DTYPES,
+    RUNTIME_DTYPES,
+    TOKENIZER_FILES,
+    TORCH_NAMES,
+    TensorInfo,
+    WeightSet,
+    check_links,
+    checkpoint_file,
+    read_header,
+    read_headers,
+    scan,
+    sha256_files,
+    tokenizer_files,
+    torch_dtype,
 )
 from dflash_trt.ingest.format_guards import GGUF_ONLY, refuse_gguf, refused_id, trtllm_refusal
 from dflash_trt.ingest.pair import PairSpec, read_pair
 from dflash_trt.ingest.plan_record import (
-                                     Arms,
-                                     CurvePoint,
-                                     DraftRun,
-                                     MeasuredArm,
-                                     Plan,
-                                     PlanMemory,
-                                     PlannedMtp,
-                                     Prediction,
-                                     Tuned,
-                                     TunedLevel,
-                                     VllmPlan,
-                                     plan_schema,
+    Arms,
+    CurvePoint,
+    DraftRun,
+    MeasuredArm,
+    Plan,
+    PlanMemory,
+    PlannedMtp,
+    Prediction,
+    Tuned,
+    TunedLevel,
+    VllmPlan,
+    plan_schema,
 )
 from dflash_trt.ingest.resolve import EMBEDDED_PREFIX, embedded_dir, open_dir, read_json, resolve
 from dflash_trt.ingest.target import TargetSpec, read_modelopt_quant_config, read_target, target_quantization

@@ -45,8 +45,10 @@ from dflash_trt.model import graph_kinds
 # only ``verify``, which needs the hashes, tells it to rebuild.
 BUNDLE_FORMAT = "dflash-trt-bundle/3"
 READABLE_FORMATS = (BUNDLE_FORMAT, "dflash-trt-bundle/2")
-WHY_REBUILD = {"dflash-trt-bundle/1": "its draft_len_schedule is read inverted by TensorRT-LLM",
-               "dflash-trt-bundle/2": "it records no per-file hashes"}
+WHY_REBUILD = {
+    "dflash-trt-bundle/1": "its draft_len_schedule is read inverted by TensorRT-LLM",
+    "dflash-trt-bundle/2": "it records no per-file hashes",
+}
 
 
 class Layout:
@@ -60,12 +62,17 @@ class Layout:
     SERVE_SH = "trtllm/serve.sh"
     ONNX = "onnx"
     ENGINES = "engines"
-    SWAP_JOURNAL = ".dflash-trt.swap.json"   # present only while a swap is under way or was killed (deploy.swap)
+    SWAP_JOURNAL = ".dflash-trt.swap.json"  # present only while a swap is under way or was killed (deploy.swap)
 
 
 # Files every built bundle has, and the manifest sections `build` always writes.
-REQUIRED_FILES = (Layout.MANIFEST, f"{Layout.TARGET}/config.json", f"{Layout.DRAFTER}/config.json",
-                  Layout.TRTLLM_CONFIG, Layout.SERVE_SH)
+REQUIRED_FILES = (
+    Layout.MANIFEST,
+    f"{Layout.TARGET}/config.json",
+    f"{Layout.DRAFTER}/config.json",
+    Layout.TRTLLM_CONFIG,
+    Layout.SERVE_SH,
+)
 BUILD_SECTIONS = ("inputs", "tools", "trtllm", "gpu", "precision", "plan", "drafter", "timings")
 
 
@@ -79,12 +86,12 @@ class Input(_Section):
     id: str
     revision: str | None = None
     path: str
-    sha256: dict[str, str]          # relative POSIX path -> hex digest, every file
+    sha256: dict[str, str]  # relative POSIX path -> hex digest, every file
 
 
 class Calibration(_Section):
     path: str
-    sha256: str | None = None       # None: the path was not a file
+    sha256: str | None = None  # None: the path was not a file
 
 
 class Inputs(_Section):
@@ -103,7 +110,7 @@ class GpuInfo(_Section):
 
 
 class Precision(_Section):
-    weights: str                    # bf16 | fp8 | nvfp4 | mxfp4 (effective, not requested)
+    weights: str  # bf16 | fp8 | nvfp4 | mxfp4 (effective, not requested)
     kv_cache: str
     quantized_by: str | None = None  # "nvidia-modelopt" | "as shipped" | None
     quantization: dict[str, Any] | None = None
@@ -143,7 +150,7 @@ class Outputs(_Section):
     drafter: str = Layout.DRAFTER
     trtllm_config: str = Layout.TRTLLM_CONFIG
     serve: str = Layout.SERVE_SH
-    mtp_config: str | None = None        # trtllm/config.mtp.yaml: the target's own MTP arm, where it has one
+    mtp_config: str | None = None  # trtllm/config.mtp.yaml: the target's own MTP arm, where it has one
     onnx: str | None = None
     engines: str | None = None
 
@@ -172,7 +179,8 @@ class EngineProfile(_Section):
 
     max_batch: int = Field(ge=1, description="Rows in one call (target, drafter, embedding).")
     max_tokens: int = Field(
-        ge=1, description="Tokens per row in one target forward: a prompt's prefill, or the verify block.")
+        ge=1, description="Tokens per row in one target forward: a prompt's prefill, or the verify block."
+    )
     max_seq_len: int = Field(ge=1, description="Target KV-cache columns plus the forward's own tokens.")
     block_size: int = Field(ge=1, description="The drafter block B the drafter graph was exported for.")
     page_size: int = Field(ge=1, description="Drafter context-cache slots per page (a custom-op attribute).")
@@ -187,9 +195,11 @@ class EngineInfo(_Section):
 
     onnx: list[str]
     drafter_graph: str = Field(
-        "dflash", description="drafter.onnx's I/O, the graph kind of the drafter family's export round "
-                              "(``model.graph_kinds``): dflash (export/onnx_graphs.py: logits out) or dflash2 "
-                              "(export/onnx_dflash2.py: anchor, uniforms, temperature in; tokens, q, candidates out).")
+        "dflash",
+        description="drafter.onnx's I/O, the graph kind of the drafter family's export round "
+        "(``model.graph_kinds``): dflash (export/onnx_graphs.py: logits out) or dflash2 "
+        "(export/onnx_dflash2.py: anchor, uniforms, temperature in; tokens, q, candidates out).",
+    )
     drafter_onnx_max_error: dict[str, float]
     target_onnx_max_error: dict[str, float] | None = None
     engines_built: bool
@@ -261,8 +271,9 @@ class Bundle:
     def built(self) -> Manifest:
         """The manifest of a bundle that has one; a one-line CheckpointError for a directory without."""
         if self.manifest is None:
-            raise CheckpointError(f"{self.root}: not a dflash-trt bundle (no {Layout.MANIFEST}); build one with "
-                                  "'dflash-trt build'")
+            raise CheckpointError(
+                f"{self.root}: not a dflash-trt bundle (no {Layout.MANIFEST}); build one with 'dflash-trt build'"
+            )
         return self.manifest
 
     @property
@@ -299,8 +310,10 @@ def check_format(where: str | Path, fmt: object, accept: tuple[str, ...] = READA
     readers serve and run; ``verify`` accepts only :data:`BUNDLE_FORMAT`)."""
     if not isinstance(fmt, str) or fmt not in accept:
         why = f" ({WHY_REBUILD[fmt]})" if isinstance(fmt, str) and fmt in WHY_REBUILD else ""
-        raise CheckpointError(f"{where}: bundle format {fmt!r}{why}, this dflash-trt reads {accept[0]!r}; "
-                              "rebuild the bundle with 'dflash-trt build'")
+        raise CheckpointError(
+            f"{where}: bundle format {fmt!r}{why}, this dflash-trt reads {accept[0]!r}; "
+            "rebuild the bundle with 'dflash-trt build'"
+        )
 
 
 def bundle_hashes(root: str | Path) -> dict[str, str]:
@@ -314,11 +327,15 @@ def check_files(bundle: Bundle) -> list[str]:
     check_format(bundle.manifest_path, bundle.manifest.format if bundle.manifest else None, (BUNDLE_FORMAT,))
     recorded = bundle.built.files
     if recorded is None:
-        raise CheckpointError(f"{bundle.manifest_path}: records no file hashes; rebuild the bundle with "
-                              "'dflash-trt build'")
+        raise CheckpointError(
+            f"{bundle.manifest_path}: records no file hashes; rebuild the bundle with 'dflash-trt build'"
+        )
     found = bundle_hashes(bundle.root)
-    out = [f"{rel}: sha256 differs from the manifest's" for rel in sorted(recorded)
-           if rel in found and found[rel] != recorded[rel]]
+    out = [
+        f"{rel}: sha256 differs from the manifest's"
+        for rel in sorted(recorded)
+        if rel in found and found[rel] != recorded[rel]
+    ]
     out += [f"{rel}: missing" for rel in sorted(set(recorded) - set(found))]
     out += [f"{rel}: not in the manifest (added after the build)" for rel in sorted(set(found) - set(recorded))]
     return out
@@ -331,10 +348,13 @@ def read_manifest(root: str | Path) -> Manifest:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         if os.path.lexists(Path(root) / Layout.SWAP_JOURNAL):
-            raise CheckpointError(f"{root}: a swap of this bundle was interrupted (killed); run the same "
-                                  "'dflash-trt build --force' or 'dflash-trt tune' again to finish it") from None
-        raise CheckpointError(f"{root}: no {Layout.MANIFEST}; is this a dflash-trt bundle "
-                              "(dflash-trt build -o DIR)?") from None
+            raise CheckpointError(
+                f"{root}: a swap of this bundle was interrupted (killed); run the same "
+                "'dflash-trt build --force' or 'dflash-trt tune' again to finish it"
+            ) from None
+        raise CheckpointError(
+            f"{root}: no {Layout.MANIFEST}; is this a dflash-trt bundle (dflash-trt build -o DIR)?"
+        ) from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -348,8 +368,9 @@ def read_manifest(root: str | Path) -> Manifest:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise CheckpointError(f"{path}: {loc}: {first['msg']}{more}; rebuild the bundle with "
-                              "'dflash-trt build'") from None
+        raise CheckpointError(
+            f"{path}: {loc}: {first['msg']}{more}; rebuild the bundle with 'dflash-trt build'"
+        ) from None
 
 
 def write_manifest(root: str | Path, manifest: Manifest) -> dict:

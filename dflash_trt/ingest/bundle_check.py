@@ -33,8 +33,9 @@ from dflash_trt.ingest.files import sha256_file
 
 def _plain(rel: str) -> bool:
     p = PurePosixPath(rel)
-    return bool(rel) and not p.is_absolute() and not any(part in ("", ".", "..") for part in p.parts) \
-        and "\\" not in rel
+    return (
+        bool(rel) and not p.is_absolute() and not any(part in ("", ".", "..") for part in p.parts) and "\\" not in rel
+    )
 
 
 def named_paths(bundle: Bundle) -> dict[str, str]:
@@ -53,12 +54,16 @@ def check_paths(bundle: Bundle) -> None:
         for n in dirnames + filenames:
             p = Path(dirpath) / n
             if p.is_symlink() and root not in p.resolve().parents:
-                raise CheckpointError(f"{p}: a symlink leading outside the bundle ({p.resolve()}); a bundle holds "
-                                      "only its own files: rebuild it with 'dflash-trt build'")
+                raise CheckpointError(
+                    f"{p}: a symlink leading outside the bundle ({p.resolve()}); a bundle holds "
+                    "only its own files: rebuild it with 'dflash-trt build'"
+                )
     for field, rel in named_paths(bundle).items():
         if not _plain(rel) or root not in (bundle.root / rel).resolve().parents:
-            raise CheckpointError(f"{bundle.manifest_path}: {field} {rel!r} is not a path inside the bundle; "
-                                  "rebuild the bundle with 'dflash-trt build'")
+            raise CheckpointError(
+                f"{bundle.manifest_path}: {field} {rel!r} is not a path inside the bundle; "
+                "rebuild the bundle with 'dflash-trt build'"
+            )
 
 
 def serve_sh_settings(text: str) -> dict[str, str]:
@@ -81,7 +86,7 @@ def check_fields(bundle: Bundle, config: dict) -> list[str]:
     m, plan = bundle.built, bundle.built.plan
     sh = serve_sh_settings(bundle.serve_sh.read_text()) if bundle.serve_sh.is_file() else {}
     spec = config.get("speculative_config") or {}
-    want: dict[str, tuple[object, object, str]] = {}   # field -> (manifest's, the file's, which file)
+    want: dict[str, tuple[object, object, str]] = {}  # field -> (manifest's, the file's, which file)
     if m.trtllm is not None:
         want["trtllm.release"] = (m.trtllm.release, sh.get("release"), Layout.SERVE_SH)
         if plan is not None:
@@ -92,21 +97,31 @@ def check_fields(bundle: Bundle, config: dict) -> list[str]:
     want["serve.tp_size"] = (m.serve.tp_size, config.get("tensor_parallel_size", 1), Layout.TRTLLM_CONFIG)
     if m.serve.max_seq_len is not None:
         want["serve.max_seq_len"] = (m.serve.max_seq_len, config.get("max_seq_len"), Layout.TRTLLM_CONFIG)
-    for flag, key in (("tp_size", "tensor_parallel_size"), ("max_batch_size", "max_batch_size"),
-                      ("max_num_tokens", "max_num_tokens"), ("max_seq_len", "max_seq_len")):
+    for flag, key in (
+        ("tp_size", "tensor_parallel_size"),
+        ("max_batch_size", "max_batch_size"),
+        ("max_num_tokens", "max_num_tokens"),
+        ("max_seq_len", "max_seq_len"),
+    ):
         if flag in sh and key in config:
             want[f"serve.sh --{flag}"] = (str(config[key]), sh[flag], Layout.SERVE_SH)
     if m.precision is not None and plan is not None:
         want["precision.kv_cache"] = (m.precision.kv_cache, plan.kv_cache, "plan")
         want["precision.weights"] = (m.precision.weights, plan.precision, "plan")
     if m.drafter is not None and spec.get("target_layer_ids") is not None:
-        want["drafter.target_layer_ids"] = (sorted(m.drafter.target_layer_ids), sorted(spec["target_layer_ids"]),
-                                            Layout.TRTLLM_CONFIG)
+        want["drafter.target_layer_ids"] = (
+            sorted(m.drafter.target_layer_ids),
+            sorted(spec["target_layer_ids"]),
+            Layout.TRTLLM_CONFIG,
+        )
     if m.serve.chat_template_sha256 is not None:
         got = serving_chat(bundle.root / m.reference_runtime.target, None)["chat_template_sha256"]
         want["serve.chat_template_sha256"] = (m.serve.chat_template_sha256, got, "the target's chat template")
-    return [f"manifest {k} is {mine!r}, {where} says {theirs!r}" for k, (mine, theirs, where) in want.items()
-            if mine != theirs]
+    return [
+        f"manifest {k} is {mine!r}, {where} says {theirs!r}"
+        for k, (mine, theirs, where) in want.items()
+        if mine != theirs
+    ]
 
 
 class LoadCheck:
@@ -130,8 +145,11 @@ class LoadCheck:
             base = self.bundle.root / d
             if not base.is_dir():
                 continue
-            rels |= {p.relative_to(self.bundle.root).as_posix() for p in base.rglob("*")
-                     if p.is_file() and not any(s.startswith(".") for s in p.relative_to(base).parts)}
+            rels |= {
+                p.relative_to(self.bundle.root).as_posix()
+                for p in base.rglob("*")
+                if p.is_file() and not any(s.startswith(".") for s in p.relative_to(base).parts)
+            }
         return sorted(rels)
 
     def _hash(self) -> None:
@@ -149,24 +167,29 @@ class LoadCheck:
     def problems(self) -> list[str]:
         rec = self.recorded or {}
         scope = [r for r in rec if r in self.files or any(r.startswith(f"{d}/") for d in self.dirs)]
-        out = [f"{r}: sha256 differs from the manifest's" for r in sorted(scope) if r in self.found
-               and self.found[r] != rec[r]]
+        out = [
+            f"{r}: sha256 differs from the manifest's"
+            for r in sorted(scope)
+            if r in self.found and self.found[r] != rec[r]
+        ]
         out += [f"{r}: missing" for r in sorted(set(scope) - set(self.found))]
         out += [f"{r}: not in the manifest (added after the build)" for r in sorted(set(self.found) - set(rec))]
         return out
 
     def __exit__(self, kind, exc, tb) -> None:
         if self.recorded is None or (kind is not None and not issubclass(kind, Exception)):
-            return   # Ctrl-C: not held up by the hashing (a daemon thread)
+            return  # Ctrl-C: not held up by the hashing (a daemon thread)
         self.thread.join()
         if self.error is not None and not isinstance(self.error, OSError | CheckpointError):
             raise self.error
         problems = self.problems() if self.error is None else [str(self.error)]
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise CheckpointError(f"{self.bundle.root}: {problems[0]}{more}: what would be loaded is not what was "
-                                  f"built; 'dflash-trt verify {self.bundle.root}' lists every difference; rebuild "
-                                  "the bundle with 'dflash-trt build ... --force'") from exc
+            raise CheckpointError(
+                f"{self.bundle.root}: {problems[0]}{more}: what would be loaded is not what was "
+                f"built; 'dflash-trt verify {self.bundle.root}' lists every difference; rebuild "
+                "the bundle with 'dflash-trt build ... --force'"
+            ) from exc
 
 
 def open_bundle(path: str | Path, require_manifest: bool = True) -> Bundle:
@@ -179,7 +202,7 @@ def open_bundle(path: str | Path, require_manifest: bool = True) -> Bundle:
     if not require_manifest and not (root / Layout.MANIFEST).exists():
         return Bundle(root)
     bundle = Bundle(root, read_manifest(root))
-    check_paths(bundle)   # nothing the manifest names, and no link, leads outside the bundle
+    check_paths(bundle)  # nothing the manifest names, and no link, leads outside the bundle
     return bundle
 
 

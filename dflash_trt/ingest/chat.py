@@ -49,9 +49,11 @@ def serving_chat(target_dir: str | Path, enable_thinking: bool | None) -> dict:
     """What the bundle records: the template's sha256, whether it has a thinking switch, and
     the switch the deployment serves with (None: the template's default)."""
     tpl = chat_template(target_dir)
-    return {"chat_template_sha256": hashlib.sha256(tpl.encode()).hexdigest() if tpl else None,
-            "thinking_switch": ("enable_thinking" in tpl) if tpl else None,
-            "enable_thinking": enable_thinking}
+    return {
+        "chat_template_sha256": hashlib.sha256(tpl.encode()).hexdigest() if tpl else None,
+        "thinking_switch": ("enable_thinking" in tpl) if tpl else None,
+        "enable_thinking": enable_thinking,
+    }
 
 
 def chat_mismatch(trained: dict | None, serving: dict) -> str | None:
@@ -62,9 +64,13 @@ def chat_mismatch(trained: dict | None, serving: dict) -> str | None:
     if have is None and serving.get("thinking_switch") is False:
         return None  # the template has no switch: nothing to differ
     if have is None:
-        return (f"the drafter was trained with enable_thinking={str(want).lower()}; this deployment serves the "
-                f"chat template's default: set serving.enable_thinking: {str(want).lower()} (acceptance suffers)")
+        return (
+            f"the drafter was trained with enable_thinking={str(want).lower()}; this deployment serves the "
+            f"chat template's default: set serving.enable_thinking: {str(want).lower()} (acceptance suffers)"
+        )
     if have != want:
-        return (f"the drafter was trained with enable_thinking={str(want).lower()} but the deployment serves "
-                f"enable_thinking={str(have).lower()}: acceptance suffers (the output stays the target's)")
+        return (
+            f"the drafter was trained with enable_thinking={str(want).lower()} but the deployment serves "
+            f"enable_thinking={str(have).lower()}: acceptance suffers (the output stays the target's)"
+        )
     return None

@@ -41,9 +41,13 @@ class PairReport:
             self.warnings.append(detail)
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "errors": self.errors, "warnings": self.warnings, "checks": self.checks,
-                "weights_present": {"target": self.target.weights.present,
-                                    "drafter": self.drafter.weights.present}}
+        return {
+            "ok": self.ok,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "checks": self.checks,
+            "weights_present": {"target": self.target.weights.present, "drafter": self.drafter.weights.present},
+        }
 
 
 def _rope_equal(a: tuple, b: tuple) -> bool:
@@ -63,8 +67,9 @@ def _rope_equal(a: tuple, b: tuple) -> bool:
     return True
 
 
-def validate_pair(target_dir: str | Path, drafter_dir: str | Path, require_weights: bool = True,
-                  raise_on_error: bool = True) -> PairReport:
+def validate_pair(
+    target_dir: str | Path, drafter_dir: str | Path, require_weights: bool = True, raise_on_error: bool = True
+) -> PairReport:
     """Check that a drafter belongs to a target, from configs and safetensors headers alone.
 
     Unreadable/corrupt inputs raise ``CheckpointError``; a mismatched pair raises
@@ -83,7 +88,7 @@ def check_pair(t: TargetSpec, d: DrafterSpec, require_weights: bool = True, rais
     r = PairReport(t, d)
     _file_warnings(r, t, d, require_weights)
     _check_hidden_layout(r, t, d)
-    _check_vocab_and_mask(r, t, d)   # may fill the drafter's missing vocab_size from the target
+    _check_vocab_and_mask(r, t, d)  # may fill the drafter's missing vocab_size from the target
     _check_target_layers(r, t, d)
     _check_rope(r, t, d)
     _check_dtype(r, t, d)
@@ -115,16 +120,24 @@ def _check_hidden_layout(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     if c.hidden_size == t.hidden_size:
         r.add("hidden size", "ok", f"{c.hidden_size}")
     else:
-        r.add("hidden size", "error", f"{dcfg}: drafter hidden_size {c.hidden_size} != target hidden_size "
-              f"{t.hidden_size} ({tcfg}); this drafter was trained for another target: use the one published for it")
+        r.add(
+            "hidden size",
+            "error",
+            f"{dcfg}: drafter hidden_size {c.hidden_size} != target hidden_size "
+            f"{t.hidden_size} ({tcfg}); this drafter was trained for another target: use the one published for it",
+        )
 
     layout_d = (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
     layout_t = (t.num_attention_heads, t.num_key_value_heads, t.head_dim)
     if layout_d == layout_t:
         r.add("head layout", "ok", f"{layout_d[0]} heads x {layout_d[2]}, {layout_d[1]} kv heads")
     else:
-        r.add("head layout", "warn", f"{dcfg}: drafter heads {layout_d[0]}x{layout_d[2]} (kv {layout_d[1]}) differ "
-              f"from the target's {layout_t[0]}x{layout_t[2]} (kv {layout_t[1]}); unusual for DFlash: check head_dim")
+        r.add(
+            "head layout",
+            "warn",
+            f"{dcfg}: drafter heads {layout_d[0]}x{layout_d[2]} (kv {layout_d[1]}) differ "
+            f"from the target's {layout_t[0]}x{layout_t[2]} (kv {layout_t[1]}); unusual for DFlash: check head_dim",
+        )
 
 
 def _check_vocab_and_mask(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
@@ -135,19 +148,30 @@ def _check_vocab_and_mask(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
         d.config = c = c.model_copy(update={"vocab_size": t.vocab_size})
         r.add("vocabulary", "warn", f"{dcfg}: no vocab_size; assuming the target's {t.vocab_size}")
     elif c.vocab_size != t.vocab_size:
-        r.add("vocabulary", "error", f"{dcfg}: drafter vocab_size {c.vocab_size} != target vocab_size "
-              f"{t.vocab_size} ({tcfg}); the drafter was trained for another tokenizer")
+        r.add(
+            "vocabulary",
+            "error",
+            f"{dcfg}: drafter vocab_size {c.vocab_size} != target vocab_size "
+            f"{t.vocab_size} ({tcfg}); the drafter was trained for another tokenizer",
+        )
     else:
-        r.add("vocabulary", "ok", f"{c.vocab_size}" + (f", draft vocabulary {c.draft_vocab_size}"
-                                                       if c.draft_vocab_size else ""))
+        r.add(
+            "vocabulary",
+            "ok",
+            f"{c.vocab_size}" + (f", draft vocabulary {c.draft_vocab_size}" if c.draft_vocab_size else ""),
+        )
 
     rows = t.embed_rows if t.embed_rows is not None else t.vocab_size
     src = f"{t.embed_tensor} in {t.weights.tensors[t.embed_tensor].file}" if t.embed_tensor else f"vocab_size, {tcfg}"
     if 0 <= c.mask_token_id < rows:
         r.add("mask token", "ok", f"id {c.mask_token_id} < {rows} embedding rows")
     else:
-        r.add("mask token", "error", f"{dcfg}: mask_token_id {c.mask_token_id} has no row in the target's {rows}-row "
-              f"embedding ({src}); the drafter belongs to another model family")
+        r.add(
+            "mask token",
+            "error",
+            f"{dcfg}: mask_token_id {c.mask_token_id} has no row in the target's {rows}-row "
+            f"embedding ({src}); the drafter belongs to another model family",
+        )
 
 
 def _check_target_layers(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
@@ -156,8 +180,11 @@ def _check_target_layers(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     ids, depth = list(c.target_layer_ids), t.num_layers
     bad = [i for i in ids if not 0 <= i < depth]
     if bad:
-        r.add("target layer ids", "error", f"{dcfg}: target layer ids {bad} out of range for the {depth}-layer "
-              f"target{_layer_ids_fix(d, ids, depth)}")
+        r.add(
+            "target layer ids",
+            "error",
+            f"{dcfg}: target layer ids {bad} out of range for the {depth}-layer target{_layer_ids_fix(d, ids, depth)}",
+        )
     else:
         r.add("target layer ids", "ok", f"{ids} of {depth} (output_hidden_states {[i + 1 for i in ids]})")
     if len(set(ids)) != len(ids):
@@ -166,8 +193,12 @@ def _check_target_layers(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     if c.num_target_layers is None:
         r.add("target depth", "skip", "drafter config has no num_target_layers")
     elif c.num_target_layers != depth:
-        r.add("target depth", "error", f"{dcfg}: num_target_layers {c.num_target_layers} != the target's depth "
-              f"{depth} ({tcfg}); the drafter was trained on another model")
+        r.add(
+            "target depth",
+            "error",
+            f"{dcfg}: num_target_layers {c.num_target_layers} != the target's depth "
+            f"{depth} ({tcfg}); the drafter was trained on another model",
+        )
     else:
         r.add("target depth", "ok", f"{depth} layers")
 
@@ -175,11 +206,15 @@ def _check_target_layers(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
 def _layer_ids_fix(d: DrafterSpec, ids: list[int], depth: int) -> str:
     """What to do about out-of-range layer ids, from how they were published."""
     if d.norm.layer_convention == "output_hidden_states":
-        return (f" (published as aux_hidden_state_layer_ids {d.published_layer_ids}, shifted back by one); "
-                "the drafter was trained for a deeper target")
+        return (
+            f" (published as aux_hidden_state_layer_ids {d.published_layer_ids}, shifted back by one); "
+            "the drafter was trained for a deeper target"
+        )
     if max(ids) == depth:
-        return ("; the largest id equals the depth, so these look like output_hidden_states indices (off by "
-                "one): z-lab ids count decoder layers from 0, subtract 1 in dflash_config.target_layer_ids")
+        return (
+            "; the largest id equals the depth, so these look like output_hidden_states indices (off by "
+            "one): z-lab ids count decoder layers from 0, subtract 1 in dflash_config.target_layer_ids"
+        )
     return "; the drafter was trained for a deeper target: use the drafter published for this model"
 
 
@@ -191,11 +226,14 @@ def _check_rope(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     if t.rope_theta is None:  # RoPE per layer type (gemma-4: sliding and global differ): nothing to match
         r.add("rope", "ok", f"theta {c.rope_theta:g} (the drafter's own; the target's RoPE differs per layer type)")
     elif _rope_equal(rope_d, rope_t):
-        r.add("rope", "ok",
-              f"theta {c.rope_theta:g}" + (f", {c.rope_scaling.get('rope_type')}" if c.rope_scaling else ""))
+        r.add(
+            "rope", "ok", f"theta {c.rope_theta:g}" + (f", {c.rope_scaling.get('rope_type')}" if c.rope_scaling else "")
+        )
     else:
-        msg = (f"{dcfg}: drafter RoPE (theta {c.rope_theta:g}, scaling {c.rope_scaling}) != target RoPE "
-               f"(theta {t.rope_theta}, scaling {t.rope_scaling}) in {tcfg}")
+        msg = (
+            f"{dcfg}: drafter RoPE (theta {c.rope_theta:g}, scaling {c.rope_scaling}) != target RoPE "
+            f"(theta {t.rope_theta}, scaling {t.rope_scaling}) in {tcfg}"
+        )
         if "rope_theta" in d.defaulted:
             r.add("rope", "warn", msg + "; the drafter config omits rope_theta: set it to the target's")
         else:
@@ -222,20 +260,31 @@ def _check_tokenizer(r: PairReport, t: TargetSpec, require_weights: bool) -> Non
         if why:
             r.add("tokenizer", "error", why)
         else:
-            r.add("tokenizer", "ok", f"{', '.join(t.tokenizer_files)} (tokenizer.json: ids inside the vocabulary, "
-                  "its own text re-encodes; loaded with transformers when the bundle is built)")
+            r.add(
+                "tokenizer",
+                "ok",
+                f"{', '.join(t.tokenizer_files)} (tokenizer.json: ids inside the vocabulary, "
+                "its own text re-encodes; loaded with transformers when the bundle is built)",
+            )
     elif t.tokenizer_files:
         why = probe(t.path, t.vocab_size)
         if why:
             r.add("tokenizer", "error", why)
         else:
-            r.add("tokenizer", "ok",
-                  f"{', '.join(t.tokenizer_files)} (loads, ids inside the vocabulary, its own text re-encodes)")
+            r.add(
+                "tokenizer",
+                "ok",
+                f"{', '.join(t.tokenizer_files)} (loads, ids inside the vocabulary, its own text re-encodes)",
+            )
     elif not require_weights:  # a config-only read (plan): the tokenizer is needed to serve, not to plan
         r.add("tokenizer", "ok", "absent (config-only directory; needed to serve, not to plan)")
     else:
-        r.add("tokenizer", "error", f"{t.path}: no tokenizer files (tokenizer.json / tokenizer_config.json / "
-              "tokenizer.model); copy the model's tokenizer into the target directory")
+        r.add(
+            "tokenizer",
+            "error",
+            f"{t.path}: no tokenizer files (tokenizer.json / tokenizer_config.json / "
+            "tokenizer.model); copy the model's tokenizer into the target directory",
+        )
 
 
 def _check_capture(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
@@ -244,9 +293,13 @@ def _check_capture(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:
     (``inspect`` and ``build`` read it there)."""
     c = d.config
     if c.draft_vocab_size:
-        r.add("draft head", "warn", f"{d.path}: reduced draft vocabulary ({c.draft_vocab_size}) with its own "
-              "lm_head; TensorRT-LLM's DFlash loader uses the target's LM head instead, which destroys "
-              "acceptance: serve this drafter with the reference runtime or use a full-vocabulary drafter")
+        r.add(
+            "draft head",
+            "warn",
+            f"{d.path}: reduced draft vocabulary ({c.draft_vocab_size}) with its own "
+            "lm_head; TensorRT-LLM's DFlash loader uses the target's LM head instead, which destroys "
+            "acceptance: serve this drafter with the reference runtime or use a full-vocabulary drafter",
+        )
 
 
 def _check_family(r: PairReport, t: TargetSpec, d: DrafterSpec) -> None:

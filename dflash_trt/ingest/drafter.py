@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # torch is imported where weights are loaded, not to read a c
 
     from dflash_trt.model import Drafter
 
+
 def is_drafter(path: str | Path) -> bool:
     """Whether a directory's config.json describes a drafter (of any family) rather than a model."""
     cfg_path = Path(path) / "config.json"
@@ -34,8 +35,11 @@ def is_drafter(path: str | Path) -> bool:
         return False
     cfg = read_json(cfg_path)
     archs = " ".join(str(a) for a in cfg.get("architectures") or []).lower()
-    return bool({"dflash_config", "dflash2_config", "speculators_config", "speculators_model_type"} & set(cfg)
-                or "dflash" in archs or "dspark" in archs)
+    return bool(
+        {"dflash_config", "dflash2_config", "speculators_config", "speculators_model_type"} & set(cfg)
+        or "dflash" in archs
+        or "dspark" in archs
+    )
 
 
 @dataclass
@@ -92,23 +96,40 @@ class DrafterSpec:
     def to_dict(self) -> dict:
         c = self.config
         return {
-            "path": str(self.path), "kind": "drafter", "format": self.format,
+            "path": str(self.path),
+            "kind": "drafter",
+            "format": self.format,
             "architecture": (self.raw_config.get("architectures") or ["?"])[0],
-            "block_size": c.block_size, "mask_token_id": c.mask_token_id,
-            "target_layer_ids": {"zlab": list(c.target_layer_ids),
-                                 "output_hidden_states": [i + 1 for i in c.target_layer_ids],
-                                 "published": self.published_layer_ids,
-                                 "published_convention": self.norm.layer_convention},
+            "block_size": c.block_size,
+            "mask_token_id": c.mask_token_id,
+            "target_layer_ids": {
+                "zlab": list(c.target_layer_ids),
+                "output_hidden_states": [i + 1 for i in c.target_layer_ids],
+                "published": self.published_layer_ids,
+                "published_convention": self.norm.layer_convention,
+            },
             "num_target_layers": c.num_target_layers,
-            "layers": c.num_hidden_layers, "hidden_size": c.hidden_size,
-            "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-            "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size,
-            "layer_types": c.layer_types, "sliding_window": c.sliding_window, "causal": c.causal,
-            "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling,
-            "num_parameters": self.num_parameters, "bytes_on_disk": self.weights.bytes_on_disk,
-            "dtype": self.dtype, "weights_present": self.weights_present,
-            "defaulted": self.defaulted, "notes": self.norm.notes, "warnings": self.warnings,
-            "family": c.family, **family_of(c).describe(c),
+            "layers": c.num_hidden_layers,
+            "hidden_size": c.hidden_size,
+            "heads": c.num_attention_heads,
+            "kv_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "vocab_size": c.vocab_size,
+            "draft_vocab_size": c.draft_vocab_size,
+            "layer_types": c.layer_types,
+            "sliding_window": c.sliding_window,
+            "causal": c.causal,
+            "rope_theta": c.rope_theta,
+            "rope_scaling": c.rope_scaling,
+            "num_parameters": self.num_parameters,
+            "bytes_on_disk": self.weights.bytes_on_disk,
+            "dtype": self.dtype,
+            "weights_present": self.weights_present,
+            "defaulted": self.defaulted,
+            "notes": self.norm.notes,
+            "warnings": self.warnings,
+            "family": c.family,
+            **family_of(c).describe(c),
         }
 
 
@@ -124,7 +145,7 @@ def read_drafter(path: str | Path, require_weights: bool = True) -> DrafterSpec:
 
     ``require_weights=False`` accepts a config-only directory (planning, ``--dry-run``).
     """
-    format_guards.refuse_gguf(Path(path))   # before "no config.json / safetensors": name what it is
+    format_guards.refuse_gguf(Path(path))  # before "no config.json / safetensors": name what it is
     path = open_dir(path, "DFlash drafter")
     raw = read_json(path / "config.json")
     ws = files.scan(path, require=require_weights, what="drafter")
@@ -138,12 +159,16 @@ def read_drafter(path: str | Path, require_weights: bool = True) -> DrafterSpec:
         detail = " ".join(first[:3]) if first else type(exc).__name__
         raise CheckpointError(f"{path / 'config.json'}: invalid drafter config: {detail}") from exc
     spec = DrafterSpec(path, norm.format, config, raw, norm, ws, warnings=list(ws.warnings))
-    if norm.format == "jetspec":   # where it runs right, and where it is refused (format_guards)
-        norm.notes.append("JetSpec runs on dflash-trt's runtime (reference, ONNX / TensorRT graphs); "
-                          + (format_guards.trtllm_refusal(True) or ""))
+    if norm.format == "jetspec":  # where it runs right, and where it is refused (format_guards)
+        norm.notes.append(
+            "JetSpec runs on dflash-trt's runtime (reference, ONNX / TensorRT graphs); "
+            + (format_guards.trtllm_refusal(True) or "")
+        )
     if norm.defaulted:
-        spec.warnings.append(f"drafter config.json omits {', '.join(norm.defaulted)}; using the "
-                             f"{raw.get('model_type') or 'qwen3'} defaults")
+        spec.warnings.append(
+            f"drafter config.json omits {', '.join(norm.defaulted)}; using the "
+            f"{raw.get('model_type') or 'qwen3'} defaults"
+        )
     if ws.present:
         _check_tensors(spec)
     return spec
@@ -154,18 +179,24 @@ def _check_tensors(spec: DrafterSpec) -> None:
     got = spec.drafter_tensors()
     where = spec.path
     if spec.config.draft_vocab_size and not {"lm_head.weight", "d2t"} <= set(got):
-        raise CheckpointError(f"{where}: reduced draft vocabulary ({spec.config.draft_vocab_size}) but no "
-                              "lm_head.weight/d2t in the weights; the drafter's own head is missing (replacing "
-                              "it with the target's destroys acceptance): download the complete drafter")
+        raise CheckpointError(
+            f"{where}: reduced draft vocabulary ({spec.config.draft_vocab_size}) but no "
+            "lm_head.weight/d2t in the weights; the drafter's own head is missing (replacing "
+            "it with the target's destroys acceptance): download the complete drafter"
+        )
     missing = sorted(set(expected) - set(got))
     family_of(spec.config).check_tensors(missing, where)  # what the family adds, first: its absence says more
     if missing:
-        raise CheckpointError(f"{where}: drafter weights lack {missing[0]} ({len(missing)} missing); "
-                              "incomplete download, or config.json does not describe these weights")
+        raise CheckpointError(
+            f"{where}: drafter weights lack {missing[0]} ({len(missing)} missing); "
+            "incomplete download, or config.json does not describe these weights"
+        )
     unexpected = sorted(set(got) - set(expected))
     if unexpected:
-        raise CheckpointError(f"{where}: unexpected drafter tensor {unexpected[0]} ({len(unexpected)} in all) "
-                              f"for a {spec.format} drafter; config.json does not describe these weights")
+        raise CheckpointError(
+            f"{where}: unexpected drafter tensor {unexpected[0]} ({len(unexpected)} in all) "
+            f"for a {spec.format} drafter; config.json does not describe these weights"
+        )
     for name, shape in expected.items():
         info = got[name]
         if info.shape != shape:
@@ -173,13 +204,16 @@ def _check_tensors(spec: DrafterSpec) -> None:
             raise CheckpointError(
                 f"{where / info.file}: tensor {name} has shape {list(info.shape)}, config.json implies "
                 f"{list(shape)} (hidden_size {c.hidden_size}, heads {c.num_attention_heads}x{c.head_dim}, "
-                f"kv {c.num_key_value_heads}, {len(c.target_layer_ids)} target layers)")
+                f"kv {c.num_key_value_heads}, {len(c.target_layer_ids)} target layers)"
+            )
     if spec.config.draft_vocab_size and got["d2t"].dtype not in ("I64", "I32"):
         raise CheckpointError(f"{where}: d2t must hold integers, found {got['d2t'].dtype}")
     t2d = spec.weights.tensors.get(spec.norm.prefix + "t2d")
     if t2d is not None and t2d.shape != (spec.config.vocab_size,):
-        raise CheckpointError(f"{where}: t2d has shape {list(t2d.shape)}, expected [{spec.config.vocab_size}] "
-                              "(one entry per target token)")
+        raise CheckpointError(
+            f"{where}: t2d has shape {list(t2d.shape)}, expected [{spec.config.vocab_size}] "
+            "(one entry per target token)"
+        )
     floats = {t.dtype for n, t in got.items() if n != "d2t"}
     if len(floats) > 1:
         spec.warnings.append(f"drafter weights mix dtypes {sorted(floats)}")
@@ -191,6 +225,7 @@ def _check_tensors(spec: DrafterSpec) -> None:
 def _absolute_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, spec: DrafterSpec) -> torch.Tensor:
     """Draft id -> absolute target id (speculators stores offsets; validated against t2d)."""
     import torch  # start-up: torch
+
     vocab = spec.config.vocab_size
     d2t = d2t.long()
     candidates = [d2t + torch.arange(len(d2t)), d2t] if spec.norm.d2t_offsets else [d2t]
@@ -202,9 +237,10 @@ def _absolute_d2t(d2t: torch.Tensor, t2d: torch.Tensor | None, spec: DrafterSpec
             if spec.norm.d2t_offsets and absolute is d2t:
                 spec.warnings.append("d2t holds absolute ids, not speculators offsets (checked against t2d)")
             return absolute
-    raise CheckpointError(f"{spec.path}: d2t does not map the draft vocabulary into the target's "
-                          f"{vocab} ids consistently" + (" with t2d" if t2d is not None else "")
-                          + "; the vocabulary maps are corrupt")
+    raise CheckpointError(
+        f"{spec.path}: d2t does not map the draft vocabulary into the target's "
+        f"{vocab} ids consistently" + (" with t2d" if t2d is not None else "") + "; the vocabulary maps are corrupt"
+    )
 
 
 def load_state(spec: DrafterSpec) -> dict[str, torch.Tensor]:

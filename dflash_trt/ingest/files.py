@@ -29,10 +29,23 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit
 # The names are the safetensors format's own (huggingface/safetensors, ``Dtype`` in
 # safetensors/src/tensor.rs); F4 packs two elements per byte.
 DTYPES: dict[str, tuple[int, str | None]] = {
-    "F32": (32, "float32"), "BF16": (16, "bfloat16"), "F16": (16, "float16"), "F64": (64, "float64"),
-    "F8_E4M3": (8, "float8_e4m3fn"), "F8_E5M2": (8, "float8_e5m2"), "F8_E8M0": (8, None), "F4": (4, None),
-    "BOOL": (8, "bool"), "U8": (8, "uint8"), "I8": (8, "int8"), "I16": (16, "int16"), "U16": (16, None),
-    "I32": (32, "int32"), "U32": (32, None), "I64": (64, "int64"), "U64": (64, None),
+    "F32": (32, "float32"),
+    "BF16": (16, "bfloat16"),
+    "F16": (16, "float16"),
+    "F64": (64, "float64"),
+    "F8_E4M3": (8, "float8_e4m3fn"),
+    "F8_E5M2": (8, "float8_e5m2"),
+    "F8_E8M0": (8, None),
+    "F4": (4, None),
+    "BOOL": (8, "bool"),
+    "U8": (8, "uint8"),
+    "I8": (8, "int8"),
+    "I16": (16, "int16"),
+    "U16": (16, None),
+    "I32": (32, "int32"),
+    "U32": (32, None),
+    "I64": (64, "int64"),
+    "U64": (64, None),
 }
 # The torch dtypes the reference runtime computes in (``--dtype``), in the order the CLI lists them.
 RUNTIME_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -42,8 +55,17 @@ FLOAT_DTYPES = frozenset(name for name, torch in TORCH_NAMES.items() if torch in
 
 # What a tokenizer is made of (Hugging Face tokenizers, sentencepiece, BPE vocab/merges, chat
 # template), plus any ``*.tiktoken``: the files listed for a target and copied into a bundle.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                   "added_tokens.json", "vocab.json", "merges.txt", "spiece.model", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "chat_template.jinja",
+)
 TOKENIZER_SUFFIXES = (".tiktoken",)
 
 
@@ -61,8 +83,11 @@ def tokenizer_files(directory: Path) -> list[str]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(p.name for p in directory.iterdir()
-                  if p.is_file() and (p.name in TOKENIZER_FILES or p.suffix in TOKENIZER_SUFFIXES))
+    return sorted(
+        p.name
+        for p in directory.iterdir()
+        if p.is_file() and (p.name in TOKENIZER_FILES or p.suffix in TOKENIZER_SUFFIXES)
+    )
 
 
 @dataclass(frozen=True)
@@ -116,9 +141,17 @@ def check_regular(path: Path) -> None:
     except OSError:
         return
     if not stat.S_ISREG(mode):
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
-                "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "not a plain file")
+        kind = (
+            "a directory"
+            if stat.S_ISDIR(mode)
+            else "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a plain file"
+        )
         raise CheckpointError(f"{path}: is {kind}, not a regular file; dflash-trt reads only regular files")
 
 
@@ -134,7 +167,7 @@ def refuse_special(root: Path, what: str = "checkpoint") -> None:
                 try:
                     mode = p.stat().st_mode
                 except OSError:
-                    continue   # a dangling symlink: whoever needs the file says it is missing
+                    continue  # a dangling symlink: whoever needs the file says it is missing
                 if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                     check_regular(p)
 
@@ -148,12 +181,15 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         with path.open("rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header); "
-                                      "download it again")
+                raise CheckpointError(
+                    f"{path}: truncated safetensors file ({size} bytes, no header); download it again"
+                )
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER_BYTES or 8 + n > size:
-                raise CheckpointError(f"{path}: corrupt or truncated safetensors header (claims {n} bytes, "
-                                      f"file has {size}); download it again")
+                raise CheckpointError(
+                    f"{path}: corrupt or truncated safetensors header (claims {n} bytes, "
+                    f"file has {size}); download it again"
+                )
             raw = f.read(n)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from exc
@@ -175,26 +211,36 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             numel *= d
         want = (numel * DTYPE_BITS[dtype] + 7) // 8
         if not 0 <= begin <= end or end - begin != want:
-            raise CheckpointError(f"{path}: tensor {tname} {dtype}{list(shape)} should take {want} bytes, "
-                                  f"the header gives {end - begin}; the file is corrupt")
+            raise CheckpointError(
+                f"{path}: tensor {tname} {dtype}{list(shape)} should take {want} bytes, "
+                f"the header gives {end - begin}; the file is corrupt"
+            )
         end_max = max(end_max, end)
         spans.append((begin, end, tname))
         tensors[tname] = TensorInfo(dtype, shape, name, end - begin)
     _check_disjoint(path, spans)
     if end_max > data:
-        raise CheckpointError(f"{path}: truncated safetensors file ({data} data bytes, tensors need "
-                              f"{end_max}); download it again")
+        raise CheckpointError(
+            f"{path}: truncated safetensors file ({data} data bytes, tensors need {end_max}); download it again"
+        )
     return tensors
 
 
 def _entry(path: Path, tname: str, info) -> tuple[str, tuple[int, ...], int, int]:
     """One header entry's (dtype, shape, begin, end), each of the type the format defines."""
-    ok = isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list) \
-        and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
+    ok = (
+        isinstance(info, dict)
+        and isinstance(info.get("dtype"), str)
+        and isinstance(info.get("shape"), list)
+        and isinstance(info.get("data_offsets"), list)
+        and len(info["data_offsets"]) == 2
+    )
     ints = lambda xs: all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs)  # noqa: E731
     if not ok or not ints(info["shape"]) or not ints(info["data_offsets"]):
-        raise CheckpointError(f"{path}: corrupt safetensors header entry for {tname!r} (dtype, shape and "
-                              "data_offsets must be a string, a list of sizes and two byte offsets)")
+        raise CheckpointError(
+            f"{path}: corrupt safetensors header entry for {tname!r} (dtype, shape and "
+            "data_offsets must be a string, a list of sizes and two byte offsets)"
+        )
     if info["dtype"] not in DTYPE_BITS:
         raise CheckpointError(f"{path}: tensor {tname} has unknown dtype {info['dtype']!r}")
     begin, end = info["data_offsets"]
@@ -206,8 +252,9 @@ def _check_disjoint(path: Path, spans: list[tuple[int, int, str]]) -> None:
     spans.sort()
     for (_b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:], strict=False):
         if b1 < e0 and e1 > b1:
-            raise CheckpointError(f"{path}: tensors {n0} and {n1} overlap in the file (bytes {b1}..{min(e0, e1)}); "
-                                  "the file is corrupt")
+            raise CheckpointError(
+                f"{path}: tensors {n0} and {n1} overlap in the file (bytes {b1}..{min(e0, e1)}); the file is corrupt"
+            )
 
 
 def read_headers(directory: Path) -> dict[str, TensorInfo]:
@@ -253,8 +300,10 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
         shards = sorted(set(_shard_names(index_path, weight_map)))
         missing = [s for s in shards if not (root / s).is_file()]
         if missing and (require or len(missing) < len(shards)):
-            raise CheckpointError(f"{root}: shard {missing[0]} listed in {INDEX_NAME} is missing "
-                                  f"({len(missing)} of {len(shards)} missing); download the checkpoint again")
+            raise CheckpointError(
+                f"{root}: shard {missing[0]} listed in {INDEX_NAME} is missing "
+                f"({len(missing)} of {len(shards)} missing); download the checkpoint again"
+            )
         if missing:  # config-only directory that kept its index
             ws.warnings.append(f"{what}: weights absent ({len(shards)} shards listed in {INDEX_NAME})")
             return ws
@@ -263,8 +312,10 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
         files = sorted(root.glob("*.safetensors"))
     if not files:
         if ws.pickled:
-            raise CheckpointError(f"{root}: only pickled weights ({ws.pickled[0].name}); dflash-trt loads "
-                                  "safetensors only (never pickle): use the safetensors revision of this model")
+            raise CheckpointError(
+                f"{root}: only pickled weights ({ws.pickled[0].name}); dflash-trt loads "
+                "safetensors only (never pickle): use the safetensors revision of this model"
+            )
         if require:
             raise CheckpointError(f"{root}: no .safetensors weights in this {what} directory")
         ws.warnings.append(f"{what}: weights absent (config only)")
@@ -272,16 +323,20 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
     for f in files:
         for tname, info in read_header(f).items():
             if tname in ws.tensors:
-                raise CheckpointError(f"{root}: tensor {tname} appears in both {ws.tensors[tname].file} and "
-                                      f"{info.file}; the checkpoint is inconsistent")
+                raise CheckpointError(
+                    f"{root}: tensor {tname} appears in both {ws.tensors[tname].file} and "
+                    f"{info.file}; the checkpoint is inconsistent"
+                )
             ws.tensors[tname] = info
     ws.files = files
     if index is not None:
         for tname, shard in weight_map.items():
             got = ws.tensors.get(tname)
             if got is None or got.file != Path(shard).name:
-                raise CheckpointError(f"{root}: {INDEX_NAME} puts {tname} in {shard}, which does not hold it; "
-                                      "the shards are from different revisions: download again")
+                raise CheckpointError(
+                    f"{root}: {INDEX_NAME} puts {tname} in {shard}, which does not hold it; "
+                    "the shards are from different revisions: download again"
+                )
         meta = index.get("metadata")
         total = meta.get("total_size") if isinstance(meta, dict) else None
         have = sum(t.nbytes for t in ws.tensors.values())
@@ -300,8 +355,10 @@ def checkpoint_file(root: Path, path: Path) -> Path:
     real, base = Path(path).resolve(), Path(root).resolve()
     stores = [base] + ([base.parent.parent / "blobs"] if base.parent.name == "snapshots" else [])
     if not any(s in real.parents for s in stores):
-        raise CheckpointError(f"{path}: a symlink to {real}, outside the checkpoint {root} and its store; "
-                              "dflash-trt copies only the checkpoint's own files: replace the link by the file")
+        raise CheckpointError(
+            f"{path}: a symlink to {real}, outside the checkpoint {root} and its store; "
+            "dflash-trt copies only the checkpoint's own files: replace the link by the file"
+        )
     return real
 
 

@@ -36,14 +36,16 @@ MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim
 # GGUF-only drafters the project knows, and what to use instead
 GGUF_ONLY = {
     "incoai/Qwen3.8-27B-DFlash2-GGUF": "use its safetensors original z-lab/Qwen3.8-27B-DFlash2 (recipe "
-                                       "qwen3.8-27b-dflash2-h200-fp8)",
+    "qwen3.8-27b-dflash2-h200-fp8)",
     "nvidia/NVIDIA-Nemotron-3.5-Bolt-E4B-4GB-DFlash": "no safetensors release or conversion is known",
 }
 
 
 # drafters a source describes as a refused format, refused by id before anything is read
-BY_ID = {"deepseek-ai/dflash_gemma4_12b_block7": "a Gemma-4 backbone (model_type gemma4_text), whose layers "
-         "dflash-trt and TensorRT-LLM would run as Qwen3 layers: use z-lab's qwen3-backbone gemma-4 drafter"}
+BY_ID = {
+    "deepseek-ai/dflash_gemma4_12b_block7": "a Gemma-4 backbone (model_type gemma4_text), whose layers "
+    "dflash-trt and TensorRT-LLM would run as Qwen3 layers: use z-lab's qwen3-backbone gemma-4 drafter"
+}
 
 
 def refused_id(ref: str) -> str | None:
@@ -69,20 +71,29 @@ def refuse(cfg: dict, names: list[str], where: str) -> None:
     d = _dcfg(cfg)
     archs = [str(a) for a in cfg.get("architectures") or []]
     marks = [*archs, str(cfg.get("model_type") or ""), str(d.get("projector_type") or cfg.get("projector_type") or "")]
-    if (any("lilicorr" in m.lower() for m in marks) or any(k.startswith("correlator") for k in (*cfg, *d))
-            or any(n.split(".", 1)[0].endswith("correlator") for n in names)):
-        raise CheckpointError(f"{where}: this is a LiLiCorr drafter (a DFlash backbone plus a learned correlator); "
-                              "neither dflash-trt nor TensorRT-LLM runs the correlator, and the backbone alone "
-                              "underperforms: serve it with vLLM (ModelRunnerV2), llama.cpp or Edge-LLM 0.12")
+    if (
+        any("lilicorr" in m.lower() for m in marks)
+        or any(k.startswith("correlator") for k in (*cfg, *d))
+        or any(n.split(".", 1)[0].endswith("correlator") for n in names)
+    ):
+        raise CheckpointError(
+            f"{where}: this is a LiLiCorr drafter (a DFlash backbone plus a learned correlator); "
+            "neither dflash-trt nor TensorRT-LLM runs the correlator, and the backbone alone "
+            "underperforms: serve it with vLLM (ModelRunnerV2), llama.cpp or Edge-LLM 0.12"
+        )
     mode = str(d.get("attention_mode") or cfg.get("attention_mode") or "").lower()
     if mode == "mla" or any("KimiK3DFlash" in a for a in archs) or any(k in cfg or k in d for k in MLA_KEYS):
-        raise CheckpointError(f"{where}: this is an MLA DFlash drafter (multi-head latent attention draft layers); "
-                              "dflash-trt's draft layers and TensorRT-LLM's DFlash path (_validate_gqa_shape) are "
-                              "GQA only: serve it with the engine it was trained for (SpecForge / SGLang, NeMo)")
+        raise CheckpointError(
+            f"{where}: this is an MLA DFlash drafter (multi-head latent attention draft layers); "
+            "dflash-trt's draft layers and TensorRT-LLM's DFlash path (_validate_gqa_shape) are "
+            "GQA only: serve it with the engine it was trained for (SpecForge / SGLang, NeMo)"
+        )
     if str(cfg.get("model_type") or "") in ("gemma4", "gemma4_text"):
-        raise CheckpointError(f"{where}: this DFlash drafter has a Gemma-4 backbone (model_type "
-                              f"{cfg['model_type']}); dflash-trt and TensorRT-LLM would run its layers as Qwen3 "
-                              "layers: use a qwen3-backbone drafter for the target (z-lab's gemma-4 drafters)")
+        raise CheckpointError(
+            f"{where}: this DFlash drafter has a Gemma-4 backbone (model_type "
+            f"{cfg['model_type']}); dflash-trt and TensorRT-LLM would run its layers as Qwen3 "
+            "layers: use a qwen3-backbone drafter for the target (z-lab's gemma-4 drafters)"
+        )
 
 
 def nemo_alias(cfg: dict) -> list[str]:
@@ -102,16 +113,20 @@ def refuse_gguf(root: Path, ref: str | None = None) -> None:
     if hint is None and not (ggufs and not any(root.glob("*.safetensors"))):
         return
     name = ref or str(root)
-    raise CheckpointError(f"{name}: the drafter is published as GGUF only ({', '.join(ggufs) or 'GGUF files'}); "
-                          "dflash-trt loads safetensors only: " + (hint or "convert it to a safetensors z-lab "
-                          "checkpoint first (no conversion for DFlash drafters is known)"))
+    raise CheckpointError(
+        f"{name}: the drafter is published as GGUF only ({', '.join(ggufs) or 'GGUF files'}); "
+        "dflash-trt loads safetensors only: "
+        + (hint or "convert it to a safetensors z-lab checkpoint first (no conversion for DFlash drafters is known)")
+    )
 
 
 def trtllm_refusal(causal: bool | None) -> str | None:
     """One line when a drafter whose config sets ``causal`` must not be served by TensorRT-LLM."""
     if causal is not True:
         return None
-    return ("JetSpec drafter (dflash_config.causal: true, in-block causal attention): TensorRT-LLM's DFlash loader "
-            "does not read causal and would run the block bidirectionally, drafting from what it was not trained "
-            "on; build with --graphs (dflash-trt's TensorRT engines apply causal) or run the pair on the reference "
-            "runtime (dflash-trt generate / bench / serve)")
+    return (
+        "JetSpec drafter (dflash_config.causal: true, in-block causal attention): TensorRT-LLM's DFlash loader "
+        "does not read causal and would run the block bidirectionally, drafting from what it was not trained "
+        "on; build with --graphs (dflash-trt's TensorRT engines apply causal) or run the pair on the reference "
+        "runtime (dflash-trt generate / bench / serve)"
+    )

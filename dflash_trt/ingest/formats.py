@@ -65,21 +65,21 @@ class Normalised:
     """How one published drafter maps onto the z-lab form."""
 
     format: str
-    zlab: dict                       # config.json in z-lab form (input of DrafterConfig.from_zlab)
-    published_layer_ids: list[int]   # as written in the checkpoint
-    layer_convention: str            # "zlab" (decoder layer i) or "output_hidden_states" (i + 1)
-    prefix: str = ""                 # stripped from every tensor name
-    d2t_offsets: bool = False        # speculators: d2t holds offsets, not absolute ids
+    zlab: dict  # config.json in z-lab form (input of DrafterConfig.from_zlab)
+    published_layer_ids: list[int]  # as written in the checkpoint
+    layer_convention: str  # "zlab" (decoder layer i) or "output_hidden_states" (i + 1)
+    prefix: str = ""  # stripped from every tensor name
+    d2t_offsets: bool = False  # speculators: d2t holds offsets, not absolute ids
     defaulted: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    family: str = "dflash"           # the drafter family (``model.DrafterFamily``) whose tensors these are
+    family: str = "dflash"  # the drafter family (``model.DrafterFamily``) whose tensors these are
 
     def rename(self, name: str) -> str | None:
         """The z-lab name of a published tensor, or None when it is not the drafter's."""
         if self.prefix:
             if not name.startswith(self.prefix):
                 return None
-            name = name[len(self.prefix):]
+            name = name[len(self.prefix) :]
         if name in TARGET_OWNED or name.startswith("rotary_emb.") or name == "t2d":
             return None
         if name == "lm_head.weight" and not self.zlab["dflash_config"].get("draft_vocab_size"):
@@ -95,7 +95,7 @@ def _dcfg(cfg: dict) -> dict:
 def _base(name: str) -> str:
     for p in STRIPPABLE_PREFIXES:
         if name.startswith(p):
-            return name[len(p):]
+            return name[len(p) :]
     return name
 
 
@@ -104,18 +104,28 @@ def _refuse_other_families(cfg: dict, names: list[str], where: str) -> None:
     archs = [str(a) for a in cfg.get("architectures") or []]
     spec_type = str(cfg.get("speculators_model_type") or "")
     projector = str(d.get("projector_type") or cfg.get("projector_type") or "dflash")
-    if (spec_type == "dspark" or any("dspark" in a.lower() for a in archs) or projector == "dspark"
-            or "markov_rank" in cfg or "markov_rank" in d
-            or any(_base(n).startswith(("markov_", "confidence_head.", "confidence_proj.")) for n in names)):
-        raise CheckpointError(f"{where}: this is a DSpark drafter (Markov/confidence heads), not DFlash; "
-                              "dflash-trt serves DFlash drafters only: use the model's DFlash drafter")
+    if (
+        spec_type == "dspark"
+        or any("dspark" in a.lower() for a in archs)
+        or projector == "dspark"
+        or "markov_rank" in cfg
+        or "markov_rank" in d
+        or any(_base(n).startswith(("markov_", "confidence_head.", "confidence_proj.")) for n in names)
+    ):
+        raise CheckpointError(
+            f"{where}: this is a DSpark drafter (Markov/confidence heads), not DFlash; "
+            "dflash-trt serves DFlash drafters only: use the model's DFlash drafter"
+        )
     if spec_type == "dflash2" or ("dflash2_config" in cfg and "dflash_config" not in cfg):
-        raise CheckpointError(f"{where}: DFlash2 in the speculators layout is not supported; use the drafter "
-                              "in its published z-lab form (DFlash2DraftModel with dflash_config)")
-    format_guards.refuse(cfg, names, where)   # LiLiCorr, MLA, Gemma-4 backbones
+        raise CheckpointError(
+            f"{where}: DFlash2 in the speculators layout is not supported; use the drafter "
+            "in its published z-lab form (DFlash2DraftModel with dflash_config)"
+        )
+    format_guards.refuse(cfg, names, where)  # LiLiCorr, MLA, Gemma-4 backbones
     if projector == "domino" or any(_base(n).startswith(("prefix_gru.", "embed_proj.")) for n in names):
-        raise CheckpointError(f"{where}: Domino drafters (DFlash + causal correction head) are not supported; "
-                              "use a plain DFlash drafter")
+        raise CheckpointError(
+            f"{where}: Domino drafters (DFlash + causal correction head) are not supported; use a plain DFlash drafter"
+        )
     if projector != "dflash":
         raise CheckpointError(f"{where}: unknown DFlash projector_type {projector!r}; only 'dflash' is supported")
     if d.get("attention_sink_bias") or cfg.get("attention_sink_bias"):
@@ -138,16 +148,22 @@ def detect(cfg: dict, names: list[str], root: Path) -> str:
         if _is_modelopt(cfg, names, root):
             return "modelopt"
         if format_guards.is_jetspec(cfg):
-            return "jetspec"   # z-lab form, in-block causal (format_guards)
+            return "jetspec"  # z-lab form, in-block causal (format_guards)
         return "zlab" if "block_size" in _dcfg(cfg) or "block_size" not in cfg else "zlab-v1"
     if cfg.get("auto_map") and (not archs or not all(_known_arch(a) for a in archs)):
-        raise CheckpointError(f"{where}: architecture {archs or '?'} is only defined by custom code in the "
-                              "checkpoint (auto_map), which dflash-trt never runs; this is not a DFlash drafter")
+        raise CheckpointError(
+            f"{where}: architecture {archs or '?'} is only defined by custom code in the "
+            "checkpoint (auto_map), which dflash-trt never runs; this is not a DFlash drafter"
+        )
     if any(a.endswith(CAUSAL_LM_SUFFIXES) for a in archs):
-        raise CheckpointError(f"{where}: {archs[0]} is a language model, not a DFlash drafter "
-                              "(no dflash_config / speculators_config); did you swap --target and --drafter?")
-    raise CheckpointError(f"{where}: unknown drafter format (no dflash_config, speculators_config or "
-                          "DFlashDraftModel architecture); supported: z-lab, speculators, ModelOpt exports, DFlash2")
+        raise CheckpointError(
+            f"{where}: {archs[0]} is a language model, not a DFlash drafter "
+            "(no dflash_config / speculators_config); did you swap --target and --drafter?"
+        )
+    raise CheckpointError(
+        f"{where}: unknown drafter format (no dflash_config, speculators_config or "
+        "DFlashDraftModel architecture); supported: z-lab, speculators, ModelOpt exports, DFlash2"
+    )
 
 
 def _known_arch(arch: str) -> bool:
@@ -181,8 +197,17 @@ def _class_defaults(model_type: str) -> dict:
     # to_dict, not getattr: a heterogeneous config (gemma-4: head_dim per layer type) raises on
     # the global read of a per-layer attribute.
     full = c.to_dict()
-    d = {k: full.get(k) for k in ("head_dim", "rms_norm_eps", "max_position_embeddings",
-                                  "vocab_size", "intermediate_size", "attention_bias")}
+    d = {
+        k: full.get(k)
+        for k in (
+            "head_dim",
+            "rms_norm_eps",
+            "max_position_embeddings",
+            "vocab_size",
+            "intermediate_size",
+            "attention_bias",
+        )
+    }
     theta, scaling = flatten_rope(full)
     d.update(rope_theta=theta, rope_scaling=scaling)
     return {k: v for k, v in d.items() if v is not None}
@@ -229,8 +254,7 @@ def _zlab(cfg: dict, names: list[str], root: Path, fmt: str) -> Normalised:
     ids = d.get("target_layer_ids") or cfg.get("target_layer_ids")
     if not ids:
         raise CheckpointError(f"{where}: no target_layer_ids (the target layers the drafter reads)")
-    return Normalised(fmt, z, list(ids), "zlab",
-                      prefix=prefix, defaulted=defaulted, notes=notes)
+    return Normalised(fmt, z, list(ids), "zlab", prefix=prefix, defaulted=defaulted, notes=notes)
 
 
 def _speculators(cfg: dict, names: list[str], root: Path) -> Normalised:
@@ -239,15 +263,18 @@ def _speculators(cfg: dict, names: list[str], root: Path) -> Normalised:
     full = _speculators_decoder(cfg, where)
     aux, vocab, draft_vocab = _speculators_ids(cfg, full, where)
     z = _speculators_zlab(cfg, full, aux, vocab, draft_vocab)
-    notes = [f"aux_hidden_state_layer_ids {aux} (output_hidden_states indices) -> z-lab ids "
-             f"{z['dflash_config']['target_layer_ids']}"]
+    notes = [
+        f"aux_hidden_state_layer_ids {aux} (output_hidden_states indices) -> z-lab ids "
+        f"{z['dflash_config']['target_layer_ids']}"
+    ]
     if draft_vocab < vocab:
         notes.append(f"reduced draft vocabulary {draft_vocab}/{vocab}: the drafter keeps its own lm_head and d2t")
     verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
     if verifier.get("name_or_path"):
         notes.append(f"trained against {verifier['name_or_path']}")
-    return Normalised("speculators", z, list(aux), "output_hidden_states", prefix=_prefix(names, where),
-                      d2t_offsets=True, notes=notes)
+    return Normalised(
+        "speculators", z, list(aux), "output_hidden_states", prefix=_prefix(names, where), d2t_offsets=True, notes=notes
+    )
 
 
 def _speculators_decoder(cfg: dict, where: str) -> dict:
@@ -259,8 +286,10 @@ def _speculators_decoder(cfg: dict, where: str) -> dict:
         raise CheckpointError(f"{where}: speculators config without transformer_layer_config")
     for flag in ("sample_from_anchor", "shift_label"):
         if cfg.get(flag):
-            raise CheckpointError(f"{where}: {flag}=true changes what each block position predicts; "
-                                  "only standard DFlash drafters are supported")
+            raise CheckpointError(
+                f"{where}: {flag}=true changes what each block position predicts; "
+                "only standard DFlash drafters are supported"
+            )
     tl = _one_window(tl, f"{where}: transformer_layer_config")
     model_type = str(tl.get("model_type") or "qwen3")
     try:
@@ -268,8 +297,10 @@ def _speculators_decoder(cfg: dict, where: str) -> dict:
         # transformers' Qwen3Config drops the window unless use_sliding_window: keep the published one
         return {**full, "sliding_window": tl["sliding_window"]}
     except (KeyError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{where}: transformer_layer_config (model_type {model_type!r}) is not a "
-                              f"transformers config: {str(exc).splitlines()[0]}") from exc
+        raise CheckpointError(
+            f"{where}: transformer_layer_config (model_type {model_type!r}) is not a "
+            f"transformers config: {str(exc).splitlines()[0]}"
+        ) from exc
 
 
 def _speculators_ids(cfg: dict, full: dict, where: str) -> tuple[list[int], int, int]:
@@ -278,14 +309,18 @@ def _speculators_ids(cfg: dict, full: dict, where: str) -> tuple[list[int], int,
     if not aux:
         raise CheckpointError(f"{where}: aux_hidden_state_layer_ids is missing")
     if min(aux) < 1:
-        raise CheckpointError(f"{where}: aux_hidden_state_layer_ids {aux} include 0 (the embedding output), "
-                              "which the z-lab/TensorRT-LLM convention cannot express")
+        raise CheckpointError(
+            f"{where}: aux_hidden_state_layer_ids {aux} include 0 (the embedding output), "
+            "which the z-lab/TensorRT-LLM convention cannot express"
+        )
     if cfg.get("mask_token_id") is None:
         raise CheckpointError(f"{where}: mask_token_id is missing")
     hidden = full["hidden_size"]
     if cfg.get("target_hidden_size") not in (None, hidden):
-        raise CheckpointError(f"{where}: target_hidden_size {cfg['target_hidden_size']} != drafter hidden_size "
-                              f"{hidden}; cross-size drafters are not supported")
+        raise CheckpointError(
+            f"{where}: target_hidden_size {cfg['target_hidden_size']} != drafter hidden_size "
+            f"{hidden}; cross-size drafters are not supported"
+        )
     vocab = int(full["vocab_size"])
     draft_vocab = int(cfg.get("draft_vocab_size") or vocab)
     if not 0 < draft_vocab <= vocab:
@@ -301,11 +336,16 @@ def _one_window(tl: dict, where: str) -> dict:
     if isinstance(window, list):
         if types and len(window) != len(types):
             raise CheckpointError(f"{where}: {len(window)} per-layer sliding windows for {len(types)} layers")
-        sizes = {w for w, t in zip(window, types or ["sliding_attention"] * len(window), strict=True)
-                 if t == "sliding_attention" and w}
+        sizes = {
+            w
+            for w, t in zip(window, types or ["sliding_attention"] * len(window), strict=True)
+            if t == "sliding_attention" and w
+        }
         if len(sizes) > 1:
-            raise CheckpointError(f"{where}: per-layer sliding windows {sorted(sizes)} differ; the runtime and "
-                                  "TensorRT-LLM's DFlash path take one window for every sliding layer")
+            raise CheckpointError(
+                f"{where}: per-layer sliding windows {sorted(sizes)} differ; the runtime and "
+                "TensorRT-LLM's DFlash path take one window for every sliding layer"
+            )
         window = sizes.pop() if sizes else None
     if "sliding_attention" in types and not window:
         raise CheckpointError(f"{where}: sliding_attention layers without a sliding_window")
@@ -327,18 +367,28 @@ def _speculators_zlab(cfg: dict, full: dict, aux: list[int], vocab: int, draft_v
     if draft_vocab < vocab:
         dflash["draft_vocab_size"] = int(draft_vocab)
     return {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-        "block_size": int(cfg.get("block_size") or 8), "dflash_config": dflash,
-        "hidden_size": hidden, "intermediate_size": full["intermediate_size"],
-        "num_hidden_layers": full["num_hidden_layers"], "num_attention_heads": full["num_attention_heads"],
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": int(cfg.get("block_size") or 8),
+        "dflash_config": dflash,
+        "hidden_size": hidden,
+        "intermediate_size": full["intermediate_size"],
+        "num_hidden_layers": full["num_hidden_layers"],
+        "num_attention_heads": full["num_attention_heads"],
         "num_key_value_heads": full.get("num_key_value_heads") or full["num_attention_heads"],
         "head_dim": full.get("head_dim") or hidden // full["num_attention_heads"],
-        "vocab_size": vocab, "rms_norm_eps": full.get("rms_norm_eps", 1e-6),
-        "rope_theta": theta, "rope_scaling": scaling,
+        "vocab_size": vocab,
+        "rms_norm_eps": full.get("rms_norm_eps", 1e-6),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
         "max_position_embeddings": full.get("max_position_embeddings", 40960),
         "attention_bias": bool(full.get("attention_bias", False)),
-        "layer_types": types, "sliding_window": full.get("sliding_window") if sliding else None,
-        "dtype": full.get("dtype") or full.get("torch_dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
+        "layer_types": types,
+        "sliding_window": full.get("sliding_window") if sliding else None,
+        "dtype": full.get("dtype")
+        or full.get("torch_dtype")
+        or cfg.get("torch_dtype")
+        or cfg.get("dtype")
         or "bfloat16",
     }
 
@@ -370,9 +420,11 @@ def check_quantized(tensors: dict[str, TensorInfo], cfg: dict, root: Path) -> No
             algo = "unreadable"
     if quant or algo:
         what = algo or tensors[quant[0]].dtype
-        raise CheckpointError(f"{root}: quantized drafter ({what}); DFlash drafters must stay BF16, as peers keep "
-                              "them (SGLang --speculative-draft-model-quantization unquant; vLLM issue #51581): use "
-                              "the unquantized drafter (quantize the target instead)")
+        raise CheckpointError(
+            f"{root}: quantized drafter ({what}); DFlash drafters must stay BF16, as peers keep "
+            "them (SGLang --speculative-draft-model-quantization unquant; vLLM issue #51581): use "
+            "the unquantized drafter (quantize the target instead)"
+        )
 
 
 def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
@@ -382,15 +434,30 @@ def expected_shapes(cfg) -> dict[str, tuple[int, ...]]:
     out = {"fc.weight": (h, len(cfg.target_layer_ids) * h), "hidden_norm.weight": (h,), "norm.weight": (h,)}
     for n in range(cfg.num_hidden_layers):
         p = f"layers.{n}."
-        out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                    p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
-                    p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                    p + "mlp.down_proj.weight": (h, i),
-                    p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        out.update(
+            {
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "self_attn.q_norm.weight": (d,),
+                p + "self_attn.k_norm.weight": (d,),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
         if cfg.attention_bias:
-            out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                        p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (h,)})
+            out.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                    p + "self_attn.o_proj.bias": (h,),
+                }
+            )
     if cfg.draft_vocab_size:
         out["lm_head.weight"] = (cfg.draft_vocab_size, h)
         out["d2t"] = (cfg.draft_vocab_size,)

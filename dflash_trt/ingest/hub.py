@@ -23,8 +23,21 @@ ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "
 # What planning reads (configs, quantization config, tokenizer and chat template): no weights.
 CONFIG_PATTERNS = ["*.json", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
 _SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
-IGNORE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.py", "*.pyc", "*.msgpack", "*.h5",
-                   "*.gguf", "*.onnx", "*.tflite", "*.ot"]
+IGNORE_PATTERNS = [
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.pkl",
+    "*.py",
+    "*.pyc",
+    "*.msgpack",
+    "*.h5",
+    "*.gguf",
+    "*.onnx",
+    "*.tflite",
+    "*.ot",
+]
 
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))?$")
 
@@ -62,7 +75,7 @@ def reachable() -> bool:
         return True
     result: list[bool] = []
 
-    def probe() -> None:   # getaddrinfo ignores socket timeouts: the thread's join bounds it
+    def probe() -> None:  # getaddrinfo ignores socket timeouts: the thread's join bounds it
         try:
             socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
             result.append(True)
@@ -105,7 +118,7 @@ def expand_revision(repo_id: str, revision: str | None) -> str | None:
     folder = _repo_folder(repo_id)
     found = {p.name for p in (folder / "snapshots").glob(f"{revision}*") if p.is_dir()}
     refs = folder / "refs"
-    for ref in (refs.rglob("*") if refs.is_dir() else ()):
+    for ref in refs.rglob("*") if refs.is_dir() else ():
         if ref.is_file():
             sha = ref.read_text().strip()
             if sha.startswith(revision):
@@ -122,8 +135,14 @@ def _check_disk(repo_id: str, revision: str | None, ref: str, role: str, expecte
     if not expected_bytes or _offline():
         return
     try:
-        snapshot_download(repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=True,
-                          allow_patterns=ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS)
+        snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=_cache_dir(),
+            local_files_only=True,
+            allow_patterns=ALLOW_PATTERNS,
+            ignore_patterns=IGNORE_PATTERNS,
+        )
         return
     except (hf_errors.LocalEntryNotFoundError, OSError, ValueError):
         pass
@@ -134,12 +153,15 @@ def _check_disk(repo_id: str, revision: str | None, ref: str, role: str, expecte
     free = shutil.disk_usage(probe).free
     if free < expected_bytes:
         gib = 1 << 30
-        raise CheckpointError(f"{role} {ref!r}: needs {expected_bytes / gib:.1f} GiB of disk, {free / gib:.1f} GiB "
-                              f"free in {where}; free space or point HF_HUB_CACHE elsewhere")
+        raise CheckpointError(
+            f"{role} {ref!r}: needs {expected_bytes / gib:.1f} GiB of disk, {free / gib:.1f} GiB "
+            f"free in {where}; free space or point HF_HUB_CACHE elsewhere"
+        )
 
 
-def download(repo_id: str, revision: str | None, role: str, expected_bytes: int | None = None,
-             configs_only: bool = False) -> Path:
+def download(
+    repo_id: str, revision: str | None, role: str, expected_bytes: int | None = None, configs_only: bool = False
+) -> Path:
     """The local snapshot of ``repo_id`` (from the cache, downloading what is missing).
     ``expected_bytes`` (the checkpoint's size, when a recipe knows it) is checked against the
     cache's free disk space first. ``configs_only``: what planning reads, no weights."""
@@ -154,13 +176,22 @@ def download(repo_id: str, revision: str | None, role: str, expected_bytes: int 
     unreachable = not _offline() and not reachable()
     try:
         snapshot = snapshot_download(
-            repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=_offline() or unreachable,
-            allow_patterns=CONFIG_PATTERNS if configs_only else ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS,
+            repo_id,
+            revision=revision,
+            cache_dir=_cache_dir(),
+            local_files_only=_offline() or unreachable,
+            allow_patterns=CONFIG_PATTERNS if configs_only else ALLOW_PATTERNS,
+            ignore_patterns=IGNORE_PATTERNS,
         )
     except hf_errors.LocalEntryNotFoundError as exc:
         host = urlsplit(_endpoint()).hostname
-        why = ("HF_HUB_OFFLINE is set" if _offline() else
-               f"the hub ({host}) is unreachable" if unreachable else "the hub is unreachable")
+        why = (
+            "HF_HUB_OFFLINE is set"
+            if _offline()
+            else f"the hub ({host}) is unreachable"
+            if unreachable
+            else "the hub is unreachable"
+        )
         raise CheckpointError(
             f"{role} {ref!r}: not in the local Hugging Face cache and {why}; download it once with network "
             "access (or unset HF_HUB_OFFLINE), or pass a local directory"
@@ -178,8 +209,10 @@ def download(repo_id: str, revision: str | None, role: str, expected_bytes: int 
     except hf_errors.HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if status in (401, 403):
-            raise CheckpointError(f"{role} {ref!r}: access denied (HTTP {status}); check HF_TOKEN, and accept the "
-                                  f"terms at {terms} if the repository is gated") from exc
+            raise CheckpointError(
+                f"{role} {ref!r}: access denied (HTTP {status}); check HF_TOKEN, and accept the "
+                f"terms at {terms} if the repository is gated"
+            ) from exc
         raise CheckpointError(f"{role} {ref!r}: hub error: {str(exc).splitlines()[0]}") from exc
     except (OSError, ValueError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -26,9 +26,9 @@ class PairSpec:
     target: TargetSpec
     drafter: DrafterSpec
     report: PairReport
-    weights: bool                      # read as checkpoints (weights required), not config-only
-    serving_chat: dict                 # the target's template sha256 and thinking switch, as served
-    trained_chat: dict | None          # the chat settings the drafter was trained with (training.json)
+    weights: bool  # read as checkpoints (weights required), not config-only
+    serving_chat: dict  # the target's template sha256 and thinking switch, as served
+    trained_chat: dict | None  # the chat settings the drafter was trained with (training.json)
     drafter_quantization: dict | None  # a quantization block in the drafter's config (refused for TensorRT-LLM)
 
     @property
@@ -59,13 +59,24 @@ class PairSpec:
         return list(self.report.warnings)
 
 
-def read_pair(target_dir: str | Path, drafter_dir: str | Path, *, require_weights: bool = True,
-              enable_thinking: bool | None = None) -> PairSpec:
+def read_pair(
+    target_dir: str | Path,
+    drafter_dir: str | Path,
+    *,
+    require_weights: bool = True,
+    enable_thinking: bool | None = None,
+) -> PairSpec:
     """Read and check a pair (``validate_pair``'s refusals, one line each); ``enable_thinking``:
     the switch the deployment serves with (recorded beside the template's)."""
     t = read_target(target_dir, require_weights=require_weights)
     d = read_drafter(drafter_dir, require_weights=require_weights)
     report = check_pair(t, d, require_weights=require_weights)
-    return PairSpec(target=t, drafter=d, report=report, weights=require_weights,
-                    serving_chat=serving_chat(t.path, enable_thinking), trained_chat=trained_chat(d.path),
-                    drafter_quantization=target_quantization(d.path, d.raw_config))
+    return PairSpec(
+        target=t,
+        drafter=d,
+        report=report,
+        weights=require_weights,
+        serving_chat=serving_chat(t.path, enable_thinking),
+        trained_chat=trained_chat(d.path),
+        drafter_quantization=target_quantization(d.path, d.raw_config),
+    )

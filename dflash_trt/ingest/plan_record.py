@@ -30,12 +30,15 @@ class CurvePoint(_Row):
     draft_len: int = Field(description="What the targeted TensorRT-LLM release drafts at this batch size (0: off).")
     speedup: float = Field(description="Predicted tokens/s per user with drafting over without.")
     speedup_range: list[float] | None = Field(
-        None, description="[low, high] of the speedup from the leave-one-out errors of the rows it rests on.")
+        None, description="[low, high] of the speedup from the leave-one-out errors of the rows it rests on."
+    )
     range_basis: str | None = Field(None, description="What the range rests on (stack, GPU, levels, rows).")
     mtp_speedup: float | None = Field(
-        None, description="The target's own MTP heads' predicted speedup (only where the target has them).")
+        None, description="The target's own MTP heads' predicted speedup (only where the target has them)."
+    )
     winner: Literal["dflash", "mtp", "autoregressive"] | None = Field(
-        None, description="The arm the step model predicts fastest here.")
+        None, description="The arm the step model predicts fastest here."
+    )
 
 
 class Prediction(_Row):
@@ -77,7 +80,8 @@ class VllmPlan(_Row):
 
     num_speculative_tokens: int
     num_speculative_tokens_per_batch_size: list[list[int]] = Field(
-        description="[[batch_lo, batch_hi, K], ...], inclusive ranges; gaps inherit.")
+        description="[[batch_lo, batch_hi, K], ...], inclusive ranges; gaps inherit."
+    )
 
 
 class MeasuredArm(BaseModel):
@@ -179,8 +183,16 @@ class PlanMemory(_Row):
         return int(self._budget()["after_pool"])
 
 
-WRITTEN_WHEN_SET = {"tuned", "arms", "max_batch_size", "max_seq_len", "kv_cache_free_gpu_memory_fraction", "sized",
-                    "stack", "step_sources"}
+WRITTEN_WHEN_SET = {
+    "tuned",
+    "arms",
+    "max_batch_size",
+    "max_seq_len",
+    "kv_cache_free_gpu_memory_fraction",
+    "sized",
+    "stack",
+    "step_sources",
+}
 
 
 class Plan(_Row):
@@ -203,11 +215,13 @@ class Plan(_Row):
     schedule: Literal["max_concurrency", "draft_len_schedule", "none"]
     max_concurrency: int | None = None
     draft_len_schedule: dict[int, int] | None = Field(
-        None, description="TensorRT-LLM's {batch-size upper bound: draft length}.")
+        None, description="TensorRT-LLM's {batch-size upper bound: draft length}."
+    )
     curve: list[CurvePoint] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     draft_lengths: list[DraftRun] = Field(
-        default_factory=list, description="What the targeted release drafts at every batch size.")
+        default_factory=list, description="What the targeted release drafts at every batch size."
+    )
     trtllm_release: str
     max_num_tokens: int = Field(0, description="After the token budget (may be raised over the recipe's).")
     enable_chunked_prefill: bool = False
@@ -240,6 +254,7 @@ class Plan(_Row):
 
     def describe_draft_lengths(self) -> str:
         """``1-16: 15, 17-64: 12`` (what TensorRT-LLM drafts, by batch size)."""
+
         def one(r: DraftRun) -> str:
             span = f"{r.batch_from}" if r.batch_from == r.batch_to else f"{r.batch_from}-{r.batch_to}"
             return f"{span}: {r.draft_len if r.draft_len else 'off'}"

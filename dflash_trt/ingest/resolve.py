@@ -38,8 +38,14 @@ def embedded_names() -> list[str]:
     return sorted(str(p.parent.relative_to(root)) for p in root.glob("**/config.json"))
 
 
-def resolve(ref: str, role: str = "model", revision: str | None = None, expected_bytes: int | None = None,
-            configs_only: bool = False, hub_only: bool = False) -> Path:
+def resolve(
+    ref: str,
+    role: str = "model",
+    revision: str | None = None,
+    expected_bytes: int | None = None,
+    configs_only: bool = False,
+    hub_only: bool = False,
+) -> Path:
     """A local directory for a model reference.
 
     ``embedded:NAME`` -> the packaged asset; an existing directory -> itself;
@@ -51,16 +57,17 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
     """
     ref = str(ref)
     if ref.startswith(EMBEDDED_PREFIX):
-        path = embedded_dir(ref[len(EMBEDDED_PREFIX):])
+        path = embedded_dir(ref[len(EMBEDDED_PREFIX) :])
         if not (path / "config.json").exists():
             names = ", ".join(EMBEDDED_PREFIX + n for n in embedded_names())
             raise CheckpointError(f"{role} {ref!r}: no such embedded model; this installation has {names}")
         return path
-    if hub_only:   # a recipe's id that is not a local path by the recipe path rule
+    if hub_only:  # a recipe's id that is not a local path by the recipe path rule
         hub_id = hub.parse_hub_id(ref)
         if hub_id is None:
-            raise CheckpointError(f"{role} {ref!r}: not a hub id org/name[@revision]; a local directory starts "
-                                  "with ./, ../ or /")
+            raise CheckpointError(
+                f"{role} {ref!r}: not a hub id org/name[@revision]; a local directory starts with ./, ../ or /"
+            )
         return hub.download(hub_id[0], revision or hub_id[1], role, expected_bytes, configs_only=configs_only)
     try:
         path = Path(ref).expanduser()
@@ -77,8 +84,10 @@ def resolve(ref: str, role: str = "model", revision: str | None = None, expected
         raise CheckpointError(f"{role} {ref!r}: no such directory (nor a hub id org/name[@revision])")
     org = hub_id[0].split("/")[0]
     if Path(org).is_dir():  # "out/drafter" whose parent exists is a mistyped local path, not a hub id
-        raise CheckpointError(f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
-                              f"use an absolute path, or run elsewhere for the hub id)")
+        raise CheckpointError(
+            f"{role} {ref!r}: no such directory (read as a local path because ./{org} exists; "
+            f"use an absolute path, or run elsewhere for the hub id)"
+        )
     repo_id, rev = hub_id
     return hub.download(repo_id, revision or rev, role, expected_bytes, configs_only=configs_only)
 

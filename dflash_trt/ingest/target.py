@@ -40,8 +40,10 @@ def _kv_scheme_algo(scheme) -> str | None:
 
 
 def _is_modelopt(raw: dict) -> bool:
-    return (str(raw.get("quant_method", "")).lower().startswith("modelopt")
-            or (raw.get("producer") or {}).get("name") == "modelopt")
+    return (
+        str(raw.get("quant_method", "")).lower().startswith("modelopt")
+        or (raw.get("producer") or {}).get("name") == "modelopt"
+    )
 
 
 def read_modelopt_quant_config(raw: dict) -> dict | None:
@@ -58,8 +60,11 @@ def read_modelopt_quant_config(raw: dict) -> dict | None:
         return dict(raw["quantization"])
     if not _is_modelopt(raw):
         return None
-    out = {k: v for k, v in raw.items() if k not in ("producer", "quant_method", "ignore", "kv_cache_scheme",
-                                                         "config_groups")}
+    out = {
+        k: v
+        for k, v in raw.items()
+        if k not in ("producer", "quant_method", "ignore", "kv_cache_scheme", "config_groups")
+    }
     if "ignore" in raw:
         out["exclude_modules"] = raw["ignore"]
     out["kv_cache_quant_algo"] = _kv_scheme_algo(raw.get("kv_cache_scheme"))
@@ -84,10 +89,15 @@ def target_quantization(target_dir: str | Path, config: dict | None = None) -> d
         data = read_json(hq)
         q = read_modelopt_quant_config(data) or {}
         if q.get("quant_algo") or q.get("kv_cache_quant_algo"):
-            return {"method": "modelopt", "quant_algo": q.get("quant_algo"),
-                    "kv_cache_quant_algo": q.get("kv_cache_quant_algo"), "group_size": q.get("group_size"),
-                    "exclude_modules": q.get("exclude_modules"), "producer": data.get("producer"),
-                    "source": hq.name}
+            return {
+                "method": "modelopt",
+                "quant_algo": q.get("quant_algo"),
+                "kv_cache_quant_algo": q.get("kv_cache_quant_algo"),
+                "group_size": q.get("group_size"),
+                "exclude_modules": q.get("exclude_modules"),
+                "producer": data.get("producer"),
+                "source": hq.name,
+            }
     cfg_path = root / "config.json"
     if config is None and cfg_path.exists():
         config = read_json(cfg_path)
@@ -96,10 +106,15 @@ def target_quantization(target_dir: str | Path, config: dict | None = None) -> d
         method = qc.get("quant_method")
         algo = qc.get("quant_algo") or {"mxfp4": "MXFP4", "fp8": "FP8"}.get(str(method), method)
         kv = qc.get("kv_cache_quant_algo") or _kv_scheme_algo(qc.get("kv_cache_scheme")) or qc.get("kv_cache_scheme")
-        return {"method": method, "quant_algo": str(algo).upper() if algo else None, "kv_cache_quant_algo": kv,
-                "group_size": qc.get("group_size"),
-                "exclude_modules": qc.get("exclude_modules") or qc.get("ignore") or qc.get("modules_to_not_convert"),
-                "producer": qc.get("producer"), "source": "config.json"}
+        return {
+            "method": method,
+            "quant_algo": str(algo).upper() if algo else None,
+            "kv_cache_quant_algo": kv,
+            "group_size": qc.get("group_size"),
+            "exclude_modules": qc.get("exclude_modules") or qc.get("ignore") or qc.get("modules_to_not_convert"),
+            "producer": qc.get("producer"),
+            "source": "config.json",
+        }
     return None
 
 
@@ -141,14 +156,27 @@ class TargetSpec:
 
     def to_dict(self) -> dict:
         return {
-            "path": str(self.path), "kind": "target", "format": "hf", "architecture": self.architecture,
-            "model_type": self.model_type, "layers": self.num_layers, "hidden_size": self.hidden_size,
-            "heads": self.num_attention_heads, "kv_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-            "vocab_size": self.vocab_size, "embedding_rows": self.embed_rows,
-            "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling, "dtype": self.dtype,
-            "stored_dtypes": sorted(self.weights.dtypes()), "quantization": self.quantization,
-            "num_parameters": self.num_parameters, "bytes_on_disk": self.weights.bytes_on_disk,
-            "weights_present": self.weights.present, "tokenizer_files": self.tokenizer_files,
+            "path": str(self.path),
+            "kind": "target",
+            "format": "hf",
+            "architecture": self.architecture,
+            "model_type": self.model_type,
+            "layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "heads": self.num_attention_heads,
+            "kv_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "embedding_rows": self.embed_rows,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "dtype": self.dtype,
+            "stored_dtypes": sorted(self.weights.dtypes()),
+            "quantization": self.quantization,
+            "num_parameters": self.num_parameters,
+            "bytes_on_disk": self.weights.bytes_on_disk,
+            "weights_present": self.weights.present,
+            "tokenizer_files": self.tokenizer_files,
             "warnings": self.warnings,
         }
 
@@ -173,18 +201,23 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     where = path / "config.json"
     raw = read_json(where)
     if "dflash_config" in raw or "speculators_config" in raw or "speculators_model_type" in raw:
-        raise CheckpointError(f"{where}: this is a DFlash drafter, not a target model; did you swap "
-                              "--target and --drafter?")
+        raise CheckpointError(
+            f"{where}: this is a DFlash drafter, not a target model; did you swap --target and --drafter?"
+        )
     archs = [str(a) for a in raw.get("architectures") or []]
     model_type = str(raw.get("model_type") or "")
     if model_type not in CONFIG_MAPPING_NAMES or (archs and archs[0] not in transformers_names()):
         if raw.get("auto_map"):
-            raise CheckpointError(f"{where}: {archs[0] if archs else model_type or 'this model'} is only defined "
-                                  "by custom code in the checkpoint (auto_map), which dflash-trt never runs "
-                                  "(trust_remote_code stays off); use a transformers-native architecture")
+            raise CheckpointError(
+                f"{where}: {archs[0] if archs else model_type or 'this model'} is only defined "
+                "by custom code in the checkpoint (auto_map), which dflash-trt never runs "
+                "(trust_remote_code stays off); use a transformers-native architecture"
+            )
         if model_type not in CONFIG_MAPPING_NAMES:
-            raise CheckpointError(f"{where}: unknown model_type {model_type or '(none)'!r} for transformers "
-                                  f"{transformers.__version__}; upgrade transformers or use another model")
+            raise CheckpointError(
+                f"{where}: unknown model_type {model_type or '(none)'!r} for transformers "
+                f"{transformers.__version__}; upgrade transformers or use another model"
+            )
     text: dict = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
     size = lambda key, default=None: positive_int(text, key, where, default)  # noqa: E731
     hidden, layers, heads = size("hidden_size"), size("num_hidden_layers"), size("num_attention_heads")
@@ -194,18 +227,29 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     _check_numbers(text, theta, where)
     ws = files.scan(path, require=require_weights, what="target")
     spec = TargetSpec(
-        path=path, raw_config=raw, architecture=archs[0] if archs else "?", model_type=model_type,
-        num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab,
-        rope_theta=theta, rope_scaling=scaling,
+        path=path,
+        raw_config=raw,
+        architecture=archs[0] if archs else "?",
+        model_type=model_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        rope_theta=theta,
+        rope_scaling=scaling,
         dtype=text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype"),
         quantization=target_quantization(path, raw),
         tokenizer_files=files.tokenizer_files(path),
-        weights=ws, warnings=list(ws.warnings),
+        weights=ws,
+        warnings=list(ws.warnings),
     )
     if archs and archs[0] not in transformers_names():
-        spec.warnings.append(f"{where}: architecture {archs[0]} is not in transformers {transformers.__version__}; "
-                             "the reference runtime may not load it")
+        spec.warnings.append(
+            f"{where}: architecture {archs[0]} is not in transformers {transformers.__version__}; "
+            "the reference runtime may not load it"
+        )
     if spec.rope_theta is None:
         base = _class_defaults(model_type)
         spec.rope_theta, spec.rope_scaling = base.get("rope_theta"), spec.rope_scaling or base.get("rope_scaling")
@@ -216,8 +260,13 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
 
 # Config numbers the model computes with: each must be a finite number in its range, else the
 # runtime runs and produces nonsense (an rms_norm_eps of 0 or a negative rope_theta).
-_RANGES = {"rms_norm_eps": (0.0, 1.0), "layer_norm_eps": (0.0, 1.0), "layer_norm_epsilon": (0.0, 1.0),
-           "initializer_range": (0.0, None), "attention_dropout": (-1e-12, 1.0)}
+_RANGES = {
+    "rms_norm_eps": (0.0, 1.0),
+    "layer_norm_eps": (0.0, 1.0),
+    "layer_norm_epsilon": (0.0, 1.0),
+    "initializer_range": (0.0, None),
+    "attention_dropout": (-1e-12, 1.0),
+}
 
 
 def _check_numbers(text: dict, theta, where: Path) -> None:
@@ -226,8 +275,14 @@ def _check_numbers(text: dict, theta, where: Path) -> None:
         value = theta if key == "rope_theta" else text.get(key)
         if value is None:
             continue
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and value > lo
-              and (hi is None or value <= hi) and abs(value) < 1e300 and math.isfinite(value))
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value > lo
+            and (hi is None or value <= hi)
+            and abs(value) < 1e300
+            and math.isfinite(value)
+        )
         if not ok:
             rng = f"in ({lo:g}, {hi:g}]" if hi is not None else f"> {lo:g}"
             raise CheckpointError(f"{where}: {key} is {value!r}; it must be a finite number {rng}")
@@ -252,15 +307,21 @@ def _check_target_tensors(spec: TargetSpec, model_code: bool = True) -> None:
         info = spec.weights.tensors[name]
         spec.embed_rows, spec.embed_tensor = info.shape[0], name
         if len(info.shape) == 2 and info.shape[1] != spec.hidden_size and info.dtype in files.FLOAT_DTYPES:
-            raise CheckpointError(f"{spec.path / info.file}: {name} is {list(info.shape)} but config.json says "
-                                  f"hidden_size {spec.hidden_size}; config and weights do not match")
+            raise CheckpointError(
+                f"{spec.path / info.file}: {name} is {list(info.shape)} but config.json says "
+                f"hidden_size {spec.hidden_size}; config and weights do not match"
+            )
         if info.shape[0] < spec.vocab_size:
-            raise CheckpointError(f"{spec.path / info.file}: {name} has {info.shape[0]} rows but config.json "
-                                  f"says vocab_size {spec.vocab_size}; config and weights do not match")
+            raise CheckpointError(
+                f"{spec.path / info.file}: {name} has {info.shape[0]} rows but config.json "
+                f"says vocab_size {spec.vocab_size}; config and weights do not match"
+            )
     found = {int(m.group(1)) for n in spec.weights.tensors if (m := _LAYER.search(n))}
     if found and max(found) + 1 < spec.num_layers:
-        raise CheckpointError(f"{spec.path}: the weights hold decoder layers 0..{max(found)} but config.json says "
-                              f"{spec.num_layers}; a shard is missing: download the checkpoint again")
+        raise CheckpointError(
+            f"{spec.path}: the weights hold decoder layers 0..{max(found)} but config.json says "
+            f"{spec.num_layers}; a shard is missing: download the checkpoint again"
+        )
     if spec.quantization is None and model_code:
         _check_unquantized(spec)
 
@@ -268,19 +329,26 @@ def _check_target_tensors(spec: TargetSpec, model_code: bool = True) -> None:
 def _check_unquantized(spec: TargetSpec) -> None:
     """A target without a quantization config stores float weights, in the shapes its config implies."""
     meta = _meta_state(spec)
-    ints = sorted(n for n, t in spec.weights.tensors.items() if _LAYER.search(n) and t.dtype not in files.FLOAT_DTYPES
-                  and not _integer_by_design(n, meta))
+    ints = sorted(
+        n
+        for n, t in spec.weights.tensors.items()
+        if _LAYER.search(n) and t.dtype not in files.FLOAT_DTYPES and not _integer_by_design(n, meta)
+    )
     if ints:
         t = spec.weights.tensors[ints[0]]
-        raise CheckpointError(f"{spec.path / t.file}: {ints[0]} is {t.dtype} but the target has no quantization "
-                              "config (ModelOpt hf_quant_config.json, compressed-tensors or MXFP4 "
-                              "quantization_config); refusing to run integer weights as floats")
+        raise CheckpointError(
+            f"{spec.path / t.file}: {ints[0]} is {t.dtype} but the target has no quantization "
+            "config (ModelOpt hf_quant_config.json, compressed-tensors or MXFP4 "
+            "quantization_config); refusing to run integer weights as floats"
+        )
     expected = {k: tuple(v.shape) for k, v in meta.items()}
     for name, info in sorted(spec.weights.tensors.items()):
         want = expected.get(name)
         if want is not None and tuple(want) != tuple(info.shape):
-            raise CheckpointError(f"{spec.path / info.file}: {name} is {list(info.shape)} but config.json implies "
-                                  f"{list(want)}; config and weights do not match (a transposed or foreign tensor)")
+            raise CheckpointError(
+                f"{spec.path / info.file}: {name} is {list(info.shape)} but config.json implies "
+                f"{list(want)}; config and weights do not match (a transposed or foreign tensor)"
+            )
 
 
 #: integer tables an architecture stores as such (not quantized weights), for when its meta model

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from dflash_trt.ingest.files import tokenizer_files
 
-SAMPLE = 512   # regular ids tried (all of them for a smaller vocabulary), spread over the vocabulary
-RUN = 8        # consecutive sampled ids decoded together: tokens meet at their edges as in text
+SAMPLE = 512  # regular ids tried (all of them for a smaller vocabulary), spread over the vocabulary
+RUN = 8  # consecutive sampled ids decoded together: tokens meet at their edges as in text
 
 
 def probe(path: str | Path, vocab_size: int | None = None) -> str | None:
@@ -58,15 +58,20 @@ def _probe(path: str, stamps: tuple, vocab_size: int | None) -> str | None:
         added = getattr(tok, "added_tokens_decoder", {}) or {}
         special = set(tok.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
         normaliser = getattr(getattr(tok, "backend_tokenizer", None), "normalizer", None)
-        return judge(path, vocab, special, vocab_size,
-                     encode=lambda s: list(tok(s, add_special_tokens=False)["input_ids"]),
-                     decode=lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
-                     normalise=normaliser.normalize_str if normaliser is not None else None,
-                     unknown=tok.unk_token_id)
+        return judge(
+            path,
+            vocab,
+            special,
+            vocab_size,
+            encode=lambda s: list(tok(s, add_special_tokens=False)["input_ids"]),
+            decode=lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
+            normalise=normaliser.normalize_str if normaliser is not None else None,
+            unknown=tok.unk_token_id,
+        )
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - any failure of the parser is "does not load" (a Rust
-        return _does_not_load(path, exc)   # panic from tokenizers derives from BaseException only)
+        return _does_not_load(path, exc)  # panic from tokenizers derives from BaseException only)
     finally:
         quiet.level = level
 
@@ -84,11 +89,16 @@ def probe_light(path: str | Path, vocab_size: int | None = None) -> str | None:
         tok = Tokenizer.from_file(str(f))
         vocab = tok.get_vocab(with_added_tokens=True)
         special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
-        return judge(str(path), vocab, special, vocab_size,
-                     encode=lambda s: tok.encode(s, add_special_tokens=False).ids,
-                     decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                     normalise=tok.normalizer.normalize_str if tok.normalizer is not None else None,
-                     unknown=_unknown(tok))
+        return judge(
+            str(path),
+            vocab,
+            special,
+            vocab_size,
+            encode=lambda s: tok.encode(s, add_special_tokens=False).ids,
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            normalise=tok.normalizer.normalize_str if tok.normalizer is not None else None,
+            unknown=_unknown(tok),
+        )
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - as in _probe: a Rust panic too is "does not load"
@@ -108,14 +118,23 @@ def _does_not_load(path: str, exc: BaseException) -> str:
     return f"{path}: the tokenizer does not load ({type(exc).__name__}: {first})"
 
 
-def judge(path: str, vocab: dict[str, int], special: set[int], vocab_size: int | None, *,
-          encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
-          normalise: Callable[[str], str] | None, unknown: int | None) -> str | None:
+def judge(
+    path: str,
+    vocab: dict[str, int],
+    special: set[int],
+    vocab_size: int | None,
+    *,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[list[int]], str],
+    normalise: Callable[[str], str] | None,
+    unknown: int | None,
+) -> str | None:
     """Properties 2 and 3 of the module docstring on a loaded tokenizer; None, or why it fails."""
     for token, i in vocab.items():
         if not isinstance(i, int) or i < 0 or (vocab_size is not None and i >= vocab_size):
-            return (f"{path}: the tokenizer's token {token!r} has id {i}, "
-                    f"outside the target's vocabulary of {vocab_size}")
+            return (
+                f"{path}: the tokenizer's token {token!r} has id {i}, outside the target's vocabulary of {vocab_size}"
+            )
     regular = sorted(set(vocab.values()) - special - {unknown})
     spells = [t for t, i in vocab.items() if (i in special or i == unknown) and t]
 
@@ -125,7 +144,7 @@ def judge(path: str, vocab: dict[str, int], special: set[int], vocab_size: int |
     step = max(1, len(regular) // SAMPLE)
     sample, judged = regular[::step][:SAMPLE], False
     for start in range(0, len(sample), RUN):
-        text = decode(sample[start:start + RUN])
+        text = decode(sample[start : start + RUN])
         if not text.strip() or any(s in text for s in spells):
             continue
         ids = encode(text)
@@ -135,6 +154,8 @@ def judge(path: str, vocab: dict[str, int], special: set[int], vocab_size: int |
             continue
         judged, back = True, decode(ids)
         if key(back) != key(text):
-            return (f"{path}: the tokenizer does not re-encode the text of its own tokens: {text[:60]!r} "
-                    f"came back as {back[:60]!r} (its decoder does not invert its encoder)")
+            return (
+                f"{path}: the tokenizer does not re-encode the text of its own tokens: {text[:60]!r} "
+                f"came back as {back[:60]!r} (its decoder does not invert its encoder)"
+            )
     return None if judged else f"{path}: no text of the tokenizer's own tokens encodes back without the unknown token"

@@ -9,6 +9,7 @@ planning stay free of it (``tests/plan/test_face.py``).
 
 Other subpackages import from here, never from the modules inside.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -74,8 +74,9 @@ class DrafterConfig(BaseModel):
     layer_types: list[LayerType] | None = None
     sliding_window: int | None = None
     causal: bool | None = Field(
-        None, description="Force every layer causal (True) or bidirectional (False); "
-        "None: sliding layers causal, full layers bidirectional (the z-lab default)."
+        None,
+        description="Force every layer causal (True) or bidirectional (False); "
+        "None: sliding layers causal, full layers bidirectional (the z-lab default).",
     )
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
@@ -85,10 +86,13 @@ class DrafterConfig(BaseModel):
     )
     dtype: str = "bfloat16"
     # -- the family -------------------------------------------------------------------------
-    family: str | None = Field(None, description="The drafter family (``model.family``); None: inferred from "
-                               "the fields set, once, at validation.")
+    family: str | None = Field(
+        None,
+        description="The drafter family (``model.family``); None: inferred from the fields set, once, at validation.",
+    )
     family_fields: dict[str, Any] = Field(
-        default_factory=dict, description="The family's own dflash_config fields that are not fields here.")
+        default_factory=dict, description="The family's own dflash_config fields that are not fields here."
+    )
     # DFlash2's (all four set, or none)
     conv_kernel_size: int | None = Field(None, ge=1, description="DFlash2: taps of each dynamic convolution.")
     conv_group_size: int | None = Field(None, ge=1, description="DFlash2: channels sharing one dynamic tap.")
@@ -180,14 +184,21 @@ class DrafterConfig(BaseModel):
             final_logit_softcapping=pick("final_logit_softcapping"),
             draft_vocab_size=pick("draft_vocab_size"),
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"),
-            family=family.name, family_fields=own, **typed,
+            family=family.name,
+            family_fields=own,
+            **typed,
         )
 
     def to_zlab(self) -> dict:
         """The ``config.json`` TensorRT-LLM's DFlash loader and the z-lab code read."""
         dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
-        for name in ("causal", "input_embedding_scale", "output_multiplier",
-                     "final_logit_softcapping", "draft_vocab_size"):
+        for name in (
+            "causal",
+            "input_embedding_scale",
+            "output_multiplier",
+            "final_logit_softcapping",
+            "draft_vocab_size",
+        ):
             value = getattr(self, name)
             if value is not None and value != DrafterConfig.model_fields[name].default:
                 dflash[name] = value

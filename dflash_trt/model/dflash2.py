@@ -50,7 +50,7 @@ class DynamicConv(nn.Module):
     def prepare(self, h: torch.Tensor, block_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """h [b, L, H] (the sublayer's normed input) -> (conv_in(h) [b, L, H], the output side's
         dynamic kernel [b, L, K, G])."""
-        dyn = self.kernel_projection(h).view(*h.shape[:-1], 2, self.kernel_size, -1)     # [b, L, 2, K, G]
+        dyn = self.kernel_projection(h).view(*h.shape[:-1], 2, self.kernel_size, -1)  # [b, L, 2, K, G]
         out = plugins.grouped_dynamic_conv(h, dyn[:, :, 0], self.base_kernel[0], self.group_size, block_len)
         return out, dyn[:, :, 1]
 
@@ -73,11 +73,26 @@ class CandidateSelector(nn.Module):
         """(unary [b, K, k] float32, candidates [b, K, k]): the top-k of draft logits [b, K, V]."""
         return torch.topk(logits.float(), self.top_k, dim=-1)
 
-    def walk(self, hidden: torch.Tensor, unary: torch.Tensor, candidates: torch.Tensor, anchor: torch.Tensor,
-             temperature: float = 0.0, uniforms: torch.Tensor | None = None):
+    def walk(
+        self,
+        hidden: torch.Tensor,
+        unary: torch.Tensor,
+        candidates: torch.Tensor,
+        anchor: torch.Tensor,
+        temperature: float = 0.0,
+        uniforms: torch.Tensor | None = None,
+    ):
         """``plugins.selector_walk`` with this selector's weights; hidden [b, K, H] normed."""
-        return plugins.selector_walk(unary, candidates, self.hidden_projection(hidden), self.predecessor_codebook,
-                                     self.successor_codebook, anchor, temperature, uniforms)
+        return plugins.selector_walk(
+            unary,
+            candidates,
+            self.hidden_projection(hidden),
+            self.predecessor_codebook,
+            self.successor_codebook,
+            anchor,
+            temperature,
+            uniforms,
+        )
 
 
 class DFlash2Drafter(Drafter):
@@ -92,8 +107,9 @@ class DFlash2Drafter(Drafter):
             layer.mlp_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
         self.candidate_selector = CandidateSelector(cfg)
 
-    def block_forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, attend,
-                      block_len: int | None = None) -> torch.Tensor:
+    def block_forward(
+        self, block_embeds: torch.Tensor, positions: torch.Tensor, attend, block_len: int | None = None
+    ) -> torch.Tensor:
         """``Drafter.block_forward`` with every sublayer wrapped: conv_in before, conv_out after.
         The convolutions run along the block positions, never across ``block_len`` boundaries."""
         cos, sin = self.rope(positions, block_embeds.dtype)
@@ -106,8 +122,14 @@ class DFlash2Drafter(Drafter):
         return self.norm(x)
 
     @torch.no_grad()
-    def propose(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, temperature: float = 0.0,
-                gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def propose(
+        self,
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        anchor: torch.Tensor,
+        temperature: float = 0.0,
+        gen: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The selector's proposal for one block.
 
         hidden [b, K, H] the normed hidden states of block positions 1..K; logits [b, K, V] their
@@ -124,4 +146,3 @@ class DFlash2Drafter(Drafter):
         if q_k is None:
             return tokens, None
         return tokens, torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter(-1, cand, q_k)
-

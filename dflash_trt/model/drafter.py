@@ -149,17 +149,26 @@ class Drafter(nn.Module):
 
         def attend(i, q, k, v):
             return plugins.block_attention(
-                q, k, v, cache.k[i], cache.v[i], cache.page_table, cache.lengths,
-                causal=cfg.layer_causal(i), window=cfg.layer_window(i),
-                scale=cfg.head_dim ** -0.5, kernels=self.kernels,
+                q,
+                k,
+                v,
+                cache.k[i],
+                cache.v[i],
+                cache.page_table,
+                cache.lengths,
+                causal=cfg.layer_causal(i),
+                window=cfg.layer_window(i),
+                scale=cfg.head_dim**-0.5,
+                kernels=self.kernels,
             )
 
         B = block_embeds.shape[1]
         positions = cache.lengths[:, None] + torch.arange(B, device=block_embeds.device)
         return self.block_forward(block_embeds, positions, attend)
 
-    def block_forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, attend,
-                      block_len: int | None = None) -> torch.Tensor:
+    def block_forward(
+        self, block_embeds: torch.Tensor, positions: torch.Tensor, attend, block_len: int | None = None
+    ) -> torch.Tensor:
         """The layer stack over block tokens at absolute ``positions`` [b, B];
         ``attend(layer, q, k, v)`` is block-diffusion attention over that layer's context.
         The paged-cache runtime, the ONNX export and training (many blocks per row, one
@@ -211,9 +220,13 @@ class Drafter(nn.Module):
     def new_cache(self, batch: int, device=None, page_size: int = 16) -> plugins.PagedKVCache:
         cfg = self.cfg
         return plugins.PagedKVCache(
-            num_layers=cfg.num_hidden_layers, batch=batch, num_kv_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim, page_size=page_size,
-            device=device or self.fc.weight.device, dtype=self.dtype,
+            num_layers=cfg.num_hidden_layers,
+            batch=batch,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            page_size=page_size,
+            device=device or self.fc.weight.device,
+            dtype=self.dtype,
         )
 
     # -- persistence ---------------------------------------------------------------------
@@ -230,8 +243,9 @@ class Drafter(nn.Module):
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     @classmethod
-    def from_state(cls, cfg: DrafterConfig, state: dict[str, torch.Tensor],
-                   dtype: torch.dtype | None = None) -> Drafter:
+    def from_state(
+        cls, cfg: DrafterConfig, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None
+    ) -> Drafter:
         model = cls(cfg)
         expected = model.state_dict()
         missing = sorted(set(expected) - set(state))

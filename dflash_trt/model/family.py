@@ -95,8 +95,10 @@ class DrafterFamily:
         d = dflash_config(cfg)
         missing = [k for k in self.fields if d.get(k) is None]
         if missing:
-            raise CheckpointError(f"{where}: {self.display} drafter config lacks dflash_config."
-                                  f"{', '.join(missing)}; the drafter cannot be built without them")
+            raise CheckpointError(
+                f"{where}: {self.display} drafter config lacks dflash_config."
+                f"{', '.join(missing)}; the drafter cannot be built without them"
+            )
         for key in self.fields:
             value = d[key]
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

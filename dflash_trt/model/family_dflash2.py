@@ -33,7 +33,8 @@ class DFlash2Family(DrafterFamily):
     def recognises(self, cfg, names):
         """The architecture, its dflash_config sizes, or its tensors."""
         return super().recognises(cfg, names) or any(
-            n.startswith(p + "candidate_selector.") or ".attention_conv." in n for n in names for p in PREFIXES)
+            n.startswith(p + "candidate_selector.") or ".attention_conv." in n for n in names for p in PREFIXES
+        )
 
     def check_config(self, cfg):
         super().check_config(cfg)
@@ -49,19 +50,25 @@ class DFlash2Family(DrafterFamily):
         d = dflash_config(cfg)
         missing = [k for k in self.fields if d.get(k) is None]
         if missing:
-            raise CheckpointError(f"{where}: DFlash2 drafter config lacks dflash_config.{', '.join(missing)}; "
-                                  "the convolutions and the candidate selector cannot be built without them")
+            raise CheckpointError(
+                f"{where}: DFlash2 drafter config lacks dflash_config.{', '.join(missing)}; "
+                "the convolutions and the candidate selector cannot be built without them"
+            )
         super().check_checkpoint(cfg, where)
         hidden, group = cfg.get("hidden_size"), int(d["conv_group_size"])
         if isinstance(hidden, int) and hidden % group:
-            raise CheckpointError(f"{where}: dflash_config.conv_group_size {group} does not divide hidden_size "
-                                  f"{hidden}; the dynamic convolution shares one tap per group of channels")
+            raise CheckpointError(
+                f"{where}: dflash_config.conv_group_size {group} does not divide hidden_size "
+                f"{hidden}; the dynamic convolution shares one tap per group of channels"
+            )
         vocab, top_k = cfg.get("vocab_size"), int(d["selector_top_k"])
         if isinstance(vocab, int) and top_k > vocab:
             raise CheckpointError(f"{where}: dflash_config.selector_top_k {top_k} exceeds the vocabulary ({vocab})")
         if d.get("draft_vocab_size"):
-            raise CheckpointError(f"{where}: a DFlash2 selector indexes the full vocabulary; a reduced draft "
-                                  "vocabulary (draft_vocab_size) is not supported")
+            raise CheckpointError(
+                f"{where}: a DFlash2 selector indexes the full vocabulary; a reduced draft "
+                "vocabulary (draft_vocab_size) is not supported"
+            )
 
     def zlab_form(self, cfg, out):
         """The published form (z-lab/Qwen3.8-27B-DFlash2): the architecture, the four sizes and the
@@ -81,8 +88,11 @@ class DFlash2Family(DrafterFamily):
     def expected_shapes(self, cfg):
         """The convolutions' and the selector's tensors under their published names (``dflash/model.py``)."""
         h, k, g, r = cfg.hidden_size, cfg.conv_kernel_size, cfg.hidden_size // cfg.conv_group_size, cfg.selector_rank
-        out = {CODEBOOKS[0]: (cfg.vocab_size, r), CODEBOOKS[1]: (cfg.vocab_size, r),
-               "candidate_selector.hidden_projection.weight": (r, h)}
+        out = {
+            CODEBOOKS[0]: (cfg.vocab_size, r),
+            CODEBOOKS[1]: (cfg.vocab_size, r),
+            "candidate_selector.hidden_projection.weight": (r, h),
+        }
         for n in range(cfg.num_hidden_layers):
             for conv in ("attention_conv", "mlp_conv"):
                 out[f"layers.{n}.{conv}.base_kernel"] = (2, k, h)
@@ -94,8 +104,10 @@ class DFlash2Family(DrafterFamily):
         extra = [n for n in missing if n.startswith("candidate_selector.") or "_conv." in n]
         if extra:
             part = "candidate selector" if extra[0].startswith("candidate_selector.") else "dynamic convolutions"
-            raise CheckpointError(f"{where}: DFlash2 drafter weights lack the {part} ({extra[0]}, {len(extra)} "
-                                  "missing); incomplete download, or a DFlash (v1) drafter labelled DFlash2")
+            raise CheckpointError(
+                f"{where}: DFlash2 drafter weights lack the {part} ({extra[0]}, {len(extra)} "
+                "missing); incomplete download, or a DFlash (v1) drafter labelled DFlash2"
+            )
 
     def shape_counts(self, cfg, hidden, layers):
         """``DraftShape``'s convolution and selector counts. Per layer two DynamicConv (``base_kernel``
@@ -109,11 +121,16 @@ class DFlash2Family(DrafterFamily):
         try:
             V = cfg["vocab_size"]
         except KeyError:
-            raise CheckpointError("DFlash2 drafter config lacks 'vocab_size' (its selector's codebooks are "
-                                  "[V, r])") from None
+            raise CheckpointError(
+                "DFlash2 drafter config lacks 'vocab_size' (its selector's codebooks are [V, r])"
+            ) from None
         H = hidden
-        return {"conv_params": layers * 2 * (2 * K * H + 2 * K * (H // G) * H), "selector_params": 2 * V * r + r * H,
-                "selector_rank": int(r), "selector_top_k": int(k)}
+        return {
+            "conv_params": layers * 2 * (2 * K * H + 2 * K * (H // G) * H),
+            "selector_params": 2 * V * r + r * H,
+            "selector_rank": int(r),
+            "selector_top_k": int(k),
+        }
 
     def pair_check(self, cfg, target_hidden, target_vocab):
         """The selector scores the target's top-k over the target's vocabulary: top-k fits in it, and
@@ -122,12 +139,15 @@ class DFlash2Family(DrafterFamily):
         if cfg.selector_top_k > target_vocab:
             problems.append(f"selector_top_k {cfg.selector_top_k} exceeds the target's vocabulary {target_vocab}")
         if target_hidden % cfg.conv_group_size:
-            problems.append(f"conv_group_size {cfg.conv_group_size} does not divide the target's hidden size "
-                            f"{target_hidden}")
+            problems.append(
+                f"conv_group_size {cfg.conv_group_size} does not divide the target's hidden size {target_hidden}"
+            )
         if problems:
             return "error", "; ".join(problems)
-        return "ok", (f"convolutions: {cfg.conv_kernel_size} taps, groups of {cfg.conv_group_size}; selector: "
-                      f"rank {cfg.selector_rank}, top-{cfg.selector_top_k} of {target_vocab}")
+        return "ok", (
+            f"convolutions: {cfg.conv_kernel_size} taps, groups of {cfg.conv_group_size}; selector: "
+            f"rank {cfg.selector_rank}, top-{cfg.selector_top_k} of {target_vocab}"
+        )
 
 
 DFLASH2 = register_family(DFlash2Family())

@@ -40,7 +40,7 @@ class Target:
     def __init__(self, model: nn.Module, layer_ids: list[int] | None = None):
         self.model = model.eval()
         self.layer_ids = list(layer_ids or [])
-        self.config: Any = model.config   # a transformers PretrainedConfig
+        self.config: Any = model.config  # a transformers PretrainedConfig
         # transformers 5.x renamed past_key_values to cache; accept either generation.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -81,8 +81,12 @@ class Target:
         if want_hidden and (self._mlp_taps or self._stream_taps):
             return self._forward_hooked_taps(ids, position_ids, attention_mask, cache)
         out = self.model(
-            input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
-            use_cache=True, output_hidden_states=want_hidden, **{self._cache_kw: cache},
+            input_ids=ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            **{self._cache_kw: cache},
         )
         if want_hidden:
             return out.logits, torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
@@ -95,14 +99,23 @@ class Target:
         layers = decoder.layers
         taps: dict[int, torch.Tensor] = {}
         if self._stream_taps:
-            hooks = [layers[i].register_forward_hook(
-                lambda _m, _a, out, i=i: taps.__setitem__(i, decoder.hc_head(out[0]))) for i in self.layer_ids]
+            hooks = [
+                layers[i].register_forward_hook(lambda _m, _a, out, i=i: taps.__setitem__(i, decoder.hc_head(out[0])))
+                for i in self.layer_ids
+            ]
         else:
-            hooks = [layers[i].mlp.register_forward_hook(lambda _m, _a, out, i=i: taps.__setitem__(i, out))
-                     for i in self.layer_ids]
+            hooks = [
+                layers[i].mlp.register_forward_hook(lambda _m, _a, out, i=i: taps.__setitem__(i, out))
+                for i in self.layer_ids
+            ]
         try:
-            out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
-                             use_cache=True, **{self._cache_kw: cache})
+            out = self.model(
+                input_ids=ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
         finally:
             for h in hooks:
                 h.remove()
@@ -121,7 +134,10 @@ def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str 
         raise CheckpointError(f"{path}: no .safetensors weights (pickled .bin weights are refused)")
     try:
         model = _auto_class(path).from_pretrained(
-            str(path), dtype=dtype or "auto", use_safetensors=True, trust_remote_code=False,
+            str(path),
+            dtype=dtype or "auto",
+            use_safetensors=True,
+            trust_remote_code=False,
         )
     except (ValueError, OSError, KeyError) as exc:
         raise CheckpointError(f"{path}: cannot load target: {str(exc).splitlines()[0]}") from exc

@@ -16,6 +16,7 @@ that fits), ``deployment`` (draft lengths: the plan itself, a typed :class:`Plan
 Importing this package imports neither torch nor transformers (``tests/plan/test_face.py``).
 Other subpackages import the names below, never the modules inside.
 """
+
 from __future__ import annotations
 
 from dflash_trt.ingest import Plan, plan_schema

@@ -46,8 +46,9 @@ class TabledCase(Case):
         return silicon.combined(super().model(k, shared), self.tables, refitted=True)
 
 
-def over_tables(cases: list[Case], cal: Calibration, stack: str,
-                tables: silicon.Tables | None) -> tuple[list[Case], Calibration]:
+def over_tables(
+    cases: list[Case], cal: Calibration, stack: str, tables: silicon.Tables | None
+) -> tuple[list[Case], Calibration]:
     """``cases`` and the prior ``cal`` over the tables' target step where ``tables`` serve (the
     combined model: the loop cost beside the tables as the prior's); unchanged where they do not."""
     if tables is None or tables.reason is not None:
@@ -65,8 +66,11 @@ def read_bench(path: Path) -> dict:
         raise DFlashError(f"--calibration {f}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
     except RecursionError:
         raise DFlashError(f"--calibration {f}: JSON nested too deeply") from None
-    if not isinstance(data, dict) or not isinstance(data.get("endpoint"), dict) \
-            or not isinstance(data["endpoint"].get("levels"), list):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("endpoint"), dict)
+        or not isinstance(data["endpoint"].get("levels"), list)
+    ):
         raise DFlashError(f"--calibration {f}: not the JSON of 'dflash-trt bench --endpoint URL --json'")
     for key in ("endpoint", "baseline"):
         side = data.get(key)
@@ -84,8 +88,12 @@ def read_bench(path: Path) -> dict:
 
 # A level's numbers: (key, smallest, largest allowed, integer?); None is "not reported" where allowed.
 # Every number has a range, whatever its digit count: a fit over 10**30 users never returns.
-_LEVEL_NUMBERS = (("concurrency", 1, 1 << 16, True), ("draft_len", 0, 1024, True),
-                  ("tokens_per_second_per_user", 0, 1e9, False), ("acceptance_length", 1, 1025, False))
+_LEVEL_NUMBERS = (
+    ("concurrency", 1, 1 << 16, True),
+    ("draft_len", 0, 1024, True),
+    ("tokens_per_second_per_user", 0, 1e9, False),
+    ("acceptance_length", 1, 1025, False),
+)
 
 
 def _bad_level(lv) -> str | None:
@@ -97,8 +105,13 @@ def _bad_level(lv) -> str | None:
         if v is None and key != "concurrency":
             continue
         ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-        if isinstance(v, bool) or not ok or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or not low <= v <= high:
+        if (
+            isinstance(v, bool)
+            or not ok
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+            or not low <= v <= high
+        ):
             kind = "an integer" if integer else "a finite number"
             return f"{key} is {v!r}; it must be {kind} in [{low:g}, {high:g}]"
     return None
@@ -112,9 +125,19 @@ def _drafting(report: dict, key: str) -> bool:
     return any((lv.get("acceptance_length") or 0) > 1 for lv in report[key]["levels"])
 
 
-def cases_from_bench(report: dict, *, stack: str, target: TargetShape, drafter: DraftShape,
-                     gpu: hardware.GPU, precision: str, kv_cache: str, tp: int, draft_len_at,
-                     tau_at) -> list[Case]:
+def cases_from_bench(
+    report: dict,
+    *,
+    stack: str,
+    target: TargetShape,
+    drafter: DraftShape,
+    gpu: hardware.GPU,
+    precision: str,
+    kv_cache: str,
+    tp: int,
+    draft_len_at,
+    tau_at,
+) -> list[Case]:
     """One case per measured level: decode tokens/s per user (TTFT excluded) with drafting or
     without. ``draft_len_at(c)`` / ``tau_at(L)``: what the server drafts at concurrency ``c`` and
     the τ to assume where the level reports none (a level's own ``draft_len``/τ win)."""
@@ -131,14 +154,29 @@ def cases_from_bench(report: dict, *, stack: str, target: TargetShape, drafter: 
                 continue
             L = int(lv.get("draft_len", draft_len_at(c))) if drafts else 0
             tau = (lv.get("acceptance_length") or tau_at(L)) if L else None
-            row = Row(id=f"{key}-c{c}", stack=stack, gpu=gpu.name, target="(deployment)", drafter="(deployment)",
-                      precision=precision, tp=tp, concurrency=c, draft_len=L, tau=tau, context=ctx, per_user=True,
-                      kv_cache=kv_cache, source=str(report[key].get("url", key)),
-                      **({"tokens_per_s": rate} if L else {"baseline_tokens_per_s": rate}))
+            row = Row(
+                id=f"{key}-c{c}",
+                stack=stack,
+                gpu=gpu.name,
+                target="(deployment)",
+                drafter="(deployment)",
+                precision=precision,
+                tp=tp,
+                concurrency=c,
+                draft_len=L,
+                tau=tau,
+                context=ctx,
+                per_user=True,
+                kv_cache=kv_cache,
+                source=str(report[key].get("url", key)),
+                **({"tokens_per_s": rate} if L else {"baseline_tokens_per_s": rate}),
+            )
             cases.append(Case(row, target, drafter, gpu, weight_bytes(target, precision)))
     if not cases:
-        raise DFlashError("--calibration: no level with tokens/s per user to fit (run bench --endpoint with "
-                          "--concurrency, with and without drafting)")
+        raise DFlashError(
+            "--calibration: no level with tokens/s per user to fit (run bench --endpoint with "
+            "--concurrency, with and without drafting)"
+        )
     return cases
 
 
@@ -156,24 +194,37 @@ def cases_from_files(paths: list[Path], dep, first, stack: str) -> list[Case]:
     acc = Acceptance(alpha=first.alpha)
     cases: list[Case] = []
     for path in paths:
-        cases += cases_from_bench(read_bench(path), stack=stack, target=dep.target, drafter=dep.drafter,
-                                  gpu=dep.gpu, precision=dep.precision, kv_cache=dep.kv_cache, tp=first.tp,
-                                  draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1], tau_at=acc.tau)
+        cases += cases_from_bench(
+            read_bench(path),
+            stack=stack,
+            target=dep.target,
+            drafter=dep.drafter,
+            gpu=dep.gpu,
+            precision=dep.precision,
+            kv_cache=dep.kv_cache,
+            tp=first.tp,
+            draft_len_at=lambda c: lengths[min(c, len(lengths)) - 1],
+            tau_at=acc.tau,
+        )
     return cases
 
 
-def calibration_from_files(paths: list[Path], dep, first, cal: Calibration, stack: str,
-                           tables: silicon.Tables | None = None) -> tuple[Calibration, float | None]:
+def calibration_from_files(
+    paths: list[Path], dep, first, cal: Calibration, stack: str, tables: silicon.Tables | None = None
+) -> tuple[Calibration, float | None]:
     """The calibration refitted on ``paths`` for deployment ``dep`` (first planned as ``first``
     with ``cal``; over the target step of ``tables`` where they serve, :func:`over_tables`), and
     the measured τ scaled to the full block (None: no level reported τ)."""
     names = ", ".join(Path(p).name for p in paths)
-    acc = Acceptance(alpha=first.alpha)   # a level whose τ is the prior's own prediction measured none
+    acc = Acceptance(alpha=first.alpha)  # a level whose τ is the prior's own prediction measured none
     cases, start = over_tables(cases_from_files(paths, dep, first, stack), cal, stack, tables)
     where = "" if start is cal else ", over the measured tables' target step"
     new = refit(start, stack, cases, source=f"your measurements: {names}, {len(cases)} levels{where}")
-    measured = [(c.row.tau, c.row.draft_len) for c in cases
-                if c.row.draft_len and c.row.tau and c.row.tau != acc.tau(c.row.draft_len)]
+    measured = [
+        (c.row.tau, c.row.draft_len)
+        for c in cases
+        if c.row.draft_len and c.row.tau and c.row.tau != acc.tau(c.row.draft_len)
+    ]
     if not measured:
         return new, None
     tau, L = sum(t for t, _ in measured) / len(measured), round(sum(n for _, n in measured) / len(measured))
@@ -185,8 +236,12 @@ def bundle_deployment(root: Path, manifest) -> tuple:
     if manifest is None or manifest.plan is None or manifest.gpu is None or manifest.precision is None:
         raise DFlashError(f"{root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
     gpu = hardware.get_gpu(manifest.gpu.name)
-    dep = Deployment(target=TargetShape.from_dir(Path(root) / "target"),
-                     drafter=DraftShape.from_dir(Path(root) / "drafter"),
-                     gpu=gpu, gpus=manifest.gpu.count, precision=manifest.precision.weights,
-                     kv_cache=manifest.precision.kv_cache)
+    dep = Deployment(
+        target=TargetShape.from_dir(Path(root) / "target"),
+        drafter=DraftShape.from_dir(Path(root) / "drafter"),
+        gpu=gpu,
+        gpus=manifest.gpu.count,
+        precision=manifest.precision.weights,
+        kv_cache=manifest.precision.kv_cache,
+    )
     return dep, manifest.plan.tp, manifest.plan

@@ -22,7 +22,7 @@ def from_cases(cases: list, cal, stack: str) -> list[RowError]:
     per_c: dict[int, dict[str, float]] = {}
     gpu = cases[0].row.gpu
     for i, c in enumerate(cases):
-        loo = refit(cal, stack, cases[:i] + cases[i + 1:], source="loo")
+        loo = refit(cal, stack, cases[:i] + cases[i + 1 :], source="loo")
         pred = c.predict(loo.constants(stack), loo.shared)
         for key, v in c.observed().items():
             if key in pred and v:

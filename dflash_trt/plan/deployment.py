@@ -64,13 +64,24 @@ DEFAULT_TAU = {"qwen3": 6.5, "qwen3_moe": 6.5, "qwen3_5": 6.5, "qwen3_5_moe": 6.
 # --- Step model -------------------------------------------------------------------------
 
 
-def step_model(dep: Deployment, tp: int, ctx: int, calibration: Calibration | None = None,
-               stack: str | None = None) -> StepModel:
+def step_model(
+    dep: Deployment, tp: int, ctx: int, calibration: Calibration | None = None, stack: str | None = None
+) -> StepModel:
     """The deployment's step times at ``tp`` and decode context ``ctx`` (:mod:`perf_model`)."""
     cal = calibration or perf_model.shipped_calibration()
     k = cal.constants(stack or perf_model.stack_for(dep.gpu))
-    return StepModel(dep.target, dep.drafter, dep.gpu, dep.precision, dep.kv_cache, tp, ctx, k,
-                     weight_bytes(dep.target, dep.precision), cal.shared)
+    return StepModel(
+        dep.target,
+        dep.drafter,
+        dep.gpu,
+        dep.precision,
+        dep.kv_cache,
+        tp,
+        ctx,
+        k,
+        weight_bytes(dep.target, dep.precision),
+        cal.shared,
+    )
 
 
 # --- The plan ---------------------------------------------------------------------------
@@ -111,18 +122,32 @@ def predicted(roof: StepModel, lengths: list[int], acc: Acceptance, gpus: int) -
     for b in sched_mod.batch_grid(len(lengths)):
         n = lengths[b - 1]
         user, base = roof.per_user(b, n, acc), roof.per_user(b, 0, acc)
-        rows.append(Prediction(batch=b, draft_len=n, tokens_per_second_per_user=round(user, 3),
-                               baseline_tokens_per_second_per_user=round(base, 3),
-                               output_tokens_per_second_per_gpu=round(b * user / gpus, 3),
-                               baseline_output_tokens_per_second_per_gpu=round(b * base / gpus, 3),
-                               speedup=round(user / base, 3)))
+        rows.append(
+            Prediction(
+                batch=b,
+                draft_len=n,
+                tokens_per_second_per_user=round(user, 3),
+                baseline_tokens_per_second_per_user=round(base, 3),
+                output_tokens_per_second_per_gpu=round(b * user / gpus, 3),
+                baseline_output_tokens_per_second_per_gpu=round(b * base / gpus, 3),
+                speedup=round(user / base, 3),
+            )
+        )
     return rows
 
 
-def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, parallel: ParallelSpec | None = None,
-         trtllm: TrtllmSpec | None = None, calibration: Calibration | None = None,
-         errors: list[uncertainty.RowError] | None = None, release: trtllm_releases.Release | None = None,
-         stack: str | None = None, tables: Callable[[int], silicon.Tables | None] | None = None) -> Plan:
+def make_plan(
+    dep: Deployment,
+    serving: ServingSpec,
+    spec: SpeculativeSpec,
+    parallel: ParallelSpec | None = None,
+    trtllm: TrtllmSpec | None = None,
+    calibration: Calibration | None = None,
+    errors: list[uncertainty.RowError] | None = None,
+    release: trtllm_releases.Release | None = None,
+    stack: str | None = None,
+    tables: Callable[[int], silicon.Tables | None] | None = None,
+) -> Plan:
     """Plan a deployment from the recipe's serving, speculative, parallel and trtllm sections;
     step times from ``calibration`` (default: the package's, :func:`perf_model.shipped_calibration`); every
     predicted speedup's range from ``errors`` (the user's own rows' leave-one-out errors), else
@@ -133,44 +158,71 @@ def make_plan(dep: Deployment, serving: ServingSpec, spec: SpeculativeSpec, para
     rules.refuse_disaggregated(serving.disaggregated)
     warnings: list[str] = []
     if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
-        warnings.append(f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
-                        f"{t.max_position_embeddings}")
+        warnings.append(
+            f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
+            f"{t.max_position_embeddings}"
+        )
     backend = rules.attention_backend(spec.attention_backend, gpu, release, warnings, d.head_dim)
-    tp_, _, serving, sized = sizing.size_serving(lambda s: choose_tp(dep, parallel, s, backend, release), serving,
-                                                 f"{dep.gpus}x {gpu.name}")
+    tp_, _, serving, sized = sizing.size_serving(
+        lambda s: choose_tp(dep, parallel, s, backend, release), serving, f"{dep.gpus}x {gpu.name}"
+    )
     warnings += [f"{c['key']} lowered from {c['from']} to {c['to']}: {c['why']}" for c in sized]
     block, tau, acc = _block_and_acceptance(spec, d, t)
     cal = calibration or perf_model.shipped_calibration()
     stack = stack or perf_model.stack_for(gpu)
     roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
-    if tables is not None:   # tables(tp); the user's calibration was refitted over them (calibrate.from_files)
+    if tables is not None:  # tables(tp); the user's calibration was refitted over them (calibrate.from_files)
         roof = silicon.combined(roof, tables(tp_), refitted=calibration is not None)
     max_len = _max_draft_len(spec, roof, block, acc)
     if roof.speedup(1, max_len, acc) < MIN_SPEEDUP:
-        warnings.append(f"the step model predicts no gain from drafting even at batch 1 on {gpu.name} "
-                        f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}")
-    serving = rules.token_budget(lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len,
-                                 gpu.name, warnings)
+        warnings.append(
+            f"the step model predicts no gain from drafting even at batch 1 on {gpu.name} "
+            f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}"
+        )
+    serving = rules.token_budget(
+        lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len, gpu.name, warnings
+    )
     want = _wanted(roof, serving.max_batch_size, max_len, acc)
     mode, max_conc, sched, lengths = sched_mod.choose_schedule(want, spec, max_len, release)
     warnings += sched_mod.floor_cost(want, lengths, lambda b, n: roof.speedup(b, n, acc), release)
     mem = memory(dep, tp_, serving, max_len, backend, release, sched)
-    if not mem.fits:   # the schedule's keys add graphs (startup.captured_batch_sizes)
-        raise HardwareError(f"with the draft_len_schedule's CUDA graphs the plan needs {_gib(mem.total)} per GPU "
-                            f"on {gpu.name}, {_gib(mem.missing)} missing: lower serving.max_batch_size")
+    if not mem.fits:  # the schedule's keys add graphs (startup.captured_batch_sizes)
+        raise HardwareError(
+            f"with the draft_len_schedule's CUDA graphs the plan needs {_gib(mem.total)} per GPU "
+            f"on {gpu.name}, {_gib(mem.missing)} missing: lower serving.max_batch_size"
+        )
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
-    plan = Plan(gpu=gpu.name, gpus=dep.gpus, tp=tp_, ep=parallel.ep, precision=dep.precision, kv_cache=dep.kv_cache,
-                memory=PlanMemory.model_validate(mem.as_dict()), block_size=block, max_draft_len=max_len,
-                acceptance=round(tau, 3),
-                alpha=round(acc.alpha, 4),
-                attention_backend=backend, schedule=mode, max_concurrency=max_conc, draft_len_schedule=sched,
-                curve=_curve(roof, lengths, acc), warnings=warnings, calibration=cal.describe(stack),
-                predicted=predicted(roof, lengths, acc, tp_),
-                draft_lengths=[DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
-                               for r in sched_mod.schedule_runs(lengths)], trtllm_release=release.version,
-                **_serving_fields(serving, tail, warnings, t, gpu, release),
-                kv_cache_free_gpu_memory_fraction=mem.fraction, sized=sized, stack=stack,
-                step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None, lengths))
+    plan = Plan(
+        gpu=gpu.name,
+        gpus=dep.gpus,
+        tp=tp_,
+        ep=parallel.ep,
+        precision=dep.precision,
+        kv_cache=dep.kv_cache,
+        memory=PlanMemory.model_validate(mem.as_dict()),
+        block_size=block,
+        max_draft_len=max_len,
+        acceptance=round(tau, 3),
+        alpha=round(acc.alpha, 4),
+        attention_backend=backend,
+        schedule=mode,
+        max_concurrency=max_conc,
+        draft_len_schedule=sched,
+        curve=_curve(roof, lengths, acc),
+        warnings=warnings,
+        calibration=cal.describe(stack),
+        predicted=predicted(roof, lengths, acc, tp_),
+        draft_lengths=[
+            DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
+            for r in sched_mod.schedule_runs(lengths)
+        ],
+        trtllm_release=release.version,
+        **_serving_fields(serving, tail, warnings, t, gpu, release),
+        kv_cache_free_gpu_memory_fraction=mem.fraction,
+        sized=sized,
+        stack=stack,
+        step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None, lengths),
+    )
     tabled = isinstance(roof, silicon.SiliconStepModel) and roof.uses_tables
     _ranges(plan, stack, errors, silicon.loo_errors() if tabled and not errors else None)
     _arms(plan, roof, dep.mtp_layers, acc)
@@ -184,8 +236,10 @@ def _block_and_acceptance(spec: SpeculativeSpec, d: DraftShape, t: TargetShape) 
     """The runtime block (at most the drafter's trained one), the expected tau and the acceptance model."""
     block = spec.block_size or d.block_size
     if block > d.block_size:
-        raise RecipeError(f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size} "
-                          "(TensorRT-LLM refuses a runtime block wider than the checkpoint's, PR #17935)")
+        raise RecipeError(
+            f"speculative.block_size {block} exceeds the drafter's trained block {d.block_size} "
+            "(TensorRT-LLM refuses a runtime block wider than the checkpoint's, PR #17935)"
+        )
     if block < 2:
         raise RecipeError("speculative.block_size must be >= 2 to draft anything")
     tau = min(float(spec.acceptance or DEFAULT_TAU.get(t.model_type, 1 + 0.25 * (block - 1))), float(block))
@@ -202,13 +256,23 @@ def _max_draft_len(spec: SpeculativeSpec, roof: StepModel, block: int, acc: Acce
     return max_len
 
 
-def _serving_fields(serving: ServingSpec, tail: int | None, warnings: list[str], t: TargetShape, gpu: GPU,
-                    release: trtllm_releases.Release) -> dict:
+def _serving_fields(
+    serving: ServingSpec,
+    tail: int | None,
+    warnings: list[str],
+    t: TargetShape,
+    gpu: GPU,
+    release: trtllm_releases.Release,
+) -> dict:
     """The plan's serving fields: token budget, recompute tail, chunked prefill, MoE backend, sizes."""
-    return dict(max_num_tokens=serving.max_num_tokens, context_recompute_tail=tail,
-                enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
-                moe_backend=rules.moe_backend(t.model_type, gpu, release),
-                max_batch_size=serving.max_batch_size, max_seq_len=serving.max_seq_len)
+    return dict(
+        max_num_tokens=serving.max_num_tokens,
+        context_recompute_tail=tail,
+        enable_chunked_prefill=rules.chunked_prefill(serving, tail, warnings),
+        moe_backend=rules.moe_backend(t.model_type, gpu, release),
+        max_batch_size=serving.max_batch_size,
+        max_seq_len=serving.max_seq_len,
+    )
 
 
 def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None:
@@ -222,8 +286,12 @@ def _arms(plan: Plan, roof: StepModel, mtp_layers: int, acc: Acceptance) -> None
         row.winner = mtp_mod.arm_winner(row.speedup if row.draft_len else 1.0, m)
 
 
-def _ranges(plan: Plan, stack: str, errors: list[uncertainty.RowError] | None,
-            model_rows: list[uncertainty.RowError] | None = None) -> None:
+def _ranges(
+    plan: Plan,
+    stack: str,
+    errors: list[uncertainty.RowError] | None,
+    model_rows: list[uncertainty.RowError] | None = None,
+) -> None:
     """Each curve and predicted row's ``speedup_range`` [low, high] and what it rests on
     (``model_rows``: the step model's own leave-one-out rows where not the calibrated model's)."""
     own = bool(errors)

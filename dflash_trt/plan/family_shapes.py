@@ -40,14 +40,14 @@ FAMILIES = HYBRID + MLA + GEMMA + ("minimax_m2",) + SECOND_WAVE
 @dataclass(frozen=True)
 class KVGroup:
     layers: int
-    kv_heads: int       # per layer (MLA: 1, the shared latent)
-    dims: int           # K + V elements per head per token
-    window: int = 0     # 0: the whole context; else at most this many tokens
+    kv_heads: int  # per layer (MLA: 1, the shared latent)
+    dims: int  # K + V elements per head per token
+    window: int = 0  # 0: the whole context; else at most this many tokens
     split: bool = True  # KV heads split across tensor-parallel ranks
     flop_dims: int = 0  # q.k + p.v elements per query head per cached token (0: dims)
-    stride: int = 1     # tokens per cached entry (a compressor emits one per stride: DeepSeek V4)
-    attend: int = 0     # 0: a query reads every entry; else at most this many (a sparse indexer's top-k)
-    sliding: int = 0    # the layer's own sliding window, not applied to ``bytes`` unless ``windowed``
+    stride: int = 1  # tokens per cached entry (a compressor emits one per stride: DeepSeek V4)
+    attend: int = 0  # 0: a query reads every entry; else at most this many (a sparse indexer's top-k)
+    sliding: int = 0  # the layer's own sliding window, not applied to ``bytes`` unless ``windowed``
 
     def bytes(self, tp: int, kv_bytes: int, tokens: int, windowed: bool = False) -> int:
         """One sequence's K/V bytes per rank at ``tokens`` of context (``windowed``: sliding
@@ -66,9 +66,9 @@ class KVGroup:
 @dataclass(frozen=True)
 class StateGroup:
     layers: int
-    heads: int          # value heads: what tensor parallelism splits
-    conv: int           # conv-state elements per layer (all heads)
-    recurrent: int      # recurrent-state elements per layer (all heads)
+    heads: int  # value heads: what tensor parallelism splits
+    conv: int  # conv-state elements per layer (all heads)
+    recurrent: int  # recurrent-state elements per layer (all heads)
     conv_bytes: int = 2
     recurrent_bytes: int = 4
 
@@ -80,14 +80,14 @@ class StateGroup:
 
 @dataclass
 class Counts:
-    linear: int = 0          # decoder Linear weights
-    active: int = 0          # the Linear weights one token touches
-    other: int = 0           # norms, routers, conv kernels, gates: kept BF16
+    linear: int = 0  # decoder Linear weights
+    active: int = 0  # the Linear weights one token touches
+    other: int = 0  # norms, routers, conv kernels, gates: kept BF16
     n_linear: int = 0
     experts: int = 0
     experts_per_token: int = 0
     expert_params: int = 0
-    intermediate: int = 0    # per-token MLP width
+    intermediate: int = 0  # per-token MLP width
     kv: tuple[KVGroup, ...] = ()
     states: tuple[StateGroup, ...] = ()
 
@@ -110,8 +110,12 @@ def _moe(c: Counts, cfg: dict, H: int, experts: int, k: int, moe_i: int, shared_
     """Routed experts (SwiGLU, 3 x H x moe_i each), a router, and an always-active shared expert."""
     per = 3 * H * moe_i
     shared = 3 * H * shared_i
-    c.add(layers * (experts * per + shared), layers * (H * experts + (H if shared_i else 0)),
-          layers * (3 * experts + (3 if shared_i else 0)), active=layers * (k * per + shared))
+    c.add(
+        layers * (experts * per + shared),
+        layers * (H * experts + (H if shared_i else 0)),
+        layers * (3 * experts + (3 if shared_i else 0)),
+        active=layers * (k * per + shared),
+    )
     c.experts, c.experts_per_token = experts, k
     c.expert_params += layers * experts * per
     c.intermediate = k * moe_i + shared_i
@@ -129,12 +133,23 @@ def _hybrid(cfg: dict) -> Counts:
     gate = 2 if cfg.get("attn_output_gate", True) else 1  # q_proj also emits the output gate
     c.add(n_full * (H * nh * hd * gate + 2 * H * nkv * hd + nh * hd * H), n_full * 2 * hd, 4 * n_full)
     conv_dim = 2 * kd + vd
-    c.add(n_lin * (H * (conv_dim + vd + 2 * nv) + vd * H),
-          n_lin * (conv_dim * K + 2 * nv + cfg["linear_value_head_dim"]), 5 * n_lin)
+    c.add(
+        n_lin * (H * (conv_dim + vd + 2 * nv) + vd * H),
+        n_lin * (conv_dim * K + 2 * nv + cfg["linear_value_head_dim"]),
+        5 * n_lin,
+    )
     L = len(types)
     if cfg.get("num_experts"):
-        _moe(c, cfg, H, cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
-             cfg.get("shared_expert_intermediate_size") or 0, L)
+        _moe(
+            c,
+            cfg,
+            H,
+            cfg["num_experts"],
+            cfg["num_experts_per_tok"],
+            cfg["moe_intermediate_size"],
+            cfg.get("shared_expert_intermediate_size") or 0,
+            L,
+        )
     else:
         F = cfg["intermediate_size"]
         c.add(L * 3 * H * F, 0, 3 * L)
@@ -142,8 +157,15 @@ def _hybrid(cfg: dict) -> Counts:
     c.other += L * 2 * H
     ssm = 4 if str(cfg.get("mamba_ssm_dtype", "float32")) == "float32" else 2
     c.kv = (KVGroup(n_full, nkv, 2 * hd),)
-    c.states = (StateGroup(n_lin, nv, conv_dim * (K - 1),
-                           nv * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"], recurrent_bytes=ssm),)
+    c.states = (
+        StateGroup(
+            n_lin,
+            nv,
+            conv_dim * (K - 1),
+            nv * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"],
+            recurrent_bytes=ssm,
+        ),
+    )
     return c
 
 
@@ -159,8 +181,16 @@ def _mla(cfg: dict) -> Counts:
     dense = int(cfg.get("first_k_dense_replace") or 0)
     c.add(dense * 3 * H * cfg["intermediate_size"], 0, 3 * dense)
     moe_i = cfg["moe_intermediate_size"]
-    _moe(c, cfg, H, cfg["n_routed_experts"], cfg["num_experts_per_tok"], moe_i,
-         int(cfg.get("n_shared_experts") or 0) * moe_i, L - dense)
+    _moe(
+        c,
+        cfg,
+        H,
+        cfg["n_routed_experts"],
+        cfg["num_experts_per_tok"],
+        moe_i,
+        int(cfg.get("n_shared_experts") or 0) * moe_i,
+        L - dense,
+    )
     c.other += L * 2 * H + (L - dense) * cfg["n_routed_experts"]  # + the router's correction bias
     c.kv = (KVGroup(L, 1, kvr + rope, split=False, flop_dims=nope + rope + v),)
     return c
@@ -179,8 +209,11 @@ def _gemma4(cfg: dict) -> Counts:
     k_eq_v = bool(cfg.get("attention_k_eq_v"))
     c = Counts()
     c.add(n_sl * (2 * H * nh * hd + 2 * H * nkv * hd), n_sl * 3 * hd, 4 * n_sl)
-    c.add(n_glob * (2 * H * nh * ghd + (1 if k_eq_v else 2) * H * gkv * ghd), n_glob * 3 * ghd,
-          (3 if k_eq_v else 4) * n_glob)
+    c.add(
+        n_glob * (2 * H * nh * ghd + (1 if k_eq_v else 2) * H * gkv * ghd),
+        n_glob * 3 * ghd,
+        (3 if k_eq_v else 4) * n_glob,
+    )
     F = cfg["intermediate_size"]
     c.add(L * 3 * H * F, 0, 3 * L)
     c.intermediate = F
@@ -210,15 +243,28 @@ def _minimax(cfg: dict) -> Counts:
 # What the planner reads, per family (besides hidden_size, num_hidden_layers,
 # num_attention_heads and vocab_size, which every target needs).
 _REQUIRED = {
-    "hybrid": ("num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_key_head_dim",
-               "linear_num_value_heads", "linear_value_head_dim"),
+    "hybrid": (
+        "num_key_value_heads",
+        "head_dim",
+        "linear_num_key_heads",
+        "linear_key_head_dim",
+        "linear_num_value_heads",
+        "linear_value_head_dim",
+    ),
     "hybrid_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
     "dense": ("intermediate_size",),
-    "mla": ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "intermediate_size",
-            "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok"),
+    "mla": (
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "n_routed_experts",
+        "num_experts_per_tok",
+    ),
     "gemma4": ("num_key_value_heads", "head_dim", "intermediate_size", "layer_types"),
-    "minimax_m2": ("num_key_value_heads", "head_dim", "intermediate_size", "num_local_experts",
-                   "num_experts_per_tok"),
+    "minimax_m2": ("num_key_value_heads", "head_dim", "intermediate_size", "num_local_experts", "num_experts_per_tok"),
     "plain": ("intermediate_size",),
 }
 COMMON = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -228,8 +274,9 @@ def required_target_fields(cfg: dict) -> list[str]:
     """The text-config fields planning this target needs (the family read from model_type)."""
     mt = str(cfg.get("model_type", ""))
     if mt in HYBRID:
-        extra = _REQUIRED["hybrid"] + (_REQUIRED["hybrid_moe"] if "moe" in mt or mt == "qwen3_next"
-                                       else _REQUIRED["dense"])
+        extra = _REQUIRED["hybrid"] + (
+            _REQUIRED["hybrid_moe"] if "moe" in mt or mt == "qwen3_next" else _REQUIRED["dense"]
+        )
     elif mt in MLA:
         extra = _REQUIRED["mla"]
     elif mt in GEMMA:

@@ -75,7 +75,8 @@ class GPU:
     @property
     def arch(self) -> str:
         return {0: "CPU", 80: "Ampere", 89: "Ada", 90: "Hopper"}.get(
-            self.sm, "Blackwell" if self.sm >= 100 else f"SM{self.sm}")
+            self.sm, "Blackwell" if self.sm >= 100 else f"SM{self.sm}"
+        )
 
 
 _BW = frozenset({"bf16", "fp8", "nvfp4", "mxfp4"})
@@ -85,8 +86,15 @@ CATALOG: tuple[GPU, ...] = (
     GPU("B300", 103, 288, 8.0, 2500, _BW, ("b300", "b300-sxm", "gb300", "blackwell-ultra")),
     GPU("B200", 100, 180, 8.0, 2250, _BW, ("b200", "b200-sxm", "hgx-b200", "dgx-b200")),
     GPU("GB200", 100, 186, 8.0, 2500, _BW, ("gb200", "gb200-nvl72")),
-    GPU("RTX PRO 6000 Blackwell", 120, 96, 1.8, 500, _BW,
-        ("rtx-pro-6000", "rtx-pro-6000-blackwell", "rtxpro6000", "rtx6000-pro", "rtx pro 6000")),
+    GPU(
+        "RTX PRO 6000 Blackwell",
+        120,
+        96,
+        1.8,
+        500,
+        _BW,
+        ("rtx-pro-6000", "rtx-pro-6000-blackwell", "rtxpro6000", "rtx6000-pro", "rtx pro 6000"),
+    ),
     GPU("H200", 90, 141, 4.8, 989, _HOP, ("h200", "h200-sxm", "h200-nvl")),
     GPU("H100", 90, 80, 3.35, 989, _HOP, ("h100", "h100-sxm", "h100-sxm5", "h100-80gb")),
     GPU("H100 PCIe", 90, 80, 2.0, 756, _HOP, ("h100-pcie",)),

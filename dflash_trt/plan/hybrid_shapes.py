@@ -23,15 +23,48 @@ from dflash_trt.errors import CheckpointError
 
 FAMILIES = ("nemotron_h", "kimi_linear", "glm5_next", "glm5_next_text")
 REQUIRED = {
-    "nemotron_h": ("num_key_value_heads", "head_dim", "mamba_num_heads", "mamba_head_dim", "ssm_state_size",
-                   "n_groups", "intermediate_size"),
-    "kimi_linear": ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "linear_num_heads",
-                    "linear_head_dim", "moe_intermediate_size", "layer_types"),
-    "glm5_next": ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim", "linear_num_heads", "linear_head_dim",
-                  "index_head_dim", "moe_intermediate_size", "layer_types"),
+    "nemotron_h": (
+        "num_key_value_heads",
+        "head_dim",
+        "mamba_num_heads",
+        "mamba_head_dim",
+        "ssm_state_size",
+        "n_groups",
+        "intermediate_size",
+    ),
+    "kimi_linear": (
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "linear_num_heads",
+        "linear_head_dim",
+        "moe_intermediate_size",
+        "layer_types",
+    ),
+    "glm5_next": (
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "linear_num_heads",
+        "linear_head_dim",
+        "index_head_dim",
+        "moe_intermediate_size",
+        "layer_types",
+    ),
 }
-_KIND = {"M": "mamba", "mamba": "mamba", "linear_attention": "mamba", "*": "attention", "attention": "attention",
-         "full_attention": "attention", "-": "mlp", "mlp": "mlp", "E": "moe", "moe": "moe"}
+_KIND = {
+    "M": "mamba",
+    "mamba": "mamba",
+    "linear_attention": "mamba",
+    "*": "attention",
+    "attention": "attention",
+    "full_attention": "attention",
+    "-": "mlp",
+    "mlp": "mlp",
+    "E": "moe",
+    "moe": "moe",
+}
 
 
 def hybrid_required(mt: str) -> tuple[str, ...]:
@@ -58,8 +91,11 @@ def _nemotron_h(cfg: dict, c, KVGroup, StateGroup):
     nh, hd, N, G = cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["ssm_state_size"], cfg["n_groups"]
     K, inner = cfg.get("conv_kernel", 4), nh * hd
     conv_dim = inner + 2 * G * N
-    c.add(n["mamba"] * (H * (inner + conv_dim + nh) + inner * H),
-          n["mamba"] * (conv_dim * (K + 1) + 3 * nh + inner), 2 * n["mamba"])
+    c.add(
+        n["mamba"] * (H * (inner + conv_dim + nh) + inner * H),
+        n["mamba"] * (conv_dim * (K + 1) + 3 * nh + inner),
+        2 * n["mamba"],
+    )
     na, nkv, ahd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     c.add(n["attention"] * (2 * H * na * ahd + 2 * H * nkv * ahd), 0, 4 * n["attention"])
     mlp_i = cfg["intermediate_size"]
@@ -68,16 +104,23 @@ def _nemotron_h(cfg: dict, c, KVGroup, StateGroup):
         E, k, mi = cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
         si = cfg.get("moe_shared_expert_intermediate_size") or 0
         per, shared = 2 * H * mi, 2 * H * si
-        c.add(n["moe"] * (E * per + shared), n["moe"] * (H * E + E), n["moe"] * (2 * E + 2),
-              active=n["moe"] * (k * per + shared))
+        c.add(
+            n["moe"] * (E * per + shared),
+            n["moe"] * (H * E + E),
+            n["moe"] * (2 * E + 2),
+            active=n["moe"] * (k * per + shared),
+        )
         c.experts, c.experts_per_token, c.expert_params = E, k, n["moe"] * E * per
         c.intermediate = k * mi + si
     else:
         c.intermediate = mlp_i
     c.other += len(kinds) * H
     c.kv = (KVGroup(n["attention"], nkv, 2 * ahd),)
-    c.states = (StateGroup(n["mamba"], nh, conv_dim * (K - 1), nh * hd * N,
-                           recurrent_bytes=_ssm_bytes(cfg, "mamba_ssm_cache_dtype")),)
+    c.states = (
+        StateGroup(
+            n["mamba"], nh, conv_dim * (K - 1), nh * hd * N, recurrent_bytes=_ssm_bytes(cfg, "mamba_ssm_cache_dtype")
+        ),
+    )
     return c
 
 
@@ -93,8 +136,11 @@ def _kda_mla(cfg: dict, glm: bool, c, KVGroup, StateGroup):
     qr, kvr = cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
     nope, rope, v = cfg["qk_nope_head_dim"], cfg.get("qk_rope_head_dim") or 0, cfg["v_head_dim"]
     q = H * qr + qr * nh * (nope + rope) if qr else H * nh * (nope + rope)
-    c.add(n_att * (q + H * (kvr + rope) + kvr * nh * (nope + v) + nh * v * H), n_att * (kvr + (qr or 0)),
-          n_att * (5 if qr else 4))
+    c.add(
+        n_att * (q + H * (kvr + rope) + kvr * nh * (nope + v) + nh * v * H),
+        n_att * (kvr + (qr or 0)),
+        n_att * (5 if qr else 4),
+    )
     kv = [KVGroup(n_att, 1, kvr + rope, split=False, flop_dims=nope + rope + v)]
     if glm:  # the sparse indexer of every attention layer: wq_b, wk, weights, pool gate
         ihd, ih = cfg["index_head_dim"], cfg.get("index_n_heads") or 32
@@ -106,13 +152,19 @@ def _kda_mla(cfg: dict, glm: bool, c, KVGroup, StateGroup):
     E = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
     k = cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token")
     if not E or not k:
-        raise CheckpointError(f"target config ({cfg.get('model_type')}) lacks its routed experts or experts per "
-                              "token (n_routed_experts, num_experts_per_tok); cannot plan")
+        raise CheckpointError(
+            f"target config ({cfg.get('model_type')}) lacks its routed experts or experts per "
+            "token (n_routed_experts, num_experts_per_tok); cannot plan"
+        )
     mi = cfg["moe_intermediate_size"]
     shared = int(cfg.get("n_shared_experts") or cfg.get("num_shared_experts") or 0) * mi
     per = 3 * H * mi
-    c.add(n_moe * (E * per + 3 * H * shared), n_moe * H * E, n_moe * (3 * E + 3),
-          active=n_moe * (k * per + 3 * H * shared))
+    c.add(
+        n_moe * (E * per + 3 * H * shared),
+        n_moe * H * E,
+        n_moe * (3 * E + 3),
+        active=n_moe * (k * per + 3 * H * shared),
+    )
     c.experts, c.experts_per_token, c.expert_params = E, k, n_moe * E * per
     c.intermediate = k * mi + shared
     c.other += L * 2 * H

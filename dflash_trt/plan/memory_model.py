@@ -69,9 +69,9 @@ class Deployment:
     target: TargetShape
     drafter: DraftShape
     gpu: GPU
-    gpus: int           # GPUs available in all (per node x nodes)
-    precision: str      # resolved: bf16 | fp8 | nvfp4 | mxfp4 (not the recipe's "auto")
-    kv_cache: str       # auto | fp8
+    gpus: int  # GPUs available in all (per node x nodes)
+    precision: str  # resolved: bf16 | fp8 | nvfp4 | mxfp4 (not the recipe's "auto")
+    kv_cache: str  # auto | fp8
     mtp_layers: int = 0  # MTP layers the target's config declares (plan.mtp.layers)
 
 
@@ -90,7 +90,7 @@ def weight_bytes(t: TargetShape, precision: str) -> int:
     if precision == "nvfp4":
         return t.linear_params // 2 + t.linear_params // 16 + 8 * t.n_linear + bf16_rest
     if precision == "mxfp4":  # experts 4.25 bits (E8M0 scale per 32), the rest BF16
-        return (2 * (t.linear_params - t.expert_params) + t.expert_params * 17 // 32 + bf16_rest)
+        return 2 * (t.linear_params - t.expert_params) + t.expert_params * 17 // 32 + bf16_rest
     raise RecipeError(f"unknown precision {precision!r}")
 
 
@@ -105,17 +105,26 @@ class Memory:
     activations: int
     reserve: int
     capacity: int
-    arena_in_kv_pool: bool = False   # TRTLLM draft attention: the arena lives in the draft KV pool
-    draft_kv_pool: int = 0           # a separate managed draft KV cache drafting does not use (PR #19410)
-    cuda_graphs: int = 0             # the captured decode graphs' pool (plan.startup)
-    headroom: int = 0                # post-arena consumers (plan.startup.HEADROOM)
+    arena_in_kv_pool: bool = False  # TRTLLM draft attention: the arena lives in the draft KV pool
+    draft_kv_pool: int = 0  # a separate managed draft KV cache drafting does not use (PR #19410)
+    cuda_graphs: int = 0  # the captured decode graphs' pool (plan.startup)
+    headroom: int = 0  # post-arena consumers (plan.startup.HEADROOM)
     graph_batch_sizes: tuple[int, ...] = ()
-    user_fraction: float | None = None   # free_gpu_memory_fraction the user set (None: chosen)
+    user_fraction: float | None = None  # free_gpu_memory_fraction the user set (None: chosen)
 
     @property
     def total(self) -> int:
-        return (self.weights + self.drafter + self.drafter_arena + self.draft_kv_pool + self.kv_cache
-                + self.activations + self.reserve + self.cuda_graphs + self.headroom)
+        return (
+            self.weights
+            + self.drafter
+            + self.drafter_arena
+            + self.draft_kv_pool
+            + self.kv_cache
+            + self.activations
+            + self.reserve
+            + self.cuda_graphs
+            + self.headroom
+        )
 
     @property
     def free_after_load(self) -> int:
@@ -149,14 +158,25 @@ class Memory:
         return self.missing == 0 and self.fraction >= startup.MIN_FRACTION
 
     def budget(self) -> startup.Budget:
-        return startup.Budget(self.free_after_load, self.in_pool, self.after_pool, self.fraction,
-                              "recipe" if self.user_fraction is not None else "chosen", self.graph_batch_sizes)
+        return startup.Budget(
+            self.free_after_load,
+            self.in_pool,
+            self.after_pool,
+            self.fraction,
+            "recipe" if self.user_fraction is not None else "chosen",
+            self.graph_batch_sizes,
+        )
 
     def as_dict(self) -> dict:
         backend = "TRTLLM" if self.arena_in_kv_pool else "VANILLA"
-        return {**asdict(self), "total": self.total, "fits": self.fits, "missing": self.missing,
-                "budget": self.budget().as_dict(),
-                "pr19466": startup.pr19466(self.capacity, self.weights, self.fraction, self.drafter_arena, backend)}
+        return {
+            **asdict(self),
+            "total": self.total,
+            "fits": self.fits,
+            "missing": self.missing,
+            "budget": self.budget().as_dict(),
+            "pr19466": startup.pr19466(self.capacity, self.weights, self.fraction, self.drafter_arena, backend),
+        }
 
 
 def kv_bytes_per_token(t: TargetShape, tp: int, kv_cache: str) -> int:
@@ -168,16 +188,23 @@ def drafter_arena(d: DraftShape, tp: int, serving: ServingSpec, draft_len: int, 
     """The drafter's context K/V buffers per rank: TensorRT-LLM ``_torch/speculative/dflash.py``,
     ``compute_dflash_ctx_buffer_bytes`` (slots = max_batch_size + 1, one for padding)."""
     # the checkpoint's block_size per slot, not the runtime draft length (PR #17935's review)
-    capacity = min(serving.max_seq_len, d.max_position_embeddings or serving.max_seq_len) + max(d.block_size,
-                                                                                                  draft_len + 1)
+    capacity = min(serving.max_seq_len, d.max_position_embeddings or serving.max_seq_len) + max(
+        d.block_size, draft_len + 1
+    )
     if backend == "TRTLLM":  # paged: whole 32-token pages per slot
         capacity = math.ceil(capacity / 32) * 32
     return 2 * (serving.max_batch_size + 1) * d.layers * capacity * math.ceil(d.kv_heads / tp) * d.head_dim * 2
 
 
-def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None = None,
-           backend: str = "VANILLA", release: trtllm_releases.Release | None = None,
-           schedule: dict[int, int] | None = None) -> Memory:
+def memory(
+    dep: Deployment,
+    tp: int,
+    serving: ServingSpec,
+    draft_len: int | None = None,
+    backend: str = "VANILLA",
+    release: trtllm_releases.Release | None = None,
+    schedule: dict[int, int] | None = None,
+) -> Memory:
     """Memory per GPU at tensor-parallel size ``tp`` (formulas in the module docstring; CUDA graphs,
     headroom and the fraction: :mod:`startup`); ``draft_len`` None: the trained block's ``B - 1``,
     an upper bound; ``release`` None: the default release's row; ``schedule``: the
@@ -195,13 +222,21 @@ def memory(dep: Deployment, tp: int, serving: ServingSpec, draft_len: int | None
     unused_pool = backend != "TRTLLM" and release.separate_draft_kv(backend)
     sizes = startup.captured_batch_sizes(batch, schedule) if serving.cuda_graphs else []
     user = "kv_cache_free_gpu_memory_fraction" in serving.model_fields_set
-    return Memory(weights=per_gpu, drafter=d.bytes, drafter_arena=drafter_arena(d, tp, serving, L, backend),
-                  kv_cache=kv, activations=act, reserve=RUNTIME_RESERVE, capacity=dep.gpu.memory_bytes,
-                  arena_in_kv_pool=backend == "TRTLLM",
-                  draft_kv_pool=drafter_arena(d, tp, serving, L, "TRTLLM") if unused_pool else 0,
-                  cuda_graphs=startup.graph_bytes(t, d, tp, sizes, L), headroom=startup.HEADROOM,
-                  graph_batch_sizes=tuple(sizes),
-                  user_fraction=serving.kv_cache_free_gpu_memory_fraction if user else None)
+    return Memory(
+        weights=per_gpu,
+        drafter=d.bytes,
+        drafter_arena=drafter_arena(d, tp, serving, L, backend),
+        kv_cache=kv,
+        activations=act,
+        reserve=RUNTIME_RESERVE,
+        capacity=dep.gpu.memory_bytes,
+        arena_in_kv_pool=backend == "TRTLLM",
+        draft_kv_pool=drafter_arena(d, tp, serving, L, "TRTLLM") if unused_pool else 0,
+        cuda_graphs=startup.graph_bytes(t, d, tp, sizes, L),
+        headroom=startup.HEADROOM,
+        graph_batch_sizes=tuple(sizes),
+        user_fraction=serving.kv_cache_free_gpu_memory_fraction if user else None,
+    )
 
 
 def tp_candidates(t: TargetShape, gpus: int, ep: int = 1) -> list[int]:
@@ -220,20 +255,28 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def choose_tp(dep: Deployment, parallel: ParallelSpec, serving: ServingSpec,
-              backend: str = "VANILLA", release: trtllm_releases.Release | None = None) -> tuple[int, Memory]:
+def choose_tp(
+    dep: Deployment,
+    parallel: ParallelSpec,
+    serving: ServingSpec,
+    backend: str = "VANILLA",
+    release: trtllm_releases.Release | None = None,
+) -> tuple[int, Memory]:
     """The smallest TP that fits, or a HardwareError saying how much is missing."""
     t, gpu, gpus, tp, ep = dep.target, dep.gpu, dep.gpus, parallel.tp, parallel.ep
     if tp != "auto":
         if tp > gpus:
             raise HardwareError(f"parallel.tp={tp} needs {tp} GPUs; only {gpus} given (--gpus)")
         if tp not in tp_candidates(t, tp, ep):
-            raise HardwareError(f"parallel.tp={tp} does not divide the target's {t.heads} heads / "
-                                f"{t.kv_heads} KV heads (or ep={ep})")
+            raise HardwareError(
+                f"parallel.tp={tp} does not divide the target's {t.heads} heads / {t.kv_heads} KV heads (or ep={ep})"
+            )
         m = memory(dep, tp, serving, backend=backend, release=release)
         if not m.fits:
-            raise HardwareError(f"does not fit at tp={tp} on {gpu.name}: needs {_gib(m.total)} per GPU of "
-                                f"{_gib(m.capacity)}, {_gib(m.missing)} missing")
+            raise HardwareError(
+                f"does not fit at tp={tp} on {gpu.name}: needs {_gib(m.total)} per GPU of "
+                f"{_gib(m.capacity)}, {_gib(m.missing)} missing"
+            )
         return tp, m
     cands = tp_candidates(t, gpus, ep)
     if not cands:

@@ -76,22 +76,22 @@ class TargetShape:
     kv_heads: int
     head_dim: int
     vocab: int
-    intermediate: int            # per-token MLP width (MoE: moe_intermediate x experts per token)
+    intermediate: int  # per-token MLP width (MoE: moe_intermediate x experts per token)
     max_position_embeddings: int
     embed_params: int
-    lm_head_params: int          # 0 when tied to the embedding
-    linear_params: int           # decoder-layer Linear weights: what quantization shrinks
-    other_params: int            # norms, biases, routers, sinks: stay BF16
-    n_linear: int                # Linear modules (each gets scalar scales when quantized)
-    active_linear_params: int    # linear weights one token touches (MoE: top-k experts)
+    lm_head_params: int  # 0 when tied to the embedding
+    linear_params: int  # decoder-layer Linear weights: what quantization shrinks
+    other_params: int  # norms, biases, routers, sinks: stay BF16
+    n_linear: int  # Linear modules (each gets scalar scales when quantized)
+    active_linear_params: int  # linear weights one token touches (MoE: top-k experts)
     experts: int = 0
     experts_per_token: int = 0
-    expert_params: int = 0       # all experts' weights (part of linear_params)
+    expert_params: int = 0  # all experts' weights (part of linear_params)
     shipped_bytes: int | None = None
     shipped_precision: str | None = None  # None: BF16/FP16 as shipped; else fp8/nvfp4/mxfp4
-    kv_groups: tuple[KVGroup, ...] = ()        # () : every layer caches K/V for the whole context
+    kv_groups: tuple[KVGroup, ...] = ()  # () : every layer caches K/V for the whole context
     state_groups: tuple[StateGroup, ...] = ()  # linear-attention layers' per-sequence states
-    vision_params: int = 0                     # a VLM's vision tower (part of other_params)
+    vision_params: int = 0  # a VLM's vision tower (part of other_params)
 
     @property
     def params(self) -> int:
@@ -102,8 +102,9 @@ class TargetShape:
         (windowed ones capped, MLA's latent replicated, a sparse indexer's keys, compressed
         entries) plus linear-attention states; ``windowed``: sliding layers at their own window."""
         groups = self.kv_groups or (KVGroup(self.layers, self.kv_heads, 2 * self.head_dim),)
-        return (sum(g.bytes(tp, kv_bytes, tokens, windowed) for g in groups)
-                + sum(s.bytes(tp) for s in self.state_groups))
+        return sum(g.bytes(tp, kv_bytes, tokens, windowed) for g in groups) + sum(
+            s.bytes(tp) for s in self.state_groups
+        )
 
     def sequence_bytes(self, tp: int, kv_cache: str, tokens: int) -> int:
         """One sequence's target cache per GPU at ``tokens`` of context, KV cache dtype
@@ -117,8 +118,9 @@ class TargetShape:
         return sum(2 * tokens * g.attended(ctx) * self.heads * (g.flop_dims or g.dims) * g.layers for g in groups)
 
     @classmethod
-    def from_config(cls, cfg: dict, shipped_bytes: int | None = None,
-                    shipped_precision: str | None = None, vision: int = 0) -> TargetShape:
+    def from_config(
+        cls, cfg: dict, shipped_bytes: int | None = None, shipped_precision: str | None = None, vision: int = 0
+    ) -> TargetShape:
         if shipped_precision is None and cfg.get("quantization_config"):
             shipped_precision = quant_precision(cfg["quantization_config"])
         if str(cfg.get("model_type", "")) in FAMILIES + SECOND_WAVE:
@@ -159,12 +161,26 @@ class TargetShape:
             active, n_lin, intermediate, expert_params = L * layer_lin, 7 * L, F, 0
         tied = bool(cfg.get("tie_word_embeddings", False))
         return cls(
-            model_type=mt, layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, vocab=V,
-            intermediate=intermediate, max_position_embeddings=cfg.get("max_position_embeddings", 0),
-            embed_params=V * H, lm_head_params=0 if tied else V * H,
-            linear_params=L * layer_lin, other_params=L * layer_other + H + vision, n_linear=n_lin,
-            active_linear_params=active, experts=E, experts_per_token=k, expert_params=expert_params,
-            shipped_bytes=shipped_bytes, shipped_precision=shipped_precision,
+            model_type=mt,
+            layers=L,
+            hidden=H,
+            heads=nh,
+            kv_heads=nkv,
+            head_dim=hd,
+            vocab=V,
+            intermediate=intermediate,
+            max_position_embeddings=cfg.get("max_position_embeddings", 0),
+            embed_params=V * H,
+            lm_head_params=0 if tied else V * H,
+            linear_params=L * layer_lin,
+            other_params=L * layer_other + H + vision,
+            n_linear=n_lin,
+            active_linear_params=active,
+            experts=E,
+            experts_per_token=k,
+            expert_params=expert_params,
+            shipped_bytes=shipped_bytes,
+            shipped_precision=shipped_precision,
             vision_params=vision,
         )
 
@@ -185,13 +201,29 @@ class TargetShape:
         tied = bool(cfg.get("tie_word_embeddings", False))
         kv = c.kv[-1]  # the layers whose cache grows with the context
         return cls(
-            model_type=str(cfg["model_type"]).removesuffix("_text"), layers=cfg["num_hidden_layers"], hidden=H,
-            heads=nh, kv_heads=kv.kv_heads, head_dim=kv.dims // 2, vocab=V, intermediate=c.intermediate,
-            max_position_embeddings=cfg.get("max_position_embeddings", 0), embed_params=V * H,
-            lm_head_params=0 if tied else V * H, linear_params=c.linear, other_params=c.other + H + vision,
-            n_linear=c.n_linear, active_linear_params=c.active, experts=c.experts,
-            experts_per_token=c.experts_per_token, expert_params=c.expert_params, shipped_bytes=shipped_bytes,
-            shipped_precision=shipped_precision, kv_groups=c.kv, state_groups=c.states, vision_params=vision,
+            model_type=str(cfg["model_type"]).removesuffix("_text"),
+            layers=cfg["num_hidden_layers"],
+            hidden=H,
+            heads=nh,
+            kv_heads=kv.kv_heads,
+            head_dim=kv.dims // 2,
+            vocab=V,
+            intermediate=c.intermediate,
+            max_position_embeddings=cfg.get("max_position_embeddings", 0),
+            embed_params=V * H,
+            lm_head_params=0 if tied else V * H,
+            linear_params=c.linear,
+            other_params=c.other + H + vision,
+            n_linear=c.n_linear,
+            active_linear_params=c.active,
+            experts=c.experts,
+            experts_per_token=c.experts_per_token,
+            expert_params=c.expert_params,
+            shipped_bytes=shipped_bytes,
+            shipped_precision=shipped_precision,
+            kv_groups=c.kv,
+            state_groups=c.states,
+            vision_params=vision,
         )
 
     @classmethod
@@ -201,8 +233,12 @@ class TargetShape:
         size = sum(t.nbytes for t in spec.weights.tensors.values()) if spec.weights.present else None
         if size is None:
             size = (read_sizes(spec.path) or {}).get("total_size")
-        return cls.from_config(text_config(spec.raw_config), shipped_bytes=size, shipped_precision=shipped_precision,
-                               vision=vision_params(spec.raw_config))
+        return cls.from_config(
+            text_config(spec.raw_config),
+            shipped_bytes=size,
+            shipped_precision=shipped_precision,
+            vision=vision_params(spec.raw_config),
+        )
 
     @classmethod
     def from_dir(cls, path: Path, shipped_precision: str | None = None) -> TargetShape:
@@ -213,8 +249,7 @@ class TargetShape:
             sizes = read_sizes(path) or {}
             size = sizes.get("total_size")
         full = json.loads((Path(path) / "config.json").read_text())
-        return cls.from_config(cfg, shipped_bytes=size, shipped_precision=shipped_precision,
-                               vision=vision_params(full))
+        return cls.from_config(cfg, shipped_bytes=size, shipped_precision=shipped_precision, vision=vision_params(full))
 
 
 def quant_precision(qcfg: dict) -> str | None:
@@ -249,8 +284,8 @@ class DraftShape:
     max_position_embeddings: int | None = None  # caps TensorRT-LLM's drafter context buffer
     # What a drafter family adds (``DrafterFamily.shape_counts``; all ``*_params`` part of ``params``):
     # DFlash2's grouped dynamic convolutions and candidate selector; 0 for a DFlash drafter.
-    conv_params: int = 0                # 2 DynamicConv per layer (around attention and the MLP)
-    selector_params: int = 0            # two codebooks [V, r] + hidden_projection [r, H]
+    conv_params: int = 0  # 2 DynamicConv per layer (around attention and the MLP)
+    selector_params: int = 0  # two codebooks [V, r] + hidden_projection [r, H]
     selector_rank: int = 0
     selector_top_k: int = 0
 
@@ -291,10 +326,20 @@ class DraftShape:
         layer = H * nh * hd + 2 * H * nkv * hd + nh * hd * H + 3 * H * F
         layer += 2 * H + 2 * hd + ((nh + 2 * nkv) * hd + H) * bias
         params = L * layer + len(ids) * H * H + 2 * H  # + fc, hidden_norm, norm
-        extra = recognise_family(cfg, []).shape_counts(cfg, H, L)   # what the drafter's family adds
-        return cls(layers=L, hidden=H, heads=nh, kv_heads=nkv, head_dim=hd, intermediate=F,
-                   block_size=int(dcfg.get("block_size", cfg.get("block_size", 16))), n_taps=len(ids),
-                   mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
-                   target_layer_ids=tuple(ids),
-                   params=params + sum(v for n, v in extra.items() if n.endswith("_params")),
-                   shipped_bytes=shipped_bytes, max_position_embeddings=cfg.get("max_position_embeddings"), **extra)
+        extra = recognise_family(cfg, []).shape_counts(cfg, H, L)  # what the drafter's family adds
+        return cls(
+            layers=L,
+            hidden=H,
+            heads=nh,
+            kv_heads=nkv,
+            head_dim=hd,
+            intermediate=F,
+            block_size=int(dcfg.get("block_size", cfg.get("block_size", 16))),
+            n_taps=len(ids),
+            mask_token_id=dcfg.get("mask_token_id", cfg.get("mask_token_id")),
+            target_layer_ids=tuple(ids),
+            params=params + sum(v for n, v in extra.items() if n.endswith("_params")),
+            shipped_bytes=shipped_bytes,
+            max_position_embeddings=cfg.get("max_position_embeddings"),
+            **extra,
+        )

@@ -40,8 +40,8 @@ CONFIG_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 # (MTP τ, DFlash τ) pairs, same target and block: FACTS §14 (DFlash2 blog, Aug 2026)
 PUBLISHED = {"Qwen3.5-4B thinking T=1": (4.54, 4.92), "Qwen3.8-27B block 8": (4.28, 4.80)}
 TAU_RATIO = sum(m / d for m, d in PUBLISHED.values()) / len(PUBLISHED)
-PUBLISHED_DRAFT = 7          # the blog's block 8
-MAX_DRAFT = 7                # the longest MTP draft the arm considers
+PUBLISHED_DRAFT = 7  # the blog's block 8
+MAX_DRAFT = 7  # the longest MTP draft the arm considers
 
 
 def mtp_layers(cfg: dict) -> int:
@@ -63,16 +63,20 @@ def mtp_layers_of(path: Path) -> int:
 
 @dataclass(frozen=True)
 class MtpArm:
-    layers: int              # MTP layers in the checkpoint
-    draft_len: int           # num_nextn_predict_layers written (= max_draft_len)
-    acceptance: float        # τ_MTP at draft_len
+    layers: int  # MTP layers in the checkpoint
+    draft_len: int  # num_nextn_predict_layers written (= max_draft_len)
+    acceptance: float  # τ_MTP at draft_len
     alpha: float
 
     def as_dict(self) -> dict:
-        return {"layers": self.layers, "num_nextn_predict_layers": self.draft_len,
-                "acceptance": round(self.acceptance, 3),
-                "alpha": round(self.alpha, 4), "tau_ratio_to_dflash": round(TAU_RATIO, 3),
-                "source": "FACTS §14: DFlash2 blog MTP/DFlash τ on Qwen3.5-4B and Qwen3.8-27B"}
+        return {
+            "layers": self.layers,
+            "num_nextn_predict_layers": self.draft_len,
+            "acceptance": round(self.acceptance, 3),
+            "alpha": round(self.alpha, 4),
+            "tau_ratio_to_dflash": round(TAU_RATIO, 3),
+            "source": "FACTS §14: DFlash2 blog MTP/DFlash τ on Qwen3.5-4B and Qwen3.8-27B",
+        }
 
 
 def acceptance(dflash: Acceptance) -> Acceptance:
@@ -85,8 +89,8 @@ def mtp_forward(m: StepModel, b: int) -> float:
     """One pass of the MTP layer over ``b`` tokens: a target decoder layer, eh_proj, LM head."""
     t = m.target
     head = t.lm_head_params or t.embed_params
-    layer_bytes = (m._weights_read(b, 1) * m.tp - 2 * head) / max(1, t.layers)   # per-layer share of the body
-    extra = 2 * (2 * t.hidden * t.hidden + head)                                  # eh_proj + LM head, BF16
+    layer_bytes = (m._weights_read(b, 1) * m.tp - 2 * head) / max(1, t.layers)  # per-layer share of the body
+    extra = 2 * (2 * t.hidden * t.hidden + head)  # eh_proj + LM head, BF16
     memory = (layer_bytes / m.tp + extra / m.tp) / m._bandwidth()
     active = t.active_linear_params / max(1, t.layers)
     gemm = m._gemm(2 * b * (active + 2 * t.hidden * t.hidden + head) / m.tp, b, m.precision)
@@ -97,7 +101,7 @@ def mtp_forward(m: StepModel, b: int) -> float:
 def step(m: StepModel, b: int, n: int) -> float:
     if n <= 0:
         return m.ar_step(b)
-    tables = getattr(m, "tables", None)   # plan.silicon: the tables' own MTP step, on one footing with DFlash's
+    tables = getattr(m, "tables", None)  # plan.silicon: the tables' own MTP step, on one footing with DFlash's
     if tables is not None and tables.reason is None:
         return m.k.step_s + tables.mtp_step_ms(b, n, m.ctx) / 1000.0
     return m.k.step_s + m.target_forward(b, n + 1) + n * mtp_forward(m, b)
@@ -126,4 +130,3 @@ def arm_winner(dflash: float, mtp: float | None) -> Arm:
     if mtp is not None:
         arms["mtp"] = mtp
     return max(arms, key=lambda a: arms[a])
-

@@ -48,7 +48,7 @@ CONSTANTS = ("bandwidth_share", "compute_share", "step_s", "layer_s")
 # Shared constants fitted across stacks, and the rows each rests on (see ``Layout.of``).
 SHARED_FITTED = ("gemm_tail_rows", "expert_locality", "moe_gemm_efficiency", "dequant_efficiency")
 SHARES = ("bandwidth_share", "compute_share", "expert_locality", "moe_gemm_efficiency", "dequant_efficiency")
-PRIOR_POOLED, PRIOR_OFFSET = 0.1, 0.3          # prior weights (per parameter, in log / logit units)
+PRIOR_POOLED, PRIOR_OFFSET = 0.1, 0.3  # prior weights (per parameter, in log / logit units)
 MEASUREMENTS_FILE = "measurements.json"
 
 
@@ -59,7 +59,7 @@ class Row:
     id: str
     stack: str
     gpu: str
-    target: str                 # recipes/configs/<dir>, or embedded:NAME
+    target: str  # recipes/configs/<dir>, or embedded:NAME
     # drafter: the same
     drafter: str
     precision: str
@@ -67,7 +67,7 @@ class Row:
     concurrency: int
     draft_len: int
     tau: float | None = None
-    tau_source: str = "measured"     # measured | borrowed | assumed
+    tau_source: str = "measured"  # measured | borrowed | assumed
     context: int = 512
     speedup: float | None = None
     tokens_per_s: float | None = None
@@ -95,8 +95,9 @@ class Case:
 
     def model(self, k: StackConstants, shared: Shared) -> StepModel:
         r = self.row
-        return StepModel(self.target, self.drafter, self.gpu, r.precision, r.kv_cache, r.tp, r.context, k,
-                         self.weights_bytes, shared)
+        return StepModel(
+            self.target, self.drafter, self.gpu, r.precision, r.kv_cache, r.tp, r.context, k, self.weights_bytes, shared
+        )
 
     def predict(self, k: StackConstants, shared: Shared) -> dict[str, float]:
         """What the model says for what this row measured."""
@@ -119,8 +120,11 @@ class Case:
 
     def observed(self) -> dict[str, float]:
         r = self.row
-        return {key: getattr(r, key) for key in ("speedup", "tokens_per_s", "baseline_tokens_per_s")
-                if getattr(r, key) is not None}
+        return {
+            key: getattr(r, key)
+            for key in ("speedup", "tokens_per_s", "baseline_tokens_per_s")
+            if getattr(r, key) is not None
+        }
 
 
 # --- the data ---------------------------------------------------------------------------
@@ -197,7 +201,7 @@ class Layout:
     offsets: list[tuple[str, str]]
     shared: list[str]
     stack_pool: dict[str, str]
-    rows: dict[str, dict[str, int]] = field(default_factory=dict)   # stack -> constant -> rows it rests on
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)  # stack -> constant -> rows it rests on
 
     @classmethod
     def of(cls, cases: list[Case], stacks: tuple[str, ...] = ()) -> Layout:
@@ -212,15 +216,18 @@ class Layout:
         offsets, rows = [], {}
         for e, p in sorted(stack_pool.items()):
             alone = sum(1 for f, q in stack_pool.items() if q == p and count.get(f, 0)) <= 1
-            own = () if alone else _owned(count.get(e, 0))   # alone in its pool: the pool is the stack
+            own = () if alone else _owned(count.get(e, 0))  # alone in its pool: the pool is the stack
             offsets += [(e, k) for k in own]
             in_pool = sum(n for f, n in count.items() if stack_pool[f] == p)
             rows[e] = {k: (count.get(e, 0) if k in own else in_pool) for k in CONSTANTS}
-        informed = {"gemm_tail_rows": sum(1 for c in cases if pool_of(c.row.gpu) == "gpu"),
-                    "expert_locality": sum(1 for c in cases if c.target.experts),
-                    "moe_gemm_efficiency": sum(1 for c in cases if c.target.experts),
-                    "dequant_efficiency": sum(1 for c in cases if c.model(StackConstants(), Shared())
-                                              ._dequantizes(c.row.precision))}
+        informed = {
+            "gemm_tail_rows": sum(1 for c in cases if pool_of(c.row.gpu) == "gpu"),
+            "expert_locality": sum(1 for c in cases if c.target.experts),
+            "moe_gemm_efficiency": sum(1 for c in cases if c.target.experts),
+            "dequant_efficiency": sum(
+                1 for c in cases if c.model(StackConstants(), Shared())._dequantizes(c.row.precision)
+            ),
+        }
         shared = [k for k in SHARED_FITTED if informed[k] >= 2]
         rows["shared"] = {k: (informed[k] if k in shared else 0) for k in SHARED_FITTED}
         return cls(pooled, offsets, shared, stack_pool, rows)
@@ -240,12 +247,21 @@ class Layout:
         return replace(base, **{k: _from_param(k, x[first + i]) for i, k in enumerate(self.shared)})
 
     def start(self, prior: dict[str, StackConstants], base: Shared) -> np.ndarray:
-        return np.array([_to_param(k, getattr(prior[p], k)) for p, k in self.pooled] + [0.0] * len(self.offsets)
-                        + [_to_param(k, getattr(base, k)) for k in self.shared])
+        return np.array(
+            [_to_param(k, getattr(prior[p], k)) for p, k in self.pooled]
+            + [0.0] * len(self.offsets)
+            + [_to_param(k, getattr(base, k)) for k in self.shared]
+        )
 
 
-def _residuals(x: np.ndarray, layout: Layout, cases: list[Case], base: Shared, prior: dict[str, StackConstants],
-               prior_weight: float) -> np.ndarray:
+def _residuals(
+    x: np.ndarray,
+    layout: Layout,
+    cases: list[Case],
+    base: Shared,
+    prior: dict[str, StackConstants],
+    prior_weight: float,
+) -> np.ndarray:
     out = []
     shared = layout.shared_of(x, base)
     for c in cases:
@@ -254,8 +270,8 @@ def _residuals(x: np.ndarray, layout: Layout, cases: list[Case], base: Shared, p
     x0 = layout.start(prior, base)
     n_pooled, n_offsets = len(layout.pooled), len(layout.offsets)
     out += list(prior_weight * (x[:n_pooled] - x0[:n_pooled]))
-    out += list(PRIOR_OFFSET * x[n_pooled:n_pooled + n_offsets])
-    out += list(prior_weight * (x[n_pooled + n_offsets:] - x0[n_pooled + n_offsets:]))
+    out += list(PRIOR_OFFSET * x[n_pooled : n_pooled + n_offsets])
+    out += list(prior_weight * (x[n_pooled + n_offsets :] - x0[n_pooled + n_offsets :]))
     return np.asarray(out)
 
 
@@ -285,8 +301,15 @@ def _levenberg_marquardt(fun, x0: np.ndarray, iters: int = 60) -> np.ndarray:
     return x
 
 
-def fit(cases: list[Case], *, start: Calibration | None = None, source: str = "fit",
-        stacks: tuple[str, ...] = (), prior_weight: float = PRIOR_POOLED, fit_shared: bool = True) -> Calibration:
+def fit(
+    cases: list[Case],
+    *,
+    start: Calibration | None = None,
+    source: str = "fit",
+    stacks: tuple[str, ...] = (),
+    prior_weight: float = PRIOR_POOLED,
+    fit_shared: bool = True,
+) -> Calibration:
     """Constants per stack from ``cases`` (see the module docstring). ``start`` gives the prior
     and the first guess (default: ``StackConstants()``); ``stacks`` adds stacks without rows
     (they get their pool's values); ``fit_shared=False`` keeps ``start``'s shared constants."""
@@ -295,8 +318,9 @@ def fit(cases: list[Case], *, start: Calibration | None = None, source: str = "f
     if not fit_shared:
         layout.shared = []
     prior = {p: _pool_prior(start, layout, p) for p in {p for p, _ in layout.pooled}}
-    x = _levenberg_marquardt(lambda v: _residuals(v, layout, cases, start.shared, prior, prior_weight),
-                             layout.start(prior, start.shared))
+    x = _levenberg_marquardt(
+        lambda v: _residuals(v, layout, cases, start.shared, prior, prior_weight), layout.start(prior, start.shared)
+    )
     consts = {e: layout.constants(x, e) for e in layout.stack_pool}
     return Calibration(consts, layout.shared_of(x, start.shared), source, layout.rows)
 
@@ -315,11 +339,17 @@ def leave_one_out(cases: list[Case], full: Calibration, start: Calibration | Non
     (from the same ``start`` as the full fit, so the row left out informs nothing)."""
     out = []
     for i, c in enumerate(cases):
-        rest = cases[:i] + cases[i + 1:]
+        rest = cases[:i] + cases[i + 1 :]
         loo = fit(rest, start=start, source="loo", stacks=tuple(full.stacks))
-        out.append({"id": c.row.id, "stack": c.row.stack, "observed": c.observed(),
-                    "fitted": c.predict(full.constants(c.row.stack), full.shared),
-                    "loo": c.predict(loo.constants(c.row.stack), loo.shared)})
+        out.append(
+            {
+                "id": c.row.id,
+                "stack": c.row.stack,
+                "observed": c.observed(),
+                "fitted": c.predict(full.constants(c.row.stack), full.shared),
+                "loo": c.predict(loo.constants(c.row.stack), loo.shared),
+            }
+        )
     return out
 
 
@@ -342,10 +372,17 @@ def trends(cases: list[Case], predicted: dict[str, dict[str, float]], flat: floa
             continue
         lo = min(members, key=lambda m: m.row.concurrency)
         hi = max(members, key=lambda m: m.row.concurrency)
-        measured = way(lo.row.speedup or 0.0, hi.row.speedup or 0.0)   # not None: grouped above
+        measured = way(lo.row.speedup or 0.0, hi.row.speedup or 0.0)  # not None: grouped above
         model = way(predicted[lo.row.id]["speedup"], predicted[hi.row.id]["speedup"])
-        out.append({"stack": key[0], "gpu": key[1], "target": key[2],
-                    "concurrency": (lo.row.concurrency, hi.row.concurrency),
-                    "measured": measured, "predicted": model, "right": measured == model})
+        out.append(
+            {
+                "stack": key[0],
+                "gpu": key[1],
+                "target": key[2],
+                "concurrency": (lo.row.concurrency, hi.row.concurrency),
+                "measured": measured,
+                "predicted": model,
+                "right": measured == model,
+            }
+        )
     return out
-

@@ -70,8 +70,19 @@ from dflash_trt.plan.model_shapes import DraftShape, TargetShape
 
 # GPU-to-GPU link per GPU, GB/s, one direction (NVIDIA datasheets: NVLink 5 on Blackwell, NVLink 4
 # on Hopper, NVLink 3 on A100; PCIe Gen5 x16 where a card has no NVLink). Host: memory copies.
-LINK_GBS = {"B300": 900, "B200": 900, "GB200": 900, "H200": 450, "H100": 450, "H100 PCIe": 64, "L40S": 32,
-            "A100 80GB": 300, "A100 40GB": 300, "RTX PRO 6000 Blackwell": 64, "cpu": 10}
+LINK_GBS = {
+    "B300": 900,
+    "B200": 900,
+    "GB200": 900,
+    "H200": 450,
+    "H100": 450,
+    "H100 PCIe": 64,
+    "L40S": 32,
+    "A100 80GB": 300,
+    "A100 40GB": 300,
+    "RTX PRO 6000 Blackwell": 64,
+    "cpu": 10,
+}
 #: the serving software a measurement or calibration row came from (its "stack")
 STACKS = ("trtllm", "sglang", "vllm", "transformers", "reference")
 CALIBRATION_FILE = "calibration.json"
@@ -81,10 +92,10 @@ CALIBRATION_FILE = "calibration.json"
 class StackConstants:
     """What one serving stack achieves on one class of hardware (fitted; see the module docstring)."""
 
-    bandwidth_share: float = 0.8   # of the datasheet memory bandwidth, streaming weights and KV
-    compute_share: float = 0.6     # of the dense tensor-core peak, for a large GEMM
-    step_s: float = 50e-6          # fixed per forward: scheduling, sampling, sync, launches
-    layer_s: float = 5e-6          # per decoder layer per forward
+    bandwidth_share: float = 0.8  # of the datasheet memory bandwidth, streaming weights and KV
+    compute_share: float = 0.6  # of the dense tensor-core peak, for a large GEMM
+    step_s: float = 50e-6  # fixed per forward: scheduling, sampling, sync, launches
+    layer_s: float = 5e-6  # per decoder layer per forward
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -100,7 +111,7 @@ class Shared:
     # compute share (NVIDIA "Matrix Multiplication Background" guide: tile and wave quantisation).
     gemm_tile_rows: float = 64.0
     gemm_tail_rows: float = 32.0
-    allreduce_s: float = 8e-6      # one small NCCL all-reduce inside an NVLink domain (NCCL tests, ~8 us)
+    allreduce_s: float = 8e-6  # one small NCCL all-reduce inside an NVLink domain (NCCL tests, ~8 us)
     # Consecutive tokens of one sequence often pick the same experts (Mixtral of Experts, arXiv
     # 2401.04088, section 5 "Routing analysis"): n tokens of one sequence touch about as many
     # experts as n^locality independent tokens.
@@ -113,7 +124,7 @@ class Shared:
     # inside the GEMM (TensorRT-LLM's gpt-oss guide: the Triton MoE backend, W4A16 on Hopper),
     # which costs ALU time per weight: a further factor on their GEMM rate.
     dequant_efficiency: float = 0.7
-    link_share: float = 0.7        # of LINK_GBS achieved by NCCL's ring all-reduce on small messages
+    link_share: float = 0.7  # of LINK_GBS achieved by NCCL's ring all-reduce on small messages
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,7 @@ class Acceptance:
     """τ(L): per-position acceptance rates where known, a geometric α beyond them."""
 
     alpha: float
-    per_position: tuple[float, ...] = ()   # p_k: share of rounds accepting draft position k (k = 1..)
+    per_position: tuple[float, ...] = ()  # p_k: share of rounds accepting draft position k (k = 1..)
 
     @classmethod
     def from_tau(cls, tau: float, block: int, per_position: list[float] | tuple[float, ...] | None = None):
@@ -144,8 +155,8 @@ class Calibration:
 
     stacks: dict[str, StackConstants]
     shared: Shared = Shared()
-    source: str = "defaults"                         # what the constants were fitted on
-    rows: dict[str, dict[str, int]] = field(default_factory=dict)   # stack -> constant -> rows
+    source: str = "defaults"  # what the constants were fitted on
+    rows: dict[str, dict[str, int]] = field(default_factory=dict)  # stack -> constant -> rows
 
     def constants(self, stack: str) -> StackConstants:
         if stack in self.stacks:
@@ -160,20 +171,30 @@ class Calibration:
         k, n = self.constants(stack), self.rows.get(stack, {})
         lo, hi = (min(n.values()), max(n.values())) if n else (0, 0)
         rows = f"{lo}" if lo == hi else f"{lo}-{hi}"
-        return (f"{stack} calibration ({self.source}; {rows} measurement rows per constant): bandwidth "
-                f"{k.bandwidth_share:.0%}, compute {k.compute_share:.0%}, {k.step_s * 1e6:.0f} us per forward, "
-                f"{k.layer_s * 1e6:.1f} us per layer")
+        return (
+            f"{stack} calibration ({self.source}; {rows} measurement rows per constant): bandwidth "
+            f"{k.bandwidth_share:.0%}, compute {k.compute_share:.0%}, {k.step_s * 1e6:.0f} us per forward, "
+            f"{k.layer_s * 1e6:.1f} us per layer"
+        )
 
     def as_dict(self) -> dict:
-        return {"source": self.source, "shared": asdict(self.shared),
-                "stacks": {e: k.as_dict() for e, k in self.stacks.items()}, "rows": self.rows}
+        return {
+            "source": self.source,
+            "shared": asdict(self.shared),
+            "stacks": {e: k.as_dict() for e, k in self.stacks.items()},
+            "rows": self.rows,
+        }
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "calibration") -> Calibration:
         try:
             stacks = {e: StackConstants(**k) for e, k in data["stacks"].items()}
-            return cls(stacks, Shared(**data.get("shared", {})), str(data.get("source", where)),
-                       {e: {c: int(n) for c, n in r.items()} for e, r in data.get("rows", {}).items()})
+            return cls(
+                stacks,
+                Shared(**data.get("shared", {})),
+                str(data.get("source", where)),
+                {e: {c: int(n) for c, n in r.items()} for e, r in data.get("rows", {}).items()},
+            )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise DFlashError(f"{where}: not a dflash-trt calibration ({exc})") from None
 
@@ -248,14 +269,14 @@ class StepModel:
     def _touched(self, b: int, n: int) -> float:
         """Expected share of each layer's experts a forward over ``b`` sequences x ``n`` tokens picks."""
         t = self.target
-        independent = b * n ** self.shared.expert_locality
+        independent = b * n**self.shared.expert_locality
         return 1 - (1 - t.experts_per_token / t.experts) ** independent
 
     def _weights_read(self, b: int, n: int) -> float:
         """Target weight bytes one forward over ``b x n`` tokens streams, per rank."""
         t = self.target
         total: float = self.weights_bytes - 2 * t.embed_params + (2 * t.embed_params if not t.lm_head_params else 0)
-        total -= 2 * getattr(t, "vision_params", 0)    # a VLM's vision tower is never read in decode
+        total -= 2 * getattr(t, "vision_params", 0)  # a VLM's vision tower is never read in decode
         if t.experts:
             share = t.expert_params / max(1, t.linear_params)
             total = total * (1 - share) + total * share * self._touched(b, n)
@@ -267,15 +288,17 @@ class StepModel:
         tokens = b * n
         head = t.lm_head_params or t.embed_params
         expert_active = t.expert_params * t.experts_per_token / t.experts if t.experts else 0
-        dense = self._gemm(2 * tokens * (t.active_linear_params - expert_active + head) / self.tp, tokens,
-                           self.precision)
+        dense = self._gemm(
+            2 * tokens * (t.active_linear_params - expert_active + head) / self.tp, tokens, self.precision
+        )
         if not t.experts:
             return dense
         return dense + self._gemm(2 * tokens * expert_active / self.tp, tokens, self.precision, grouped=True)
 
     # --- forwards -------------------------------------------------------------------------
-    def _attention(self, b: int, n: int, ctx: int, heads: int, kv_heads: int, head_dim: int, layers: int,
-                   kv_bytes: int) -> float:
+    def _attention(
+        self, b: int, n: int, ctx: int, heads: int, kv_heads: int, head_dim: int, layers: int, kv_bytes: int
+    ) -> float:
         """Attention of ``b x n`` queries over ``ctx`` cached tokens each, every layer caching K/V
         for the whole context (the drafter's case)."""
         kv = b * ctx * 2 * layers * math.ceil(kv_heads / self.tp) * head_dim * kv_bytes
@@ -295,8 +318,11 @@ class StepModel:
         """The K/V read, or the FLOPs at the tile efficiency of the ``n x heads / kv_heads`` query
         rows per KV head, whichever is longer."""
         rows = n * heads / max(1, kv_heads)
-        eff = self.k.compute_share * (1.0 if self.gpu.kind == "cpu" else
-                                      rows / (max(rows, self.shared.gemm_tile_rows) + self.shared.gemm_tail_rows))
+        eff = self.k.compute_share * (
+            1.0
+            if self.gpu.kind == "cpu"
+            else rows / (max(rows, self.shared.gemm_tile_rows) + self.shared.gemm_tail_rows)
+        )
         return max(kv / self._bandwidth(), flops / (eff * self.gpu.peak_flops("bf16")))
 
     def target_forward(self, b: int, n: int) -> float:
@@ -323,13 +349,15 @@ class StepModel:
         gathered = 2 * head_rows * (d.selector_top_k + 1) * d.selector_rank
         selector_flops = 2 * head_rows * d.selector_rank * (d.hidden + d.selector_top_k)
         memory = (d.bytes - codebook_bytes + gathered + 2 * t.vocab * t.hidden) / self.tp / self._bandwidth()
-        gemm = (self._gemm(2 * block * layer_params / self.tp, block, "bf16")
-                + self._gemm(2 * inject * (fc + kv_proj) / self.tp, inject, "bf16")
-                + self._gemm((2 * head_rows * t.vocab * t.hidden + selector_flops) / self.tp, head_rows, "bf16"))
-        attn = self._attention(b, draft_len + 1, self.ctx + draft_len + 1, d.heads, d.kv_heads, d.head_dim,
-                               d.layers, 2)
-        return (max(memory, gemm) + attn + self._allreduces(2 * d.layers, block)
-                + self.k.layer_s * (d.layers + 1))  # + 1: injection fc and the LM head's launches
+        gemm = (
+            self._gemm(2 * block * layer_params / self.tp, block, "bf16")
+            + self._gemm(2 * inject * (fc + kv_proj) / self.tp, inject, "bf16")
+            + self._gemm((2 * head_rows * t.vocab * t.hidden + selector_flops) / self.tp, head_rows, "bf16")
+        )
+        attn = self._attention(b, draft_len + 1, self.ctx + draft_len + 1, d.heads, d.kv_heads, d.head_dim, d.layers, 2)
+        return (
+            max(memory, gemm) + attn + self._allreduces(2 * d.layers, block) + self.k.layer_s * (d.layers + 1)
+        )  # + 1: injection fc and the LM head's launches
 
     # --- steps ----------------------------------------------------------------------------
     def ar_step(self, b: int) -> float:

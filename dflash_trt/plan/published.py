@@ -19,8 +19,7 @@ from dflash_trt.plan.family_shapes import required_target_fields
 # What DraftShape reads (block_size: top level or in dflash_config; the ids in dflash_config).
 # head_dim is not among them: a z-lab drafter without it has Qwen3Config's default, as its
 # loaders read it (model_shapes.QWEN3_HEAD_DIM).
-DRAFTER_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                  "intermediate_size")
+DRAFTER_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 DFLASH_FIELDS = ("block_size", "mask_token_id", "target_layer_ids")
 
 
@@ -85,7 +84,7 @@ def lacking(recipe, role: str) -> list[str]:
     ref = getattr(recipe, role)
     path = recipe.resolve_path(ref.config) if ref.config else None
     found = (missing_target if role == "target" else missing_drafter)(path) if path is not None else []
-    if path is None and recipe.source is not None and _hub_id(ref.id):   # published, configs not shipped here
+    if path is None and recipe.source is not None and _hub_id(ref.id):  # published, configs not shipped here
         found.append(f"{role}.config (not shipped)")
     found += [f for f in recipe.incomplete if f.startswith(f"{role}.") and not f.startswith(f"{role}.revision")]
     if path is not None and not (path / "config.json").is_file() and not found:

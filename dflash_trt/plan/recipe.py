@@ -42,10 +42,10 @@ _Engine = Literal["trtllm", "tensorrt"]
 Engine = Annotated[_Engine | None, any_case(*get_args(_Engine))]
 
 # Every integer has a range, whatever its digit count (a plan over 10**30 sequences never returns):
-MAX_GPUS = 4096           # GPUs per node, nodes, tp, ep
-MAX_BATCH = 1 << 16       # sequences in flight, concurrency levels
-MAX_TOKENS = 1 << 24      # sequence lengths, token budgets, calibration samples
-MAX_BLOCK = 1024          # draft block sizes and draft lengths (published DFlash blocks are 8-16)
+MAX_GPUS = 4096  # GPUs per node, nodes, tp, ep
+MAX_BATCH = 1 << 16  # sequences in flight, concurrency levels
+MAX_TOKENS = 1 << 24  # sequence lengths, token budgets, calibration samples
+MAX_BLOCK = 1024  # draft block sizes and draft lengths (published DFlash blocks are 8-16)
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
 DraftLen = Annotated[int, Field(ge=0, le=MAX_BLOCK)]
 Parallel = Annotated[Annotated[int, Field(ge=1, le=MAX_GPUS)] | Literal["auto"], any_case("auto")]
@@ -57,19 +57,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-Rate = Annotated[float, Field(ge=0.0, le=1.0)]   # a share of rounds: acceptance rates are in [0, 1]
+Rate = Annotated[float, Field(ge=0.0, le=1.0)]  # a share of rounds: acceptance rates are in [0, 1]
 
 
 class ModelRef(_Strict):
-    id: str = Field(description="Hub id (org/name[@revision]), local directory (starting with ./, ../, / or ~), "
-                                "or 'embedded:NAME'.")
+    id: str = Field(
+        description="Hub id (org/name[@revision]), local directory (starting with ./, ../, / or ~), or 'embedded:NAME'."
+    )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit); overrides '@rev' in id.")
     config: str | None = Field(
-        None, description="Directory with the model's config files, for offline validation and planning "
+        None,
+        description="Directory with the model's config files, for offline validation and planning "
         "(relative to the recipe file; typed on the command line, to the working directory).",
     )
-    seen: str | None = Field(None, description="Where a public source names this repository id (a URL or "
-                             "project/file), when no config or revision recorded here confirms it.")
+    seen: str | None = Field(
+        None,
+        description="Where a public source names this repository id (a URL or "
+        "project/file), when no config or revision recorded here confirms it.",
+    )
 
 
 class GpuSpec(_Strict):
@@ -80,14 +85,18 @@ class GpuSpec(_Strict):
 
 class PrecisionSpec(_Strict):
     weights: Precision = Field(
-        "bf16", description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell), nvfp4 (Blackwell), or auto: "
-                            "the target as shipped (a pre-quantized checkpoint such as gpt-oss MXFP4 is used as it "
-                            "is; bf16 otherwise).")
+        "bf16",
+        description="Target weight precision: bf16, fp8 (Hopper, Ada, Blackwell), nvfp4 (Blackwell), or auto: "
+        "the target as shipped (a pre-quantized checkpoint such as gpt-oss MXFP4 is used as it "
+        "is; bf16 otherwise).",
+    )
     kv_cache: KvCache = Field("auto", description="KV cache dtype: auto (model dtype) or fp8.")
     calib: str | None = Field(
-        None, description="Calibration text file (one sample per line, or JSONL with 'prompt'/'text').")
+        None, description="Calibration text file (one sample per line, or JSONL with 'prompt'/'text')."
+    )
     calib_samples: int = Field(
-        64, ge=1, le=MAX_TOKENS, description="Calibration samples for post-training quantization.")
+        64, ge=1, le=MAX_TOKENS, description="Calibration samples for post-training quantization."
+    )
     calib_seq_len: int = Field(256, ge=8, le=MAX_TOKENS, description="Tokens per calibration sample.")
 
 
@@ -99,71 +108,106 @@ class ParallelSpec(_Strict):
 class ServingSpec(_Strict):
     max_batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="Most sequences in flight per GPU rank.")
     max_seq_len: int = Field(
-        8192, ge=16, le=MAX_TOKENS,
-        description="Prompt + output tokens per sequence; sizes the KV cache and the drafter's context arena.")
+        8192,
+        ge=16,
+        le=MAX_TOKENS,
+        description="Prompt + output tokens per sequence; sizes the KV cache and the drafter's context arena.",
+    )
     max_num_tokens: int = Field(
-        8192, ge=16, le=MAX_TOKENS, description="Tokens per scheduler step (prefill chunk budget).")
+        8192, ge=16, le=MAX_TOKENS, description="Tokens per scheduler step (prefill chunk budget)."
+    )
     kv_cache_free_gpu_memory_fraction: float = Field(
-        0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache after weights load.")
+        0.85, gt=0, le=1, description="Share of free GPU memory for the KV cache after weights load."
+    )
     enable_block_reuse: bool = Field(
-        False, description="Prefix-cache reuse. Off by default: cache hits starve the drafter of hidden states unless "
-                           "context_recompute_tail is set.")
+        False,
+        description="Prefix-cache reuse. Off by default: cache hits starve the drafter of hidden states unless "
+        "context_recompute_tail is set.",
+    )
     cuda_graphs: bool = Field(
-        True, description="Capture CUDA graphs for decode batch sizes (off: the config says cuda_graph_config: null).")
-    enable_chunked_prefill: bool | None = Field(None, description="Chunked prefill; None: on where max_seq_len > "
-                                                                  "max_num_tokens or context_recompute_tail is set.")
+        True, description="Capture CUDA graphs for decode batch sizes (off: the config says cuda_graph_config: null)."
+    )
+    enable_chunked_prefill: bool | None = Field(
+        None,
+        description="Chunked prefill; None: on where max_seq_len > max_num_tokens or context_recompute_tail is set.",
+    )
     disable_overlap_scheduler: bool = Field(False, description="Turn off TensorRT-LLM's overlap scheduler.")
     iter_perf_stats: bool = Field(
-        True, description="TensorRT-LLM's per-iteration statistics (enable_iter_perf_stats): trtllm-serve's /metrics "
-                          "then reports acceptance, which `dflash-trt verify --endpoint` reads. Off saves a little "
-                          "host time per iteration; verify then needs --accept-stats.")
+        True,
+        description="TensorRT-LLM's per-iteration statistics (enable_iter_perf_stats): trtllm-serve's /metrics "
+        "then reports acceptance, which `dflash-trt verify --endpoint` reads. Off saves a little "
+        "host time per iteration; verify then needs --accept-stats.",
+    )
     disaggregated: bool = Field(
-        False, description="Disaggregated (context/generation) serving. Refused with DFlash: the generation server "
-                           "drafts without the prompt and acceptance collapses (TensorRT-LLM PR #19352 only warns).")
+        False,
+        description="Disaggregated (context/generation) serving. Refused with DFlash: the generation server "
+        "drafts without the prompt and acceptance collapses (TensorRT-LLM PR #19352 only warns).",
+    )
     enable_thinking: bool | None = Field(
-        None, description="The chat template's thinking switch this deployment serves with "
-                          "(chat_template_kwargs.enable_thinking); None: the template's default. plan warns when it "
-                          "differs from what the drafter was trained with (its training.json).")
+        None,
+        description="The chat template's thinking switch this deployment serves with "
+        "(chat_template_kwargs.enable_thinking); None: the template's default. plan warns when it "
+        "differs from what the drafter was trained with (its training.json).",
+    )
     host: str = Field("127.0.0.1", description="Serving address.")
     port: int = Field(8000, ge=1, le=65535, description="Serving port.")
 
 
 class SpeculativeSpec(_Strict):
     block_size: int | None = Field(
-        None, ge=1, le=MAX_BLOCK, description="Draft block size B (default: the drafter's trained block).")
+        None, ge=1, le=MAX_BLOCK, description="Draft block size B (default: the drafter's trained block)."
+    )
     max_draft_len: DraftLenOrAuto = Field(
-        "auto", description="Draft tokens per step (<= B-1); auto: from the planner's roofline.")
+        "auto", description="Draft tokens per step (<= B-1); auto: from the planner's roofline."
+    )
     schedule: Annotated[_Schedule, any_case(*get_args(_Schedule))] = Field(
-        "auto", description="How drafting backs off as batches grow: a hard cut-off, a per-batch-size draft length, "
-                            "or never.")
+        "auto",
+        description="How drafting backs off as batches grow: a hard cut-off, a per-batch-size draft length, or never.",
+    )
     max_concurrency: int | None = Field(
-        None, ge=1, le=MAX_BATCH, description="Turn drafting off above this batch size (schedule=max_concurrency).")
+        None, ge=1, le=MAX_BATCH, description="Turn drafting off above this batch size (schedule=max_concurrency)."
+    )
     draft_len_schedule: dict[BatchSize, DraftLen] | None = Field(
-        None, description="{batch size: draft length} (schedule=draft_len_schedule), read as the targeted TensorRT-LLM "
-                          "release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 "
-                          "-> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.")
+        None,
+        description="{batch size: draft length} (schedule=draft_len_schedule), read as the targeted TensorRT-LLM "
+        "release reads it: each key is the LAST batch size of its length ({4: 4, 8: 2, 32: 1}: 1-4 "
+        "-> 4, 5-8 -> 2, 9-32 -> 1, above -> off); the smallest key maps to max_draft_len.",
+    )
     acceptance: float | None = Field(
-        None, ge=1.0, le=MAX_BLOCK,
+        None,
+        ge=1.0,
+        le=MAX_BLOCK,
         description="Expected acceptance length tau (>= 1: tokens per target forward) for planning "
-                    "(default: per-family estimate).")
+        "(default: per-family estimate).",
+    )
     per_position_acceptance: list[Rate] | None = Field(
-        None, description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` "
-                          "prints); the planner's tau(L) sums them (geometric beyond the last).")
+        None,
+        description="Measured share of rounds accepting draft position 1, 2, ... (what `dflash-trt bench` "
+        "prints); the planner's tau(L) sums them (geometric beyond the last).",
+    )
     attention_backend: Annotated[_Attention, any_case(*get_args(_Attention))] = Field(
-        "auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere.")
+        "auto", description="Draft attention backend; auto: TRTLLM on SM100/103, FA4 on SM90, VANILLA elsewhere."
+    )
     use_rejection_sampling: bool = Field(
-        True, description="Rejection sampling at temperature > 0 (keeps the target's distribution).")
+        True, description="Rejection sampling at temperature > 0 (keeps the target's distribution)."
+    )
     context_recompute_tail: int | None = Field(
-        None, ge=-1, le=MAX_TOKENS,
+        None,
+        ge=-1,
+        le=MAX_TOKENS,
         description="Prompt tokens recomputed on prefix-cache hits so the drafter gets hidden states; -1: "
-                    "the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when "
-                    "enable_block_reuse is on.")
+        "the whole prompt, 0: none (TensorRT-LLM >= 1.4.0rc1). None: 512 when "
+        "enable_block_reuse is on.",
+    )
 
 
 class TrtllmSpec(_Strict):
-    release: str = Field(trtllm_releases.DEFAULT_RELEASE, description="The TensorRT-LLM release the bundle is for "
-                         f"({', '.join(trtllm_releases.KNOWN)}): which config keys exist, how draft_len_schedule is "
-                         "read, the container image, the version serve.sh requires.")
+    release: str = Field(
+        trtllm_releases.DEFAULT_RELEASE,
+        description="The TensorRT-LLM release the bundle is for "
+        f"({', '.join(trtllm_releases.KNOWN)}): which config keys exist, how draft_len_schedule is "
+        "read, the container image, the version serve.sh requires.",
+    )
 
     @field_validator("release", mode="before")
     @classmethod
@@ -175,9 +219,11 @@ class TrtllmSpec(_Strict):
 
 
 class Recipe(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128,
-                      description="Recipe name (letters, digits, '.', '_', '-'); the default output directory "
-                                  "is dflash-out/<name>.")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        max_length=128,
+        description="Recipe name (letters, digits, '.', '_', '-'); the default output directory is dflash-out/<name>.",
+    )
     description: str = Field("", description="One line on what this recipe is for.")
     target: ModelRef
     drafter: ModelRef
@@ -187,12 +233,18 @@ class Recipe(_Strict):
     serving: ServingSpec = ServingSpec()
     speculative: SpeculativeSpec = SpeculativeSpec()
     trtllm: TrtllmSpec = TrtllmSpec()
-    graphs: bool = Field(False, description="Also export the standalone path: ONNX graphs with the DFlash custom ops "
-                         "(onnx/) and TensorRT engines (engines/, where TensorRT and a GPU are), run by generate/bench/"
-                         "serve --backend onnx|tensorrt.")
-    incomplete: list[str] = Field(default_factory=list, description="What the published configs lack (one entry "
-                                  "each): with neither the hub nor a cached copy, an offline plan refuses in "
-                                  "one line naming them and the command that fetches them.")
+    graphs: bool = Field(
+        False,
+        description="Also export the standalone path: ONNX graphs with the DFlash custom ops "
+        "(onnx/) and TensorRT engines (engines/, where TensorRT and a GPU are), run by generate/bench/"
+        "serve --backend onnx|tensorrt.",
+    )
+    incomplete: list[str] = Field(
+        default_factory=list,
+        description="What the published configs lack (one entry "
+        "each): with neither the hub nor a cached copy, an offline plan refuses in "
+        "one line naming them and the command that fetches them.",
+    )
 
     source: Path | None = Field(None, exclude=True, description="Where the recipe was loaded from (not a YAML key).")
 
@@ -211,7 +263,7 @@ class Recipe(_Strict):
         return path
 
     def to_yaml(self) -> str:
-        skip = {"source"} | ({"incomplete"} if not self.incomplete else set())   # complete recipes read as before
+        skip = {"source"} | ({"incomplete"} if not self.incomplete else set())  # complete recipes read as before
         return yaml.safe_dump(self.model_dump(mode="json", exclude=skip), sort_keys=False)
 
 
@@ -304,8 +356,13 @@ def _overlaps(a: tuple[str, ...], b: list[str]) -> bool:
     return tuple(a[:n]) == tuple(b[:n])
 
 
-def recipe_from_dict(data: dict, where: str = "recipe", source: Path | None = None,
-              overrides: list[str] | None = None, fields: Sequence[FieldValue] = ()) -> Recipe:
+def recipe_from_dict(
+    data: dict,
+    where: str = "recipe",
+    source: Path | None = None,
+    overrides: list[str] | None = None,
+    fields: Sequence[FieldValue] = (),
+) -> Recipe:
     """Validate ``data`` after setting ``fields`` (typed values), then ``overrides`` (``--set``)."""
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: expected a mapping of keys at the top level")
@@ -333,10 +390,12 @@ def recipe_from_dict(data: dict, where: str = "recipe", source: Path | None = No
 PATH_KEYS = (("target", "config"), ("drafter", "config"), ("precision", "calib"))
 ID_KEYS = (("target", "id"), ("drafter", "id"))
 LOCAL_PREFIXES = ("./", "../", "/", "~")
-PATH_RULE = ("Paths: a value given on the command line (a flag or --set) is relative to the working directory; "
-             "one written in a recipe file is relative to that file. A model id is a local directory when it "
-             "starts with ./, ../, / or ~ (on the command line also when it names an existing directory), else a "
-             "hub id org/name[@revision].")
+PATH_RULE = (
+    "Paths: a value given on the command line (a flag or --set) is relative to the working directory; "
+    "one written in a recipe file is relative to that file. A model id is a local directory when it "
+    "starts with ./, ../, / or ~ (on the command line also when it names an existing directory), else a "
+    "hub id org/name[@revision]."
+)
 
 
 def _anchor_paths(recipe: Recipe, source: Path | None, typed: list[tuple[str, ...]]) -> None:
@@ -348,14 +407,14 @@ def _anchor_paths(recipe: Recipe, source: Path | None, typed: list[tuple[str, ..
         value = getattr(section, keys[1])
         if value is None:
             continue
-        on_cli = any(keys[:len(k)] == k for k in typed)
+        on_cli = any(keys[: len(k)] == k for k in typed)
         is_id = keys[1] == "id"
         local = str(value).startswith(LOCAL_PREFIXES) or (on_cli and is_id and _is_dir(value))
         if is_id and not local:
             continue
         try:
             path = Path(value).expanduser()
-        except RuntimeError:   # ~nosuchuser: left for the reader's one-line error
+        except RuntimeError:  # ~nosuchuser: left for the reader's one-line error
             continue
         if not path.is_absolute():
             path = (Path.cwd() if on_cli else base) / path
@@ -369,8 +428,9 @@ def _is_dir(value: str) -> bool:
         return False
 
 
-def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None,
-                fields: Sequence[FieldValue] = ()) -> Recipe:
+def load_recipe(
+    name_or_path: str | Path, overrides: list[str] | None = None, fields: Sequence[FieldValue] = ()
+) -> Recipe:
     """Load a bundled recipe by name, or a YAML file by path, then set ``fields`` and ``--set`` overrides."""
     path = Path(name_or_path)
     if not path.is_file() and str(name_or_path) in bundled_recipes():  # names may contain dots (llama3.1-...)

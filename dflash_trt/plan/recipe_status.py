@@ -45,7 +45,7 @@ def _model_type(recipe) -> str | None:
     ref = recipe.target
     path = recipe.resolve_path(ref.config) if ref.config else None
     if path is None and ref.id.startswith(ingest.EMBEDDED_PREFIX):
-        path = ingest.embedded_dir(ref.id[len(ingest.EMBEDDED_PREFIX):])
+        path = ingest.embedded_dir(ref.id[len(ingest.EMBEDDED_PREFIX) :])
     elif path is None and Path(ref.id).expanduser().is_dir():
         path = Path(ref.id).expanduser()
     cfg, _ = published.read_any(path) if path is not None and path.is_dir() else (None, False)
@@ -79,7 +79,7 @@ def _refused_format(recipe) -> str | None:
 def recipe_status(recipe) -> Status:
     """The recipe's :class:`Status` (see the module doc for the order)."""
     by_name = ingest.refused_id(recipe.drafter.id)
-    if by_name is not None:   # refused by name whatever else is recorded (ingest.format_guards)
+    if by_name is not None:  # refused by name whatever else is recorded (ingest.format_guards)
         return Status("unsupported", by_name)
     if not _drafter_confirmed(recipe):
         return Status("id-unconfirmed", f"no published config or revision confirms {recipe.drafter.id}")
@@ -105,6 +105,8 @@ def unpinned_drafter(recipe) -> str | None:
     local = ref.id.startswith((ingest.EMBEDDED_PREFIX, "/", ".", "~")) or Path(ref.id).expanduser().is_dir()
     if ref.revision or "@" in ref.id or local or "/" not in ref.id:
         return None
-    return (f"drafter {ref.id} is a hub id without a revision: a drafter retrained under the same id changed "
-            "acceptance several-fold for its users (z-lab/dflash issue #152); pin it (drafter.revision, or "
-            f"{ref.id}@<commit>)")
+    return (
+        f"drafter {ref.id} is a hub id without a revision: a drafter retrained under the same id changed "
+        "acceptance several-fold for its users (z-lab/dflash issue #152); pin it (drafter.revision, or "
+        f"{ref.id}@<commit>)"
+    )

@@ -51,8 +51,10 @@ from dflash_trt.plan.recipe import SpeculativeSpec
 from dflash_trt.plan.trtllm_releases import Release
 
 logger = logging.getLogger(__name__)
-TRAP = ("the zero-draft trap (TensorRT-LLM PR #16888: where drafting stops the drafter's context rows are never "
-        "written and acceptance collapses for the rest of every request that lived through it)")
+TRAP = (
+    "the zero-draft trap (TensorRT-LLM PR #16888: where drafting stops the drafter's context rows are never "
+    "written and acceptance collapses for the rest of every request that lived through it)"
+)
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,16 @@ def check_schedule(schedule: dict[int, int], max_draft_len: int) -> dict[int, in
         if b < 1:
             raise RecipeError(f"speculative.draft_len_schedule: batch size key {b} must be >= 1")
         if not 0 <= n <= max_draft_len:
-            raise RecipeError(f"speculative.draft_len_schedule {{{b}: {n}}}: draft lengths must be between 0 and "
-                              f"max_draft_len ({max_draft_len})")
+            raise RecipeError(
+                f"speculative.draft_len_schedule {{{b}: {n}}}: draft lengths must be between 0 and "
+                f"max_draft_len ({max_draft_len})"
+            )
     smallest = min(schedule)
     if schedule[smallest] != max_draft_len:
-        raise RecipeError(f"speculative.draft_len_schedule[{smallest}] is {schedule[smallest]}: "
-                          f"the smallest batch-size key must map to max_draft_len ({max_draft_len})")
+        raise RecipeError(
+            f"speculative.draft_len_schedule[{smallest}] is {schedule[smallest]}: "
+            f"the smallest batch-size key must map to max_draft_len ({max_draft_len})"
+        )
     return dict(sorted(schedule.items()))
 
 
@@ -108,12 +114,19 @@ def lookup(schedule: dict[int, int] | None, batch: int, max_draft_len: int, rele
     return max(schedule[keys[i - 1]], floor) if i else max_draft_len
 
 
-def lengths(max_batch_size: int, max_draft_len: int, release: Release, *, schedule: dict[int, int] | None = None,
-            max_concurrency: int | None = None) -> list[int]:
+def lengths(
+    max_batch_size: int,
+    max_draft_len: int,
+    release: Release,
+    *,
+    schedule: dict[int, int] | None = None,
+    max_concurrency: int | None = None,
+) -> list[int]:
     """Draft length at every batch size 1..max_batch_size, as ``release`` reads the keys."""
     if max_concurrency is not None:  # DecodingBaseConfig: max_concurrency N means {N: max_draft_len}
-        return [max_draft_len if b <= max_concurrency else release.draft_len_floor
-                for b in range(1, max_batch_size + 1)]
+        return [
+            max_draft_len if b <= max_concurrency else release.draft_len_floor for b in range(1, max_batch_size + 1)
+        ]
     return [lookup(schedule, b, max_draft_len, release) for b in range(1, max_batch_size + 1)]
 
 
@@ -132,8 +145,9 @@ def batch_grid(max_batch_size: int) -> list[int]:
     return [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size] + [max_batch_size]
 
 
-def choose_schedule(want: list[int], spec: SpeculativeSpec, max_len: int,
-           release: Release) -> tuple[str, int | None, dict | None, list[int]]:
+def choose_schedule(
+    want: list[int], spec: SpeculativeSpec, max_len: int, release: Release
+) -> tuple[str, int | None, dict | None, list[int]]:
     """The recipe's back-off (``speculative.schedule``) for the planned lengths ``want``
     (``want[b - 1]`` at batch ``b``, non-increasing): (schedule, max_concurrency,
     draft_len_schedule, the lengths ``release`` then drafts at every batch size). Obeys
@@ -144,8 +158,9 @@ def choose_schedule(want: list[int], spec: SpeculativeSpec, max_len: int,
     mode = spec.schedule
     on = sum(1 for n in want if n)  # batch sizes 1..on draft (want is non-increasing)
     if mode == "auto" or (mode == "max_concurrency" and rule.trap and spec.max_concurrency is None):
-        mode = ("draft_len_schedule" if len({n for n in want if n}) > 1
-                else "max_concurrency" if on < n_batch else "none")
+        mode = (
+            "draft_len_schedule" if len({n for n in want if n}) > 1 else "max_concurrency" if on < n_batch else "none"
+        )
     if mode == "max_concurrency":
         conc = spec.max_concurrency or (on if on < n_batch else None)
         if conc is not None and conc < n_batch:
@@ -153,7 +168,7 @@ def choose_schedule(want: list[int], spec: SpeculativeSpec, max_len: int,
             if bad:
                 raise RecipeError(f"speculative.{bad}")
             return mode, conc, None, lengths(n_batch, max_len, release, max_concurrency=conc)
-        mode = "none"   # a max_concurrency >= max_batch_size never applies: not written
+        mode = "none"  # a max_concurrency >= max_batch_size never applies: not written
     if mode == "draft_len_schedule":
         if spec.draft_len_schedule:
             sched = check_schedule(dict(spec.draft_len_schedule), max_len)
@@ -171,6 +186,7 @@ def choose_schedule(want: list[int], spec: SpeculativeSpec, max_len: int,
 
 def describe(plan_runs: list[Run]) -> str:
     """``1-16: 15, 17-32: 12, 33-64: off`` for a plan table."""
+
     def one(r: Run) -> str:
         span = f"{r.first}" if r.first == r.last else f"{r.first}-{r.last}"
         return f"{span}: {r.draft_len if r.draft_len else 'off'}"
@@ -185,9 +201,9 @@ def describe(plan_runs: list[Run]) -> str:
 class Rule:
     """What a DFlash config may ask ``release`` to draft at the least (module docstring)."""
 
-    release: Release     # the row, its draft_len_floor as the installed classes report it where installed
-    keeps_warm: bool     # the drafter still runs at draft length 0 (its context rows stay written)
-    source: str          # where the floor was read
+    release: Release  # the row, its draft_len_floor as the installed classes report it where installed
+    keeps_warm: bool  # the drafter still runs at draft length 0 (its context rows stay written)
+    source: str  # where the floor was read
 
     @property
     def trap(self) -> bool:
@@ -203,28 +219,41 @@ class Rule:
         """``want`` with every length raised to :attr:`shortest`."""
         return [max(n, self.shortest) for n in want]
 
-    def refusal(self, max_batch_size: int, max_draft_len: int, *, schedule: dict[int, int] | None = None,
-                max_concurrency: int | None = None) -> str | None:
+    def refusal(
+        self,
+        max_batch_size: int,
+        max_draft_len: int,
+        *,
+        schedule: dict[int, int] | None = None,
+        max_concurrency: int | None = None,
+    ) -> str | None:
         """One line when this schedule (or ``max_concurrency``) would draft 0 at a batch size up to
         ``max_batch_size`` on a release with the trap; None when it is safe."""
         if not self.trap:
             return None
         ver = self.release.version
         if max_concurrency is not None:
-            return (f"max_concurrency {max_concurrency} turns drafting off above it, and TensorRT-LLM {ver} has no "
-                    f"draft-length floor: {TRAP}; use a draft_len_schedule whose largest key is >= max_batch_size "
-                    f"({max_batch_size}), e.g. {{{max_concurrency}: {max_draft_len}, {max_batch_size}: 1}}")
+            return (
+                f"max_concurrency {max_concurrency} turns drafting off above it, and TensorRT-LLM {ver} has no "
+                f"draft-length floor: {TRAP}; use a draft_len_schedule whose largest key is >= max_batch_size "
+                f"({max_batch_size}), e.g. {{{max_concurrency}: {max_draft_len}, {max_batch_size}: 1}}"
+            )
         if schedule is None:
             return None
         drafted = lengths(max_batch_size, max_draft_len, self.release, schedule=schedule)
         if 0 not in drafted:
             return None
         at = drafted.index(0) + 1
-        fix = ("no draft length 0" if 0 in schedule.values() else
-               f"a largest key >= max_batch_size, e.g. {max_batch_size}: 1")
-        return (f"draft_len_schedule {dict(sorted(schedule.items()))} drafts 0 tokens from batch size {at} up to "
-                f"max_batch_size {max_batch_size} on TensorRT-LLM {ver}, which has no draft-length floor: {TRAP}; "
-                f"give it {fix}")
+        fix = (
+            "no draft length 0"
+            if 0 in schedule.values()
+            else f"a largest key >= max_batch_size, e.g. {max_batch_size}: 1"
+        )
+        return (
+            f"draft_len_schedule {dict(sorted(schedule.items()))} drafts 0 tokens from batch size {at} up to "
+            f"max_batch_size {max_batch_size} on TensorRT-LLM {ver}, which has no draft-length floor: {TRAP}; "
+            f"give it {fix}"
+        )
 
 
 def installed_floor() -> tuple[int, bool, str] | None:
@@ -237,13 +266,13 @@ def installed_floor() -> tuple[int, bool, str] | None:
     try:
         from tensorrt_llm import version as trt_version  # optional: tensorrt_llm
         from tensorrt_llm.llmapi import llm_args  # optional: tensorrt_llm
-    except ImportError as exc:   # a broken install: the table decides, and the log says why
+    except ImportError as exc:  # a broken install: the table decides, and the log says why
         logger.warning("tensorrt_llm is installed but its LLM-API classes do not import (%s)", exc)
         return None
     ver = str(getattr(trt_version, "__version__", "installed"))
     if not hasattr(llm_args.DecodingBaseConfig, "min_runtime_draft_len"):
         return 0, False, ver
-    cfg = llm_args.DFlashDecodingConfig.model_construct(max_draft_len=1)   # the floor is a per-mode property
+    cfg = llm_args.DFlashDecodingConfig.model_construct(max_draft_len=1)  # the floor is a per-mode property
     return int(cfg.min_runtime_draft_len), bool(getattr(cfg, "keep_drafter_warm", False)), ver
 
 
@@ -254,8 +283,11 @@ def zero_draft_rule(release: Release) -> Rule:
     if found is None:
         return Rule(release, False, f"the release table's row for TensorRT-LLM {release.version}")
     floor_, warm, ver = found
-    return Rule(dataclasses.replace(release, draft_len_floor=floor_), warm,
-                f"the installed TensorRT-LLM {ver}'s DecodingBaseConfig")
+    return Rule(
+        dataclasses.replace(release, draft_len_floor=floor_),
+        warm,
+        f"the installed TensorRT-LLM {ver}'s DecodingBaseConfig",
+    )
 
 
 def floor_cost(want: list[int], drafted: list[int], speedup, release: Release) -> list[str]:
@@ -268,7 +300,9 @@ def floor_cost(want: list[int], drafted: list[int], speedup, release: Release) -
         return []
     speed = [speedup(b, drafted[b - 1]) for b in raised]
     span = f"{raised[0]}" if len(raised) == 1 else f"{raised[0]}-{raised[-1]}"
-    return [f"batch {span}: drafting does not pay, but TensorRT-LLM {release.version} has no draft-length floor "
-            f"({rule.source}) and turning drafting off there walks into {TRAP}; the plan drafts {rule.shortest} "
-            f"token(s) there instead, the shortest draft, predicted {min(speed):.2f}-{max(speed):.2f}x of drafting "
-            f"off (costs up to {max(0.0, 1 - min(speed)):.0%} of throughput at those batch sizes)"]
+    return [
+        f"batch {span}: drafting does not pay, but TensorRT-LLM {release.version} has no draft-length floor "
+        f"({rule.source}) and turning drafting off there walks into {TRAP}; the plan drafts {rule.shortest} "
+        f"token(s) there instead, the shortest draft, predicted {min(speed):.2f}-{max(speed):.2f}x of drafting "
+        f"off (costs up to {max(0.0, 1 - min(speed)):.0%} of throughput at those batch sizes)"
+    ]

@@ -23,7 +23,7 @@ from dflash_trt.errors import RecipeError
 from dflash_trt.plan import schedule as trt
 from dflash_trt.plan.trtllm_releases import Release
 
-VllmSchedule = list[list[int]]     # [[bs_lo, bs_hi, K], ...]
+VllmSchedule = list[list[int]]  # [[bs_lo, bs_hi, K], ...]
 
 
 def check_vllm(entries: VllmSchedule) -> VllmSchedule:
@@ -67,25 +67,33 @@ def from_lengths(lengths: list[int]) -> tuple[int, VllmSchedule]:
     return top, [[r.first, r.last, r.draft_len] for r in trt.schedule_runs(lengths)]
 
 
-def trtllm_to_vllm(schedule: dict[int, int] | None, max_draft_len: int, release: Release,
-                   max_batch_size: int) -> tuple[int, VllmSchedule]:
+def trtllm_to_vllm(
+    schedule: dict[int, int] | None, max_draft_len: int, release: Release, max_batch_size: int
+) -> tuple[int, VllmSchedule]:
     """A TensorRT-LLM ``draft_len_schedule`` (as ``release`` reads it) as vLLM's
     ``(num_speculative_tokens, num_speculative_tokens_per_batch_size)``."""
     return from_lengths(trt.lengths(max_batch_size, max_draft_len, release, schedule=schedule))
 
 
-def vllm_to_trtllm(entries: VllmSchedule, num_speculative_tokens: int, release: Release,
-                   max_batch_size: int) -> tuple[int, dict[int, int]]:
+def vllm_to_trtllm(
+    entries: VllmSchedule, num_speculative_tokens: int, release: Release, max_batch_size: int
+) -> tuple[int, dict[int, int]]:
     """vLLM's schedule as TensorRT-LLM's ``(max_draft_len, draft_len_schedule)`` for ``release``."""
     want = vllm_lengths(entries, num_speculative_tokens, max_batch_size)
     if want[0] <= 0:
-        raise RecipeError("TensorRT-LLM cannot start a schedule with drafting off at batch size 1 "
-                          "(the smallest key must map to max_draft_len)")
+        raise RecipeError(
+            "TensorRT-LLM cannot start a schedule with drafting off at batch size 1 "
+            "(the smallest key must map to max_draft_len)"
+        )
     if any(n < release.draft_len_floor for n in want):
-        raise RecipeError(f"TensorRT-LLM {release.version} never drafts fewer than {release.draft_len_floor} "
-                          "tokens: this vLLM schedule turns drafting off")
+        raise RecipeError(
+            f"TensorRT-LLM {release.version} never drafts fewer than {release.draft_len_floor} "
+            "tokens: this vLLM schedule turns drafting off"
+        )
     if max(want) != want[0]:  # DecodingBaseConfig: the smallest key maps to max_draft_len, the most
-        raise RecipeError("TensorRT-LLM drafts the most at the smallest batch size; this vLLM schedule drafts "
-                          f"{max(want)} above batch 1's {want[0]}")
+        raise RecipeError(
+            "TensorRT-LLM drafts the most at the smallest batch size; this vLLM schedule drafts "
+            f"{max(want)} above batch 1's {want[0]}"
+        )
     sched = trt.check_schedule(trt.emit_schedule(trt.schedule_runs(want), release), want[0])
     return want[0], sched

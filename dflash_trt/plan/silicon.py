@@ -52,11 +52,20 @@ from dflash_trt.plan.uncertainty import RowError
 
 logger = logging.getLogger(__name__)
 
-SYSTEMS = {"H100": "h100_sxm", "H100 PCIe": "h100_pcie", "H200": "h200_sxm", "B200": "b200_sxm",
-           "B300": "b300_sxm", "GB200": "gb200", "GB300": "gb300", "A100 80GB": "a100_sxm", "L40S": "l40s"}
+SYSTEMS = {
+    "H100": "h100_sxm",
+    "H100 PCIe": "h100_pcie",
+    "H200": "h200_sxm",
+    "B200": "b200_sxm",
+    "B300": "b300_sxm",
+    "GB200": "gb200",
+    "GB300": "gb300",
+    "A100 80GB": "a100_sxm",
+    "L40S": "l40s",
+}
 FRAMEWORKS = {"trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang"}
-GEMM = {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}   # mxfp4 and others: inferred from the config
-MAX_VERIFY_WIDTH = 32   # wider forwards are prefills, which the tables' decode engine does not price
+GEMM = {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}  # mxfp4 and others: inferred from the config
+MAX_VERIFY_WIDTH = 32  # wider forwards are prefills, which the tables' decode engine does not price
 LOOP_FILE = Path(__file__).resolve().parents[1] / "assets" / "perf" / "silicon.json"
 
 
@@ -65,6 +74,8 @@ def loop() -> dict:
     """The combined model's fixed cost per forward beside the tables' step (``loop_s``: scheduling,
     sampling, host sync, launches the tables do not time), fitted by ``bench/planner_accuracy.py``."""
     return json.loads(LOOP_FILE.read_text())
+
+
 DECODE_ISL_FLOOR = 16
 
 
@@ -96,7 +107,7 @@ def table_version(system: str, framework: str, release: str | None) -> str | Non
 class Tables:
     """The target's step times from the tables for one deployment (ms)."""
 
-    model: str            # the target's config directory or hub id, as the tables read it
+    model: str  # the target's config directory or hub id, as the tables read it
     system: str
     framework: str
     version: str | None
@@ -104,13 +115,15 @@ class Tables:
     tp: int
     layers: int
     kv_cache: str = "auto"
-    reason: str | None = None    # why the tables do not serve this deployment (None: they do)
+    reason: str | None = None  # why the tables do not serve this deployment (None: they do)
     _engines: dict = field(default_factory=dict, repr=False)
 
     @property
     def source(self) -> str:
-        return (f"aiconfigurator-core {installed()} measured tables ({self.framework} {self.version or 'current'}, "
-                f"{self.system})")
+        return (
+            f"aiconfigurator-core {installed()} measured tables ({self.framework} {self.version or 'current'}, "
+            f"{self.system})"
+        )
 
     def _engine(self, nextn: int):
         if nextn not in self._engines:
@@ -122,9 +135,18 @@ class Tables:
             # MoE experts split like the rest (moe_tp = tp, no expert parallelism): its width check wants
             # tp x attention_dp = moe_tp x moe_ep
             self._engines[nextn] = EngineHandle.compile(
-                self.model, self.system, self.framework, backend_version=self.version, tp_size=self.tp,
-                moe_tp_size=self.tp, moe_ep_size=1, gemm_quant_mode=GEMM.get(self.precision),
-                kvcache_quant_mode=kv, fmha_quant_mode="bfloat16", nextn=nextn)
+                self.model,
+                self.system,
+                self.framework,
+                backend_version=self.version,
+                tp_size=self.tp,
+                moe_tp_size=self.tp,
+                moe_ep_size=1,
+                gemm_quant_mode=GEMM.get(self.precision),
+                kvcache_quant_mode=kv,
+                fmha_quant_mode="bfloat16",
+                nextn=nextn,
+            )
         return self._engines[nextn]
 
     def library_ms(self, b: int, nextn: int, ctx: int) -> float:
@@ -162,34 +184,57 @@ class Tables:
 
 
 @lru_cache(maxsize=32)
-def _probe(model: str, system: str, framework: str, version: str | None, precision: str, tp: int,
-           layers: int, kv_cache: str) -> Tables:
+def _probe(
+    model: str, system: str, framework: str, version: str | None, precision: str, tp: int, layers: int, kv_cache: str
+) -> Tables:
     t = Tables(model, system, framework, version, precision, tp, layers, kv_cache)
     try:
         t.forward_ms(1, 1, 512)
-    except Exception as exc:   # the library refuses what its tables lack (model family, system, version)
+    except Exception as exc:  # the library refuses what its tables lack (model family, system, version)
         logger.info("aiconfigurator-core cannot price %s on %s/%s: %s", model, system, framework, exc)
         t.reason = f"the tables cannot price it ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
     return t
 
 
-def silicon_tables(model: str | None, gpu: str, stack: str, precision: str, tp: int, layers: int,
-                   release: str | None, kv_cache: str = "auto") -> Tables | None:
+def silicon_tables(
+    model: str | None,
+    gpu: str,
+    stack: str,
+    precision: str,
+    tp: int,
+    layers: int,
+    release: str | None,
+    kv_cache: str = "auto",
+) -> Tables | None:
     """The tables for a deployment, or None when the library is absent; a :class:`Tables` whose
     ``reason`` says why when they lack the GPU, the stack, the model or the version."""
     if installed() is None:
         return None
     system, framework = SYSTEMS.get(gpu), FRAMEWORKS.get(stack)
     if system is None or framework is None or model is None:
-        why = (f"the tables hold no {gpu}" if system is None else
-               f"the tables hold no {stack} stack" if framework is None else "the target has no config to read")
+        why = (
+            f"the tables hold no {gpu}"
+            if system is None
+            else f"the tables hold no {stack} stack"
+            if framework is None
+            else "the target has no config to read"
+        )
         return Tables(model or "", system or gpu, framework or stack, None, precision, tp, layers, kv_cache, why)
     version = table_version(system, framework, release if framework == "trtllm" else None)
     if version is None:
-        return Tables(model, system, framework, None, precision, tp, layers, kv_cache,
-                      f"the tables hold no {framework} data at or below {release} for {system}")
+        return Tables(
+            model,
+            system,
+            framework,
+            None,
+            precision,
+            tp,
+            layers,
+            kv_cache,
+            f"the tables hold no {framework} data at or below {release} for {system}",
+        )
     if framework != "trtllm":
-        version = None   # the tables' current slot (a raw version is refused outside the slots)
+        version = None  # the tables' current slot (a raw version is refused outside the slots)
     return _probe(model, system, framework, version, precision, tp, layers, kv_cache)
 
 
@@ -267,10 +312,17 @@ def below_note(model: SiliconStepModel, lengths: list[int]) -> str:
             low[b] = why
     if not low:
         return ""
-    at = f"{min(low)}" if len(low) == 1 else f"{min(low)}-{max(low)}" if len(low) == max(low) - min(low) + 1 \
+    at = (
+        f"{min(low)}"
+        if len(low) == 1
+        else f"{min(low)}-{max(low)}"
+        if len(low) == max(low) - min(low) + 1
         else ", ".join(map(str, sorted(low)))
-    return (f"; at batch {at} below the tables' smallest collected size ({low[min(low)]}): "
-            "the calibrated model's step there")
+    )
+    return (
+        f"; at batch {at} below the tables' smallest collected size ({low[min(low)]}): "
+        "the calibrated model's step there"
+    )
 
 
 def sources(model: StepModel, calibration: str, user: bool, lengths: list[int] | None = None) -> dict[str, str]:
@@ -283,12 +335,21 @@ def sources(model: StepModel, calibration: str, user: bool, lengths: list[int] |
         target = tables.source + below_note(model, lengths or [])
         fit = f"{short}, refitted over the tables' target step" if user else loop()["source"]
         own = f"user calibration ({short}, over the tables' target step)" if user else own
-        return {"target_forward": target, "drafter": own, "kv_injection": own,
-                "loop": f"{model.k.step_s * 1e6:.0f} us per forward beside the tables ({fit})",
-                "mtp_step": target}
+        return {
+            "target_forward": target,
+            "drafter": own,
+            "kv_injection": own,
+            "loop": f"{model.k.step_s * 1e6:.0f} us per forward beside the tables ({fit})",
+            "mtp_step": target,
+        }
     elif tables is not None and tables.reason:
         target = f"{own}; tables fell back: {tables.reason}"
     else:
         target = f"{own}; aiconfigurator-core not installed"
-    return {"target_forward": target, "drafter": own, "kv_injection": own, "loop": own,
-            "mtp_step": target if isinstance(model, SiliconStepModel) and model.uses_tables else own}
+    return {
+        "target_forward": target,
+        "drafter": own,
+        "kv_injection": own,
+        "loop": own,
+        "mtp_step": target if isinstance(model, SiliconStepModel) and model.uses_tables else own,
+    }

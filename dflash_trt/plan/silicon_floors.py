@@ -28,10 +28,16 @@ from dflash_trt.plan.model_shapes import TargetShape
 logger = logging.getLogger(__name__)
 
 # op directory, table file, the columns that are sizes (column -> the name a plan prints), dtype column
-TABLES = (("gemm", "gemm_perf", {"m": "GEMM m", "n": "GEMM n", "k": "GEMM k"}, "gemm_dtype"),
-          ("attention", "generation_attention_perf", {"batch_size": "attention batch", "step": "attention context"},
-           "kv_cache_dtype"),
-          ("moe", "moe_perf", {"num_tokens": "MoE tokens"}, "moe_dtype"))
+TABLES = (
+    ("gemm", "gemm_perf", {"m": "GEMM m", "n": "GEMM n", "k": "GEMM k"}, "gemm_dtype"),
+    (
+        "attention",
+        "generation_attention_perf",
+        {"batch_size": "attention batch", "step": "attention context"},
+        "kv_cache_dtype",
+    ),
+    ("moe", "moe_perf", {"num_tokens": "MoE tokens"}, "moe_dtype"),
+)
 
 
 def table_version_key(v: str) -> tuple:
@@ -56,8 +62,7 @@ def _version_dir(op_dir: Path, table: str, version: str | None) -> Path | None:
 
 
 @lru_cache(maxsize=64)
-def floors(system: str, framework: str, version: str | None, gemm_dtype: str | None,
-           kv_dtype: str) -> dict[str, int]:
+def floors(system: str, framework: str, version: str | None, gemm_dtype: str | None, kv_dtype: str) -> dict[str, int]:
     """The smallest collected value of each size column the target step uses ({} where the
     library or an op's table is absent), for ``gemm_dtype``/``kv_dtype`` where the table holds
     that dtype (else over every dtype it holds)."""
@@ -90,8 +95,13 @@ def step_sizes(t: TargetShape, tp: int, b: int, width: int, ctx: int) -> dict[st
     widths = [t.hidden, t.heads * t.head_dim // tp, (t.heads + 2 * t.kv_heads) * t.head_dim // tp]
     if not t.experts:
         widths += [t.intermediate // tp]
-    sizes = {"GEMM m": b * width, "GEMM n": min(widths), "GEMM k": min(widths), "attention batch": b,
-             "attention context": ctx}
+    sizes = {
+        "GEMM m": b * width,
+        "GEMM n": min(widths),
+        "GEMM k": min(widths),
+        "attention batch": b,
+        "attention context": ctx,
+    }
     if t.experts:
         sizes["MoE tokens"] = b * width
     return sizes
@@ -99,6 +109,9 @@ def step_sizes(t: TargetShape, tp: int, b: int, width: int, ctx: int) -> dict[st
 
 def below(floor: dict[str, int], t: TargetShape, tp: int, b: int, width: int, ctx: int) -> str | None:
     """Which of the step's sizes lies below the tables' smallest collected one (None: none)."""
-    low = [f"{name} {v} < {floor[name]}" for name, v in step_sizes(t, tp, b, width, ctx).items()
-           if name in floor and v < floor[name]]
+    low = [
+        f"{name} {v} < {floor[name]}"
+        for name, v in step_sizes(t, tp, b, width, ctx).items()
+        if name in floor and v < floor[name]
+    ]
     return ", ".join(low) or None

@@ -50,8 +50,12 @@ def _halve(serving: ServingSpec, key: str, floor: int) -> ServingSpec | None:
 def lowered(serving: ServingSpec, fixed: frozenset[str]) -> Iterator[ServingSpec]:
     """Successively smaller servings, lowering only keys not in ``fixed`` (module docstring's order)."""
     s = serving
-    for key, floor in (("max_batch_size", BATCH_FLOOR), ("max_seq_len", SEQ_FLOOR),
-                       ("max_batch_size", 1), ("max_seq_len", SEQ_MIN)):
+    for key, floor in (
+        ("max_batch_size", BATCH_FLOOR),
+        ("max_seq_len", SEQ_FLOOR),
+        ("max_batch_size", 1),
+        ("max_seq_len", SEQ_MIN),
+    ):
         if key in fixed:
             continue
         while (nxt := _halve(s, key, floor)) is not None:
@@ -61,12 +65,16 @@ def lowered(serving: ServingSpec, fixed: frozenset[str]) -> Iterator[ServingSpec
 
 def changes(before: ServingSpec, after: ServingSpec, why: str) -> list[dict]:
     """One entry per key the sizing changed: ``{key, from, to, why}``."""
-    return [{"key": f"serving.{k}", "from": getattr(before, k), "to": getattr(after, k), "why": why}
-            for k in SIZED if getattr(before, k) != getattr(after, k)]
+    return [
+        {"key": f"serving.{k}", "from": getattr(before, k), "to": getattr(after, k), "why": why}
+        for k in SIZED
+        if getattr(before, k) != getattr(after, k)
+    ]
 
 
-def size_serving(choose: Callable[[ServingSpec], tuple[int, Any]], serving: ServingSpec, where: str
-                 ) -> tuple[int, Any, ServingSpec, list[dict]]:
+def size_serving(
+    choose: Callable[[ServingSpec], tuple[int, Any]], serving: ServingSpec, where: str
+) -> tuple[int, Any, ServingSpec, list[dict]]:
     """``(tp, memory, serving, changes)``: ``choose(serving)`` is ``deployment.choose_tp`` at that
     serving (a HardwareError when nothing fits); ``where`` names the GPUs for the messages."""
     fixed = user_set(serving)
@@ -75,7 +83,7 @@ def size_serving(choose: Callable[[ServingSpec], tuple[int, Any]], serving: Serv
         return tp, mem, serving, []
     except HardwareError as exc:
         first = exc
-    if FRACTION in fixed:   # the user's fraction in the way, where the planner's own would fit: say so
+    if FRACTION in fixed:  # the user's fraction in the way, where the planner's own would fit: say so
         free = ServingSpec(**serving.model_dump(include=set(fixed - {FRACTION})))
         try:
             _, mem = choose(free)
@@ -92,8 +100,10 @@ def size_serving(choose: Callable[[ServingSpec], tuple[int, Any]], serving: Serv
             continue
         need = re.search(r"needs ([\d.]+ GiB) per GPU of ([\d.]+ GiB)", first.args[0])
         at = f" ({need[1]} per GPU of {need[2]} with CUDA graphs and 4 GiB start-up headroom)" if need else ""
-        why = (f"{serving.max_batch_size} x {serving.max_seq_len} tokens does not fit on {where}{at}; "
-               f"{s.max_batch_size} x {s.max_seq_len} fits at tp={tp} ({mem.total / GiB:.1f} GiB)")
+        why = (
+            f"{serving.max_batch_size} x {serving.max_seq_len} tokens does not fit on {where}{at}; "
+            f"{s.max_batch_size} x {s.max_seq_len} fits at tp={tp} ({mem.total / GiB:.1f} GiB)"
+        )
         return tp, mem, s, changes(serving, s, why)
     raise _refusal(first, serving, fixed)
 
@@ -117,9 +127,13 @@ def fraction_refusal(mem, serving: ServingSpec) -> str | None:
     f, free = mem.fraction, mem.free_after_load
     if mem.after_pool > (1 - f) * free:
         best = (free - mem.after_pool) / free
-        return (f"serving.{FRACTION} {f} leaves {(1 - f) * free / GiB:.1f} GiB beside the KV pool, and start-up "
-                f"needs {mem.after_pool / GiB:.1f} GiB there (drafter arena, activations, CUDA graphs, 4 GiB "
-                f"headroom; PR #19466 saw 0.80-0.90 fail this way): set it <= {int(best * 100) / 100:.2f}, "
-                "or leave it out and the planner chooses it")
-    return (f"serving.{FRACTION} {f} gives the KV pool {f * free / GiB:.1f} GiB and it needs "
-            f"{mem.in_pool / GiB:.1f} GiB: raise it, or leave it out and the planner chooses it")
+        return (
+            f"serving.{FRACTION} {f} leaves {(1 - f) * free / GiB:.1f} GiB beside the KV pool, and start-up "
+            f"needs {mem.after_pool / GiB:.1f} GiB there (drafter arena, activations, CUDA graphs, 4 GiB "
+            f"headroom; PR #19466 saw 0.80-0.90 fail this way): set it <= {int(best * 100) / 100:.2f}, "
+            "or leave it out and the planner chooses it"
+        )
+    return (
+        f"serving.{FRACTION} {f} gives the KV pool {f * free / GiB:.1f} GiB and it needs "
+        f"{mem.in_pool / GiB:.1f} GiB: raise it, or leave it out and the planner chooses it"
+    )

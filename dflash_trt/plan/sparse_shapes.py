@@ -34,11 +34,30 @@ SLIDING = ("mimo_v2_flash", "laguna", "muse_glimmer", "muse_glimmer_text", "gemm
 FAMILIES = DSA + V4 + SLIDING
 
 REQUIRED = {
-    "dsa": ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "intermediate_size",
-            "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "index_head_dim",
-            "index_n_heads", "index_topk"),
-    "v4": ("head_dim", "q_lora_rank", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
-           "o_groups", "o_lora_rank", "index_head_dim", "index_n_heads"),
+    "dsa": (
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "index_head_dim",
+        "index_n_heads",
+        "index_topk",
+    ),
+    "v4": (
+        "head_dim",
+        "q_lora_rank",
+        "moe_intermediate_size",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "o_groups",
+        "o_lora_rank",
+        "index_head_dim",
+        "index_n_heads",
+    ),
     "sliding": ("num_key_value_heads", "head_dim", "intermediate_size"),
 }
 
@@ -64,8 +83,10 @@ def _dsa(cfg: dict) -> Counts:
     n_idx = sum(1 for t in (cfg.get("indexer_types") or ["full"] * L) if t == "full")
     c.add(n_idx * (qr * ni * di + H * di + H * ni), n_idx * 2 * di, 3 * n_idx)  # wq_b, wk, weights_proj; k_norm
     latent = c.kv[0]
-    c.kv = (KVGroup(n_idx, 1, di, split=False, flop_dims=-(-ni * di // nh)),  # last: the latent (TargetShape)
-            KVGroup(L, 1, latent.dims, split=False, flop_dims=latent.flop_dims, attend=cfg["index_topk"]))
+    c.kv = (
+        KVGroup(n_idx, 1, di, split=False, flop_dims=-(-ni * di // nh)),  # last: the latent (TargetShape)
+        KVGroup(L, 1, latent.dims, split=False, flop_dims=latent.flop_dims, attend=cfg["index_topk"]),
+    )
     return c
 
 
@@ -81,19 +102,32 @@ def _v4(cfg: dict) -> Counts:
     c = Counts()
     attn = H * qr + qr * nh * hd + H * hd + nh * hd * olr + g * olr * H
     c.add(L * attn, L * (qr + hd + nh), 5 * L)
-    c.add(n_csa * (4 * H * hd + 4 * H * di + qr * ni * di + H * ni), n_csa * (2 * rates["compressed_sparse_attention"]
-          * (hd + di)), 5 * n_csa)
+    c.add(
+        n_csa * (4 * H * hd + 4 * H * di + qr * ni * di + H * ni),
+        n_csa * (2 * rates["compressed_sparse_attention"] * (hd + di)),
+        5 * n_csa,
+    )
     c.add(n_hca * 2 * H * hd, n_hca * rates["heavily_compressed_attention"] * hd, 2 * n_hca)
     moe_i = cfg["moe_intermediate_size"]
-    _moe(c, cfg, H, cfg["n_routed_experts"], cfg["num_experts_per_tok"], moe_i,
-         int(cfg.get("n_shared_experts") or 1) * moe_i, L)
+    _moe(
+        c,
+        cfg,
+        H,
+        cfg["n_routed_experts"],
+        cfg["num_experts_per_tok"],
+        moe_i,
+        int(cfg.get("n_shared_experts") or 1) * moe_i,
+        L,
+    )
     c.other += L * 2 * H
     sw = int(cfg.get("sliding_window") or 128)
     r_csa, r_hca = rates["compressed_sparse_attention"], rates["heavily_compressed_attention"]
-    c.kv = (KVGroup(L, 1, hd, window=sw, split=False, flop_dims=2 * hd),
-            KVGroup(n_csa, 1, di, stride=r_csa, split=False, flop_dims=-(-ni * di // nh)),
-            KVGroup(n_hca, 1, hd, stride=r_hca, split=False, flop_dims=2 * hd),
-            KVGroup(n_csa, 1, hd, stride=r_csa, split=False, flop_dims=2 * hd, attend=int(cfg.get("index_topk") or 0)))
+    c.kv = (
+        KVGroup(L, 1, hd, window=sw, split=False, flop_dims=2 * hd),
+        KVGroup(n_csa, 1, di, stride=r_csa, split=False, flop_dims=-(-ni * di // nh)),
+        KVGroup(n_hca, 1, hd, stride=r_hca, split=False, flop_dims=2 * hd),
+        KVGroup(n_csa, 1, hd, stride=r_csa, split=False, flop_dims=2 * hd, attend=int(cfg.get("index_topk") or 0)),
+    )
     return c
 
 
@@ -107,8 +141,11 @@ def _sliding(cfg: dict) -> Counts:
     vd = cfg.get("v_head_dim") or hd
     over: dict = next(iter((cfg.get("per_layer_config") or {}).values()), {})  # a saved config's full-layer override
     full_hd = (cfg.get("global_head_dim") or over.get("head_dim") or hd) if mt == "gemma4_unified" else hd
-    full_kv = (cfg.get("num_global_key_value_heads") or over.get("num_key_value_heads") or nkv
-               if mt == "gemma4_unified" else nkv)
+    full_kv = (
+        cfg.get("num_global_key_value_heads") or over.get("num_key_value_heads") or nkv
+        if mt == "gemma4_unified"
+        else nkv
+    )
     k_eq_v = mt == "gemma4_unified" and bool(cfg.get("attention_k_eq_v"))
     owners = L - int(cfg.get("num_kv_shared_layers") or 0)  # the rest reuse an earlier layer's cache
     n_sl = types[:owners].count("sliding_attention")

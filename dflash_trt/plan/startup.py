@@ -42,16 +42,17 @@ from dataclasses import asdict, dataclass
 
 GiB = 1 << 30
 MiB = 1 << 20
-HEADROOM = 4 * GiB          # post-arena consumers: 2-4 GiB measured in PR #19466
-GRAPH_OVERHEAD = 16 * MiB   # per captured graph (static buffers); an assumption
-MAX_FRACTION = 0.90         # KvCacheConfig.free_gpu_memory_fraction's default
-MIN_FRACTION = 0.05         # below it the KV pool is not worth serving from
-PR19466_SAFETY = 0.70       # _DFLASH_BUDGET_SAFETY_FACTOR (PR #19466, open)
+HEADROOM = 4 * GiB  # post-arena consumers: 2-4 GiB measured in PR #19466
+GRAPH_OVERHEAD = 16 * MiB  # per captured graph (static buffers); an assumption
+MAX_FRACTION = 0.90  # KvCacheConfig.free_gpu_memory_fraction's default
+MIN_FRACTION = 0.05  # below it the KV pool is not worth serving from
+PR19466_SAFETY = 0.70  # _DFLASH_BUDGET_SAFETY_FACTOR (PR #19466, open)
 PR19466_OVERHEAD = 4 * GiB  # _DFLASH_BUDGET_RUNTIME_OVERHEAD_BYTES (PR #19466, open)
 
 
-def captured_batch_sizes(max_batch_size: int, schedule: dict[int, int] | None = None,
-                         enable_padding: bool = True) -> list[int]:
+def captured_batch_sizes(
+    max_batch_size: int, schedule: dict[int, int] | None = None, enable_padding: bool = True
+) -> list[int]:
     """The decode batch sizes TensorRT-LLM captures a graph for (module docstring)."""
     if enable_padding:
         sizes = [1, 2, 4] + [8 * i for i in range(1, 17)]
@@ -59,11 +60,11 @@ def captured_batch_sizes(max_batch_size: int, schedule: dict[int, int] | None = 
             sizes.append(sizes[-1] + 64)
     else:
         sizes = list(range(1, 32)) + [32, 64, 128]
-        sizes += [2 ** i for i in range(8, math.ceil(math.log2(max(max_batch_size, 2))))]
+        sizes += [2**i for i in range(8, math.ceil(math.log2(max(max_batch_size, 2))))]
     sizes = sorted(s for s in set(sizes) if s <= max_batch_size)
     if not sizes or sizes[-1] != max_batch_size:
         sizes.append(max_batch_size)
-    extra = {k for k in (schedule or {}) if k <= sizes[-1]}   # _merge_schedule_keys
+    extra = {k for k in (schedule or {}) if k <= sizes[-1]}  # _merge_schedule_keys
     return sorted(set(sizes) | extra)
 
 
@@ -87,11 +88,11 @@ def graph_bytes(target, drafter, tp: int, sizes: list[int], draft_len: int) -> i
 class Budget:
     """The start-up budget of one plan, bytes per GPU."""
 
-    free_after_load: int        # what TensorRT-LLM measures free before the KV pool
-    in_pool: int                # what the KV pool must hold (target KV, paged draft context)
-    after_pool: int             # what must fit beside it (dense arena, activations, graphs, headroom)
-    fraction: float             # free_gpu_memory_fraction written in the config
-    fraction_source: str        # "chosen" | "recipe"
+    free_after_load: int  # what TensorRT-LLM measures free before the KV pool
+    in_pool: int  # what the KV pool must hold (target KV, paged draft context)
+    after_pool: int  # what must fit beside it (dense arena, activations, graphs, headroom)
+    fraction: float  # free_gpu_memory_fraction written in the config
+    fraction_source: str  # "chosen" | "recipe"
     graph_batch_sizes: tuple[int, ...]
 
     @property
@@ -100,8 +101,11 @@ class Budget:
 
     def as_dict(self) -> dict:
         # JSON-shaped (the plan stores it as written): the batch sizes a list, as they read back
-        return {**asdict(self), "graph_batch_sizes": list(self.graph_batch_sizes),
-                "left_after_pool": self.left_after_pool}
+        return {
+            **asdict(self),
+            "graph_batch_sizes": list(self.graph_batch_sizes),
+            "left_after_pool": self.left_after_pool,
+        }
 
 
 def best_fraction(free: int, after_pool: int) -> float:
@@ -116,5 +120,10 @@ def pr19466(capacity: int, weights: int, fraction: float, buffers: int, backend:
     budget = max(0, int((capacity - weights - PR19466_OVERHEAD) * (1 - fraction) * PR19466_SAFETY))
     over = buffers > budget
     verdict = "fits" if not over else ("warns" if backend == "TRTLLM" else "raises")
-    return {"source": "TensorRT-LLM PR #19466 (open, 2026-09-21; not in a release)", "budget": budget,
-            "buffers": buffers, "fraction": fraction, "verdict": verdict}
+    return {
+        "source": "TensorRT-LLM PR #19466 (open, 2026-09-21; not in a release)",
+        "budget": budget,
+        "buffers": buffers,
+        "fraction": fraction,
+        "verdict": verdict,
+    }

@@ -36,50 +36,118 @@ class Capture:
 
     family: str
     architectures: tuple[str, ...]
-    since: str | None            # first known release with the hook; None: missing
-    source: str                  # the file (and function) read
-    missing: str | None = None   # why no release captures (the file that shows it)
+    since: str | None  # first known release with the hook; None: missing
+    source: str  # the file (and function) read
+    missing: str | None = None  # why no release captures (the file that shows it)
     notes: str = ""
 
 
 CAPTURES: tuple[Capture, ...] = (
     Capture("llama", ("LlamaForCausalLM",), _OLDEST, _MODELS + "modeling_llama.py::LlamaDecoderLayer.forward"),
-    Capture("qwen3", ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"), _OLDEST,
-            _MODELS + "modeling_qwen3.py, modeling_qwen3_moe.py (decoder layer forward)"),
-    Capture("qwen3_5", ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
-                        "Qwen3_5MoeForConditionalGeneration"), _OLDEST, _MODELS + "modeling_qwen3_5.py",
-            notes="hybrid GDN state after acceptance: PR #13782"),
-    Capture("qwen3_next", ("Qwen3NextForCausalLM",), _OLDEST,
-            _MODELS + "modeling_qwen3_next.py::Qwen3NextFullAttentionDecoderLayer.forward"),
+    Capture(
+        "qwen3",
+        ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+        _OLDEST,
+        _MODELS + "modeling_qwen3.py, modeling_qwen3_moe.py (decoder layer forward)",
+    ),
+    Capture(
+        "qwen3_5",
+        (
+            "Qwen3_5ForCausalLM",
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForConditionalGeneration",
+        ),
+        _OLDEST,
+        _MODELS + "modeling_qwen3_5.py",
+        notes="hybrid GDN state after acceptance: PR #13782",
+    ),
+    Capture(
+        "qwen3_next",
+        ("Qwen3NextForCausalLM",),
+        _OLDEST,
+        _MODELS + "modeling_qwen3_next.py::Qwen3NextFullAttentionDecoderLayer.forward",
+    ),
     Capture("gpt_oss", ("GptOssForCausalLM",), _OLDEST, _MODELS + "modeling_gpt_oss.py"),
-    Capture("deepseek_v3", ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK2ForCausalLM",
-                            "KimiK25ForConditionalGeneration", "GlmMoeDsaForCausalLM"), _OLDEST,
-            _MODELS + "modeling_deepseekv3.py (GlmMoeDsaForCausalLM maps there in _arch_index.py)"),
-    Capture("laguna", ("LagunaForCausalLM",), _OLDEST, _MODELS + "modeling_laguna.py (its DFlash drafter "
-            "subclass reads dflash_config.block_size)"),
-    Capture("nemotron_h", ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"), _NEWEST,
-            _MODELS + "modeling_nemotron_h.py::NemotronHLayer.forward", notes="read on main; tag not pinned"),
-    Capture("kimi_linear", ("KimiLinearForCausalLM", "KimiK3ForConditionalGeneration"), _NEWEST,
-            _MODELS + "modeling_kimi_linear.py (_trunk_parameters: the DFlash drafter attached by "
-            "SpecDecOneEngineForCausalLM)", notes="Kimi-K3 target: PR #19040; read on main, tag not pinned"),
-    Capture("gemma4", ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
-                       "Gemma4UnifiedForConditionalGeneration"), None,
-            _MODELS + "modeling_gemma4.py", missing=_MODELS + "modeling_gemma4.py (Gemma4DecoderLayer and "
-            "Gemma4TextModel.forward never see spec_metadata; modeling_gemma4_unified.py reuses "
-            "Gemma4ForCausalLM as its text core)"),
-    Capture("minimax_m2", ("MiniMaxM2ForCausalLM",), None, _MODELS + "modeling_minimaxm2.py",
-            missing=_MODELS + "modeling_minimaxm2.py (its decoder loop never sees spec_metadata)"),
-    Capture("mimo_v2", ("MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM"), None, _MODELS + "_arch_index.py",
-            missing=_NOT_IN_INDEX),
-    Capture("deepseek_v4", ("DeepseekV4ForCausalLM",), _NEWEST,
-            _MODELS + "modeling_deepseekv4.py::DeepseekV4DecoderLayer.forward_MoE (each tapped layer's MoE output)",
-            notes="read on main; tag not pinned"),
-    Capture("glm5_next", ("Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"), None,
-            _MODELS + "modeling_glm5_next.py", missing=_MODELS + "modeling_glm5_next.py (Glm5NextDecoderLayer.forward "
-            "and Glm5NextModel.forward never see spec_metadata; only its one-model MTP layer is fed)",
-            notes="read on main (commit 044d703d), the VLM wrapper runs this text model; tag not pinned"),
-    Capture("muse_glimmer", ("MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration"), None,
-            _MODELS + "_arch_index.py", missing=_NOT_IN_INDEX),
+    Capture(
+        "deepseek_v3",
+        (
+            "DeepseekV3ForCausalLM",
+            "DeepseekV32ForCausalLM",
+            "KimiK2ForCausalLM",
+            "KimiK25ForConditionalGeneration",
+            "GlmMoeDsaForCausalLM",
+        ),
+        _OLDEST,
+        _MODELS + "modeling_deepseekv3.py (GlmMoeDsaForCausalLM maps there in _arch_index.py)",
+    ),
+    Capture(
+        "laguna",
+        ("LagunaForCausalLM",),
+        _OLDEST,
+        _MODELS + "modeling_laguna.py (its DFlash drafter subclass reads dflash_config.block_size)",
+    ),
+    Capture(
+        "nemotron_h",
+        ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"),
+        _NEWEST,
+        _MODELS + "modeling_nemotron_h.py::NemotronHLayer.forward",
+        notes="read on main; tag not pinned",
+    ),
+    Capture(
+        "kimi_linear",
+        ("KimiLinearForCausalLM", "KimiK3ForConditionalGeneration"),
+        _NEWEST,
+        _MODELS + "modeling_kimi_linear.py (_trunk_parameters: the DFlash drafter attached by "
+        "SpecDecOneEngineForCausalLM)",
+        notes="Kimi-K3 target: PR #19040; read on main, tag not pinned",
+    ),
+    Capture(
+        "gemma4",
+        ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration"),
+        None,
+        _MODELS + "modeling_gemma4.py",
+        missing=_MODELS + "modeling_gemma4.py (Gemma4DecoderLayer and "
+        "Gemma4TextModel.forward never see spec_metadata; modeling_gemma4_unified.py reuses "
+        "Gemma4ForCausalLM as its text core)",
+    ),
+    Capture(
+        "minimax_m2",
+        ("MiniMaxM2ForCausalLM",),
+        None,
+        _MODELS + "modeling_minimaxm2.py",
+        missing=_MODELS + "modeling_minimaxm2.py (its decoder loop never sees spec_metadata)",
+    ),
+    Capture(
+        "mimo_v2",
+        ("MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM"),
+        None,
+        _MODELS + "_arch_index.py",
+        missing=_NOT_IN_INDEX,
+    ),
+    Capture(
+        "deepseek_v4",
+        ("DeepseekV4ForCausalLM",),
+        _NEWEST,
+        _MODELS + "modeling_deepseekv4.py::DeepseekV4DecoderLayer.forward_MoE (each tapped layer's MoE output)",
+        notes="read on main; tag not pinned",
+    ),
+    Capture(
+        "glm5_next",
+        ("Glm5NextForCausalLM", "Glm5NextForConditionalGeneration"),
+        None,
+        _MODELS + "modeling_glm5_next.py",
+        missing=_MODELS + "modeling_glm5_next.py (Glm5NextDecoderLayer.forward "
+        "and Glm5NextModel.forward never see spec_metadata; only its one-model MTP layer is fed)",
+        notes="read on main (commit 044d703d), the VLM wrapper runs this text model; tag not pinned",
+    ),
+    Capture(
+        "muse_glimmer",
+        ("MuseGlimmerForCausalLM", "MuseGlimmerForConditionalGeneration"),
+        None,
+        _MODELS + "_arch_index.py",
+        missing=_NOT_IN_INDEX,
+    ),
 )
 
 _BY_ARCH = {arch: row for row in CAPTURES for arch in row.architectures}

@@ -60,8 +60,10 @@ class DFlash2Rules(TrtllmRules):
         (``_validate_dflash2_config``), or a one-line RecipeError."""
         super().check(cfg, release)
         if cfg.selector_top_k < 2:
-            raise RecipeError(f"TensorRT-LLM refuses a DFlash2 selector_top_k of {cfg.selector_top_k} (no candidates "
-                              "to choose between); the drafter needs selector_top_k >= 2")
+            raise RecipeError(
+                f"TensorRT-LLM refuses a DFlash2 selector_top_k of {cfg.selector_top_k} (no candidates "
+                "to choose between); the drafter needs selector_top_k >= 2"
+            )
 
 
 register_trtllm_rules(DFlash2Family, DFlash2Rules)

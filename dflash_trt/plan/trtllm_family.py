@@ -36,10 +36,12 @@ class TrtllmRules:
         if not self.serves(release):
             family = family_of(cfg)
             where = " or ".join(self.serving_releases())
-            raise RecipeError(f"TensorRT-LLM {release} does not serve {family.display} drafters "
-                              f"({family.architecture}); "
-                              + (f"set trtllm.release to {where}, or " if where else "")
-                              + "run the pair on the reference runtime")
+            raise RecipeError(
+                f"TensorRT-LLM {release} does not serve {family.display} drafters "
+                f"({family.architecture}); "
+                + (f"set trtllm.release to {where}, or " if where else "")
+                + "run the pair on the reference runtime"
+            )
 
     def attention_backend(self, requested: str, cfg, sm: int, release: Release) -> str:
         """``speculative.attention_backend`` for drafter config ``cfg`` on GPU ``sm``: the rule keyed on the

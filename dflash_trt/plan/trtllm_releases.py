@@ -65,17 +65,35 @@ from typing import Literal
 
 from dflash_trt.errors import RecipeError
 
-IMAGE = "nvcr.io/nvidia/tensorrt-llm/release"   # NGC release containers, tagged by version
+IMAGE = "nvcr.io/nvidia/tensorrt-llm/release"  # NGC release containers, tagged by version
 
 # DFlashDecodingConfig keys (TensorRT-LLM field names; ``speculative_model_dir`` is an alias).
-_DFLASH_1_3 = frozenset({
-    "decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency",
-    "draft_len_schedule", "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold",
-    "use_rejection_sampling", "allow_advanced_sampling", "advanced_sampling_mode", "enable_penalty",
-    "mask_token_id", "target_layer_ids", "attention_backend",
-})
-_DFLASH_1_4 = _DFLASH_1_3 | {"moe_backend", "spec_dec_variant", "context_recompute_tail",
-                             "skip_ctx_buffer_budget_check"}
+_DFLASH_1_3 = frozenset(
+    {
+        "decoding_type",
+        "max_draft_len",
+        "max_total_draft_tokens",
+        "speculative_model",
+        "max_concurrency",
+        "draft_len_schedule",
+        "load_format",
+        "acceptance_rate_window_size",
+        "acceptance_rate_threshold",
+        "use_rejection_sampling",
+        "allow_advanced_sampling",
+        "advanced_sampling_mode",
+        "enable_penalty",
+        "mask_token_id",
+        "target_layer_ids",
+        "attention_backend",
+    }
+)
+_DFLASH_1_4 = _DFLASH_1_3 | {
+    "moe_backend",
+    "spec_dec_variant",
+    "context_recompute_tail",
+    "skip_ctx_buffer_budget_check",
+}
 
 Lookup = Literal["upper_bound", "lower_bound"]
 
@@ -88,18 +106,18 @@ class Release:
     """What one TensorRT-LLM release reads in a DFlash bundle."""
 
     version: str
-    attention_backends: tuple[str, ...]     # DFlashDecodingConfig.attention_backend values
-    dflash_keys: frozenset[str]             # speculative_config keys it accepts
+    attention_backends: tuple[str, ...]  # DFlashDecodingConfig.attention_backend values
+    dflash_keys: frozenset[str]  # speculative_config keys it accepts
     schedule_lookup: Lookup = "upper_bound"  # upper_bound: first key >= batch; lower_bound: last key <= batch
-    draft_len_floor: int = 0                # floor on every scheduled length (0: drafting stops; PR #16888 open)
-    refuses_token_budget: bool = False      # TensorRT-LLM itself refuses a violated token budget
-    pin_gpt_oss_moe: bool = True            # write moe_config.backend for gpt-oss targets
-    dflash2: bool = False                   # serves DFlash2 drafters (DFlash2DraftModel, PR #18155)
+    draft_len_floor: int = 0  # floor on every scheduled length (0: drafting stops; PR #16888 open)
+    refuses_token_budget: bool = False  # TensorRT-LLM itself refuses a violated token budget
+    pin_gpt_oss_moe: bool = True  # write moe_config.backend for gpt-oss targets
+    dflash2: bool = False  # serves DFlash2 drafters (DFlash2DraftModel, PR #18155)
     block_size_from_dflash_config: bool = False  # reads dflash_config.block_size (PR #17935); else top level
-    refuses_windowed_trtllm: bool = False   # refuses TRTLLM draft attention for non-causal windows (PR #19159)
+    refuses_windowed_trtllm: bool = False  # refuses TRTLLM draft attention for non-causal windows (PR #19159)
     draft_kv_manager: tuple[str, ...] = ALL_BACKENDS  # backends given a separate draft KV manager (PR #19410)
-    warns_disaggregated: bool = False       # warns (only) on DFlash with disaggregated serving (PR #19352)
-    tag: str = ""                           # the tag's commit and date, where established
+    warns_disaggregated: bool = False  # warns (only) on DFlash with disaggregated serving (PR #19352)
+    tag: str = ""  # the tag's commit and date, where established
     capture: tuple[tuple[str, str], ...] = ()  # (target architecture, capture verdict): target-family issues
     notes: str = ""
 
@@ -120,28 +138,46 @@ class Release:
 
 
 RELEASES: tuple[Release, ...] = (
-    Release("1.3.0rc26", ("VANILLA", "TRTLLM"), _DFLASH_1_3, block_size_from_dflash_config=True,
-            tag="c295dd9, released 2026-09-09",
-            notes="tag established (release page); #17935 merged before it (block_size read from dflash_config); "
-                  "#18155, #19159, #19352, #19410 merged after it (no DFlash2, a draft KV manager for every "
-                  "backend, no disaggregated warning); VANILLA | TRTLLM from the unversioned DFlashDecodingConfig "
-                  "page"),
-    Release("1.3.0rc27", ALL_BACKENDS, _DFLASH_1_3,
-            notes="FA4 draft attention (SM90) from its API page; its tag's date was not established, so "
-                  "whether it holds #17935, #18155, #19159, #19352, #19410 is unknown: the row assumes none "
-                  "(DFlash2 refused, a draft KV manager charged for every backend, block_size written at both "
-                  "places as for every release)"),
-    Release("1.4.0rc1", ALL_BACKENDS, _DFLASH_1_4, refuses_token_budget=True, dflash2=True,
-            block_size_from_dflash_config=True, refuses_windowed_trtllm=True, draft_kv_manager=("TRTLLM",),
-            warns_disaggregated=True, tag="0372799, released 2026-10-22",
-            notes="tag established (release page, notes citing PRs up to #20205); #17935, #18155, #19159, "
-                  "#19352, #19410 merged into main before it (its tree was not read: the snapshot is over the "
-                  "fetch limit); context_recompute_tail and the token-budget checks (API page); #16888 open "
-                  "(drafting stops above the largest key); whether AUTO resolves the gpt-oss MoE backend here "
-                  "is not confirmed (the 1.4.0rc4 guide says it does)"),
+    Release(
+        "1.3.0rc26",
+        ("VANILLA", "TRTLLM"),
+        _DFLASH_1_3,
+        block_size_from_dflash_config=True,
+        tag="c295dd9, released 2026-09-09",
+        notes="tag established (release page); #17935 merged before it (block_size read from dflash_config); "
+        "#18155, #19159, #19352, #19410 merged after it (no DFlash2, a draft KV manager for every "
+        "backend, no disaggregated warning); VANILLA | TRTLLM from the unversioned DFlashDecodingConfig "
+        "page",
+    ),
+    Release(
+        "1.3.0rc27",
+        ALL_BACKENDS,
+        _DFLASH_1_3,
+        notes="FA4 draft attention (SM90) from its API page; its tag's date was not established, so "
+        "whether it holds #17935, #18155, #19159, #19352, #19410 is unknown: the row assumes none "
+        "(DFlash2 refused, a draft KV manager charged for every backend, block_size written at both "
+        "places as for every release)",
+    ),
+    Release(
+        "1.4.0rc1",
+        ALL_BACKENDS,
+        _DFLASH_1_4,
+        refuses_token_budget=True,
+        dflash2=True,
+        block_size_from_dflash_config=True,
+        refuses_windowed_trtllm=True,
+        draft_kv_manager=("TRTLLM",),
+        warns_disaggregated=True,
+        tag="0372799, released 2026-10-22",
+        notes="tag established (release page, notes citing PRs up to #20205); #17935, #18155, #19159, "
+        "#19352, #19410 merged into main before it (its tree was not read: the snapshot is over the "
+        "fetch limit); context_recompute_tail and the token-budget checks (API page); #16888 open "
+        "(drafting stops above the largest key); whether AUTO resolves the gpt-oss MoE backend here "
+        "is not confirmed (the 1.4.0rc4 guide says it does)",
+    ),
 )
 KNOWN: dict[str, Release] = {r.version: r for r in RELEASES}
-DEFAULT_RELEASE = RELEASES[-1].version   # the newest the project knows: a recipe's default
+DEFAULT_RELEASE = RELEASES[-1].version  # the newest the project knows: a recipe's default
 
 
 def get_release(version: str) -> Release:
@@ -149,8 +185,10 @@ def get_release(version: str) -> Release:
     try:
         return KNOWN[str(version)]
     except KeyError:
-        raise RecipeError(f"trtllm.release {version!r} is not a TensorRT-LLM release this dflash-trt knows; "
-                          f"choose one of {', '.join(KNOWN)}") from None
+        raise RecipeError(
+            f"trtllm.release {version!r} is not a TensorRT-LLM release this dflash-trt knows; "
+            f"choose one of {', '.join(KNOWN)}"
+        ) from None
 
 
 def gpt_oss_moe_backend(sm: int) -> str:

@@ -49,7 +49,7 @@ from dflash_trt.plan.hardware import GPU
 from dflash_trt.plan.recipe import ServingSpec
 from dflash_trt.plan.trtllm_releases import Release, gpt_oss_moe_backend
 
-DEFAULT_RECOMPUTE_TAIL = 512   # prompt tokens recomputed on a prefix-cache hit when block reuse is on
+DEFAULT_RECOMPUTE_TAIL = 512  # prompt tokens recomputed on a prefix-cache hit when block reuse is on
 IGNORED_DRAFTER_KEYS = ("causal", "input_embedding_scale", "output_multiplier", "final_logit_softcapping")
 GiB = 1 << 30
 
@@ -70,35 +70,48 @@ def fa4_head_dim(head_dim: int | None) -> bool:
     return head_dim is None or (8 <= head_dim <= 256 and head_dim % 8 == 0)
 
 
-def attention_backend(requested: str, gpu: GPU, release: Release, warnings: list[str],
-                      head_dim: int | None = None) -> str:
+def attention_backend(
+    requested: str, gpu: GPU, release: Release, warnings: list[str], head_dim: int | None = None
+) -> str:
     """DFlashDecodingConfig.attention_backend: the recipe's, or the GPU's best the release has, by
     one rule on the GPU and the drafter's head dimension (its windows: :func:`draft_attention_backend`):
     TRTLLM on SM100/SM103, FA4 on SM90 where the release has it and the head dimension is FA4's,
     VANILLA elsewhere. A requested backend the rule forbids is refused in one line naming the rule."""
     if requested != "auto":
         if requested not in release.attention_backends:
-            raise RecipeError(f"speculative.attention_backend {requested} does not exist in TensorRT-LLM "
-                              f"{release.version} (it has {', '.join(release.attention_backends)}); FA4 needs "
-                              "trtllm.release 1.3.0rc27 or later")
+            raise RecipeError(
+                f"speculative.attention_backend {requested} does not exist in TensorRT-LLM "
+                f"{release.version} (it has {', '.join(release.attention_backends)}); FA4 needs "
+                "trtllm.release 1.3.0rc27 or later"
+            )
         if requested == "TRTLLM" and gpu.kind == "gpu" and gpu.sm not in (100, 103):
-            raise HardwareError(f"speculative.attention_backend TRTLLM needs an SM100/SM103 GPU (B200, B300, GB200); "
-                                f"{gpu.name} is SM{gpu.sm}: use FA4 on Hopper or VANILLA")
+            raise HardwareError(
+                f"speculative.attention_backend TRTLLM needs an SM100/SM103 GPU (B200, B300, GB200); "
+                f"{gpu.name} is SM{gpu.sm}: use FA4 on Hopper or VANILLA"
+            )
         if requested == "FA4" and gpu.kind == "gpu" and gpu.sm != 90:
-            raise HardwareError(f"speculative.attention_backend FA4 is SM90 only (PR #18553); {gpu.name} is "
-                                f"SM{gpu.sm}: use TRTLLM on SM100/SM103, or VANILLA")
+            raise HardwareError(
+                f"speculative.attention_backend FA4 is SM90 only (PR #18553); {gpu.name} is "
+                f"SM{gpu.sm}: use TRTLLM on SM100/SM103, or VANILLA"
+            )
         if requested == "FA4" and not fa4_head_dim(head_dim):
-            raise RecipeError(f"speculative.attention_backend FA4 takes head_dim 8-256 in steps of 8 (PR #18553); "
-                              f"the drafter's is {head_dim}: use VANILLA")
+            raise RecipeError(
+                f"speculative.attention_backend FA4 takes head_dim 8-256 in steps of 8 (PR #18553); "
+                f"the drafter's is {head_dim}: use VANILLA"
+            )
         return requested
     best = gpu.draft_attention_backend
     if best == "FA4" and not fa4_head_dim(head_dim):
-        warnings.append(f"the drafter's head_dim {head_dim} is outside FA4's 8-256 (steps of 8); using VANILLA, "
-                        "which needs the flash_attn package")
+        warnings.append(
+            f"the drafter's head_dim {head_dim} is outside FA4's 8-256 (steps of 8); using VANILLA, "
+            "which needs the flash_attn package"
+        )
         return "VANILLA"
     if best not in release.attention_backends:
-        warnings.append(f"TensorRT-LLM {release.version} has no {best} draft attention; using VANILLA, which needs "
-                        "the flash_attn package (TensorRT-LLM's requirements do not install it)")
+        warnings.append(
+            f"TensorRT-LLM {release.version} has no {best} draft attention; using VANILLA, which needs "
+            "the flash_attn package (TensorRT-LLM's requirements do not install it)"
+        )
         return "VANILLA"
     return best
 
@@ -111,8 +124,10 @@ def target_attn_backend(requested: str | None) -> str:
     if requested is None or requested == "TRTLLM":
         return "TRTLLM"
     if requested == "FLASHINFER":
-        raise RecipeError("attn_backend FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
-                          "(TensorRT-LLM PR #19466 rejects it); use TRTLLM")
+        raise RecipeError(
+            "attn_backend FLASHINFER cannot verify K + 1 tokens per sequence, so DFlash cannot run on it "
+            "(TensorRT-LLM PR #19466 rejects it); use TRTLLM"
+        )
     return requested
 
 
@@ -130,11 +145,16 @@ def draft_attention_backend(requested: str, cfg, sm: int, release: Release) -> s
     if not layers:
         return requested
     if requested == "TRTLLM":
-        refused = "refuses it (PR #19159)" if release.refuses_windowed_trtllm else \
-            "has no such mode, and this release would run it with wrong masks"
-        raise RecipeError(f"speculative.attention_backend TRTLLM cannot run this drafter: its layer(s) "
-                          f"{', '.join(map(str, layers))} use a non-causal sliding window, which TensorRT-LLM "
-                          f"{release.version}'s TRTLLM draft attention {refused}; use VANILLA, FA4 (SM90), or auto")
+        refused = (
+            "refuses it (PR #19159)"
+            if release.refuses_windowed_trtllm
+            else "has no such mode, and this release would run it with wrong masks"
+        )
+        raise RecipeError(
+            f"speculative.attention_backend TRTLLM cannot run this drafter: its layer(s) "
+            f"{', '.join(map(str, layers))} use a non-causal sliding window, which TensorRT-LLM "
+            f"{release.version}'s TRTLLM draft attention {refused}; use VANILLA, FA4 (SM90), or auto"
+        )
     if requested == "auto":
         return "FA4" if sm == 90 and "FA4" in release.attention_backends else "VANILLA"
     return requested
@@ -143,9 +163,11 @@ def draft_attention_backend(requested: str, cfg, sm: int, release: Release) -> s
 def refuse_disaggregated(disaggregated: bool) -> None:
     """A one-line RecipeError for DFlash under disaggregated serving (PR #19352 only warns)."""
     if disaggregated:
-        raise RecipeError("serving.disaggregated: DFlash with disaggregated serving drafts without the prompt (the "
-                          "generation server gets the target's KV cache, not the drafter's context): output stays "
-                          "correct but acceptance collapses, and TensorRT-LLM only warns (PR #19352); serve aggregated")
+        raise RecipeError(
+            "serving.disaggregated: DFlash with disaggregated serving drafts without the prompt (the "
+            "generation server gets the target's KV cache, not the drafter's context): output stays "
+            "correct but acceptance collapses, and TensorRT-LLM only warns (PR #19352); serve aggregated"
+        )
 
 
 def refuse_quantized_drafter(quant: dict | None, drafter: str = "the drafter") -> None:
@@ -153,28 +175,39 @@ def refuse_quantized_drafter(quant: dict | None, drafter: str = "the drafter") -
     ``ingest.target_quantization`` reads from its directory; None: unquantized)."""
     if quant:
         how = quant.get("quant_algo") or quant.get("quant_method") or quant.get("method") or "quantized"
-        raise RecipeError(f"{drafter} is quantized ({how}): TensorRT-LLM's DFlash loader takes an fp16/bf16 drafter, "
-                          "and a quantized drafter loses acceptance or, in some stacks, output (SGLang serves drafters "
-                          "--speculative-draft-model-quantization unquant; vLLM issue #51581); use its BF16 checkpoint")
+        raise RecipeError(
+            f"{drafter} is quantized ({how}): TensorRT-LLM's DFlash loader takes an fp16/bf16 drafter, "
+            "and a quantized drafter loses acceptance or, in some stacks, output (SGLang serves drafters "
+            "--speculative-draft-model-quantization unquant; vLLM issue #51581); use its BF16 checkpoint"
+        )
 
 
-def token_budget(memory_at: Callable[[ServingSpec], Sized], serving: ServingSpec, max_draft_len: int,
-                 gpu_name: str, warnings: list[str]) -> ServingSpec:
+def token_budget(
+    memory_at: Callable[[ServingSpec], Sized],
+    serving: ServingSpec,
+    max_draft_len: int,
+    gpu_name: str,
+    warnings: list[str],
+) -> ServingSpec:
     """``serving`` with ``max_num_tokens`` raised to the DFlash token budget when memory allows
     (``memory_at(serving)`` is the plan's Memory); else a one-line refusal with the numbers."""
     need = serving.max_batch_size * (1 + max_draft_len)
     if serving.max_num_tokens >= need:
         return serving
-    budget = (f"TensorRT-LLM's DFlash token budget max_batch_size x (1 + max_draft_len) = "
-              f"{serving.max_batch_size} x {1 + max_draft_len} = {need} "
-              f"exceeds max_num_tokens {serving.max_num_tokens}")
+    budget = (
+        f"TensorRT-LLM's DFlash token budget max_batch_size x (1 + max_draft_len) = "
+        f"{serving.max_batch_size} x {1 + max_draft_len} = {need} "
+        f"exceeds max_num_tokens {serving.max_num_tokens}"
+    )
     raised = serving.model_copy(update={"max_num_tokens": need})
     m = memory_at(raised)
     if not m.fits:
         fits = serving.max_num_tokens // (1 + max_draft_len)
-        raise HardwareError(f"{budget}, and raising max_num_tokens to {need} does not fit on {gpu_name} "
-                            f"({m.total / GiB:.1f} of {m.capacity / GiB:.1f} GiB): "
-                            f"set serving.max_batch_size <= {fits} or a smaller speculative.max_draft_len")
+        raise HardwareError(
+            f"{budget}, and raising max_num_tokens to {need} does not fit on {gpu_name} "
+            f"({m.total / GiB:.1f} of {m.capacity / GiB:.1f} GiB): "
+            f"set serving.max_batch_size <= {fits} or a smaller speculative.max_draft_len"
+        )
     warnings.append(f"{budget}: max_num_tokens raised to {need}")
     return raised
 
@@ -182,14 +215,18 @@ def token_budget(memory_at: Callable[[ServingSpec], Sized], serving: ServingSpec
 def recompute_tail(tail: int | None, block_reuse: bool, release: Release, warnings: list[str]) -> int | None:
     """``context_recompute_tail`` for the config (None: not written)."""
     if tail is not None and not release.context_recompute_tail:
-        raise RecipeError(f"speculative.context_recompute_tail needs TensorRT-LLM 1.4.0rc1 or later; "
-                          f"trtllm.release is {release.version}")
+        raise RecipeError(
+            f"speculative.context_recompute_tail needs TensorRT-LLM 1.4.0rc1 or later; "
+            f"trtllm.release is {release.version}"
+        )
     if not block_reuse:
         return tail
     if not release.context_recompute_tail:
-        warnings.append(f"enable_block_reuse on TensorRT-LLM {release.version}: prefix-cache hits give the drafter "
-                        "no hidden states for the reused prompt (acceptance drops; output stays lossless); "
-                        "1.4.0rc1 adds context_recompute_tail")
+        warnings.append(
+            f"enable_block_reuse on TensorRT-LLM {release.version}: prefix-cache hits give the drafter "
+            "no hidden states for the reused prompt (acceptance drops; output stays lossless); "
+            "1.4.0rc1 adds context_recompute_tail"
+        )
         return None
     return DEFAULT_RECOMPUTE_TAIL if tail is None else tail
 
@@ -198,8 +235,10 @@ def chunked_prefill(serving: ServingSpec, tail: int | None, warnings: list[str])
     """``enable_chunked_prefill``: on where prompts may exceed one step or the recompute tail is set."""
     needed = serving.max_seq_len > serving.max_num_tokens or bool(tail)
     if serving.enable_chunked_prefill is False and needed:
-        warnings.append(f"serving.enable_chunked_prefill is off: prompts over max_num_tokens {serving.max_num_tokens} "
-                        "will not be scheduled" + (" and context_recompute_tail is not applied" if tail else ""))
+        warnings.append(
+            f"serving.enable_chunked_prefill is off: prompts over max_num_tokens {serving.max_num_tokens} "
+            "will not be scheduled" + (" and context_recompute_tail is not applied" if tail else "")
+        )
         return False
     return True if serving.enable_chunked_prefill else needed
 
@@ -213,10 +252,16 @@ def moe_backend(model_type: str, gpu: GPU, release: Release) -> str | None:
 
 def ignored_drafter_keys(cfg) -> str | None:
     """One warning line naming the drafter settings (a ``DrafterConfig``) TensorRT-LLM does not apply."""
-    defaults = {"causal": (None, False), "input_embedding_scale": (1.0,), "output_multiplier": (1.0,),
-                "final_logit_softcapping": (None, 0, 0.0)}
+    defaults = {
+        "causal": (None, False),
+        "input_embedding_scale": (1.0,),
+        "output_multiplier": (1.0,),
+        "final_logit_softcapping": (None, 0, 0.0),
+    }
     found = [f"{k}={getattr(cfg, k)}" for k in IGNORED_DRAFTER_KEYS if getattr(cfg, k) not in defaults[k]]
     if not found:
         return None
-    return (f"the drafter sets {', '.join(found)}, which TensorRT-LLM's DFlash loader does not read: the GPU "
-            "deployment will not apply them (output stays lossless; acceptance may drop)")
+    return (
+        f"the drafter sets {', '.join(found)}, which TensorRT-LLM's DFlash loader does not read: the GPU "
+        "deployment will not apply them (output stays lossless; acceptance may drop)"
+    )

@@ -65,8 +65,9 @@ class RowError:
 
     @classmethod
     def from_dict(cls, d: dict) -> RowError:
-        return cls(str(d["id"]), str(d["stack"]), str(d["gpu"]), int(d["concurrency"]), str(d["quantity"]),
-                   float(d["error"]))
+        return cls(
+            str(d["id"]), str(d["stack"]), str(d["gpu"]), int(d["concurrency"]), str(d["quantity"]), float(d["error"])
+        )
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Range:
     low: float
     high: float
     rows: int
-    basis: str        # e.g. "trtllm Blackwell c2-8, 3 rows" or "your measurements, c1, 2 rows"
+    basis: str  # e.g. "trtllm Blackwell c2-8, 3 rows" or "your measurements, c1, 2 rows"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -89,8 +90,7 @@ def errors_of(table: list[dict], stacks: dict[str, tuple[str, int]]) -> list[Row
         gpu, c = stacks[t["id"]]
         for key, v in t["observed"].items():
             if key in t["loo"] and v:
-                out.append(RowError(t["id"], t.get("stack", ""), gpu, c, key,
-                                    round(t["loo"][key] / v - 1, 4)))
+                out.append(RowError(t["id"], t.get("stack", ""), gpu, c, key, round(t["loo"][key] / v - 1, 4)))
     return out
 
 
@@ -114,8 +114,10 @@ def comparable(errors: list[RowError], stack: str, gpu: str, concurrency: int) -
     cls, b = gpu_class(gpu), band(concurrency)
     pool = "CPU" if cls == "CPU" else "GPU"
     tiers = (
-        (lambda e: e.stack == stack and gpu_class(e.gpu) == cls and band(e.concurrency) == b,
-         f"{stack} {cls} {band_label(b)}"),
+        (
+            lambda e: e.stack == stack and gpu_class(e.gpu) == cls and band(e.concurrency) == b,
+            f"{stack} {cls} {band_label(b)}",
+        ),
         (lambda e: e.stack == stack and gpu_class(e.gpu) == cls, f"{stack} {cls}"),
         (lambda e: gpu_class(e.gpu) == cls, f"all stacks {cls}"),
         (lambda e: (gpu_class(e.gpu) == "CPU") == (pool == "CPU"), f"all stacks, {pool}s"),
@@ -128,8 +130,9 @@ def comparable(errors: list[RowError], stack: str, gpu: str, concurrency: int) -
     return list(errors), "all rows"
 
 
-def speedup_range(speedup: float, errors: list[RowError], stack: str, gpu: str, concurrency: int,
-                  own: bool = False) -> Range:
+def speedup_range(
+    speedup: float, errors: list[RowError], stack: str, gpu: str, concurrency: int, own: bool = False
+) -> Range:
     """The range of ``speedup`` predicted for (stack, gpu, concurrency) (module docstring);
     ``own``: ``errors`` are the user's rows of this very deployment (the band alone is matched)."""
     if own:
@@ -142,5 +145,6 @@ def speedup_range(speedup: float, errors: list[RowError], stack: str, gpu: str, 
     if not rows:
         return Range(round(speedup, 3), round(speedup, 3), 0, "no calibration rows")
     hi_e, lo_e = max(max(e.error for e in rows), 0.0), min(min(e.error for e in rows), 0.0)
-    return Range(round(speedup / (1 + hi_e), 3), round(speedup / (1 + lo_e), 3), len(rows),
-                 f"{label}, {len(rows)} rows")
+    return Range(
+        round(speedup / (1 + hi_e), 3), round(speedup / (1 + lo_e), 3), len(rows), f"{label}, {len(rows)} rows"
+    )

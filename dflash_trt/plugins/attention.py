@@ -24,14 +24,14 @@ def block_visibility(lengths: torch.Tensor, max_len: int, B: int, causal: bool, 
     """Boolean [b, B, max_len + B]: which keys each block query may see."""
     dev = lengths.device
     t = torch.arange(B, device=dev)
-    q_pos = lengths[:, None] + t                                   # [b, B]
+    q_pos = lengths[:, None] + t  # [b, B]
     ctx_pos = torch.arange(max_len, device=dev)
     k_pos = torch.cat([ctx_pos[None].expand(len(lengths), -1), q_pos], dim=1)  # [b, max_len+B]
     ctx_valid = ctx_pos[None] < lengths[:, None]
     valid = torch.cat([ctx_valid, torch.ones(len(lengths), B, dtype=torch.bool, device=dev)], 1)
     vis = valid[:, None, :].expand(-1, B, -1).clone()
     if causal:
-        block_ok = t[None, :] <= t[:, None]                         # key t' <= query t
+        block_ok = t[None, :] <= t[:, None]  # key t' <= query t
         vis[:, :, max_len:] &= block_ok[None]
     if window is not None:
         vis &= (q_pos[:, :, None] - k_pos[:, None, :]).abs() < window
@@ -48,8 +48,9 @@ def gather_pages(cache: torch.Tensor, page_table: torch.Tensor, max_len: int) ->
     return cache[pages, (pos % page_size)[None]]
 
 
-def block_attention_reference(q, k, v, k_cache, v_cache, page_table, lengths, *, causal: bool,
-                              window: int | None, scale: float) -> torch.Tensor:
+def block_attention_reference(
+    q, k, v, k_cache, v_cache, page_table, lengths, *, causal: bool, window: int | None, scale: float
+) -> torch.Tensor:
     b, B, h, d = q.shape
     kvh = k.shape[2]
     max_len = int(lengths.max().item()) if b else 0
@@ -60,14 +61,15 @@ def block_attention_reference(q, k, v, k_cache, v_cache, page_table, lengths, *,
     # enable_gqa: query head h reads kv head h // (heads // kv_heads) without copying the keys and
     # values once per query head (the copy was most of the round at long context: 2.5 s -> 0.96 s
     # at b 4, 8k context, 32/8 heads on one CPU thread).
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None], scale=scale,
-                                         enable_gqa=h != kvh)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, vals, attn_mask=mask[:, None], scale=scale, enable_gqa=h != kvh
+    )
     return out.transpose(1, 2).to(q.dtype)
 
 
-def block_attention_triton(q, k, v, k_cache, v_cache, page_table, lengths, *, causal: bool,
-                           window: int | None, scale: float) -> torch.Tensor:
+def block_attention_triton(
+    q, k, v, k_cache, v_cache, page_table, lengths, *, causal: bool, window: int | None, scale: float
+) -> torch.Tensor:
     from dflash_trt.plugins import triton_kernels as tk
 
-    return tk.block_attention(q, k, v, k_cache, v_cache, page_table, lengths, causal=causal,
-                              window=window, scale=scale)
+    return tk.block_attention(q, k, v, k_cache, v_cache, page_table, lengths, causal=causal, window=window, scale=scale)

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 
-def grouped_dynamic_conv(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group_size: int,
-                         block_len: int | None = None) -> torch.Tensor:
+def grouped_dynamic_conv(
+    x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group_size: int, block_len: int | None = None
+) -> torch.Tensor:
     """x [b, L, H]; dynamic [b, L, K, G]; base [K, H] -> [b, L, H] in x's dtype.
 
     ``block_len`` (default L): the length of each independent block the L positions hold back
@@ -34,7 +35,7 @@ def grouped_dynamic_conv(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Ten
     n = block_len or L
     if L % n:
         raise ValueError(f"{L} positions are not whole blocks of {n}")
-    xs = x.reshape(b * (L // n), n, G, group_size)                        # [blocks, n, G, gs]
+    xs = x.reshape(b * (L // n), n, G, group_size)  # [blocks, n, G, gs]
     dyn = dynamic.reshape(b * (L // n), n, K, G, 1)
     out = torch.zeros_like(xs)
     for o in range(K):
@@ -43,8 +44,9 @@ def grouped_dynamic_conv(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Ten
     return out.reshape(b, L, H)
 
 
-def grouped_dynamic_conv_dense(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor,
-                               group_size: int) -> torch.Tensor:
+def grouped_dynamic_conv_dense(
+    x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group_size: int
+) -> torch.Tensor:
     """The same convolution as one dense [L, L] mixing per channel (a test oracle, O(L^2 H)).
 
     weight[t, s, c] = base[t - s, c] + dynamic[t, t - s, c // group] when 0 <= t - s < K, else 0;
@@ -52,7 +54,7 @@ def grouped_dynamic_conv_dense(x: torch.Tensor, dynamic: torch.Tensor, base: tor
     """
     b, L, H = x.shape
     K = base.shape[0]
-    per_channel = dynamic.repeat_interleave(group_size, dim=-1)            # [b, L, K, H]
+    per_channel = dynamic.repeat_interleave(group_size, dim=-1)  # [b, L, K, H]
     weight = x.new_zeros(b, L, L, H)
     for t in range(L):
         for s in range(max(0, t - K + 1), t + 1):

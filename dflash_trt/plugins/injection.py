@@ -32,18 +32,59 @@ def fused_kv(target_hidden, fc_weight, norm_weight, kv_weight, kv_bias, eps) -> 
     return kv + kv_bias if kv_bias is not None else kv
 
 
-def kv_injection_reference(*, target_hidden, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
-                           k_norm_weight, inv_freq, rope_scale, eps, k_cache, v_cache, page_table,
-                           num_kv_heads, head_dim) -> None:
+def kv_injection_reference(
+    *,
+    target_hidden,
+    n_new,
+    lengths,
+    fc_weight,
+    norm_weight,
+    kv_weight,
+    kv_bias,
+    k_norm_weight,
+    inv_freq,
+    rope_scale,
+    eps,
+    k_cache,
+    v_cache,
+    page_table,
+    num_kv_heads,
+    head_dim,
+) -> None:
     if target_hidden.shape[0] == 0 or target_hidden.shape[1] == 0:
         return
     kv = fused_kv(target_hidden, fc_weight, norm_weight, kv_weight, kv_bias, eps)
-    kv_scatter_reference(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
-                         rope_scale=rope_scale, eps=eps, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    kv_scatter_reference(
+        kv,
+        k_norm_weight,
+        inv_freq,
+        n_new,
+        lengths,
+        page_table,
+        k_cache,
+        v_cache,
+        rope_scale=rope_scale,
+        eps=eps,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )
 
 
-def kv_scatter_reference(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache, *,
-                         rope_scale, eps, num_kv_heads, head_dim) -> None:
+def kv_scatter_reference(
+    kv,
+    k_norm_weight,
+    inv_freq,
+    n_new,
+    lengths,
+    page_table,
+    k_cache,
+    v_cache,
+    *,
+    rope_scale,
+    eps,
+    num_kv_heads,
+    head_dim,
+) -> None:
     """The stage after the one GEMM (what ``dflash::KVInjection`` in ONNX / TensorRT does):
     kv [b, T, L*2*kvh*d] -> per-layer k_norm + RoPE -> paged scatter of the first n_new[i]."""
     b, T, _ = kv.shape
@@ -67,17 +108,58 @@ def kv_scatter_reference(kv, k_norm_weight, inv_freq, n_new, lengths, page_table
     v_cache[:, page, off] = v[:, rows, cols].to(v_cache.dtype)
 
 
-def kv_scatter_triton(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache, *,
-                      rope_scale, eps, num_kv_heads, head_dim) -> None:
+def kv_scatter_triton(
+    kv,
+    k_norm_weight,
+    inv_freq,
+    n_new,
+    lengths,
+    page_table,
+    k_cache,
+    v_cache,
+    *,
+    rope_scale,
+    eps,
+    num_kv_heads,
+    head_dim,
+) -> None:
     from dflash_trt.plugins import triton_kernels as tk
 
-    tk.kv_scatter(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
-                  eps=eps, rope_scale=rope_scale, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    tk.kv_scatter(
+        kv,
+        k_norm_weight,
+        inv_freq,
+        n_new,
+        lengths,
+        page_table,
+        k_cache,
+        v_cache,
+        eps=eps,
+        rope_scale=rope_scale,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )
 
 
-def kv_injection_triton(*, target_hidden, n_new, lengths, fc_weight, norm_weight, kv_weight, kv_bias,
-                        k_norm_weight, inv_freq, rope_scale, eps, k_cache, v_cache, page_table,
-                        num_kv_heads, head_dim) -> None:
+def kv_injection_triton(
+    *,
+    target_hidden,
+    n_new,
+    lengths,
+    fc_weight,
+    norm_weight,
+    kv_weight,
+    kv_bias,
+    k_norm_weight,
+    inv_freq,
+    rope_scale,
+    eps,
+    k_cache,
+    v_cache,
+    page_table,
+    num_kv_heads,
+    head_dim,
+) -> None:
     """Same contract as the reference: fc + hidden_norm + ONE GEMM over all layers' K/V
     weights in torch, then ONE Triton launch for k_norm, RoPE and the paged scatter."""
     if target_hidden.shape[0] == 0 or target_hidden.shape[1] == 0:
@@ -85,5 +167,17 @@ def kv_injection_triton(*, target_hidden, n_new, lengths, fc_weight, norm_weight
     from dflash_trt.plugins import triton_kernels as tk
 
     kv = fused_kv(target_hidden, fc_weight, norm_weight, kv_weight, kv_bias, eps)
-    tk.kv_scatter(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
-                  eps=eps, rope_scale=rope_scale, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    tk.kv_scatter(
+        kv,
+        k_norm_weight,
+        inv_freq,
+        n_new,
+        lengths,
+        page_table,
+        k_cache,
+        v_cache,
+        eps=eps,
+        rope_scale=rope_scale,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )

@@ -46,8 +46,16 @@ KV_INJECTION_INT_ATTRS = ["num_layers", "num_kv_heads", "head_dim", "page_size"]
 KV_INJECTION_FLOAT_ATTRS = ["rope_theta", "rope_scale", "eps"]
 BLOCK_ATTENTION_INPUTS = ["q", "k", "v", "k_cache", "v_cache", "page_table", "lengths"]
 BLOCK_ATTENTION_OUTPUTS = ["out"]
-BLOCK_ATTENTION_INT_ATTRS = ["layer", "num_heads", "num_kv_heads", "head_dim", "block_size", "page_size",
-                             "causal", "window"]
+BLOCK_ATTENTION_INT_ATTRS = [
+    "layer",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "block_size",
+    "page_size",
+    "causal",
+    "window",
+]
 BLOCK_ATTENTION_FLOAT_ATTRS = ["scale"]
 
 _SCHEMAS_DONE = False
@@ -70,32 +78,58 @@ def register_onnx_schemas() -> None:
     i64, i32 = "tensor(int64)", "tensor(int32)"
 
     def attrs(ints, fls):
-        return ([OpSchema.Attribute(n, OpSchema.AttrType.INT, n) for n in ints]
-                + [OpSchema.Attribute(n, OpSchema.AttrType.FLOAT, n) for n in fls])
+        return [OpSchema.Attribute(n, OpSchema.AttrType.INT, n) for n in ints] + [
+            OpSchema.Attribute(n, OpSchema.AttrType.FLOAT, n) for n in fls
+        ]
 
-    kv_types = {"kv": "T", "k_norm_weight": "T", "inv_freq": "tensor(float)", "n_new": i64,
-                "lengths": i64, "page_table": i32, "k_cache": "C", "v_cache": "C"}
-    onnx.defs.register_schema(OpSchema(
-        KV_INJECTION, DOMAIN, VERSION, "DFlash KV injection after the fused K/V GEMM (see dflash_trt.plugins.onnx_ops)",
-        inputs=[F(n, kv_types[n], n) for n in KV_INJECTION_INPUTS],
-        outputs=[F(n, "C", n) for n in KV_INJECTION_OUTPUTS],
-        type_constraints=[("T", floats, "activations"), ("C", floats, "cache")],
-        attributes=attrs(KV_INJECTION_INT_ATTRS, KV_INJECTION_FLOAT_ATTRS),
-    ))
+    kv_types = {
+        "kv": "T",
+        "k_norm_weight": "T",
+        "inv_freq": "tensor(float)",
+        "n_new": i64,
+        "lengths": i64,
+        "page_table": i32,
+        "k_cache": "C",
+        "v_cache": "C",
+    }
+    onnx.defs.register_schema(
+        OpSchema(
+            KV_INJECTION,
+            DOMAIN,
+            VERSION,
+            "DFlash KV injection after the fused K/V GEMM (see dflash_trt.plugins.onnx_ops)",
+            inputs=[F(n, kv_types[n], n) for n in KV_INJECTION_INPUTS],
+            outputs=[F(n, "C", n) for n in KV_INJECTION_OUTPUTS],
+            type_constraints=[("T", floats, "activations"), ("C", floats, "cache")],
+            attributes=attrs(KV_INJECTION_INT_ATTRS, KV_INJECTION_FLOAT_ATTRS),
+        )
+    )
     ba_types = {"q": "T", "k": "T", "v": "T", "k_cache": "C", "v_cache": "C", "page_table": i32, "lengths": i64}
-    onnx.defs.register_schema(OpSchema(
-        BLOCK_ATTENTION, DOMAIN, VERSION,
-        "DFlash block-diffusion attention over a paged context (see dflash_trt.plugins.onnx_ops)",
-        inputs=[F(n, ba_types[n], n) for n in BLOCK_ATTENTION_INPUTS],
-        outputs=[F("out", "T", "out")],
-        type_constraints=[("T", floats, "activations"), ("C", floats, "cache")],
-        attributes=attrs(BLOCK_ATTENTION_INT_ATTRS, BLOCK_ATTENTION_FLOAT_ATTRS),
-    ))
+    onnx.defs.register_schema(
+        OpSchema(
+            BLOCK_ATTENTION,
+            DOMAIN,
+            VERSION,
+            "DFlash block-diffusion attention over a paged context (see dflash_trt.plugins.onnx_ops)",
+            inputs=[F(n, ba_types[n], n) for n in BLOCK_ATTENTION_INPUTS],
+            outputs=[F("out", "T", "out")],
+            type_constraints=[("T", floats, "activations"), ("C", floats, "cache")],
+            attributes=attrs(BLOCK_ATTENTION_INT_ATTRS, BLOCK_ATTENTION_FLOAT_ATTRS),
+        )
+    )
     _SCHEMAS_DONE = True
 
 
-def translation_table(*, num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                      block_size: int, page_size: int, rope_theta: float) -> dict:
+def translation_table(
+    *,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    page_size: int,
+    rope_theta: float,
+) -> dict:
     """``torch.onnx.export(custom_translation_table=...)`` entries mapping the torch custom
     ops ``dflash::kv_cache_update`` / ``dflash::block_attention`` onto the ONNX ops."""
     import onnxscript
@@ -106,25 +140,66 @@ def translation_table(*, num_layers: int, num_heads: int, num_kv_heads: int, hea
     register_onnx_schemas()
     opset = onnxscript.values.Opset(DOMAIN, VERSION)
 
-    def kv_cache_update(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
-                        rope_scale, eps, num_kv_heads_, head_dim_, kernels="reference"):
+    def kv_cache_update(
+        kv,
+        k_norm_weight,
+        inv_freq,
+        n_new,
+        lengths,
+        page_table,
+        k_cache,
+        v_cache,
+        rope_scale,
+        eps,
+        num_kv_heads_,
+        head_dim_,
+        kernels="reference",
+    ):
         return opset.KVInjection(
-            kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache,
-            num_layers=num_layers, num_kv_heads=int(num_kv_heads_), head_dim=int(head_dim_),
-            page_size=page_size, rope_theta=float(rope_theta), rope_scale=float(rope_scale),
-            eps=float(eps), _outputs=2,
+            kv,
+            k_norm_weight,
+            inv_freq,
+            n_new,
+            lengths,
+            page_table,
+            k_cache,
+            v_cache,
+            num_layers=num_layers,
+            num_kv_heads=int(num_kv_heads_),
+            head_dim=int(head_dim_),
+            page_size=page_size,
+            rope_theta=float(rope_theta),
+            rope_scale=float(rope_scale),
+            eps=float(eps),
+            _outputs=2,
         )
 
-    def block_attention(q, k, v, k_cache, v_cache, page_table, lengths, causal, window, scale,
-                        layer=0, kernels="reference"):
+    def block_attention(
+        q, k, v, k_cache, v_cache, page_table, lengths, causal, window, scale, layer=0, kernels="reference"
+    ):
         return opset.BlockDiffusionAttention(
-            q, k, v, k_cache, v_cache, page_table, lengths, layer=int(layer), num_heads=num_heads,
-            num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size, page_size=page_size,
-            causal=int(bool(causal)), window=int(window or 0), scale=float(scale),
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            page_table,
+            lengths,
+            layer=int(layer),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            page_size=page_size,
+            causal=int(bool(causal)),
+            window=int(window or 0),
+            scale=float(scale),
         )
 
-    return {torch.ops.dflash.kv_cache_update.default: kv_cache_update,
-            torch.ops.dflash.block_attention.default: block_attention}
+    return {
+        torch.ops.dflash.kv_cache_update.default: kv_cache_update,
+        torch.ops.dflash.block_attention.default: block_attention,
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -146,33 +221,55 @@ def register_ort_ops() -> None:
     from dflash_trt.plugins import attention as ba
     from dflash_trt.plugins import injection as kvi
 
-    @onnx_op(op_type=KV_INJECTION,
-             inputs=[P.dt_float, P.dt_float, P.dt_float, P.dt_int64, P.dt_int64, P.dt_int32, P.dt_float, P.dt_float],
-             outputs=[P.dt_float, P.dt_float],
-             attrs={**{n: P.dt_int64 for n in KV_INJECTION_INT_ATTRS},
-                    **{n: P.dt_float for n in KV_INJECTION_FLOAT_ATTRS}})
+    @onnx_op(
+        op_type=KV_INJECTION,
+        inputs=[P.dt_float, P.dt_float, P.dt_float, P.dt_int64, P.dt_int64, P.dt_int32, P.dt_float, P.dt_float],
+        outputs=[P.dt_float, P.dt_float],
+        attrs={**{n: P.dt_int64 for n in KV_INJECTION_INT_ATTRS}, **{n: P.dt_float for n in KV_INJECTION_FLOAT_ATTRS}},
+    )
     def _kv_injection(kv, k_norm_weight, inv_freq, n_new, lengths, page_table, k_cache, v_cache, **attrs):
         k_out = torch.from_numpy(np.array(k_cache, dtype=np.float32))
         v_out = torch.from_numpy(np.array(v_cache, dtype=np.float32))
         kvi.kv_scatter_reference(
-            torch.from_numpy(np.ascontiguousarray(kv)), torch.from_numpy(np.ascontiguousarray(k_norm_weight)),
-            torch.from_numpy(np.ascontiguousarray(inv_freq)), torch.from_numpy(np.ascontiguousarray(n_new)),
-            torch.from_numpy(np.ascontiguousarray(lengths)), torch.from_numpy(np.ascontiguousarray(page_table)),
-            k_out, v_out, rope_scale=attrs["rope_scale"], eps=attrs["eps"],
-            num_kv_heads=attrs["num_kv_heads"], head_dim=attrs["head_dim"])
+            torch.from_numpy(np.ascontiguousarray(kv)),
+            torch.from_numpy(np.ascontiguousarray(k_norm_weight)),
+            torch.from_numpy(np.ascontiguousarray(inv_freq)),
+            torch.from_numpy(np.ascontiguousarray(n_new)),
+            torch.from_numpy(np.ascontiguousarray(lengths)),
+            torch.from_numpy(np.ascontiguousarray(page_table)),
+            k_out,
+            v_out,
+            rope_scale=attrs["rope_scale"],
+            eps=attrs["eps"],
+            num_kv_heads=attrs["num_kv_heads"],
+            head_dim=attrs["head_dim"],
+        )
         return k_out.numpy(), v_out.numpy()
 
-    @onnx_op(op_type=BLOCK_ATTENTION,
-             inputs=[P.dt_float] * 5 + [P.dt_int32, P.dt_int64],
-             outputs=[P.dt_float],
-             attrs={**{n: P.dt_int64 for n in BLOCK_ATTENTION_INT_ATTRS},
-                    **{n: P.dt_float for n in BLOCK_ATTENTION_FLOAT_ATTRS}})
+    @onnx_op(
+        op_type=BLOCK_ATTENTION,
+        inputs=[P.dt_float] * 5 + [P.dt_int32, P.dt_int64],
+        outputs=[P.dt_float],
+        attrs={
+            **{n: P.dt_int64 for n in BLOCK_ATTENTION_INT_ATTRS},
+            **{n: P.dt_float for n in BLOCK_ATTENTION_FLOAT_ATTRS},
+        },
+    )
     def _block_attention(q, k, v, k_cache, v_cache, page_table, lengths, **attrs):
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
         layer = attrs["layer"]
         out = ba.block_attention_reference(
-            t(q), t(k), t(v), t(k_cache)[layer], t(v_cache)[layer], t(page_table), t(lengths),
-            causal=bool(attrs["causal"]), window=attrs["window"] or None, scale=attrs["scale"])
+            t(q),
+            t(k),
+            t(v),
+            t(k_cache)[layer],
+            t(v_cache)[layer],
+            t(page_table),
+            t(lengths),
+            causal=bool(attrs["causal"]),
+            window=attrs["window"] or None,
+            scale=attrs["scale"],
+        )
         return out.numpy()
 
     _ORT_DONE = True
@@ -212,5 +309,4 @@ def ort_session(model, threads: int | None = None):
     if threads is not None:
         so.intra_op_num_threads = so.inter_op_num_threads = threads
     so.register_custom_ops_library(get_library_path())
-    return ort.InferenceSession(to_ort_model(model).SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(to_ort_model(model).SerializeToString(), so, providers=["CPUExecutionProvider"])

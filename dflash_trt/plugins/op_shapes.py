@@ -25,8 +25,9 @@ def _dtype_name(dtype) -> str | None:
     return str(dtype).removeprefix("torch.").removeprefix("DataType.").lower()
 
 
-def block_attention_shapes(q_shape, k_shape, k_cache_shape, q_dtype=None, *, num_heads=None,
-                           num_kv_heads=None, head_dim=None, block_size=None):
+def block_attention_shapes(
+    q_shape, k_shape, k_cache_shape, q_dtype=None, *, num_heads=None, num_kv_heads=None, head_dim=None, block_size=None
+):
     """q [b, B, h, d], k/v [b, B, kvh, d], caches [(L,) pages, page_size, kvh, d]
     -> (output shape [b, B, h, d], output dtype = q's dtype)."""
     q_shape, k_shape, c_shape = tuple(q_shape), tuple(k_shape), tuple(k_cache_shape)
@@ -40,8 +41,12 @@ def block_attention_shapes(q_shape, k_shape, k_cache_shape, q_dtype=None, *, num
     _same(d, k_shape[3], "head_dim of q and k")
     _same(d, c_shape[-1], "head_dim of q and the cache")
     _same(k_shape[2], c_shape[-2], "kv heads of k and the cache")
-    for name, want, have in (("num_heads", num_heads, h), ("num_kv_heads", num_kv_heads, k_shape[2]),
-                             ("head_dim", head_dim, d), ("block_size", block_size, B)):
+    for name, want, have in (
+        ("num_heads", num_heads, h),
+        ("num_kv_heads", num_kv_heads, k_shape[2]),
+        ("head_dim", head_dim, d),
+        ("block_size", block_size, B),
+    ):
         if want is not None:
             _same(have, want, name)
     if _int(h) and _int(k_shape[2]) and h % k_shape[2]:
@@ -52,9 +57,19 @@ def block_attention_shapes(q_shape, k_shape, k_cache_shape, q_dtype=None, *, num
     return q_shape, q_dtype
 
 
-def kv_injection_shapes(kv_shape, k_norm_shape, k_cache_shape, v_cache_shape, kv_dtype=None,
-                        cache_dtype=None, *, num_layers=None, num_kv_heads=None, head_dim=None,
-                        page_size=None):
+def kv_injection_shapes(
+    kv_shape,
+    k_norm_shape,
+    k_cache_shape,
+    v_cache_shape,
+    kv_dtype=None,
+    cache_dtype=None,
+    *,
+    num_layers=None,
+    num_kv_heads=None,
+    head_dim=None,
+    page_size=None,
+):
     """kv [b, T, L*2*kvh*d], k_norm [L, d], caches [L, pages, page_size, kvh, d]
     -> ((k_cache', v_cache') shapes = the caches', (dtypes) = the caches')."""
     kv_shape, kn, kc, vc = tuple(kv_shape), tuple(k_norm_shape), tuple(k_cache_shape), tuple(v_cache_shape)
@@ -65,8 +80,12 @@ def kv_injection_shapes(kv_shape, k_norm_shape, k_cache_shape, v_cache_shape, kv
     L, _, ps, kvh, d = kc
     _same(kn[0], L, "layers of k_norm and the cache")
     _same(kn[1], d, "head_dim of k_norm and the cache")
-    for name, want, have in (("num_layers", num_layers, L), ("num_kv_heads", num_kv_heads, kvh),
-                             ("head_dim", head_dim, d), ("page_size", page_size, ps)):
+    for name, want, have in (
+        ("num_layers", num_layers, L),
+        ("num_kv_heads", num_kv_heads, kvh),
+        ("head_dim", head_dim, d),
+        ("page_size", page_size, ps),
+    ):
         if want is not None:
             _same(have, want, name)
     if all(_int(x) for x in (L, kvh, d)):

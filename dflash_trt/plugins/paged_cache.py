@@ -19,8 +19,17 @@ class PagedKVCache:
     generally not contiguous); ``lengths``: [b] committed context length.
     """
 
-    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
-                 page_size: int = 16, device=None, dtype=torch.float32, pages: int = 8):
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int = 16,
+        device=None,
+        dtype=torch.float32,
+        pages: int = 8,
+    ):
         self.page_size = page_size
         self.k = torch.zeros(num_layers, pages, page_size, num_kv_heads, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
@@ -42,8 +51,9 @@ class PagedKVCache:
             return
         need = max(per_seq)
         if need > self.page_table.shape[1]:
-            pad = torch.full((self.batch, need - self.page_table.shape[1]), -1, dtype=torch.int32,
-                             device=self.lengths.device)
+            pad = torch.full(
+                (self.batch, need - self.page_table.shape[1]), -1, dtype=torch.int32, device=self.lengths.device
+            )
             self.page_table = torch.cat([self.page_table, pad], dim=1)
         self._grow_pool(self.used_pages + len(todo))
         cols, rows = zip(*todo, strict=True)
@@ -75,9 +85,11 @@ class PagedKVCache:
         """Contiguous [b, max_len, kv_heads, d] copies of one layer's context (reference use)."""
         max_len = int(self.lengths.max().item()) if self.batch else 0
         pos = torch.arange(max_len, device=self.lengths.device)
-        page = torch.gather(self.page_table.long().clamp_min(0), 1,
-                            (pos // self.page_size)[None].expand(self.batch, -1)) if max_len else \
-            torch.zeros(self.batch, 0, dtype=torch.long, device=self.lengths.device)
+        page = (
+            torch.gather(self.page_table.long().clamp_min(0), 1, (pos // self.page_size)[None].expand(self.batch, -1))
+            if max_len
+            else torch.zeros(self.batch, 0, dtype=torch.long, device=self.lengths.device)
+        )
         off = (pos % self.page_size)[None].expand(self.batch, -1)
         return self.k[layer][page, off], self.v[layer][page, off]
 

@@ -23,9 +23,16 @@ from __future__ import annotations
 import torch
 
 
-def selector_walk(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
-         successor: torch.Tensor, anchor: torch.Tensor, temperature: float = 0.0,
-         uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def selector_walk(
+    unary: torch.Tensor,
+    candidates: torch.Tensor,
+    hidden: torch.Tensor,
+    predecessor: torch.Tensor,
+    successor: torch.Tensor,
+    anchor: torch.Tensor,
+    temperature: float = 0.0,
+    uniforms: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The selector's walk.
 
     unary [b, K, k] float32 and candidates [b, K, k] (the top-k of each of K positions);
@@ -37,11 +44,11 @@ def selector_walk(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.T
     prev = anchor
     tokens, qs = [], []
     for t in range(K):
-        context = predecessor[prev].float() * hidden[:, t].float()                      # [b, r]
+        context = predecessor[prev].float() * hidden[:, t].float()  # [b, r]
         scores = unary[:, t] + torch.einsum("br,bkr->bk", context, successor[candidates[:, t]].float())
         if temperature > 0:
-            q = torch.softmax(scores / temperature, dim=-1)                             # [b, k]
-            below = (q.cumsum(-1) <= uniforms[:, t, None]).sum(-1)                      # inverse CDF
+            q = torch.softmax(scores / temperature, dim=-1)  # [b, k]
+            below = (q.cumsum(-1) <= uniforms[:, t, None]).sum(-1)  # inverse CDF
             index = below.clamp_max(q.shape[-1] - 1)
             qs.append(q)
         else:
@@ -51,9 +58,16 @@ def selector_walk(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.T
     return torch.stack(tokens, 1), (torch.stack(qs, 1) if qs else None)
 
 
-def selector_walk_graph(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
-               successor: torch.Tensor, anchor: torch.Tensor, temperature: torch.Tensor,
-               uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def selector_walk_graph(
+    unary: torch.Tensor,
+    candidates: torch.Tensor,
+    hidden: torch.Tensor,
+    predecessor: torch.Tensor,
+    successor: torch.Tensor,
+    anchor: torch.Tensor,
+    temperature: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`walk` with the temperature a tensor [1] (0: greedy) and no Python branch on it, so
     one exported graph serves both modes. Returns tokens [b, K] and q [b, K, k] (at temperature
     0 the softmax at temperature 1, which a greedy verifier ignores); equal to :func:`walk`'s.
@@ -65,22 +79,28 @@ def selector_walk_graph(unary: torch.Tensor, candidates: torch.Tensor, hidden: t
     K, k = unary.shape[1], unary.shape[2]
     sampling = temperature > 0
     scale = torch.where(sampling, temperature, torch.ones_like(temperature))
-    scores = edge_scores(unary, candidates, hidden, predecessor, successor, anchor)    # [b, K, k_prev, k]
+    scores = edge_scores(unary, candidates, hidden, predecessor, successor, anchor)  # [b, K, k_prev, k]
     q_all = torch.softmax(scores / scale, dim=-1)
     drawn = (q_all.cumsum(-1) <= uniforms[:, :, None, None]).sum(-1).clamp_max(k - 1)  # [b, K, k_prev]
-    choice = torch.where(sampling, drawn, scores.argmax(-1))                           # [b, K, k_prev]
-    row = torch.zeros_like(anchor)[:, None]          # [b, 1]: at t = 0 every predecessor row is the anchor
+    choice = torch.where(sampling, drawn, scores.argmax(-1))  # [b, K, k_prev]
+    row = torch.zeros_like(anchor)[:, None]  # [b, 1]: at t = 0 every predecessor row is the anchor
     picks, qs = [], []
     for t in range(K):
-        qs.append(q_all[:, t].gather(1, row[:, :, None].expand(-1, 1, k)))            # [b, 1, k]
-        row = choice[:, t].gather(1, row)                                              # [b, 1]
+        qs.append(q_all[:, t].gather(1, row[:, :, None].expand(-1, 1, k)))  # [b, 1, k]
+        row = choice[:, t].gather(1, row)  # [b, 1]
         picks.append(row)
-    index = torch.cat(picks, dim=1)                                                    # [b, K]
+    index = torch.cat(picks, dim=1)  # [b, K]
     return candidates.gather(2, index[:, :, None])[:, :, 0], torch.cat(qs, dim=1)
 
 
-def selector_walk_greedy(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
-                successor: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+def selector_walk_greedy(
+    unary: torch.Tensor,
+    candidates: torch.Tensor,
+    hidden: torch.Tensor,
+    predecessor: torch.Tensor,
+    successor: torch.Tensor,
+    anchor: torch.Tensor,
+) -> torch.Tensor:
     """:func:`walk`'s tokens at temperature 0 [b, K], from every transition's score at once.
 
     The walk is sequential only in which candidate it stands on: the best successor of every
@@ -90,19 +110,25 @@ def selector_walk_greedy(unary: torch.Tensor, candidates: torch.Tensor, hidden: 
     scores are the same sums over the rank as :func:`walk`'s, taken by one batched product."""
     best = edge_scores(unary, candidates, hidden, predecessor, successor, anchor).argmax(-1).tolist()
     path = []
-    for row in best:              # row [K][k]: at t = 0 every predecessor row is the anchor
+    for row in best:  # row [K][k]: at t = 0 every predecessor row is the anchor
         i = row[0][0]
         steps = [i]
         for t in range(1, len(row)):
             i = row[t][i]
             steps.append(i)
         path.append(steps)
-    index = torch.tensor(path, dtype=torch.long, device=candidates.device)           # [b, K]
+    index = torch.tensor(path, dtype=torch.long, device=candidates.device)  # [b, K]
     return candidates.gather(2, index[..., None])[..., 0]
 
 
-def edge_scores(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor, predecessor: torch.Tensor,
-                successor: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+def edge_scores(
+    unary: torch.Tensor,
+    candidates: torch.Tensor,
+    hidden: torch.Tensor,
+    predecessor: torch.Tensor,
+    successor: torch.Tensor,
+    anchor: torch.Tensor,
+) -> torch.Tensor:
     """Every transition's score at once, [b, K, k_prev, k] (a dense rewrite of the formula;
     :func:`walk_greedy`, and tests).
 
@@ -110,7 +136,7 @@ def edge_scores(unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Ten
     row holds the anchor as the predecessor.
     """
     b, K, k = unary.shape
-    prev = torch.cat([anchor[:, None, None].expand(b, 1, k), candidates[:, :-1]], dim=1)    # [b, K, k]
-    A = predecessor[prev].float() * hidden[:, :, None].float()                              # [b, K, k, r]
-    Bc = successor[candidates].float()                                                       # [b, K, k, r]
-    return unary[:, :, None, :] + A @ Bc.transpose(-1, -2)                                   # sum over r
+    prev = torch.cat([anchor[:, None, None].expand(b, 1, k), candidates[:, :-1]], dim=1)  # [b, K, k]
+    A = predecessor[prev].float() * hidden[:, :, None].float()  # [b, K, k, r]
+    Bc = successor[candidates].float()  # [b, K, k, r]
+    return unary[:, :, None, :] + A @ Bc.transpose(-1, -2)  # sum over r

@@ -59,15 +59,31 @@ def _pow2(n: int, floor: int = 1) -> int:
 
 @triton.jit
 def _kv_scatter_kernel(
-    kv_ptr, knorm_ptr, inv_freq_ptr, n_new_ptr, len_ptr, pt_ptr, kc_in_ptr, vc_in_ptr,
-    T, max_pages, layer_stride, page_size, eps, rope_scale,
-    kc_ptr, vc_ptr,
-    L: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    kv_ptr,
+    knorm_ptr,
+    inv_freq_ptr,
+    n_new_ptr,
+    len_ptr,
+    pt_ptr,
+    kc_in_ptr,
+    vc_in_ptr,
+    T,
+    max_pages,
+    layer_stride,
+    page_size,
+    eps,
+    rope_scale,
+    kc_ptr,
+    vc_ptr,
+    L: tl.constexpr,
+    KVH: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     # kc_in_ptr / vc_in_ptr: the cache inputs, unused; the kernel writes through kc_ptr /
     # vc_ptr, which TensorRT aliases to them (torch passes the same tensors twice)
-    tok = tl.program_id(0)          # i * T + t
+    tok = tl.program_id(0)  # i * T + t
     layer = tl.program_id(1)
     i = tok // T
     t = tok % T
@@ -108,10 +124,21 @@ def _kv_scatter_kernel(
         tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
-def kv_scatter(kv: torch.Tensor, k_norm_weight: torch.Tensor, inv_freq: torch.Tensor,
-               n_new: torch.Tensor, lengths: torch.Tensor, page_table: torch.Tensor,
-               k_cache: torch.Tensor, v_cache: torch.Tensor, *, eps: float, rope_scale: float,
-               num_kv_heads: int, head_dim: int) -> None:
+def kv_scatter(
+    kv: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    inv_freq: torch.Tensor,
+    n_new: torch.Tensor,
+    lengths: torch.Tensor,
+    page_table: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    eps: float,
+    rope_scale: float,
+    num_kv_heads: int,
+    head_dim: int,
+) -> None:
     """kv: [b, T, L*2*kvh*d] (the one GEMM's output); caches [L, pages, page_size, kvh, d]."""
     b, T = kv.shape[:2]
     L = k_norm_weight.shape[0]
@@ -126,12 +153,27 @@ def kv_scatter(kv: torch.Tensor, k_norm_weight: torch.Tensor, inv_freq: torch.Te
     page_table = page_table.contiguous()
     layer_stride = k_cache[0].numel() if L else 0
     _kv_scatter_kernel[(b * T, L)](
-        kv, k_norm_weight.contiguous(), inv_freq.float().contiguous(), n_new.contiguous(),
-        lengths.contiguous(), page_table, k_cache, v_cache,
-        T, page_table.shape[1], layer_stride, k_cache.shape[2], float(eps), float(rope_scale),
-        k_cache, v_cache,
-        L=L, KVH=num_kv_heads, D=head_dim,
-        BLOCK_H=_pow2(num_kv_heads), BLOCK_HALF=_pow2(head_dim // 2),
+        kv,
+        k_norm_weight.contiguous(),
+        inv_freq.float().contiguous(),
+        n_new.contiguous(),
+        lengths.contiguous(),
+        page_table,
+        k_cache,
+        v_cache,
+        T,
+        page_table.shape[1],
+        layer_stride,
+        k_cache.shape[2],
+        float(eps),
+        float(rope_scale),
+        k_cache,
+        v_cache,
+        L=L,
+        KVH=num_kv_heads,
+        D=head_dim,
+        BLOCK_H=_pow2(num_kv_heads),
+        BLOCK_HALF=_pow2(head_dim // 2),
     )
 
 
@@ -170,16 +212,36 @@ def _online_softmax_step(m_i, l_i, acc, s, v, IEEE: tl.constexpr, UPCAST: tl.con
 # ~15 pointers, strides and constexprs; the fold itself is already _online_softmax_step.
 @triton.jit
 def _block_attention_kernel(
-    q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr,
-    B, max_pages, layer_stride, layer, page_size, window, qk_scale,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    pt_ptr,
+    len_ptr,
+    B,
+    max_pages,
+    layer_stride,
+    layer,
+    page_size,
+    window,
+    qk_scale,
     o_ptr,
-    KVH: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    KVH: tl.constexpr,
+    REP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     i = tl.program_id(0)
-    g = tl.program_id(1)            # kv head
-    mt = tl.program_id(2)           # tile of the REP * B query rows of this kv head
+    g = tl.program_id(1)  # kv head
+    mt = tl.program_id(2)  # tile of the REP * B query rows of this kv head
     H: tl.constexpr = KVH * REP
     m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < REP * B
@@ -202,7 +264,7 @@ def _block_attention_kernel(
         # no query sees a key at or below n - window: skip whole tiles there
         lo = tl.maximum(n - window + 1, 0)
         lo = (lo // BLOCK_N) * BLOCK_N
-    cache_base = (n * 0 + layer_stride) * layer     # int64 (n is); layer may be a constexpr
+    cache_base = (n * 0 + layer_stride) * layer  # int64 (n is); layer may be a constexpr
     for start in range(lo, n, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         k_ok = pos < n
@@ -235,24 +297,41 @@ def _block_attention_kernel(
     s = tl.where(vis, s, float("-inf"))
     m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, vb, IEEE, UPCAST)
     out = acc / l_i[:, None]
-    tl.store(o_ptr + q_off[:, None] + dd[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(o_ptr + q_off[:, None] + dd[None, :], out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-def block_attention_launch_config(B: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                                  block_n: int = 64, max_block_m: int = 128) -> dict:
+def block_attention_launch_config(
+    B: int, num_heads: int, num_kv_heads: int, head_dim: int, block_n: int = 64, max_block_m: int = 128
+) -> dict:
     """Tile sizes and grid factors shared by the torch launcher and the TensorRT AOT plugin."""
     rep = num_heads // num_kv_heads
     block_m = min(_pow2(rep * B, 16), max_block_m)
     return dict(
-        REP=rep, BLOCK_D=_pow2(head_dim, 16), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_B=_pow2(B, 16), m_tiles=triton.cdiv(rep * B, block_m),
+        REP=rep,
+        BLOCK_D=_pow2(head_dim, 16),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_B=_pow2(B, 16),
+        m_tiles=triton.cdiv(rep * B, block_m),
     )
 
 
-def block_attention(q, k, v, k_cache, v_cache, page_table, lengths, *, causal: bool,
-                    window: int | None, scale: float, layer: int = 0,
-                    out: torch.Tensor | None = None, block_n: int | None = None) -> torch.Tensor:
+def block_attention(
+    q,
+    k,
+    v,
+    k_cache,
+    v_cache,
+    page_table,
+    lengths,
+    *,
+    causal: bool,
+    window: int | None,
+    scale: float,
+    layer: int = 0,
+    out: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
     """Launch the kernel. ``k_cache``/``v_cache``: one layer's [pages, page_size, kvh, d]
     pools, or all layers' [L, pages, page_size, kvh, d] with ``layer`` picking one."""
     b, B, h, d = q.shape
@@ -272,13 +351,31 @@ def block_attention(q, k, v, k_cache, v_cache, page_table, lengths, *, causal: b
     cfg = block_attention_launch_config(B, h, kvh, d, block_n=block_n or (16 if interpreted() else 64))
     use_window = window is not None
     _block_attention_kernel[(b, kvh, cfg["m_tiles"])](
-        q, k, v, k_cache, v_cache, page_table, lengths.contiguous(),
-        B, page_table.shape[1], k_cache[0].numel(), int(layer), k_cache.shape[2],
-        int(window) if use_window else 0, float(scale) * LOG2E,
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        page_table,
+        lengths.contiguous(),
+        B,
+        page_table.shape[1],
+        k_cache[0].numel(),
+        int(layer),
+        k_cache.shape[2],
+        int(window) if use_window else 0,
+        float(scale) * LOG2E,
         out,
-        KVH=kvh, REP=cfg["REP"], D=d, BLOCK_D=cfg["BLOCK_D"], BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_B=cfg["BLOCK_B"], CAUSAL=bool(causal),
-        USE_WINDOW=use_window, IEEE=q.dtype == torch.float32,
+        KVH=kvh,
+        REP=cfg["REP"],
+        D=d,
+        BLOCK_D=cfg["BLOCK_D"],
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_B=cfg["BLOCK_B"],
+        CAUSAL=bool(causal),
+        USE_WINDOW=use_window,
+        IEEE=q.dtype == torch.float32,
         UPCAST=interpreted() and q.dtype != torch.float32,
     )
     return out

@@ -5,6 +5,7 @@ kernels: ``resolve_run``) and pair loading.
 
 Other subpackages import from here, never from the modules inside.
 """
+
 from __future__ import annotations
 
 from dflash_trt.runtime.backend import Backend, TorchBackend

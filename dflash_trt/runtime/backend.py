@@ -71,9 +71,15 @@ class Backend(ABC):
         """Empty (target cache, drafter cache) for ``batch`` rows; no drafter cache unless ``draft``."""
 
     @abstractmethod
-    def target_forward(self, ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
-                       cache: object, capture: bool, logits_at: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def target_forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: object,
+        capture: bool,
+        logits_at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target forward that appends ``T`` columns to ``cache``.
 
         ids [b, T]; positions [b, T]; attention_mask [b, S+T] bool over the S cached columns
@@ -83,8 +89,9 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def drafter_round(self, target_hidden: torch.Tensor, n_new: torch.Tensor, anchor: torch.Tensor,
-                      block_size: int, cache: object) -> torch.Tensor:
+    def drafter_round(
+        self, target_hidden: torch.Tensor, n_new: torch.Tensor, anchor: torch.Tensor, block_size: int, cache: object
+    ) -> torch.Tensor:
         """Inject the committed context, then draft one block; returns draft logits [b, B-1, V] (float32).
 
         target_hidden [b, T, n_tap*H] with n_new [b] of its T real per row: the tokens committed
@@ -92,9 +99,17 @@ class Backend(ABC):
         committed token, block position 0, at absolute position ``lengths + n_new``.
         """
 
-    def draft_block(self, target_hidden: torch.Tensor, n_new: torch.Tensor, anchor: torch.Tensor, block_size: int,
-                    cache: object, params: list[SamplingParams], keys: list[int | None],
-                    first: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def draft_block(
+        self,
+        target_hidden: torch.Tensor,
+        n_new: torch.Tensor,
+        anchor: torch.Tensor,
+        block_size: int,
+        cache: object,
+        params: list[SamplingParams],
+        keys: list[int | None],
+        first: list[int],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One drafter round as tokens: (draft tokens [b, B-1], q [b, B-1, V] float32 or None),
         q being what each sampled row's tokens were drawn from (what rejection sampling must use).
         Default: each position from ``drafter_round``'s logits (:func:`sampling.propose`)."""
@@ -107,8 +122,9 @@ class Backend(ABC):
     def keep_rows(self, target_cache: object, draft_cache: object | None, rows: torch.Tensor) -> None:
         """Keep only ``rows`` [n] (indices into the current batch, in order) in both caches."""
 
-    def merge_rows(self, target_a: object, draft_a: object | None, target_b: object,
-                   draft_b: object | None) -> tuple[object, object | None]:
+    def merge_rows(
+        self, target_a: object, draft_a: object | None, target_b: object, draft_b: object | None
+    ) -> tuple[object, object | None]:
         """Caches holding a's rows then b's; S columns become max(S_a, S_b), padded on the right."""
         raise DFlashError(f"{type(self).__name__} cannot merge batches")
 
@@ -152,8 +168,11 @@ class TorchBackend(Backend):
         self.drafter_block_size = drafter.cfg.block_size if drafter is not None else None
         self.lean = lean_forward(target.model) if lean else None
         #: the drafter's lean round (``lean_drafter.py``), None: the reference ops
-        self.lean_drafter = (lean_drafter(drafter, self.lean.head if self.lean is not None else None, target.head)
-                             if lean and drafter is not None else None)
+        self.lean_drafter = (
+            lean_drafter(drafter, self.lean.head if self.lean is not None else None, target.head)
+            if lean and drafter is not None
+            else None
+        )
         self.caches = cache_policy(target.model)
         #: how the drafter's family drafts a block (``proposer.proposer_for``: the one dispatch)
         self.proposer = proposer_for(family_of(drafter.cfg)) if drafter is not None else Proposer()
@@ -167,8 +186,9 @@ class TorchBackend(Backend):
             """The cache policy builds the model's mask and settles the cache around this call
             (a policy running rows apart, ``row_cache.RowReplayPolicy``, passes each row's own)."""
             if self.lean is not None:  # plain decoders only: the policy passes their 2D mask through
-                return self.lean.forward(ids, positions, attention_mask, cache,
-                                         self.target.layer_ids if capture else None, logits_at)
+                return self.lean.forward(
+                    ids, positions, attention_mask, cache, self.target.layer_ids if capture else None, logits_at
+                )
             return self.target.forward(ids, positions, model_mask, cache, capture=capture)
 
         logits, hidden = self.caches.forward(run, ids, positions, attention_mask, cache)
@@ -184,11 +204,11 @@ class TorchBackend(Backend):
         d = self.drafter
         assert d is not None, "a draft round needs a drafter"
         cfg = d.cfg
-        run = self.lean_drafter or d   # the same round (``lean_drafter.py``), or the reference ops
+        run = self.lean_drafter or d  # the same round (``lean_drafter.py``), or the reference ops
         run.inject(target_hidden.to(d.dtype), n_new, cache)
         if block_size == 1:  # a round with drafting off: the drafter only takes in the last commit
             return None, anchor.new_zeros(anchor.shape[0], 0, cfg.vocab_size, dtype=torch.float32)
-        block = anchor.new_full((anchor.shape[0], block_size), cfg.mask_token_id)   # [b, B]
+        block = anchor.new_full((anchor.shape[0], block_size), cfg.mask_token_id)  # [b, B]
         block[:, 0] = anchor
         hidden = run.draft(self.target.embed(block, cfg.input_embedding_scale).to(d.dtype), cache)[:, 1:]
         logits = self.lean_drafter.logits(hidden) if self.lean_drafter else d.logits(hidden, self.target.head)
@@ -243,11 +263,10 @@ def repack_paged(cache: PagedKVCache, force: bool = False) -> None:
     live = cache.page_table[cache.page_table >= 0]
     if (live.numel() if force else 2 * live.numel()) >= cache.used_pages:
         return
-    order = live.long().sort().values                                          # old ids, ascending
+    order = live.long().sort().values  # old ids, ascending
     remap = torch.full((cache.used_pages,), -1, dtype=cache.page_table.dtype, device=order.device)
     remap[order] = torch.arange(order.numel(), dtype=cache.page_table.dtype, device=order.device)
     cache.k[:, : order.numel()] = cache.k[:, order]
     cache.v[:, : order.numel()] = cache.v[:, order]
-    cache.page_table = torch.where(cache.page_table >= 0, remap[cache.page_table.long().clamp_min(0)],
-                                   cache.page_table)
+    cache.page_table = torch.where(cache.page_table >= 0, remap[cache.page_table.long().clamp_min(0)], cache.page_table)
     cache.used_pages = order.numel()

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-FUSE_BYTES = 1 << 30   # models up to 1 GiB get fused, [in, out] copies of their matrices
+FUSE_BYTES = 1 << 30  # models up to 1 GiB get fused, [in, out] copies of their matrices
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # RoPE types whose tables do not change with length
 
 
@@ -58,8 +58,8 @@ class Matrix:
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], fuse: bool):
         self.fused = fuse
         if fuse:
-            self.w: Any = torch.cat(weights).t().contiguous()                  # [in, out]
-            self.b: Any = None if biases[0] is None else torch.cat(biases)    # type: ignore[arg-type]
+            self.w: Any = torch.cat(weights).t().contiguous()  # [in, out]
+            self.b: Any = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
         else:
             self.w, self.b = weights, biases
 
@@ -78,10 +78,10 @@ def matrix(fuse: bool, *linears) -> Matrix:
 
 @dataclass
 class _Layer:
-    qkv: Matrix                   # q_proj, k_proj, v_proj: [.., (h + 2*kvh) * d]
+    qkv: Matrix  # q_proj, k_proj, v_proj: [.., (h + 2*kvh) * d]
     o: Matrix
     qk_norm: torch.Tensor | None  # [h + kvh, d]: q_norm per q head, then k_norm per k head (Qwen3)
-    gate_up: Matrix               # gate_proj, up_proj: [.., 2*I]
+    gate_up: Matrix  # gate_proj, up_proj: [.., 2*I]
     down: Matrix
     ln1: torch.Tensor
     ln2: torch.Tensor
@@ -94,9 +94,15 @@ def _layer(layer, h: int, kvh: int, fuse: bool) -> _Layer:
     qk_norm = None
     if qn is not None and kn is not None:
         qk_norm = torch.cat([qn.weight.expand(h, -1), kn.weight.expand(kvh, -1)])
-    return _Layer(qkv=matrix(fuse, a.q_proj, a.k_proj, a.v_proj), o=matrix(fuse, a.o_proj), qk_norm=qk_norm,
-                  gate_up=matrix(fuse, m.gate_proj, m.up_proj), down=matrix(fuse, m.down_proj),
-                  ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight)
+    return _Layer(
+        qkv=matrix(fuse, a.q_proj, a.k_proj, a.v_proj),
+        o=matrix(fuse, a.o_proj),
+        qk_norm=qk_norm,
+        gate_up=matrix(fuse, m.gate_proj, m.up_proj),
+        down=matrix(fuse, m.down_proj),
+        ln1=layer.input_layernorm.weight,
+        ln2=layer.post_attention_layernorm.weight,
+    )
 
 
 class LeanDecoder:
@@ -114,7 +120,7 @@ class LeanDecoder:
         self.layers = [_layer(layer, self.h, self.kvh, fuse) for layer in self.inner.layers]
         out = model.get_output_embeddings()
         self.head = matrix(fuse, out)
-        self.weight = out.weight      # a parameter of the model (device, dtype, the RoPE probe)
+        self.weight = out.weight  # a parameter of the model (device, dtype, the RoPE probe)
         self.rope_table = self._rope_table(cfg)
 
     def _rope_table(self, cfg) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -141,28 +147,34 @@ class LeanDecoder:
         h, kvh, d = self.h, self.kvh, self.d
         qkv = L.qkv(rms_norm(x, L.ln1, self.eps)).view(b, T, h + 2 * kvh, d)
         qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh :]
-        if L.qk_norm is not None:                                # q_norm on q heads, k_norm on k heads
+        if L.qk_norm is not None:  # q_norm on q heads, k_norm on k heads
             qk = rms_norm(qk, L.qk_norm, self.eps)
-        qk = qk.transpose(1, 2)                                  # [b, h+kvh, T, d]
-        qk = rope(qk, cos, sin)                                  # on q and k at once
-        k, v = cache.update(qk[:, h:], v.transpose(1, 2), i)     # [b, kvh, S+T, d]
-        out = F.scaled_dot_product_attention(qk[:, :h], k, v, attn_mask=mask, scale=d ** -0.5, enable_gqa=h != kvh)
+        qk = qk.transpose(1, 2)  # [b, h+kvh, T, d]
+        qk = rope(qk, cos, sin)  # on q and k at once
+        k, v = cache.update(qk[:, h:], v.transpose(1, 2), i)  # [b, kvh, S+T, d]
+        out = F.scaled_dot_product_attention(qk[:, :h], k, v, attn_mask=mask, scale=d**-0.5, enable_gqa=h != kvh)
         return L.o(out.transpose(1, 2).reshape(b, T, h * d))
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, col_valid: torch.Tensor, cache,
-                layer_ids: list[int] | None, logits_at: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        col_valid: torch.Tensor,
+        cache,
+        layer_ids: list[int] | None,
+        logits_at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ids, positions [b, T]; col_valid [b, S+T] bool over the S cached columns and the T
         new ones. Returns logits [b, T, V] ([b, 1, V] at ``logits_at`` [b] when given) and, for
         ``layer_ids``, target_hidden [b, T, n_tap*H]."""
         b, T = ids.shape
         S = col_valid.shape[1] - T
         x = self.inner.embed_tokens(ids)
-        cos, sin = self.cos_sin(x, positions)                                      # [b, T, d]
+        cos, sin = self.cos_sin(x, positions)  # [b, T, d]
         cos, sin = cos[:, None], sin[:, None]
         dev = ids.device
         causal = torch.arange(S + T, device=dev) <= S + torch.arange(T, device=dev)[:, None]  # [T, S+T]
-        mask = (col_valid[:, None, :] & causal)[:, None]                           # [b, 1, T, S+T]
+        mask = (col_valid[:, None, :] & causal)[:, None]  # [b, 1, T, S+T]
         taps = set(layer_ids or ())
         hidden = []
         for i, L in enumerate(self.layers):
@@ -175,7 +187,7 @@ class LeanDecoder:
         if len(self.layers) - 1 in taps:  # transformers' last hidden state is the normed one
             hidden[-1] = x
         if logits_at is not None:
-            x = x[torch.arange(b, device=dev), logits_at][:, None]               # [b, 1, H]
+            x = x[torch.arange(b, device=dev), logits_at][:, None]  # [b, 1, H]
         logits = self.head(x)
         ordered = [hidden[sorted(taps).index(i)] for i in layer_ids] if layer_ids else None
         return logits, (torch.cat(ordered, dim=-1) if ordered else None)
@@ -211,7 +223,7 @@ def _probed(model) -> LeanDecoder | None:
 
     lean = LeanDecoder(model)
     vocab = model.config.vocab_size
-    ids = torch.arange(7, device=lean.weight.device)[None] * 131 % vocab                  # [1, 7]
+    ids = torch.arange(7, device=lean.weight.device)[None] * 131 % vocab  # [1, 7]
     pos = torch.arange(7, device=ids.device)[None]
     want = model(input_ids=ids, position_ids=pos).logits.float()
     got = lean.forward(ids, pos, torch.ones_like(ids, dtype=torch.bool), DynamicCache(config=model.config), None)[0]

@@ -41,8 +41,11 @@ from dflash_trt.runtime.graph_caches import DenseKVCache, DenseTargetCache, Targ
 from dflash_trt.runtime.proposer import graph_proposer
 
 #: each graph's outputs, in the order :meth:`GraphBackend.run` returns them (``build/export.py``)
-GRAPH_OUTPUTS = {"embed": ["embeds"], "target": ["logits", "target_hidden", "new_k", "new_v"],
-                 "drafter": ["logits", "k_cache_out", "v_cache_out"]}
+GRAPH_OUTPUTS = {
+    "embed": ["embeds"],
+    "target": ["logits", "target_hidden", "new_k", "new_v"],
+    "drafter": ["logits", "k_cache_out", "v_cache_out"],
+}
 #: the target graph's outputs in bundles exported before the new-K/V contract (the whole present cache)
 PRESENT_TARGET_OUTPUTS = ["logits", "target_hidden", "present_k", "present_v"]
 
@@ -76,26 +79,28 @@ class GraphBackend(Backend):
         if not self.new_kv:
             self.graph_outputs["target"] = PRESENT_TARGET_OUTPUTS
         self.vocab_size = self.output_shape("target", "logits")[-1]
-        L, _, kvh, _, d = self.input_shape("target", "past_k")          # [layers, b, kvh, P, d]
-        if L is None or kvh is None or d is None:                          # static axes in every export
+        L, _, kvh, _, d = self.input_shape("target", "past_k")  # [layers, b, kvh, P, d]
+        if L is None or kvh is None or d is None:  # static axes in every export
             raise DFlashError("the target graph's cache has a dynamic layer or head axis; rebuild the bundle")
         self._target_dims: tuple[int, int, int] = (L, kvh, d)
         #: the drafter graph reads a dense per-row context (``export/onnx_native.py``: ONNX Runtime's
         #: form) rather than the paged pool the dflash custom ops read
         self.dense_drafter = "k_ctx" in self.input_names("drafter")
-        self._past_columns: int | None = None      # the checked request's target-cache bound (check_request)
+        self._past_columns: int | None = None  # the checked request's target-cache bound (check_request)
         if self.dense_drafter:
             self.graph_outputs["drafter"] = self.proposer.dense_outputs
-            Ld, _, kvh_d, _, dd = self.input_shape("drafter", "k_ctx")     # [L, b, kvh, S, d]
-            page_size = profile.page_size                                    # no pages in this form
+            Ld, _, kvh_d, _, dd = self.input_shape("drafter", "k_ctx")  # [L, b, kvh, S, d]
+            page_size = profile.page_size  # no pages in this form
         else:
             Ld, _, page_size, kvh_d, dd = self.input_shape("drafter", "k_cache")  # [L, pages, page_size, kvh, d]
-        if Ld is None or page_size is None or kvh_d is None or dd is None:   # static axes in every export
+        if Ld is None or page_size is None or kvh_d is None or dd is None:  # static axes in every export
             raise DFlashError("the drafter graph's cache has a dynamic layer, page or head axis; rebuild the bundle")
         self._drafter_dims: tuple[int, int, int] = (Ld, kvh_d, dd)
         if page_size != profile.page_size:
-            raise DFlashError(f"drafter graph pages hold {page_size} slots, the manifest's profile says "
-                              f"{profile.page_size}; rebuild the bundle")
+            raise DFlashError(
+                f"drafter graph pages hold {page_size} slots, the manifest's profile says "
+                f"{profile.page_size}; rebuild the bundle"
+            )
 
     @abstractmethod
     def run(self, graph: str, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -122,16 +127,20 @@ class GraphBackend(Backend):
     def check_batch(self, max_batch: int, block_size: int) -> None:
         """A scheduler's batch and block size within the engines' profile, or one line."""
         if max_batch > self.profile.max_batch:
-            raise DFlashError(f"max batch {max_batch} exceeds the engines' profile (batch <= {self.profile.max_batch}) "
-                              f"that --backend {self.name} runs; lower --max-batch or rebuild with "
-                              "--set serving.max_batch_size=N")
+            raise DFlashError(
+                f"max batch {max_batch} exceeds the engines' profile (batch <= {self.profile.max_batch}) "
+                f"that --backend {self.name} runs; lower --max-batch or rebuild with "
+                "--set serving.max_batch_size=N"
+            )
         self._check_block(block_size)
 
     def _check_block(self, block_size: int) -> None:
         p = self.profile
         if block_size not in (1, p.block_size):
-            raise DFlashError(f"--backend {self.name}: the drafter graph was exported for block size {p.block_size}, "
-                              f"not {block_size}; use block size {p.block_size} (or 1), or --backend torch")
+            raise DFlashError(
+                f"--backend {self.name}: the drafter graph was exported for block size {p.block_size}, "
+                f"not {block_size}; use block size {p.block_size} (or 1), or --backend torch"
+            )
 
     def check_request(self, prompts: list[list[int]], max_new_tokens: int, block_size: int) -> None:
         """Refuse, in one line, a request the engines were not built for (``ingest.EngineProfile``)."""
@@ -145,9 +154,11 @@ class GraphBackend(Backend):
         #: so a bound left by another request checked meanwhile (a scheduler's) is safe, only looser
         self._past_columns = request_shapes(lengths, max_new_tokens, block_size, p.page_size)["seq"] - block_size
         if problem:
-            raise DFlashError(f"request outside the engines' profile (batch <= {p.max_batch}, <= {p.max_tokens} "
-                              f"tokens per forward, <= {p.max_seq_len} target-cache columns): {problem}; rebuild "
-                              "with larger serving limits (--set serving.max_batch_size=N --set serving.max_seq_len=N)")
+            raise DFlashError(
+                f"request outside the engines' profile (batch <= {p.max_batch}, <= {p.max_tokens} "
+                f"tokens per forward, <= {p.max_seq_len} target-cache columns): {problem}; rebuild "
+                "with larger serving limits (--set serving.max_batch_size=N --set serving.max_seq_len=N)"
+            )
 
     # -- the loop's calls ----------------------------------------------------------------
     def new_caches(self, batch: int, draft: bool):
@@ -157,11 +168,12 @@ class GraphBackend(Backend):
         elif draft:
             L, kvh, d = self._drafter_dims
             pages = self.initial_pages or self.profile.max_pages
-            dcache = plugins.PagedKVCache(L, batch, kvh, d, page_size=self.profile.page_size, device=self.device,
-                                          dtype=torch.float32, pages=pages)
+            dcache = plugins.PagedKVCache(
+                L, batch, kvh, d, page_size=self.profile.page_size, device=self.device, dtype=torch.float32, pages=pages
+            )
         if not self.new_kv:
             return TargetCache(), dcache
-        p = self.profile      # without a checked request, the profile's bound: past + a block <= max_seq_len
+        p = self.profile  # without a checked request, the profile's bound: past + a block <= max_seq_len
         past, self._past_columns = self._past_columns or p.max_seq_len - p.block_size, None
         return DenseTargetCache(*self._target_dims, batch=batch, device=self.device, max_columns=past), dcache
 
@@ -171,9 +183,16 @@ class GraphBackend(Backend):
         if cache.k is None:
             L, kvh, d = self._target_dims
             cache.k = cache.v = torch.zeros(L, ids.shape[0], kvh, 0, d, device=self.device)
-        logits, target_hidden, cache.k, cache.v = self.run("target", {
-            "input_ids": ids.contiguous(), "attention_mask": attention_mask.long().contiguous(),
-            "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
+        logits, target_hidden, cache.k, cache.v = self.run(
+            "target",
+            {
+                "input_ids": ids.contiguous(),
+                "attention_mask": attention_mask.long().contiguous(),
+                "position_ids": positions.contiguous(),
+                "past_k": cache.k,
+                "past_v": cache.v,
+            },
+        )
         if logits_at is not None:  # the graph computes every position; keep the asked-for one per row
             logits = logits[torch.arange(ids.shape[0], device=logits.device), logits_at][:, None]
         return logits, (target_hidden if capture else None)
@@ -183,16 +202,23 @@ class GraphBackend(Backend):
         loop's attention_mask [b, S+T] only says which of the T new tokens are real). A prefill's
         K/V (the prompts, right-padded) are written at once; a verify's wait for ``commit_cache``."""
         b, T = ids.shape
-        new_valid = attention_mask[:, -T:].bool()                                       # [b, T]
+        new_valid = attention_mask[:, -T:].bool()  # [b, T]
         prefill = not bool(cache.lengths.any())
-        n = _prompt_lengths(new_valid) if prefill else None   # right-padded prompts: row i's first n[i] are real
+        n = _prompt_lengths(new_valid) if prefill else None  # right-padded prompts: row i's first n[i] are real
         if n is not None and b > 1 and self.prefill_rows_alone:
             logits, target_hidden, k_new, v_new = self._prefill_rows(ids, positions, n)
         else:
             past = torch.arange(cache.k.shape[3], device=self.device)[None] < cache.lengths[:, None]
-            logits, target_hidden, k_new, v_new = self.run("target", {
-                "input_ids": ids.contiguous(), "attention_mask": torch.cat([past, new_valid], 1).long(),
-                "position_ids": positions.contiguous(), "past_k": cache.k, "past_v": cache.v})
+            logits, target_hidden, k_new, v_new = self.run(
+                "target",
+                {
+                    "input_ids": ids.contiguous(),
+                    "attention_mask": torch.cat([past, new_valid], 1).long(),
+                    "position_ids": positions.contiguous(),
+                    "past_k": cache.k,
+                    "past_v": cache.v,
+                },
+            )
         if n is not None:
             cache.reserve(n)
             cache.append(k_new, v_new, n)
@@ -210,57 +236,82 @@ class GraphBackend(Backend):
         L, kvh, d = self._target_dims
         no_past = torch.zeros(L, 1, kvh, 0, d, device=self.device)
         lengths = n.tolist()
-        rows = [self.run("target", {"input_ids": ids[i:i + 1, :m].contiguous(),
-                                    "attention_mask": torch.ones(1, m, dtype=torch.long, device=self.device),
-                                    "position_ids": positions[i:i + 1, :m].contiguous(),
-                                    "past_k": no_past, "past_v": no_past})
-                for i, m in enumerate(lengths)]
+        rows = [
+            self.run(
+                "target",
+                {
+                    "input_ids": ids[i : i + 1, :m].contiguous(),
+                    "attention_mask": torch.ones(1, m, dtype=torch.long, device=self.device),
+                    "position_ids": positions[i : i + 1, :m].contiguous(),
+                    "past_k": no_past,
+                    "past_v": no_past,
+                },
+            )
+            for i, m in enumerate(lengths)
+        ]
         # every output's tokens axis is its second to last (logits, target_hidden [1, m, .]; new_k,
         # new_v [L, 1, kvh, m, d]); the batch axis is 0 of the first two and 1 of the K/V
-        return [torch.cat([F.pad(out[j], (0, 0, 0, T - m)) for out, m in zip(rows, lengths, strict=True)],
-                          dim=0 if j < 2 else 1) for j in range(4)]
+        return [
+            torch.cat(
+                [F.pad(out[j], (0, 0, 0, T - m)) for out, m in zip(rows, lengths, strict=True)], dim=0 if j < 2 else 1
+            )
+            for j in range(4)
+        ]
 
     def round_feeds(self, target_hidden, n_new, anchor, block_size, cache) -> dict[str, torch.Tensor]:
         """The drafter graph's common inputs for one round (pages reserved first: the graph writes
         into pages the runtime allocated)."""
         cache.reserve(n_new)
-        return {"target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
-                "block_embeds": self._block_embeds(anchor, block_size), "k_cache": cache.k, "v_cache": cache.v,
-                "page_table": cache.page_table.contiguous(), "lengths": cache.lengths.contiguous()}
+        return {
+            "target_hidden": target_hidden.float().contiguous(),
+            "n_new": n_new.long().contiguous(),
+            "block_embeds": self._block_embeds(anchor, block_size),
+            "k_cache": cache.k,
+            "v_cache": cache.v,
+            "page_table": cache.page_table.contiguous(),
+            "lengths": cache.lengths.contiguous(),
+        }
 
     def _block_embeds(self, anchor, block_size: int) -> torch.Tensor:
         """The round's block [anchor, MASK, ...] through the embedding graph: [b, B, H]."""
-        block = anchor.new_full((anchor.shape[0], block_size), self.mask_token_id)      # [b, B]
+        block = anchor.new_full((anchor.shape[0], block_size), self.mask_token_id)  # [b, B]
         block[:, 0] = anchor
         (embeds,) = self.run("embed", {"input_ids": block})
         return embeds
 
     def drafter_round(self, target_hidden, n_new, anchor, block_size, cache):
         if not self.proposer.graph_logits:
-            raise DFlashError(f"--backend {self.name}: this bundle's {self.proposer.graph} drafter graph proposes "
-                              "tokens, not logits; draft with draft_block")
+            raise DFlashError(
+                f"--backend {self.name}: this bundle's {self.proposer.graph} drafter graph proposes "
+                "tokens, not logits; draft with draft_block"
+            )
         if self.dense_drafter:
             return self._dense_round(target_hidden, n_new, anchor, block_size, cache)
         feeds = self.round_feeds(target_hidden, n_new, anchor, block_size, cache)
         logits, cache.k, cache.v = self.run("drafter", feeds)
         cache.lengths = cache.lengths + n_new
-        return logits[:, 1:].float()             # [b, B-1, V]: block positions 1..B-1 are the drafts
+        return logits[:, 1:].float()  # [b, B-1, V]: block positions 1..B-1 are the drafts
 
     def dense_feeds(self, target_hidden, n_new, anchor, block_size, cache) -> dict[str, torch.Tensor]:
         """:meth:`round_feeds` for a dense-context drafter graph: the context buffer itself (room for
         this round's columns made first; the graph returns them and :meth:`DenseKVCache.append`
         writes them, so the cache is never copied in or out)."""
         cache.reserve(n_new)
-        return {"target_hidden": target_hidden.float().contiguous(), "n_new": n_new.long().contiguous(),
-                "block_embeds": self._block_embeds(anchor, block_size), "k_ctx": cache.k, "v_ctx": cache.v,
-                "lengths": cache.lengths.contiguous()}
+        return {
+            "target_hidden": target_hidden.float().contiguous(),
+            "n_new": n_new.long().contiguous(),
+            "block_embeds": self._block_embeds(anchor, block_size),
+            "k_ctx": cache.k,
+            "v_ctx": cache.v,
+            "lengths": cache.lengths.contiguous(),
+        }
 
     def _dense_round(self, target_hidden, n_new, anchor, block_size, cache):
         """The round through a dense-context drafter graph: it reads the context and returns this
         round's K/V, which the cache writes in place (no copy of the cache in or out)."""
         logits, k_new, v_new = self.run("drafter", self.dense_feeds(target_hidden, n_new, anchor, block_size, cache))
         cache.append(k_new, v_new, n_new)
-        return logits[:, 1:].float()             # [b, B-1, V]
+        return logits[:, 1:].float()  # [b, B-1, V]
 
     def draft_block(self, target_hidden, n_new, anchor, block_size, cache, params, keys, first):
         """The drafter family's proposer drafts through the graph (``Proposer.graph_block``)."""
@@ -273,7 +324,7 @@ class GraphBackend(Backend):
             target_cache.k, target_cache.v = target_cache.k[:, rows], target_cache.v[:, rows]
         if draft_cache is not None:
             draft_cache.select(rows)
-            if isinstance(draft_cache, plugins.PagedKVCache):   # the pages of rows that left are freed
+            if isinstance(draft_cache, plugins.PagedKVCache):  # the pages of rows that left are freed
                 repack_paged(draft_cache)
 
     def merge_rows(self, target_a, draft_a, target_b, draft_b):
@@ -304,12 +355,12 @@ class GraphBackend(Backend):
         if isinstance(target_cache, DenseTargetCache):
             lengths = target_cache.lengths
             return torch.arange(int(lengths.max()), device=lengths.device)[None] < lengths[:, None]
-        counts = col_valid.sum(1)                                                       # [b]
+        counts = col_valid.sum(1)  # [b]
         width = int(counts.max())
         packed = torch.arange(col_valid.shape[1], device=col_valid.device)[None] < counts[:, None]
         if target_cache.k is None or (width == col_valid.shape[1] and bool((packed == col_valid).all())):
             return col_valid
-        if bool((packed == col_valid).all()):      # holes only at the tail (always so at batch 1): a slice
+        if bool((packed == col_valid).all()):  # holes only at the tail (always so at batch 1): a slice
             target_cache.k, target_cache.v = target_cache.k[..., :width, :], target_cache.v[..., :width, :]
             return packed[:, :width]
         order = torch.sort((~col_valid).to(torch.int8), dim=1, stable=True).indices[:, :width]  # [b, S']
@@ -340,9 +391,13 @@ def request_shapes(prompt_lengths: list[int], max_new_tokens: int, block_size: i
     ctx = [n + max(max_new_tokens - 2, 0) for n in prompt_lengths] if max_new_tokens > 1 else [0] * len(prompt_lengths)
     pages = [-(-c // page_size) for c in ctx] if block_size > 1 else [0]
     longest = max(prompt_lengths)
-    return {"batch": len(prompt_lengths), "tokens": max(longest, block_size if max_new_tokens > 1 else 1),
-            "seq": max(longest, max(ctx) + block_size if max_new_tokens > 1 else 0),
-            "pages_per_seq": max(pages), "pages": sum(pages)}
+    return {
+        "batch": len(prompt_lengths),
+        "tokens": max(longest, block_size if max_new_tokens > 1 else 1),
+        "seq": max(longest, max(ctx) + block_size if max_new_tokens > 1 else 0),
+        "pages_per_seq": max(pages),
+        "pages": sum(pages),
+    }
 
 
 def request_problem(profile, prompt_lengths: list[int], max_new_tokens: int, block_size: int) -> str | None:
@@ -353,11 +408,15 @@ def request_problem(profile, prompt_lengths: list[int], max_new_tokens: int, blo
     checks = [
         (need["batch"] > p.max_batch, f"batch {need['batch']} > {p.max_batch}"),
         (need["tokens"] > p.max_tokens, f"a {need['tokens']}-token forward > {p.max_tokens}"),
-        (need["seq"] > p.max_seq_len, f"a {longest}-token prompt + {max_new_tokens} new tokens need {need['seq']} "
-                                      f"target-cache columns > {p.max_seq_len}"),
-        (need["pages_per_seq"] > p.max_pages_per_seq,
-         f"{need['pages_per_seq']} drafter pages per sequence > {p.max_pages_per_seq}"),
+        (
+            need["seq"] > p.max_seq_len,
+            f"a {longest}-token prompt + {max_new_tokens} new tokens need {need['seq']} "
+            f"target-cache columns > {p.max_seq_len}",
+        ),
+        (
+            need["pages_per_seq"] > p.max_pages_per_seq,
+            f"{need['pages_per_seq']} drafter pages per sequence > {p.max_pages_per_seq}",
+        ),
         (need["pages"] > p.max_pages, f"{need['pages']} drafter pages > the pool's {p.max_pages}"),
     ]
     return next((why for bad, why in checks if bad), None)
-

@@ -34,8 +34,9 @@ class DenseKVCache:
     #: capacity step (columns): a growth copies the cache, so it happens every ``chunk`` tokens at most
     chunk = 64
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, batch: int, device=None,
-                 max_columns: int | None = None):
+    def __init__(
+        self, layers: int, kv_heads: int, head_dim: int, batch: int, device=None, max_columns: int | None = None
+    ):
         self.k = torch.zeros(layers, batch, kv_heads, 0, head_dim, device=device)
         self.v = torch.zeros_like(self.k)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
@@ -55,8 +56,8 @@ class DenseKVCache:
         """Write the first n_new[i] of k_new, v_new [L, b, kvh, T, d] at columns lengths[i] + t
         (one slice copy per row: cheaper than an index scatter at the batch sizes a round has)."""
         for i, (at, n) in enumerate(zip(self.lengths.tolist(), n_new.tolist(), strict=True)):
-            self.k[:, i, :, at:at + n] = k_new[:, i, :, :n]
-            self.v[:, i, :, at:at + n] = v_new[:, i, :, :n]
+            self.k[:, i, :, at : at + n] = k_new[:, i, :, :n]
+            self.v[:, i, :, at : at + n] = v_new[:, i, :, :n]
         self.lengths = self.lengths + n_new
 
     def select(self, rows: torch.Tensor) -> None:
@@ -98,7 +99,7 @@ def merge_dense(a: DenseKVCache, b: DenseKVCache) -> DenseKVCache:
     a.v = torch.cat([_pad_columns(a.v, width), _pad_columns(b.v, width)], 1)
     a.lengths = torch.cat([a.lengths, b.lengths])
     bounds = (a.max_columns, b.max_columns)
-    a.max_columns = None if None in bounds else max(bounds)   # type: ignore[type-var]
+    a.max_columns = None if None in bounds else max(bounds)  # type: ignore[type-var]
     return a
 
 
@@ -108,8 +109,10 @@ def merge_present(a: TargetCache, b: TargetCache) -> TargetCache:
     if a.k is None or b.k is None or a.v is None or b.v is None:
         raise RuntimeError("an empty target cache cannot be merged (merged batches are prefilled)")
     width = max(a.k.shape[3], b.k.shape[3])
-    return TargetCache(torch.cat([_pad_columns(a.k, width), _pad_columns(b.k, width)], 1),
-                       torch.cat([_pad_columns(a.v, width), _pad_columns(b.v, width)], 1))
+    return TargetCache(
+        torch.cat([_pad_columns(a.k, width), _pad_columns(b.k, width)], 1),
+        torch.cat([_pad_columns(a.v, width), _pad_columns(b.v, width)], 1),
+    )
 
 
 def merge_caches(a: object, b: object) -> object:

@@ -38,7 +38,7 @@ from dflash_trt.model import DFlash2Drafter, Drafter
 from dflash_trt.plugins import PagedKVCache, block_visibility, rms_norm
 from dflash_trt.runtime.decoder import FUSE_BYTES, Matrix, matrix, rope
 
-MAX_TABLE = 1 << 16   # RoPE tables for drafters of up to this many positions (else computed per round)
+MAX_TABLE = 1 << 16  # RoPE tables for drafters of up to this many positions (else computed per round)
 
 
 @dataclass
@@ -54,7 +54,7 @@ class _Conv:
 class _Layer:
     qkv: Matrix
     o: Matrix
-    qk_norm: torch.Tensor   # [h + kvh, d]
+    qk_norm: torch.Tensor  # [h + kvh, d]
     gate_up: Matrix
     down: Matrix
     ln1: torch.Tensor
@@ -97,20 +97,30 @@ class LeanDrafter:
         self.hidden_norm = drafter.hidden_norm.weight
         modules: list[Any] = list(drafter.layers)
         attns = [layer.self_attn for layer in modules]
-        self.kv = Matrix([w for a in attns for w in (a.k_proj.weight, a.v_proj.weight)],
-                         [b for a in attns for b in (a.k_proj.bias, a.v_proj.bias)], fuse)
-        self.k_norm = torch.stack([a.k_norm.weight for a in attns])        # [L, d]
+        self.kv = Matrix(
+            [w for a in attns for w in (a.k_proj.weight, a.v_proj.weight)],
+            [b for a in attns for b in (a.k_proj.bias, a.v_proj.bias)],
+            fuse,
+        )
+        self.k_norm = torch.stack([a.k_norm.weight for a in attns])  # [L, d]
         self.layers = []
         for i, layer in enumerate(modules):
             a, m = layer.self_attn, layer.mlp
-            self.layers.append(_Layer(
-                qkv=matrix(fuse, a.q_proj, a.k_proj, a.v_proj), o=matrix(fuse, a.o_proj),
-                qk_norm=torch.cat([a.q_norm.weight.expand(self.h, -1), a.k_norm.weight.expand(self.kvh, -1)]),
-                gate_up=matrix(fuse, m.gate_proj, m.up_proj), down=matrix(fuse, m.down_proj),
-                ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
-                causal=cfg.layer_causal(i), window=cfg.layer_window(i),
-                attention_conv=_conv(getattr(layer, "attention_conv", None), fuse),
-                mlp_conv=_conv(getattr(layer, "mlp_conv", None), fuse)))
+            self.layers.append(
+                _Layer(
+                    qkv=matrix(fuse, a.q_proj, a.k_proj, a.v_proj),
+                    o=matrix(fuse, a.o_proj),
+                    qk_norm=torch.cat([a.q_norm.weight.expand(self.h, -1), a.k_norm.weight.expand(self.kvh, -1)]),
+                    gate_up=matrix(fuse, m.gate_proj, m.up_proj),
+                    down=matrix(fuse, m.down_proj),
+                    ln1=layer.input_layernorm.weight,
+                    ln2=layer.post_attention_layernorm.weight,
+                    causal=cfg.layer_causal(i),
+                    window=cfg.layer_window(i),
+                    attention_conv=_conv(getattr(layer, "attention_conv", None), fuse),
+                    mlp_conv=_conv(getattr(layer, "mlp_conv", None), fuse),
+                )
+            )
         self.norm = drafter.norm.weight
         selector = getattr(drafter, "candidate_selector", None)
         self.selector = matrix(fuse, selector.hidden_projection) if selector is not None else None
@@ -139,10 +149,11 @@ class LeanDrafter:
         L, kvh, d = len(self.layers), self.kvh, self.d
         ctx = rms_norm(self.fc(target_hidden.to(self.norm.dtype)), self.hidden_norm, self.eps)
         kv = self.kv(ctx).view(b, T, L, 2, kvh, d)
-        positions = cache.lengths[:, None] + torch.arange(T, device=kv.device)         # [b, T]
+        positions = cache.lengths[:, None] + torch.arange(T, device=kv.device)  # [b, T]
         cos, sin = self.cos_sin(positions)
-        k = rope(rms_norm(kv[:, :, :, 0], self.k_norm[:, None], self.eps), cos[:, :, None, None],
-                 sin[:, :, None, None])                                                 # [b, T, L, kvh, d]
+        k = rope(
+            rms_norm(kv[:, :, :, 0], self.k_norm[:, None], self.eps), cos[:, :, None, None], sin[:, :, None, None]
+        )  # [b, T, L, kvh, d]
         v = kv[:, :, :, 1]
         ps = cache.page_size
         if b == 1:  # one row: its first n_new tokens, in order
@@ -165,8 +176,8 @@ class LeanDrafter:
         lengths = cache.lengths
         S = int(lengths.max()) if b else 0
         pos = torch.arange(S, device=dev)
-        pages = cache.page_table.long().clamp_min(0)[:, pos // cache.page_size]        # [b, S]
-        ctx_k = cache.k[:, pages, (pos % cache.page_size)[None]]                         # [L, b, S, kvh, d]
+        pages = cache.page_table.long().clamp_min(0)[:, pos // cache.page_size]  # [b, S]
+        ctx_k = cache.k[:, pages, (pos % cache.page_size)[None]]  # [L, b, S, kvh, d]
         ctx_v = cache.v[:, pages, (pos % cache.page_size)[None]]
         ragged = bool((lengths != S).any())
         masks: dict[tuple[bool, int | None], torch.Tensor | None] = {}
@@ -174,12 +185,16 @@ class LeanDrafter:
         def attend(i: int, layer: _Layer, q, k, v):
             key = (layer.causal, layer.window)
             if key not in masks:
-                masks[key] = (block_visibility(lengths, S, B, layer.causal, layer.window)[:, None]
-                              if ragged or layer.causal or layer.window is not None else None)
-            keys = torch.cat([ctx_k[i].to(q.dtype), k], dim=1).transpose(1, 2)          # [b, kvh, S+B, d]
+                masks[key] = (
+                    block_visibility(lengths, S, B, layer.causal, layer.window)[:, None]
+                    if ragged or layer.causal or layer.window is not None
+                    else None
+                )
+            keys = torch.cat([ctx_k[i].to(q.dtype), k], dim=1).transpose(1, 2)  # [b, kvh, S+B, d]
             vals = torch.cat([ctx_v[i].to(q.dtype), v], dim=1).transpose(1, 2)
-            return F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=masks[key],
-                                                  scale=self.d ** -0.5, enable_gqa=self.h != self.kvh)
+            return F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, vals, attn_mask=masks[key], scale=self.d**-0.5, enable_gqa=self.h != self.kvh
+            )
 
         cos, sin = self.cos_sin(lengths[:, None] + torch.arange(B, device=dev))
         return self.layers_forward(block_embeds, cos, sin, attend)
@@ -208,7 +223,7 @@ class LeanDrafter:
         if conv is None:
             return h, None
         K = conv.base.shape[1]
-        dyn = conv.projection(h).view(*h.shape[:-1], 2, K, -1)                           # [b, B, 2, K, G]
+        dyn = conv.projection(h).view(*h.shape[:-1], 2, K, -1)  # [b, B, 2, K, G]
         return _dynamic_conv(h, dyn[:, :, 0], conv.base[0], conv.group_size), dyn[:, :, 1]
 
     @staticmethod
@@ -227,16 +242,18 @@ class LeanDrafter:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def propose(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
-                temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def propose(
+        self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``DFlash2Drafter.propose`` (gen None): at temperature 0 the walk from every transition's
         score at once (``plugins.selector_walk_greedy``), else the drafter's own walk."""
         sel = getattr(self.drafter, "candidate_selector", None)
         if temperature > 0 or sel is None or self.selector is None:
             return self.drafter.propose(hidden, logits, anchor, temperature, None)  # type: ignore[operator]
         unary, cand = torch.topk(logits.float(), sel.top_k, dim=-1)
-        return plugins.selector_walk_greedy(unary, cand, self.selector(hidden), sel.predecessor_codebook,
-                                            sel.successor_codebook, anchor), None
+        return plugins.selector_walk_greedy(
+            unary, cand, self.selector(hidden), sel.predecessor_codebook, sel.successor_codebook, anchor
+        ), None
 
 
 def lean_drafter(drafter: Drafter, head: Matrix | None, head_module: torch.nn.Module) -> LeanDrafter | None:
@@ -244,12 +261,15 @@ def lean_drafter(drafter: Drafter, head: Matrix | None, head_module: torch.nn.Mo
     and its round reproduces the reference on a probe (same dtype, a small tolerance), else None.
     ``head``: the target's lean head (None: ``head_module``'s weight as it is, never copied). Kept on the
     drafter and rebuilt only when a parameter changes (identity, version, dtype)."""
-    if type(drafter) not in (Drafter, DFlash2Drafter):   # a subclass may compute its round otherwise
+    if type(drafter) not in (Drafter, DFlash2Drafter):  # a subclass may compute its round otherwise
         return None
     if drafter.kernels != "reference" or drafter.lm_head is not None:
         return None
-    key = (tuple((t.data_ptr(), t._version, t.dtype) for t in drafter.parameters()), id(head_module),
-           head_module.weight._version)
+    key = (
+        tuple((t.data_ptr(), t._version, t.dtype) for t in drafter.parameters()),
+        id(head_module),
+        head_module.weight._version,
+    )
     cached = getattr(drafter, "_dflash_lean", None)
     if cached is None or cached[0] != key:
         cached = (key, _probed(drafter, head, head_module))
@@ -281,4 +301,3 @@ def _probed(drafter: Drafter, head: Matrix | None, head_module: torch.nn.Module)
         if not (got - want).abs().max() <= tol * (1 + want.abs().max()):
             return None
     return lean
-

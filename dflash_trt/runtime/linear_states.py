@@ -48,9 +48,9 @@ class Factors:
         layout. ``consume``: computed in place over S0 (a commit's last use of the block)."""
         b, h, T, c = self.G.shape
         last = (n - 1).clamp(min=0).view(b, 1, 1, 1).expand(b, h, 1, c)
-        Gn = torch.where(n.view(b, 1, 1, 1) > 0, self.G.gather(2, last), 0.0)          # [b, h, 1, c]
+        Gn = torch.where(n.view(b, 1, 1, 1) > 0, self.G.gather(2, last), 0.0)  # [b, h, 1, c]
         kept = (torch.arange(T, device=n.device)[None] < n[:, None]).view(b, 1, T, 1)
-        w = torch.where(kept, Gn - self.G, float("-inf")).exp()                         # [b, h, T, c]
+        w = torch.where(kept, Gn - self.G, float("-inf")).exp()  # [b, h, T, c]
         decay = Gn.transpose(-1, -2).exp()
         S = self.S0.mul_(decay) if consume else (decay * self.S0).contiguous()
         dk, dv = S.shape[-2:]
@@ -65,21 +65,22 @@ def chunk(q, k, v, g, beta, S0) -> tuple[torch.Tensor, Factors]:
     """q, k [b, h, T, dk]; v [b, h, T, dv]; g [b, h, T, c] log-decay per step; beta [b, h, T] or
     None (no delta correction); S0 [b, h, dk, dv]. Returns o [b, h, T, dv] and the factors."""
     T = q.shape[2]
-    G = g.cumsum(2)                                                                   # [b, h, T, c]
+    G = g.cumsum(2)  # [b, h, T, c]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     decay = torch.where(causal[:, :, None], G[:, :, :, None] - G[:, :, None], float("-inf")).exp()  # [b,h,T,T,c]
     if G.shape[-1] == 1:
         qk, kk = (q @ k.transpose(-1, -2)) * decay[..., 0], (k @ k.transpose(-1, -2)) * decay[..., 0]
     else:
-        qk = torch.einsum("bhtd,bhtjd,bhjd->bhtj", q, decay, k)                       # [b, h, T, T]
+        qk = torch.einsum("bhtd,bhtjd,bhjd->bhtj", q, decay, k)  # [b, h, T, T]
         kk = torch.einsum("bhtd,bhtjd,bhjd->bhtj", k, decay, k)
     eG = G.exp()
     if beta is None:
         u = v
     else:
         A = kk.tril(-1) * beta[..., None] + torch.eye(T, dtype=q.dtype, device=q.device)
-        u = torch.linalg.solve_triangular(A, beta[..., None] * (v - (k * eG) @ S0), upper=False,
-                                          unitriangular=True)                        # [b, h, T, dv]
+        u = torch.linalg.solve_triangular(
+            A, beta[..., None] * (v - (k * eG) @ S0), upper=False, unitriangular=True
+        )  # [b, h, T, dv]
     o = (q * eG) @ S0 + qk @ u
     return o, Factors(S0, k, G, u)
 
@@ -103,8 +104,18 @@ def _start(initial, shape, like) -> torch.Tensor:
 def gated_delta(record, l2norm):
     """``torch_chunk_gated_delta_rule`` (transformers' qwen3_5 / qwen3_next) that records factors."""
 
-    def kernel(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
-               use_qk_l2norm_in_kernel=False, **kwargs):
+    def kernel(
+        query,
+        key,
+        value,
+        g,
+        beta,
+        chunk_size=64,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        **kwargs,
+    ):
         dtype = query.dtype
         hv, hk = value.shape[2], key.shape[2]
         if hv != hk:  # each q/k head serves hv // hk consecutive value heads
@@ -124,8 +135,18 @@ def gated_delta(record, l2norm):
 def kimi_delta(record, l2norm):
     """``chunk_kimi_delta_attention`` (kimi_linear, glm5_next: per-channel decay) that records factors."""
 
-    def kernel(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
-               use_qk_l2norm_in_kernel=False, **kwargs):
+    def kernel(
+        query,
+        key,
+        value,
+        g,
+        beta,
+        chunk_size=64,
+        initial_state=None,
+        output_final_state=False,
+        use_qk_l2norm_in_kernel=False,
+        **kwargs,
+    ):
         dtype = query.dtype
         q, k, v, beta, g = (x.transpose(1, 2).to(torch.float32) for x in (query, key, value, beta, g))
         if use_qk_l2norm_in_kernel:
@@ -142,21 +163,33 @@ def kimi_delta(record, l2norm):
 def mamba2(record, l2norm=None):
     """``mamba2_chunk_scan`` (nemotron_h) that records factors: S = h^T (h [p, n] per head)."""
 
-    def kernel(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
-               dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs):
+    def kernel(
+        hidden_states,
+        dt,
+        A,
+        B,
+        C,
+        chunk_size,
+        D=None,
+        dt_bias=None,
+        initial_states=None,
+        dt_softplus=False,
+        dt_limit=(0.0, float("inf")),
+        return_final_states=False,
+        **kwargs,
+    ):
         b, T, h, p = hidden_states.shape
         if dt_bias is not None:
             dt = dt + dt_bias.to(dt.dtype)
         if dt_softplus:
             dt = F.softplus(dt)
-        dt = torch.clamp(dt, min=dt_limit[0], max=dt_limit[1]).float()               # [b, T, h]
+        dt = torch.clamp(dt, min=dt_limit[0], max=dt_limit[1]).float()  # [b, T, h]
         x = hidden_states.float()
         rep = h // B.shape[2]
         Bh, Ch = (t.float().repeat_interleave(rep, dim=2).transpose(1, 2) for t in (B, C))  # [b, h, T, n]
-        g = (A.float() * dt).transpose(1, 2)[..., None]                                # [b, h, T, 1]
-        v = (x * dt[..., None]).transpose(1, 2)                                        # [b, h, T, p]
-        S0 = _start(None if initial_states is None else initial_states.transpose(-1, -2),
-                    (b, h, Bh.shape[-1], p), v)
+        g = (A.float() * dt).transpose(1, 2)[..., None]  # [b, h, T, 1]
+        v = (x * dt[..., None]).transpose(1, 2)  # [b, h, T, p]
+        S0 = _start(None if initial_states is None else initial_states.transpose(-1, -2), (b, h, Bh.shape[-1], p), v)
         o, f = chunk(Ch, Bh, v, g, None, S0)
         f.transposed = True
         record(f)
@@ -169,5 +202,8 @@ def mamba2(record, l2norm=None):
 
 
 # module-level kernel name in transformers' modeling file -> adapter
-KERNELS = {"torch_chunk_gated_delta_rule": gated_delta, "chunk_kimi_delta_attention": kimi_delta,
-           "mamba2_chunk_scan": mamba2}
+KERNELS = {
+    "torch_chunk_gated_delta_rule": gated_delta,
+    "chunk_kimi_delta_attention": kimi_delta,
+    "mamba2_chunk_scan": mamba2,
+}

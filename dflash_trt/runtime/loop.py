@@ -51,8 +51,8 @@ from dflash_trt.runtime.stats import Stats
 
 @dataclass
 class Generation:
-    token_ids: list[list[int]]      # generated tokens per sequence (no prompt)
-    finish_reasons: list[str]       # "stop", "length" or "cancelled"
+    token_ids: list[list[int]]  # generated tokens per sequence (no prompt)
+    finish_reasons: list[str]  # "stop", "length" or "cancelled"
     stats: Stats
 
 
@@ -83,9 +83,9 @@ class Request:
     match_stop: Callable[[list[int]], int | None] | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length", "cancelled" or "error" once finished
-    error: str | None = None          # why, when "error" (the scheduler failed this row alone)
-    rounds: int = 0                   # rounds this row went through (prefill excluded)
-    committed: int = 0                # tokens those rounds committed (accepted + bonus, as kept)
+    error: str | None = None  # why, when "error" (the scheduler failed this row alone)
+    rounds: int = 0  # rounds this row went through (prefill excluded)
+    committed: int = 0  # tokens those rounds committed (accepted + bonus, as kept)
 
     @property
     def noise_key(self) -> int | None:
@@ -155,7 +155,11 @@ class Batch:
         idx = torch.tensor(keep, dtype=torch.long, device=self.last.device)
         backend.keep_rows(self.target_cache, self.draft_cache, idx)
         self.col_valid, self.positions, self.last, self.n_new = (
-            self.col_valid[idx], self.positions[idx], self.last[idx], self.n_new[idx])
+            self.col_valid[idx],
+            self.positions[idx],
+            self.last[idx],
+            self.n_new[idx],
+        )
         if self.target_hidden is not None:
             self.target_hidden = self.target_hidden[idx]
         return True
@@ -165,7 +169,8 @@ class Batch:
         column counts are padded on the right to the larger one, the padding columns holes."""
         S = max(self.col_valid.shape[1], other.col_valid.shape[1])
         self.target_cache, self.draft_cache = backend.merge_rows(
-            self.target_cache, self.draft_cache, other.target_cache, other.draft_cache)
+            self.target_cache, self.draft_cache, other.target_cache, other.draft_cache
+        )
         self.col_valid = torch.cat([_pad(self.col_valid, 1, S), _pad(other.col_valid, 1, S)])
         self.rows = self.rows + other.rows
         self.positions = torch.cat([self.positions, other.positions])
@@ -201,22 +206,23 @@ def prefill(backend: Backend, rows: list[Request], draft: bool) -> Batch:
     return batch
 
 
-def _context(backend: Backend, rows: list[Request], seqs: list[list[int]], draft: bool
-             ) -> tuple[Batch, torch.Tensor]:
+def _context(backend: Backend, rows: list[Request], seqs: list[list[int]], draft: bool) -> tuple[Batch, torch.Tensor]:
     """``seqs`` right-padded [b, T] through fresh caches in one target forward: the batch whose
     anchors are still to be set (zeros), and the logits at each row's last position [b, 1, V]."""
     dev = backend.device
-    lengths = torch.tensor([len(s) for s in seqs], device=dev)                  # [b]
+    lengths = torch.tensor([len(s) for s in seqs], device=dev)  # [b]
     b, T = len(rows), int(lengths.max())
     ids = torch.zeros(b, T, dtype=torch.long, device=dev)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s, device=dev)
-    col_valid = torch.arange(T, device=dev)[None] < lengths[:, None]           # [b, T]
+    col_valid = torch.arange(T, device=dev)[None] < lengths[:, None]  # [b, T]
     cache, dcache = backend.new_caches(b, draft)
-    logits, target_hidden = backend.target_forward(ids, torch.arange(T, device=dev).expand(b, T),
-                                                   col_valid, cache, capture=draft, logits_at=lengths - 1)
-    return Batch(list(rows), cache, dcache, col_valid, lengths, torch.zeros_like(lengths), target_hidden,
-                 lengths), logits
+    logits, target_hidden = backend.target_forward(
+        ids, torch.arange(T, device=dev).expand(b, T), col_valid, cache, capture=draft, logits_at=lengths - 1
+    )
+    return Batch(
+        list(rows), cache, dcache, col_valid, lengths, torch.zeros_like(lengths), target_hidden, lengths
+    ), logits
 
 
 def readmit(backend: Backend, req: Request, draft: bool, stats: Stats) -> Batch:
@@ -227,7 +233,7 @@ def readmit(backend: Backend, req: Request, draft: bool, stats: Stats) -> Batch:
     unchanged: greedy is the target's own decoding, a seeded row's noise is drawn per token index."""
     assert req.token_ids and req.finish_reason is None, "only a live row that took tokens is readmitted"
     *ctx, anchor = req.prompt + req.token_ids
-    backend.check_request([ctx], 1, 1)   # the rebuild's forward fits the backend (one line if not)
+    backend.check_request([ctx], 1, 1)  # the rebuild's forward fits the backend (one line if not)
     batch, _ = _context(backend, [req], [ctx], draft)
     batch.last = torch.full_like(batch.last, anchor)
     stats.target_forwards += 1
@@ -239,12 +245,19 @@ def draft(backend: Backend, batch: Batch, B: int) -> tuple[torch.Tensor, torch.T
     warped draft distributions of the sampled rows (None when there are none;
     ``Backend.draft_block``). B = 1 drafts nothing: the block is the anchor alone (a drafter
     still takes in the last commit)."""
-    anchor = batch.last[:, None]                                                # [n, 1]
+    anchor = batch.last[:, None]  # [n, 1]
     if batch.draft_cache is None:
         return anchor, None
     assert batch.target_hidden is not None, "a drafting batch carries the target's hidden states"
-    tokens, q = backend.draft_block(batch.target_hidden, batch.n_new, batch.last, B, batch.draft_cache,
-                                    *_sampling(batch.rows), (batch.positions + 1).tolist())  # [n, B-1], [n, B-1, V]
+    tokens, q = backend.draft_block(
+        batch.target_hidden,
+        batch.n_new,
+        batch.last,
+        B,
+        batch.draft_cache,
+        *_sampling(batch.rows),
+        (batch.positions + 1).tolist(),
+    )  # [n, B-1], [n, B-1, V]
     if tokens is None:
         return anchor, None
     return torch.cat([anchor, tokens], dim=1), q
@@ -258,17 +271,24 @@ def verify(backend: Backend, batch: Batch, block: torch.Tensor) -> tuple[torch.T
     n, B = block.shape
     offsets = torch.arange(B, device=block.device)
     attn = torch.cat([batch.col_valid, torch.ones(n, B, dtype=torch.bool, device=block.device)], dim=1)
-    return backend.target_forward(block, batch.positions[:, None] + offsets, attn, batch.target_cache,
-                                  capture=batch.draft_cache is not None)
+    return backend.target_forward(
+        block, batch.positions[:, None] + offsets, attn, batch.target_cache, capture=batch.draft_cache is not None
+    )
 
 
-def commit(backend: Backend, batch: Batch, block: torch.Tensor, acc: torch.Tensor, bonus: torch.Tensor,
-           target_hidden: torch.Tensor | None) -> None:
+def commit(
+    backend: Backend,
+    batch: Batch,
+    block: torch.Tensor,
+    acc: torch.Tensor,
+    bonus: torch.Tensor,
+    target_hidden: torch.Tensor | None,
+) -> None:
     """Advance row r past the first ``acc[r] + 1`` inputs of the verified block [n, B]: they
     become valid target cache columns (the rest are holes; the backend settles its cache on
     them, ``Backend.commit_cache``), their target_hidden the next drafter round's context,
     and bonus [n] the next anchor."""
-    n_new = acc + 1                                                             # [n]
+    n_new = acc + 1  # [n]
     offsets = torch.arange(block.shape[1], device=block.device)
     batch.col_valid = torch.cat([batch.col_valid, offsets[None] < n_new[:, None]], dim=1)
     backend.commit_cache(batch.target_cache, batch.col_valid, n_new)
@@ -295,13 +315,14 @@ def run_round(backend: Backend, batch: Batch, B: int, stats: Stats) -> bool:
     no row, only the batch's caches (then unknown: the scheduler rebuilds its rows alone,
     :func:`readmit`)."""
     t0 = time.perf_counter()
-    block, q = draft(backend, batch, B)                                         # [n, B]
+    block, q = draft(backend, batch, B)  # [n, B]
     t1 = time.perf_counter()
-    logits, target_hidden = verify(backend, batch, block)                       # [n, B, V]
+    logits, target_hidden = verify(backend, batch, block)  # [n, B, V]
     t2 = time.perf_counter()
-    acc, bonus = accept_rows(block[:, 1:], logits, q, *_sampling(batch.rows),
-                             (batch.positions + 1).tolist())                    # [n], [n]
-    commit(backend, batch, block, acc, bonus, target_hidden)   # before any token is taken (below)
+    acc, bonus = accept_rows(
+        block[:, 1:], logits, q, *_sampling(batch.rows), (batch.positions + 1).tolist()
+    )  # [n], [n]
+    commit(backend, batch, block, acc, bonus, target_hidden)  # before any token is taken (below)
     acc_l, block_l = acc.tolist(), block.tolist()
     new = [row[1 : 1 + a] + [b] for row, a, b in zip(block_l, acc_l, bonus.tolist(), strict=True)]  # accepted + bonus
     kept, going = take(batch.rows, new)
@@ -314,8 +335,7 @@ def run_round(backend: Backend, batch: Batch, B: int, stats: Stats) -> bool:
     return batch.filter(backend, going)
 
 
-def _checked_block_size(backend: Backend, requested: int | None, prompts: list[list[int]],
-                        max_new_tokens: int) -> int:
+def _checked_block_size(backend: Backend, requested: int | None, prompts: list[list[int]], max_new_tokens: int) -> int:
     """The block size to run, after checking it and the other arguments (DFlashError if wrong)."""
     trained = backend.drafter_block_size
     B = block_size_for(requested, trained)
@@ -366,11 +386,19 @@ def generate(
     B = _checked_block_size(backend, block_size, prompts, max_new_tokens)
     backend.check_request(prompts, max_new_tokens, B)
     stops = frozenset(stop_token_ids)
-    rows = [Request(p, max_new_tokens, sampling, stops, stream=i,
-                    on_commit=partial(on_commit, i) if on_commit else None,
-                    should_stop=partial(should_stop, i) if should_stop else None,
-                    match_stop=partial(match_stop, i) if match_stop else None)
-            for i, p in enumerate(prompts)]
+    rows = [
+        Request(
+            p,
+            max_new_tokens,
+            sampling,
+            stops,
+            stream=i,
+            on_commit=partial(on_commit, i) if on_commit else None,
+            should_stop=partial(should_stop, i) if should_stop else None,
+            match_stop=partial(match_stop, i) if match_stop else None,
+        )
+        for i, p in enumerate(prompts)
+    ]
     stats = Stats(block_size=B)
     if max_new_tokens == 0:
         stats.prompt_tokens = sum(len(p) for p in prompts)
@@ -382,5 +410,5 @@ def generate(
         pass
     stats.seconds = time.perf_counter() - start
     stats.new_tokens = sum(len(r.token_ids) for r in rows)
-    reasons = [r.finish_reason for r in rows]   # every row has finished when the loop ends
+    reasons = [r.finish_reason for r in rows]  # every row has finished when the loop ends
     return Generation([r.token_ids for r in rows], cast(list[str], reasons), stats)

@@ -41,8 +41,9 @@ class OnnxBackend(GraphBackend):
     # The Python custom ops copy the pool on every round: start small, grow by doubling.
     initial_pages = 8
 
-    def __init__(self, onnx_dir: str | Path, profile, mask_token_id: int, threads: int | None = None,
-                 native: bool = True):
+    def __init__(
+        self, onnx_dir: str | Path, profile, mask_token_id: int, threads: int | None = None, native: bool = True
+    ):
         require("onnxruntime", "onnx", "--backend onnx")
         import onnxruntime as ort
 

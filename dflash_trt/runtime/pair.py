@@ -36,7 +36,7 @@ class Pair:
 
     target: Target
     drafter: Drafter | None
-    tokenizer: Any   # a transformers tokenizer (PreTrainedTokenizerBase)
+    tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase)
     stop_token_ids: list[int] = field(default_factory=list)
     name: str = "model"
     #: what answers the loop's model calls (``generate(..., backend=pair.backend)``); always set
@@ -48,8 +48,9 @@ class Pair:
     def __post_init__(self) -> None:
         if self.backend is None:
             if self.spec.graphs:
-                raise DFlashError(f"a pair run by the {self.spec.backend} backend needs that backend opened: "
-                                  "load it with load_bundle")
+                raise DFlashError(
+                    f"a pair run by the {self.spec.backend} backend needs that backend opened: load it with load_bundle"
+                )
             object.__setattr__(self, "backend", TorchBackend(self.target, self.drafter))
         if self.drafter is not None:  # the torch backend's dflash ops (``plugins.dispatch``)
             self.drafter.kernels = DISPATCH[self.spec.kernels]
@@ -59,8 +60,9 @@ class Pair:
         if chat:
             if not getattr(tok, "chat_template", None):
                 raise DFlashError(f"{self.name}: the tokenizer has no chat template; drop --chat")
-            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                          tokenize=True)
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
         return tok(text, add_special_tokens=True)["input_ids"]
 
@@ -102,15 +104,22 @@ def stop_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def load_pair(target: str | Path, drafter: str | Path | None, spec: RunSpec | None = None, *,
-              dtype: str = "auto", device: str = "cpu") -> Pair:
+def load_pair(
+    target: str | Path,
+    drafter: str | Path | None,
+    spec: RunSpec | None = None,
+    *,
+    dtype: str = "auto",
+    device: str = "cpu",
+) -> Pair:
     """Load a target and (optionally) a drafter in any supported format, validated as a pair first,
     to run under ``spec`` (default: the torch backend, lean kernels); the graph backends
     run a bundle's graphs (:func:`load_bundle`)."""
     spec = spec or RunSpec()
     if spec.graphs:
-        raise DFlashError(f"--backend {spec.backend} runs a bundle's exported graphs: "
-                          "pass a bundle built with --graphs")
+        raise DFlashError(
+            f"--backend {spec.backend} runs a bundle's exported graphs: pass a bundle built with --graphs"
+        )
     tdir = ingest.resolve(str(target), role="target")
     ddir = ingest.resolve(str(drafter), role="drafter") if drafter is not None else None
     # Configs + safetensors headers only, read once: a mismatched or corrupt pair fails here, before any load.
@@ -128,8 +137,7 @@ def load_pair(target: str | Path, drafter: str | Path | None, spec: RunSpec | No
     return Pair(Target(model, layer_ids), d, tokenizer, stop_ids(model, tokenizer), name=tdir.name, spec=spec)
 
 
-def load_bundle(path: str | Path, spec: RunSpec | None = None, *, dtype: str = "auto",
-                device: str = "cpu") -> Pair:
+def load_bundle(path: str | Path, spec: RunSpec | None = None, *, dtype: str = "auto", device: str = "cpu") -> Pair:
     """Load a ``dflash-trt build`` bundle to run under ``spec`` (default: the torch backend;
     resolve a graph backend's with ``resolve_run(..., bundle=path)``), its backend open.
 
@@ -163,8 +171,9 @@ def bundle_damage(exc: CheckpointError, root: Path) -> CheckpointError:
     msg = str(exc)
     for phrase in _REDOWNLOAD:
         if phrase in msg:
-            return CheckpointError(msg.replace(phrase, f"the bundle is damaged: rebuild it "
-                                                       f"('dflash-trt build ... -o {root} --force')"))
+            return CheckpointError(
+                msg.replace(phrase, f"the bundle is damaged: rebuild it ('dflash-trt build ... -o {root} --force')")
+            )
     return exc
 
 
@@ -185,10 +194,18 @@ def _load_bundle(bundle, spec: RunSpec, dtype: str, device: str) -> Pair:
         ingest.check_pair_runtime(model, d, where=str(ddir))
     tokenizer = load_tokenizer(tdir)
     max_batch_size, schedule = serving_plan(bundle.trtllm_config)
-    graph = _graph_backend(spec, bundle, d)   # None: the pair's modules answer (TorchBackend)
-    return Pair(Target(model, d.cfg.target_layer_ids), d, tokenizer, stop_ids(model, tokenizer),
-                name=bundle.root.name, spec=spec, max_batch_size=max_batch_size, draft_len_schedule=schedule,
-                **({"backend": graph} if graph is not None else {}))
+    graph = _graph_backend(spec, bundle, d)  # None: the pair's modules answer (TorchBackend)
+    return Pair(
+        Target(model, d.cfg.target_layer_ids),
+        d,
+        tokenizer,
+        stop_ids(model, tokenizer),
+        name=bundle.root.name,
+        spec=spec,
+        max_batch_size=max_batch_size,
+        draft_len_schedule=schedule,
+        **({"backend": graph} if graph is not None else {}),
+    )
 
 
 def _graph_shell(tdir: Path, ddir: Path):
@@ -198,7 +215,7 @@ def _graph_shell(tdir: Path, ddir: Path):
 
     from dflash_trt.model import drafter_for
 
-    spec = ingest.read_pair(tdir, ddir).drafter       # configs + safetensors headers only
+    spec = ingest.read_pair(tdir, ddir).drafter  # configs + safetensors headers only
     cfg = AutoConfig.from_pretrained(str(tdir), trust_remote_code=False)
     if hasattr(cfg, "quantization_config"):
         del cfg.quantization_config
@@ -208,6 +225,7 @@ def _graph_shell(tdir: Path, ddir: Path):
     if (tdir / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(str(tdir))
     return model, drafter
+
 
 def serving_plan(config_yaml: Path) -> tuple[int | None, dict[int, int] | None]:
     """(max_batch_size, draft_len_schedule) from a TensorRT-LLM config; (None, None) without one.
@@ -245,8 +263,10 @@ def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(cfg, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise CheckpointError(f"{tdir}: dequantized tensors do not match the config: missing "
-                              f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+        raise CheckpointError(
+            f"{tdir}: dequantized tensors do not match the config: missing "
+            f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}"
+        )
     if tied:
         model.tie_weights()
     if (tdir / "generation_config.json").exists():
@@ -261,8 +281,10 @@ def _graph_backend(spec: RunSpec, bundle, drafter: Drafter) -> Backend | None:
         return None
     graphs = bundle.manifest.engine
     if graphs is None or graphs.profile is None:
-        raise DFlashError(f"{bundle.root}: --backend {spec.backend} needs a bundle built with --graphs "
-                          "(resolve the run spec with resolve_run first)")
+        raise DFlashError(
+            f"{bundle.root}: --backend {spec.backend} needs a bundle built with --graphs "
+            "(resolve the run spec with resolve_run first)"
+        )
     mask = drafter.cfg.mask_token_id
     if spec.backend == "onnx":
         from dflash_trt.runtime.onnx_backend import OnnxBackend

@@ -72,7 +72,7 @@ class SelectorProposer(Proposer):
         hidden, dlogits = backend.draft_hidden_logits(target_hidden, n_new, anchor, block_size, cache)
         if block_size == 1:
             return None, None
-        lean = getattr(backend, "lean_drafter", None)   # the same proposal (``LeanDrafter.propose``) or None
+        lean = getattr(backend, "lean_drafter", None)  # the same proposal (``LeanDrafter.propose``) or None
         groups = walk_groups(params, keys)
         if len(groups) == 1 and groups[0][1] == 0:  # every row walks at temperature 0 (greedy batches)
             if lean is not None:
@@ -82,8 +82,11 @@ class SelectorProposer(Proposer):
         q = None
         for rows, temperature in groups:
             h, lg, a = hidden[rows], dlogits[rows], anchor[rows]
-            tokens[rows], q_rows = (lean.propose(h, lg, a, temperature) if lean is not None
-                                    else backend.drafter.propose(h, lg, a, temperature, None))
+            tokens[rows], q_rows = (
+                lean.propose(h, lg, a, temperature)
+                if lean is not None
+                else backend.drafter.propose(h, lg, a, temperature, None)
+            )
             if temperature > 0:
                 q = torch.zeros_like(dlogits, dtype=torch.float32) if q is None else q
                 q[rows] = q_rows
@@ -104,8 +107,10 @@ class SelectorProposer(Proposer):
         last run."""
         B = backend.profile.block_size
         if block_size not in (1, B):
-            raise DFlashError(f"--backend {backend.name}: the DFlash2 drafter graph drafts blocks of {B}, not "
-                              f"{block_size}; use --backend torch for shorter blocks")
+            raise DFlashError(
+                f"--backend {backend.name}: the DFlash2 drafter graph drafts blocks of {B}, not "
+                f"{block_size}; use --backend torch for shorter blocks"
+            )
         dense = backend.dense_drafter
         feeds = (backend.dense_feeds if dense else backend.round_feeds)(target_hidden, n_new, anchor, B, cache)
         b, K = anchor.shape[0], B - 1
@@ -114,7 +119,7 @@ class SelectorProposer(Proposer):
         q, new_kv = None, None
         for rows, temperature in groups:
             t, q_k, cand, kv = self._walk(backend, feeds, rows, b, anchor, temperature, cache)
-            if len(rows) == b:   # one walk over the whole batch (a greedy batch): its outputs as they are
+            if len(rows) == b:  # one walk over the whole batch (a greedy batch): its outputs as they are
                 tokens, new_kv = t.long(), kv
             else:
                 tokens[rows] = t.long()
@@ -127,7 +132,7 @@ class SelectorProposer(Proposer):
                 q = torch.zeros(b, K, V, device=backend.device) if q is None else q
                 q[rows] = torch.zeros(len(rows), K, V, device=backend.device).scatter(-1, cand.long(), q_k.float())
         if dense:
-            assert new_kv is not None   # every group drafted: each set its K/V
+            assert new_kv is not None  # every group drafted: each set its K/V
             cache.append(*new_kv, n_new)
         else:
             cache.lengths = cache.lengths + n_new
@@ -140,14 +145,26 @@ class SelectorProposer(Proposer):
         comes back updated); a dense context is read by row and its new K/V returned for those rows."""
         idx = None if len(rows) == b else torch.tensor(rows, device=backend.device)
         pooled = ("k_cache", "v_cache")
-        sub = {k: (v if idx is None or k in pooled else v[:, idx].contiguous() if k in ("k_ctx", "v_ctx")
-                   else v[idx].contiguous()) for k, v in feeds.items()}
+        sub = {
+            k: (
+                v
+                if idx is None or k in pooled
+                else v[:, idx].contiguous()
+                if k in ("k_ctx", "v_ctx")
+                else v[idx].contiguous()
+            )
+            for k, v in feeds.items()
+        }
         K = backend.profile.block_size - 1
-        uniforms = (torch.rand(len(rows), K, device=backend.device) if temperature > 0
-                    else torch.zeros(len(rows), K, device=backend.device))
+        uniforms = (
+            torch.rand(len(rows), K, device=backend.device)
+            if temperature > 0
+            else torch.zeros(len(rows), K, device=backend.device)
+        )
         rows_anchor = (anchor if idx is None else anchor[idx]).long().contiguous()
-        sub.update(anchor=rows_anchor, uniforms=uniforms,
-                   temperature=torch.tensor([float(temperature)], device=backend.device))
+        sub.update(
+            anchor=rows_anchor, uniforms=uniforms, temperature=torch.tensor([float(temperature)], device=backend.device)
+        )
         if backend.dense_drafter:
             tokens, q_k, cand, k_new, v_new = backend.run("drafter", sub)
             return tokens, q_k, cand, (k_new, v_new)

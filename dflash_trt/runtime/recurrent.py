@@ -45,10 +45,15 @@ class RecurrentStates:
                 found[int(module.layer_idx)] = module
         model_type = model.config.get_text_config(decoder=True).model_type
         kernels = {i: _kernel_of(m) for i, m in found.items()}
-        if sorted(found) != sorted(layer_ids) or None in kernels.values() or not all(
-                "cache" in inspect.signature(m.forward).parameters for m in found.values()):
-            raise DFlashError(f"{model_type}: its linear-attention layers are not the Gated DeltaNet, Mamba2 "
-                              "or KDA mixers the reference runtime can roll back (transformers >= 5.24 ships them)")
+        if (
+            sorted(found) != sorted(layer_ids)
+            or None in kernels.values()
+            or not all("cache" in inspect.signature(m.forward).parameters for m in found.values())
+        ):
+            raise DFlashError(
+                f"{model_type}: its linear-attention layers are not the Gated DeltaNet, Mamba2 "
+                "or KDA mixers the reference runtime can roll back (transformers >= 5.24 ships them)"
+            )
         self.mixers = dict(sorted(found.items()))
         self.kernels = {k for k in kernels.values()}  # (modeling module, kernel name)
 
@@ -62,7 +67,7 @@ class RecurrentStates:
     def _per_token(self, cache):
         factors: dict[int, linear_states.Factors] = {}
         convs: dict[int, torch.Tensor] = {}
-        current: list[int] = [-1]   # the layer whose forward is running
+        current: list[int] = [-1]  # the layer whose forward is running
 
         def record(f):
             factors[current[0]] = f
@@ -97,13 +102,16 @@ class RecurrentStates:
         """Snapshot every linear layer's states, and keep each mixer's input [b, T, H] while
         the forward runs."""
         snap = {i: _states(cache.layers[i]) for i in self.mixers}
-        snap = {i: (None if st[0] is None else st[0].clone(), None if st[1] is None else st[1].clone())
-                for i, st in snap.items()}
+        snap = {
+            i: (None if st[0] is None else st[0].clone(), None if st[1] is None else st[1].clone())
+            for i, st in snap.items()
+        }
         inputs: dict[int, torch.Tensor] = {}
 
         def grab(i):
             def hook(module, args, kwargs):
                 inputs[i] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
             return hook
 
         hooks = [m.register_forward_pre_hook(grab(i), with_kwargs=True) for i, m in self.mixers.items()]
@@ -139,7 +147,7 @@ class RecurrentStates:
             layer = cache.layers[i]
             rec, conv = layer.recurrent_states[0], layer.conv_states[0]
             rec.copy_(factors[i].state(n, consume=True))
-            full = convs[i]                                                           # [b, C, K + T]
+            full = convs[i]  # [b, C, K + T]
             K = conv.shape[-1]
             idx = (n[:, None] + torch.arange(K, device=n.device))[:, None].expand(-1, full.shape[1], -1)
             conv.copy_(full.gather(-1, idx))
@@ -148,13 +156,13 @@ class RecurrentStates:
         """What a verify keeps per row until its commit (factors and conv inputs, all layers)."""
         kind, factors, convs = cache.recurrent_pending
         return sum(f.nbytes_per_row() for f in factors.values()) + sum(
-            c[0].numel() * c.element_size() for c in convs.values())
+            c[0].numel() * c.element_size() for c in convs.values()
+        )
 
     @torch.no_grad()
     def _replay(self, layer, mixer, snap, hidden, rows: torch.Tensor, k: int) -> None:
         conv, rec = snap
-        state = _OneLayer(None if conv is None else conv[rows].clone(),
-                          None if rec is None else rec[rows].clone())
+        state = _OneLayer(None if conv is None else conv[rows].clone(), None if rec is None else rec[rows].clone())
         mixer(hidden_states=hidden[rows, :k], cache=state, attention_mask=None)
         assert state.conv is not None and state.rec is not None, "a replayed layer has both states"
         layer.conv_states[0][rows] = state.conv.to(layer.conv_states[0].dtype)
@@ -175,8 +183,9 @@ class RecurrentStates:
             if any(layer.conv_states[0] is None for layer in layers):
                 raise DFlashError("cannot merge a hybrid cache that has not been prefilled")
             dst = out.layers[i]
-            dst.lazy_initialization(conv_states=layers[0].conv_states[0],
-                                    conv_kernel_size=layers[0].conv_kernel_size[0])
+            dst.lazy_initialization(
+                conv_states=layers[0].conv_states[0], conv_kernel_size=layers[0].conv_kernel_size[0]
+            )
             dst.lazy_initialization(recurrent_states=layers[0].recurrent_states[0])
             dst.conv_states[0] = torch.cat([layer.conv_states[0] for layer in layers])
             dst.recurrent_states[0] = torch.cat([layer.recurrent_states[0] for layer in layers])

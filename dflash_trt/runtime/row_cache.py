@@ -63,11 +63,11 @@ class RowReplayPolicy:
             self._settle(cache, [p[1].shape[1] for p in cache.pending])
         T = ids.shape[1]
         fresh = attention_mask.shape[1] == T
-        real = attention_mask[:, -T:]                                           # [b, T]
+        real = attention_mask[:, -T:]  # [b, T]
         outs, pending = [], []
         for r, row in enumerate(cache.rows):
             cols = real[r].nonzero().squeeze(1)
-            ids_r, pos_r = ids[r : r + 1, cols], positions[r : r + 1, cols]      # [1, n]
+            ids_r, pos_r = ids[r : r + 1, cols], positions[r : r + 1, cols]  # [1, n]
             pending.append((None if fresh else copy.deepcopy(row), ids_r, pos_r))
             outs.append((cols, *run(None, ids_r, pos_r, row)))
         cache.pending, cache.replay = (None, None) if fresh else (pending, run)

@@ -62,7 +62,7 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     dividing by ``max(T, float32 tiny)`` (no inf - inf for a tiny T), any ``top_k`` (>= vocab: no
     cut), and top-p always keeps the most likely token (a ``top_p`` that rounds to 0 in float32
     is greedy over the warped scores, never an empty set)."""
-    x = logits.float().clamp(max=torch.finfo(torch.float32).max)   # an fp16 overflow (+inf) is its max
+    x = logits.float().clamp(max=torch.finfo(torch.float32).max)  # an fp16 overflow (+inf) is its max
     scores = (x - x.amax(-1, keepdim=True)) / max(p.temperature, _MIN_T)
     vocab = scores.shape[-1]
     if 0 < p.top_k < vocab:
@@ -72,7 +72,7 @@ def probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     if p.top_p < 1.0:
         sorted_p, order = out.sort(dim=-1, descending=True)
         keep = (sorted_p.cumsum(-1) - sorted_p) < p.top_p
-        keep[..., 0] = True   # the top token, always
+        keep[..., 0] = True  # the top token, always
         sorted_p = sorted_p * keep
         out = torch.zeros_like(out).scatter(-1, order, sorted_p)
         out = out / out.sum(-1, keepdim=True)
@@ -92,8 +92,9 @@ def select(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None)
     return draw(probs(logits, p), gen)
 
 
-def rejection_sample(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                     gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_sample(
+    draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor, gen: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative rejection sampling for a batch.
 
     draft [b, K] tokens drawn from q [b, K, V]; p [b, K+1, V] target distributions at the
@@ -105,7 +106,7 @@ def rejection_sample(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     p_d = p[:, :K].gather(-1, draft[..., None])[..., 0]
     q_d = q.gather(-1, draft[..., None])[..., 0]
     u = torch.rand(b, K, generator=gen, device=draft.device)
-    ok = (u * q_d < p_d).long()          # accept with probability min(1, p/q)
+    ok = (u * q_d < p_d).long()  # accept with probability min(1, p/q)
     acc = ok.cumprod(-1).sum(-1)
     rows = torch.arange(b, device=draft.device)
     p_at = p[rows, acc]
@@ -116,8 +117,13 @@ def rejection_sample(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     return acc, draw(residual, gen)
 
 
-def accept(draft: torch.Tensor, target_logits: torch.Tensor, q: torch.Tensor | None,
-           p: SamplingParams, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def accept(
+    draft: torch.Tensor,
+    target_logits: torch.Tensor,
+    q: torch.Tensor | None,
+    p: SamplingParams,
+    gen: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Decide, per row, how much of a verified block to commit.
 
     draft [b, K] the drafted tokens (K = B-1; K = 0 is autoregressive decoding); target_logits
@@ -138,12 +144,14 @@ def accept(draft: torch.Tensor, target_logits: torch.Tensor, q: torch.Tensor | N
     Sampling: no drafts is one draw from the target; otherwise :func:`rejection_sample`.
     """
     if p.greedy:
-        post = target_logits.argmax(-1)                                # [b, K+1]
-        acc = (draft == post[:, :-1]).long().cumprod(-1).sum(-1)        # [b]
+        post = target_logits.argmax(-1)  # [b, K+1]
+        acc = (draft == post[:, :-1]).long().cumprod(-1).sum(-1)  # [b]
         return acc, post.gather(1, acc[:, None])[:, 0]
     if draft.shape[1] == 0:
-        return (torch.zeros(draft.shape[0], dtype=torch.long, device=draft.device),
-                draw(probs(target_logits[:, 0], p), gen))
+        return (
+            torch.zeros(draft.shape[0], dtype=torch.long, device=draft.device),
+            draw(probs(target_logits[:, 0], p), gen),
+        )
     assert q is not None, "sampled drafts carry the drafter's probabilities q"
     return rejection_sample(draft, q, probs(target_logits, p), gen)
 
@@ -174,7 +182,7 @@ def gumbel(key: int, first: int, count: int, vocab: int, device) -> torch.Tensor
     out = torch.empty(count, vocab, device=device)
     for j in range(count):
         gen = torch.Generator(device=device).manual_seed(_mix(key, first + j))
-        out[j].exponential_(generator=gen)       # E ~ Exp(1); -log E ~ Gumbel(0, 1)
+        out[j].exponential_(generator=gen)  # E ~ Exp(1); -log E ~ Gumbel(0, 1)
     return -out.log()
 
 
@@ -207,8 +215,9 @@ def _scores(logits: torch.Tensor, rows: list[int], params, keys, first: list[int
     return out
 
 
-def propose(draft_logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[int | None],
-            first: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def propose(
+    draft_logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[int | None], first: list[int]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each row's draft tokens [n, K] from the drafter's logits [n, K, V] (position j drafts token
     index ``first[r] + j``), and q [n, K, V]: the warped draft distributions of the unseeded
     sampled rows (None when there are none; other rows' entries unused)."""
@@ -228,9 +237,14 @@ def propose(draft_logits: torch.Tensor, params: Sequence[SamplingParams], keys: 
     return tokens, q
 
 
-def accept_rows(draft: torch.Tensor, target_logits: torch.Tensor, q: torch.Tensor | None,
-                params: Sequence[SamplingParams], keys: Sequence[int | None],
-                first: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def accept_rows(
+    draft: torch.Tensor,
+    target_logits: torch.Tensor,
+    q: torch.Tensor | None,
+    params: Sequence[SamplingParams],
+    keys: Sequence[int | None],
+    first: list[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`accept` with each row's own parameters: (acc [n], bonus [n]). ``first[r]``: the token
     index that target_logits[r, 0] predicts (seeded rows draw that index's noise)."""
     if all(p.greedy for p in params):
@@ -247,8 +261,9 @@ def accept_rows(draft: torch.Tensor, target_logits: torch.Tensor, q: torch.Tenso
     return acc, bonus
 
 
-def select_rows(logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[int | None],
-                first: list[int]) -> torch.Tensor:
+def select_rows(
+    logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[int | None], first: list[int]
+) -> torch.Tensor:
     """One token per row from logits [n, V] that predict token index ``first[r]``: [n]."""
     none = torch.zeros(logits.shape[0], 0, dtype=torch.long, device=logits.device)
     return accept_rows(none, logits[:, None], None, params, keys, first)[1]

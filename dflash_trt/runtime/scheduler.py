@@ -75,8 +75,13 @@ def _failed(req: Request, exc: BaseException, failed: list[Request]) -> None:
     req.finish_reason = "error"
     req.error = f"{type(exc).__name__}: {exc}"
     failed.append(req)
-    logger.error("a request failed alone (its prompt of %d tokens, %d generated): %s", len(req.prompt),
-                 len(req.token_ids), req.error, exc_info=exc)
+    logger.error(
+        "a request failed alone (its prompt of %d tokens, %d generated): %s",
+        len(req.prompt),
+        len(req.token_ids),
+        req.error,
+        exc_info=exc,
+    )
 
 
 @dataclass
@@ -85,8 +90,8 @@ class Step:
     size and draft length of its round (0 / None without a round), and its counters."""
 
     admitted: list[Request] = field(default_factory=list)
-    finished: list[Request] = field(default_factory=list)   # failed ones too (finish_reason "error")
-    failed: list[Request] = field(default_factory=list)     # their prefill raised (Request.error says why)
+    finished: list[Request] = field(default_factory=list)  # failed ones too (finish_reason "error")
+    failed: list[Request] = field(default_factory=list)  # their prefill raised (Request.error says why)
     failed_rounds: list[Request] = field(default_factory=list)  # their own round (or rebuild) raised
     batch_size: int = 0
     draft_len: int | None = None
@@ -100,16 +105,22 @@ class Step:
 class Scheduler:
     """Requests in, tokens out, one step at a time (not thread-safe: one thread owns it)."""
 
-    def __init__(self, backend: Backend, *, block_size: int | None = None, max_batch: int = 8,
-                 draft_len_schedule: dict[int, int] | None = None, context_len: int | None = None):
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        block_size: int | None = None,
+        max_batch: int = 8,
+        draft_len_schedule: dict[int, int] | None = None,
+        context_len: int | None = None,
+    ):
         trained = backend.drafter_block_size
         B = block_size_for(block_size, trained)
         if B > 1 and (trained is None or B > trained):
-            raise DFlashError(f"block size {B} needs a drafter trained for at least that block "
-                              f"(this one: {trained})")
+            raise DFlashError(f"block size {B} needs a drafter trained for at least that block (this one: {trained})")
         if max_batch < 1:
             raise DFlashError(f"max_batch must be >= 1, got {max_batch}")
-        backend.check_batch(max_batch, B)   # a graph backend's engine profile: once, here
+        backend.check_batch(max_batch, B)  # a graph backend's engine profile: once, here
         self.backend, self.block_size, self.max_batch = backend, B, max_batch
         #: the longest prompt + completion admitted, in tokens (None: the backend's own bound only)
         self.context_len = context_len
@@ -136,8 +147,11 @@ class Scheduler:
         if ctx is not None and n >= ctx:
             raise Refused(f"the prompt has {n} tokens; this model's context is {ctx} tokens", "prompt", True)
         if ctx is not None and n + max_new_tokens > ctx:
-            raise Refused(f"prompt ({n} tokens) + max_tokens ({max_new_tokens}) exceeds this model's context "
-                          f"of {ctx} tokens", "max_new_tokens", True)
+            raise Refused(
+                f"prompt ({n} tokens) + max_tokens ({max_new_tokens}) exceeds this model's context of {ctx} tokens",
+                "max_new_tokens",
+                True,
+            )
         try:
             self.backend.check_request([prompt], max_new_tokens, self.block_size)
         except Refused:
@@ -214,11 +228,14 @@ class Scheduler:
                 return []
         out = []
         for req in new:
-            if req.finish_reason is not None:   # finished at its first token before the failure
+            if req.finish_reason is not None:  # finished at its first token before the failure
                 continue
             try:
-                joined = (readmit(self.backend, req, draft, step.stats) if req.token_ids
-                          else admit(self.backend, [req], draft, step.stats))
+                joined = (
+                    readmit(self.backend, req, draft, step.stats)
+                    if req.token_ids
+                    else admit(self.backend, [req], draft, step.stats)
+                )
             except Exception as exc:
                 _failed(req, exc, step.failed)
                 continue

@@ -36,15 +36,15 @@ def pack(cache, layers: list[int], col_valid: torch.Tensor, back: bool = False) 
     """Move each row's valid columns [b, S] to the front (``back``: the end) of ``layers`` (KV and
     indexer keys), in order, zero the rest; returns the packed column mask [b, W], W = the most
     valid columns of a row."""
-    n = col_valid.sum(1)                                                         # [b]
+    n = col_valid.sum(1)  # [b]
     W = int(n.max()) if n.numel() else 0
     cols = torch.arange(W, device=col_valid.device)[None]
-    packed = cols >= W - n[:, None] if back else cols < n[:, None]              # [b, W]
+    packed = cols >= W - n[:, None] if back else cols < n[:, None]  # [b, W]
     if col_valid.shape[1] == W and bool((col_valid == packed).all()):
         return col_valid
-    key = col_valid if back else ~col_valid                                      # stable: order kept
-    order = torch.sort(key.to(torch.uint8), dim=1, stable=True).indices          # [b, S]
-    order = order[:, order.shape[1] - W:] if back else order[:, :W]             # [b, W]
+    key = col_valid if back else ~col_valid  # stable: order kept
+    order = torch.sort(key.to(torch.uint8), dim=1, stable=True).indices  # [b, S]
+    order = order[:, order.shape[1] - W :] if back else order[:, :W]  # [b, W]
     for i in layers:
         layer = cache.layers[i]
         if getattr(layer, "keys", None) is not None and layer.keys.numel():
@@ -67,8 +67,14 @@ def _take(t: torch.Tensor, order: torch.Tensor, packed: torch.Tensor, dim: int) 
 def merge_indexer(out, layers, batches: list[int], width: int) -> None:
     """``out``'s indexer keys: ``layers``' concatenated along the batch, each right-padded with
     zeros to ``width`` columns (a layer holding none yet gives zeros for its ``batches[i]`` rows)."""
-    ref = next((lay.indexer_keys for lay in layers
-                if getattr(lay, "indexer_keys", None) is not None and lay.indexer_keys.numel()), None)
+    ref = next(
+        (
+            lay.indexer_keys
+            for lay in layers
+            if getattr(lay, "indexer_keys", None) is not None and lay.indexer_keys.numel()
+        ),
+        None,
+    )
     if ref is None:
         return
     parts = []

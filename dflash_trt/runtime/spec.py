@@ -55,8 +55,9 @@ class RunSpec:
         return self.backend in GRAPH_BACKENDS
 
 
-def resolve_run(backend: str = "torch", kernels: str = "lean", *,
-                bundle: str | Path | None = None, dtype: str = "auto") -> RunSpec:
+def resolve_run(
+    backend: str = "torch", kernels: str = "lean", *, bundle: str | Path | None = None, dtype: str = "auto"
+) -> RunSpec:
     """The :class:`RunSpec` for the user's choices and the bundle (None: a pair named by
     ``--target``/``--drafter``), or one DFlashError line for a combination that cannot run.
 
@@ -66,8 +67,10 @@ def resolve_run(backend: str = "torch", kernels: str = "lean", *,
     if backend == "torch":
         return RunSpec(backend, kernels)
     if kernels != "lean":
-        raise DFlashError(f"--kernels {kernels} chooses the torch backend's dflash ops; the {backend} backend runs "
-                          "the graphs' own: drop --kernels or use --backend torch")
+        raise DFlashError(
+            f"--kernels {kernels} chooses the torch backend's dflash ops; the {backend} backend runs "
+            "the graphs' own: drop --kernels or use --backend torch"
+        )
     if bundle is None:
         raise DFlashError(f"--backend {backend} runs a bundle's exported graphs: pass a bundle built with --graphs")
     _check_graphs(backend, bundle, dtype)
@@ -82,10 +85,12 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
 def _check_graphs(backend: str, bundle: str | Path, dtype: str) -> None:
     """What the graph backends need of the bundle and of this machine (manifest only, no weights)."""
     b = ingest.open_bundle(bundle)
-    graphs = b.built.engine               # the manifest's record of the exported graphs and engines
+    graphs = b.built.engine  # the manifest's record of the exported graphs and engines
     if graphs is None:
-        raise DFlashError(f"{b.root}: --backend {backend} runs the exported graphs of a bundle built with "
-                          "--graphs; this one has none (rebuild it so, or use --backend torch)")
+        raise DFlashError(
+            f"{b.root}: --backend {backend} runs the exported graphs of a bundle built with "
+            "--graphs; this one has none (rebuild it so, or use --backend torch)"
+        )
     if graphs.profile is None or not (b.onnx / "embed.onnx").is_file():
         raise DFlashError(f"{b.root}: its onnx/ predates the recorded engine profile; rebuild it with --graphs")
     if dtype not in ("auto", "float32"):
@@ -95,8 +100,12 @@ def _check_graphs(backend: str, bundle: str | Path, dtype: str) -> None:
 
         problem = tensorrt_problem()
         if problem:
-            raise HardwareError(f"--backend tensorrt needs TensorRT and a CUDA GPU: {problem}; "
-                                "use --backend onnx (CPU) or --backend torch")
+            raise HardwareError(
+                f"--backend tensorrt needs TensorRT and a CUDA GPU: {problem}; "
+                "use --backend onnx (CPU) or --backend torch"
+            )
         if not graphs.engines_built:
-            raise DFlashError(f"{b.root}: no engines/ in this bundle (the build said: {graphs.engines_reason}); "
-                              "rebuild it where TensorRT and a GPU are, or use --backend onnx")
+            raise DFlashError(
+                f"{b.root}: no engines/ in this bundle (the build said: {graphs.engines_reason}); "
+                "rebuild it where TensorRT and a GPU are, or use --backend onnx"
+            )

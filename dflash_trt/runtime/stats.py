@@ -19,16 +19,16 @@ class Stats:
     """
 
     block_size: int
-    rounds: int = 0                 # sequence-rounds: one per sequence per target forward
-    committed: int = 0              # tokens committed in those rounds (accepted + bonus)
-    target_forwards: int = 0        # batched target forwards, prefill included
+    rounds: int = 0  # sequence-rounds: one per sequence per target forward
+    committed: int = 0  # tokens committed in those rounds (accepted + bonus)
+    target_forwards: int = 0  # batched target forwards, prefill included
     accepted_at: list[int] = field(default_factory=list)  # per draft position k: rounds with acc >= k
     prompt_tokens: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
-    prefill_seconds: float = 0.0    # the target's prefill forward and the first token
-    draft_seconds: float = 0.0      # drafter rounds: KV injection of the last commit + block forward
-    verify_seconds: float = 0.0     # target forwards in rounds (prefill excluded)
+    prefill_seconds: float = 0.0  # the target's prefill forward and the first token
+    draft_seconds: float = 0.0  # drafter rounds: KV injection of the last commit + block forward
+    verify_seconds: float = 0.0  # target forwards in rounds (prefill excluded)
 
     def __post_init__(self):
         if not self.accepted_at:

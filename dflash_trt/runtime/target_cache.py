@@ -49,6 +49,7 @@ from dflash_trt.runtime.sparse_cache import merge_indexer, pack
 
 SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "indexed_attention", "dummy"}
 
+
 def cache_policy(model):
     """The cache policy ``model`` needs: :class:`CachePolicy`, or ``RowReplayPolicy`` for a
     target whose layers compress the tokens they see (``row_cache.COMPRESSING``)."""
@@ -71,16 +72,20 @@ class CachePolicy:
         types, kwargs = get_layer_types_and_kwargs(text)
         unknown = sorted(set(types) - SUPPORTED)
         if unknown:
-            raise DFlashError(f"{text.model_type}: layer type {unknown[0]} is not supported by the "
-                              f"reference runtime (supported: {', '.join(sorted(SUPPORTED - {'dummy'}))})")
+            raise DFlashError(
+                f"{text.model_type}: layer type {unknown[0]} is not supported by the "
+                f"reference runtime (supported: {', '.join(sorted(SUPPORTED - {'dummy'}))})"
+            )
         self.sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
         self.indexed = [i for i, t in enumerate(types) if t == "indexed_attention"]
         self.full = [i for i, t in enumerate(types) if t == "full_attention"] + self.indexed
         self.pooled = getattr(text, "index_kpool", None) is not None  # glm5_next: back-packed (sparse_cache.py)
         windows = {kwargs[i]["sliding_window"] for i in self.sliding}
         if len(windows) > 1:
-            raise DFlashError(f"{text.model_type}: sliding layers with different windows {sorted(windows)} "
-                              "are not supported by the reference runtime")
+            raise DFlashError(
+                f"{text.model_type}: sliding layers with different windows {sorted(windows)} "
+                "are not supported by the reference runtime"
+            )
         self.window = windows.pop() if windows else None
         linear = [i for i, t in enumerate(types) if t == "linear_attention"]
         self.recurrent = RecurrentStates(model, linear) if linear else None
@@ -174,9 +179,10 @@ class CachePolicy:
         if not self.sliding:
             return attention_mask.long()
         T = positions.shape[1]
-        col_pos = attention_mask.long().cumsum(1) - 1                           # [b, S+T]
+        col_pos = attention_mask.long().cumsum(1) - 1  # [b, S+T]
         masks: dict[str, torch.Tensor | None] = {
-            "full_attention": _additive(attention_mask, col_pos, positions, None, self.dtype)}
+            "full_attention": _additive(attention_mask, col_pos, positions, None, self.dtype)
+        }
         win_valid = torch.cat([cache.win_valid, attention_mask[:, -T:]], dim=1)  # [b, L+T]
         win_pos = torch.cat([cache.win_pos, positions], dim=1)
         masks["sliding_attention"] = _additive(win_valid, win_pos, positions, self.window, self.dtype)
@@ -198,14 +204,14 @@ class CachePolicy:
     def _keep_window(self, cache, new_valid: torch.Tensor, new_pos: torch.Tensor) -> None:
         """Sliding layers keep, per row, the last W-1 committed columns (right-aligned; rows
         with fewer are left-padded with invalid columns)."""
-        assert self.window is not None   # only sliding layers keep a window
-        valid = torch.cat([cache.win_valid, new_valid], dim=1)                  # [b, L+T]
+        assert self.window is not None  # only sliding layers keep a window
+        valid = torch.cat([cache.win_valid, new_valid], dim=1)  # [b, L+T]
         pos = torch.cat([cache.win_pos, new_pos], dim=1)
         after = valid.flip(1).long().cumsum(1).flip(1)  # valid columns at or after each column
         chosen = valid & (after <= self.window - 1)
         keep = int(chosen.sum(1).max())
         cols = torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
-        idx = torch.where(chosen, cols, -1).sort(dim=1).values[:, valid.shape[1] - keep:]  # [b, keep]
+        idx = torch.where(chosen, cols, -1).sort(dim=1).values[:, valid.shape[1] - keep :]  # [b, keep]
         cache.win_valid, idx = idx >= 0, idx.clamp(min=0)
         cache.win_pos = pos.gather(1, idx)
         for i in self.sliding:

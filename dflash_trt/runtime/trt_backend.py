@@ -36,7 +36,7 @@ def tensorrt_problem() -> str | None:
     try:
         import tensorrt  # noqa: F401
     except ImportError as exc:
-        logger.debug("tensorrt does not import", exc_info=exc)   # a broken install's own traceback
+        logger.debug("tensorrt does not import", exc_info=exc)  # a broken install's own traceback
         return f"the 'tensorrt' Python package (>= 10.8) is not importable ({exc})"
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible to torch"
@@ -47,13 +47,15 @@ class TensorRTBackend(GraphBackend):
     """The three engines of ``engines_dir``, one execution context each, on ``cuda``."""
 
     name = "tensorrt"
-    initial_pages = None        # the pool is allocated once at the profile's maximum: never resized
+    initial_pages = None  # the pool is allocated once at the profile's maximum: never resized
 
     def __init__(self, engines_dir: str | Path, profile, mask_token_id: int):
         problem = tensorrt_problem()
         if problem:
-            raise HardwareError(f"--backend tensorrt needs TensorRT and a CUDA GPU: {problem}; "
-                                "use --backend onnx (CPU) or --backend torch")
+            raise HardwareError(
+                f"--backend tensorrt needs TensorRT and a CUDA GPU: {problem}; "
+                "use --backend onnx (CPU) or --backend torch"
+            )
         import tensorrt as trt
 
         from dflash_trt.plugins import trt as dflash_plugins
@@ -68,12 +70,20 @@ class TensorRTBackend(GraphBackend):
         for graph, filename in ENGINE_FILES.items():
             engine = runtime.deserialize_cuda_engine((engines_dir / filename).read_bytes())
             if engine is None:
-                raise DFlashError(f"{engines_dir / filename}: TensorRT cannot deserialize this engine "
-                                  "(built by another TensorRT version?); rebuild the bundle")
+                raise DFlashError(
+                    f"{engines_dir / filename}: TensorRT cannot deserialize this engine "
+                    "(built by another TensorRT version?); rebuild the bundle"
+                )
             self.engines[graph], self.contexts[graph] = engine, engine.create_execution_context()
-        self._dtypes = {trt.float32: torch.float32, trt.float16: torch.float16, trt.bfloat16: torch.bfloat16,
-                        trt.int32: torch.int32, trt.int64: torch.int64, trt.bool: torch.bool}
-        self._empty = torch.empty(1, device="cuda")   # an address for zero-volume tensors (an empty past)
+        self._dtypes = {
+            trt.float32: torch.float32,
+            trt.float16: torch.float16,
+            trt.bfloat16: torch.bfloat16,
+            trt.int32: torch.int32,
+            trt.int64: torch.int64,
+            trt.bool: torch.bool,
+        }
+        self._empty = torch.empty(1, device="cuda")  # an address for zero-volume tensors (an empty past)
         super().__init__(profile, mask_token_id, torch.device("cuda"))
 
     def _names(self, graph: str, mode) -> list[str]:
@@ -83,7 +93,7 @@ class TensorRTBackend(GraphBackend):
     def input_shape(self, graph, name):
         return [d if d >= 0 else None for d in self.engines[graph].get_tensor_shape(name)]
 
-    output_shape = input_shape          # the engine declares every I/O tensor's shape alike
+    output_shape = input_shape  # the engine declares every I/O tensor's shape alike
 
     def input_names(self, graph):
         return self._names(graph, self.trt.TensorIOMode.INPUT)
@@ -108,8 +118,11 @@ class TensorRTBackend(GraphBackend):
             if alias is not None:
                 out = bound[alias]
             else:
-                out = torch.empty(tuple(ctx.get_tensor_shape(name)), device=self.device,
-                                  dtype=self._dtypes[engine.get_tensor_dtype(name)])
+                out = torch.empty(
+                    tuple(ctx.get_tensor_shape(name)),
+                    device=self.device,
+                    dtype=self._dtypes[engine.get_tensor_dtype(name)],
+                )
             ctx.set_tensor_address(name, self._address(out))
             outs.append(out)
         if not ctx.execute_async_v3(torch.cuda.current_stream().cuda_stream):

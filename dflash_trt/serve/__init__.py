@@ -11,6 +11,7 @@ through the bundle's script; Slurm and Kubernetes files), ``client`` (an OpenAI 
 client over token ids, for regeneration).
 Other subpackages import from here, never from inside.
 """
+
 from __future__ import annotations
 
 from dflash_trt.serve.app import ServerThread, create_app, serve

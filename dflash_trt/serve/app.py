@@ -50,7 +50,7 @@ from dflash_trt.serve.render import ChatRenderer
 from dflash_trt.serve.spec import ServeSpec
 from dflash_trt.serve.state import ServerState
 
-DRAIN_TIMEOUT_S = 30.0   # serve --drain-timeout: how long SIGTERM lets in-flight requests run
+DRAIN_TIMEOUT_S = 30.0  # serve --drain-timeout: how long SIGTERM lets in-flight requests run
 
 
 def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | None = None, **settings):
@@ -70,12 +70,26 @@ def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | N
     B = pair.block_size(s.block_size)
     metrics = ServerMetrics(B)
     context_len = s.max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 4096)
-    batcher = ContinuousBatcher(pair, draft_len_schedule=pair.draft_len_schedule, context_len=context_len,
-                                max_batch=s.max_batch or pair.max_batch_size or 8, max_queue=s.max_queue, block_size=B,
-                                metrics=metrics, torch_threads=s.torch_threads)
-    server = ServerState(pair, s.model_name or model_name or pair.name, context_len=context_len,
-                         block_size=B, default_max_tokens=s.default_max_tokens, batcher=batcher, metrics=metrics,
-                         chat=_renderer(pair.tokenizer, s.template_timeout_s, s.template_max_chars))
+    batcher = ContinuousBatcher(
+        pair,
+        draft_len_schedule=pair.draft_len_schedule,
+        context_len=context_len,
+        max_batch=s.max_batch or pair.max_batch_size or 8,
+        max_queue=s.max_queue,
+        block_size=B,
+        metrics=metrics,
+        torch_threads=s.torch_threads,
+    )
+    server = ServerState(
+        pair,
+        s.model_name or model_name or pair.name,
+        context_len=context_len,
+        block_size=B,
+        default_max_tokens=s.default_max_tokens,
+        batcher=batcher,
+        metrics=metrics,
+        chat=_renderer(pair.tokenizer, s.template_timeout_s, s.template_max_chars),
+    )
 
     @asynccontextmanager
     async def lifespan(app):
@@ -86,14 +100,14 @@ def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | N
             yield
         finally:  # uvicorn has already let in-flight requests finish; finish anything queued (bounded)
             if server.chat is not None:
-                server.chat.close()   # a render still running (a template that loops) ends now
+                server.chat.close()  # a render still running (a template that loops) ends now
             await asyncio.to_thread(batcher.stop, app.state.drain_timeout)
 
     app = fastapi.FastAPI(title="dflash-trt embedded server", lifespan=lifespan)
     app.state.server = server
     app.state.batcher, app.state.metrics, app.state.model_name = batcher, metrics, server.model_name
-    app.state.drain = batcher.close   # stop taking requests (503), keep running what was admitted
-    app.state.abandon = batcher.abandon   # the drain ran out of time: fail what is left
+    app.state.drain = batcher.close  # stop taking requests (503), keep running what was admitted
+    app.state.abandon = batcher.abandon  # the drain ran out of time: fail what is left
     app.state.drain_timeout = DRAIN_TIMEOUT_S
     app.state.busy = server.busy
     routes.install(app)
@@ -110,8 +124,14 @@ def _renderer(tokenizer, timeout_s: float, max_chars: int) -> ChatRenderer | Non
 
 
 # ---- running it ----------------------------------------------------------------------------
-def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          drain_timeout: float = DRAIN_TIMEOUT_S, log_format: str = "text") -> int:
+def serve(
+    app,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    drain_timeout: float = DRAIN_TIMEOUT_S,
+    log_format: str = "text",
+) -> int:
     """Run uvicorn in this thread until SIGTERM/SIGINT, then drain and return 0.
 
     The first signal stops admission (new requests get 503, /health says "draining"), lets
@@ -141,9 +161,16 @@ def serve(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info
                     return True
             return await super().on_tick(counter)
 
-    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           log_config=uvicorn_log_config(log_level, log_format),
-                                           timeout_graceful_shutdown=max(1, int(drain_timeout) // 10 + 1)))
+    server = DrainingServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            log_config=uvicorn_log_config(log_level, log_format),
+            timeout_graceful_shutdown=max(1, int(drain_timeout) // 10 + 1),
+        )
+    )
     server.run()
     return 0
 

@@ -56,7 +56,7 @@ class Job:
     id: int = field(default_factory=lambda: next(_ids))
     finish_reason: str | None = None
     enqueued_at: float = field(default_factory=time.perf_counter)
-    started_at: float | None = None       # its prefill began (queue time: started - enqueued)
+    started_at: float | None = None  # its prefill began (queue time: started - enqueued)
     first_token_at: float | None = None
     last_token_at: float | None = None
     finished_at: float | None = None
@@ -110,7 +110,7 @@ class Job:
             if metrics is not None:
                 metrics.itl.observe(self.gaps[-1])
         self.last_token_at = now
-        if new and not self.cancelled:   # the request holds them already (runtime.loop.take)
+        if new and not self.cancelled:  # the request holds them already (runtime.loop.take)
             self.sink("tokens", new)
             self._send_text()
 
@@ -144,8 +144,16 @@ class Job:
 class Batcher:
     """Bounded FIFO of jobs and the worker thread that runs them (subclasses: the policy)."""
 
-    def __init__(self, pair: Pair, *, max_batch: int = 8, max_queue: int = 64, block_size: int | None = None,
-                 metrics=None, torch_threads: int | None = None):
+    def __init__(
+        self,
+        pair: Pair,
+        *,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        block_size: int | None = None,
+        metrics=None,
+        torch_threads: int | None = None,
+    ):
         if max_batch < 1 or max_queue < 0:
             raise ValueError("max_batch must be >= 1 and max_queue >= 0")
         self.pair = pair
@@ -198,8 +206,9 @@ class Batcher:
         """Fail ``job`` alone: its error event, its row cancelled, the failure counted."""
         why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
         # an exception's traceback is kept here (one given as text was logged where it was caught)
-        logger.error("request %d failed (%s): %s", job.id, stage, why,
-                     exc_info=exc if isinstance(exc, BaseException) else None)
+        logger.error(
+            "request %d failed (%s): %s", job.id, stage, why, exc_info=exc if isinstance(exc, BaseException) else None
+        )
         job.cancel()
         if not job.finished:
             job.fail(f"generation failed ({stage}): {why}")

@@ -43,8 +43,11 @@ class CompletionClient:
         httpx = require("httpx", "serve", "regenerating through an endpoint")
         self.url = url.rstrip("/").removesuffix("/v1")
         self.model, self.retries = model, retries
-        self.http = httpx.AsyncClient(base_url=self.url, timeout=timeout,
-                                      limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+        self.http = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -61,17 +64,23 @@ class CompletionClient:
             raise DFlashError(f"{self.url} serves {', '.join(map(str, names))}, not {self.model}")
         return self.model
 
-    async def complete(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0,
-                       **extra) -> Completion:
+    async def complete(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, **extra) -> Completion:
         """One non-streamed completion of ``prompt_ids`` (``extra``: more body fields)."""
-        body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens,
-                "temperature": temperature, "return_token_ids": True, **extra}
+        body = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "return_token_ids": True,
+            **extra,
+        }
         choice = ((await self._send("POST", "/v1/completions", body)).json().get("choices") or [{}])[0]
         ids = choice.get("token_ids")
         ids = [int(t) for t in ids] if isinstance(ids, list) else None
         lp = choice.get("logprobs")
-        return Completion(ids, str(choice.get("text") or ""), choice.get("finish_reason"),
-                          lp if isinstance(lp, dict) else None)
+        return Completion(
+            ids, str(choice.get("text") or ""), choice.get("finish_reason"), lp if isinstance(lp, dict) else None
+        )
 
     async def _send(self, method: str, path: str, body: dict | None):
         """The response to one request, retrying what a busy or restarting server answers."""
@@ -88,7 +97,7 @@ class CompletionClient:
                     return r
                 if r.status_code not in RETRY_STATUS or attempt == self.retries:
                     raise DFlashError(f"{self.url}{path} answered {r.status_code}: {_message(r)}")
-            await asyncio.sleep(min(30.0, 0.5 * 2 ** attempt))
+            await asyncio.sleep(min(30.0, 0.5 * 2**attempt))
         raise AssertionError("unreachable")
 
 
@@ -106,6 +115,7 @@ def _message(r) -> str:
 def served_model(url: str, model: str | None = None) -> str:
     """The model name requests to ``url`` carry: ``model`` (checked against what the server
     lists), or the first model it lists when ``model`` is None."""
+
     async def run() -> str:
         client = CompletionClient(url, model)
         try:
@@ -116,9 +126,17 @@ def served_model(url: str, model: str | None = None) -> str:
     return asyncio.run(run())
 
 
-def complete_all(url: str, prompts: dict[int, list[int]], max_tokens: int, *,
-                 on_done: Callable[[int, Completion], None], model: str | None = None,
-                 concurrency: int = 32, temperature: float = 0.0, **extra) -> str:
+def complete_all(
+    url: str,
+    prompts: dict[int, list[int]],
+    max_tokens: int,
+    *,
+    on_done: Callable[[int, Completion], None],
+    model: str | None = None,
+    concurrency: int = 32,
+    temperature: float = 0.0,
+    **extra,
+) -> str:
     """Complete every prompt (key -> token ids), at most ``concurrency`` in flight.
 
     ``on_done(key, completion)`` is called in this thread as each one finishes, in completion
@@ -132,14 +150,13 @@ def complete_all(url: str, prompts: dict[int, list[int]], max_tokens: int, *,
         client = CompletionClient(url, model)
         try:
             name = await client.discover()
-            todo = iter(list(prompts))             # a pool of workers, not one task per prompt
+            todo = iter(list(prompts))  # a pool of workers, not one task per prompt
             finished: asyncio.Queue = asyncio.Queue()
 
             async def worker() -> None:
                 try:
                     for key in todo:
-                        await finished.put((key, await client.complete(prompts[key], max_tokens, temperature,
-                                                                       **extra)))
+                        await finished.put((key, await client.complete(prompts[key], max_tokens, temperature, **extra)))
                 except Exception as exc:  # noqa: BLE001 - handed to the caller's thread below
                     await finished.put((None, exc))
 

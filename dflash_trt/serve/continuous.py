@@ -33,11 +33,17 @@ logger = logging.getLogger(__name__)
 class ContinuousBatcher(Batcher):
     """Jobs join the running batch at every round and leave it when done."""
 
-    def __init__(self, pair: Pair, *, draft_len_schedule: dict[int, int] | None = None,
-                 context_len: int | None = None, **kw):
+    def __init__(
+        self, pair: Pair, *, draft_len_schedule: dict[int, int] | None = None, context_len: int | None = None, **kw
+    ):
         super().__init__(pair, **kw)
-        self.scheduler = Scheduler(pair.backend, block_size=self.block_size, max_batch=self.max_batch,
-                                   draft_len_schedule=draft_len_schedule, context_len=context_len)
+        self.scheduler = Scheduler(
+            pair.backend,
+            block_size=self.block_size,
+            max_batch=self.max_batch,
+            draft_len_schedule=draft_len_schedule,
+            context_len=context_len,
+        )
         self._jobs: dict[Request, Job] = {}
 
     def check(self, job: Job) -> None:
@@ -46,14 +52,14 @@ class ContinuousBatcher(Batcher):
 
     def _request(self, job: Job) -> Request:
         def on_commit(new: list[int]) -> None:
-            if job.finished:   # failed while streaming: its row leaves at this commit
+            if job.finished:  # failed while streaming: its row leaves at this commit
                 return
             try:
                 job.committed(new, self.metrics)
             except Exception as exc:  # handing the tokens on failed: this job alone
                 self._fail(job, "stream", exc)
 
-        req = job.request   # the job's own: the scheduler runs it, the job reads its tokens and rounds
+        req = job.request  # the job's own: the scheduler runs it, the job reads its tokens and rounds
         req.stop_token_ids, req.on_commit, req.match_stop = self.stops_for(job), on_commit, job.match_stop
         req.should_stop = lambda: job.cancelled or job.finished
         return req
@@ -91,7 +97,7 @@ class ContinuousBatcher(Batcher):
 
     def _drop_all(self, stage: str, exc: BaseException | str) -> None:
         """Fail every job the scheduler held (it dropped them all): no job is left waiting forever."""
-        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"   # its traceback: logged once
+        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"  # its traceback: logged once
         for req in list(self._jobs):
             self._fail(self._jobs.pop(req), stage, why)
         with self._cond:
@@ -108,17 +114,22 @@ class ContinuousBatcher(Batcher):
             self._fail(self._jobs[req], "step", req.error or "round failed")
         for req in step.finished:
             job = self._jobs.pop(req)
-            if job.finished:   # failed (admit, stream): its error event is out
+            if job.finished:  # failed (admit, stream): its error event is out
                 continue
-            job.finish(req.finish_reason or "stop")   # set on every finished row
+            job.finish(req.finish_reason or "stop")  # set on every finished row
             if self.metrics is not None:
                 self.metrics.observe_request(job)
-        if self._jobs and self.scheduler.idle:   # never spin on jobs the scheduler no longer has
+        if self._jobs and self.scheduler.idle:  # never spin on jobs the scheduler no longer has
             self._drop_all("step", "the request was lost by the scheduler")
         if self.metrics is not None:  # tokens this step: each admitted row's first, then the round's
-            self.metrics.observe_round(step.stats, step.batch_size, step.seconds,
-                                       len(step.admitted) + step.stats.committed, draft_len=step.draft_len,
-                                       isolated=step.isolated)
+            self.metrics.observe_round(
+                step.stats,
+                step.batch_size,
+                step.seconds,
+                len(step.admitted) + step.stats.committed,
+                draft_len=step.draft_len,
+                isolated=step.isolated,
+            )
         with self._cond:
             self._running = list(self._jobs.values())
             self._gauge()

@@ -77,25 +77,50 @@ class ChatFields(BaseModel):
 
 
 _PENALTY = (None, 0)
-COMMON_NOOPS: dict[str, tuple] = {"n": (None, 1), "frequency_penalty": _PENALTY, "presence_penalty": _PENALTY,
-                                  "logit_bias": (None, {})}
-COMPLETION_NOOPS: dict[str, tuple] = {**COMMON_NOOPS, "best_of": (None, 1), "echo": (False,),
-                                      "logprobs": (None,), "suffix": (None, "")}
+COMMON_NOOPS: dict[str, tuple] = {
+    "n": (None, 1),
+    "frequency_penalty": _PENALTY,
+    "presence_penalty": _PENALTY,
+    "logit_bias": (None, {}),
+}
+COMPLETION_NOOPS: dict[str, tuple] = {
+    **COMMON_NOOPS,
+    "best_of": (None, 1),
+    "echo": (False,),
+    "logprobs": (None,),
+    "suffix": (None, ""),
+}
 CHAT_NOOPS: dict[str, tuple] = {
-    **COMMON_NOOPS, "audio": (None,), "function_call": (None, "none"), "functions": (None, []),
-    "logprobs": (None, False), "top_logprobs": (None, 0), "modalities": (None, ["text"]), "prediction": (None,),
-    "reasoning_effort": (None,), "response_format": (None, {"type": "text"}),
-    "service_tier": (None, "auto", "default"), "store": (None, False), "tool_choice": (None, "none", "auto"),
-    "tools": (None, []), "verbosity": (None,), "web_search_options": (None,)}
+    **COMMON_NOOPS,
+    "audio": (None,),
+    "function_call": (None, "none"),
+    "functions": (None, []),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "response_format": (None, {"type": "text"}),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+    "tool_choice": (None, "none", "auto"),
+    "tools": (None, []),
+    "verbosity": (None,),
+    "web_search_options": (None,),
+}
 
 # message fields, per role; "content" parts other than text are refused in protocol.ChatRequest.encode
 ROLES = {"system", "developer", "user", "assistant"}
-MESSAGE_NOOPS: dict[str, tuple] = {"tool_calls": (None, []), "function_call": (None,), "audio": (None,),
-                                   "refusal": (None,)}
+MESSAGE_NOOPS: dict[str, tuple] = {
+    "tool_calls": (None, []),
+    "function_call": (None,),
+    "audio": (None,),
+    "refusal": (None,),
+}
 
 
-QUOTE_CHARS = 80        # the most of one client value an error message repeats
-MESSAGE_CHARS = 1000    # the most any error message says (every value in it quoted already)
+QUOTE_CHARS = 80  # the most of one client value an error message repeats
+MESSAGE_CHARS = 1000  # the most any error message says (every value in it quoted already)
 
 
 def quoted(text: str, limit: int = QUOTE_CHARS) -> str:
@@ -114,8 +139,10 @@ def unsupported(req: BaseModel, noops: dict[str, tuple]) -> tuple[str, str] | No
         value = getattr(req, name)
         if not any(value == a and type(value) is not bool or value is a for a in allowed):
             shown = " or ".join(_show(a) for a in allowed)
-            return name, (f"{name} = {_show(value)} is not supported by the embedded server "
-                          f"(accepted only as {shown}, which changes nothing)")
+            return name, (
+                f"{name} = {_show(value)} is not supported by the embedded server "
+                f"(accepted only as {shown}, which changes nothing)"
+            )
     return None
 
 

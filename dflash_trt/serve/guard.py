@@ -47,13 +47,22 @@ class Guard:
             got = headers.get(b"authorization", b"").decode("latin-1")
             if not hmac.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
                 self.on_refused(401)
-                return await _send_error(send, 401, "Incorrect or missing API key: send 'Authorization: "
-                                         "Bearer <key>' (the server was started with --api-key).", "invalid_api_key")
+                return await _send_error(
+                    send,
+                    401,
+                    "Incorrect or missing API key: send 'Authorization: "
+                    "Bearer <key>' (the server was started with --api-key).",
+                    "invalid_api_key",
+                )
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             self.on_refused(413)
-            return await _send_error(send, 413, f"Request body of {int(length)} bytes exceeds this server's limit "
-                                     f"of {self.max_body_bytes} bytes.", "request_too_large")
+            return await _send_error(
+                send,
+                413,
+                f"Request body of {int(length)} bytes exceeds this server's limit of {self.max_body_bytes} bytes.",
+                "request_too_large",
+            )
         seen = 0
 
         async def limited():
@@ -77,5 +86,9 @@ class Guard:
         except _TooLarge:
             if not started:
                 self.on_refused(413)
-                await _send_error(send, 413, f"Request body exceeds this server's limit of {self.max_body_bytes} "
-                                  "bytes.", "request_too_large")
+                await _send_error(
+                    send,
+                    413,
+                    f"Request body exceeds this server's limit of {self.max_body_bytes} bytes.",
+                    "request_too_large",
+                )

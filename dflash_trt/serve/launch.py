@@ -59,8 +59,9 @@ def find_trtllm_serve() -> str | None:
 def trtllm_argv(bundle: Bundle, host: str, port: int) -> list[str]:
     """The command ``serve`` runs on a machine with TensorRT-LLM."""
     if not bundle.serve_sh.is_file():
-        raise CheckpointError(f"{bundle.root}: no {Layout.SERVE_SH} (not built for TensorRT-LLM; rebuild with "
-                              "'dflash-trt build')")
+        raise CheckpointError(
+            f"{bundle.root}: no {Layout.SERVE_SH} (not built for TensorRT-LLM; rebuild with 'dflash-trt build')"
+        )
     return ["bash", str(bundle.serve_sh), "--host", host, "--port", str(port)]
 
 
@@ -109,8 +110,10 @@ def _world(bundle: Bundle, nodes: int, gpus_per_node: int | None) -> tuple[int, 
     tp, pp = bundle.serve.tp_size, bundle.serve.pp_size or 1
     if tp is not None:
         if tp * pp != world:
-            raise DFlashError(f"{bundle.name} was planned for tp_size {tp} x pp_size {pp} = {tp * pp} GPUs, "
-                              f"but {nodes} node(s) x {g} GPUs = {world}; change --nodes/--gpus-per-node")
+            raise DFlashError(
+                f"{bundle.name} was planned for tp_size {tp} x pp_size {pp} = {tp * pp} GPUs, "
+                f"but {nodes} node(s) x {g} GPUs = {world}; change --nodes/--gpus-per-node"
+            )
         return g, world, []
     return g, world, ["--tp_size", str(world)]
 
@@ -139,8 +142,10 @@ def _checked(bundle: Bundle, image: str | None = None, time_limit: str = "04:00:
     but a control character (a newline) cannot be quoted into a ``#SBATCH`` line or a comment.
     """
     if not _SAFE_NAME.match(bundle.name):
-        raise DFlashError(f"{bundle.root}: bundle name {bundle.name!r} is not a plain name (letters, digits, '.', "
-                          "'_', '-'); rebuild it with a recipe name of that form")
+        raise DFlashError(
+            f"{bundle.root}: bundle name {bundle.name!r} is not a plain name (letters, digits, '.', "
+            "'_', '-'); rebuild it with a recipe name of that form"
+        )
     for what, value in {"bundle path": str(bundle.root), **paths}.items():
         if any(ord(c) < 32 or ord(c) == 127 for c in value):
             raise DFlashError(f"{what} {value!r} contains a control character; move the bundle to a plain path")
@@ -152,8 +157,14 @@ def _checked(bundle: Bundle, image: str | None = None, time_limit: str = "04:00:
     return img
 
 
-def slurm_script(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, port: int = 8000,
-                 image: str | None = None, time_limit: str = "04:00:00") -> str:
+def slurm_script(
+    bundle: Bundle,
+    nodes: int,
+    gpus_per_node: int | None = None,
+    port: int = 8000,
+    image: str | None = None,
+    time_limit: str = "04:00:00",
+) -> str:
     img = _checked(bundle, image, time_limit)
     g, world, extra = _world(bundle, nodes, gpus_per_node)
     serve = shlex.join(["--host", "0.0.0.0", "--port"]) + ' "$PORT" ' + shlex.join(extra)
@@ -194,38 +205,66 @@ def _k8s_name(name: str) -> str:
     return ("dflash-" + n)[:50].rstrip("-")
 
 
-def k8s_manifests(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, port: int = 8000,
-                  image: str | None = None, pvc: str = "dflash-bundles", mount: str = "/bundles") -> list[dict]:
+def k8s_manifests(
+    bundle: Bundle,
+    nodes: int,
+    gpus_per_node: int | None = None,
+    port: int = 8000,
+    image: str | None = None,
+    pvc: str = "dflash-bundles",
+    mount: str = "/bundles",
+) -> list[dict]:
     """A LeaderWorkerSet (one group of ``nodes`` pods) and a Service for its leader."""
     img = _checked(bundle, image, mount=mount, pvc=pvc)
     g, world, extra = _world(bundle, nodes, gpus_per_node)
     name = _k8s_name(bundle.name)
     bundle_path = f"{mount}/{bundle.root.name}"
-    serve = shlex.join(["trtllm-llmapi-launch", "bash", f"{bundle_path}/trtllm/serve.sh", "--host", "0.0.0.0",
-                        "--port", str(port), *extra])
-    leader_script = "\n".join([
-        "set -euo pipefail",
-        "# hostfile: the leader, then workers <leader>-1 .. <leader>-(size-1) in the LWS headless service",
-        f'echo "$LWS_LEADER_ADDRESS slots={g}" > /tmp/hostfile',
-        'for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do',
-        f'  echo "${{LWS_LEADER_ADDRESS%%.*}}-$i.${{LWS_LEADER_ADDRESS#*.}} slots={g}" >> /tmp/hostfile',
-        "done",
-        "# every rank starts in the bundle: the ranks other than 0 load ./target and ./drafter from there",
-        f"exec mpirun --allow-run-as-root --hostfile /tmp/hostfile -np {world} --bind-to none "
-        f"-wdir {shlex.quote(bundle_path)} {serve}",
-    ])
+    serve = shlex.join(
+        [
+            "trtllm-llmapi-launch",
+            "bash",
+            f"{bundle_path}/trtllm/serve.sh",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            *extra,
+        ]
+    )
+    leader_script = "\n".join(
+        [
+            "set -euo pipefail",
+            "# hostfile: the leader, then workers <leader>-1 .. <leader>-(size-1) in the LWS headless service",
+            f'echo "$LWS_LEADER_ADDRESS slots={g}" > /tmp/hostfile',
+            "for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do",
+            f'  echo "${{LWS_LEADER_ADDRESS%%.*}}-$i.${{LWS_LEADER_ADDRESS#*.}} slots={g}" >> /tmp/hostfile',
+            "done",
+            "# every rank starts in the bundle: the ranks other than 0 load ./target and ./drafter from there",
+            f"exec mpirun --allow-run-as-root --hostfile /tmp/hostfile -np {world} --bind-to none "
+            f"-wdir {shlex.quote(bundle_path)} {serve}",
+        ]
+    )
     worker_script = "mkdir -p /run/sshd && exec /usr/sbin/sshd -D"
     volume = {"name": "bundles", "persistentVolumeClaim": {"claimName": pvc, "readOnly": True}}
     shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
     mounts = [{"name": "bundles", "mountPath": mount, "readOnly": True}, {"name": "dshm", "mountPath": "/dev/shm"}]
 
     def pod(role: str, script: str, probe: bool) -> dict:
-        c = {"name": role, "image": img, "command": ["bash", "-c", script], "workingDir": bundle_path,
-             "resources": {"limits": {"nvidia.com/gpu": g}}, "volumeMounts": mounts}
+        c = {
+            "name": role,
+            "image": img,
+            "command": ["bash", "-c", script],
+            "workingDir": bundle_path,
+            "resources": {"limits": {"nvidia.com/gpu": g}},
+            "volumeMounts": mounts,
+        }
         if probe:
             c["ports"] = [{"containerPort": port, "name": "http"}]
-            c["readinessProbe"] = {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 10,
-                                   "failureThreshold": 180}
+            c["readinessProbe"] = {
+                "httpGet": {"path": "/health", "port": port},
+                "periodSeconds": 10,
+                "failureThreshold": 180,
+            }
         return {"metadata": {"labels": {"role": role}}, "spec": {"containers": [c], "volumes": [volume, shm]}}
 
     lws = {
@@ -247,8 +286,10 @@ def k8s_manifests(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, 
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name},
-        "spec": {"selector": {"leaderworkerset.sigs.k8s.io/name": name, "role": "leader"},
-                 "ports": [{"name": "http", "port": port, "targetPort": port}]},
+        "spec": {
+            "selector": {"leaderworkerset.sigs.k8s.io/name": name, "role": "leader"},
+            "ports": [{"name": "http", "port": port, "targetPort": port}],
+        },
     }
     return [lws, service]
 
@@ -256,10 +297,12 @@ def k8s_manifests(bundle: Bundle, nodes: int, gpus_per_node: int | None = None, 
 def k8s_yaml(bundle: Bundle, nodes: int, **kw) -> str:
     import yaml
 
-    head = (f"# Serve the dflash-trt bundle '{bundle.name}' on a LeaderWorkerSet of {nodes} pod(s).\n"
-            "# Written by 'dflash-trt serve --emit k8s'. Needs the LWS controller, a ReadWriteMany PVC\n"
-            "# holding the bundle, and an image with TensorRT-LLM, mpirun and sshd (passwordless ssh\n"
-            "# between the group's pods). Apply with: kubectl apply -f FILE\n")
+    head = (
+        f"# Serve the dflash-trt bundle '{bundle.name}' on a LeaderWorkerSet of {nodes} pod(s).\n"
+        "# Written by 'dflash-trt serve --emit k8s'. Needs the LWS controller, a ReadWriteMany PVC\n"
+        "# holding the bundle, and an image with TensorRT-LLM, mpirun and sshd (passwordless ssh\n"
+        "# between the group's pods). Apply with: kubectl apply -f FILE\n"
+    )
     return head + yaml.safe_dump_all(k8s_manifests(bundle, nodes, **kw), sort_keys=False)
 
 

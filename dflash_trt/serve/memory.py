@@ -52,4 +52,5 @@ def check_fits_cpu(name: str, model_dirs, runtime_itemsize: int, fraction: float
         raise HardwareError(
             f"{name}: its weights need ~{need / 2**30:.1f} GiB at {runtime_itemsize * 8}-bit on the CPU "
             f"but this machine has {total / 2**30:.1f} GiB; too large for the reference runtime: serve it "
-            "with trtllm-serve on a GPU (dflash-trt serve OUT --server trtllm, where TensorRT-LLM is installed)")
+            "with trtllm-serve on a GPU (dflash-trt serve OUT --server trtllm, where TensorRT-LLM is installed)"
+        )

@@ -13,8 +13,14 @@ from dflash_trt.serve.fields import ChatFields, CompletionFields, StreamOptions
 class APIError(Exception):
     """Answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
@@ -70,7 +76,7 @@ class CompletionRequest(_Common, CompletionFields):
             p = p[0]
         if isinstance(p, list) and not p:
             raise APIError(400, "the prompt is empty", param="prompt")
-        return cast("str | list[int]", p)   # one string or one id list, as the schema's union allows
+        return cast("str | list[int]", p)  # one string or one id list, as the schema's union allows
 
 
 class ChatMessage(BaseModel):
@@ -88,8 +94,12 @@ class ChatMessage(BaseModel):
     def check(self, i: int) -> None:
         """Roles the chat template takes (tools are refused), message fields at no-op values."""
         if self.role not in fields.ROLES:
-            raise APIError(400, f"messages[{i}].role {fields.quoted(repr(self.role))} is not supported; use one of "
-                           f"{', '.join(sorted(fields.ROLES))}", param=f"messages[{i}].role")
+            raise APIError(
+                400,
+                f"messages[{i}].role {fields.quoted(repr(self.role))} is not supported; use one of "
+                f"{', '.join(sorted(fields.ROLES))}",
+                param=f"messages[{i}].role",
+            )
         if (bad := fields.unsupported(self, fields.MESSAGE_NOOPS)) is not None:
             raise APIError(400, f"messages[{i}].{bad[1]}", param=f"messages[{i}].{bad[0]}")
 
@@ -131,7 +141,7 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     if e.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
-    param = fields.quoted(".".join(loc)) or None    # a field name is the client's too
+    param = fields.quoted(".".join(loc)) or None  # a field name is the client's too
     where = f"{param}: " if param else ""
     return f"{where}{fields.quoted(str(e.get('msg', 'invalid value')), 300)}", (fields.quoted(loc[0]) if loc else None)
 
@@ -142,23 +152,23 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.ids: list[int] = []
-        self.prefix = 0      # start of the window decoded for context
-        self.read = 0        # tokens whose text was already emitted
+        self.prefix = 0  # start of the window decoded for context
+        self.read = 0  # tokens whose text was already emitted
 
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
     def add(self, new: list[int]) -> str:
         self.ids.extend(new)
-        before = self._decode(self.ids[self.prefix:self.read])
-        after = self._decode(self.ids[self.prefix:])
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
-            return after[len(before):]
+            return after[len(before) :]
         return ""
 
     def flush(self) -> str:
-        before = self._decode(self.ids[self.prefix:self.read])
-        after = self._decode(self.ids[self.prefix:])
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
-        return after[len(before):] if len(after) > len(before) else ""
+        return after[len(before) :] if len(after) > len(before) else ""

@@ -28,7 +28,7 @@ from dflash_trt.serve.protocol import APIError
 logger = logging.getLogger(__name__)
 
 CHILD = Path(__file__).with_name("render_child.py")
-START_TIMEOUT_S = 60.0   # a child's imports, not counted in a render's time
+START_TIMEOUT_S = 60.0  # a child's imports, not counted in a render's time
 
 
 class _Child:
@@ -36,9 +36,12 @@ class _Child:
 
     def __init__(self, setup: dict):
         mine, theirs = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, "-P", str(CHILD), str(theirs.fileno())],
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", str(CHILD), str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
         theirs.close()
         self.conn = Connection(mine.detach())
         self.conn.send_bytes(json.dumps(setup, default=str).encode())
@@ -56,11 +59,22 @@ class _Child:
 class ChatRenderer:
     """Render a tokenizer's chat template in ``workers`` child processes, bounded per render."""
 
-    def __init__(self, tokenizer, *, workers: int = 2, timeout_s: float = 5.0, max_chars: int = 8 << 20,
-                 memory_bytes: int = 1 << 30):
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        workers: int = 2,
+        timeout_s: float = 5.0,
+        max_chars: int = 8 << 20,
+        memory_bytes: int = 1 << 30,
+    ):
         self.timeout_s, self.max_chars, self.workers = timeout_s, max_chars, workers
-        self.setup = {"template": tokenizer.get_chat_template(), "special": dict(tokenizer.special_tokens_map),
-                      "max_chars": max_chars, "memory_bytes": memory_bytes}
+        self.setup = {
+            "template": tokenizer.get_chat_template(),
+            "special": dict(tokenizer.special_tokens_map),
+            "max_chars": max_chars,
+            "memory_bytes": memory_bytes,
+        }
         self._idle: queue.Queue[_Child] = queue.Queue()
         self._all: set[_Child] = set()
         self._lock = threading.Lock()
@@ -107,13 +121,13 @@ class ChatRenderer:
         except queue.Empty:
             with self._lock:
                 short = len(self._all) < self.workers
-            if short and not self._closed:   # a start failed: try again for the next request
+            if short and not self._closed:  # a start failed: try again for the next request
                 threading.Thread(target=self._add_child, daemon=True, name="chat-render-start").start()
             raise APIError(503, "no chat-template renderer is running", "service_unavailable") from None
         try:
             reply = self._ask(child, {"messages": messages, "add_generation_prompt": add_generation_prompt})
         except BaseException:
-            self._retire(child)   # overran its time or died: killed, and a new one takes its place
+            self._retire(child)  # overran its time or died: killed, and a new one takes its place
             raise
         (self._retire if "too_large" in reply else self._idle.put)(child)
         if "ok" in reply:
@@ -121,21 +135,30 @@ class ChatRenderer:
         if "error" in reply:
             raise APIError(400, f"the chat template rejected the messages: {reply['error']}", param="messages")
         n = f" ({reply['too_large']} characters)" if reply["too_large"] else ""
-        raise APIError(400, f"the chat template's text is over this server's limit of {self.max_chars} "
-                       f"characters{n}", param="messages", code="template_too_large")
+        raise APIError(
+            400,
+            f"the chat template's text is over this server's limit of {self.max_chars} characters{n}",
+            param="messages",
+            code="template_too_large",
+        )
 
     def _ask(self, child: _Child, request: dict) -> dict:
         try:
             child.conn.send_bytes(json.dumps(request).encode())
             if not child.conn.poll(self.timeout_s):
-                raise APIError(400, f"the chat template did not finish rendering within {self.timeout_s:g} s",
-                               param="messages", code="template_timeout")
+                raise APIError(
+                    400,
+                    f"the chat template did not finish rendering within {self.timeout_s:g} s",
+                    param="messages",
+                    code="template_timeout",
+                )
             return json.loads(child.conn.recv_bytes(4 * self.max_chars + 4096))
         except (EOFError, OSError, ValueError):
             if self._closed:
                 raise _shutting_down() from None
-            raise APIError(400, "the chat template could not be rendered (its renderer stopped)",
-                           param="messages") from None
+            raise APIError(
+                400, "the chat template could not be rendered (its renderer stopped)", param="messages"
+            ) from None
 
     def close(self) -> None:
         """Kill every child now: a render in progress ends (503), none start."""

@@ -49,8 +49,12 @@ def _cap_memory(budget: int) -> None:
 
 def _render(render, template: str, special: dict, request: dict, max_chars: int) -> dict:
     try:
-        rendered, _ = render(conversations=[request["messages"]], chat_template=template,
-                             add_generation_prompt=request["add_generation_prompt"], **special)
+        rendered, _ = render(
+            conversations=[request["messages"]],
+            chat_template=template,
+            add_generation_prompt=request["add_generation_prompt"],
+            **special,
+        )
     except MemoryError:
         return {"too_large": None}
     except Exception as exc:  # jinja errors, raise_exception() in the template, sandbox refusals
@@ -60,7 +64,7 @@ def _render(render, template: str, special: dict, request: dict, max_chars: int)
 
 
 def main(fd: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent decides when this process ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this process ends
     _die_with_parent()
     conn = Connection(fd)
     setup = json.loads(conn.recv_bytes())

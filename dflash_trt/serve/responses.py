@@ -52,15 +52,21 @@ class Reply:
 
 
 def usage(job: Job) -> dict:
-    return {"prompt_tokens": len(job.prompt), "completion_tokens": len(job.tokens),
-            "total_tokens": len(job.prompt) + len(job.tokens)}
+    return {
+        "prompt_tokens": len(job.prompt),
+        "completion_tokens": len(job.tokens),
+        "total_tokens": len(job.prompt) + len(job.tokens),
+    }
 
 
 def extension(job: Job, block_size: int) -> dict:
     """The ``"dflash"`` field: τ of this request, its rounds, the block size B."""
     tau = job.acceptance_length
-    return {"acceptance_length": round(tau, 4) if tau is not None else None, "rounds": job.rounds,
-            "block_size": block_size}
+    return {
+        "acceptance_length": round(tau, 4) if tau is not None else None,
+        "rounds": job.rounds,
+        "block_size": block_size,
+    }
 
 
 def completion_body(reply: Reply, text: str, job: Job, block_size: int) -> dict:
@@ -71,8 +77,12 @@ def completion_body(reply: Reply, text: str, job: Job, block_size: int) -> dict:
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
-    return {**reply.head("chat.completion" if reply.chat else "text_completion"), "choices": [choice],
-            "usage": usage(job), "dflash": extension(job, block_size)}
+    return {
+        **reply.head("chat.completion" if reply.chat else "text_completion"),
+        "choices": [choice],
+        "usage": usage(job),
+        "dflash": extension(job, block_size),
+    }
 
 
 def sse(obj: dict) -> str:
@@ -93,8 +103,9 @@ def chunk(reply: Reply, delta: str | None, finish: str | None = None, role: bool
     return sse({**reply.head(reply.chunk_object), "choices": [choice]})
 
 
-async def stream_events(reply: Reply, events: asyncio.Queue, job: Job, tokenizer, block_size: int,
-                        include_usage: bool) -> AsyncIterator[str]:
+async def stream_events(
+    reply: Reply, events: asyncio.Queue, job: Job, tokenizer, block_size: int, include_usage: bool
+) -> AsyncIterator[str]:
     """SSE chunks from the job's events (``text``: what its :class:`~dflash_trt.serve.stops.TextStream`
     says is safe to send, never past a stop string; then ``done`` or ``error``), then [DONE]."""
     if reply.chat:
@@ -108,8 +119,14 @@ async def stream_events(reply: Reply, events: asyncio.Queue, job: Job, tokenizer
         elif kind == "done":
             yield chunk(reply, None if reply.chat else "", finish=payload)
             if include_usage:
-                yield sse({**reply.head(reply.chunk_object), "choices": [], "usage": usage(job),
-                           "dflash": extension(job, block_size)})
+                yield sse(
+                    {
+                        **reply.head(reply.chunk_object),
+                        "choices": [],
+                        "usage": usage(job),
+                        "dflash": extension(job, block_size),
+                    }
+                )
             break
         else:  # error mid-stream: an OpenAI-style error event, then the end marker
             yield sse(error_body(str(payload), "server_error", None, None))

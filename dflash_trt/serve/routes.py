@@ -38,8 +38,14 @@ def server_of(request: Request) -> ServerState:
 
 
 # ---- errors: every refusal is answered here -----------------------------------------------
-def error(server: ServerState, status: int, message: str, type_: str = "invalid_request_error",
-          param: str | None = None, code: str | None = None) -> JSONResponse:
+def error(
+    server: ServerState,
+    status: int,
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> JSONResponse:
     """An OpenAI-style error response, counted in ``dflash_requests_total{status}``."""
     server.metrics.request_done(status)
     param = quoted(param) if param is not None else None
@@ -54,8 +60,10 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     """Unknown routes (404), wrong methods (405) and the like, as OpenAI error objects too."""
     kind = {404: "NotFoundError", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
     path = quoted(request.url.path)
-    messages = {404: f"No route {quoted(request.method)} {path} on this server.",
-                405: f"Method {quoted(request.method)} is not allowed on {path}."}
+    messages = {
+        404: f"No route {quoted(request.method)} {path} on this server.",
+        405: f"Method {quoted(request.method)} is not allowed on {path}.",
+    }
     message = messages.get(exc.status_code, str(exc.detail))
     return error(server_of(request), exc.status_code, message, kind)
 
@@ -78,8 +86,9 @@ async def tokenize(fn, *args, param: str):
     except APIError:
         raise
     except (UnicodeError, ValueError, TypeError) as exc:
-        raise APIError(400, f"the {param} cannot be tokenized: {type(exc).__name__}: {str(exc)[:200]}",
-                       param=param) from None
+        raise APIError(
+            400, f"the {param} cannot be tokenized: {type(exc).__name__}: {str(exc)[:200]}", param=param
+        ) from None
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
@@ -92,9 +101,13 @@ def accept(request: Request, req) -> ServerState:
     """The checks every generation request passes first: the model it names, supported fields."""
     server = server_of(request)
     if req.model is not None and req.model != server.model_name:
-        raise APIError(404, f"The model `{quoted(req.model)}` does not exist; this server serves "
-                       f"`{server.model_name}`.",
-                       "NotFoundError", "model", "model_not_found")
+        raise APIError(
+            404,
+            f"The model `{quoted(req.model)}` does not exist; this server serves `{server.model_name}`.",
+            "NotFoundError",
+            "model",
+            "model_not_found",
+        )
     req.check_supported()
     return server
 
@@ -118,10 +131,14 @@ def make_job(server: ServerState, req, prompt_ids: list[int], requested: int | N
     text = TextStream(server.pair.tokenizer, req.stops()) if req.stream or req.stop else None
     job = Job.new(prompt_ids, max_tokens, sampling, ignore_eos=req.ignore_eos, text=text)
     try:
-        server.batcher.check(job)   # the scheduler's admission rule (context, engine profile), its one owner
+        server.batcher.check(job)  # the scheduler's admission rule (context, engine profile), its one owner
     except Refused as exc:
-        raise APIError(400, str(exc), param=OPENAI_PARAM.get(exc.param, exc.param),
-                       code="context_length_exceeded" if exc.context else None) from None
+        raise APIError(
+            400,
+            str(exc),
+            param=OPENAI_PARAM.get(exc.param, exc.param),
+            code="context_length_exceeded" if exc.context else None,
+        ) from None
     return job
 
 
@@ -129,6 +146,7 @@ def submit(server: ServerState, job: Job) -> asyncio.Queue:
     """Queue ``job`` for the batch worker; its events (kind, payload) arrive on the returned queue."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
+
     def sink(kind: str, payload: object) -> None:
         loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
 
@@ -169,8 +187,13 @@ def respond_stream(server: ServerState, req, job: Job, events: asyncio.Queue, ch
         server.open_responses -= 1
         server.metrics.request_done(499 if gone else 200)
 
-    return JobStream(body, job, closed, media_type="text/event-stream",
-                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JobStream(
+        body,
+        job,
+        closed,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 async def respond_full(request: Request, server: ServerState, job: Job, events: asyncio.Queue, chat: bool):
@@ -210,8 +233,18 @@ async def health(request: Request):
 
 async def models(request: Request):
     server = server_of(request)
-    return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
-                                        "owned_by": "dflash-trt", "max_model_len": server.context_len}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": server.model_name,
+                "object": "model",
+                "created": server.created,
+                "owned_by": "dflash-trt",
+                "max_model_len": server.context_len,
+            }
+        ],
+    }
 
 
 async def prometheus(request: Request):
@@ -232,8 +265,8 @@ async def completions(request: Request, req: CompletionRequest):
 
 async def chat_completions(request: Request, req: ChatRequest):
     server = accept(request, req)
-    messages = req.template_messages(server.pair.tokenizer)   # 400 when the tokenizer has no chat template
-    assert server.chat is not None                             # create_app makes one for every template
+    messages = req.template_messages(server.pair.tokenizer)  # 400 when the tokenizer has no chat template
+    assert server.chat is not None  # create_app makes one for every template
     text = await server.chat.render(messages, req.add_generation_prompt)
     ids = await tokenize(chat_ids, server.pair.tokenizer, text, param="messages")
     job = make_job(server, req, ids, req.max_completion_tokens or req.max_tokens, server.context_len)
@@ -242,14 +275,18 @@ async def chat_completions(request: Request, req: ChatRequest):
 
 ROUTES = (
     ("GET", "/health", health),
-    ("HEAD", "/health", health),   # load balancers probe with HEAD too
+    ("HEAD", "/health", health),  # load balancers probe with HEAD too
     ("GET", "/v1/models", models),
     ("GET", "/metrics", prometheus),
     ("POST", "/v1/completions", completions),
     ("POST", "/v1/chat/completions", chat_completions),
 )
-ERROR_HANDLERS = ((APIError, api_error), (RequestValidationError, invalid_request),
-                  (StarletteHTTPException, http_error), (Exception, internal_error))
+ERROR_HANDLERS = (
+    (APIError, api_error),
+    (RequestValidationError, invalid_request),
+    (StarletteHTTPException, http_error),
+    (Exception, internal_error),
+)
 
 
 def install(app: FastAPI) -> None:

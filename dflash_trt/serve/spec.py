@@ -16,14 +16,14 @@ class ServeSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_name: str | None = None       # the id clients send (None: the pair's name)
-    max_queue: int = Field(64, ge=0)   # waiting requests before 429
-    max_batch: int | None = Field(None, ge=1)   # None: the bundle's planned max_batch_size, else 8
+    model_name: str | None = None  # the id clients send (None: the pair's name)
+    max_queue: int = Field(64, ge=0)  # waiting requests before 429
+    max_batch: int | None = Field(None, ge=1)  # None: the bundle's planned max_batch_size, else 8
     block_size: int | None = Field(None, ge=1)  # None: the drafter's trained block
-    max_model_len: int | None = Field(None, ge=1)   # None: the target's max_position_embeddings
-    default_max_tokens: int = Field(16, ge=1)   # /v1/completions without max_tokens
+    max_model_len: int | None = Field(None, ge=1)  # None: the target's max_position_embeddings
+    default_max_tokens: int = Field(16, ge=1)  # /v1/completions without max_tokens
     torch_threads: int | None = Field(None, ge=1)
-    api_key: str | None = Field(None, repr=False)   # never in a repr or a log
+    api_key: str | None = Field(None, repr=False)  # never in a repr or a log
     max_body_bytes: int = Field(4 << 20, ge=1)
     template_timeout_s: float = Field(5.0, gt=0)
     template_max_chars: int = Field(8 << 20, ge=1)

@@ -25,14 +25,14 @@ class ServerState:
 
     pair: Pair
     model_name: str
-    context_len: int          # the longest prompt + completion, in tokens
-    block_size: int           # B, reported in every response's "dflash" extension
-    default_max_tokens: int   # /v1/completions without max_tokens
+    context_len: int  # the longest prompt + completion, in tokens
+    block_size: int  # B, reported in every response's "dflash" extension
+    default_max_tokens: int  # /v1/completions without max_tokens
     batcher: Batcher
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
     open_responses: int = 0
-    chat: ChatRenderer | None = None   # the chat template's renderer (None: the tokenizer has none)
+    chat: ChatRenderer | None = None  # the chat template's renderer (None: the tokenizer has none)
 
     def busy(self) -> bool:
         return bool(self.open_responses or self.batcher.queue_depth or self.batcher.running)

@@ -38,8 +38,8 @@ class TextStream:
         self.longest = max((len(s) for s in stops), default=0)
         self.text = ""
         self.sent = 0
-        self.matched = False   # a stop string was found: the text is final
-        self.ended = False     # the row finished: nothing is held back any more
+        self.matched = False  # a stop string was found: the text is final
+        self.ended = False  # the row finished: nothing is held back any more
 
     def _append(self, delta: str) -> bool:
         """Add ``delta``; True (and the text cut) when a stop string now occurs."""
@@ -75,5 +75,5 @@ class TextStream:
     def pop(self) -> str:
         """The text that is safe to send now and was not sent yet."""
         end = len(self.text) if self.matched or self.ended else len(self.text) - held_back(self.text, self.stops)
-        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        out, self.sent = self.text[self.sent : end], max(self.sent, end)
         return out

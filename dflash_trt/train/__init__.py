@@ -10,6 +10,7 @@ training metadata), ``loop`` (optimiser, evaluation, resume), ``launcher`` (``py
 dflash_trt.train`` under torchrun; ``--nproc``), ``options`` (the one parser both commands take
 their options from, generated from ``TrainSettings``: YAML ``--config``, ``--set``, flags).
 """
+
 from __future__ import annotations
 
 import importlib

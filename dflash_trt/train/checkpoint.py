@@ -52,8 +52,10 @@ def check_confined(out: Path) -> None:
         for dirpath, dirnames, filenames in os.walk(work):
             links += [Path(dirpath) / n for n in dirnames + filenames if (Path(dirpath) / n).is_symlink()]
     if links:
-        raise DFlashError(f"--out {out}: {links[0]} is a symlink; the run writes and removes files there, so it "
-                          "writes only inside --out: replace the link by a directory of its own")
+        raise DFlashError(
+            f"--out {out}: {links[0]} is a symlink; the run writes and removes files there, so it "
+            "writes only inside --out: replace the link by a directory of its own"
+        )
 
 
 def write_json(path: Path, obj) -> None:
@@ -80,8 +82,9 @@ def _tensors_only(osd: dict) -> dict:
     return {"state": osd["state"]}
 
 
-def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: int, history: list,
-               ranks: Ranks) -> None:
+def save_state(
+    work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: int, history: list, ranks: Ranks
+) -> None:
     """Every rank writes its shards of the drafter and its moments; rank 0 renames the folder."""
     import torch.distributed.checkpoint as dcp  # start-up: torch
     from torch.distributed.checkpoint import HuggingFaceStorageWriter  # start-up: torch
@@ -93,13 +96,20 @@ def save_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer, step: 
         shutil.rmtree(tmp)
     ranks.barrier()
     with _one_process_ok(), discard_on_error(tmp):
-        dcp.save({"model": msd, "optim": _tensors_only(osd)},
-                 storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
-                 no_dist=not torch.distributed.is_initialized())
+        dcp.save(
+            {"model": msd, "optim": _tensors_only(osd)},
+            storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
+            no_dist=not torch.distributed.is_initialized(),
+        )
     ranks.barrier()
     if ranks.main:
-        meta = {"step": step, "param_groups": osd["param_groups"], "history": history, "ranks": ranks.world,
-                "parallel": ranks.parallel}
+        meta = {
+            "step": step,
+            "param_groups": osd["param_groups"],
+            "history": history,
+            "ranks": ranks.world,
+            "parallel": ranks.parallel,
+        }
         with discard_on_error(tmp):
             write_json(tmp / "train.json", meta)
         old = work / (STATE_DIR + ".old")
@@ -123,8 +133,10 @@ def reading_state(work: Path):
         raise
     except BaseException as exc:  # noqa: BLE001 - whatever the readers raise, the state on disk is damaged
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise DFlashError(f"{work}: the saved training state is damaged ({type(exc).__name__}: {first}); "
-                          "restore the folder, or start a fresh run with another --out") from None
+        raise DFlashError(
+            f"{work}: the saved training state is damaged ({type(exc).__name__}: {first}); "
+            "restore the folder, or start a fresh run with another --out"
+        ) from None
 
 
 def has_state(work: Path) -> bool:
@@ -145,16 +157,24 @@ def load_state(work: Path, module: nn.Module, opt: torch.optim.Optimizer) -> tup
     state = {"model": msd, "optim": _tensors_only(osd)}
     try:
         with _one_process_ok():
-            dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
-                     no_dist=not torch.distributed.is_initialized())
+            dcp.load(
+                state,
+                storage_reader=HuggingFaceStorageReader(str(folder)),
+                no_dist=not torch.distributed.is_initialized(),
+            )
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException (a BaseException) holds every rank's
-        logger.debug("loading the training state in %s failed", folder, exc_info=exc)   # the user's error, kept whole
-        raise DFlashError(f"{folder}: the saved training state does not match this drafter "
-                          f"({str(exc).splitlines()[0][:200]})") from None
-    set_state_dict(module, opt, model_state_dict=state["model"],
-                   optim_state_dict={"state": state["optim"]["state"], "param_groups": meta["param_groups"]})
+        logger.debug("loading the training state in %s failed", folder, exc_info=exc)  # the user's error, kept whole
+        raise DFlashError(
+            f"{folder}: the saved training state does not match this drafter ({str(exc).splitlines()[0][:200]})"
+        ) from None
+    set_state_dict(
+        module,
+        opt,
+        model_state_dict=state["model"],
+        optim_state_dict={"state": state["optim"]["state"], "param_groups": meta["param_groups"]},
+    )
     return int(meta["step"]), list(meta.get("history", []))
 
 

@@ -27,7 +27,7 @@ import torch
 
 from dflash_trt.errors import DFlashError, discard_on_error
 
-SHARD_BYTES = 256 * 2 ** 20   # token-id bytes a shard of the regenerated set holds at most (or one row)
+SHARD_BYTES = 256 * 2**20  # token-id bytes a shard of the regenerated set holds at most (or one row)
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Regenerated:
     lengths: torch.Tensor
     prompt_lengths: torch.Tensor
     path: Path | None = None
-    shards: list[dict] = field(default_factory=list)   # {"file", "start", "stop", "width", "bytes"}
+    shards: list[dict] = field(default_factory=list)  # {"file", "start", "stop", "width", "bytes"}
     _files: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -62,7 +62,7 @@ class Regenerated:
             k = bisect.bisect_right(stops, i)
             sh, part = self.shards[k], self._part(k)
             w = min(width, sh["width"])
-            out[n, :w] = part[i - sh["start"]: i - sh["start"] + 1, :w][0]
+            out[n, :w] = part[i - sh["start"] : i - sh["start"] + 1, :w][0]
         return out
 
     def _part(self, k: int):
@@ -113,13 +113,13 @@ class ShardWriter:
 
     def __init__(self, folder: Path, budget: int | None = None):
         self.folder, self.budget = Path(folder), budget or SHARD_BYTES
-        if self.folder.exists():                     # a torn earlier assembly
+        if self.folder.exists():  # a torn earlier assembly
             shutil.rmtree(self.folder)
         self.folder.mkdir(parents=True)
         self.seqs: list[list[int]] = []
         self.prompts: list[int] = []
         self.shards: list[dict] = []
-        self.count = self.peak = self.width = 0   # width: the longest row held
+        self.count = self.peak = self.width = 0  # width: the longest row held
 
     def add(self, seq: list[int], prompt_len: int) -> None:
         if self.seqs and (len(self.seqs) + 1) * max(self.width, len(seq)) * 8 > self.budget:
@@ -133,17 +133,30 @@ class ShardWriter:
         from safetensors.torch import save_file  # start-up: safetensors
 
         n, T = len(self.seqs), self.width
-        tokens = torch.zeros(n, T, dtype=torch.long)                     # [n, T] right-padded
+        tokens = torch.zeros(n, T, dtype=torch.long)  # [n, T] right-padded
         for r, q in enumerate(self.seqs):
             tokens[r, : len(q)] = torch.tensor(q, dtype=torch.long)
         name = f"shard-{len(self.shards):05d}.safetensors"
         tmp = self.folder / (name + ".tmp")
         with discard_on_error(tmp):
-            save_file({"tokens": tokens, "lengths": torch.tensor([len(q) for q in self.seqs]),
-                       "prompt_lengths": torch.tensor(self.prompts)}, str(tmp))
+            save_file(
+                {
+                    "tokens": tokens,
+                    "lengths": torch.tensor([len(q) for q in self.seqs]),
+                    "prompt_lengths": torch.tensor(self.prompts),
+                },
+                str(tmp),
+            )
             tmp.replace(self.folder / name)
-        self.shards.append({"file": name, "start": self.count, "stop": self.count + n, "width": T,
-                            "bytes": (self.folder / name).stat().st_size})
+        self.shards.append(
+            {
+                "file": name,
+                "start": self.count,
+                "stop": self.count + n,
+                "width": T,
+                "bytes": (self.folder / name).stat().st_size,
+            }
+        )
         self.count += n
         self.seqs, self.prompts, self.width = [], [], 0
 
@@ -153,8 +166,11 @@ class ShardWriter:
             self._flush()
         tmp = self.folder / "index.json.tmp"
         with discard_on_error(tmp):
-            tmp.write_text(json.dumps({"format": 1, "sequences": self.count, "shard_bytes": self.budget,
-                                       "shards": self.shards}, indent=1))
+            tmp.write_text(
+                json.dumps(
+                    {"format": 1, "sequences": self.count, "shard_bytes": self.budget, "shards": self.shards}, indent=1
+                )
+            )
             tmp.replace(self.folder / "index.json")
         return self.folder
 
@@ -163,17 +179,19 @@ def memory_line(regen: Regenerated, s, cfg, target, features, ranks) -> str:
     """The bounded memory a rank holds for its data, said at the start: the length index, and
     per step its rows' token ids and features (the set itself stays on disk, in shards no
     larger than the largest one named, which bounds what writing it held)."""
-    rows = -(-s.batch_size // ranks.world)                      # this rank's rows of the global batch
+    rows = -(-s.batch_size // ranks.world)  # this rank's rows of the global batch
     T = int(regen.lengths.max())
     feat = rows * T * len(cfg.target_layer_ids) * cfg.hidden_size * target.dtype.itemsize
     index = 2 * len(regen) * regen.lengths.element_size()
     where = "computed online" if type(features).__name__ == "OnlineFeatures" else "read from the feature folder"
-    mb = 2 ** 20
-    return (f"data: {len(regen)} sequences on disk ({regen.disk_bytes() / mb:.1f} MB in {len(regen.shards)} "
-            f"shard(s), largest {regen.largest_shard() / mb:.1f} MB: the most assembly held), streamed per rank: "
-            f"{index / mb:.2f} MB length index + per step {rows} rows x {T} tokens "
-            f"({rows * T * 8 / mb:.2f} MB token ids, {feat / mb:.1f} MB features {where}); engine "
-            f"{ranks.parallel} on {ranks.world} rank(s)")
+    mb = 2**20
+    return (
+        f"data: {len(regen)} sequences on disk ({regen.disk_bytes() / mb:.1f} MB in {len(regen.shards)} "
+        f"shard(s), largest {regen.largest_shard() / mb:.1f} MB: the most assembly held), streamed per rank: "
+        f"{index / mb:.2f} MB length index + per step {rows} rows x {T} tokens "
+        f"({rows * T * 8 / mb:.2f} MB token ids, {feat / mb:.1f} MB features {where}); engine "
+        f"{ranks.parallel} on {ranks.world} rank(s)"
+    )
 
 
 def _read_text(path: Path) -> str | None:
@@ -223,11 +241,17 @@ def _jsonl_prompt(obj, where: str):
     if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
         return obj["prompt"]
     msgs = obj.get("messages") if isinstance(obj, dict) else None
-    if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                               and isinstance(m.get("content"), str) for m in msgs):
+    if (
+        isinstance(msgs, list)
+        and msgs
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs
+        )
+    ):
         return [{"role": m["role"], "content": m["content"]} for m in msgs]
-    raise DFlashError(f"{where}: each JSONL line needs a string 'prompt' field or a 'messages' list "
-                      "of {'role', 'content'} strings")
+    raise DFlashError(
+        f"{where}: each JSONL line needs a string 'prompt' field or a 'messages' list of {{'role', 'content'}} strings"
+    )
 
 
 def encode_prompt(tokenizer, prompt, *, chat_template: bool, thinking: bool | None) -> list[int]:
@@ -236,8 +260,10 @@ def encode_prompt(tokenizer, prompt, *, chat_template: bool, thinking: bool | No
     if not (chat_template or isinstance(prompt, list)):
         return list(tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"])
     if not getattr(tokenizer, "chat_template", None):
-        raise DFlashError("chat prompts need the target tokenizer's chat template, and it has none: "
-                          "drop --chat-template, or use 'prompt' lines")
+        raise DFlashError(
+            "chat prompts need the target tokenizer's chat template, and it has none: "
+            "drop --chat-template, or use 'prompt' lines"
+        )
     msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     kw = {} if thinking is None else {"enable_thinking": thinking}
     try:
@@ -254,18 +280,32 @@ def chat_record(tokenizer, prompts: list, *, chat_template: bool, thinking: bool
         raise DFlashError("--chat-template formats JSONL prompts, and --data gave plain text")
     applied = bool(template) and any(chat_template or isinstance(p, list) for p in prompts)
     if thinking is not None and not applied:
-        raise DFlashError("--thinking/--no-thinking sets the chat template's enable_thinking: "
-                          "pass --chat-template too (or use JSONL 'messages')")
-    return {"chat_template_applied": applied,
-            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if applied else None,
-            "enable_thinking": thinking if applied else None,
-            "template_reads_enable_thinking": bool(applied and "enable_thinking" in template)}
+        raise DFlashError(
+            "--thinking/--no-thinking sets the chat template's enable_thinking: "
+            "pass --chat-template too (or use JSONL 'messages')"
+        )
+    return {
+        "chat_template_applied": applied,
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if applied else None,
+        "enable_thinking": thinking if applied else None,
+        "template_reads_enable_thinking": bool(applied and "enable_thinking" in template),
+    }
 
 
-def build_prompts(tokenizer, prompts: list, texts: list[str], *, prompt_len: int, gen_len: int,
-                  max_samples: int, seed: int, chat_template: bool = False,
-                  thinking: bool | None = None, window_stride: int | None = None,
-                  flag: str = "--data") -> list[list[int]]:
+def build_prompts(
+    tokenizer,
+    prompts: list,
+    texts: list[str],
+    *,
+    prompt_len: int,
+    gen_len: int,
+    max_samples: int,
+    seed: int,
+    chat_template: bool = False,
+    thinking: bool | None = None,
+    window_stride: int | None = None,
+    flag: str = "--data",
+) -> list[list[int]]:
     """Token-id prompts: JSONL prompts as given (cut to their last prompt_len tokens), texts cut
     into prompt_len-token windows starting every ``window_stride`` tokens (default prompt_len +
     gen_len: a window and the text it would have continued with never overlap the next window; a
@@ -279,7 +319,7 @@ def build_prompts(tokenizer, prompts: list, texts: list[str], *, prompt_len: int
     for t in texts:
         ids = tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]
         for s in range(0, max(1, len(ids) - prompt_len // 2), stride):
-            window = ids[s: s + prompt_len]
+            window = ids[s : s + prompt_len]
             if len(window) >= max(2, prompt_len // 2):
                 out.append(list(window))
     if not out:
@@ -288,8 +328,9 @@ def build_prompts(tokenizer, prompts: list, texts: list[str], *, prompt_len: int
     return out[:max_samples]
 
 
-def sample_anchors(lengths: torch.Tensor, prompt_lengths: torch.Tensor, k: int,
-                   gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_anchors(
+    lengths: torch.Tensor, prompt_lengths: torch.Tensor, k: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to k distinct random anchors per sequence in the response, [b, k], and a validity mask.
 
     An anchor a needs context (a >= 1) and at least one label (a <= length - 2); anchors are

@@ -58,8 +58,8 @@ class Ranks:
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
-    owns_group: bool = False           # this process created the process group (and ends it)
-    parallel: str = "none"             # fsdp | ddp | none
+    owns_group: bool = False  # this process created the process group (and ends it)
+    parallel: str = "none"  # fsdp | ddp | none
 
     @property
     def main(self) -> bool:
@@ -72,7 +72,7 @@ class Ranks:
 
     def mine(self, items: Sequence[T]) -> list[T]:
         """This rank's share: items ``rank, rank + world, ...``."""
-        return list(items[self.rank::self.world])
+        return list(items[self.rank :: self.world])
 
     def barrier(self) -> None:
         if torch.distributed.is_initialized():
@@ -142,9 +142,10 @@ def init_ranks(device: str = "auto", parallel: str = "auto") -> Ranks:
     owns = not torch.distributed.is_initialized()
     if owns:
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        if world == 1 and "MASTER_ADDR" not in os.environ:     # fsdp/ddp in one plain process
-            torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                                                 world_size=1, timeout=COLLECTIVE_TIMEOUT)
+        if world == 1 and "MASTER_ADDR" not in os.environ:  # fsdp/ddp in one plain process
+            torch.distributed.init_process_group(
+                backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1, timeout=COLLECTIVE_TIMEOUT
+            )
         else:
             for var in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
                 if var not in os.environ:

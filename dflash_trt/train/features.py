@@ -115,7 +115,7 @@ def cache_key(target: Target, layer_ids: list[int], regen: Regenerated) -> str:
         flat = p.detach().reshape(-1)
         h.update(flat[:: max(1, flat.numel() // 64)][:64].float().cpu().numpy().tobytes())
     width = int(regen.lengths.max())
-    for a in range(0, len(regen), 1024):                  # the token ids in chunks: the set stays on disk
+    for a in range(0, len(regen), 1024):  # the token ids in chunks: the set stays on disk
         h.update(regen.rows(torch.arange(a, min(len(regen), a + 1024)), width).contiguous().numpy().tobytes())
     h.update(regen.lengths.contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -123,7 +123,7 @@ def cache_key(target: Target, layer_ids: list[int], regen: Regenerated) -> str:
 
 def plan_shards(lengths: list[int], token_bytes: int, shard_mb: float) -> list[tuple[int, int]]:
     """Consecutive row ranges [a, b) of about ``shard_mb`` each (at least one sequence)."""
-    limit, shards, start, size = shard_mb * 2 ** 20, [], 0, 0
+    limit, shards, start, size = shard_mb * 2**20, [], 0, 0
     for i, n in enumerate(lengths):
         if i > start and size + n * token_bytes > limit:
             shards.append((start, i))
@@ -144,21 +144,34 @@ def _finished(path: Path, key: str) -> bool:
         return False
 
 
-def _write_shard(folder: Path, k: int, rows: tuple[int, int], target: Target, layer_ids: list[int],
-                 regen: Regenerated, key: str, done_before: int, total: int, batch: int = 8) -> None:
+def _write_shard(
+    folder: Path,
+    k: int,
+    rows: tuple[int, int],
+    target: Target,
+    layer_ids: list[int],
+    regen: Regenerated,
+    key: str,
+    done_before: int,
+    total: int,
+    batch: int = 8,
+) -> None:
     """Compute and write shard ``k`` (rows [a, b)) under a temporary name, then rename it."""
     a, b = rows
     parts, offsets, ids = [], [0], []
     for s in range(a, b, batch):
-        lengths = regen.lengths[s: min(b, s + batch)]
+        lengths = regen.lengths[s : min(b, s + batch)]
         tokens = regen.rows(torch.arange(s, s + len(lengths)), int(lengths.max())).to(target.device)
         hidden = target_hidden(target, layer_ids, tokens, lengths.to(target.device)).cpu()
         for h, n in zip(hidden, lengths.tolist(), strict=True):
             parts.append(h[:n])
             offsets.append(offsets[-1] + n)
         ids.extend(t[:n] for t, n in zip(tokens.cpu(), lengths.tolist(), strict=True))
-    tensors = {"hidden": torch.cat(parts).contiguous(), "offsets": torch.tensor(offsets),
-               "tokens": torch.cat(ids).contiguous()}
+    tensors = {
+        "hidden": torch.cat(parts).contiguous(),
+        "offsets": torch.tensor(offsets),
+        "tokens": torch.cat(ids).contiguous(),
+    }
     path, tmp = folder / _shard_name(k), folder / (_shard_name(k) + ".tmp")
     try:
         save_file(tensors, str(tmp), metadata={"key": key, "rows": f"{a}:{b}"})
@@ -166,8 +179,10 @@ def _write_shard(folder: Path, k: int, rows: tuple[int, int], target: Target, la
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         why = "the disk is full" if exc.errno in FULL else f"cannot write {path.name} ({exc.strerror or exc})"
-        raise DFlashError(f"--feature-cache {folder}: {why} after {done_before} of {total} shards; the finished "
-                          "shards stay: free space (or choose another folder) and rerun to write the rest") from None
+        raise DFlashError(
+            f"--feature-cache {folder}: {why} after {done_before} of {total} shards; the finished "
+            "shards stay: free space (or choose another folder) and rerun to write the rest"
+        ) from None
 
 
 def tokenizer_digest(tokenizer) -> str:
@@ -177,24 +192,31 @@ def tokenizer_digest(tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
-def check_folder(folder: Path, table: dict, layer_ids: list[int], hidden_size: int, tokenizer,
-                 regen: Regenerated) -> None:
+def check_folder(
+    folder: Path, table: dict, layer_ids: list[int], hidden_size: int, tokenizer, regen: Regenerated
+) -> None:
     """The feature folder against the drafter, the tokenizer and the regenerated set (one line each)."""
     where = f"--feature-cache {folder}"
     theirs = table.get("layer_ids")
     if theirs is not None and list(theirs) != list(layer_ids):
-        raise DFlashError(f"{where}: its features tap target layers {list(theirs)}, the drafter taps "
-                          f"{list(layer_ids)} (--target-layer-ids)")
+        raise DFlashError(
+            f"{where}: its features tap target layers {list(theirs)}, the drafter taps "
+            f"{list(layer_ids)} (--target-layer-ids)"
+        )
     if table.get("dtype") not in FEATURE_DTYPES:
         raise DFlashError(f"{where}: dtype {table.get('dtype')!r} is not one of {', '.join(FEATURE_DTYPES)}")
     if int(table.get("dim", -1)) != len(layer_ids) * hidden_size:
-        raise DFlashError(f"{where}: rows of {table.get('dim')} values, the drafter reads {len(layer_ids)} layers "
-                          f"x hidden size {hidden_size} = {len(layer_ids) * hidden_size}")
+        raise DFlashError(
+            f"{where}: rows of {table.get('dim')} values, the drafter reads {len(layer_ids)} layers "
+            f"x hidden size {hidden_size} = {len(layer_ids) * hidden_size}"
+        )
     if "tokenizer_sha256" in table and table["tokenizer_sha256"] != tokenizer_digest(tokenizer):
         raise DFlashError(f"{where}: made with another tokenizer (vocabulary digest differs from the target's)")
     if int(table.get("sequences", -1)) != len(regen):
-        raise DFlashError(f"{where}: holds {table.get('sequences')} sequences, the regenerated set "
-                          f"{len(regen)}: the features of another target or data set")
+        raise DFlashError(
+            f"{where}: holds {table.get('sequences')} sequences, the regenerated set "
+            f"{len(regen)}: the features of another target or data set"
+        )
     _check_alignment(folder, table, regen)
 
 
@@ -204,26 +226,41 @@ def _check_alignment(folder: Path, table: dict, regen: Regenerated) -> None:
 
     for k, (a, b) in enumerate(table["shards"]):
         with safe_open(str(folder / _shard_name(k)), "pt") as f:
-            if f.get_slice("hidden").get_dtype() != {"bfloat16": "BF16", "float16": "F16",
-                                                     "float32": "F32"}[table["dtype"]]:
+            if (
+                f.get_slice("hidden").get_dtype()
+                != {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}[table["dtype"]]
+            ):
                 raise DFlashError(f"--feature-cache {folder}: shard {k} is not {table['dtype']} as cache.json says")
             offsets = f.get_tensor("offsets")
             lengths = regen.lengths[a:b]
             bad = (offsets.diff() != lengths).nonzero()
             if len(offsets) != b - a + 1 or len(bad):
                 first = a + (int(bad[0]) if len(bad) else 0)
-                raise DFlashError(f"--feature-cache {folder}: sequence {first}'s length differs from the regenerated "
-                                  "set's: the features of another target or data set")
+                raise DFlashError(
+                    f"--feature-cache {folder}: sequence {first}'s length differs from the regenerated "
+                    "set's: the features of another target or data set"
+                )
             if "tokens" in f.keys():
                 ids = regen.rows(torch.arange(a, b), int(lengths.max()))
                 want = torch.cat([row[:n] for row, n in zip(ids, lengths.tolist(), strict=True)])
                 if not torch.equal(f.get_tensor("tokens"), want):
-                    raise DFlashError(f"--feature-cache {folder}: shard {k}'s token ids differ from the regenerated "
-                                      "set's: the features of another target or data set")
+                    raise DFlashError(
+                        f"--feature-cache {folder}: shard {k}'s token ids differ from the regenerated "
+                        "set's: the features of another target or data set"
+                    )
 
 
-def open_cache(folder: str | Path, target_ref: str, target: Target, layer_ids: list[int], regen: Regenerated,
-               ranks: Ranks, progress: Progress, shard_mb: float = 1024.0, tokenizer=None) -> CachedFeatures:
+def open_cache(
+    folder: str | Path,
+    target_ref: str,
+    target: Target,
+    layer_ids: list[int],
+    regen: Regenerated,
+    ranks: Ranks,
+    progress: Progress,
+    shard_mb: float = 1024.0,
+    tokenizer=None,
+) -> CachedFeatures:
     """The features for this target and set in ``folder``, checked; ours are written first where missing."""
     folder = Path(folder).expanduser()
     hidden = int(target.model.get_input_embeddings().weight.shape[1])
@@ -232,10 +269,14 @@ def open_cache(folder: str | Path, target_ref: str, target: Target, layer_ids: l
         table = json.loads(table_path.read_text())
         check_folder(folder, table, layer_ids, hidden, tokenizer, regen)
         if table.get("producer", PRODUCER) == PRODUCER and table.get("key") != cache_key(target, layer_ids, regen):
-            raise DFlashError(f"--feature-cache {folder} holds the features of another target or data set: "
-                              "choose another folder, or empty this one")
-        progress.log(f"reading the features in {folder} ({_human(table['bytes'])}, {len(table['shards'])} shards, "
-                     f"{table.get('producer', PRODUCER)})")
+            raise DFlashError(
+                f"--feature-cache {folder} holds the features of another target or data set: "
+                "choose another folder, or empty this one"
+            )
+        progress.log(
+            f"reading the features in {folder} ({_human(table['bytes'])}, {len(table['shards'])} shards, "
+            f"{table.get('producer', PRODUCER)})"
+        )
         return CachedFeatures(folder, table)
     key = cache_key(target, layer_ids, regen)
     plan = ranks.together(lambda: _plan(folder, key, target, layer_ids, regen, ranks, progress, shard_mb))
@@ -246,20 +287,42 @@ def open_cache(folder: str | Path, target_ref: str, target: Target, layer_ids: l
         if ranks.main:
             lost = [k for k in range(len(plan["shards"])) if not _finished(folder / _shard_name(k), key)]
             if lost:
-                raise DFlashError(f"--feature-cache {folder}: shard {lost[0]} is missing after every rank wrote "
-                                  "its share; is the folder shared by every node?")
-            write_json(table_path, {"format": FORMAT, "producer": PRODUCER, "key": key, "target": target_ref,
-                                    "layer_ids": list(layer_ids), "hidden_size": plan["dim"] // len(layer_ids),
-                                    **({} if tokenizer is None else {"vocab_size": len(tokenizer),
-                                                                     "tokenizer_sha256": tokenizer_digest(tokenizer)}),
-                                    **plan})
+                raise DFlashError(
+                    f"--feature-cache {folder}: shard {lost[0]} is missing after every rank wrote "
+                    "its share; is the folder shared by every node?"
+                )
+            write_json(
+                table_path,
+                {
+                    "format": FORMAT,
+                    "producer": PRODUCER,
+                    "key": key,
+                    "target": target_ref,
+                    "layer_ids": list(layer_ids),
+                    "hidden_size": plan["dim"] // len(layer_ids),
+                    **(
+                        {}
+                        if tokenizer is None
+                        else {"vocab_size": len(tokenizer), "tokenizer_sha256": tokenizer_digest(tokenizer)}
+                    ),
+                    **plan,
+                },
+            )
 
     ranks.together(seal)
     return CachedFeatures(folder, json.loads(table_path.read_text()))
 
 
-def _plan(folder: Path, key: str, target: Target, layer_ids: list[int], regen: Regenerated, ranks: Ranks,
-          progress: Progress, shard_mb: float) -> dict:
+def _plan(
+    folder: Path,
+    key: str,
+    target: Target,
+    layer_ids: list[int],
+    regen: Regenerated,
+    ranks: Ranks,
+    progress: Progress,
+    shard_mb: float,
+) -> dict:
     """The shard table of the cache (what cache.json will hold), the folder created, its size said."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -273,42 +336,70 @@ def _plan(folder: Path, key: str, target: Target, layer_ids: list[int], regen: R
     # every rank splits the same list.
     todo = [k for k in range(len(shards)) if not _finished(folder / _shard_name(k), key)]
     if ranks.main:
-        progress.log(f"feature cache: {_human(total)} in {len(shards)} shards to {folder} "
-                     f"({len(shards) - len(todo)} already written; {_human(shutil.disk_usage(folder).free)} free)")
-    return {"shards": shards, "dim": dim, "dtype": str(target.dtype).removeprefix("torch."), "bytes": total,
-            "sequences": len(regen), "todo": todo}
+        progress.log(
+            f"feature cache: {_human(total)} in {len(shards)} shards to {folder} "
+            f"({len(shards) - len(todo)} already written; {_human(shutil.disk_usage(folder).free)} free)"
+        )
+    return {
+        "shards": shards,
+        "dim": dim,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "bytes": total,
+        "sequences": len(regen),
+        "todo": todo,
+    }
 
 
-def _write_mine(folder: Path, key: str, target: Target, layer_ids: list[int], regen: Regenerated, ranks: Ranks,
-                progress: Progress, plan: dict, todo: list[int]) -> None:
+def _write_mine(
+    folder: Path,
+    key: str,
+    target: Target,
+    layer_ids: list[int],
+    regen: Regenerated,
+    ranks: Ranks,
+    progress: Progress,
+    plan: dict,
+    todo: list[int],
+) -> None:
     """This rank's share of the shards not written yet."""
     shards = plan["shards"]
     if ranks.main:
         progress.phase("caching target features", len(shards))
         progress.advance(len(shards) - len(todo), {})
     for n, k in enumerate(ranks.mine(todo)):
-        _write_shard(folder, k, tuple(shards[k]), target, layer_ids, regen, key, len(shards) - len(todo) + n,
-                     len(shards))
+        _write_shard(
+            folder, k, tuple(shards[k]), target, layer_ids, regen, key, len(shards) - len(todo) + n, len(shards)
+        )
         if ranks.main:
             progress.advance(min(len(shards), len(shards) - len(todo) + (n + 1) * ranks.world), {})
 
 
-def write_capture(folder: str | Path, sequences, *, layer_ids: list[int], hidden_size: int, tokenizer,
-                  producer: str, shard_mb: float = 1024.0) -> dict:
+def write_capture(
+    folder: str | Path,
+    sequences,
+    *,
+    layer_ids: list[int],
+    hidden_size: int,
+    tokenizer,
+    producer: str,
+    shard_mb: float = 1024.0,
+) -> dict:
     """Write a feature folder from another producer's capture (a serving engine's hidden states,
     converted): ``sequences`` yields (token ids [n], hidden [n, len(layer_ids)*hidden_size]) in the
     regenerated set's order, rows aligned as the module docstring says. Shards are written as
     they fill (bounded memory), ``cache.json`` last; returns it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    dim, limit = len(layer_ids) * hidden_size, shard_mb * 2 ** 20
+    dim, limit = len(layer_ids) * hidden_size, shard_mb * 2**20
     shards, pending, start, n, dtype = [], [], 0, 0, None
 
     def flush() -> None:
         hidden = torch.cat([h for _, h in pending]).contiguous()
         offsets = torch.tensor([0] + [len(t) for t, _ in pending]).cumsum(0)
-        save_file({"hidden": hidden, "offsets": offsets, "tokens": torch.cat([t for t, _ in pending]).long()},
-                  str(folder / _shard_name(len(shards))))
+        save_file(
+            {"hidden": hidden, "offsets": offsets, "tokens": torch.cat([t for t, _ in pending]).long()},
+            str(folder / _shard_name(len(shards))),
+        )
         shards.append((start, start + len(pending)))
 
     for ids, hidden in sequences:
@@ -322,10 +413,19 @@ def write_capture(folder: str | Path, sequences, *, layer_ids: list[int], hidden
             start, pending = n, []
     if pending:
         flush()
-    table = {"format": FORMAT, "producer": producer, "layer_ids": list(layer_ids), "hidden_size": hidden_size,
-             "dim": dim, "dtype": str(dtype).removeprefix("torch."), "vocab_size": len(tokenizer),
-             "tokenizer_sha256": tokenizer_digest(tokenizer), "sequences": n, "shards": shards,
-             "bytes": sum((folder / _shard_name(k)).stat().st_size for k in range(len(shards)))}
+    table = {
+        "format": FORMAT,
+        "producer": producer,
+        "layer_ids": list(layer_ids),
+        "hidden_size": hidden_size,
+        "dim": dim,
+        "dtype": str(dtype).removeprefix("torch."),
+        "vocab_size": len(tokenizer),
+        "tokenizer_sha256": tokenizer_digest(tokenizer),
+        "sequences": n,
+        "shards": shards,
+        "bytes": sum((folder / _shard_name(k)).stat().st_size for k in range(len(shards))),
+    }
     write_json(folder / "cache.json", table)
     return table
 

@@ -38,13 +38,16 @@ from dflash_trt.train.settings import Progress, Result, TrainSettings
 
 def command() -> Any:
     """``python -m dflash_trt.train``'s command: the options ``train-drafter`` takes (``options``)."""
+
     def rank(**params: Any) -> TrainSettings:
         return settings_from(params.pop("ctx"), params)
 
     rank.__signature__ = inspect.Signature(parameters())  # type: ignore[attr-defined]
     app = typer.Typer(add_completion=False)
-    app.command(help="Train a DFlash drafter in each rank torchrun starts; the options are those of "
-                     "`dflash-trt train-drafter` (but --nproc: torchrun starts the ranks).")(rank)
+    app.command(
+        help="Train a DFlash drafter in each rank torchrun starts; the options are those of "
+        "`dflash-trt train-drafter` (but --nproc: torchrun starts the ranks)."
+    )(rank)
     return typer.main.get_command(app)
 
 
@@ -116,9 +119,16 @@ def launch(settings: TrainSettings, nproc: int) -> Result:
 
     if nproc < 1:
         raise DFlashError("--nproc must be >= 1")
-    preflight(settings, nproc)             # a user error in a second, not after starting the ranks
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0)
+    preflight(settings, nproc)  # a user error in a second, not after starting the ranks
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        max_restarts=0,
+    )
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads is None:  # the ranks share the cores, as torchrun arranges
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))

@@ -83,8 +83,8 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
             saved = json.loads((work / "settings.json").read_text())
             if not isinstance(saved, dict):
                 raise ValueError("settings.json is not an object")
-        saved.setdefault("arch", "dflash")      # runs saved before --arch existed trained DFlash drafters
-        saved.setdefault("target_dtype", "float32")   # and before --target-dtype, a float32 target
+        saved.setdefault("arch", "dflash")  # runs saved before --arch existed trained DFlash drafters
+        saved.setdefault("target_dtype", "float32")  # and before --target-dtype, a float32 target
         for name in SHAPE_FIELDS:
             mine, theirs = getattr(s, name), saved.get(name)
             if mine is not None and mine != theirs:
@@ -103,18 +103,35 @@ def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
 
 
 #: every integer setting's largest value, whatever its digit count (10**30 steps never return)
-_MAX = {"steps": 10**9, "batch_size": 1 << 16, "anchors": 1 << 16, "prompt_len": 1 << 24, "gen_len": 1 << 24,
-        "window_stride": 1 << 24, "samples": 1 << 30, "eval_prompts": 1 << 20, "eval_every": 10**9,
-        "eval_tokens": 1 << 24, "save_every": 10**9, "regen_concurrency": 1 << 16, "block_size": 1024,
-        "layers": 1024, "mask_token_id": 1 << 31, "conv_kernel_size": 1024, "conv_group_size": 1 << 20,
-        "selector_rank": 1 << 20, "selector_top_k": 1 << 20, "seed": 2**63 - 1}
+_MAX = {
+    "steps": 10**9,
+    "batch_size": 1 << 16,
+    "anchors": 1 << 16,
+    "prompt_len": 1 << 24,
+    "gen_len": 1 << 24,
+    "window_stride": 1 << 24,
+    "samples": 1 << 30,
+    "eval_prompts": 1 << 20,
+    "eval_every": 10**9,
+    "eval_tokens": 1 << 24,
+    "save_every": 10**9,
+    "regen_concurrency": 1 << 16,
+    "block_size": 1024,
+    "layers": 1024,
+    "mask_token_id": 1 << 31,
+    "conv_kernel_size": 1024,
+    "conv_group_size": 1 << 20,
+    "selector_rank": 1 << 20,
+    "selector_top_k": 1 << 20,
+    "seed": 2**63 - 1,
+}
 
 
-NAME_MAX = 255   # bytes in one path component (Linux, macOS)
+NAME_MAX = 255  # bytes in one path component (Linux, macOS)
 
 
 def _check_numbers(s: TrainSettings, world: int) -> None:
-    for flag, path in (("--out", s.out), ("--feature-cache", s.feature_cache)):   # before any work is done
+    for flag, path in (("--out", s.out), ("--feature-cache", s.feature_cache)):  # before any work is done
         too_long = [part for part in Path(path or ".").parts if len(part.encode()) > NAME_MAX]
         if too_long:
             raise DFlashError(f"{flag} {str(path)[:80]}...: a name past the file system's {NAME_MAX} bytes")
@@ -127,8 +144,9 @@ def _check_numbers(s: TrainSettings, world: int) -> None:
     if s.steps < 1 or s.batch_size < 1 or s.anchors < 1 or s.prompt_len < 2 or s.gen_len < 1:
         raise DFlashError("--steps, --batch-size, --anchors, --gen-len must be >= 1 and --prompt-len >= 2")
     if s.batch_size < world:
-        raise DFlashError(f"--batch-size {s.batch_size} is the global batch: give at least one sequence "
-                          f"to each of the {world} ranks")
+        raise DFlashError(
+            f"--batch-size {s.batch_size} is the global batch: give at least one sequence to each of the {world} ranks"
+        )
     if s.regen_concurrency < 1 or s.feature_shard_mb <= 0:
         raise DFlashError("--regen-concurrency must be >= 1 and the feature shard size > 0")
 
@@ -173,7 +191,7 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
         _check_numbers(s, ranks.world)
         model, tokenizer, stops = frozen_target(s, ranks.device)
         cfg = drafter_setup(s, model, tokenizer)
-        data = None if regen.cached_set(s, work) else train_data.read_data(s.data)   # bad --data fails first
+        data = None if regen.cached_set(s, work) else train_data.read_data(s.data)  # bad --data fails first
         held = None if s.eval_data is None else train_data.read_data(s.eval_data, flag="--eval-data")
         return s, model, tokenizer, stops, cfg, data, held
 
@@ -183,21 +201,32 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
         write_json(work / "settings.json", s.model_dump())
     target = Target(model, cfg.target_layer_ids)
     regen_set, regen_meta = regen.training_set(s, work, data, tokenizer, target, stops, ranks, progress)
-    if held is not None:   # held-out τ on prompts from other files (the windows held back from --data go unused)
+    if held is not None:  # held-out τ on prompts from other files (the windows held back from --data go unused)
         regen_meta = {**regen_meta, "eval_prompts": eval_prompts(s, tokenizer, held)}
     if s.feature_cache is None:
         features = train_features.OnlineFeatures(target, cfg.target_layer_ids)
     else:
-        features = train_features.open_cache(s.feature_cache, s.target, target, cfg.target_layer_ids, regen_set,
-                                             ranks, progress, s.feature_shard_mb, tokenizer)
-    dist.shard_target(model, ranks)          # after regeneration and the feature cache: those are not lockstep
+        features = train_features.open_cache(
+            s.feature_cache,
+            s.target,
+            target,
+            cfg.target_layer_ids,
+            regen_set,
+            ranks,
+            progress,
+            s.feature_shard_mb,
+            tokenizer,
+        )
+    dist.shard_target(model, ranks)  # after regeneration and the feature cache: those are not lockstep
     drafter = objective.init_drafter(cfg, seed=s.seed).to(ranks.device)
     module = dist.wrap_drafter(DraftStep(drafter), ranks)
     progress.log(train_data.memory_line(regen_set, s, cfg, target, features, ranks))
-    mb = 2 ** 20   # weights, then AdamW: fp32 weights, gradients and two moments, 16 bytes a parameter
+    mb = 2**20  # weights, then AdamW: fp32 weights, gradients and two moments, 16 bytes a parameter
     dtype = str(target.dtype).removeprefix("torch.")
-    progress.log(f"weights per rank: target {dist.local_bytes(model) / mb:.1f} MB ({dtype}), "
-                 f"drafter with AdamW {4 * dist.local_bytes(drafter) / mb:.1f} MB ({ranks.parallel})")
+    progress.log(
+        f"weights per rank: target {dist.local_bytes(model) / mb:.1f} MB ({dtype}), "
+        f"drafter with AdamW {4 * dist.local_bytes(drafter) / mb:.1f} MB ({ranks.parallel})"
+    )
     run = _Run(s, out, work, target, regen_set, regen_meta, stops, progress, ranks, features, drafter, module)
     return _optimise(run, optimizer(drafter, s))
 
@@ -211,14 +240,24 @@ class DraftStep(nn.Module):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, hidden_in: torch.Tensor, embeds: torch.Tensor, anchors: torch.Tensor, block: torch.Tensor,
-                labels: torch.Tensor, gamma: float, total: float, head) -> tuple[torch.Tensor, dict]:
+    def forward(
+        self,
+        hidden_in: torch.Tensor,
+        embeds: torch.Tensor,
+        anchors: torch.Tensor,
+        block: torch.Tensor,
+        labels: torch.Tensor,
+        gamma: float,
+        total: float,
+        head,
+    ) -> tuple[torch.Tensor, dict]:
         drafter = self.drafter
         hidden = objective.train_forward(drafter, hidden_in, embeds, anchors)
         logits = drafter.logits(hidden[:, :, 1:], head)
         # the family's term (DFlash2: the selector picks among the candidates these logits propose)
-        select, picks = objective.objective_for(family_of(drafter.cfg)).extra_loss(drafter, hidden[:, :, 1:], logits,
-                                                                                    block, labels, gamma, total)
+        select, picks = objective.objective_for(family_of(drafter.cfg)).extra_loss(
+            drafter, hidden[:, :, 1:], logits, block, labels, gamma, total
+        )
         loss, m = objective.block_loss(logits, labels, gamma, normaliser=total, picks=picks)
         if select is not None:
             loss = loss + select
@@ -240,9 +279,9 @@ class _Run:
     stops: list[int]
     progress: Progress
     ranks: Ranks
-    features: object         # OnlineFeatures | CachedFeatures: (idx, tokens, lengths) -> target_hidden
-    drafter: Drafter         # the drafter inside module (under fsdp: this rank's shards)
-    module: nn.Module        # DraftStep under the engine
+    features: object  # OnlineFeatures | CachedFeatures: (idx, tokens, lengths) -> target_hidden
+    drafter: Drafter  # the drafter inside module (under fsdp: this rank's shards)
+    module: nn.Module  # DraftStep under the engine
 
     @property
     def eval_ids(self) -> list[list[int]]:
@@ -251,15 +290,26 @@ class _Run:
     def metadata(self, step: int) -> dict:
         """training.json: how the drafter in OUT was trained."""
         s = self.s
-        return {"target": s.target, "data": s.data, "step": step, "steps": s.steps,
-                "global_batch_size": s.batch_size, "ranks": self.ranks.world, "parallel": self.ranks.parallel,
-                "arch": s.arch, "target_dtype": str(self.target.dtype).removeprefix("torch."),
-                "block_size": s.block_size,
-                "target_layer_ids": s.target_layer_ids, "mask_token_id": s.mask_token_id,
-                "prompt_len": s.prompt_len, "gen_len": s.gen_len, "sequences": len(self.regen),
-                "eval_data": s.eval_data or "windows held back from data",
-                "regeneration": self.regen_meta.get("regeneration", {"sources": ["unknown (an older run)"]}),
-                "features": "online" if s.feature_cache is None else f"cached in {s.feature_cache}"}
+        return {
+            "target": s.target,
+            "data": s.data,
+            "step": step,
+            "steps": s.steps,
+            "global_batch_size": s.batch_size,
+            "ranks": self.ranks.world,
+            "parallel": self.ranks.parallel,
+            "arch": s.arch,
+            "target_dtype": str(self.target.dtype).removeprefix("torch."),
+            "block_size": s.block_size,
+            "target_layer_ids": s.target_layer_ids,
+            "mask_token_id": s.mask_token_id,
+            "prompt_len": s.prompt_len,
+            "gen_len": s.gen_len,
+            "sequences": len(self.regen),
+            "eval_data": s.eval_data or "windows held back from data",
+            "regeneration": self.regen_meta.get("regeneration", {"sources": ["unknown (an older run)"]}),
+            "features": "online" if s.feature_cache is None else f"cached in {s.feature_cache}",
+        }
 
 
 def _optimise(run: _Run, opt: torch.optim.Optimizer) -> Result:
@@ -288,10 +338,10 @@ def _optimise(run: _Run, opt: torch.optim.Optimizer) -> Result:
         progress.advance(step, info)
         if step % s.save_every == 0 or step == s.steps:
             save_state(run.work, module, opt, step, history, run.ranks)
-            whole = full_drafter(module, run.drafter, run.ranks)       # gathered on rank 0
+            whole = full_drafter(module, run.drafter, run.ranks)  # gathered on rank 0
             if run.ranks.main:
                 write_drafter(whole, run.out, s.save_dtype, run.metadata(step))
-    if not losses and history:            # resumed a finished run: report where it stands
+    if not losses and history:  # resumed a finished run: report where it stands
         loss_v, tau_v, heldout = history[-1]["loss"], history[-1]["train_tau"], history[-1]["heldout_tau"]
     result = Result(run.out, step, loss_v, tau_v, heldout, time.time() - start, history, losses, norms)
     if run.ranks.main:
@@ -308,10 +358,10 @@ def _update(run: _Run, opt: torch.optim.Optimizer, step: int, gamma: float) -> t
     for group in opt.param_groups:
         group["lr"] = lr_at(step, s)
     opt.zero_grad(set_to_none=True)
-    dist.engine_loss(loss, run.ranks).backward()      # the engine averages the ranks' gradients
+    dist.engine_loss(loss, run.ranks).backward()  # the engine averages the ranks' gradients
     norm = torch.nn.utils.clip_grad_norm_(run.module.parameters(), 1.0)
     opt.step()
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm      # fsdp: a replicated DTensor
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # fsdp: a replicated DTensor
     return m["loss"], m["tau"], float(norm)
 
 
@@ -321,16 +371,33 @@ def _evaluate(run: _Run, step: int, loss_v: float, tau_v: float, history: list) 
     fsdp every rank decodes all of them, because the sharded target's forwards are collectives
     that the ranks must run in lockstep, and greedy decoding of the same prompts is."""
     drafter = full_drafter(run.module, run.drafter, run.ranks, everywhere=True).to(run.target.dtype)
-    heldout = heldout_tau(run.target, drafter, run.eval_ids, run.s.block_size, run.s.eval_tokens, run.stops,
-                          Ranks(device=run.ranks.device) if run.ranks.sharded else run.ranks, run.ranks.sharded)
-    history.append({"step": step, "loss": round(loss_v, 4), "train_tau": round(tau_v, 3),
-                    "heldout_tau": round(heldout, 3)})
+    heldout = heldout_tau(
+        run.target,
+        drafter,
+        run.eval_ids,
+        run.s.block_size,
+        run.s.eval_tokens,
+        run.stops,
+        Ranks(device=run.ranks.device) if run.ranks.sharded else run.ranks,
+        run.ranks.sharded,
+    )
+    history.append(
+        {"step": step, "loss": round(loss_v, 4), "train_tau": round(tau_v, 3), "heldout_tau": round(heldout, 3)}
+    )
     run.progress.log(f"step {step}: loss {loss_v:.3f}, train τ {tau_v:.2f}, held-out τ {heldout:.2f}")
     return heldout
 
 
-def train_step(module: nn.Module, target: Target, regen_set: train_data.Regenerated, features, s: TrainSettings,
-               gamma: float, g: torch.Generator, ranks: Ranks = Ranks()):
+def train_step(
+    module: nn.Module,
+    target: Target,
+    regen_set: train_data.Regenerated,
+    features,
+    s: TrainSettings,
+    gamma: float,
+    g: torch.Generator,
+    ranks: Ranks = Ranks(),
+):
     """This rank's loss on its rows of one global batch, and the batch's (loss, τ) over all ranks.
 
     The global batch (``s.batch_size`` sequences) and its anchors are drawn from ``g`` on
@@ -355,8 +422,16 @@ def train_step(module: nn.Module, target: Target, regen_set: train_data.Regenera
         drafter = dist.inner(module).drafter
         embeds = target.embed(block.view(b, K * B), drafter.cfg.input_embedding_scale).view(b, K, B, -1)
     (total,) = ranks.sum([objective.loss_weights(labels, gamma).sum().item()])
-    loss, m = module(hidden_in.to(drafter.dtype), embeds.to(drafter.dtype), anchors, block, labels, gamma, total,
-                     _head_in(target, drafter.dtype))
+    loss, m = module(
+        hidden_in.to(drafter.dtype),
+        embeds.to(drafter.dtype),
+        anchors,
+        block,
+        labels,
+        gamma,
+        total,
+        _head_in(target, drafter.dtype),
+    )
     loss_all, tau_sum, blocks = ranks.sum([loss.item(), m["tau_sum"], m["blocks"]])
     return loss, {"loss": loss_all, "tau": tau_sum / blocks if blocks else math.nan}
 
@@ -374,13 +449,31 @@ def eval_prompts(s: TrainSettings, tokenizer, data) -> list[list[int]]:
     """``s.eval_prompts`` prompts cut from ``--eval-data`` (``read_data``'s prompts and texts) as the
     training prompts are cut from ``--data``."""
     prompts_text, texts = data
-    return train_data.build_prompts(tokenizer, prompts_text, texts, prompt_len=s.prompt_len, gen_len=s.gen_len,
-                                    window_stride=s.window_stride, max_samples=s.eval_prompts, seed=s.seed,
-                                    chat_template=s.chat_template, thinking=s.thinking, flag="--eval-data")
+    return train_data.build_prompts(
+        tokenizer,
+        prompts_text,
+        texts,
+        prompt_len=s.prompt_len,
+        gen_len=s.gen_len,
+        window_stride=s.window_stride,
+        max_samples=s.eval_prompts,
+        seed=s.seed,
+        chat_template=s.chat_template,
+        thinking=s.thinking,
+        flag="--eval-data",
+    )
 
 
-def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: int, n_tokens: int,
-                stops, ranks: Ranks = Ranks(), sharded: bool = False) -> float:
+def heldout_tau(
+    target: Target,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    B: int,
+    n_tokens: int,
+    stops,
+    ranks: Ranks = Ranks(),
+    sharded: bool = False,
+) -> float:
     """τ of the drafter on prompts it never trained on (greedy, the reference runtime), over all ranks."""
     mine = ranks.mine(prompts)
     committed = rounds = 0
@@ -391,8 +484,9 @@ def heldout_tau(target: Target, drafter: Drafter, prompts: list[list[int]], B: i
             # A sharded target runs transformers' forward (its FSDP hooks gather each layer); the
             # runtime's lean forward reads the weights directly and would see this rank's shards.
             backend = runtime.TorchBackend(target, drafter, lean=False) if sharded else None
-            stats = runtime.generate(target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops,
-                             backend=backend).stats
+            stats = runtime.generate(
+                target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops, backend=backend
+            ).stats
         finally:
             drafter.train(was)
         committed, rounds = stats.committed, stats.rounds

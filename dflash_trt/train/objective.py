@@ -55,7 +55,7 @@ def default_layer_ids(num_layers: int, n_taps: int | None = None) -> list[int]:
     if num_layers < 1:
         raise DFlashError("the target has no decoder layers")
     n_taps = n_taps or (5 if num_layers >= 20 else 3)
-    lo = min(1, max(0, num_layers - 2))       # never the last layer (see drafter_config_for)
+    lo = min(1, max(0, num_layers - 2))  # never the last layer (see drafter_config_for)
     hi = max(lo, num_layers - 3)
     if n_taps == 1:
         return [hi]
@@ -67,9 +67,16 @@ def _text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
-                       target_layer_ids: list[int] | None = None, mask_token_id: int,
-                       family: str = "dflash", sizes: dict | None = None) -> DrafterConfig:
+def drafter_config_for(
+    target_model,
+    *,
+    block_size: int = 16,
+    layers: int = 1,
+    target_layer_ids: list[int] | None = None,
+    mask_token_id: int,
+    family: str = "dflash",
+    sizes: dict | None = None,
+) -> DrafterConfig:
     """The drafter shape for a transformers causal LM (z-lab conventions). ``family``: the drafter
     family (``--arch``); ``sizes``: its fields (DFlash2: ``conv_kernel_size``, ``conv_group_size``,
     ``selector_rank``, ``selector_top_k``), checked against the target by its :class:`Objective`."""
@@ -82,8 +89,10 @@ def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
     if n - 1 in ids and n > 1:
         # transformers returns the last layer's output after the final norm, TensorRT-LLM
         # captures it before: a drafter trained on it would not transfer to deployment.
-        raise DFlashError(f"--target-layer-ids: the last layer ({n - 1}) cannot be tapped consistently "
-                          f"across runtimes; use ids up to {n - 2}")
+        raise DFlashError(
+            f"--target-layer-ids: the last layer ({n - 1}) cannot be tapped consistently "
+            f"across runtimes; use ids up to {n - 2}"
+        )
     vocab = target_model.get_input_embeddings().weight.shape[0]
     if not 0 <= mask_token_id < vocab:
         raise DFlashError(f"mask token id {mask_token_id} has no row in the target's {vocab}-row embedding")
@@ -98,14 +107,25 @@ def drafter_config_for(target_model, *, block_size: int = 16, layers: int = 1,
     typed = {k: v for k, v in (sizes or {}).items() if k in DrafterConfig.model_fields}
     own = {k: v for k, v in (sizes or {}).items() if k not in typed}
     return DrafterConfig(
-        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads), vocab_size=vocab,
-        block_size=block_size, mask_token_id=mask_token_id, target_layer_ids=ids, num_target_layers=n,
-        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta),
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
+        vocab_size=vocab,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        target_layer_ids=ids,
+        num_target_layers=n,
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
         rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
         max_position_embeddings=int(getattr(c, "max_position_embeddings", 40960)),
-        attention_bias=bool(getattr(c, "attention_bias", False)), family=fam.name, family_fields=own, **typed,
+        attention_bias=bool(getattr(c, "attention_bias", False)),
+        family=fam.name,
+        family_fields=own,
+        **typed,
     )
 
 
@@ -128,8 +148,9 @@ def init_drafter(cfg: DrafterConfig, seed: int = 0) -> Drafter:
 # ---------------------------------------------------------------------------------------
 
 
-def training_visibility(anchors: torch.Tensor, T: int, B: int, *, causal: bool = False,
-                     window: int | None = None) -> torch.Tensor:
+def training_visibility(
+    anchors: torch.Tensor, T: int, B: int, *, causal: bool = False, window: int | None = None
+) -> torch.Tensor:
     """Boolean [b, K*B, T + K*B]: which keys each block query sees.
 
     Keys are the T context positions, then the K blocks' B positions each. Block k's
@@ -140,10 +161,10 @@ def training_visibility(anchors: torch.Tensor, T: int, B: int, *, causal: bool =
     b, K = anchors.shape
     dev = anchors.device
     t = torch.arange(B, device=dev)
-    q_pos = (anchors[:, :, None] + t).reshape(b, K * B)                      # [b, KB]
+    q_pos = (anchors[:, :, None] + t).reshape(b, K * B)  # [b, KB]
     ctx = torch.arange(T, device=dev)
-    sees_ctx = ctx[None, None, :] < anchors.repeat_interleave(B, dim=1)[:, :, None]   # [b, KB, T]
-    blk = torch.arange(K, device=dev).repeat_interleave(B)                  # block id per query/key
+    sees_ctx = ctx[None, None, :] < anchors.repeat_interleave(B, dim=1)[:, :, None]  # [b, KB, T]
+    blk = torch.arange(K, device=dev).repeat_interleave(B)  # block id per query/key
     tt = t.repeat(K)
     same = blk[:, None] == blk[None, :]
     if causal:
@@ -156,8 +177,9 @@ def training_visibility(anchors: torch.Tensor, T: int, B: int, *, causal: bool =
     return vis
 
 
-def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: torch.Tensor,
-                  anchors: torch.Tensor) -> torch.Tensor:
+def train_forward(
+    drafter: Drafter, target_hidden: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor
+) -> torch.Tensor:
     """Normed drafter hidden states [b, K, B, H] for K blocks per sequence, in one forward.
 
     target_hidden: [b, T, n_tap*H] the target's tapped hidden states of the whole sequence;
@@ -171,7 +193,7 @@ def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: t
     dev, dtype = block_embeds.device, block_embeds.dtype
     q_pos = (anchors[:, :, None] + torch.arange(B, device=dev)).reshape(b, K * B)
     cos_c, sin_c = drafter.rope(torch.arange(T, device=dev).expand(b, T), dtype)
-    ctx = drafter.hidden_norm(drafter.fc(target_hidden))                              # [b, T, H]
+    ctx = drafter.hidden_norm(drafter.fc(target_hidden))  # [b, T, H]
     masks = {}
 
     def attend(i, q, k, v):
@@ -183,23 +205,25 @@ def train_forward(drafter: Drafter, target_hidden: torch.Tensor, block_embeds: t
         attn = drafter.layers[i].self_attn
         kc = plugins.apply_rope(attn.k_norm(attn.k_proj(ctx).view(b, T, kvh, hd)), cos_c, sin_c)
         vc = attn.v_proj(ctx).view(b, T, kvh, hd)
-        keys = torch.cat([kc, k], 1).transpose(1, 2)                                  # [b, kvh, T + KB, d]
+        keys = torch.cat([kc, k], 1).transpose(1, 2)  # [b, kvh, T + KB, d]
         vals = torch.cat([vc, v], 1).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=masks[key],
-                                           scale=hd ** -0.5, enable_gqa=nh != kvh)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, vals, attn_mask=masks[key], scale=hd**-0.5, enable_gqa=nh != kvh
+        )
         return o.transpose(1, 2)
 
     x = drafter.block_forward(block_embeds.reshape(b, K * B, H), q_pos, attend, block_len=B)  # DFlash2: per block
     return x.view(b, K, B, H)
 
 
-def block_inputs(tokens: torch.Tensor, anchors: torch.Tensor, B: int, mask_id: int,
-                 lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_inputs(
+    tokens: torch.Tensor, anchors: torch.Tensor, B: int, mask_id: int, lengths: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Block token ids [b, K, B] (anchor then MASK) and labels [b, K, B-1] (-100 past the end)."""
     b, K = anchors.shape
     block = torch.full((b, K, B), mask_id, dtype=torch.long, device=tokens.device)
     block[:, :, 0] = torch.gather(tokens, 1, anchors)
-    pos = anchors[:, :, None] + torch.arange(1, B, device=tokens.device)       # [b, K, B-1]
+    pos = anchors[:, :, None] + torch.arange(1, B, device=tokens.device)  # [b, K, B-1]
     inside = pos < lengths[:, None, None]
     labels = torch.gather(tokens, 1, pos.clamp_max(tokens.shape[1] - 1).view(b, -1)).view(b, K, B - 1)
     return block, torch.where(inside, labels, -100)
@@ -211,8 +235,13 @@ def loss_weights(labels: torch.Tensor, gamma: float) -> torch.Tensor:
     return torch.exp(-k / gamma) * (labels >= 0)
 
 
-def block_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float,
-               normaliser: float | None = None, picks: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def block_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    gamma: float,
+    normaliser: float | None = None,
+    picks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
     """Decay-weighted CE over block positions 1..B-1. logits [b, K, B-1, V]; labels [b, K, B-1].
 
     The weighted sum is divided by ``normaliser`` (default: this batch's total weight); data
@@ -225,14 +254,15 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float,
     """
     Bm1 = labels.shape[-1]
     valid = labels >= 0
-    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.clamp_min(0).reshape(-1),
-                         reduction="none").view_as(labels)
+    ce = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), labels.clamp_min(0).reshape(-1), reduction="none"
+    ).view_as(labels)
     weights = loss_weights(labels, gamma)
     total = weights.sum() if normaliser is None else torch.tensor(normaliser, dtype=torch.float32)
     loss = (ce * weights).sum() / total.to(ce.device).clamp_min(1e-9)
     with torch.no_grad():
         hit = ((logits.argmax(-1) if picks is None else picks) == labels) & valid
-        full = valid.all(-1)                       # blocks whose labels are all inside the sequence
+        full = valid.all(-1)  # blocks whose labels are all inside the sequence
         taus = 1.0 + hit[full].long().cumprod(-1).sum(-1).float()
         tau = taus.mean().item() if full.any() else math.nan
         acc = [(hit[..., k].sum() / valid[..., k].sum().clamp_min(1)).item() for k in range(Bm1)]
@@ -244,8 +274,9 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float,
 # ---------------------------------------------------------------------------------------
 
 
-def selector_scores(drafter, hidden: torch.Tensor, logits: torch.Tensor,
-                    predecessors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def selector_scores(
+    drafter, hidden: torch.Tensor, logits: torch.Tensor, predecessors: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The selector's scores of each position's candidates after the given predecessor.
 
     hidden [..., H] the normed hidden states of draft positions; logits [..., V] their draft
@@ -257,13 +288,20 @@ def selector_scores(drafter, hidden: torch.Tensor, logits: torch.Tensor,
     """
     sel = drafter.candidate_selector
     unary, cand = torch.topk(logits.float(), sel.top_k, dim=-1)
-    context = sel.predecessor_codebook[predecessors].float() * sel.hidden_projection(hidden).float()   # [..., r]
+    context = sel.predecessor_codebook[predecessors].float() * sel.hidden_projection(hidden).float()  # [..., r]
     pair = torch.einsum("...r,...kr->...k", context, sel.successor_codebook[cand].float())
     return unary + pair, cand
 
 
-def selector_loss(drafter, hidden: torch.Tensor, logits: torch.Tensor, block: torch.Tensor,
-                  labels: torch.Tensor, gamma: float, normaliser: float | None = None):
+def selector_loss(
+    drafter,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    block: torch.Tensor,
+    labels: torch.Tensor,
+    gamma: float,
+    normaliser: float | None = None,
+):
     """DFlash2's selector term of the block objective, and the tokens its greedy walk proposes.
 
     hidden [b, K, B-1, H], logits [b, K, B-1, V] (draft positions 1..B-1), block [b, K, B] the
@@ -277,10 +315,11 @@ def selector_loss(drafter, hidden: torch.Tensor, logits: torch.Tensor, block: to
     """
     predecessors = torch.cat([block[..., :1], labels[..., :-1].clamp_min(0)], dim=-1)
     scores, cand = selector_scores(drafter, hidden, logits, predecessors)
-    is_label = cand == labels[..., None]                                             # [b, K, B-1, k]
+    is_label = cand == labels[..., None]  # [b, K, B-1, k]
     present = is_label.any(-1) & (labels >= 0)
-    ce = F.cross_entropy(scores.reshape(-1, scores.shape[-1]), is_label.float().argmax(-1).reshape(-1),
-                         reduction="none").view_as(labels)
+    ce = F.cross_entropy(
+        scores.reshape(-1, scores.shape[-1]), is_label.float().argmax(-1).reshape(-1), reduction="none"
+    ).view_as(labels)
     weights = loss_weights(labels, gamma)
     total = weights.sum() if normaliser is None else torch.tensor(normaliser, dtype=torch.float32)
     loss = (ce * weights * present).sum() / total.to(ce.device).clamp_min(1e-9)
@@ -305,8 +344,16 @@ class Objective:
     def init(self, drafter: Drafter) -> None:
         """Initialise what the generic init does not (default: nothing)."""
 
-    def extra_loss(self, drafter, hidden: torch.Tensor, logits: torch.Tensor, block: torch.Tensor,
-                   labels: torch.Tensor, gamma: float, normaliser: float | None = None):
+    def extra_loss(
+        self,
+        drafter,
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        block: torch.Tensor,
+        labels: torch.Tensor,
+        gamma: float,
+        normaliser: float | None = None,
+    ):
         """(a loss term added to :func:`block_loss`, the tokens the drafter proposes [b, K, B-1]), each
         None when the family adds nothing (the default). Arguments as :func:`selector_loss`."""
         return None, None
@@ -320,11 +367,15 @@ class SelectorObjective(Objective):
 
     def check_sizes(self, sizes, hidden, vocab):
         if hidden % sizes["conv_group_size"]:
-            raise DFlashError(f"--conv-group-size {sizes['conv_group_size']} does not divide the target's hidden "
-                              f"size {hidden} (each group of channels shares one dynamic tap)")
+            raise DFlashError(
+                f"--conv-group-size {sizes['conv_group_size']} does not divide the target's hidden "
+                f"size {hidden} (each group of channels shares one dynamic tap)"
+            )
         if not 2 <= sizes["selector_top_k"] <= vocab:
-            raise DFlashError(f"--selector-top-k {sizes['selector_top_k']} must be between 2 and the vocabulary "
-                              f"({vocab}): the selector chooses among that many candidates")
+            raise DFlashError(
+                f"--selector-top-k {sizes['selector_top_k']} must be between 2 and the vocabulary "
+                f"({vocab}): the selector chooses among that many candidates"
+            )
 
     def init(self, drafter):
         """The convolutions start as the identity (``DynamicConv``'s init), so the fresh drafter computes

@@ -64,10 +64,29 @@ def parameters() -> list[inspect.Parameter]:
     for name in TrainSettings.model_fields:
         annotation, default = _option(name)
         out.append(inspect.Parameter(name, kw, default=default, annotation=annotation))
-    out.append(inspect.Parameter(CONFIG, kw, default=None, annotation=Annotated[Path | None, typer.Option(
-        "--config", help="YAML file of these settings (field names as keys); flags given here win over it.")]))
-    out.append(inspect.Parameter(SET, kw, default=None, annotation=Annotated[list[str] | None, typer.Option(
-        "--set", help="Set one setting: KEY=VALUE (repeatable), over --config.")]))
+    out.append(
+        inspect.Parameter(
+            CONFIG,
+            kw,
+            default=None,
+            annotation=Annotated[
+                Path | None,
+                typer.Option(
+                    "--config", help="YAML file of these settings (field names as keys); flags given here win over it."
+                ),
+            ],
+        )
+    )
+    out.append(
+        inspect.Parameter(
+            SET,
+            kw,
+            default=None,
+            annotation=Annotated[
+                list[str] | None, typer.Option("--set", help="Set one setting: KEY=VALUE (repeatable), over --config.")
+            ],
+        )
+    )
     return out
 
 
@@ -99,7 +118,7 @@ def settings_from(ctx: typer.Context, params: dict[str, Any]) -> TrainSettings:
     data = _read_config(params[CONFIG]) if params.get(CONFIG) else {}
     data = apply_overrides(data, params.get(SET))
     for name in TrainSettings.model_fields:
-        source = ctx.get_parameter_source(name)   # typer vendors click: its enum, compared by name
+        source = ctx.get_parameter_source(name)  # typer vendors click: its enum, compared by name
         if source is not None and source.name == "COMMANDLINE":
             value = params[name]
             data[name] = _layer_ids(value) if name == "target_layer_ids" else value

@@ -69,7 +69,7 @@ class Journal:
                 for line in f:
                     try:
                         i = int(json.loads(line)["i"])
-                    except (json.JSONDecodeError, UnicodeDecodeError):   # the torn last line of a killed run
+                    except (json.JSONDecodeError, UnicodeDecodeError):  # the torn last line of a killed run
                         i = None
                     if i is not None:
                         done[i] = (path, offset)
@@ -98,14 +98,22 @@ def _header(path: Path) -> str | None:
         return None
 
 
-def regenerate_local(target: Target, prompts: dict[int, list[int]], *, gen_len: int, stops: list[int],
-                     on_done: Callable[[int, list[int]], None], batch_size: int = 32) -> None:
+def regenerate_local(
+    target: Target,
+    prompts: dict[int, list[int]],
+    *,
+    gen_len: int,
+    stops: list[int],
+    on_done: Callable[[int, list[int]], None],
+    batch_size: int = 32,
+) -> None:
     """The target's greedy continuation of every prompt (batched reference runtime)."""
     keys = list(prompts)
     for k in range(0, len(keys), batch_size):
-        batch = keys[k: k + batch_size]
-        gen = runtime.generate(target, None, [prompts[i] for i in batch], max_new_tokens=gen_len, block_size=1,
-                       stop_token_ids=stops)
+        batch = keys[k : k + batch_size]
+        gen = runtime.generate(
+            target, None, [prompts[i] for i in batch], max_new_tokens=gen_len, block_size=1, stop_token_ids=stops
+        )
         for i, ids in zip(batch, gen.token_ids, strict=True):
             on_done(i, list(ids))
 
@@ -117,8 +125,11 @@ def response_ids(completion, tokenizer, stops: list[int]) -> tuple[list[int], bo
     that drops it) gets the tokenizer's eos back, as the reference runtime keeps it.
     """
     retok = completion.token_ids is None
-    ids = list(completion.token_ids) if not retok else list(
-        tokenizer(completion.text, add_special_tokens=False, verbose=False)["input_ids"])
+    ids = (
+        list(completion.token_ids)
+        if not retok
+        else list(tokenizer(completion.text, add_special_tokens=False, verbose=False)["input_ids"])
+    )
     cut = next((n for n, t in enumerate(ids) if t in stops), None)
     if cut is not None:
         ids = ids[: cut + 1]
@@ -128,10 +139,19 @@ def response_ids(completion, tokenizer, stops: list[int]) -> tuple[list[int], bo
     return ids, retok
 
 
-def regenerate_endpoint(url: str, prompts: dict[int, list[int]], *, gen_len: int, stops: list[int], tokenizer,
-                        on_done: Callable[[int, list[int], bool], None], model: str | None = None,
-                        concurrency: int = 32) -> str:
+def regenerate_endpoint(
+    url: str,
+    prompts: dict[int, list[int]],
+    *,
+    gen_len: int,
+    stops: list[int],
+    tokenizer,
+    on_done: Callable[[int, list[int], bool], None],
+    model: str | None = None,
+    concurrency: int = 32,
+) -> str:
     """Every prompt's temperature-0 completion from the server at ``url``; returns its model name."""
+
     def done(i: int, completion) -> None:
         on_done(i, *response_ids(completion, tokenizer, stops))
 
@@ -147,8 +167,16 @@ def _source(s: TrainSettings) -> tuple[str, str | None]:
     return f"{s.regen_endpoint} (model {model})", model
 
 
-def _regenerate_mine(s: TrainSettings, work: Path, train_prompts: list[list[int]], tokenizer, target: Target,
-                     stops: list[int], ranks: Ranks, progress: Progress) -> None:
+def _regenerate_mine(
+    s: TrainSettings,
+    work: Path,
+    train_prompts: list[list[int]],
+    tokenizer,
+    target: Target,
+    stops: list[int],
+    ranks: Ranks,
+    progress: Progress,
+) -> None:
     """This rank's share of the prompts that no journal holds yet, each journalled as it finishes."""
     prints = fingerprint(train_prompts, s.gen_len)
     done = Journal.read_all(work, prints)
@@ -165,23 +193,33 @@ def _regenerate_mine(s: TrainSettings, work: Path, train_prompts: list[list[int]
 
     def record(i: int, response: list[int], retokenized: bool = False) -> None:
         journal.add(i, response, source, retokenized)
-        count[0] += ranks.world          # rank 0's view of the whole run
+        count[0] += ranks.world  # rank 0's view of the whole run
         if ranks.main:
             progress.advance(min(count[0], len(train_prompts)), {})
 
     try:
         if s.regen_endpoint is None:
-            regenerate_local(target, todo, gen_len=s.gen_len, stops=stops, on_done=record,
-                             batch_size=s.regen_concurrency)
+            regenerate_local(
+                target, todo, gen_len=s.gen_len, stops=stops, on_done=record, batch_size=s.regen_concurrency
+            )
         else:
-            regenerate_endpoint(s.regen_endpoint, todo, gen_len=s.gen_len, stops=stops, tokenizer=tokenizer,
-                                on_done=record, model=model, concurrency=s.regen_concurrency)
+            regenerate_endpoint(
+                s.regen_endpoint,
+                todo,
+                gen_len=s.gen_len,
+                stops=stops,
+                tokenizer=tokenizer,
+                on_done=record,
+                model=model,
+                concurrency=s.regen_concurrency,
+            )
     finally:
         journal.close()
 
 
-def _assemble(train_prompts: list[list[int]], where: dict[int, tuple[Path, int]], folder: Path,
-              budget: int | None = None) -> tuple[train_data.Regenerated, dict]:
+def _assemble(
+    train_prompts: list[list[int]], where: dict[int, tuple[Path, int]], folder: Path, budget: int | None = None
+) -> tuple[train_data.Regenerated, dict]:
     """The sharded set from the journals (prompt + response per prompt, in prompt order).
 
     Streams: each response is read from its journal line (``where``: its file and offset) as
@@ -190,8 +228,9 @@ def _assemble(train_prompts: list[list[int]], where: dict[int, tuple[Path, int]]
     """
     missing = [i for i in range(len(train_prompts)) if i not in where]
     if missing:
-        raise DFlashError(f"regeneration is missing {len(missing)} responses (first: prompt {missing[0]}); "
-                          "rerun to finish it")
+        raise DFlashError(
+            f"regeneration is missing {len(missing)} responses (first: prompt {missing[0]}); rerun to finish it"
+        )
     writer = train_data.ShardWriter(folder, budget)
     sources, retokenized, files = set(), 0, {}
     try:
@@ -214,7 +253,7 @@ def set_path(work: Path) -> Path | None:
     """The finished set in ``work``: the shard folder, else an older single file, else None."""
     if (work / "regen" / "index.json").exists():
         return work / "regen"
-    old = work / "regen.safetensors"    # written before sharding: still read as one shard
+    old = work / "regen.safetensors"  # written before sharding: still read as one shard
     return old if old.exists() else None
 
 
@@ -229,8 +268,9 @@ def cached_set(s: TrainSettings, work: Path) -> dict | None:
     return saved if made_with == {k: getattr(s, k) for k in DATA_FIELDS} else None
 
 
-def training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, stops: list[int], ranks: Ranks,
-                 progress: Progress) -> tuple[train_data.Regenerated, dict]:
+def training_set(
+    s: TrainSettings, work: Path, data, tokenizer, target: Target, stops: list[int], ranks: Ranks, progress: Progress
+) -> tuple[train_data.Regenerated, dict]:
     """(the regenerated training set, its regen.json: held-out prompts and how the set was made)."""
     saved = cached_set(s, work)
     if saved is not None:
@@ -239,10 +279,18 @@ def training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, 
         return train_data.Regenerated.load(path), saved
     prompts_text, texts = data
     chat = train_data.chat_record(tokenizer, prompts_text, chat_template=s.chat_template, thinking=s.thinking)
-    prompts = train_data.build_prompts(tokenizer, prompts_text, texts, prompt_len=s.prompt_len, gen_len=s.gen_len,
-                                       window_stride=s.window_stride,
-                                       max_samples=s.samples + s.eval_prompts, seed=s.seed,
-                                       chat_template=s.chat_template, thinking=s.thinking)
+    prompts = train_data.build_prompts(
+        tokenizer,
+        prompts_text,
+        texts,
+        prompt_len=s.prompt_len,
+        gen_len=s.gen_len,
+        window_stride=s.window_stride,
+        max_samples=s.samples + s.eval_prompts,
+        seed=s.seed,
+        chat_template=s.chat_template,
+        thinking=s.thinking,
+    )
     n_eval = min(s.eval_prompts, len(prompts) // 2)
     eval_ids, train_prompts = prompts[:n_eval], prompts[n_eval:]
     ranks.together(lambda: _regenerate_mine(s, work, train_prompts, tokenizer, target, stops, ranks, progress))
@@ -252,11 +300,18 @@ def training_set(s: TrainSettings, work: Path, data, tokenizer, target: Target, 
             return
         where = Journal.read_all(work, fingerprint(train_prompts, s.gen_len))
         regen, info = _assemble(train_prompts, where, work / "regen")
-        write_json(work / "regen.json", {"settings": {k: getattr(s, k) for k in DATA_FIELDS}, "sequences": len(regen),
-                                         "eval_prompts": eval_ids, "regeneration": {**info, "chat": chat}})
-        for journal in work.glob("regen-*.jsonl"):   # the shards hold it all now
+        write_json(
+            work / "regen.json",
+            {
+                "settings": {k: getattr(s, k) for k in DATA_FIELDS},
+                "sequences": len(regen),
+                "eval_prompts": eval_ids,
+                "regeneration": {**info, "chat": chat},
+            },
+        )
+        for journal in work.glob("regen-*.jsonl"):  # the shards hold it all now
             journal.unlink()
-        (work / "regen.safetensors").unlink(missing_ok=True)   # an older set of other settings
+        (work / "regen.safetensors").unlink(missing_ok=True)  # an older set of other settings
 
     ranks.together(assemble)
     saved = cached_set(s, work)

@@ -23,7 +23,7 @@ def pick_mask_token(tokenizer, vocab_rows: int) -> int:
     if mid is not None and mid < vocab_rows:
         return int(mid)
     if vocab_rows > len(tokenizer):
-        return len(tokenizer)          # first embedding row no token uses (Qwen3 pads its vocab)
+        return len(tokenizer)  # first embedding row no token uses (Qwen3 pads its vocab)
     raise DFlashError("the tokenizer has no mask token and the embedding no spare row: pass --mask-token-id")
 
 
@@ -57,12 +57,21 @@ def drafter_setup(s: TrainSettings, model, tokenizer):
     B = s.block_size or 8
     if B < 2:
         raise DFlashError("--block-size must be >= 2 (the anchor and at least one draft position)")
-    mask_id = s.mask_token_id if s.mask_token_id is not None else pick_mask_token(
-        tokenizer, model.get_input_embeddings().weight.shape[0])
+    mask_id = (
+        s.mask_token_id
+        if s.mask_token_id is not None
+        else pick_mask_token(tokenizer, model.get_input_embeddings().weight.shape[0])
+    )
     family, sizes = family_sizes(s)
-    cfg = objective.drafter_config_for(model, block_size=B, layers=s.layers or 1,
-                                       target_layer_ids=s.target_layer_ids, mask_token_id=mask_id, family=family,
-                                       sizes=sizes)
+    cfg = objective.drafter_config_for(
+        model,
+        block_size=B,
+        layers=s.layers or 1,
+        target_layer_ids=s.target_layer_ids,
+        mask_token_id=mask_id,
+        family=family,
+        sizes=sizes,
+    )
     s.block_size, s.layers = B, cfg.num_hidden_layers
     s.target_layer_ids, s.mask_token_id = cfg.target_layer_ids, mask_id
     s.arch = family
@@ -98,5 +107,8 @@ def optimizer(drafter: Drafter, s: TrainSettings) -> torch.optim.AdamW:
     # convolution kernels [2, K, H] (identity at init, not a weight to pull to zero) do not.
     decay = [p for n, p in drafter.named_parameters() if p.dim() == 2]
     rest = [p for n, p in drafter.named_parameters() if p.dim() != 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                              {"params": rest, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": s.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=s.lr,
+        betas=(0.9, 0.95),
+    )

@@ -24,9 +24,29 @@ def servers(bundle_dir):
 def test_bench_endpoint_with_baseline_and_plot(servers, tmp_path, capsys):
     dflash, ar = servers
     png = tmp_path / "speed.png"
-    code = run(["bench", "--endpoint", dflash.url + "/v1", "--baseline", ar.url, "--concurrency", "1,4",
-                "--max-tokens", "12", "--requests", "6", "--repeats", "2", "--warmup", "1", "--ignore-eos", "--json",
-                "--plot", str(png)])
+    code = run(
+        [
+            "bench",
+            "--endpoint",
+            dflash.url + "/v1",
+            "--baseline",
+            ar.url,
+            "--concurrency",
+            "1,4",
+            "--max-tokens",
+            "12",
+            "--requests",
+            "6",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--ignore-eos",
+            "--json",
+            "--plot",
+            str(png),
+        ]
+    )
     assert code == 0
     r = json.loads(capsys.readouterr().out)
     assert r["endpoint"]["model"] == "tiny" and r["baseline"]["model"] == "tiny-ar"
@@ -36,7 +56,7 @@ def test_bench_endpoint_with_baseline_and_plot(servers, tmp_path, capsys):
         for lv in levels:
             assert lv["ok"] == lv["requests"] == 2 * 6 and lv["failed"] == 0 and lv["repeats"] == 2
             assert lv["output_tokens"] == 2 * 6 * 12  # usage from the server, ignore_eos honoured
-            assert lv["tokens_from"] == ["usage spread over chunks by text"]   # the embedded server's final usage
+            assert lv["tokens_from"] == ["usage spread over chunks by text"]  # the embedded server's final usage
             assert lv["output_tokens_per_second"] > 0 and lv["tokens_per_second_per_user"] > 0
             for key in ("ttft_ms", "tpot_ms", "itl_ms", "itl_per_token_ms", "e2el_ms"):
                 assert 0 < lv[key]["median"] <= lv[key]["p90"] <= lv[key]["p99"], key
@@ -74,14 +94,31 @@ def test_bench_endpoint_errors_are_one_line(tmp_path, capsys):
 def test_tau_from_trtllm_serve_iteration_stats():
     # trtllm-serve /metrics (PyTorch backend, enable_iter_perf_stats): the rows since the last scrape.
     rows = [
-        {"iter": 7, "iterLatencyMS": 12.0, "specDecodingStats": {"numDraftTokens": 30, "numAcceptedTokens": 12,
-                                                                 "numRequestsWithDraftTokens": 2,
-                                                                 "acceptanceLength": 7.0}},
-        {"iter": 8, "iterLatencyMS": 11.0, "specDecodingStats": {"numDraftTokens": 30, "numAcceptedTokens": 6,
-                                                                 "numRequestsWithDraftTokens": 2,
-                                                                 "acceptanceLength": 4.0}},
-        {"iter": 9, "attentionDpRank": 1,
-         "specDecodingStats": {"numAcceptedTokens": 99, "numRequestsWithDraftTokens": 1}},
+        {
+            "iter": 7,
+            "iterLatencyMS": 12.0,
+            "specDecodingStats": {
+                "numDraftTokens": 30,
+                "numAcceptedTokens": 12,
+                "numRequestsWithDraftTokens": 2,
+                "acceptanceLength": 7.0,
+            },
+        },
+        {
+            "iter": 8,
+            "iterLatencyMS": 11.0,
+            "specDecodingStats": {
+                "numDraftTokens": 30,
+                "numAcceptedTokens": 6,
+                "numRequestsWithDraftTokens": 2,
+                "acceptanceLength": 4.0,
+            },
+        },
+        {
+            "iter": 9,
+            "attentionDpRank": 1,
+            "specDecodingStats": {"numAcceptedTokens": 99, "numRequestsWithDraftTokens": 1},
+        },
         {"iter": 10, "iterLatencyMS": 3.0},
     ]
     after = parse_spec_metrics(json.dumps(rows))
@@ -90,15 +127,19 @@ def test_tau_from_trtllm_serve_iteration_stats():
 
 
 def test_tau_from_prometheus_counters():
-    before = parse_spec_metrics('vllm:spec_decode_num_drafts_total{model_name="m"} 10\n'
-                                'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 25\n')
-    after = parse_spec_metrics('# HELP x\nvllm:spec_decode_num_drafts_total{model_name="m"} 30\n'
-                               'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 85\n')
+    before = parse_spec_metrics(
+        'vllm:spec_decode_num_drafts_total{model_name="m"} 10\n'
+        'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 25\n'
+    )
+    after = parse_spec_metrics(
+        '# HELP x\nvllm:spec_decode_num_drafts_total{model_name="m"} 30\n'
+        'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 85\n'
+    )
     assert tau_between(before, after) == pytest.approx(1 + 60 / 20)
     d0 = parse_spec_metrics("dflash_spec_rounds_total 10.0\ndflash_spec_committed_tokens_total 30.0\n")
     d1 = parse_spec_metrics("dflash_spec_rounds_total 20.0\ndflash_spec_committed_tokens_total 55.0\n")
     assert tau_between(d0, d1) == 2.5
-    assert tau_between(None, parse_spec_metrics("sglang:spec_accept_length{x=\"y\"} 3.5\n")) == 3.5
+    assert tau_between(None, parse_spec_metrics('sglang:spec_accept_length{x="y"} 3.5\n')) == 3.5
     assert parse_spec_metrics("process_cpu_seconds_total 1.0\n") is None
 
 
@@ -106,8 +147,16 @@ def _levels(tps: dict[int, list[float]]) -> dict:
     """Levels with repeats: the figure is the mean, the spread the repeats' interval."""
     from dflash_trt.bench.spread import interval
 
-    return {"levels": [{"concurrency": c, "output_tokens_per_second": sum(v) / len(v),
-                        "spread": {"output_tokens_per_second": interval(v)}} for c, v in tps.items()]}
+    return {
+        "levels": [
+            {
+                "concurrency": c,
+                "output_tokens_per_second": sum(v) / len(v),
+                "spread": {"output_tokens_per_second": interval(v)},
+            }
+            for c, v in tps.items()
+        ]
+    }
 
 
 def test_where_drafting_stops_paying_is_said_only_beyond_noise():
@@ -136,11 +185,22 @@ def test_a_plot_the_filesystem_refuses_keeps_the_results(servers, tmp_path, caps
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
     png = tmp_path / "speed.png"
-    argv = ["bench", "--endpoint", servers[0].url, "--concurrency", "1", "--max-tokens", "4", "--requests", "2",
-            "--json", "--plot"]
+    argv = [
+        "bench",
+        "--endpoint",
+        servers[0].url,
+        "--concurrency",
+        "1",
+        "--max-tokens",
+        "4",
+        "--requests",
+        "2",
+        "--json",
+        "--plot",
+    ]
     assert run([*argv, str(png)]) == 2
     cap = capsys.readouterr()
-    errors = [line for line in cap.err.splitlines() if not line.startswith("benchmarking")]   # progress lines aside
+    errors = [line for line in cap.err.splitlines() if not line.startswith("benchmarking")]  # progress lines aside
     assert len(errors) == 1 and "No space left" in errors[0] and "Traceback" not in cap.err
     printed = json.loads(cap.out)
     saved = json.loads(png.with_suffix(".json").read_text())
@@ -156,13 +216,36 @@ def test_prompt_categories_give_tau_and_speedup_per_category(servers, capsys):
     from dflash_trt.bench.verify import PROMPTS as CATEGORIZED  # code, math, prose and chat prompts ("kind")
 
     dflash, ar = servers
-    assert run(["bench", "--endpoint", dflash.url, "--baseline", ar.url, "--prompts", str(CATEGORIZED),
-                "--concurrency", "2", "--max-tokens", "6", "--requests", "12", "--repeats", "1", "--warmup", "0",
-                "--ignore-eos", "--json"]) == 0
+    assert (
+        run(
+            [
+                "bench",
+                "--endpoint",
+                dflash.url,
+                "--baseline",
+                ar.url,
+                "--prompts",
+                str(CATEGORIZED),
+                "--concurrency",
+                "2",
+                "--max-tokens",
+                "6",
+                "--requests",
+                "12",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "--ignore-eos",
+                "--json",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)
     cats = r["endpoint"]["levels"][0]["categories"]
     assert set(cats) == {"code", "math", "prose", "chat"} and all(c["requests"] == 3 for c in cats.values())
-    assert all(c["acceptance_length"] >= 1.0 for c in cats.values())        # the server's τ per request
+    assert all(c["acceptance_length"] >= 1.0 for c in cats.values())  # the server's τ per request
     row = r["comparison"]["speedup"][0]
     assert set(row["category_speedup"]) == set(cats) and all(v > 0 for v in row["category_speedup"].values())
     recs = r["endpoint"]["levels"][0]["records"]

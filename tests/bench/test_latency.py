@@ -18,8 +18,9 @@ from dflash_trt.bench.latency import Record
 
 def _speculating() -> Record:
     # a speculating server: first token at 50 ms, then chunks of 4, 3 and 5 tokens every 20 ms
-    return Record(ok=True, chunks=[(0.050, 1), (0.070, 4), (0.090, 3), (0.110, 5)], e2el=0.110,
-                  tokens_from="usage per chunk")
+    return Record(
+        ok=True, chunks=[(0.050, 1), (0.070, 4), (0.090, 3), (0.110, 5)], e2el=0.110, tokens_from="usage per chunk"
+    )
 
 
 def test_request_figures():
@@ -27,13 +28,13 @@ def test_request_figures():
     assert r.output_tokens == 13
     assert lat.ttft(r) == 0.050
     assert lat.tpot(r) == pytest.approx((0.110 - 0.050) / 12)
-    assert lat.itl_per_chunk(r) == pytest.approx([0.020, 0.020, 0.020])          # what vLLM prints: 20 ms
+    assert lat.itl_per_chunk(r) == pytest.approx([0.020, 0.020, 0.020])  # what vLLM prints: 20 ms
     assert lat.itl_per_token(r) == pytest.approx([0.005] * 4 + [0.020 / 3] * 3 + [0.004] * 5)
-    assert lat.per_user(r) == pytest.approx(12 / 0.060)                           # TTFT left out
+    assert lat.per_user(r) == pytest.approx(12 / 0.060)  # TTFT left out
     assert lat.per_user_with_ttft(r) == pytest.approx(13 / 0.110)
     one = Record(ok=True, chunks=[(0.05, 1)], e2el=0.05, tokens_from="logprobs")
     assert lat.tpot(one) is None and lat.itl_per_token(one) == [] and lat.per_user(one) is None
-    unknown = Record(ok=True, chunks=[(0.05, 0), (0.07, 0)], e2el=0.07)           # no usage: no token figures
+    unknown = Record(ok=True, chunks=[(0.05, 0), (0.07, 0)], e2el=0.07)  # no usage: no token figures
     assert unknown.output_tokens is None and lat.tpot(unknown) is None and lat.itl_per_token(unknown) == []
     assert lat.itl_per_chunk(unknown) == pytest.approx([0.02])
 
@@ -58,7 +59,7 @@ def test_usage_spread_over_chunks_by_text(texts, total):
     counts = lat.spread_tokens(texts, total)
     assert sum(counts) == total and len(counts) == len(texts) and min(counts) >= 0
     if total >= len(texts):
-        assert min(counts) >= 1     # a chunk with text carried a token
+        assert min(counts) >= 1  # a chunk with text carried a token
 
 
 def test_tokens_per_chunk_best_source_first():
@@ -66,11 +67,11 @@ def test_tokens_per_chunk_best_source_first():
     assert lat.chunk_tokens(texts, [1, 5, 7], [None] * 3, 7) == ([1, 4, 2], "usage per chunk")
     assert lat.chunk_tokens(texts, [None] * 3, [1, 3, 2], 6) == ([1, 3, 2], "logprobs")
     assert lat.chunk_tokens(texts, [None] * 3, [None] * 3, 12) == ([2, 6, 4], "usage spread over chunks by text")
-    assert lat.chunk_tokens(texts, [None] * 3, [None] * 3, None) == (None, None)   # never the chunk count
+    assert lat.chunk_tokens(texts, [None] * 3, [None] * 3, None) == (None, None)  # never the chunk count
 
 
 # ---- a stand-in that streams known chunk sizes --------------------------------------------------
-CHUNKS = [1, 4, 3, 5]   # tokens per chunk, one token per character of text
+CHUNKS = [1, 4, 3, 5]  # tokens per chunk, one token per character of text
 GAP = 0.02
 
 
@@ -113,8 +114,9 @@ def standin(mode: str):
     return app
 
 
-@pytest.mark.parametrize("mode, source", [("continuous", "usage per chunk"),
-                                          ("final", "usage spread over chunks by text"), ("none", None)])
+@pytest.mark.parametrize(
+    "mode, source", [("continuous", "usage per chunk"), ("final", "usage spread over chunks by text"), ("none", None)]
+)
 def test_endpoint_counts_the_tokens_the_server_streamed(mode, source):
     from dflash_trt.serve import ServerThread
 
@@ -124,11 +126,11 @@ def test_endpoint_counts_the_tokens_the_server_streamed(mode, source):
     assert lv["ok"] == 4 and lv["tokens_from"] == ([source] if source else None)
     rec = lv["records"][0]
     assert len(rec["chunks"]) == len(CHUNKS) and len(lv["records"]) == 4
-    if source is None:   # no usage: no token figures, and never the chunk count
+    if source is None:  # no usage: no token figures, and never the chunk count
         assert lv["output_tokens"] is None and lv["tpot_ms"]["median"] is None
         return
     assert [n for _, n in rec["chunks"]] == CHUNKS and lv["output_tokens"] == 4 * sum(CHUNKS)
     gaps = lv["itl_ms"]["median"]
-    assert gaps >= 1e3 * GAP * 0.9                                              # per chunk: ~20 ms
-    assert lv["itl_per_token_ms"]["median"] < gaps / 2                          # per token: a few ms
+    assert gaps >= 1e3 * GAP * 0.9  # per chunk: ~20 ms
+    assert lv["itl_per_token_ms"]["median"] < gaps / 2  # per token: a few ms
     assert lv["tpot_ms"]["median"] == pytest.approx(1e3 * 3 * GAP / (sum(CHUNKS) - 1), rel=0.5)

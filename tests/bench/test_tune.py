@@ -50,9 +50,30 @@ def _png(path) -> None:
 
 def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, capsys):
     before = _files(bundle)
-    assert run(["tune", str(bundle), "--concurrency", "1,2,4", "--draft-lens", "7,3,1", "--max-tokens", "8",
-                "--requests", "4", "--repeats", "2", "--warmup", "1", "--json",
-                "--plot", str(tmp_path / "tune.png")]) == 0
+    assert (
+        run(
+            [
+                "tune",
+                str(bundle),
+                "--concurrency",
+                "1,2,4",
+                "--draft-lens",
+                "7,3,1",
+                "--max-tokens",
+                "8",
+                "--requests",
+                "4",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--json",
+                "--plot",
+                str(tmp_path / "tune.png"),
+            ]
+        )
+        == 0
+    )
     _png(tmp_path / "tune.png")
     r = json.loads(capsys.readouterr().out)
     spec = yaml.safe_load((bundle / "trtllm/config.yaml").read_text())["speculative_config"]
@@ -60,8 +81,11 @@ def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, cap
     assert "max_concurrency" not in spec and spec["max_draft_len"] == r["max_draft_len"] == r["winners"]["1"]
     measured = {int(L): levels for L, levels in r["measured"].items()}
     assert sorted(measured) == [0, 1, 3, 7]
-    assert all(lv["repeats"] == 2 and len(lv["spread"]["output_tokens_per_second"]["values"]) == 2
-               for levels in measured.values() for lv in levels)
+    assert all(
+        lv["repeats"] == 2 and len(lv["spread"]["output_tokens_per_second"]["values"]) == 2
+        for levels in measured.values()
+        for lv in levels
+    )
     # the schedule is the decision on what was measured (beyond noise; no zero on this release), read back
     assert {str(c): L for c, L in T.winners(measured, shortest=1).items()} == r["winners"]
     drafted = [trtllm_draft_len(sched, b) for b in range(1, 5)]
@@ -76,8 +100,8 @@ def test_tune_writes_the_measured_best_schedule_atomically(bundle, tmp_path, cap
     plan = json.loads((bundle / "manifest.json").read_text())["plan"]
     assert {int(k): v for k, v in plan["draft_len_schedule"].items()} == sched
     assert plan["max_draft_len"] == spec["max_draft_len"] and plan["tuned"]["winners"] == r["winners"]
-    check_trtllm_bundle(bundle)   # still a bundle TensorRT-LLM's schema accepts
-    assert ingest.check_files(ingest.open_bundle(bundle)) == []   # and every file as the manifest records
+    check_trtllm_bundle(bundle)  # still a bundle TensorRT-LLM's schema accepts
+    assert ingest.check_files(ingest.open_bundle(bundle)) == []  # and every file as the manifest records
 
 
 @pytest.fixture
@@ -97,7 +121,7 @@ def test_ctrl_c_mid_sweep_leaves_the_bundle_as_it_was(bundle, ctrl_c_interrupts)
     t = T.read(bundle)
     seen = []
 
-    def progress(L, c):   # the user presses Ctrl-C once the first level is measured
+    def progress(L, c):  # the user presses Ctrl-C once the first level is measured
         seen.append((L, c))
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -116,7 +140,7 @@ def test_commit_holds_ctrl_c_until_every_file_is_in_place(tmp_path, monkeypatch)
     a.write_text("old a")
     b.write_text("old b")
 
-    def interrupt(step):   # Ctrl-C between the two files coming in
+    def interrupt(step):  # Ctrl-C between the two files coming in
         if step == "moved in a.yaml":
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -126,7 +150,7 @@ def test_commit_holds_ctrl_c_until_every_file_is_in_place(tmp_path, monkeypatch)
     assert (a.read_text(), b.read_text()) == ("new a", "new b")
     assert ((root / "a.yaml.prev").read_text(), (root / "b.json.prev").read_text()) == ("old a", "old b")
     assert sorted(p.name for p in root.iterdir()) == ["a.yaml", "a.yaml.prev", "b.json", "b.json.prev"]
-    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]   # no partial left beside it
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]  # no partial left beside it
 
 
 def test_tune_endpoint_measures_and_refits_without_writing(bundle, capsys):
@@ -136,13 +160,46 @@ def test_tune_endpoint_measures_and_refits_without_writing(bundle, capsys):
     before = _files(bundle)
     app = create_app(load_bundle(bundle), "tiny", max_batch=4)
     with ServerThread(app) as srv:
-        assert run(["tune", str(bundle), "--endpoint", srv.url, "--concurrency", "1,2", "--max-tokens", "8",
-                    "--requests", "4", "--json"]) == 0
+        assert (
+            run(
+                [
+                    "tune",
+                    str(bundle),
+                    "--endpoint",
+                    srv.url,
+                    "--concurrency",
+                    "1,2",
+                    "--max-tokens",
+                    "8",
+                    "--requests",
+                    "4",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         r = json.loads(capsys.readouterr().out)
         # bench --plot with the bundle: its plan's predicted curves beside the measured ones
         png = bundle.parent / "bench.png"
-        assert run(["bench", str(bundle), "--endpoint", srv.url, "--concurrency", "1,2",
-                    "--max-tokens", "4", "--requests", "2", "--plot", str(png)]) == 0
+        assert (
+            run(
+                [
+                    "bench",
+                    str(bundle),
+                    "--endpoint",
+                    srv.url,
+                    "--concurrency",
+                    "1,2",
+                    "--max-tokens",
+                    "4",
+                    "--requests",
+                    "2",
+                    "--plot",
+                    str(png),
+                ]
+            )
+            == 0
+        )
         _png(png)
         capsys.readouterr()
     assert [lv["concurrency"] for lv in r["endpoint"]["levels"]] == [1, 2]
@@ -152,7 +209,7 @@ def test_tune_endpoint_measures_and_refits_without_writing(bundle, capsys):
 
 def test_tune_never_writes_a_zero_on_a_release_without_the_floor(bundle):
     t = T.read(bundle)
-    assert T.shortest_length(t) == 1     # every release in the table lacks PR #16888's floor
+    assert T.shortest_length(t) == 1  # every release in the table lacks PR #16888's floor
     assert T.lengths_for({1: 7, 4: 3, 8: 1}, 10) == [7, 3, 3, 3, 1, 1, 1, 1, 1, 1]
 
 
@@ -164,8 +221,28 @@ def test_tune_endpoint_records_which_arm_won(bundle, capsys):
 
     app = create_app(load_bundle(bundle), "tiny", max_batch=4)
     with ServerThread(app) as srv:
-        assert run(["tune", str(bundle), "--endpoint", srv.url, "--baseline", srv.url, "--mtp-endpoint", srv.url,
-                    "--concurrency", "1", "--max-tokens", "4", "--requests", "2", "--json"]) == 0
+        assert (
+            run(
+                [
+                    "tune",
+                    str(bundle),
+                    "--endpoint",
+                    srv.url,
+                    "--baseline",
+                    srv.url,
+                    "--mtp-endpoint",
+                    srv.url,
+                    "--concurrency",
+                    "1",
+                    "--max-tokens",
+                    "4",
+                    "--requests",
+                    "2",
+                    "--json",
+                ]
+            )
+            == 0
+        )
     r = json.loads(capsys.readouterr().out)
     assert r["arms_written"] and [a["concurrency"] for a in r["arms"]] == [1]
     arms = ingest.open_bundle(bundle).manifest.plan.arms
@@ -207,9 +284,9 @@ def test_tune_killed_at_any_step_of_its_write_leaves_old_or_new(bundle, tmp_path
         with pytest.raises(_Killed):
             T.commit(b, _tuned_files(T.read(b)))
         monkeypatch.setattr(swap, "_step", lambda name: None)
-        assert output.recover(b)   # said, in one sentence
+        assert output.recover(b)  # said, in one sentence
         now, man = _files(b), Path(ingest.Layout.MANIFEST)
-        if now != old:   # else the new files, every one: the arms recorded, the previous manifest kept as .prev
+        if now != old:  # else the new files, every one: the arms recorded, the previous manifest kept as .prev
             assert set(now) == set(new) and "arms" in json.loads(now[man])["plan"], step
             assert now[Path(f"{man}.prev")] == old[man], step
         assert ingest.check_files(ingest.open_bundle(b)) == [], step
@@ -219,13 +296,29 @@ def test_tune_killed_at_any_step_of_its_write_leaves_old_or_new(bundle, tmp_path
 def test_tune_holds_the_lock_from_its_first_measurement_to_its_last_write(bundle, monkeypatch, capsys):
     real, refused = T.measure_embedded, []
 
-    def measure(*a, **k):   # a build --force of the same bundle while tune measures
+    def measure(*a, **k):  # a build --force of the same bundle while tune measures
         refused.append(run(["build", "-o", str(bundle), "--force"]))
         refused.append(capsys.readouterr().err)
         return real(*a, **k)
 
     monkeypatch.setattr(T, "measure_embedded", measure)
-    assert run(["tune", str(bundle), "--concurrency", "1", "--draft-lens", "1", "--max-tokens", "4",
-                "--requests", "1", "--json"]) == 0
+    assert (
+        run(
+            [
+                "tune",
+                str(bundle),
+                "--concurrency",
+                "1",
+                "--draft-lens",
+                "1",
+                "--max-tokens",
+                "4",
+                "--requests",
+                "1",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert refused[0] == 2 and "another dflash-trt writer holds it" in refused[1] and "tune" in refused[1]
     assert ingest.check_files(ingest.open_bundle(bundle)) == []

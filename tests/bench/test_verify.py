@@ -71,8 +71,10 @@ def other_drafter(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("other")
     d = _drafter_with(tmp, lambda cfg: None)
     torch.manual_seed(0)
-    state = {k: (torch.randn_like(v.float()) * 0.05).to(v.dtype) if v.dim() > 1 else v
-             for k, v in load_file(d / "model.safetensors").items()}
+    state = {
+        k: (torch.randn_like(v.float()) * 0.05).to(v.dtype) if v.dim() > 1 else v
+        for k, v in load_file(d / "model.safetensors").items()
+    }
     save_file(state, d / "model.safetensors")
     return _build(tmp / "tiny", "--drafter", str(d))
 
@@ -102,13 +104,18 @@ def test_offline_holds_for_a_built_bundle_and_names_what_changed(good, tmp_path,
     assert "2 check(s) failed: files, config" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--endpoint", "http://127.0.0.1:9"], "cannot reach http://127.0.0.1:9"),
-    (["--endpoint", "http://127.0.0.1:9", "--prompts", "/nonexistent.jsonl"],
-     "--prompts /nonexistent.jsonl: cannot read"),
-    (["--baseline", "http://127.0.0.1:9"], "go with --endpoint URL"),
-    (["--endpoint", "http://127.0.0.1:9", "--concurrency", "0"], "--concurrency needs positive integers"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--endpoint", "http://127.0.0.1:9"], "cannot reach http://127.0.0.1:9"),
+        (
+            ["--endpoint", "http://127.0.0.1:9", "--prompts", "/nonexistent.jsonl"],
+            "--prompts /nonexistent.jsonl: cannot read",
+        ),
+        (["--baseline", "http://127.0.0.1:9"], "go with --endpoint URL"),
+        (["--endpoint", "http://127.0.0.1:9", "--concurrency", "0"], "--concurrency needs positive integers"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(good, argv, needle, capsys):
     assert run(["verify", str(good), "--no-reference", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -137,8 +144,15 @@ def test_a_good_deployment_passes_and_its_report_calibrates_the_plan(good, tmp_p
     checks = _by_name(r)
     assert code == 0, r["failed"]
     assert {k: c["status"] for k, c in checks.items()} == {
-        "files": "pass", "manifest": "pass", "config": "pass", "lossless": "pass", "acceptance": "pass",
-        "schedule": "pass", "memory": "not measured", "trap": "pass"}
+        "files": "pass",
+        "manifest": "pass",
+        "config": "pass",
+        "lossless": "pass",
+        "acceptance": "pass",
+        "schedule": "pass",
+        "memory": "not measured",
+        "trap": "pass",
+    }
     lossless = checks["lossless"]["details"]["prompts"]
     assert {p["kind"] for p in lossless} == {"code", "math", "prose", "chat"} and all(p["agree"] for p in lossless)
     acc = checks["acceptance"]["details"]
@@ -146,7 +160,7 @@ def test_a_good_deployment_passes_and_its_report_calibrates_the_plan(good, tmp_p
     assert len(acc["expected_per_position_acceptance"]) == 7
     assert acc["per_position_acceptance"] == sorted(acc["per_position_acceptance"], reverse=True)  # prefix acceptance
     assert {(row["batch_size"], row["draft_len"]) for row in checks["schedule"]["details"]["rows"]} >= {(1, 7)}
-    assert r["stack"] == "reference"     # the embedded server runs the reference runtime
+    assert r["stack"] == "reference"  # the embedded server runs the reference runtime
     # the report is a bench report: plan --calibration reads its levels, with the draft length measured
     data = read_bench(tmp_path / "v.json")
     assert [lv["concurrency"] for lv in data["endpoint"]["levels"]] == [1, 3]
@@ -156,13 +170,13 @@ def test_a_good_deployment_passes_and_its_report_calibrates_the_plan(good, tmp_p
 
 
 def test_a_drafter_for_another_target_collapses_acceptance(other_drafter, four_prompts, capsys):
-    assert run(["verify", str(other_drafter)]) == 0      # self-consistent: every offline check holds
+    assert run(["verify", str(other_drafter)]) == 0  # self-consistent: every offline check holds
     capsys.readouterr()
     with _embedded(other_drafter) as srv:
         code, r = _verify(capsys, other_drafter, "--endpoint", srv.url, "--prompts", four_prompts, *FAST)
     acc = _by_name(r)["acceptance"]
-    assert code == 1 and r["failed"] == ["acceptance"]      # still lossless: only acceptance falls
-    assert _by_name(r)["trap"]["status"] == "not measured"    # not blamed on the trap
+    assert code == 1 and r["failed"] == ["acceptance"]  # still lossless: only acceptance falls
+    assert _by_name(r)["trap"]["status"] == "not measured"  # not blamed on the trap
     assert acc["details"]["acceptance_length"] < 1.5 < acc["details"]["expected_acceptance_length"]
     assert acc["summary"].startswith("acceptance collapsed") and "another target" in acc["summary"]
     assert "layer-id convention" in acc["summary"] and "[1, 7, 13]" in acc["details"]["likely_causes"][0]
@@ -175,8 +189,9 @@ def _standin(bundle, **kw):
 
 def test_a_speculating_server_that_diverges_is_named_with_position_and_margin(good, four_prompts, capsys):
     with _standin(good, argmax=False) as srv, _standin(good, speculative=False, name="baseline") as base:
-        code, r = _verify(capsys, good, "--endpoint", srv.url, "--baseline", base.url, "--prompts", four_prompts,
-                          *ONE_LEVEL)
+        code, r = _verify(
+            capsys, good, "--endpoint", srv.url, "--baseline", base.url, "--prompts", four_prompts, *ONE_LEVEL
+        )
     checks = _by_name(r)
     assert code == 1 and "lossless" in r["failed"]
     bugs = [p for p in checks["lossless"]["details"]["prompts"] if p.get("verdict") == "bug"]
@@ -186,7 +201,7 @@ def test_a_speculating_server_that_diverges_is_named_with_position_and_margin(go
     assert f"at token {bugs[0]['position']}" in summary and "a bug" in summary
     # what the stand-in reports through trtllm-serve's iteration stats is read
     assert r["stack"] == "trtllm" and checks["memory"]["status"] == "pass" and checks["schedule"]["status"] == "pass"
-    assert checks["acceptance"]["details"]["source"] == "trtllm server metrics"   # sampled drafts: τ falls too
+    assert checks["acceptance"]["details"]["source"] == "trtllm server metrics"  # sampled drafts: τ falls too
 
 
 @pytest.mark.slow
@@ -206,8 +221,9 @@ def test_a_good_trtllm_deployment_passes_with_acceptance_files(good, tmp_path, c
 def test_trtllm_acceptance_files_show_the_collapse_per_position(other_drafter, tmp_path, capsys):
     stats = tmp_path / "accept"
     with _standin(other_drafter, accept_stats_dir=stats) as srv, _standin(other_drafter, speculative=False) as base:
-        code, r = _verify(capsys, other_drafter, "--endpoint", srv.url, "--baseline", base.url, "--accept-stats",
-                          stats, *FAST)
+        code, r = _verify(
+            capsys, other_drafter, "--endpoint", srv.url, "--baseline", base.url, "--accept-stats", stats, *FAST
+        )
     acc = _by_name(r)["acceptance"]
     assert code == 1 and r["failed"] == ["acceptance"] and acc["details"]["source"] == "acceptance files"
     assert acc["details"]["per_position_acceptance"][0] < 0.3
@@ -251,7 +267,7 @@ def test_schedule_and_memory_rules():
     from dflash_trt import plan as P
     from dflash_trt.bench.verify_server import Window
 
-    tiny = deploy.plan_resolved(deploy.resolve_recipe(P.load_recipe("tiny", [])))   # a real plan, its rows then set
+    tiny = deploy.plan_resolved(deploy.resolve_recipe(P.load_recipe("tiny", [])))  # a real plan, its rows then set
     runs = [ingest.DraftRun(batch_from=a, batch_to=b, draft_len=n) for a, b, n in ((1, 2, 7), (3, 4, 3))]
     plan = tiny.model_copy(update={"max_draft_len": 7, "draft_lengths": runs})
     ok = Window("trtllm", draft_rounds={(1, 7): 5, (4, 3): 2})
@@ -259,10 +275,22 @@ def test_schedule_and_memory_rules():
     bad = V.check_served_schedule([{"concurrency": 4}], [Window("trtllm", draft_rounds={(4, 7): 2})], plan)
     assert bad["status"] == "fail" and "drafts 7 tokens with 4 live rows; the plan says 3" in bad["summary"]
     assert V.check_served_schedule([{"concurrency": 1}], [Window()], plan)["status"] == "not measured"
-    mem = tiny.model_copy(update={"memory": ingest.PlanMemory(weights=20 << 30, drafter=0, drafter_arena=0,
-                                                              kv_cache=10 << 30, activations=0, reserve=0,
-                                                              capacity=80 << 30, total=30 << 30, fits=True,
-                                                              missing=0)})
+    mem = tiny.model_copy(
+        update={
+            "memory": ingest.PlanMemory(
+                weights=20 << 30,
+                drafter=0,
+                drafter_arena=0,
+                kv_cache=10 << 30,
+                activations=0,
+                reserve=0,
+                capacity=80 << 30,
+                total=30 << 30,
+                fits=True,
+                missing=0,
+            )
+        }
+    )
     cfg = {"kv_cache_config": {"free_gpu_memory_fraction": 0.5}}
     # rest 20 GiB + a pool of half of the 60 GiB free = 50 GiB expected
     assert V.check_memory(Window(gpu_memory=52 << 30), mem, cfg)["status"] == "pass"
@@ -286,9 +314,9 @@ def test_the_trap_probe_names_a_server_that_walks_into_the_zero_draft_trap(good,
     assert code == 1 and "trap" in r["failed"], trap
     assert trap["status"] == "fail" and "zero-draft trap" in trap["summary"] and "PR #16888" in trap["summary"]
     d = trap["details"]
-    assert d["load_concurrency"] == 9 and standin.zero_steps > 0    # it stopped drafting under the load
+    assert d["load_concurrency"] == 9 and standin.zero_steps > 0  # it stopped drafting under the load
     assert d["low_acceptance_length"] - 1 < 0.5 * (d["expected_acceptance_length"] - 1)
-    assert _by_name(r)["lossless"]["status"] == "pass"        # output stays correct: only acceptance falls
+    assert _by_name(r)["lossless"]["status"] == "pass"  # output stays correct: only acceptance falls
 
 
 def test_the_trap_probe_passes_the_fixed_release_and_the_embedded_server(good, four_prompts):
@@ -304,8 +332,9 @@ def test_the_trap_probe_passes_the_fixed_release_and_the_embedded_server(good, f
 
     b = ingest.open_bundle(good)
     plan, config = b.manifest.plan, yaml.safe_load(b.trtllm_config.read_text())
-    prompts = [json.loads(line)["prompt"] for line in four_prompts.read_text().splitlines()
-               if "prompt" in json.loads(line)]
+    prompts = [
+        json.loads(line)["prompt"] for line in four_prompts.read_text().splitlines() if "prompt" in json.loads(line)
+    ]
     with ServerThread(standin_app(TrapStandIn(good, top=2, floor=1))) as srv:
         trap = verify_trap.probe(srv.url, plan, config, prompts=prompts, max_tokens=16)
     assert trap["status"] == "pass", trap
@@ -313,14 +342,17 @@ def test_the_trap_probe_passes_the_fixed_release_and_the_embedded_server(good, f
     with ServerThread(create_app(pair, "tiny", max_batch=4)) as srv:
         trap = verify_trap.probe(srv.url, plan, config, prompts=prompts, max_tokens=16)
     assert trap["status"] == "pass", trap
-    assert any(k.endswith(":0") for k in trap["details"]["load_draft_rounds"])   # it did stop drafting
+    assert any(k.endswith(":0") for k in trap["details"]["load_draft_rounds"])  # it did stop drafting
 
 
-@pytest.mark.parametrize("argv", [
-    ["verify", "{b}", "--endpoint", "http://127.0.0.1:9"],
-    ["bench", "{b}", "--endpoint", "http://127.0.0.1:9"],
-    ["tune", "{b}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["verify", "{b}", "--endpoint", "http://127.0.0.1:9"],
+        ["bench", "{b}", "--endpoint", "http://127.0.0.1:9"],
+        ["tune", "{b}"],
+    ],
+)
 def test_a_config_with_the_speculation_gate_is_not_measured(good, tmp_path, argv, capsys):
     """acceptance_rate_threshold switches speculation off server-wide for good: no measurement run has it."""
     b = shutil.copytree(good, tmp_path / "b")

@@ -54,7 +54,7 @@ class _TurnLock:
 class TrapStandIn(StandIn):
     def __init__(self, bundle, *, top: int, segment: int = 16, floor: int = 0, **kw):
         super().__init__(bundle, **kw)
-        self.lock = _TurnLock()   # segments in turn (see _TurnLock)
+        self.lock = _TurnLock()  # segments in turn (see _TurnLock)
         self.top, self.segment, self.floor = top, segment, floor
         self.zero_steps = 0
         self.stale = copy.deepcopy(self.pair.drafter)
@@ -76,11 +76,23 @@ class TrapStandIn(StandIn):
             with self.count_lock:
                 self.in_flight -= 1
         text = self.pair.decode(out)
-        choice = {"index": 0, "text": text, "finish_reason": "length",
-                  "logprobs": self._logprobs(prompt_ids, out, logprobs) if logprobs else None}
-        return {"id": f"cmpl-{self.iter}", "object": "text_completion", "model": self.name, "choices": [choice],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out),
-                          "total_tokens": len(prompt_ids) + len(out)}}
+        choice = {
+            "index": 0,
+            "text": text,
+            "finish_reason": "length",
+            "logprobs": self._logprobs(prompt_ids, out, logprobs) if logprobs else None,
+        }
+        return {
+            "id": f"cmpl-{self.iter}",
+            "object": "text_completion",
+            "model": self.name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(out),
+                "total_tokens": len(prompt_ids) + len(out),
+            },
+        }
 
     def _segment(self, ids: list[int], out: list[int], max_tokens: int, seen: int) -> bool:
         """One segment of a request; True when it stopped."""
@@ -90,8 +102,15 @@ class TrapStandIn(StandIn):
             self.zero_steps += 1
         drafter = self.stale if (self.zero_steps > seen and L) else self.pair.drafter
         start = time.perf_counter()
-        gen = generate(self.pair.target, drafter, [ids + out], max_new_tokens=min(self.segment, max_tokens - len(out)),
-                       sampling=SamplingParams(temperature=0.0), block_size=L + 1, stop_token_ids=[])
+        gen = generate(
+            self.pair.target,
+            drafter,
+            [ids + out],
+            max_new_tokens=min(self.segment, max_tokens - len(out)),
+            sampling=SamplingParams(temperature=0.0),
+            block_size=L + 1,
+            stop_token_ids=[],
+        )
         out += list(gen.token_ids[0])
         self._record(gen.stats, L, batch, 1e3 * (time.perf_counter() - start))
         return not gen.token_ids[0]

@@ -39,12 +39,20 @@ from dflash_trt.runtime import SamplingParams, draft_len_for_batch_size, generat
 
 
 class StandIn:
-    def __init__(self, bundle: Path, *, speculative: bool = True, argmax: bool = True, gpu_memory: int | None = None,
-                 accept_stats_dir: Path | None = None, name: str = "trtllm-model"):
+    def __init__(
+        self,
+        bundle: Path,
+        *,
+        speculative: bool = True,
+        argmax: bool = True,
+        gpu_memory: int | None = None,
+        accept_stats_dir: Path | None = None,
+        name: str = "trtllm-model",
+    ):
         from dflash_trt.ingest import open_bundle
 
         self.pair = load_bundle(bundle, dtype="float32")
-        planned = open_bundle(bundle).manifest.plan.memory.total   # default: what the plan says it uses
+        planned = open_bundle(bundle).manifest.plan.memory.total  # default: what the plan says it uses
         self.speculative, self.argmax, self.gpu_memory, self.name = speculative, argmax, gpu_memory or planned, name
         self.stats_dir = accept_stats_dir
         self.max_draft_len = self.pair.drafter.cfg.block_size - 1
@@ -69,43 +77,80 @@ class StandIn:
         L = draft_len_for_batch_size(self.pair.draft_len_schedule, batch, self.max_draft_len) if self.speculative else 0
         sampling = SamplingParams(temperature=temperature or (0.0 if self.argmax else 1.0), seed=len(ids))
         start = time.perf_counter()
-        gen = generate(self.pair.target, self.pair.drafter, [ids], max_new_tokens=max_tokens, sampling=sampling,
-                       block_size=L + 1, stop_token_ids=self.pair.stop_token_ids)
+        gen = generate(
+            self.pair.target,
+            self.pair.drafter,
+            [ids],
+            max_new_tokens=max_tokens,
+            sampling=sampling,
+            block_size=L + 1,
+            stop_token_ids=self.pair.stop_token_ids,
+        )
         out = list(gen.token_ids[0])
         self._record(gen.stats, L, batch, 1e3 * (time.perf_counter() - start))
         text = self.pair.decode(out)
         choice = {"index": 0, "text": text, "finish_reason": gen.finish_reasons[0], "logprobs": None}
         if k:
             choice["logprobs"] = self._logprobs(ids, out, k)
-        return {"id": f"cmpl-{self.iter}", "object": "text_completion", "model": self.name, "choices": [choice],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out),
-                          "total_tokens": len(ids) + len(out)}}
+        return {
+            "id": f"cmpl-{self.iter}",
+            "object": "text_completion",
+            "model": self.name,
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out), "total_tokens": len(ids) + len(out)},
+        }
 
     def _logprobs(self, ids: list[int], out: list[int], k: int) -> dict:
-        seq = torch.tensor([ids + out])                                            # [1, P + N]
-        logp = torch.log_softmax(self.pair.target.model(seq).logits[0, len(ids) - 1:-1].float(), -1)  # [N, V]
+        seq = torch.tensor([ids + out])  # [1, P + N]
+        logp = torch.log_softmax(self.pair.target.model(seq).logits[0, len(ids) - 1 : -1].float(), -1)  # [N, V]
         top = logp.topk(k, -1)
         word = lambda t: self.pair.tokenizer.decode([int(t)])  # noqa: E731
-        return {"tokens": [word(t) for t in out], "token_logprobs": [float(logp[i, t]) for i, t in enumerate(out)],
-                "top_logprobs": [{word(t): float(v) for t, v in zip(top.indices[i], top.values[i], strict=True)}
-                                 for i in range(len(out))],
-                "text_offset": [0] * len(out)}
+        return {
+            "tokens": [word(t) for t in out],
+            "token_logprobs": [float(logp[i, t]) for i, t in enumerate(out)],
+            "top_logprobs": [
+                {word(t): float(v) for t, v in zip(top.indices[i], top.values[i], strict=True)} for i in range(len(out))
+            ],
+            "text_offset": [0] * len(out),
+        }
 
     def _record(self, stats, L: int, batch: int, ms: float) -> None:
         self.iter += 1
-        row = {"iter": self.iter, "iterLatencyMS": ms, "gpuMemUsage": self.gpu_memory, "cpuMemUsage": 1 << 30,
-               "numActiveRequests": batch, "attentionDpRank": 0,
-               "inflightBatchingStats": {"numScheduledRequests": batch, "numContextRequests": 0,
-                                         "numGenRequests": batch, "numPausedRequests": 0, "numCtxTokens": 0},
-               "kvCacheStats": {"maxNumBlocks": 1000, "usedNumBlocks": 10, "freeNumBlocks": 990, "tokensPerBlock": 32,
-                                "allocNewBlocks": 1, "allocTotalBlocks": 10, "reusedBlocks": 0, "cacheHitRate": 0.0}}
+        row = {
+            "iter": self.iter,
+            "iterLatencyMS": ms,
+            "gpuMemUsage": self.gpu_memory,
+            "cpuMemUsage": 1 << 30,
+            "numActiveRequests": batch,
+            "attentionDpRank": 0,
+            "inflightBatchingStats": {
+                "numScheduledRequests": batch,
+                "numContextRequests": 0,
+                "numGenRequests": batch,
+                "numPausedRequests": 0,
+                "numCtxTokens": 0,
+            },
+            "kvCacheStats": {
+                "maxNumBlocks": 1000,
+                "usedNumBlocks": 10,
+                "freeNumBlocks": 990,
+                "tokensPerBlock": 32,
+                "allocNewBlocks": 1,
+                "allocTotalBlocks": 10,
+                "reusedBlocks": 0,
+                "cacheHitRate": 0.0,
+            },
+        }
         if L and stats.rounds:
-            row["specDecodingStats"] = {"numDraftTokens": L * stats.rounds,
-                                        "numAcceptedTokens": stats.committed - stats.rounds,
-                                        "numRequestsWithDraftTokens": stats.rounds,
-                                        "acceptanceLength": stats.committed / stats.rounds,
-                                        "iterLatencyMS": ms, "draftOverhead": 0.0}
-            acc = [stats.rounds] + list(stats.accepted_at[:L]) + [0]     # rounds with >= a accepted, a = 0..L+1
+            row["specDecodingStats"] = {
+                "numDraftTokens": L * stats.rounds,
+                "numAcceptedTokens": stats.committed - stats.rounds,
+                "numRequestsWithDraftTokens": stats.rounds,
+                "acceptanceLength": stats.committed / stats.rounds,
+                "iterLatencyMS": ms,
+                "draftOverhead": 0.0,
+            }
+            acc = [stats.rounds] + list(stats.accepted_at[:L]) + [0]  # rounds with >= a accepted, a = 0..L+1
             for a in range(L + 1):
                 self.hist[a] += acc[a] - acc[a + 1]
             self._flush()
@@ -115,9 +160,14 @@ class StandIn:
         if self.stats_dir is None:
             return
         self.stats_dir.mkdir(parents=True, exist_ok=True)
-        snap = {"rank": 0, "max_draft_len": self.max_draft_len, "num_steps": sum(self.hist),
-                "accepted_draft_hist": list(self.hist), "per_request": {},
-                "confidence_calibration": {"num_bins": 20, "attempts": [], "accepted": []}}
+        snap = {
+            "rank": 0,
+            "max_draft_len": self.max_draft_len,
+            "num_steps": sum(self.hist),
+            "accepted_draft_hist": list(self.hist),
+            "per_request": {},
+            "confidence_calibration": {"num_bins": 20, "attempts": [], "accepted": []},
+        }
         (self.stats_dir / "dflash_accept_stats_rank0.json").write_text(json.dumps(snap))
 
     def take_rows(self) -> list[dict]:
@@ -150,8 +200,13 @@ def create_app(standin: StandIn):
         body = await request.json()
         prompt = body["prompt"]
         ids = prompt if isinstance(prompt, list) else standin.pair.tokenizer(prompt)["input_ids"]
-        out = await asyncio.to_thread(standin.complete, ids, int(body.get("max_tokens") or 16),
-                                      float(body.get("temperature", 1.0)), body.get("logprobs"))
+        out = await asyncio.to_thread(
+            standin.complete,
+            ids,
+            int(body.get("max_tokens") or 16),
+            float(body.get("temperature", 1.0)),
+            body.get("logprobs"),
+        )
         if not body.get("stream"):
             return out
         from fastapi.responses import StreamingResponse

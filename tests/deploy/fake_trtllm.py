@@ -22,32 +22,52 @@ import textwrap
 from pathlib import Path
 
 DFLASH_FIELDS = {  # DFlashDecodingConfig at 1.4.0rc1 (its API page), DecodingBaseConfig's included
-    "max_draft_len": "int | None = Field(None, ge=0)", "max_total_draft_tokens": "int | None = None",
-    "speculative_model": "str | None = None", "moe_backend": "str | None = None",
-    "max_concurrency": "int | None = Field(None, gt=0)", "draft_len_schedule": "dict[int, int] | None = None",
-    "load_format": "str | None = None", "acceptance_rate_window_size": "int | None = None",
-    "acceptance_rate_threshold": "float | None = None", "use_rejection_sampling": "bool = False",
-    "allow_advanced_sampling": "bool = False", "advanced_sampling_mode": "str = 'full'",
-    "enable_penalty": "bool = False", "spec_dec_variant": "int | None = None", "mask_token_id": "int | None = None",
-    "target_layer_ids": "list[int] | None = None", "context_recompute_tail": "int | None = 0",
+    "max_draft_len": "int | None = Field(None, ge=0)",
+    "max_total_draft_tokens": "int | None = None",
+    "speculative_model": "str | None = None",
+    "moe_backend": "str | None = None",
+    "max_concurrency": "int | None = Field(None, gt=0)",
+    "draft_len_schedule": "dict[int, int] | None = None",
+    "load_format": "str | None = None",
+    "acceptance_rate_window_size": "int | None = None",
+    "acceptance_rate_threshold": "float | None = None",
+    "use_rejection_sampling": "bool = False",
+    "allow_advanced_sampling": "bool = False",
+    "advanced_sampling_mode": "str = 'full'",
+    "enable_penalty": "bool = False",
+    "spec_dec_variant": "int | None = None",
+    "mask_token_id": "int | None = None",
+    "target_layer_ids": "list[int] | None = None",
+    "context_recompute_tail": "int | None = 0",
     "decoding_type": "Literal['DFlash'] = 'DFlash'",
     "attention_backend": "Literal['VANILLA', 'TRTLLM', 'FA4'] = 'VANILLA'",
     "skip_ctx_buffer_budget_check": "bool = False",
 }
 LLM_ARGS_FIELDS = {  # TorchLlmArgs keys a DFlash bundle writes (and the disaggregated one)
-    "model": "str", "tensor_parallel_size": "int = 1", "moe_expert_parallel_size": "int | None = None",
-    "max_batch_size": "int | None = None", "max_num_tokens": "int | None = None", "max_seq_len": "int | None = None",
-    "enable_chunked_prefill": "bool = False", "attn_backend": "str = 'TRTLLM'",
-    "disable_overlap_scheduler": "bool = False", "trust_remote_code": "bool = False",
+    "model": "str",
+    "tensor_parallel_size": "int = 1",
+    "moe_expert_parallel_size": "int | None = None",
+    "max_batch_size": "int | None = None",
+    "max_num_tokens": "int | None = None",
+    "max_seq_len": "int | None = None",
+    "enable_chunked_prefill": "bool = False",
+    "attn_backend": "str = 'TRTLLM'",
+    "disable_overlap_scheduler": "bool = False",
+    "trust_remote_code": "bool = False",
     "enable_iter_perf_stats": "bool = False",
     "cuda_graph_config": "CudaGraphConfig | None = Field(default_factory=CudaGraphConfig)",
-    "moe_config": "MoeConfig | None = None", "kv_cache_config": "KvCacheConfig = Field(default_factory=KvCacheConfig)",
-    "speculative_config": "DFlashDecodingConfig | None = None", "disable_mm_encoder": "bool = False",
+    "moe_config": "MoeConfig | None = None",
+    "kv_cache_config": "KvCacheConfig = Field(default_factory=KvCacheConfig)",
+    "speculative_config": "DFlashDecodingConfig | None = None",
+    "disable_mm_encoder": "bool = False",
     "cache_transceiver_config": "dict | None = None",
 }
 KV_FIELDS = {
-    "dtype": "str = 'auto'", "free_gpu_memory_fraction": "float | None = None", "enable_block_reuse": "bool = True",
-    "max_tokens": "int | None = None", "tokens_per_block": "int = 32",
+    "dtype": "str = 'auto'",
+    "free_gpu_memory_fraction": "float | None = None",
+    "enable_block_reuse": "bool = True",
+    "max_tokens": "int | None = None",
+    "tokens_per_block": "int = 32",
     "mamba_ssm_cache_dtype": "Literal['auto', 'float16', 'bfloat16', 'float32'] = 'auto'",
 }
 
@@ -57,17 +77,25 @@ def _fields(cls: str, fields: dict[str, str], drop: set[str], add: dict[str, str
     return "\n".join(f"    {k}: {v}" for k, v in fields.items() if f"{cls}.{k}" not in drop) or "    pass"
 
 
-def write(root: Path, version: str, drop: tuple[str, ...] = (), old_layout: bool = False,
-          add: dict[str, str] | None = None, commit: str | None = None) -> Path:
+def write(
+    root: Path,
+    version: str,
+    drop: tuple[str, ...] = (),
+    old_layout: bool = False,
+    add: dict[str, str] | None = None,
+    commit: str | None = None,
+) -> Path:
     """Write the package under ``root`` (a sys.path entry); returns ``root``."""
     pkg = root / "tensorrt_llm"
     (pkg / "llmapi").mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text("IMPORTED = True\n")
-    (pkg / "version.py").write_text(f'__version__ = "{version}"\n'
-                                    + (f'__git_commit__ = "{commit}"\n' if commit else ""))
+    (pkg / "version.py").write_text(
+        f'__version__ = "{version}"\n' + (f'__git_commit__ = "{commit}"\n' if commit else "")
+    )
     (pkg / "llmapi" / "__init__.py").write_text("from .llm_args import DFlashDecodingConfig, TorchLlmArgs\n")
     d = set(drop)
-    (pkg / "llmapi" / "llm_args.py").write_text(textwrap.dedent('''\
+    (pkg / "llmapi" / "llm_args.py").write_text(
+        textwrap.dedent("""\
         from __future__ import annotations
         from typing import Literal
         from pydantic import BaseModel, ConfigDict, Field
@@ -125,10 +153,13 @@ def write(root: Path, version: str, drop: tuple[str, ...] = (), old_layout: bool
                     else:
                         llm_args_dict[name] = kind(**llm_args_dict[name])
             return llm_args | llm_args_dict
-        ''').format(kv=_fields("KvCacheConfig", KV_FIELDS, d, add),
-                    base=_fields("DecodingBaseConfig", {}, d, add),
-                    dflash=_fields("DFlashDecodingConfig", DFLASH_FIELDS, d, add),
-                    args=_fields("TorchLlmArgs", LLM_ARGS_FIELDS, d, add)))
+        """).format(
+            kv=_fields("KvCacheConfig", KV_FIELDS, d, add),
+            base=_fields("DecodingBaseConfig", {}, d, add),
+            dflash=_fields("DFlashDecodingConfig", DFLASH_FIELDS, d, add),
+            args=_fields("TorchLlmArgs", LLM_ARGS_FIELDS, d, add),
+        )
+    )
     utils = pkg / "llmapi" / "llm_utils.py"
     if old_layout:
         utils.unlink(missing_ok=True)

@@ -56,6 +56,7 @@ def _edit(bundle: Path, fn) -> None:
 
 # ---- build --force -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["../elsewhere/victim.txt", "target/../../elsewhere/victim.txt", "ABS"])
 def test_force_deletes_nothing_a_climbing_manifest_names(bundle, victim, capsys, name):
     name = str(victim / "victim.txt") if name == "ABS" else name
@@ -67,7 +68,7 @@ def test_force_deletes_nothing_a_climbing_manifest_names(bundle, victim, capsys,
 
 
 def test_force_never_deletes_through_a_symlinked_directory(bundle, victim, capsys):
-    shutil.copytree(bundle / "target", victim / "target")   # the old bundle's target/, now a link to elsewhere
+    shutil.copytree(bundle / "target", victim / "target")  # the old bundle's target/, now a link to elsewhere
     shutil.rmtree(bundle / "target")
     (bundle / "target").symlink_to(victim / "target")
     before = _tree(victim)
@@ -86,7 +87,7 @@ def test_a_checkpoints_symlinks_are_followed_only_into_its_store(tmp_path, victi
     for f in src.iterdir():
         shutil.copyfile(f, blobs / f.name)
         (snap / f.name).symlink_to(Path("../../blobs") / f.name)
-    os.chmod(blobs / "training.json", 0o600)   # a file its owner keeps private stays private
+    os.chmod(blobs / "training.json", 0o600)  # a file its owner keeps private stays private
     flags = ["-t", str(snap), "-d", "embedded:tiny/drafter", "--set", "serving.max_seq_len=1024"]
     assert run(["build", *flags, "-o", str(tmp_path / "ok")]) == 0, capsys.readouterr().err
     assert stat.S_IMODE((tmp_path / "ok" / "target" / "training.json").stat().st_mode) == 0o600
@@ -103,7 +104,7 @@ def test_a_checkpoints_symlinks_are_followed_only_into_its_store(tmp_path, victi
     errors = [line for line in out.splitlines() if not line.startswith("warning: ")]
     assert len(errors) == 1 and errors[0].startswith("error: "), out
     assert "outside the checkpoint" in errors[0] and not (tmp_path / "no").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".no")]   # no partial, no lock left
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".no")]  # no partial, no lock left
 
 
 def test_a_drafters_link_out_of_its_checkpoint_is_refused_before_anything_is_written(tmp_path, victim, capsys):
@@ -117,9 +118,15 @@ def test_a_drafters_link_out_of_its_checkpoint_is_refused_before_anything_is_wri
 
 # ---- the bundle checks itself --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field, value", [(("reference_runtime", "target"), "../elsewhere"),
-                                          (("reference_runtime", "drafter"), "ABS"),
-                                          (("outputs", "trtllm_config"), "trtllm/../../elsewhere/victim.txt")])
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        (("reference_runtime", "target"), "../elsewhere"),
+        (("reference_runtime", "drafter"), "ABS"),
+        (("outputs", "trtllm_config"), "trtllm/../../elsewhere/victim.txt"),
+    ],
+)
 def test_a_manifest_path_outside_the_bundle_is_refused_by_every_reader(bundle, victim, capsys, field, value):
     shutil.copytree(bundle / "target", victim / "target")
     value = str(victim / "target") if value == "ABS" else value
@@ -137,22 +144,25 @@ def test_a_symlink_leading_out_of_the_bundle_is_refused(bundle, victim, capsys):
     assert "symlink leading outside the bundle" in err
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda m: m["trtllm"].update(release="1.3.0"), "manifest trtllm.release is '1.3.0', trtllm/serve.sh says"),
-    (lambda m: m["gpu"].update(sm=90), "manifest gpu.sm is '90'"),
-    (lambda m: m["serve"].update(tp_size=4), "manifest serve.tp_size is 4, trtllm/config.yaml says 1"),
-    (lambda m: m["serve"].update(max_seq_len=99), "manifest serve.max_seq_len is 99"),
-    (lambda m: m["drafter"].update(target_layer_ids=[1, 2, 3]), "manifest drafter.target_layer_ids"),
-    (lambda m: m["serve"].update(chat_template_sha256="0" * 64), "manifest serve.chat_template_sha256"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda m: m["trtllm"].update(release="1.3.0"), "manifest trtllm.release is '1.3.0', trtllm/serve.sh says"),
+        (lambda m: m["gpu"].update(sm=90), "manifest gpu.sm is '90'"),
+        (lambda m: m["serve"].update(tp_size=4), "manifest serve.tp_size is 4, trtllm/config.yaml says 1"),
+        (lambda m: m["serve"].update(max_seq_len=99), "manifest serve.max_seq_len is 99"),
+        (lambda m: m["drafter"].update(target_layer_ids=[1, 2, 3]), "manifest drafter.target_layer_ids"),
+        (lambda m: m["serve"].update(chat_template_sha256="0" * 64), "manifest serve.chat_template_sha256"),
+    ],
+)
 def test_verify_checks_the_manifests_own_settings_against_its_files(bundle, capsys, edit, needle):
-    assert run(["verify", str(bundle), "--json"]) == 0   # as built: every setting agrees
+    assert run(["verify", str(bundle), "--json"]) == 0  # as built: every setting agrees
     capsys.readouterr()
     _edit(bundle, edit)
     assert run(["verify", str(bundle), "--json"]) == 1
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["manifest"]["status"] == "fail" and needle in checks["manifest"]["summary"]
-    assert checks["files"]["status"] == "pass"   # the manifest is checked against its files, not sealed
+    assert checks["files"]["status"] == "pass"  # the manifest is checked against its files, not sealed
 
 
 @pytest.mark.parametrize("how", ["changed", "added", "missing"])
@@ -160,7 +170,7 @@ def test_generate_refuses_weights_that_are_not_as_built(bundle, capsys, how):
     f = bundle / "drafter" / "model.safetensors"
     if how == "changed":
         data = bytearray(f.read_bytes())
-        data[-3] ^= 1          # one bit of a tensor: headers still read
+        data[-3] ^= 1  # one bit of a tensor: headers still read
         f.write_bytes(bytes(data))
     elif how == "added":
         shutil.copyfile(f, bundle / "drafter" / "extra.safetensors")
@@ -171,7 +181,7 @@ def test_generate_refuses_weights_that_are_not_as_built(bundle, capsys, how):
     assert {"changed": "sha256 differs", "added": "not in the manifest", "missing": "missing"}[how] in err
 
 
-@pytest.mark.slow   # a server process (torch imported again): generate above covers the same load path by default
+@pytest.mark.slow  # a server process (torch imported again): generate above covers the same load path by default
 def test_serve_refuses_weights_that_are_not_as_built(bundle):
     import subprocess
     import sys
@@ -182,15 +192,20 @@ def test_serve_refuses_weights_that_are_not_as_built(bundle):
     data = bytearray(f.read_bytes())
     data[-3] ^= 1
     f.write_bytes(bytes(data))
-    proc = subprocess.run([sys.executable, "-m", "dflash_trt", "serve", str(bundle), "--server", "embedded",
-                           "--port", str(free_port())], env=subprocess_env(), capture_output=True, text=True,
-                          timeout=120)   # serving instead of refusing: a timeout, not a hang
+    proc = subprocess.run(
+        [sys.executable, "-m", "dflash_trt", "serve", str(bundle), "--server", "embedded", "--port", str(free_port())],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # serving instead of refusing: a timeout, not a hang
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1, err
     assert "what would be loaded is not what was built" in err
 
 
 # ---- tune, --plot, recipes copy, train-drafter ---------------------------------------------------------
+
 
 def test_tune_writes_nothing_through_a_symlinked_directory(bundle, victim, capsys):
     shutil.copytree(bundle / "trtllm", victim / "trtllm")
@@ -207,7 +222,7 @@ def test_tunes_prev_copy_replaces_a_link_never_writes_through_it(bundle):
 
     weights = bundle / "target" / "model.safetensors"
     before = weights.read_bytes()
-    (bundle / "trtllm" / "config.yaml.prev").symlink_to("../target/model.safetensors")   # inside: opens fine
+    (bundle / "trtllm" / "config.yaml.prev").symlink_to("../target/model.safetensors")  # inside: opens fine
     config = bundle / "trtllm" / "config.yaml"
     old = config.read_text()
     T.commit(bundle, {config: old + "# tuned\n"})
@@ -221,7 +236,7 @@ def test_plot_and_its_results_replace_a_symlink_never_write_through_it(tmp_path,
 
     plot = tmp_path / "p.png"
     plot.symlink_to(victim / "victim.txt")
-    (tmp_path / "p.json").symlink_to(victim / "other.txt")   # dangling: would create a file elsewhere
+    (tmp_path / "p.json").symlink_to(victim / "other.txt")  # dangling: would create a file elsewhere
     assert save_then_plot({"r": 1}, plot, lambda p: Path(p).write_bytes(b"\x89PNG")) is None
     assert (victim / "victim.txt").read_text() == "precious" and not (victim / "other.txt").exists()
     assert not plot.is_symlink() and plot.read_bytes() == b"\x89PNG"
@@ -245,8 +260,22 @@ def test_train_drafter_refuses_a_symlinked_work_directory(tmp_path, victim, caps
     out = tmp_path / "drafter"
     out.mkdir()
     (out / ".train").symlink_to(victim)
-    err = _one_line(capsys, run(["train-drafter", "-t", "embedded:tiny/target", "--data",
-                                 str(embedded_dir("tiny") / "heldout_prompts.jsonl"), "-o", str(out), "--steps", "1"]))
+    err = _one_line(
+        capsys,
+        run(
+            [
+                "train-drafter",
+                "-t",
+                "embedded:tiny/target",
+                "--data",
+                str(embedded_dir("tiny") / "heldout_prompts.jsonl"),
+                "-o",
+                str(out),
+                "--steps",
+                "1",
+            ]
+        ),
+    )
     assert ".train" in err and "symlink" in err
     assert _tree(victim) == {"victim.txt": b"precious"}
 
@@ -254,7 +283,7 @@ def test_train_drafter_refuses_a_symlinked_work_directory(tmp_path, victim, caps
 def test_train_json_replaces_a_symlink_never_writes_through_it(tmp_path, victim):
     from dflash_trt.train.checkpoint import write_json
 
-    (tmp_path / "training.json.tmp").symlink_to(victim / "victim.txt")   # a link planted at the temporary name
+    (tmp_path / "training.json.tmp").symlink_to(victim / "victim.txt")  # a link planted at the temporary name
     (tmp_path / "training.json").symlink_to(victim / "victim.txt")
     write_json(tmp_path / "training.json", {"step": 1})
     assert (victim / "victim.txt").read_text() == "precious"

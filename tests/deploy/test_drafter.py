@@ -31,18 +31,18 @@ def _drafts(target_model, drafter, batch):
 
 
 def test_sorting_target_layers_permutes_fc_and_keeps_the_drafts():
-    model = tiny_target(layers=4)                                     # float64: no summation-order noise
+    model = tiny_target(layers=4)  # float64: no summation-order noise
     drafter = tiny_drafter(model, target_layer_ids=[2, 0, 1])
     batch = prompts(3, seed=4)
     before = _drafts(model, drafter, batch)
-    fresh = tiny_drafter(model, target_layer_ids=[2, 0, 1])          # same seed: the same weights
+    fresh = tiny_drafter(model, target_layer_ids=[2, 0, 1])  # same seed: the same weights
     sorted_ = bundle_drafter.sort_target_layers(fresh)
     assert sorted_.cfg.target_layer_ids == [0, 1, 2] and sorted_.dtype == torch.float64
     H = model.config.hidden_size
     w, v = fresh.fc.weight, sorted_.fc.weight
-    assert torch.equal(v[:, 0:H], w[:, H:2 * H]) and torch.equal(v[:, 2 * H:], w[:, 0:H])  # layer 0 was tap 1
+    assert torch.equal(v[:, 0:H], w[:, H : 2 * H]) and torch.equal(v[:, 2 * H :], w[:, 0:H])  # layer 0 was tap 1
     after = _drafts(model, sorted_, batch)
-    assert after == before and len(before[0]) > 3                    # drafts, outputs, acceptance: identical
+    assert after == before and len(before[0]) > 3  # drafts, outputs, acceptance: identical
     assert not torch.equal(sorted_.fc.weight, fresh.fc.weight)
 
 

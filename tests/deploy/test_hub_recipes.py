@@ -21,8 +21,15 @@ from dflash_trt.errors import DFlashError, RecipeError
 from dflash_trt.plan import published
 from dflash_trt.plan import recipe as R
 
-NVFP4 = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None,
-                                                            "group_size": 16, "exclude_modules": ["lm_head"]}}
+NVFP4 = {
+    "producer": {"name": "modelopt"},
+    "quantization": {
+        "quant_algo": "NVFP4",
+        "kv_cache_quant_algo": None,
+        "group_size": 16,
+        "exclude_modules": ["lm_head"],
+    },
+}
 
 
 def _snapshot(cache: Path, repo: str, revision: str | None, files: dict[str, dict]) -> Path:
@@ -56,8 +63,12 @@ def offline_cache(tmp_path, monkeypatch):
 
 def _qwen35(r):
     target = _config(r, "target")
-    target["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_block_size": [128, 128]}
+    target["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    }
     return {"config.json": target}, {"config.json": _config(r, "drafter")}
 
 
@@ -100,7 +111,7 @@ def test_a_hub_only_recipe_plans_from_the_local_cache(name, offline_cache):
     dsnap = _snapshot(offline_cache, r.drafter.id, r.drafter.revision, dfiles)
     res = pipeline.resolve_recipe(_short(r))
     assert any(ref.revision and len(ref.revision) == 8 for ref in (r.target, r.drafter))
-    assert res.target_dir == tsnap and res.drafter_dir == dsnap   # short prefixes found their snapshots
+    assert res.target_dir == tsnap and res.drafter_dir == dsnap  # short prefixes found their snapshots
     p = pipeline.plan_resolved(res)
     assert 1 <= p.max_draft_len < p.block_size
 
@@ -112,7 +123,7 @@ def test_offline_with_nothing_cached_refuses_in_one_line(name, offline_cache):
         pipeline.resolve_recipe(r)
     msg = str(exc.value)
     assert "\n" not in msg and "--target DIR --drafter DIR" in msg
-    for role in ("target", "drafter"):   # every model whose configs lack fields: its fields, its fetch
+    for role in ("target", "drafter"):  # every model whose configs lack fields: its fields, its fetch
         if published.lacking(r, role):
             assert published.lacking(r, role)[0] in msg and f"hf download {getattr(r, role).id}" in msg
 
@@ -123,13 +134,29 @@ def test_a_speculators_drafter_from_the_cache_gets_zlab_ids_in_the_trtllm_config
     from dflash_trt.deploy import trtllm_config
 
     r = _hub_only("qwen3-8b-redhat-h100-fp8")
-    layer = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 5,
-             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-             "rope_theta": 1000000.0, "max_position_embeddings": 40960,
-             "layer_types": ["sliding_attention"] * 5, "sliding_window": 2048}
-    drafter = {"speculators_model_type": "dflash", "architectures": ["DFlashDraftModel"], "block_size": 8,
-               "transformer_layer_config": layer, "aux_hidden_state_layer_ids": [2, 10, 19, 28, 35],
-               "mask_token_id": 151669, "draft_vocab_size": 151936}
+    layer = {
+        "model_type": "qwen3",
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "layer_types": ["sliding_attention"] * 5,
+        "sliding_window": 2048,
+    }
+    drafter = {
+        "speculators_model_type": "dflash",
+        "architectures": ["DFlashDraftModel"],
+        "block_size": 8,
+        "transformer_layer_config": layer,
+        "aux_hidden_state_layer_ids": [2, 10, 19, 28, 35],
+        "mask_token_id": 151669,
+        "draft_vocab_size": 151936,
+    }
     _snapshot(offline_cache, r.drafter.id, r.drafter.revision, {"config.json": drafter})
     res = pipeline.resolve_recipe(r)
     assert list(res.drafter.target_layer_ids) == [1, 9, 18, 27, 34]

@@ -58,7 +58,7 @@ def test_recipe_name_cannot_leave_the_output_folder(tmp_path, capsys, monkeypatc
 def test_a_killed_builds_partial_is_swept_and_the_bundle_is_world_readable(tmp_path, capsys):
     out = tmp_path / "bundle"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".bundle.partial-{int(dead.stdout)}"   # a pid that has exited
+    stale = tmp_path / f".bundle.partial-{int(dead.stdout)}"  # a pid that has exited
     (stale / "target").mkdir(parents=True)
     (stale / "target" / "model.safetensors").write_bytes(b"\0" * 1024)
     old_umask = os.umask(0o077)  # a user whose umask hides files must still share the bundle
@@ -112,7 +112,7 @@ def test_the_swap_works_where_the_output_cannot_be_renamed(tmp_path, capsys, mon
 
 def test_a_mount_point_whose_parent_is_read_only_is_built_inside(tmp_path, capsys, monkeypatch):
     out = tmp_path / "mnt"
-    out.mkdir()   # an empty container volume; its parent is not writable
+    out.mkdir()  # an empty container volume; its parent is not writable
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == tmp_path else real(p, mode, **kw))
     _refuse_renaming(monkeypatch, out, errno.EBUSY)
@@ -147,7 +147,7 @@ def test_a_file_not_the_bundles_that_the_build_would_overwrite_stops_the_swap(tm
     out = tmp_path / "out"
     assert run(["build", "-o", str(out)]) == 0
     m = json.loads((out / "manifest.json").read_text())
-    del m["files"]["trtllm/serve.sh"]          # serve.sh is now the user's file, not the bundle's
+    del m["files"]["trtllm/serve.sh"]  # serve.sh is now the user's file, not the bundle's
     (out / "manifest.json").write_text(json.dumps(m))
     (out / "trtllm" / "serve.sh").write_text("mine")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -171,7 +171,7 @@ def test_an_older_bundle_that_lists_no_files_is_not_replaced(tmp_path, capsys):
 
 def test_a_second_build_to_the_same_output_fails_in_one_line(tmp_path, capsys):
     out = tmp_path / "out"
-    with output.lock(out):   # a build in progress (flock: a second open file conflicts, even in-process)
+    with output.lock(out):  # a build in progress (flock: a second open file conflicts, even in-process)
         err = _one_line(capsys, run(["build", "-o", str(out)]))
         assert "another dflash-trt writer" in err and f"pid {os.getpid()} on " in err
         assert not out.exists()

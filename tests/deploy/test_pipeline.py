@@ -38,9 +38,25 @@ def bundles(pair, tmp_path_factory):
     root = tmp_path_factory.mktemp("bundles")
     out = {}
     for prec, gpu in GPU_FOR.items():
-        argv = ["build", "--target", str(tdir), "--drafter", str(ddir), "--gpu", gpu, "--precision", prec,
-                "-o", str(root / prec), "--set", "serving.max_seq_len=256", "--set", "precision.calib_samples=4",
-                "--set", "precision.calib_seq_len=32"]
+        argv = [
+            "build",
+            "--target",
+            str(tdir),
+            "--drafter",
+            str(ddir),
+            "--gpu",
+            gpu,
+            "--precision",
+            prec,
+            "-o",
+            str(root / prec),
+            "--set",
+            "serving.max_seq_len=256",
+            "--set",
+            "precision.calib_samples=4",
+            "--set",
+            "precision.calib_seq_len=32",
+        ]
         assert run(argv) == 0, prec
         out[prec] = root / prec
     return out
@@ -49,8 +65,15 @@ def bundles(pair, tmp_path_factory):
 @pytest.mark.parametrize("prec", list(GPU_FOR))
 def test_bundle_layout_manifest_and_config(bundles, pair, prec):
     b = bundles[prec]
-    for rel in ("manifest.json", "target/config.json", "target/tokenizer.json", "drafter/config.json",
-                "drafter/model.safetensors", "trtllm/config.yaml", "trtllm/serve.sh"):
+    for rel in (
+        "manifest.json",
+        "target/config.json",
+        "target/tokenizer.json",
+        "drafter/config.json",
+        "drafter/model.safetensors",
+        "trtllm/config.yaml",
+        "trtllm/serve.sh",
+    ):
         assert (b / rel).is_file(), rel
     m = json.loads((b / "manifest.json").read_text())
     assert m["format"] == pipeline.BUNDLE_FORMAT and m["precision"]["weights"] == prec
@@ -142,9 +165,18 @@ def _flat_quant_config(target_dir) -> None:
     path = target_dir / "hf_quant_config.json"
     old = json.loads(path.read_text())
     q = old["quantization"]
-    path.write_text(json.dumps({"producer": {"name": "modelopt", "version": "1.0.0"}, "quant_method": "modelopt",
-                                "quant_algo": q["quant_algo"], "kv_cache_scheme": None,
-                                "ignore": q["exclude_modules"], "config_groups": {}}))
+    path.write_text(
+        json.dumps(
+            {
+                "producer": {"name": "modelopt", "version": "1.0.0"},
+                "quant_method": "modelopt",
+                "quant_algo": q["quant_algo"],
+                "kv_cache_scheme": None,
+                "ignore": q["exclude_modules"],
+                "config_groups": {},
+            }
+        )
+    )
 
 
 def test_flat_modelopt_1_export_is_verified_built_and_inspected(bundles, pair, tmp_path, capsys):
@@ -157,8 +189,26 @@ def test_flat_modelopt_1_export_is_verified_built_and_inspected(bundles, pair, t
     nested = quantize.verify_export(bundles["fp8"] / "target", "fp8")
     assert quantize.verify_export(flat, "fp8") == nested and nested["quant_algo"] == "FP8"
     out = tmp_path / "from-flat"
-    assert run(["build", "-t", str(flat), "-d", str(pair[1]), "--gpu", "h200", "--precision", "auto",
-                "-o", str(out), "--set", "serving.max_seq_len=256"]) == 0
+    assert (
+        run(
+            [
+                "build",
+                "-t",
+                str(flat),
+                "-d",
+                str(pair[1]),
+                "--gpu",
+                "h200",
+                "--precision",
+                "auto",
+                "-o",
+                str(out),
+                "--set",
+                "serving.max_seq_len=256",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["precision"]["weights"] == "fp8" and m["precision"]["quantized_by"] == "as shipped"
     capsys.readouterr()
@@ -169,8 +219,26 @@ def test_flat_modelopt_1_export_is_verified_built_and_inspected(bundles, pair, t
 def test_prequantized_target_is_used_as_is(bundles, pair, tmp_path):
     fp8_target = bundles["fp8"] / "target"
     out = tmp_path / "again"
-    assert run(["build", "-t", str(fp8_target), "-d", str(pair[1]), "--gpu", "h200", "--precision", "auto",
-                "-o", str(out), "--set", "serving.max_seq_len=256"]) == 0
+    assert (
+        run(
+            [
+                "build",
+                "-t",
+                str(fp8_target),
+                "-d",
+                str(pair[1]),
+                "--gpu",
+                "h200",
+                "--precision",
+                "auto",
+                "-o",
+                str(out),
+                "--set",
+                "serving.max_seq_len=256",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["precision"]["weights"] == "fp8" and m["precision"]["quantized_by"] == "as shipped"
     assert _headers(out / "target") == _headers(fp8_target)
@@ -179,8 +247,10 @@ def test_prequantized_target_is_used_as_is(bundles, pair, tmp_path):
 def test_flags_override_the_recipe(pair, tmp_path):
     tdir, ddir = pair
     f = tmp_path / "r.yaml"
-    f.write_text(f"name: mine\ntarget: {{id: {tdir}}}\ndrafter: {{id: {ddir}}}\ngpu: {{name: h100}}\n"
-                 "serving: {max_seq_len: 256}\n")
+    f.write_text(
+        f"name: mine\ntarget: {{id: {tdir}}}\ndrafter: {{id: {ddir}}}\ngpu: {{name: h100}}\n"
+        "serving: {max_seq_len: 256}\n"
+    )
     out = tmp_path / "o"
     assert run(["build", str(f), "--gpu", "b200", "--dry-run", "--json", "-o", str(out)]) == 0
     assert not out.exists()
@@ -195,9 +265,11 @@ def test_calibration_file_is_relative_to_the_recipe(pair, tmp_path):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "calib.txt").write_text("one two three four five six seven eight nine ten\n" * 8)
     f = tmp_path / "recipes" / "r.yaml"
-    f.write_text(f"name: cal\ntarget: {{id: {tdir}}}\ndrafter: {{id: {ddir}}}\ngpu: {{name: h100}}\n"
-                 "precision: {weights: fp8, calib: calib.txt, calib_samples: 3, calib_seq_len: 8}\n"
-                 "serving: {max_seq_len: 256}\n")
+    f.write_text(
+        f"name: cal\ntarget: {{id: {tdir}}}\ndrafter: {{id: {ddir}}}\ngpu: {{name: h100}}\n"
+        "precision: {weights: fp8, calib: calib.txt, calib_samples: 3, calib_seq_len: 8}\n"
+        "serving: {max_seq_len: 256}\n"
+    )
     assert run(["build", str(f), "-o", str(tmp_path / "o")]) == 0
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     cal = m["precision"]["quantization"]["calibration"]
@@ -221,15 +293,18 @@ def _bad_key_recipe(tmp_path, pair):
     return [str(f)]
 
 
-@pytest.mark.parametrize("case, needle", [
-    ("nvfp4-on-h100", "nvfp4 weights do not run on H100"),
-    ("fp8-on-a100", "fp8 weights do not run on A100"),
-    ("does-not-fit", "does not fit on 1x H100"),
-    ("unknown-gpu", "unknown GPU 'tpu-v5'"),
-    ("bad-key", "serving.max_batchsize: unknown key"),
-    ("bad-calib", "calibration file"),
-    ("requantize", "already fp8-quantized"),
-])
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("nvfp4-on-h100", "nvfp4 weights do not run on H100"),
+        ("fp8-on-a100", "fp8 weights do not run on A100"),
+        ("does-not-fit", "does not fit on 1x H100"),
+        ("unknown-gpu", "unknown GPU 'tpu-v5'"),
+        ("bad-key", "serving.max_batchsize: unknown key"),
+        ("bad-calib", "calibration file"),
+        ("requantize", "already fp8-quantized"),
+    ],
+)
 def test_refusals_exit_2_in_one_line_and_leave_nothing(case, needle, pair, bundles, tmp_path, capsys):
     tdir, ddir = pair
     flags = ["-t", str(tdir), "-d", str(ddir)]
@@ -283,6 +358,21 @@ def test_serve_reads_what_build_writes(bundles, tmp_path, capsys):
     assert run(["serve", str(bundles["bf16"]), "--emit", "slurm", "--nodes", "2", "-o", str(tmp_path / "job.sh")]) == 2
     assert "planned for tp_size 1" in capsys.readouterr().err
     assert not (tmp_path / "job.sh").exists()
-    assert run(["serve", str(bundles["bf16"]), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "1",
-                "-o", str(tmp_path / "job.sh")]) == 0
+    assert (
+        run(
+            [
+                "serve",
+                str(bundles["bf16"]),
+                "--emit",
+                "slurm",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "1",
+                "-o",
+                str(tmp_path / "job.sh"),
+            ]
+        )
+        == 0
+    )
     assert "--nodes=1" in (tmp_path / "job.sh").read_text()

@@ -24,9 +24,14 @@ B200_ROW = "NVIDIA B200, 10.0, 183359"
 
 
 def _config():
-    return trtllm.validate_trtllm_config({"max_batch_size": 8, "max_num_tokens": 512, "max_seq_len": 1024,
-                            "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7,
-                                                   "speculative_model": "./drafter"}})
+    return trtllm.validate_trtllm_config(
+        {
+            "max_batch_size": 8,
+            "max_num_tokens": 512,
+            "max_seq_len": 1024,
+            "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model": "./drafter"},
+        }
+    )
 
 
 @pytest.fixture
@@ -44,8 +49,9 @@ def _run(tmp_path, bundle, *, version=None, gpus=None, env=None, check_dir=None,
     bindir.mkdir()
     for tool in ("bash", "dirname", "awk", "mkdir"):
         (bindir / tool).symlink_to(shutil.which(tool))
-    (bindir / "trtllm-serve").write_text('#!/usr/bin/env bash\necho "served from $PWD: $*"\n'
-                                         'echo "stats: ${TLLM_DFLASH_ACCEPT_STATS_DIR:-}" >&2\n')
+    (bindir / "trtllm-serve").write_text(
+        '#!/usr/bin/env bash\necho "served from $PWD: $*"\necho "stats: ${TLLM_DFLASH_ACCEPT_STATS_DIR:-}" >&2\n'
+    )
     if gpus is not None:
         rows = "\n".join(gpus)
         (bindir / "nvidia-smi").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "{rows}"\n')
@@ -56,10 +62,20 @@ def _run(tmp_path, bundle, *, version=None, gpus=None, env=None, check_dir=None,
     shutil.rmtree(pkgs, ignore_errors=True)
     if version is not None:  # the stand-in tensorrt_llm, as the release ships its version.py and llmapi
         fake_trtllm.write(pkgs, version, drop, **fake)
-    run_env = {"PATH": str(bindir), "PYTHON": sys.executable, "PYTHONPATH": str(pkgs), "HOME": str(tmp_path),
-               **(env or {})}
-    return subprocess.run([str((check_dir or bundle) / "trtllm" / "serve.sh"), "--port", "9"], cwd=cwd or tmp_path,
-                          capture_output=True, text=True, env=run_env)
+    run_env = {
+        "PATH": str(bindir),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(pkgs),
+        "HOME": str(tmp_path),
+        **(env or {}),
+    }
+    return subprocess.run(
+        [str((check_dir or bundle) / "trtllm" / "serve.sh"), "--port", "9"],
+        cwd=cwd or tmp_path,
+        capture_output=True,
+        text=True,
+        env=run_env,
+    )
 
 
 def _one_line_error(res) -> str:
@@ -89,8 +105,10 @@ def test_no_tensorrt_llm_is_refused(tmp_path, bundle):
     assert "tensorrt_llm is not installed" in err and "1.4.0rc1" in err
 
 
-@pytest.mark.parametrize("rows, needle", [([H200_ROW], "has 151 GB, not 80 GB"), ([B200_ROW], "is SM100, not SM90"),
-                                          ([], "0 GPU(s) present, 1 needed")])
+@pytest.mark.parametrize(
+    "rows, needle",
+    [([H200_ROW], "has 151 GB, not 80 GB"), ([B200_ROW], "is SM100, not SM90"), ([], "0 GPU(s) present, 1 needed")],
+)
 def test_another_gpu_is_refused_saying_what_differs(tmp_path, bundle, rows, needle):
     err = _one_line_error(_run(tmp_path, bundle, version="1.4.0rc1", gpus=rows))
     assert "planned for 1x H100 (SM90, 80 GB)" in err and needle in err
@@ -99,8 +117,13 @@ def test_another_gpu_is_refused_saying_what_differs(tmp_path, bundle, rows, need
 def test_no_nvidia_smi_is_refused_and_the_checks_can_be_skipped(tmp_path, bundle):
     err = _one_line_error(_run(tmp_path, bundle, version="1.4.0rc1", gpus=None))
     assert "nvidia-smi not found" in err
-    res = _run(tmp_path, bundle, version="1.3.0rc27", gpus=None,
-               env={"DFLASH_SKIP_GPU_CHECK": "1", "DFLASH_SKIP_VERSION_CHECK": "1"})
+    res = _run(
+        tmp_path,
+        bundle,
+        version="1.3.0rc27",
+        gpus=None,
+        env={"DFLASH_SKIP_GPU_CHECK": "1", "DFLASH_SKIP_VERSION_CHECK": "1"},
+    )
     assert res.returncode == 0 and res.stdout.startswith("served from")
 
 
@@ -117,9 +140,9 @@ def test_serve_script_of_a_built_bundle_carries_the_plan(tmp_path):
     from dflash_trt.plan import recipe as R
 
     out = tmp_path / "tiny"
-    build(R.load_recipe("tiny", ["trtllm.release=1.4.0rc1"]), out)    # the one release serving its DFlash2 drafter
+    build(R.load_recipe("tiny", ["trtllm.release=1.4.0rc1"]), out)  # the one release serving its DFlash2 drafter
     text = (out / "trtllm" / "serve.sh").read_text()
     assert "NEED_TRTLLM=1.4.0rc1" in text and "TensorRT-LLM 1.4.0rc1" in text.splitlines()[1]
     assert os.access(out / "trtllm" / "serve.sh", os.X_OK)
-    assert _run(tmp_path, out, version="1.4.0rc1").returncode == 0   # planned for the CPU: no GPU check
+    assert _run(tmp_path, out, version="1.4.0rc1").returncode == 0  # planned for the CPU: no GPU check
     assert "1.4.0rc1" in _one_line_error(_run(tmp_path, out, version="1.3.0rc27"))

@@ -20,7 +20,7 @@ from dflash_trt.cli import run
 from dflash_trt.deploy import output, swap
 from dflash_trt.errors import CheckpointError
 
-USER = {"notes.txt": "mine", "target/mine.txt": "mine too"}   # files the user keeps in -o
+USER = {"notes.txt": "mine", "target/mine.txt": "mine too"}  # files the user keeps in -o
 
 
 class Killed(BaseException):
@@ -72,12 +72,13 @@ def _kill_at(monkeypatch, step: str) -> None:
     def hook(name):
         if name == step:
             raise Killed(name)
+
     monkeypatch.setattr(swap, "_step", hook)
 
 
 def test_a_swap_killed_at_any_step_is_finished_by_the_next_writer(bundles, tmp_path, monkeypatch):
     steps = _steps(bundles, tmp_path)
-    assert len(steps) > 2 * len(_files(bundles[0]))   # every file out and in, the phases, the cleaning
+    assert len(steps) > 2 * len(_files(bundles[0]))  # every file out and in, the phases, the cleaning
     for step in steps:
         where = tmp_path / str(steps.index(step))
         where.mkdir()
@@ -86,18 +87,19 @@ def test_a_swap_killed_at_any_step_is_finished_by_the_next_writer(bundles, tmp_p
         with pytest.raises(Killed):
             output.swap_contents(tmp, out)
         monkeypatch.setattr(swap, "_step", lambda name: None)
-        assert (out / swap.JOURNAL).exists(), step   # killed before its end: the journal says what to do
+        assert (out / swap.JOURNAL).exists(), step  # killed before its end: the journal says what to do
         said = output.recover(out)
         assert said and "finished the swap" in said, step
         assert _is(out, bundles[1]), step
         assert not tmp.exists() and sorted(p.name for p in where.iterdir()) == ["out"], step
-        assert ingest.check_files(ingest.open_bundle(out)) == [f"{r}: not in the manifest (added after the build)"
-                                                               for r in sorted(USER)]
+        assert ingest.check_files(ingest.open_bundle(out)) == [
+            f"{r}: not in the manifest (added after the build)" for r in sorted(USER)
+        ]
 
 
 def test_a_swap_whose_partial_is_gone_is_rolled_back(bundles, tmp_path, monkeypatch):
     steps = _steps(bundles, tmp_path)
-    cut = steps.index("moved in manifest.json")   # before it, files of the new bundle are still in the partial
+    cut = steps.index("moved in manifest.json")  # before it, files of the new bundle are still in the partial
     for step in steps[:cut]:
         where = tmp_path / str(steps.index(step))
         where.mkdir()
@@ -106,7 +108,7 @@ def test_a_swap_whose_partial_is_gone_is_rolled_back(bundles, tmp_path, monkeypa
         with pytest.raises(Killed):
             output.swap_contents(tmp, out)
         monkeypatch.setattr(swap, "_step", lambda name: None)
-        shutil.rmtree(tmp)   # the partial lost (removed by hand, or a full disk)
+        shutil.rmtree(tmp)  # the partial lost (removed by hand, or a full disk)
         said = output.recover(out)
         assert said and "rolled back" in said, step
         assert _is(out, bundles[0]), step
@@ -121,7 +123,7 @@ def test_a_recovery_killed_in_turn_is_recovered_again(bundles, tmp_path, monkeyp
     _kill_at(monkeypatch, first)
     with pytest.raises(Killed):
         output.swap_contents(tmp, out)
-    for step in steps[steps.index(first) + 1:]:   # each step the recovery itself takes
+    for step in steps[steps.index(first) + 1 :]:  # each step the recovery itself takes
         _kill_at(monkeypatch, step)
         with pytest.raises(Killed):
             output.recover(out)
@@ -148,23 +150,27 @@ def test_a_build_force_really_killed_mid_swap_is_finished_by_the_rerun(bundles, 
     """One real SIGKILL, at the worst point: every old file moved out, no new one in yet."""
     out = shutil.copytree(bundles[0], tmp_path / "out")
     (out / "notes.txt").write_text("mine")
-    killed = subprocess.run([sys.executable, "-c", KILLER, str(out), "phase in"], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLER, str(out), "phase in"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (out / ingest.Layout.MANIFEST).exists() and (out / swap.JOURNAL).exists()
-    assert (tmp_path / ".out.lock").exists()   # the killed build's lock file is left behind
+    assert (tmp_path / ".out.lock").exists()  # the killed build's lock file is left behind
     with pytest.raises(CheckpointError, match="swap"):
-        ingest.open_bundle(out)   # a reader says what happened, in one line
-    assert run(["build", "-o", str(out)]) == 2   # the stale lock does not block; without --force: refused, after
+        ingest.open_bundle(out)  # a reader says what happened, in one line
+    assert run(["build", "-o", str(out)]) == 2  # the stale lock does not block; without --force: refused, after
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "finished the swap a killed process left" in err and "--force" in err, err
     assert (out / "notes.txt").read_text() == "mine"
     added = "notes.txt: not in the manifest (added after the build)"
     assert ingest.check_files(ingest.open_bundle(out)) == [added]
-    assert ingest.open_bundle(out).manifest.recipe["serving"]["max_batch_size"] == 4   # the killed build's bundle
+    assert ingest.open_bundle(out).manifest.recipe["serving"]["max_batch_size"] == 4  # the killed build's bundle
     assert run(["build", "-o", str(out), "--force"]) == 0
     assert ingest.check_files(ingest.open_bundle(out)) == [added]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]   # partial and lock swept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # partial and lock swept
 
 
 def test_a_second_writer_refuses_naming_the_holder(tmp_path, capsys):
@@ -179,8 +185,8 @@ def test_a_second_writer_refuses_naming_the_holder(tmp_path, capsys):
 
 
 def test_a_long_output_name_gets_a_short_lock_and_partial(tmp_path, capsys):
-    a, b = tmp_path / ("x" * 250 + "a"), tmp_path / ("x" * 250 + "b")   # legal names, 251 bytes
-    assert output.short_name(a.name) != output.short_name(b.name)   # one prefix, two outputs, two locks
+    a, b = tmp_path / ("x" * 250 + "a"), tmp_path / ("x" * 250 + "b")  # legal names, 251 bytes
+    assert output.short_name(a.name) != output.short_name(b.name)  # one prefix, two outputs, two locks
     assert len(f".{output.short_name(a.name)}.partial-4194304") < 120
     assert run(["build", "-o", str(a)]) == 0, capsys.readouterr().err
     assert run(["build", "-o", str(a), "--force"]) == 0, capsys.readouterr().err
@@ -191,7 +197,7 @@ def test_a_swap_begun_under_a_relative_name_is_recovered_from_anywhere(bundles, 
     where = tmp_path / "w"
     where.mkdir()
     _setup(bundles, where)
-    monkeypatch.chdir(where)   # build -o out, run from where
+    monkeypatch.chdir(where)  # build -o out, run from where
     _kill_at(monkeypatch, "phase in")
     with pytest.raises(Killed):
         output.swap_contents(Path(f".out.partial-{os.getpid()}"), Path("out"))
@@ -212,8 +218,13 @@ def test_what_the_os_will_not_remove_after_a_swap_is_said_and_swept_next_time(bu
         hook = k.get("onexc") or k.get("onerror")
         if hook is None:
             return real_rmtree(path, *a, **k)
-        hook(os.unlink, str(path), PermissionError(13, "Permission denied") if "onexc" in k
-             else (PermissionError, PermissionError(13, "Permission denied"), None))
+        hook(
+            os.unlink,
+            str(path),
+            PermissionError(13, "Permission denied")
+            if "onexc" in k
+            else (PermissionError, PermissionError(13, "Permission denied"), None),
+        )
 
     monkeypatch.setattr(shutil, "rmtree", refusing)
     said = output.swap_contents(tmp, out)
@@ -222,8 +233,8 @@ def test_what_the_os_will_not_remove_after_a_swap_is_said_and_swept_next_time(bu
     assert (out / swap.BACKUP).is_dir() and tmp.is_dir()
     assert not (out / swap.JOURNAL).exists()
     assert ingest.read_manifest(out) is not None
-    os.rename(tmp, tmp.with_name(".out.partial-999999999"))   # its process gone, as after the build exits
-    stale = out / swap.BACKUP / ingest.Layout.MANIFEST   # half-removed: a directory where a file will move
+    os.rename(tmp, tmp.with_name(".out.partial-999999999"))  # its process gone, as after the build exits
+    stale = out / swap.BACKUP / ingest.Layout.MANIFEST  # half-removed: a directory where a file will move
     stale.unlink()
     (stale / "x").mkdir(parents=True)
     again = output.start_partial(out)

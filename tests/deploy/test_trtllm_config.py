@@ -32,14 +32,17 @@ def test_emitted_config_for_a_hopper_recipe():
     # the fraction the plan chose (plan.startup): the KV pool leaves the dense arena, activations, graphs and
     # 4 GiB headroom their room; the recipe does not set it
     m = p.memory
-    assert data["kv_cache_config"] == {"dtype": "auto", "free_gpu_memory_fraction": m.fraction,
-                                       "enable_block_reuse": False}
+    assert data["kv_cache_config"] == {
+        "dtype": "auto",
+        "free_gpu_memory_fraction": m.fraction,
+        "enable_block_reuse": False,
+    }
     assert (1 - m.fraction) * m.free_after_load >= m.after_pool and m.fraction * m.free_after_load >= m.in_pool
-    assert data["attn_backend"] == "TRTLLM"   # explicit: never FlashInfer for DFlash
+    assert data["attn_backend"] == "TRTLLM"  # explicit: never FlashInfer for DFlash
     assert data["enable_chunked_prefill"] is False and "context_recompute_tail" not in spec
     assert data["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": 32}
     assert "moe_expert_parallel_size" not in data
-    assert data["enable_iter_perf_stats"] is True     # trtllm-serve's /metrics reports acceptance for verify
+    assert data["enable_iter_perf_stats"] is True  # trtllm-serve's /metrics reports acceptance for verify
     assert trtllm.validate_trtllm_config(data) == cfg  # round-trips through the schema
 
 
@@ -64,32 +67,47 @@ def test_moe_recipe_sets_expert_parallel_and_blackwell_backend():
     args = trtllm.serve_args(cfg, "0.0.0.0", 9000)
     assert args[:4] == ["trtllm-serve", "./target", "--config", "./trtllm/config.yaml"]
     flags = dict(zip(args[4::2], args[5::2], strict=True))
-    assert flags == {"--host": "0.0.0.0", "--port": "9000", "--tp_size": "8", "--ep_size": "8",
-                     "--max_batch_size": "64", "--max_num_tokens": "8192", "--max_seq_len": "16384",
-                     "--kv_cache_free_gpu_memory_fraction": "0.9"}   # room to spare: TensorRT-LLM's default cap
+    assert flags == {
+        "--host": "0.0.0.0",
+        "--port": "9000",
+        "--tp_size": "8",
+        "--ep_size": "8",
+        "--max_batch_size": "64",
+        "--max_num_tokens": "8192",
+        "--max_seq_len": "16384",
+        "--kv_cache_free_gpu_memory_fraction": "0.9",
+    }  # room to spare: TensorRT-LLM's default cap
 
 
 def _base():
-    return {"max_batch_size": 8, "max_num_tokens": 512, "max_seq_len": 1024, "kv_cache_config": {},
-            "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model": "./drafter"}}
+    return {
+        "max_batch_size": 8,
+        "max_num_tokens": 512,
+        "max_seq_len": 1024,
+        "kv_cache_config": {},
+        "speculative_config": {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model": "./drafter"},
+    }
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda d: d.update(max_draft_tokens=4), "max_draft_tokens"),                       # unknown top-level key
-    (lambda d: d["speculative_config"].update(num_speculative_tokens=7), "num_speculative_tokens"),  # vLLM's name
-    (lambda d: d["speculative_config"].update(decoding_type="Eagle3"), "decoding_type"),
-    (lambda d: d["speculative_config"].update(attention_backend="FLASHINFER"), "attention_backend"),
-    (lambda d: d["speculative_config"].update(max_concurrency=8, draft_len_schedule={1: 7}), "mutually exclusive"),
-    (lambda d: d["speculative_config"].update(draft_len_schedule={2: 3}), "smallest batch-size key must map"),
-    (lambda d: d["speculative_config"].update(draft_len_schedule={1: 7, 4: 9}), "between 0 and max_draft_len"),
-    (lambda d: d["speculative_config"].update(draft_len_schedule={0: 7}), "must be >= 1"),
-    (lambda d: d["speculative_config"].update(max_concurrency=0), "max_concurrency"),
-    (lambda d: d["kv_cache_config"].update(dtype="int4"), "kv_cache_config.dtype"),
-    (lambda d: d["kv_cache_config"].update(free_gpu_memory_fraction=1.5), "free_gpu_memory_fraction"),
-    (lambda d: d.update(cuda_graph_config={"max_batch_size": 8, "batch_sizes": [1, 2]}), "max(batch_sizes)"),
-    (lambda d: d.update(moe_config={"backend": "MXFP4"}), "moe_config.backend"),
-    (lambda d: d.update(trust_remote_code=True), "trust_remote_code"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d: d.update(max_draft_tokens=4), "max_draft_tokens"),  # unknown top-level key
+        (lambda d: d["speculative_config"].update(num_speculative_tokens=7), "num_speculative_tokens"),  # vLLM's name
+        (lambda d: d["speculative_config"].update(decoding_type="Eagle3"), "decoding_type"),
+        (lambda d: d["speculative_config"].update(attention_backend="FLASHINFER"), "attention_backend"),
+        (lambda d: d["speculative_config"].update(max_concurrency=8, draft_len_schedule={1: 7}), "mutually exclusive"),
+        (lambda d: d["speculative_config"].update(draft_len_schedule={2: 3}), "smallest batch-size key must map"),
+        (lambda d: d["speculative_config"].update(draft_len_schedule={1: 7, 4: 9}), "between 0 and max_draft_len"),
+        (lambda d: d["speculative_config"].update(draft_len_schedule={0: 7}), "must be >= 1"),
+        (lambda d: d["speculative_config"].update(max_concurrency=0), "max_concurrency"),
+        (lambda d: d["kv_cache_config"].update(dtype="int4"), "kv_cache_config.dtype"),
+        (lambda d: d["kv_cache_config"].update(free_gpu_memory_fraction=1.5), "free_gpu_memory_fraction"),
+        (lambda d: d.update(cuda_graph_config={"max_batch_size": 8, "batch_sizes": [1, 2]}), "max(batch_sizes)"),
+        (lambda d: d.update(moe_config={"backend": "MXFP4"}), "moe_config.backend"),
+        (lambda d: d.update(trust_remote_code=True), "trust_remote_code"),
+    ],
+)
 def test_schema_rejects_what_trtllm_would_not_accept(mutate, needle):
     data = _base()
     trtllm.validate_trtllm_config(data)
@@ -99,20 +117,26 @@ def test_schema_rejects_what_trtllm_would_not_accept(mutate, needle):
     assert needle in str(e.value)
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda d: d["speculative_config"].update(speculative_model_dir=d["speculative_config"].pop("speculative_model")),
-    lambda d: d["speculative_config"].update(draft_len_schedule={4: 7, 8: 2, 32: 1}),   # no key 1
-    lambda d: d["speculative_config"].update(draft_len_schedule={4: 7, 8: 1}),
-    lambda d: d["speculative_config"].update(context_recompute_tail=-1),
-    lambda d: d["speculative_config"].update(context_recompute_tail=256, moe_backend="TRTLLM",
-                                             skip_ctx_buffer_budget_check=True, spec_dec_variant=1),
-    lambda d: d["kv_cache_config"].update(dtype="nvfp4"),
-    lambda d: d["kv_cache_config"].update(dtype="BFloat16"),
-    lambda d: d["kv_cache_config"].update(dtype="fp8_ds_mla"),
-    lambda d: d["kv_cache_config"].update(free_gpu_memory_fraction=0.0),
-    lambda d: d.update(cuda_graph_config={"max_batch_size": 2, "batch_sizes": [1, 2]}),
-    lambda d: d.update(cuda_graph_config=None, enable_chunked_prefill=True, moe_config={"backend": "TRITON"}),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d["speculative_config"].update(
+            speculative_model_dir=d["speculative_config"].pop("speculative_model")
+        ),
+        lambda d: d["speculative_config"].update(draft_len_schedule={4: 7, 8: 2, 32: 1}),  # no key 1
+        lambda d: d["speculative_config"].update(draft_len_schedule={4: 7, 8: 1}),
+        lambda d: d["speculative_config"].update(context_recompute_tail=-1),
+        lambda d: d["speculative_config"].update(
+            context_recompute_tail=256, moe_backend="TRTLLM", skip_ctx_buffer_budget_check=True, spec_dec_variant=1
+        ),
+        lambda d: d["kv_cache_config"].update(dtype="nvfp4"),
+        lambda d: d["kv_cache_config"].update(dtype="BFloat16"),
+        lambda d: d["kv_cache_config"].update(dtype="fp8_ds_mla"),
+        lambda d: d["kv_cache_config"].update(free_gpu_memory_fraction=0.0),
+        lambda d: d.update(cuda_graph_config={"max_batch_size": 2, "batch_sizes": [1, 2]}),
+        lambda d: d.update(cuda_graph_config=None, enable_chunked_prefill=True, moe_config={"backend": "TRITON"}),
+    ],
+)
 def test_schema_accepts_what_trtllm_accepts(mutate):
     data = _base()
     mutate(data)
@@ -120,23 +144,26 @@ def test_schema_accepts_what_trtllm_accepts(mutate):
     assert trtllm.validate_trtllm_config(yaml.safe_load(trtllm.trtllm_yaml(cfg)), "1.4.0rc1") == cfg  # and round-trips
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ({"draft_len_schedule": {4: 7, 8: 0}}, "drafts 0 tokens from batch size 5 up to max_batch_size 8"),
-    ({"draft_len_schedule": {4: 7}}, "drafts 0 tokens from batch size 5"),
-    ({"max_concurrency": 4}, "max_concurrency 4 turns drafting off above it"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ({"draft_len_schedule": {4: 7, 8: 0}}, "drafts 0 tokens from batch size 5 up to max_batch_size 8"),
+        ({"draft_len_schedule": {4: 7}}, "drafts 0 tokens from batch size 5"),
+        ({"max_concurrency": 4}, "max_concurrency 4 turns drafting off above it"),
+    ],
+)
 def test_a_written_config_that_drafts_0_is_refused_on_a_release_without_the_floor(spec, needle):
     """TensorRT-LLM's schema takes these; on a release without the floor (every release in the table)
     they walk into the zero-draft trap, so no config is written or passed with one."""
     data = _base()
     data["speculative_config"].update(spec)
-    trtllm.validate_trtllm_config(data)                     # the schema alone accepts it
+    trtllm.validate_trtllm_config(data)  # the schema alone accepts it
     with pytest.raises(DFlashError) as e:
         trtllm.validate_trtllm_config(data, "1.4.0rc1")
     msg = str(e.value)
     assert needle in msg and "zero-draft trap" in msg and "PR #16888" in msg and "\n" not in msg
     data["speculative_config"].pop("max_concurrency", None)
-    data["speculative_config"]["draft_len_schedule"] = {4: 7, 8: 1}   # the same back-off with the floor kept
+    data["speculative_config"]["draft_len_schedule"] = {4: 7, 8: 1}  # the same back-off with the floor kept
     trtllm.validate_trtllm_config(data, "1.4.0rc1")
 
 
@@ -147,7 +174,7 @@ def test_the_speculation_gate_is_documented_and_refused_for_measurement():
     data = _base()
     assert trtllm.speculation_gate(data) is None
     data["speculative_config"]["acceptance_rate_threshold"] = 0.5
-    trtllm.validate_trtllm_config(data, "1.4.0rc1")          # a valid config: TensorRT-LLM runs it
+    trtllm.validate_trtllm_config(data, "1.4.0rc1")  # a valid config: TensorRT-LLM runs it
     line = trtllm.speculation_gate(data)
     assert "acceptance_rate_threshold is 0.5" in line and "permanently" in line and "\n" not in line
 
@@ -158,10 +185,14 @@ def test_speculative_model_dir_is_read_as_speculative_model():
     assert trtllm.validate_trtllm_config(data).speculative_config.speculative_model == "./drafter"
 
 
-@pytest.mark.parametrize("release, key, value", [
-    ("1.3.0rc27", "context_recompute_tail", 64), ("1.3.0rc27", "skip_ctx_buffer_budget_check", True),
-    ("1.3.0rc26", "attention_backend", "FA4"),
-])
+@pytest.mark.parametrize(
+    "release, key, value",
+    [
+        ("1.3.0rc27", "context_recompute_tail", 64),
+        ("1.3.0rc27", "skip_ctx_buffer_budget_check", True),
+        ("1.3.0rc26", "attention_backend", "FA4"),
+    ],
+)
 def test_release_refuses_keys_it_does_not_have(release, key, value):
     data = _base()
     data["speculative_config"][key] = value
@@ -197,15 +228,24 @@ def test_only_set_keys_are_written():
     """A default filled in could be a key the targeted release does not have."""
     r, p, d = _cfg("qwen3-8b-h100-fp8", ["trtllm.release=1.3.0rc27"])
     data = yaml.safe_load(trtllm.trtllm_yaml(trtllm.config(r, p, d)))
-    assert set(data["speculative_config"]) <= {"decoding_type", "max_draft_len", "speculative_model", "mask_token_id",
-                                               "target_layer_ids", "attention_backend", "use_rejection_sampling",
-                                               "draft_len_schedule", "max_concurrency"}
+    assert set(data["speculative_config"]) <= {
+        "decoding_type",
+        "max_draft_len",
+        "speculative_model",
+        "mask_token_id",
+        "target_layer_ids",
+        "attention_backend",
+        "use_rejection_sampling",
+        "draft_len_schedule",
+        "max_concurrency",
+    }
     trtllm.validate_trtllm_config(data, "1.3.0rc27")
 
 
 def test_schedule_is_emitted_when_planned():
-    r, p, d = _cfg("qwen3-8b-b200-nvfp4", ["serving.max_batch_size=1024", "serving.max_seq_len=512",
-                                           "speculative.acceptance=1.6"])
+    r, p, d = _cfg(
+        "qwen3-8b-b200-nvfp4", ["serving.max_batch_size=1024", "serving.max_seq_len=512", "speculative.acceptance=1.6"]
+    )
     cfg = trtllm.config(r, p, d)
     s = cfg.speculative_config
     assert (s.max_concurrency is not None) != (s.draft_len_schedule is not None)
@@ -225,8 +265,14 @@ def test_serve_script_is_relocatable_and_passes_arguments(tmp_path):
     (fake / "trtllm-serve").write_text('#!/usr/bin/env bash\necho "cwd=$PWD"\nprintf "%s\\n" "$@"\n')
     (fake / "trtllm-serve").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
-    res = subprocess.run([str(moved / "trtllm" / "serve.sh"), "--log_level", "info"], cwd=tmp_path,
-                         capture_output=True, text=True, env=env, check=True)
+    res = subprocess.run(
+        [str(moved / "trtllm" / "serve.sh"), "--log_level", "info"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     lines = res.stdout.splitlines()
     assert lines[0] == f"cwd={moved}"
     assert lines[1:5] == ["./target", "--config", "./trtllm/config.yaml", "--host"]
@@ -245,9 +291,10 @@ def test_the_release_table_is_the_one_place_the_releases_live():
     root = Path(__file__).resolve().parents[2]
     known = list(T.KNOWN)
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trtllm"]
-    assert extra == [f"tensorrt-llm>={known[0]}"]   # newer releases: judged by their own classes (serve.sh)
-    assert "trtllm" not in " ".join(tomllib.loads((root / "pyproject.toml").read_text())["project"]
-                                     ["optional-dependencies"]["all"])
+    assert extra == [f"tensorrt-llm>={known[0]}"]  # newer releases: judged by their own classes (serve.sh)
+    assert "trtllm" not in " ".join(
+        tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["all"]
+    )
     assert T.DEFAULT_RELEASE == known[-1] == R.TrtllmSpec().release
     from tests.test_docs import gen_docs  # the release table page is generated from the same rows
 

@@ -23,6 +23,7 @@ FLOOR = {"DecodingBaseConfig.min_runtime_draft_len": "int = 1"}
 def installed(tmp_path, monkeypatch):
     """Put a stand-in release on sys.path; forget it afterwards (its modules are dropped, not
     restored: a stand-in left in sys.modules would judge the next test's bundles)."""
+
     def forget():
         for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
             del sys.modules[name]
@@ -30,6 +31,7 @@ def installed(tmp_path, monkeypatch):
     def install(version, **kw):
         forget()
         monkeypatch.syspath_prepend(str(fake_trtllm.write(tmp_path / f"site-{version}", version, **kw)))
+
     yield install
     forget()
 
@@ -47,7 +49,7 @@ def test_without_an_installed_release_the_table_stands():
 
 def test_a_feature_present_by_field_is_used_and_reported(installed):
     sets = ["trtllm.release=1.3.0rc26", "serving.enable_block_reuse=true"]
-    _, before, _ = _plan(sets)   # the table: 1.3.0rc26 has no FA4 and no context_recompute_tail
+    _, before, _ = _plan(sets)  # the table: 1.3.0rc26 has no FA4 and no context_recompute_tail
     assert before.attention_backend == "VANILLA" and before.context_recompute_tail is None
     installed("1.4.0rc3", add=FLOOR)
     r, p, res = _plan(sets)
@@ -56,7 +58,7 @@ def test_a_feature_present_by_field_is_used_and_reported(installed):
     assert any("FA4 draft attention" in w for w in said)
     assert any("speculative_config.context_recompute_tail" in w for w in said)
     assert any("min_runtime_draft_len=1" in w for w in said) and all("lacks for 1.3.0rc26" in w for w in said)
-    cfg = trtllm.config(r, p, res.drafter)   # the keys pass the completed row, not only the table's
+    cfg = trtllm.config(r, p, res.drafter)  # the keys pass the completed row, not only the table's
     assert cfg.speculative_config.context_recompute_tail == 512 and cfg.speculative_config.attention_backend == "FA4"
 
 
@@ -64,7 +66,7 @@ def test_the_floor_by_field_becomes_the_rows_floor(installed):
     assert get_release("1.4.0rc1").draft_len_floor == 0
     installed("1.4.0rc3", add=FLOOR)
     assert trtllm_installed.release_row("1.4.0rc1").draft_len_floor == 1
-    installed("1.4.0rc2")   # the same release without the field: the table's row stands
+    installed("1.4.0rc2")  # the same release without the field: the table's row stands
     assert trtllm_installed.release_row("1.4.0rc1").draft_len_floor == 0
 
 

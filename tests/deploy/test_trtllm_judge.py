@@ -25,10 +25,23 @@ SPEC = {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model": "./d
 def bundle(tmp_path):
     """A bundle planned for 1.4.0rc1 whose config uses a 1.4.0rc1 key and a curated top-level key."""
     root = tmp_path / "bundle"
-    cfg = trtllm.validate_trtllm_config({"max_batch_size": 8, "max_num_tokens": 512, "max_seq_len": 1024,
-                           "disable_mm_encoder": True, "speculative_config": SPEC}, "1.4.0rc1")
-    trtllm.write(root / "trtllm", cfg, "127.0.0.1", 8000,
-                 serve_sh.ServeCheck(release="1.4.0rc1", gpu="H100", sm=90, memory_gb=80, gpus=1))
+    cfg = trtllm.validate_trtllm_config(
+        {
+            "max_batch_size": 8,
+            "max_num_tokens": 512,
+            "max_seq_len": 1024,
+            "disable_mm_encoder": True,
+            "speculative_config": SPEC,
+        },
+        "1.4.0rc1",
+    )
+    trtllm.write(
+        root / "trtllm",
+        cfg,
+        "127.0.0.1",
+        8000,
+        serve_sh.ServeCheck(release="1.4.0rc1", gpu="H100", sm=90, memory_gb=80, gpus=1),
+    )
     return root
 
 
@@ -36,8 +49,9 @@ def test_the_planned_release_serves_with_what_it_checked_and_a_newer_one_with_on
     res = _run(tmp_path, bundle, version="1.4.0rc1", gpus=[H100_ROW])
     assert res.returncode == 0 and res.stdout.startswith("served from"), res.stderr
     said = [line for line in res.stderr.splitlines() if line.startswith("serve.sh:")]
-    assert len(said) == 1 and said[0].startswith("serve.sh: checked against TensorRT-LLM 1.4.0rc1 (commit not "
-                                                 "recorded by the package): the config is accepted"), said
+    assert len(said) == 1 and said[0].startswith(
+        "serve.sh: checked against TensorRT-LLM 1.4.0rc1 (commit not recorded by the package): the config is accepted"
+    ), said
     res = _run(tmp_path, bundle, version="1.4.0+cu130", gpus=[H100_ROW])
     assert res.returncode == 0 and res.stdout.startswith("served from"), res.stderr
     said = [line for line in res.stderr.splitlines() if line.startswith("serve.sh:")]
@@ -47,8 +61,14 @@ def test_the_planned_release_serves_with_what_it_checked_and_a_newer_one_with_on
 
 def test_serve_sh_prints_and_records_the_version_and_commit_outside_the_bundle(tmp_path, bundle):
     before = {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()}
-    res = _run(tmp_path, bundle, version="1.4.0rc3", gpus=[H100_ROW], commit="0372799abc",
-               add={"DecodingBaseConfig.min_runtime_draft_len": "int = 1"})
+    res = _run(
+        tmp_path,
+        bundle,
+        version="1.4.0rc3",
+        gpus=[H100_ROW],
+        commit="0372799abc",
+        add={"DecodingBaseConfig.min_runtime_draft_len": "int = 1"},
+    )
     assert res.returncode == 0, res.stderr
     said = [line for line in res.stderr.splitlines() if line.startswith("serve.sh:")]
     assert "checked against TensorRT-LLM 1.4.0rc3 (commit 0372799abc)" in said[0]
@@ -56,7 +76,7 @@ def test_serve_sh_prints_and_records_the_version_and_commit_outside_the_bundle(t
     log = tmp_path / ".local" / "state" / "dflash-trt" / "serve-checks.jsonl"
     entry = yaml.safe_load(log.read_text().splitlines()[-1])
     assert entry["installed"] == "1.4.0rc3" and entry["commit"] == "0372799abc" and entry["planned"] == "1.4.0rc1"
-    assert {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before   # the bundle is as built
+    assert {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before  # the bundle is as built
 
 
 def test_a_draft_length_floor_the_plan_did_not_assume_is_reported(tmp_path, bundle):
@@ -64,10 +84,15 @@ def test_a_draft_length_floor_the_plan_did_not_assume_is_reported(tmp_path, bund
     data = yaml.safe_load(path.read_text())
     data["speculative_config"]["draft_len_schedule"] = {4: 7, 8: 3}
     path.write_text(yaml.safe_dump(data))
-    res = _run(tmp_path, bundle, version="1.4.0rc3", gpus=[H100_ROW],
-               add={"DecodingBaseConfig.min_runtime_draft_len": "int = 1"})
+    res = _run(
+        tmp_path,
+        bundle,
+        version="1.4.0rc3",
+        gpus=[H100_ROW],
+        add={"DecodingBaseConfig.min_runtime_draft_len": "int = 1"},
+    )
     assert res.returncode == 0 and "floors the draft length at min_runtime_draft_len=1" in res.stderr, res.stderr
-    res = _run(tmp_path, bundle, version="1.4.0rc3", gpus=[H100_ROW])   # no such field: nothing said
+    res = _run(tmp_path, bundle, version="1.4.0rc3", gpus=[H100_ROW])  # no such field: nothing said
     assert res.returncode == 0 and "floors the draft length" not in res.stderr
 
 
@@ -78,9 +103,13 @@ def test_flashinfer_under_dflash_is_refused_at_serve_time(tmp_path, bundle):
     assert "attn_backend: FLASHINFER cannot verify K + 1 tokens per sequence" in err
 
 
-@pytest.mark.parametrize("drop, key", [("DFlashDecodingConfig.context_recompute_tail",
-                                        "speculative_config.context_recompute_tail"),
-                                       ("TorchLlmArgs.disable_mm_encoder", "disable_mm_encoder")])
+@pytest.mark.parametrize(
+    "drop, key",
+    [
+        ("DFlashDecodingConfig.context_recompute_tail", "speculative_config.context_recompute_tail"),
+        ("TorchLlmArgs.disable_mm_encoder", "disable_mm_encoder"),
+    ],
+)
 def test_a_key_the_installed_release_rejects_is_one_line_naming_it(tmp_path, bundle, drop, key):
     err = _one_line_error(_run(tmp_path, bundle, version="1.5.0", gpus=[H100_ROW], drop=(drop,)))
     assert err.startswith(f"serve.sh: trtllm/config.yaml: {key}: TensorRT-LLM 1.5.0 rejects it (no such key)"), err
@@ -105,8 +134,9 @@ def test_disaggregated_serving_is_refused_citing_the_pr(tmp_path, bundle):
 def test_the_acceptance_histogram_dir_is_opt_in_and_resolved_from_the_caller(tmp_path, bundle):
     work = tmp_path / "work"
     work.mkdir()
-    res = _run(tmp_path, bundle, version="1.4.0rc1", gpus=[H100_ROW], cwd=work,
-               env={"TLLM_DFLASH_ACCEPT_STATS_DIR": "stats"})
+    res = _run(
+        tmp_path, bundle, version="1.4.0rc1", gpus=[H100_ROW], cwd=work, env={"TLLM_DFLASH_ACCEPT_STATS_DIR": "stats"}
+    )
     assert res.returncode == 0, res.stderr
     assert (work / "stats").is_dir() and f"stats: {work / 'stats'}" in res.stderr
     assert "stats: \n" in _run(tmp_path, bundle, version="1.4.0rc1", gpus=[H100_ROW]).stderr + "\n"
@@ -123,11 +153,13 @@ def test_versions_order_as_releases_do():
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
     """Put a stand-in release on sys.path for in-process callers; forget it afterwards."""
+
     def install(version, **kw):
         for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
             monkeypatch.delitem(sys.modules, name)
         root = tmp_path / f"site-{version}-{len(kw)}"
         monkeypatch.syspath_prepend(str(fake_trtllm.write(root, version, **kw)))
+
     yield install
     for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
         del sys.modules[name]
@@ -152,9 +184,9 @@ def built(tmp_path_factory):
 
 
 def test_serve_check_uses_the_installed_release(installed, built, capsys):
-    assert run(["serve", str(built), "--check"]) == 0   # nothing installed here: our schema only
+    assert run(["serve", str(built), "--check"]) == 0  # nothing installed here: our schema only
     assert "no installed release judged it" in capsys.readouterr().out
-    installed("1.4.0rc1")   # the config dflash-trt writes passes the documented classes
+    installed("1.4.0rc1")  # the config dflash-trt writes passes the documented classes
     assert run(["serve", str(built), "--check"]) == 0
     assert "TensorRT-LLM 1.4.0rc1 accepts trtllm/config.yaml (planned for 1.4.0rc1)" in capsys.readouterr().out
     installed("1.5.0", drop=("DFlashDecodingConfig.use_rejection_sampling",))

@@ -37,7 +37,7 @@ def test_a_dflash2_drafter_gets_the_selector_graph_checked_at_two_temperatures(t
     kind, err = graphs.export_drafter(d, head, tmp_path, 4, said.append)
     assert kind == "dflash2" and "selector" in said[0] and "ONNX Runtime form" in said[1]
     assert _inputs(tmp_path / "drafter.onnx") == export_dflash2.DFLASH2_INPUTS
-    assert _inputs(tmp_path / "drafter_ort.onnx") == onnx_native.DFLASH2_NATIVE_INPUTS   # the walk, natively
+    assert _inputs(tmp_path / "drafter_ort.onnx") == onnx_native.DFLASH2_NATIVE_INPUTS  # the walk, natively
     assert set(err) == {"k_cache", "v_cache", "q", "ort_k_new", "ort_v_new", "ort_q"}
     assert max(err.values()) < export.DRAFTER_ONNX_ATOL
     assert DFlash2Export.temperatures[0] == 0.0 and DFlash2Export.temperatures[1] > 0

@@ -20,11 +20,24 @@ def _sliding_pair(root):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      use_sliding_window=True, sliding_window=16, max_window_layers=1,
-                      layer_types=["sliding_attention"] + ["full_attention"] * 3, tie_word_embeddings=False,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = Qwen3Config(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=1,
+        layer_types=["sliding_attention"] + ["full_attention"] * 3,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = Qwen3ForCausalLM(cfg).eval()
     tdir, ddir = root / "target", root / "drafter"
     model.save_pretrained(tdir, safe_serialization=True)
@@ -35,10 +48,27 @@ def _sliding_pair(root):
 
 def test_a_sliding_window_target_is_refused_in_one_line(tmp_path, capsys):
     tdir, ddir = _sliding_pair(tmp_path)
-    capsys.readouterr()                       # save_pretrained's progress bar is not the build's
+    capsys.readouterr()  # save_pretrained's progress bar is not the build's
     out = tmp_path / "out"
-    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--graphs",
-                "-o", str(out), "--set", "serving.max_seq_len=256"]) == 2
+    assert (
+        run(
+            [
+                "build",
+                "-t",
+                str(tdir),
+                "-d",
+                str(ddir),
+                "--gpu",
+                "cpu",
+                "--graphs",
+                "-o",
+                str(out),
+                "--set",
+                "serving.max_seq_len=256",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "does not export to target.onnx" in err and "sliding-window" in err and "without --graphs" in err
     assert len(err.splitlines()) == 1

@@ -17,11 +17,28 @@ from dflash_trt.model import DFlash2Drafter, DrafterConfig
 def tiny_dflash2(seed=0) -> DFlash2Drafter:
     torch.manual_seed(seed)
     cfg = DrafterConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, vocab_size=128, block_size=8, mask_token_id=127, target_layer_ids=[0, 2], rope_theta=10000.0,
-        layer_types=["sliding_attention", "full_attention"], sliding_window=6, causal=False, dtype="float32",
-        output_multiplier=0.5, final_logit_softcapping=20.0,
-        conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=6)
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=128,
+        block_size=8,
+        mask_token_id=127,
+        target_layer_ids=[0, 2],
+        rope_theta=10000.0,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=6,
+        causal=False,
+        dtype="float32",
+        output_multiplier=0.5,
+        final_logit_softcapping=20.0,
+        conv_kernel_size=2,
+        conv_group_size=16,
+        selector_rank=8,
+        selector_top_k=6,
+    )
     d = DFlash2Drafter(cfg).eval()
     with torch.no_grad():
         for name, p in d.named_parameters():
@@ -59,7 +76,7 @@ def test_onnx_matches_pytorch(exported, temperature):
 def test_onnx_parity_can_fail(exported):
     d, head, path = exported
     with torch.no_grad():
-        d.candidate_selector.successor_codebook.mul_(-3.0)    # the graph keeps the old codebook
+        d.candidate_selector.successor_codebook.mul_(-3.0)  # the graph keeps the old codebook
     try:
         err = ex2.check_dflash2_drafter_onnx(d, path, head_weight=head, temperature=0.8, batch=3, T=4, seed=8)
     finally:

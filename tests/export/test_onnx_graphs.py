@@ -19,10 +19,21 @@ def tiny_drafter(seed=0):
 
     torch.manual_seed(seed)
     cfg = DrafterConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, vocab_size=128, block_size=8, mask_token_id=127,
-        target_layer_ids=[0, 2], rope_theta=10000.0, layer_types=["sliding_attention", "full_attention"],
-        sliding_window=6, attention_bias=True, dtype="float32",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=128,
+        block_size=8,
+        mask_token_id=127,
+        target_layer_ids=[0, 2],
+        rope_theta=10000.0,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=6,
+        attention_bias=True,
+        dtype="float32",
     )
     d = Drafter(cfg).eval()
     with torch.no_grad():
@@ -68,7 +79,7 @@ def test_drafter_onnx_matches_pytorch(drafter_onnx):
 def test_drafter_onnx_parity_can_fail(drafter_onnx):
     drafter, head, path = drafter_onnx
     with torch.no_grad():
-        drafter.layers[1].self_attn.k_proj.weight.mul_(1.5)     # the graph keeps the old weights
+        drafter.layers[1].self_attn.k_proj.weight.mul_(1.5)  # the graph keeps the old weights
     try:
         err = engine.check_drafter_onnx(drafter, path, head_weight=head, batch=2, T=3, seed=12)
     finally:
@@ -81,8 +92,16 @@ def test_target_onnx_with_taps_and_kv_cache(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    cfg = Qwen3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+    )
     model = Qwen3ForCausalLM(cfg).eval()
     path = engine.export_target_onnx(model, [0, 2], tmp_path)
     err = engine.check_target_onnx(model, [0, 2], path, batch=3, past=9, T=4)
@@ -117,8 +136,10 @@ def _dynamic_axes(path) -> dict[str, set[int]]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    return {i.name: {a for a, d in enumerate(i.type.tensor_type.shape.dim) if not d.HasField("dim_value")}
-            for i in model.graph.input}
+    return {
+        i.name: {a for a, d in enumerate(i.type.tensor_type.shape.dim) if not d.HasField("dim_value")}
+        for i in model.graph.input
+    }
 
 
 def _check_profile_covers(graph, path):
@@ -138,15 +159,22 @@ def _check_profile_covers(graph, path):
         assert all(a <= b <= c for a, b, c in zip(lo, opt, hi, strict=True))
         assert [x for x, s in zip(hi, shape, strict=True) if s >= 0] == [s for s in shape if s >= 0]
         if i.name == "past_k":
-            assert lo[3] == 0 and hi[3] == profile.max_seq_len - 1 and hi[1] == 4   # an empty past at prefill
+            assert lo[3] == 0 and hi[3] == profile.max_seq_len - 1 and hi[1] == 4  # an empty past at prefill
 
 
 def test_every_dynamic_axis_has_a_profile_dimension(drafter_onnx, tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     _check_profile_covers("drafter", drafter_onnx[2])
-    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    cfg = Qwen3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     path = engine.export_embed_onnx(Qwen3ForCausalLM(cfg).get_input_embeddings().weight, 1.0, tmp_path)
     _check_profile_covers("embed", path)
 
@@ -158,23 +186,37 @@ def test_embed_graph_is_the_targets_embedding_times_the_drafters_scale(tmp_path)
     from dflash_trt.model import Target
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
     path = engine.export_embed_onnx(model.get_input_embeddings().weight, 2.5, tmp_path)
     ids = torch.randint(0, 100, (3, 7))
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input_ids": ids.numpy()})[0]
     assert torch.equal(torch.from_numpy(got), Target(model).embed(ids, 2.5).detach())
 
 
-@pytest.mark.parametrize("model_type, kw, needle", [
-    ("llama", {}, None),
-    ("qwen3", {}, None),
-    ("qwen3", dict(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, sliding_window=8),
-     "sliding-window"),
-    ("gpt_oss", {}, "sliding-window"),
-    ("qwen3_5_text", {}, "recurrent/conv state (hybrid)"),
-    ("deepseek_v3", {}, "MLA"),
-])
+@pytest.mark.parametrize(
+    "model_type, kw, needle",
+    [
+        ("llama", {}, None),
+        ("qwen3", {}, None),
+        (
+            "qwen3",
+            dict(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True, sliding_window=8),
+            "sliding-window",
+        ),
+        ("gpt_oss", {}, "sliding-window"),
+        ("qwen3_5_text", {}, "recurrent/conv state (hybrid)"),
+        ("deepseek_v3", {}, "MLA"),
+    ],
+)
 def test_targets_whose_cache_does_not_stack_are_named(model_type, kw, needle):
     from transformers import AutoConfig
 

@@ -43,10 +43,10 @@ def test_the_dense_cache_holds_what_the_paged_cache_holds():
     _, paged = example_round(drafter, batch=3, T=5, prior=7)
     dense = DenseKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, batch=3)
     dense.chunk = 4
-    k_ref, v_ref = onnx_native.dense_from_paged(paged)                          # [L, b, kvh, len, d]
+    k_ref, v_ref = onnx_native.dense_from_paged(paged)  # [L, b, kvh, len, d]
     n_new = paged.lengths.clone()
     dense.reserve(n_new)
-    junk = torch.randn(*k_ref.shape[:3], 3, k_ref.shape[4])     # columns past every row's n_new: dropped
+    junk = torch.randn(*k_ref.shape[:3], 3, k_ref.shape[4])  # columns past every row's n_new: dropped
     k_new, v_new = torch.cat([k_ref, junk], 3), torch.cat([v_ref, junk], 3)
     dense.append(k_new, v_new, n_new)
     assert dense.lengths.tolist() == paged.lengths.tolist() and dense.k.shape[3] % 4 == 0

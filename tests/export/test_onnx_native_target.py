@@ -19,9 +19,17 @@ def _llama_with_biases():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      attention_bias=True, mlp_bias=True)
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        attention_bias=True,
+        mlp_bias=True,
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -33,26 +41,38 @@ def _qwen2_with_biases():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = Qwen2Config(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     model = Qwen2ForCausalLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0, 0.2)   # biases too: a q/k/v bias that were zero would pass unread
+            p.normal_(0, 0.2)  # biases too: a q/k/v bias that were zero would pass unread
     return model.float().eval()
 
 
-@pytest.mark.parametrize("make", [
-    lambda: tiny_target("qwen3", dtype=torch.float32),
-    pytest.param(lambda: tiny_target("llama", dtype=torch.float32), marks=pytest.mark.slow),
-    pytest.param(_qwen2_with_biases, marks=pytest.mark.slow),
-    pytest.param(_llama_with_biases, marks=pytest.mark.slow)], ids=["qwen3", "llama", "qwen2-bias", "llama-bias"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tiny_target("qwen3", dtype=torch.float32),
+        pytest.param(lambda: tiny_target("llama", dtype=torch.float32), marks=pytest.mark.slow),
+        pytest.param(_qwen2_with_biases, marks=pytest.mark.slow),
+        pytest.param(_llama_with_biases, marks=pytest.mark.slow),
+    ],
+    ids=["qwen3", "llama", "qwen2-bias", "llama-bias"],
+)
 def test_the_native_target_is_fused_standard_onnx_and_matches_transformers(tmp_path, make):
     import onnx
 
     model = make()
     layers = model.config.num_hidden_layers
-    taps = [0, layers - 1]   # the last layer's tap is transformers' normed hidden state
+    taps = [0, layers - 1]  # the last layer's tap is transformers' normed hidden state
     assert native_target_problem(model) is None
     path = export_native_target_onnx(model, taps, tmp_path)
     graph = onnx.load(str(path)).graph
@@ -68,16 +88,33 @@ def test_the_native_target_is_fused_standard_onnx_and_matches_transformers(tmp_p
 def test_targets_it_does_not_cover_are_named():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, use_sliding_window=True,
-                      sliding_window=4, max_window_layers=0, layer_types=["sliding_attention"] * 2)
+    cfg = Qwen3Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=0,
+        layer_types=["sliding_attention"] * 2,
+    )
     assert "not a plain decoder" in native_target_problem(Qwen3ForCausalLM(cfg))
 
 
 def test_a_rope_that_changes_with_length_is_named():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )
     assert "changes with the sequence length" in native_target_problem(LlamaForCausalLM(cfg))

@@ -16,10 +16,14 @@ from safetensors.torch import save_file
 
 def _layer_cfg(cfg) -> dict:
     return {
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers, "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-        "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
         "max_position_embeddings": cfg.max_position_embeddings,
     }
 
@@ -45,14 +49,25 @@ def write_zlab_v1(root: Path, cfg, state: dict[str, torch.Tensor]) -> Path:
         tensors["lm_head.weight"] = state["lm_head.weight"]
         tensors["d2t"] = state["d2t"]
     config = {
-        "architectures": ["DFlashDraftModel"], "attention_bias": False, "attention_dropout": 0.0,
-        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "block_size": cfg.block_size,
-        "dflash_config": dflash, "dtype": "float32", "hidden_act": "silu",
+        "architectures": ["DFlashDraftModel"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "block_size": cfg.block_size,
+        "dflash_config": dflash,
+        "dtype": "float32",
+        "hidden_act": "silu",
         **_layer_cfg(cfg),
-        "layer_types": ["full_attention"] * cfg.num_hidden_layers, "max_window_layers": cfg.num_hidden_layers,
-        "model_type": "qwen3", "num_target_layers": cfg.num_target_layers,
-        "rope_scaling": None, "rope_theta": cfg.rope_theta, "sliding_window": None,
-        "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False,
+        "layer_types": ["full_attention"] * cfg.num_hidden_layers,
+        "max_window_layers": cfg.num_hidden_layers,
+        "model_type": "qwen3",
+        "num_target_layers": cfg.num_target_layers,
+        "rope_scaling": None,
+        "rope_theta": cfg.rope_theta,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "use_sliding_window": False,
     }
     return _write(root, config, tensors)
 
@@ -60,13 +75,19 @@ def write_zlab_v1(root: Path, cfg, state: dict[str, torch.Tensor]) -> Path:
 def write_zlab_newer(root: Path, cfg, state: dict[str, torch.Tensor]) -> Path:
     """z-lab newer: block_size inside dflash_config, explicit layer_types/causal, transformers-5 rope_parameters."""
     config = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-        "dflash_config": {"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
-                          "target_layer_ids": list(cfg.target_layer_ids), "causal": False},
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "dflash_config": {
+            "block_size": cfg.block_size,
+            "mask_token_id": cfg.mask_token_id,
+            "target_layer_ids": list(cfg.target_layer_ids),
+            "causal": False,
+        },
         **_layer_cfg(cfg),
         "layer_types": ["full_attention"] * cfg.num_hidden_layers,
         "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
-        "num_target_layers": cfg.num_target_layers, "torch_dtype": "float32",
+        "num_target_layers": cfg.num_target_layers,
+        "torch_dtype": "float32",
     }
     return _write(root, config, body(state))
 
@@ -74,22 +95,40 @@ def write_zlab_newer(root: Path, cfg, state: dict[str, torch.Tensor]) -> Path:
 def write_modelopt(root: Path, cfg, state: dict[str, torch.Tensor], prefix: str = "") -> Path:
     """ModelOpt DFlashExporter output (torch_dtype, explicit causal, rope_scaling None), optional name prefix."""
     config = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": cfg.block_size,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
-                          "causal": False},
-        **_layer_cfg(cfg), "hidden_act": "silu", "initializer_range": 0.02, "attention_bias": False,
-        "attention_dropout": 0.0, "rope_theta": cfg.rope_theta, "rope_scaling": None,
-        "tie_word_embeddings": False, "torch_dtype": "float32", "num_target_layers": cfg.num_target_layers,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": cfg.block_size,
+        "dflash_config": {
+            "mask_token_id": cfg.mask_token_id,
+            "target_layer_ids": list(cfg.target_layer_ids),
+            "causal": False,
+        },
+        **_layer_cfg(cfg),
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "num_target_layers": cfg.num_target_layers,
         "layer_types": ["full_attention"] * cfg.num_hidden_layers,
     }
     _write(root, config, {prefix + k: v for k, v in body(state).items()})
-    (root / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt", "version": "0.47.0"}, "quantization": {"quant_algo": None}}))
+    (root / "hf_quant_config.json").write_text(
+        json.dumps({"producer": {"name": "modelopt", "version": "0.47.0"}, "quantization": {"quant_algo": None}})
+    )
     return root
 
 
-def write_speculators(root: Path, cfg, state: dict[str, torch.Tensor], verifier_head: torch.Tensor | None = None,
-                      extra: dict[str, torch.Tensor] | None = None) -> Path:
+def write_speculators(
+    root: Path,
+    cfg,
+    state: dict[str, torch.Tensor],
+    verifier_head: torch.Tensor | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """vllm-project/speculators DFlash: nested transformer_layer_config, aux ids = z-lab ids + 1,
     a reduced vocabulary as own lm_head + d2t *offsets* + t2d mask (train/vocab_mapping.py)."""
     vocab = cfg.vocab_size
@@ -98,27 +137,39 @@ def write_speculators(root: Path, cfg, state: dict[str, torch.Tensor], verifier_
     if cfg.draft_vocab_size:
         ids = state["d2t"].long()
         tensors["lm_head.weight"] = state["lm_head.weight"]
-        tensors["d2t"] = ids - torch.arange(len(ids))          # offsets: target = i + d2t[i]
+        tensors["d2t"] = ids - torch.arange(len(ids))  # offsets: target = i + d2t[i]
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[ids] = True
         tensors["t2d"] = t2d
     elif verifier_head is not None:  # full vocabulary: speculators may save the frozen verifier head
         tensors["lm_head.weight"] = verifier_head
     tensors.update(extra or {})
-    layer = {"model_type": "qwen3", **_layer_cfg(cfg),
-             "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
-             "architectures": ["Qwen3ForCausalLM"]}
+    layer = {
+        "model_type": "qwen3",
+        **_layer_cfg(cfg),
+        "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
+        "architectures": ["Qwen3ForCausalLM"],
+    }
     config = {
-        "speculators_model_type": "dflash", "architectures": ["DFlashSpeculator"],
-        "transformer_layer_config": layer, "draft_vocab_size": draft_vocab, "block_size": cfg.block_size,
-        "target_hidden_size": None, "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
-        "mask_token_id": cfg.mask_token_id, "sliding_window_non_causal": False, "projector_type": "dflash",
-        "sample_from_anchor": False, "shift_label": False,
+        "speculators_model_type": "dflash",
+        "architectures": ["DFlashSpeculator"],
+        "transformer_layer_config": layer,
+        "draft_vocab_size": draft_vocab,
+        "block_size": cfg.block_size,
+        "target_hidden_size": None,
+        "aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids],
+        "mask_token_id": cfg.mask_token_id,
+        "sliding_window_non_causal": False,
+        "projector_type": "dflash",
+        "sample_from_anchor": False,
+        "shift_label": False,
         "speculators_config": {
-            "algorithm": "dflash", "default_proposal_method": "greedy",
+            "algorithm": "dflash",
+            "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.block_size - 1}],
             "verifier": {"name_or_path": "tests/tiny-target", "architectures": ["Qwen3ForCausalLM"]},
         },
-        "speculators_version": "0.4.0", "torch_dtype": "float32",
+        "speculators_version": "0.4.0",
+        "torch_dtype": "float32",
     }
     return _write(root, config, tensors)

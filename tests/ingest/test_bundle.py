@@ -61,7 +61,11 @@ def test_the_layout_names_what_build_wrote(built):
     b = ingest.open_bundle(built)
     L = ingest.Layout
     assert (b.target, b.drafter, b.trtllm_config, b.serve_sh) == (
-        built / L.TARGET, built / L.DRAFTER, built / L.TRTLLM_CONFIG, built / L.SERVE_SH)
+        built / L.TARGET,
+        built / L.DRAFTER,
+        built / L.TRTLLM_CONFIG,
+        built / L.SERVE_SH,
+    )
     assert b.manifest_path.is_file() and (b.target / "config.json").is_file() and b.trtllm_config.is_file()
     outputs = b.manifest.outputs
     for rel in (outputs.trtllm_config, outputs.serve):
@@ -75,16 +79,24 @@ def test_check_passes_a_real_bundle(built):
     b = ingest.check_bundle(built)
     assert b.manifest.precision.weights == "bf16"
     report = build_check_bundle(built)
-    assert report == {"bundle": str(built), "precision": "bf16", "tp": 1, "max_draft_len": report["max_draft_len"],
-                      "quantized": None}
+    assert report == {
+        "bundle": str(built),
+        "precision": "bf16",
+        "tp": 1,
+        "max_draft_len": report["max_draft_len"],
+        "quantized": None,
+    }
     assert 1 <= report["max_draft_len"] <= 7
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("{nope", "invalid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ("\xff\xfe", "cannot read"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("{nope", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ("\xff\xfe", "cannot read"),
+    ],
+)
 def test_malformed_manifest_is_one_line(bundle, content, needle):
     (bundle / "manifest.json").write_text(content, encoding="latin-1")
     with pytest.raises(CheckpointError, match=needle) as exc:
@@ -93,11 +105,14 @@ def test_malformed_manifest_is_one_line(bundle, content, needle):
     assert "manifest.json" in msg and "\n" not in msg
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda m: m["serve"].update(tp_size="eight"), "serve.tp_size"),
-    (lambda m: m.update(surprise=1), "surprise"),
-    (lambda m: m["precision"].pop("weights"), "precision.weights"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda m: m["serve"].update(tp_size="eight"), "serve.tp_size"),
+        (lambda m: m.update(surprise=1), "surprise"),
+        (lambda m: m["precision"].pop("weights"), "precision.weights"),
+    ],
+)
 def test_manifest_fields_are_typed(bundle, edit, needle):
     _edit_manifest(bundle, edit)
     with pytest.raises(CheckpointError, match=needle) as exc:
@@ -139,13 +154,16 @@ def test_a_format_1_bundle_is_refused_saying_why(bundle, capsys):
         assert len(err.splitlines()) == 1 and "inverted" in err and "rebuild the bundle" in err, argv
 
 
-@pytest.mark.parametrize("breakage, needle", [
-    (lambda b: (b / "trtllm" / "config.yaml").unlink(), "bundle lacks trtllm/config.yaml"),
-    (lambda b: (b / "target" / "config.json").unlink(), "bundle lacks target/config.json"),
-    (lambda b: _edit_manifest(b, lambda m: m.pop("timings")), "manifest lacks 'timings'"),
-    (lambda b: (b / "trtllm" / "serve.sh").chmod(0o644), "trtllm/serve.sh is not executable"),
-    (lambda b: (b / "drafter" / "model.safetensors").write_bytes(b"\x00" * 4), "truncated"),
-])
+@pytest.mark.parametrize(
+    "breakage, needle",
+    [
+        (lambda b: (b / "trtllm" / "config.yaml").unlink(), "bundle lacks trtllm/config.yaml"),
+        (lambda b: (b / "target" / "config.json").unlink(), "bundle lacks target/config.json"),
+        (lambda b: _edit_manifest(b, lambda m: m.pop("timings")), "manifest lacks 'timings'"),
+        (lambda b: (b / "trtllm" / "serve.sh").chmod(0o644), "trtllm/serve.sh is not executable"),
+        (lambda b: (b / "drafter" / "model.safetensors").write_bytes(b"\x00" * 4), "truncated"),
+    ],
+)
 def test_check_refuses_a_broken_bundle(bundle, breakage, needle):
     breakage(bundle)
     with pytest.raises(CheckpointError, match=needle):
@@ -179,6 +197,8 @@ def test_check_files_names_every_file_changed_missing_or_added(bundle):
     (bundle / "trtllm" / "config.yaml").write_text((bundle / "trtllm" / "config.yaml").read_text() + "# edited\n")
     (bundle / "drafter" / "config.json").unlink()
     (bundle / "extra.txt").write_text("x")
-    assert ingest.check_files(b) == ["trtllm/config.yaml: sha256 differs from the manifest's",
-                                     "drafter/config.json: missing",
-                                     "extra.txt: not in the manifest (added after the build)"]
+    assert ingest.check_files(b) == [
+        "trtllm/config.yaml: sha256 differs from the manifest's",
+        "drafter/config.json: missing",
+        "extra.txt: not in the manifest (added after the build)",
+    ]

@@ -48,8 +48,24 @@ def test_plan_warns_in_one_line_and_the_bundle_records_the_setting(thinking_pair
     assert run(args + ["--set", "serving.enable_thinking=false"]) == 0
     assert "enable_thinking" not in capsys.readouterr().err
     out = tmp_path / "bundle"
-    assert run(["build", "--target", str(tdir), "--drafter", str(ddir), "--gpu", "cpu", "-o", str(out),
-                "--set", "serving.enable_thinking=false"]) == 0
+    assert (
+        run(
+            [
+                "build",
+                "--target",
+                str(tdir),
+                "--drafter",
+                str(ddir),
+                "--gpu",
+                "cpu",
+                "-o",
+                str(out),
+                "--set",
+                "serving.enable_thinking=false",
+            ]
+        )
+        == 0
+    )
     serve = json.loads((out / "manifest.json").read_text())["serve"]
     assert serve["enable_thinking"] is False and serve["thinking_switch"] is True
     assert serve["drafter_chat"] == {"enable_thinking": False} and serve["chat_template_sha256"]

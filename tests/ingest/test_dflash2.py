@@ -22,19 +22,45 @@ H, LAYERS, HEADS, KV, HD, FFN, VOCAB, TAPS, GROUP, RANK, TOP_K = 64, 2, 4, 2, 16
 def published_config(**dflash) -> dict:
     """z-lab/Qwen3.8-27B-DFlash2's config.json, scaled down (keys and their places verbatim)."""
     return {
-        "architectures": ["DFlash2DraftModel"], "attention_bias": False, "attention_dropout": 0.0,
-        "bos_token_id": None, "is_causal": False,
-        "dflash_config": {"block_size": 8, "conv_group_size": GROUP, "conv_kernel_size": TAPS,
-                          "mask_token_id": VOCAB - 1, "selector_rank": RANK, "selector_top_k": TOP_K,
-                          "target_layer_ids": [0, 2], **dflash},
-        "dtype": "float32", "eos_token_id": 2, "head_dim": HD, "hidden_act": "silu", "hidden_size": H,
-        "initializer_range": 0.02, "intermediate_size": FFN, "layer_types": ["sliding_attention"] * LAYERS,
-        "max_position_embeddings": 512, "max_window_layers": LAYERS, "model_type": "qwen3",
-        "num_attention_heads": HEADS, "num_hidden_layers": LAYERS, "num_key_value_heads": KV,
-        "num_target_layers": 4, "pad_token_id": 0, "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "sliding_window": 16,
-        "tie_word_embeddings": False, "transformers_version": "5.15.0", "use_cache": True,
-        "use_sliding_window": True, "vocab_size": VOCAB,
+        "architectures": ["DFlash2DraftModel"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": None,
+        "is_causal": False,
+        "dflash_config": {
+            "block_size": 8,
+            "conv_group_size": GROUP,
+            "conv_kernel_size": TAPS,
+            "mask_token_id": VOCAB - 1,
+            "selector_rank": RANK,
+            "selector_top_k": TOP_K,
+            "target_layer_ids": [0, 2],
+            **dflash,
+        },
+        "dtype": "float32",
+        "eos_token_id": 2,
+        "head_dim": HD,
+        "hidden_act": "silu",
+        "hidden_size": H,
+        "initializer_range": 0.02,
+        "intermediate_size": FFN,
+        "layer_types": ["sliding_attention"] * LAYERS,
+        "max_position_embeddings": 512,
+        "max_window_layers": LAYERS,
+        "model_type": "qwen3",
+        "num_attention_heads": HEADS,
+        "num_hidden_layers": LAYERS,
+        "num_key_value_heads": KV,
+        "num_target_layers": 4,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "sliding_window": 16,
+        "tie_word_embeddings": False,
+        "transformers_version": "5.15.0",
+        "use_cache": True,
+        "use_sliding_window": True,
+        "vocab_size": VOCAB,
     }
 
 
@@ -42,18 +68,31 @@ def published_tensors(seed: int = 0, codebook_suffix: str = "") -> dict[str, tor
     """Every tensor under its published name, built here by hand (not from DFlash2Drafter)."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g) * 0.2  # noqa: E731
-    t = {"fc.weight": r(H, 2 * H), "hidden_norm.weight": 1 + r(H), "norm.weight": 1 + r(H),
-         "candidate_selector.predecessor_codebook" + codebook_suffix: r(VOCAB, RANK),
-         "candidate_selector.successor_codebook" + codebook_suffix: r(VOCAB, RANK),
-         "candidate_selector.hidden_projection.weight": r(RANK, H)}
+    t = {
+        "fc.weight": r(H, 2 * H),
+        "hidden_norm.weight": 1 + r(H),
+        "norm.weight": 1 + r(H),
+        "candidate_selector.predecessor_codebook" + codebook_suffix: r(VOCAB, RANK),
+        "candidate_selector.successor_codebook" + codebook_suffix: r(VOCAB, RANK),
+        "candidate_selector.hidden_projection.weight": r(RANK, H),
+    }
     for i in range(LAYERS):
         p = f"layers.{i}."
-        t.update({p + "self_attn.q_proj.weight": r(HEADS * HD, H), p + "self_attn.k_proj.weight": r(KV * HD, H),
-                  p + "self_attn.v_proj.weight": r(KV * HD, H), p + "self_attn.o_proj.weight": r(H, HEADS * HD),
-                  p + "self_attn.q_norm.weight": 1 + r(HD), p + "self_attn.k_norm.weight": 1 + r(HD),
-                  p + "mlp.gate_proj.weight": r(FFN, H), p + "mlp.up_proj.weight": r(FFN, H),
-                  p + "mlp.down_proj.weight": r(H, FFN), p + "input_layernorm.weight": 1 + r(H),
-                  p + "post_attention_layernorm.weight": 1 + r(H)})
+        t.update(
+            {
+                p + "self_attn.q_proj.weight": r(HEADS * HD, H),
+                p + "self_attn.k_proj.weight": r(KV * HD, H),
+                p + "self_attn.v_proj.weight": r(KV * HD, H),
+                p + "self_attn.o_proj.weight": r(H, HEADS * HD),
+                p + "self_attn.q_norm.weight": 1 + r(HD),
+                p + "self_attn.k_norm.weight": 1 + r(HD),
+                p + "mlp.gate_proj.weight": r(FFN, H),
+                p + "mlp.up_proj.weight": r(FFN, H),
+                p + "mlp.down_proj.weight": r(H, FFN),
+                p + "input_layernorm.weight": 1 + r(H),
+                p + "post_attention_layernorm.weight": 1 + r(H),
+            }
+        )
         for conv in ("attention_conv", "mlp_conv"):
             t[p + f"{conv}.base_kernel"] = r(2, TAPS, H)
             t[p + f"{conv}.kernel_projection.weight"] = r(2 * TAPS * (H // GROUP), H)
@@ -76,8 +115,12 @@ def test_raw_dflash2_is_read_with_its_sizes_and_attention_rule(tmp_path):
     # is_causal: false makes the sliding layers windowed and non-causal (the authors' Qwen3DFlashAttention)
     assert [c.layer_causal(i) for i in range(LAYERS)] == [False, False]
     assert [c.layer_window(i) for i in range(LAYERS)] == [16, 16]
-    assert spec.to_dict()["dflash2"] == {"conv_kernel_size": TAPS, "conv_group_size": GROUP,
-                                         "selector_rank": RANK, "selector_top_k": TOP_K}
+    assert spec.to_dict()["dflash2"] == {
+        "conv_kernel_size": TAPS,
+        "conv_group_size": GROUP,
+        "selector_rank": RANK,
+        "selector_top_k": TOP_K,
+    }
 
 
 @pytest.mark.parametrize("suffix", ["", ".weight"])
@@ -95,10 +138,16 @@ def test_raw_dflash2_loads_every_tensor_and_round_trips(tmp_path, suffix):
     assert all(torch.equal(back[n], v) for n, v in published.items())
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["is_causal"] is False
-    assert {k: cfg["dflash_config"][k] for k in ("block_size", "conv_kernel_size", "conv_group_size",
-                                                 "selector_rank", "selector_top_k")} == \
-        {"block_size": 8, "conv_kernel_size": TAPS, "conv_group_size": GROUP, "selector_rank": RANK,
-         "selector_top_k": TOP_K}
+    assert {
+        k: cfg["dflash_config"][k]
+        for k in ("block_size", "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    } == {
+        "block_size": 8,
+        "conv_kernel_size": TAPS,
+        "conv_group_size": GROUP,
+        "selector_rank": RANK,
+        "selector_top_k": TOP_K,
+    }
     assert ingest.read_drafter(out).config == ingest.read_drafter(tmp_path / "d").config
 
 
@@ -114,9 +163,9 @@ def _config_with(**over):
     for k, v in over.items():
         if k.startswith("dflash_"):
             if v is None:
-                cfg["dflash_config"].pop(k[len("dflash_"):])
+                cfg["dflash_config"].pop(k[len("dflash_") :])
             else:
-                cfg["dflash_config"][k[len("dflash_"):]] = v
+                cfg["dflash_config"][k[len("dflash_") :]] = v
         else:
             cfg[k] = v
     return cfg
@@ -127,18 +176,29 @@ def _without(*names):
 
 
 MALFORMED = {
-    "group size not dividing the hidden size": (_config_with(dflash_conv_group_size=24), None,
-                                                "conv_group_size 24 does not divide hidden_size 64"),
-    "missing selector sizes": (_config_with(dflash_selector_rank=None, dflash_selector_top_k=None), None,
-                               "lacks dflash_config.selector_rank, selector_top_k"),
-    "top-k beyond the vocabulary": (_config_with(dflash_selector_top_k=500), None,
-                                    "selector_top_k 500 exceeds the vocabulary (96)"),
+    "group size not dividing the hidden size": (
+        _config_with(dflash_conv_group_size=24),
+        None,
+        "conv_group_size 24 does not divide hidden_size 64",
+    ),
+    "missing selector sizes": (
+        _config_with(dflash_selector_rank=None, dflash_selector_top_k=None),
+        None,
+        "lacks dflash_config.selector_rank, selector_top_k",
+    ),
+    "top-k beyond the vocabulary": (
+        _config_with(dflash_selector_top_k=500),
+        None,
+        "selector_top_k 500 exceeds the vocabulary (96)",
+    ),
     "zero taps": (_config_with(dflash_conv_kernel_size=0), None, "conv_kernel_size is 0"),
     "missing selector tensors": (None, _without("candidate_selector."), "lack the candidate selector"),
     "missing convolutions": (None, _without("layers.1.mlp_conv."), "lack the dynamic convolutions"),
-    "codebook of the wrong width": (None, {**published_tensors(),
-                                           "candidate_selector.successor_codebook": torch.zeros(VOCAB, RANK + 1)},
-                                    "config.json implies [96, 8]"),
+    "codebook of the wrong width": (
+        None,
+        {**published_tensors(), "candidate_selector.successor_codebook": torch.zeros(VOCAB, RANK + 1)},
+        "config.json implies [96, 8]",
+    ),
 }
 
 

@@ -129,15 +129,17 @@ def test_speculators_full_vocabulary_drops_verifier_copies(target, drafters, ori
     d = drafters["full"]
     head = target.lm_head.weight.detach().clone()
     emb = target.get_input_embeddings().weight.detach().clone()
-    path = write_speculators(tmp_path / "spec", d.cfg, d.state_dict(), verifier_head=head,
-                             extra={"embed_tokens.weight": emb})
+    path = write_speculators(
+        tmp_path / "spec", d.cfg, d.state_dict(), verifier_head=head, extra={"embed_tokens.weight": emb}
+    )
     loaded = ingest.load_drafter(path, dtype=torch.float32)
     assert loaded.lm_head is None
     assert_same_drafter(target, Drafter.load(originals["full"]), loaded)
 
 
-@pytest.mark.parametrize("kind,fmt", [("full", "speculators"), ("full", "modelopt-prefixed"),
-                                      ("reduced", "speculators"), ("full", "zlab")])
+@pytest.mark.parametrize(
+    "kind,fmt", [("full", "speculators"), ("full", "modelopt-prefixed"), ("reduced", "speculators"), ("full", "zlab")]
+)
 def test_write_zlab_round_trips_to_the_original(kind, fmt, target, drafters, originals, tmp_path):
     d = drafters[kind]
     writer = WRITERS[fmt]
@@ -215,8 +217,10 @@ def test_config_only_directories_validate_without_weights(tiny_pair_dir, tmp_pat
     assert r.ok and r.to_dict()["weights_present"] == {"target": False, "drafter": False}
     # absent weights are what a config-only read expects: said in the checks, not as warnings (plan prints those)
     assert not r.warnings and sum("weights absent" in str(c) for c in r.checks) == 2
-    assert ingest.read_drafter(tmp_path / "d", require_weights=False).num_parameters == \
-        ingest.read_drafter(ddir).num_parameters
+    assert (
+        ingest.read_drafter(tmp_path / "d", require_weights=False).num_parameters
+        == ingest.read_drafter(ddir).num_parameters
+    )
     with pytest.raises(CheckpointError, match="no .safetensors weights"):
         ingest.validate_pair(tmp_path / "t", tmp_path / "d")
 
@@ -231,24 +235,58 @@ def test_sha256_files_hashes_content_and_skips_hidden(tmp_path):
     (tmp_path / ".cache" / "x").write_text("ignored")
     (tmp_path / "link.json").symlink_to(tmp_path / "a.json")
     got = ingest.sha256_files(tmp_path)
-    assert got == {"a.json": hashlib.sha256(b"{}").hexdigest(), "link.json": hashlib.sha256(b"{}").hexdigest(),
-                   "sub/b.bin": hashlib.sha256(b"\x00\x01").hexdigest()}
+    assert got == {
+        "a.json": hashlib.sha256(b"{}").hexdigest(),
+        "link.json": hashlib.sha256(b"{}").hexdigest(),
+        "sub/b.bin": hashlib.sha256(b"\x00\x01").hexdigest(),
+    }
 
 
-@pytest.mark.parametrize("files,want", [
-    ({"hf_quant_config.json": {"producer": {"name": "modelopt", "version": "0.23.0rc1"},
-                               "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}},
-     {"method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": None}),
-    ({"hf_quant_config.json": {"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8",
-                                                "group_size": 16, "exclude_modules": ["lm_head"]}}},
-     {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16, "exclude_modules": ["lm_head"]}),
-    ({"config.json": {"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}}},
-     {"method": "mxfp4", "quant_algo": "MXFP4", "exclude_modules": ["lm_head"], "source": "config.json"}),
-    ({"config.json": {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4",
-                                              "kv_cache_scheme": "FP8", "ignore": ["lm_head"]}}},
-     {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}),
-    ({"config.json": {"model_type": "qwen3"}}, None),
-])
+@pytest.mark.parametrize(
+    "files,want",
+    [
+        (
+            {
+                "hf_quant_config.json": {
+                    "producer": {"name": "modelopt", "version": "0.23.0rc1"},
+                    "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None},
+                }
+            },
+            {"method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": None},
+        ),
+        (
+            {
+                "hf_quant_config.json": {
+                    "quantization": {
+                        "quant_algo": "NVFP4",
+                        "kv_cache_quant_algo": "FP8",
+                        "group_size": 16,
+                        "exclude_modules": ["lm_head"],
+                    }
+                }
+            },
+            {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16, "exclude_modules": ["lm_head"]},
+        ),
+        (
+            {"config.json": {"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}}},
+            {"method": "mxfp4", "quant_algo": "MXFP4", "exclude_modules": ["lm_head"], "source": "config.json"},
+        ),
+        (
+            {
+                "config.json": {
+                    "quantization_config": {
+                        "quant_method": "modelopt",
+                        "quant_algo": "NVFP4",
+                        "kv_cache_scheme": "FP8",
+                        "ignore": ["lm_head"],
+                    }
+                }
+            },
+            {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]},
+        ),
+        ({"config.json": {"model_type": "qwen3"}}, None),
+    ],
+)
 def test_target_quantization(files, want, tmp_path):
     for name, data in files.items():
         (tmp_path / name).write_text(json.dumps(data))
@@ -273,6 +311,7 @@ def test_published_pairs_validate_from_configs_alone():
     gpt = ingest.read_drafter(root / "z-lab--gpt-oss-20b-DFlash", require_weights=False)
     assert gpt.num_parameters == 784_767_104 and gpt.config.rope_scaling["rope_type"] == "yarn"
     assert ingest.read_target(root / "openai--gpt-oss-20b", require_weights=False).quantization["quant_algo"] == "MXFP4"
-    r = ingest.validate_pair(root / "openai--gpt-oss-20b", root / "z-lab--Qwen3-8B-DFlash-b16",
-                                 require_weights=False, raise_on_error=False)
+    r = ingest.validate_pair(
+        root / "openai--gpt-oss-20b", root / "z-lab--Qwen3-8B-DFlash-b16", require_weights=False, raise_on_error=False
+    )
     assert not r.ok and "hidden_size 4096 != target hidden_size 2880" in r.errors[0]

@@ -25,7 +25,7 @@ def _set_cfg(d: Path, **changes) -> None:
     cfg = _cfg(d)
     for k, v in changes.items():
         if k.startswith("dflash_"):
-            cfg["dflash_config"][k[len("dflash_"):]] = v
+            cfg["dflash_config"][k[len("dflash_") :]] = v
         else:
             cfg[k] = v
     (d / "config.json").write_text(json.dumps(cfg))
@@ -51,8 +51,10 @@ def missing_shard(t, d):
     for shard, part in shards.items():
         save_file({n: tensors[n] for n in part}, str(t / shard))
     (t / "model.safetensors").unlink()
-    index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in tensors.values())},
-             "weight_map": {n: s for s, part in shards.items() for n in part}}
+    index = {
+        "metadata": {"total_size": sum(v.numel() * v.element_size() for v in tensors.values())},
+        "weight_map": {n: s for s, part in shards.items() for n in part},
+    }
     (t / "model.safetensors.index.json").write_text(json.dumps(index))
     (t / "model-00002-of-00002.safetensors").unlink()
     return t, d
@@ -100,8 +102,12 @@ def bin_only(t, d):
 
 
 def custom_code_only(t, d):
-    _set_cfg(t, model_type="acme", architectures=["AcmeForCausalLM"],
-             auto_map={"AutoModelForCausalLM": "modeling_acme.AcmeForCausalLM"})
+    _set_cfg(
+        t,
+        model_type="acme",
+        architectures=["AcmeForCausalLM"],
+        auto_map={"AutoModelForCausalLM": "modeling_acme.AcmeForCausalLM"},
+    )
     (t / "modeling_acme.py").write_text("raise SystemExit('checkpoint code must never run')\n")
     return t, d
 
@@ -114,8 +120,9 @@ def missing_tokenizer(t, d):
 
 
 def unknown_format(t, d):
-    (d / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert",
-                                               "hidden_size": 64}))
+    (d / "config.json").write_text(
+        json.dumps({"architectures": ["BertModel"], "model_type": "bert", "hidden_size": 64})
+    )
     return t, d
 
 

@@ -51,14 +51,22 @@ def test_shapes_dtypes_and_bytes_of_every_tensor(tmp_path):
 
 def test_sub_byte_and_scale_dtypes_are_counted_by_bits(tmp_path):
     # F4 packs two values per byte; F8_E8M0 (MXFP4's scales) one per byte.
-    _raw(tmp_path / "a.safetensors", {"__metadata__": {"x": "y"},
-                                      "w": {"dtype": "F4", "shape": [4, 8], "data_offsets": [0, 16]},
-                                      "s": {"dtype": "F8_E8M0", "shape": [3], "data_offsets": [16, 19]}}, 19)
+    _raw(
+        tmp_path / "a.safetensors",
+        {
+            "__metadata__": {"x": "y"},
+            "w": {"dtype": "F4", "shape": [4, 8], "data_offsets": [0, 16]},
+            "s": {"dtype": "F8_E8M0", "shape": [3], "data_offsets": [16, 19]},
+        },
+        19,
+    )
     _raw(tmp_path / "b.safetensors", {"v": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]}}, 12)
     h = ingest.read_headers(tmp_path)  # every file of the directory
     assert {k: (t.dtype, t.shape, t.nbytes, t.file) for k, t in h.items()} == {
-        "w": ("F4", (4, 8), 16, "a.safetensors"), "s": ("F8_E8M0", (3,), 3, "a.safetensors"),
-        "v": ("BF16", (2, 3), 12, "b.safetensors")}
+        "w": ("F4", (4, 8), 16, "a.safetensors"),
+        "s": ("F8_E8M0", (3,), 3, "a.safetensors"),
+        "v": ("BF16", (2, 3), 12, "b.safetensors"),
+    }
     assert safetensors_bytes(tmp_path) == 31
 
 
@@ -72,10 +80,14 @@ BROKEN = {
     "header cut short": (lambda p: p.write_bytes(_save(p)[:20]), "corrupt or truncated safetensors header"),
     "no header": (lambda p: p.write_bytes(b"\x01\x02"), "no header"),
     "header not JSON": (lambda p: p.write_bytes(struct.pack("<Q", 4) + b"{no}"), "corrupt safetensors header"),
-    "wrong byte count": (lambda p: _raw(p, {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, 8),
-                         "should take 16 bytes"),
-    "unknown dtype": (lambda p: _raw(p, {"w": {"dtype": "F12", "shape": [1], "data_offsets": [0, 2]}}, 2),
-                      "unknown dtype 'F12'"),
+    "wrong byte count": (
+        lambda p: _raw(p, {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, 8),
+        "should take 16 bytes",
+    ),
+    "unknown dtype": (
+        lambda p: _raw(p, {"w": {"dtype": "F12", "shape": [1], "data_offsets": [0, 2]}}, 2),
+        "unknown dtype 'F12'",
+    ),
 }
 
 
@@ -84,8 +96,11 @@ def test_a_broken_file_is_one_line_from_every_reader(case, tmp_path):
     breakage, needle = BROKEN[case]
     f = tmp_path / "model.safetensors"
     breakage(f)
-    for read in (lambda: ingest.read_header(f), lambda: ingest.read_headers(tmp_path),
-                 lambda: safetensors_bytes(tmp_path)):
+    for read in (
+        lambda: ingest.read_header(f),
+        lambda: ingest.read_headers(tmp_path),
+        lambda: safetensors_bytes(tmp_path),
+    ):
         with pytest.raises(CheckpointError, match=needle) as exc:
             read()
         assert "\n" not in str(exc.value) and str(f) in str(exc.value)
@@ -95,8 +110,12 @@ def test_planning_reads_the_real_byte_count(tiny_pair_dir):
     tdir, _ = tiny_pair_dir
     shape = TargetShape.from_dir(tdir)
     assert shape.shipped_bytes == sum(t.nbytes for t in ingest.scan(tdir).tensors.values())
-    assert shape.shipped_bytes == (tdir / "model.safetensors").stat().st_size - 8 - struct.unpack(
-        "<Q", (tdir / "model.safetensors").read_bytes()[:8])[0]
+    assert (
+        shape.shipped_bytes
+        == (tdir / "model.safetensors").stat().st_size
+        - 8
+        - struct.unpack("<Q", (tdir / "model.safetensors").read_bytes()[:8])[0]
+    )
 
 
 def test_the_dtype_table_agrees_with_torch():
@@ -105,8 +124,12 @@ def test_the_dtype_table_agrees_with_torch():
         if torch_name is not None:
             assert getattr(torch, torch_name).itemsize * 8 == bits, name
     assert ingest.FLOAT_DTYPES == {"F16", "BF16", "F32", "F64"}
-    assert [ingest.torch_dtype(n) for n in ingest.RUNTIME_DTYPES] == [torch.float32, torch.bfloat16,
-                                                                     torch.float16, torch.float64]
+    assert [ingest.torch_dtype(n) for n in ingest.RUNTIME_DTYPES] == [
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.float64,
+    ]
     assert ingest.torch_dtype("float8_e4m3fn") is None and ingest.torch_dtype(None) is None
     assert parse_dtype("bfloat16") is torch.bfloat16 and parse_dtype("auto") is torch.float32
     with pytest.raises(DFlashError, match="choose auto, float32, bfloat16, float16, float64"):
@@ -116,8 +139,16 @@ def test_the_dtype_table_agrees_with_torch():
 # The three lists this one replaced: every file any of them named is still a tokenizer file.
 BEFORE = {
     "ingest target": ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "spiece.model"),
-    "quantize copy": ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                      "vocab.json", "merges.txt", "chat_template.jinja", "added_tokens.json"),
+    "quantize copy": (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+        "added_tokens.json",
+    ),
     "runtime load": ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"),
 }
 

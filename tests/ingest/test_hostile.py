@@ -22,7 +22,7 @@ from dflash_trt.cli import run
 def _header(f: Path) -> tuple[dict, bytes]:
     data = f.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8:8 + n]), data[8 + n:]
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
 
 
 def _write_header(f: Path, header: dict, payload: bytes) -> None:
@@ -37,6 +37,7 @@ def _edit_entry(role: str, fn):
         name = sorted(k for k in header if k != "__metadata__")[0]
         fn(header, name)
         _write_header(f, header, payload)
+
     return mutate
 
 
@@ -49,6 +50,7 @@ def _set(role: str, path: list[str], value):
             node = node[k]
         node[path[-1]] = value
         f.write_text(json.dumps(cfg))
+
     return mutate
 
 
@@ -60,6 +62,7 @@ def _sharded(index_values):
         names = sorted(tensors)
         wm = {n: index_values(i, n) for i, n in enumerate(names)}
         (t / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+
     return mutate
 
 
@@ -68,8 +71,13 @@ def _deep(t: Path, d: Path):
 
 
 def _overlap(header, name):
-    others = sorted(k for k in header if k not in ("__metadata__", name) and header[k]["data_offsets"][1]
-                    - header[k]["data_offsets"][0] == header[name]["data_offsets"][1] - header[name]["data_offsets"][0])
+    others = sorted(
+        k
+        for k in header
+        if k not in ("__metadata__", name)
+        and header[k]["data_offsets"][1] - header[k]["data_offsets"][0]
+        == header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
+    )
     if others:  # same size: point both at the same bytes
         header[others[0]]["data_offsets"] = list(header[name]["data_offsets"])
     else:
@@ -94,6 +102,7 @@ def _int8_target(t: Path, d: Path):
 def _write(name: str, text: str, role: str = "target"):
     def mutate(t: Path, d: Path):
         ((t if role == "target" else d) / name).write_text(text)
+
     return mutate
 
 
@@ -102,7 +111,8 @@ def _fifo(name: str):
         import os
 
         (t / name).unlink(missing_ok=True)
-        os.mkfifo(t / name)   # never opened: a read would block forever
+        os.mkfifo(t / name)  # never opened: a read would block forever
+
     return mutate
 
 
@@ -110,21 +120,29 @@ def _raw_config(old: str, new: str):
     def mutate(t: Path, d: Path):
         f = t / "config.json"
         f.write_text(f.read_text().replace(old, new, 1))
+
     return mutate
 
 
 CASES = {
     # malformed safetensors headers
-    "dtype is a list": (_edit_entry("target", lambda h, n: h[n].update(dtype=[h[n]["dtype"]])),
-                        "corrupt safetensors header entry"),
-    "offsets are strings": (_edit_entry("target",
-                                        lambda h, n: h[n].update(data_offsets=[str(x) for x in h[n]["data_offsets"]])),
-                            "corrupt safetensors header entry"),
-    "shape has a negative size": (_edit_entry("drafter", lambda h, n: h[n].update(shape=[-1])),
-                                  "corrupt safetensors header entry"),
+    "dtype is a list": (
+        _edit_entry("target", lambda h, n: h[n].update(dtype=[h[n]["dtype"]])),
+        "corrupt safetensors header entry",
+    ),
+    "offsets are strings": (
+        _edit_entry("target", lambda h, n: h[n].update(data_offsets=[str(x) for x in h[n]["data_offsets"]])),
+        "corrupt safetensors header entry",
+    ),
+    "shape has a negative size": (
+        _edit_entry("drafter", lambda h, n: h[n].update(shape=[-1])),
+        "corrupt safetensors header entry",
+    ),
     "offsets overlap": (_edit_entry("target", _overlap), "overlap"),
-    "entry is not an object": (_edit_entry("drafter", lambda h, n: h.update({n: 7})),
-                               "corrupt safetensors header entry"),
+    "entry is not an object": (
+        _edit_entry("drafter", lambda h, n: h.update({n: 7})),
+        "corrupt safetensors header entry",
+    ),
     # shard indexes
     "index value is a number": (_sharded(lambda i, n: 5), "is not a file name"),
     "index value is a list": (_sharded(lambda i, n: ["model-00001-of-00001.safetensors"]), "is not a file name"),
@@ -140,15 +158,21 @@ CASES = {
     "drafter negative hidden size": (_set("drafter", ["hidden_size"], -64), "hidden_size"),
     # issue 27: tokenizers that do not load or round-trip, non-finite and impossible numbers, special files
     "tokenizer.json is garbage": (_write("tokenizer.json", "\x00garbage{"), "the tokenizer does not load"),
-    "tokenizer.json is mis-structured": (_write("tokenizer.json", '{"model": 5, "added_tokens": "x"}'),
-                                         "the tokenizer does not load"),
+    "tokenizer.json is mis-structured": (
+        _write("tokenizer.json", '{"model": 5, "added_tokens": "x"}'),
+        "the tokenizer does not load",
+    ),
     "rms_norm_eps is NaN": (_set("target", ["rms_norm_eps"], float("nan")), "NaN is not a number"),
     "rope_theta overflows": (_raw_config('"rope_theta": ', '"rope_theta": 1e999, "x": '), "overflows"),
     "rms_norm_eps is zero": (_set("target", ["rms_norm_eps"], 0), "rms_norm_eps is 0"),
-    "rope_theta is negative": (_raw_config('"rope_theta": 10000.0', '"rope_theta": -10000.0'),
-                               "rope_theta is -10000.0"),
-    "max_position_embeddings is negative": (_set("target", ["max_position_embeddings"], -1),
-                                            "max_position_embeddings is -1"),
+    "rope_theta is negative": (
+        _raw_config('"rope_theta": 10000.0', '"rope_theta": -10000.0'),
+        "rope_theta is -10000.0",
+    ),
+    "max_position_embeddings is negative": (
+        _set("target", ["max_position_embeddings"], -1),
+        "max_position_embeddings is -1",
+    ),
     "tokenizer.json is a FIFO": (_fifo("tokenizer.json"), "is a FIFO"),
     "model.safetensors is a FIFO": (_fifo("model.safetensors"), "is a FIFO"),
     # weights that do not match or are not floats

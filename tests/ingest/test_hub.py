@@ -38,12 +38,19 @@ def _cache_repo(cache, repo_id: str, src, ref: str = "main"):
     return repo / "snapshots" / COMMIT
 
 
-@pytest.mark.parametrize("ref,want", [
-    ("z-lab/Qwen3-8B-DFlash-b16", ("z-lab/Qwen3-8B-DFlash-b16", None)),
-    ("Qwen/Qwen3-8B@main", ("Qwen/Qwen3-8B", "main")),
-    ("org/name@" + COMMIT, ("org/name", COMMIT)),
-    ("/abs/path", None), ("./rel/dir", None), ("~/models/x", None), ("a/b/c", None), ("plain", None),
-])
+@pytest.mark.parametrize(
+    "ref,want",
+    [
+        ("z-lab/Qwen3-8B-DFlash-b16", ("z-lab/Qwen3-8B-DFlash-b16", None)),
+        ("Qwen/Qwen3-8B@main", ("Qwen/Qwen3-8B", "main")),
+        ("org/name@" + COMMIT, ("org/name", COMMIT)),
+        ("/abs/path", None),
+        ("./rel/dir", None),
+        ("~/models/x", None),
+        ("a/b/c", None),
+        ("plain", None),
+    ],
+)
 def test_parse_hub_id(ref, want):
     assert hub.parse_hub_id(ref) == want
 
@@ -104,13 +111,36 @@ def test_only_configs_tokenizers_and_safetensors_are_requested(monkeypatch, tmp_
         allowed = any(fnmatch.fnmatch(name, p) for p in kw["allow_patterns"])
         return allowed and not any(fnmatch.fnmatch(name, p) for p in kw["ignore_patterns"])
 
-    wanted = ["config.json", "generation_config.json", "model.safetensors", "model-00001-of-00004.safetensors",
-              "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-              "merges.txt", "vocab.json", "special_tokens_map.json", "chat_template.jinja", "hf_quant_config.json",
-              "o200k_base.tiktoken"]
-    refused = ["pytorch_model.bin", "pytorch_model-00001-of-00002.bin", "model.pt", "consolidated.pth",
-               "modeling_qwen.py", "configuration_x.py", "flax_model.msgpack", "tf_model.h5", "model.gguf",
-               "training_args.bin", "optimizer.pt", "original/consolidated.00.pth"]
+    wanted = [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "model-00001-of-00004.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "merges.txt",
+        "vocab.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+        "hf_quant_config.json",
+        "o200k_base.tiktoken",
+    ]
+    refused = [
+        "pytorch_model.bin",
+        "pytorch_model-00001-of-00002.bin",
+        "model.pt",
+        "consolidated.pth",
+        "modeling_qwen.py",
+        "configuration_x.py",
+        "flax_model.msgpack",
+        "tf_model.h5",
+        "model.gguf",
+        "training_args.bin",
+        "optimizer.pt",
+        "original/consolidated.00.pth",
+    ]
     assert all(fetched(n) for n in wanted), [n for n in wanted if not fetched(n)]
     assert not any(fetched(n) for n in refused), [n for n in refused if fetched(n)]
 
@@ -124,14 +154,19 @@ def _http_error(cls, status, msg):
     return cls(msg, response=response)
 
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda e: _http_error(e.GatedRepoError, 403, "gated"), "gated repository; accept its terms at "
-                                                            "https://huggingface.co/org/model and set HF_TOKEN"),
-    (lambda e: _http_error(e.RepositoryNotFoundError, 404, "nope"), "no such repository"),
-    (lambda e: _http_error(e.RevisionNotFoundError, 404, "rev"), "revision 'v9' does not exist"),
-    (lambda e: _http_error(e.HfHubHTTPError, 401, "unauthorized"), "check HF_TOKEN"),
-    (lambda e: ConnectionError("Name or service not known"), "HF_HUB_OFFLINE=1"),
-])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (
+            lambda e: _http_error(e.GatedRepoError, 403, "gated"),
+            "gated repository; accept its terms at https://huggingface.co/org/model and set HF_TOKEN",
+        ),
+        (lambda e: _http_error(e.RepositoryNotFoundError, 404, "nope"), "no such repository"),
+        (lambda e: _http_error(e.RevisionNotFoundError, 404, "rev"), "revision 'v9' does not exist"),
+        (lambda e: _http_error(e.HfHubHTTPError, 401, "unauthorized"), "check HF_TOKEN"),
+        (lambda e: ConnectionError("Name or service not known"), "HF_HUB_OFFLINE=1"),
+    ],
+)
 def test_hub_errors_become_one_line(monkeypatch, make, needle, capsys):
     import huggingface_hub
     from huggingface_hub import errors
@@ -196,8 +231,8 @@ def test_the_probe_connects_to_the_endpoint_and_trusts_a_proxy(hub_answers, monk
     assert hub_answers() is True
     server.close()
     hub_answers.cache_clear()
-    assert hub_answers() is False            # nothing listens there now
+    assert hub_answers() is False  # nothing listens there now
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
     hub_answers.cache_clear()
-    assert hub_answers() is True             # behind a proxy the endpoint is not probed
+    assert hub_answers() is True  # behind a proxy the endpoint is not probed
     hub_answers.cache_clear()

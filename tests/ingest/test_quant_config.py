@@ -10,23 +10,45 @@ import pytest
 
 from dflash_trt import ingest
 
-NESTED = {"producer": {"name": "modelopt", "version": "0.47.0"},
-          "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16,
-                           "exclude_modules": ["lm_head"]}}
-FLAT = {"producer": {"name": "modelopt", "version": "1.0.0"}, "quant_method": "modelopt", "quant_algo": "NVFP4",
-        "kv_cache_scheme": {"type": "float", "num_bits": 8}, "ignore": ["lm_head"],
-        "config_groups": {"group_0": {"weights": {"num_bits": 4, "group_size": 16}, "targets": ["Linear"]}}}
+NESTED = {
+    "producer": {"name": "modelopt", "version": "0.47.0"},
+    "quantization": {
+        "quant_algo": "NVFP4",
+        "kv_cache_quant_algo": "FP8",
+        "group_size": 16,
+        "exclude_modules": ["lm_head"],
+    },
+}
+FLAT = {
+    "producer": {"name": "modelopt", "version": "1.0.0"},
+    "quant_method": "modelopt",
+    "quant_algo": "NVFP4",
+    "kv_cache_scheme": {"type": "float", "num_bits": 8},
+    "ignore": ["lm_head"],
+    "config_groups": {"group_0": {"weights": {"num_bits": 4, "group_size": 16}, "targets": ["Linear"]}},
+}
 
 
 @pytest.mark.parametrize("raw", [NESTED, FLAT])
 def test_both_shapes_normalise_to_the_same_fields(raw):
     q = ingest.read_modelopt_quant_config(raw)
-    assert (q["quant_algo"], q["kv_cache_quant_algo"], q["group_size"], q["exclude_modules"]) == \
-        ("NVFP4", "FP8", 16, ["lm_head"])
+    assert (q["quant_algo"], q["kv_cache_quant_algo"], q["group_size"], q["exclude_modules"]) == (
+        "NVFP4",
+        "FP8",
+        16,
+        ["lm_head"],
+    )
 
 
-@pytest.mark.parametrize("scheme, algo", [(None, None), ("NVFP4", "NVFP4"), ({"type": "int", "num_bits": 8}, "INT8"),
-                                          ({"type": "float", "num_bits": 16}, None)])
+@pytest.mark.parametrize(
+    "scheme, algo",
+    [
+        (None, None),
+        ("NVFP4", "NVFP4"),
+        ({"type": "int", "num_bits": 8}, "INT8"),
+        ({"type": "float", "num_bits": 16}, None),
+    ],
+)
 def test_flat_kv_cache_scheme(scheme, algo):
     assert ingest.read_modelopt_quant_config({**FLAT, "kv_cache_scheme": scheme})["kv_cache_quant_algo"] == algo
 

@@ -44,12 +44,12 @@ def test_speculators_09_layers_are_sliding_and_non_causal_by_default(spec_dir):
     c = ingest.read_drafter(path, require_weights=False).config
     assert c.layer_types == ["sliding_attention"] * n and c.sliding_window == 64
     assert all(not c.layer_causal(i) and c.layer_window(i) == 64 for i in range(n))
-    assert windowed_non_causal(c) == list(range(n))   # the key of the release table's draft-attention rule
-    rc1 = get_release("1.4.0rc1")                       # so a Blackwell plan never gets TRTLLM draft attention
+    assert windowed_non_causal(c) == list(range(n))  # the key of the release table's draft-attention rule
+    rc1 = get_release("1.4.0rc1")  # so a Blackwell plan never gets TRTLLM draft attention
     assert drafter_attention_backend("auto", c, 100, rc1) == "VANILLA"
     with pytest.raises(RecipeError, match="non-causal sliding window"):
         drafter_attention_backend("TRTLLM", c, 100, rc1)
-    _rewrite(path, sliding_window_non_causal=False)   # explicit false: z-lab's causal windows
+    _rewrite(path, sliding_window_non_causal=False)  # explicit false: z-lab's causal windows
     c = ingest.read_drafter(path, require_weights=False).config
     assert all(c.layer_causal(i) for i in range(n)) and not windowed_non_causal(c)
 
@@ -69,7 +69,7 @@ def test_the_trtllm_config_gets_zlab_ids_and_catches_speculators_ids(spec_dir):
     aux = json.loads((path / "config.json").read_text())["aux_hidden_state_layer_ids"]
     assert aux == [i + 1 for i in cfg.target_layer_ids]
     shape = DraftShape.from_dir(path, zlab=ingest.read_drafter(path, require_weights=False).config.to_zlab())
-    assert list(shape.target_layer_ids) == cfg.target_layer_ids   # 0-based, as TensorRT-LLM captures
+    assert list(shape.target_layer_ids) == cfg.target_layer_ids  # 0-based, as TensorRT-LLM captures
     trtllm_config.check_layer_ids(list(shape.target_layer_ids), cfg.target_layer_ids)
     with pytest.raises(DFlashError, match=r"speculators ids \(output_hidden_states, \+1\)"):
-        trtllm_config.check_layer_ids(aux, cfg.target_layer_ids)   # the trap: ids passed straight through
+        trtllm_config.check_layer_ids(aux, cfg.target_layer_ids)  # the trap: ids passed straight through

@@ -65,7 +65,7 @@ def test_a_broken_decoder_is_refused_by_both_probes(name, tmp_path):
 def test_an_id_outside_the_targets_vocabulary_is_refused(tmp_path):
     tok = fast(VALID["byte-level BPE"]())
     tok.save_pretrained(tmp_path)
-    vocab = max(tok.get_vocab().values())    # one row short: <mask> has no embedding row
+    vocab = max(tok.get_vocab().values())  # one row short: <mask> has no embedding row
     for why in (probe(tmp_path, vocab), probe_light(tmp_path, vocab)):
         assert why and "'<mask>' has id" in why and f"vocabulary of {vocab}" in why
 
@@ -74,10 +74,12 @@ def test_valid_kinds_pass_inspect_build_generate(kind_pair, tmp_path, capsys):
     name, (t, d) = kind_pair
     assert run(["inspect", str(d), "--target", str(t)]) == 0, capsys.readouterr().err
     assert run(["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "--dry-run"]) == 0, capsys.readouterr().err
-    assert run(["generate", "-t", str(t), "-d", str(d), "-p", "the quick brown fox", "-n", "6"]) == 0, \
+    assert run(["generate", "-t", str(t), "-d", str(d), "-p", "the quick brown fox", "-n", "6"]) == 0, (
         capsys.readouterr().err
-    assert run(["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "-o", str(tmp_path / "b")]) == 0, \
+    )
+    assert run(["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "-o", str(tmp_path / "b")]) == 0, (
         capsys.readouterr().err
+    )
 
 
 def test_valid_kinds_pass_the_servers_door(kind_pair, tmp_path, capsys):
@@ -87,8 +89,9 @@ def test_valid_kinds_pass_the_servers_door(kind_pair, tmp_path, capsys):
     from dflash_trt.serve.app import create_app
 
     name, (t, d) = kind_pair
-    assert run(["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "-o", str(tmp_path / "b")]) == 0, \
+    assert run(["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "-o", str(tmp_path / "b")]) == 0, (
         capsys.readouterr().err
+    )
     pair = load_bundle(tmp_path / "b")
     with TestClient(create_app(pair, name, max_batch=2, max_model_len=64)) as client:
         r = client.post("/v1/completions", json={"prompt": "the quick brown fox", "max_tokens": 4})
@@ -100,10 +103,12 @@ def test_broken_kinds_are_refused_at_every_door(broken_pair, tmp_path, capsys):
     from dflash_trt.runtime.pair import load_bundle
 
     needle, (t, d) = broken_pair
-    for argv in (["inspect", str(d), "--target", str(t)],
-                 ["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "--dry-run"],
-                 ["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "-o", str(tmp_path / "b")],
-                 ["generate", "-t", str(t), "-d", str(d), "-p", "the quick brown fox", "-n", "6"]):
+    for argv in (
+        ["inspect", str(d), "--target", str(t)],
+        ["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "--dry-run"],
+        ["build", "-t", str(t), "-d", str(d), "--gpu", "cpu", "-o", str(tmp_path / "b")],
+        ["generate", "-t", str(t), "-d", str(d), "-p", "the quick brown fox", "-n", "6"],
+    ):
         assert needle in _one_line(capsys, run(argv)), argv
     assert not (tmp_path / "b").exists()
     # the server's door: a bundle whose tokenizer was swapped for the broken one after it was built
@@ -112,9 +117,9 @@ def test_broken_kinds_are_refused_at_every_door(broken_pair, tmp_path, capsys):
     bundle_target = tmp_path / "g" / "target"
     for f in t.glob("tokenizer*"):
         shutil.copy(f, bundle_target / f.name)
-    with pytest.raises(CheckpointError, match="sha256 differs from the manifest"):   # the load check sees it first
+    with pytest.raises(CheckpointError, match="sha256 differs from the manifest"):  # the load check sees it first
         load_bundle(tmp_path / "g")
-    manifest = json.loads((tmp_path / "g" / "manifest.json").read_text())   # a swap that rewrote the hashes too
+    manifest = json.loads((tmp_path / "g" / "manifest.json").read_text())  # a swap that rewrote the hashes too
     manifest["files"] = ingest.bundle_hashes(tmp_path / "g")
     (tmp_path / "g" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CompatibilityError, match=needle):

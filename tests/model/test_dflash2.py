@@ -19,15 +19,19 @@ def test_published_names_and_round_trip(tmp_path):
     model = tiny_target()
     d = tiny_dflash2_drafter(model)
     names = set(d.state_dict())
-    assert {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
-            "candidate_selector.hidden_projection.weight", "layers.1.attention_conv.base_kernel",
-            "layers.1.mlp_conv.kernel_projection.weight"} <= names
+    assert {
+        "candidate_selector.predecessor_codebook",
+        "candidate_selector.successor_codebook",
+        "candidate_selector.hidden_projection.weight",
+        "layers.1.attention_conv.base_kernel",
+        "layers.1.mlp_conv.kernel_projection.weight",
+    } <= names
     d.save(tmp_path / "d")
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlash2DraftModel"]
     assert all(cfg["dflash_config"][k] == v for k, v in DFLASH2.items())
     back = DFlash2Drafter.load(tmp_path / "d")
-    assert back.cfg.model_copy(update={"dtype": d.cfg.dtype}) == d.cfg   # save records the stored dtype
+    assert back.cfg.model_copy(update={"dtype": d.cfg.dtype}) == d.cfg  # save records the stored dtype
     assert all(torch.equal(back.state_dict()[n], t) for n, t in d.state_dict().items())
     assert drafter_for(back.cfg) is DFlash2Drafter and drafter_for(tiny_drafter_config(model)) is Drafter
 
@@ -51,8 +55,9 @@ def test_convolutions_mix_positions_within_a_block_only():
     x = torch.randn(1, 3 * B, H, dtype=torch.float64)
     pos = torch.arange(3 * B)[None]
     together = d.block_forward(x, pos, _passthrough, block_len=B)
-    apart = torch.cat([d.block_forward(x[:, k * B:(k + 1) * B], pos[:, k * B:(k + 1) * B], _passthrough)
-                       for k in range(3)], dim=1)
+    apart = torch.cat(
+        [d.block_forward(x[:, k * B : (k + 1) * B], pos[:, k * B : (k + 1) * B], _passthrough) for k in range(3)], dim=1
+    )
     torch.testing.assert_close(together, apart)
     # and within a block they do mix: a later position moves when an earlier one does
     y = x.clone()

@@ -20,14 +20,29 @@ H, L, HEADS, KV, D, FFN, V = 64, 2, 4, 2, 16, 96, 128
 def zlab_config(**over) -> dict:
     """A config.json shaped like z-lab/Qwen3-8B-DFlash-b16's, scaled down."""
     cfg = {
-        "architectures": ["DFlashDraftModel"], "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
-        "attention_bias": False, "block_size": 8,
+        "architectures": ["DFlashDraftModel"],
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "attention_bias": False,
+        "block_size": 8,
         "dflash_config": {"mask_token_id": V - 1, "target_layer_ids": [0, 2]},
-        "dtype": "float32", "head_dim": D, "hidden_act": "silu", "hidden_size": H,
-        "intermediate_size": FFN, "layer_types": ["full_attention"] * L, "max_position_embeddings": 512,
-        "model_type": "qwen3", "num_attention_heads": HEADS, "num_hidden_layers": L,
-        "num_key_value_heads": KV, "num_target_layers": 4, "rms_norm_eps": 1e-6, "rope_scaling": None,
-        "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False, "vocab_size": V,
+        "dtype": "float32",
+        "head_dim": D,
+        "hidden_act": "silu",
+        "hidden_size": H,
+        "intermediate_size": FFN,
+        "layer_types": ["full_attention"] * L,
+        "max_position_embeddings": 512,
+        "model_type": "qwen3",
+        "num_attention_heads": HEADS,
+        "num_hidden_layers": L,
+        "num_key_value_heads": KV,
+        "num_target_layers": 4,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "vocab_size": V,
     }
     cfg.update(over)
     return cfg
@@ -43,14 +58,21 @@ def zlab_tensors(n_tap=2, seed=0) -> dict[str, torch.Tensor]:
     t = {"fc.weight": r(H, n_tap * H), "hidden_norm.weight": 1 + r(H), "norm.weight": 1 + r(H)}
     for i in range(L):
         p = f"layers.{i}."
-        t.update({
-            p + "self_attn.q_proj.weight": r(HEADS * D, H), p + "self_attn.k_proj.weight": r(KV * D, H),
-            p + "self_attn.v_proj.weight": r(KV * D, H), p + "self_attn.o_proj.weight": r(H, HEADS * D),
-            p + "self_attn.q_norm.weight": 1 + r(D), p + "self_attn.k_norm.weight": 1 + r(D),
-            p + "mlp.gate_proj.weight": r(FFN, H), p + "mlp.up_proj.weight": r(FFN, H),
-            p + "mlp.down_proj.weight": r(H, FFN),
-            p + "input_layernorm.weight": 1 + r(H), p + "post_attention_layernorm.weight": 1 + r(H),
-        })
+        t.update(
+            {
+                p + "self_attn.q_proj.weight": r(HEADS * D, H),
+                p + "self_attn.k_proj.weight": r(KV * D, H),
+                p + "self_attn.v_proj.weight": r(KV * D, H),
+                p + "self_attn.o_proj.weight": r(H, HEADS * D),
+                p + "self_attn.q_norm.weight": 1 + r(D),
+                p + "self_attn.k_norm.weight": 1 + r(D),
+                p + "mlp.gate_proj.weight": r(FFN, H),
+                p + "mlp.up_proj.weight": r(FFN, H),
+                p + "mlp.down_proj.weight": r(H, FFN),
+                p + "input_layernorm.weight": 1 + r(H),
+                p + "post_attention_layernorm.weight": 1 + r(H),
+            }
+        )
     return t
 
 
@@ -107,15 +129,22 @@ def test_wrong_shapes_and_missing_tensors_are_checkpoint_errors(tmp_path):
         Drafter.load(tmp_path / "b")
 
 
-def naive_block(d: Drafter, target_hidden: torch.Tensor, block: torch.Tensor, causal=False,
-                window=None) -> torch.Tensor:
+def naive_block(
+    d: Drafter, target_hidden: torch.Tensor, block: torch.Tensor, causal=False, window=None
+) -> torch.Tensor:
     """DFlash written densely, the way the paper describes it: fused context in front of the
     block's own K/V in every layer, RoPE at absolute positions, one non-causal forward."""
     cfg = d.cfg
     n, B = target_hidden.shape[1], block.shape[1]
     ctx = d.hidden_norm(d.fc(target_hidden))
-    rope = Qwen3RotaryEmbedding(Qwen3Config(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
-                                            head_dim=cfg.head_dim, rope_theta=cfg.rope_theta))
+    rope = Qwen3RotaryEmbedding(
+        Qwen3Config(
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_attention_heads,
+            head_dim=cfg.head_dim,
+            rope_theta=cfg.rope_theta,
+        )
+    )
     pos = torch.arange(n + B)[None]
     cos, sin = rope(block, pos)
     x = block

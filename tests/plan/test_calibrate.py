@@ -38,12 +38,18 @@ def _bench_json(path, plan, model):
         L = lengths[c - 1] if drafting else 0
         acc = M.Acceptance.from_tau(TRUE_TAU, L + 1) if L else None
         user = model.per_user(c, L, acc) if L else model.per_user(c, 0, M.Acceptance(0.5))
-        return {"concurrency": c, "tokens_per_second_per_user": user, "output_tokens_per_second": c * user,
-                "acceptance_length": TRUE_TAU if L else 1.0}
+        return {
+            "concurrency": c,
+            "tokens_per_second_per_user": user,
+            "output_tokens_per_second": c * user,
+            "acceptance_length": TRUE_TAU if L else 1.0,
+        }
 
-    report = {"max_tokens": 128,
-              "endpoint": {"url": "http://dflash", "model": "m", "levels": [level(c, True) for c in LEVELS]},
-              "baseline": {"url": "http://ar", "model": "m", "levels": [level(c, False) for c in LEVELS]}}
+    report = {
+        "max_tokens": 128,
+        "endpoint": {"url": "http://dflash", "model": "m", "levels": [level(c, True) for c in LEVELS]},
+        "baseline": {"url": "http://ar", "model": "m", "levels": [level(c, False) for c in LEVELS]},
+    }
     path.write_text(json.dumps(report))
     return report
 
@@ -69,17 +75,27 @@ def test_calibration_moves_the_plan_toward_the_measurements(tmp_path, capsys, mo
     before, after = _error(first, report), _error(calibrated, report)
     assert before > 0.3 and after < 0.1 and after < before / 4, (before, after)
     assert calibrated.calibration.startswith("trtllm calibration (your measurements: bench.json, 6 levels")
-    assert calibrated.acceptance < first.acceptance   # the measured tau (4.0 at its length) replaces 6.5
+    assert calibrated.acceptance < first.acceptance  # the measured tau (4.0 at its length) replaces 6.5
     # through the command line, with the calibration it used printed
-    assert run(["plan", RECIPE, *sum((["--set", s] for s in SETS), []),
-                "--calibration", str(tmp_path / "bench.json")]) == 0
+    assert (
+        run(["plan", RECIPE, *sum((["--set", s] for s in SETS), []), "--calibration", str(tmp_path / "bench.json")])
+        == 0
+    )
     assert "step model: trtllm calibration (your measurements: bench.json" in capsys.readouterr().out
 
 
 def _tables_of(r, plan):
     res = pipeline.resolve_recipe(r)
-    return silicon.silicon_tables(str(res.target_dir), res.gpu.name, "trtllm", res.precision, plan.tp,
-                                  res.target.layers, r.trtllm.release, r.precision.kv_cache)
+    return silicon.silicon_tables(
+        str(res.target_dir),
+        res.gpu.name,
+        "trtllm",
+        res.precision,
+        plan.tp,
+        res.target.layers,
+        r.trtllm.release,
+        r.precision.kv_cache,
+    )
 
 
 def test_calibration_corrects_the_combined_model_and_keeps_the_tables(tmp_path):
@@ -90,7 +106,7 @@ def test_calibration_corrects_the_combined_model_and_keeps_the_tables(tmp_path):
     first = pipeline.plan_resolved(pipeline.resolve_recipe(r))
     assert first.step_sources["target_forward"].startswith("aiconfigurator-core")
     tables = _tables_of(r, first)
-    slow = M.StackConstants(0.55, 0.35, 5e-3, 15e-6)   # a slower loop and drafter than the combined model's
+    slow = M.StackConstants(0.55, 0.35, 5e-3, 15e-6)  # a slower loop and drafter than the combined model's
     truth = silicon.combined(_truth_model(first, r), tables, refitted=True)
     assert truth.k == _truth_model(first, r).k and truth.k.step_s == slow.step_s
     report = _bench_json(tmp_path / "bench.json", first, truth)
@@ -113,11 +129,18 @@ def test_a_plan_says_which_calibration_it_used(capsys):
     assert [r["batch"] for r in p["predicted"]] == [r["batch"] for r in p["curve"]]
     row = p["predicted"][0]
     assert row["speedup"] == pytest.approx(
-        row["tokens_per_second_per_user"] / row["baseline_tokens_per_second_per_user"], rel=1e-2)
+        row["tokens_per_second_per_user"] / row["baseline_tokens_per_second_per_user"], rel=1e-2
+    )
 
 
-@pytest.mark.parametrize("content, says", [("{", "invalid JSON"), ('{"levels": []}', "not the JSON of"),
-                                           ('{"endpoint": {"levels": []}}', "no level with tokens/s")])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("{", "invalid JSON"),
+        ('{"levels": []}', "not the JSON of"),
+        ('{"endpoint": {"levels": []}}', "no level with tokens/s"),
+    ],
+)
 def test_a_bad_calibration_file_is_one_line(tmp_path, capsys, content, says):
     f = tmp_path / "c.json"
     f.write_text(content)

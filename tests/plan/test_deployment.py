@@ -46,16 +46,17 @@ def test_qwen3_8b_parameter_split(qwen):
 
 def test_weight_bytes_by_precision(qwen):
     t, _ = qwen
-    bf16_rest = 2 * (622_329_856 * 2 + 308_224)                         # embed + lm_head + norms stay BF16
-    assert P.weight_bytes(t, "bf16") == 16_381_470_720                  # Qwen--Qwen3-8B/sizes.json total_size
+    bf16_rest = 2 * (622_329_856 * 2 + 308_224)  # embed + lm_head + norms stay BF16
+    assert P.weight_bytes(t, "bf16") == 16_381_470_720  # Qwen--Qwen3-8B/sizes.json total_size
     assert P.weight_bytes(t, "fp8") == 6_945_767_424 + 252 * 8 + bf16_rest == 9_435_705_312
     assert P.weight_bytes(t, "nvfp4") == (3_472_883_712 + 434_110_464 + 252 * 8 + bf16_rest) == 6_396_932_064
 
 
 def test_qwen3_8b_h100_fp8_memory_by_hand(qwen):
     t, d = qwen
-    m = P.memory(on(t, d, "h100", "fp8"), tp=1,
-                 serving=ServingSpec(max_batch_size=16, max_seq_len=8192, max_num_tokens=8192))
+    m = P.memory(
+        on(t, d, "h100", "fp8"), tp=1, serving=ServingSpec(max_batch_size=16, max_seq_len=8192, max_num_tokens=8192)
+    )
     assert m.weights == 9_435_705_312
     assert m.drafter == 2_097_252_864
     assert m.drafter_arena == 2 * 17 * 5 * (8192 + 16) * 8 * 128 * 2 == 2_857_697_280
@@ -78,8 +79,9 @@ def test_qwen3_8b_h100_fp8_memory_by_hand(qwen):
 
 def test_qwen3_8b_b200_nvfp4_memory_by_hand(qwen):
     t, d = qwen
-    m = P.memory(on(t, d, "b200", "nvfp4"), tp=1,
-                 serving=ServingSpec(max_batch_size=64, max_seq_len=8192, max_num_tokens=8192))
+    m = P.memory(
+        on(t, d, "b200", "nvfp4"), tp=1, serving=ServingSpec(max_batch_size=64, max_seq_len=8192, max_num_tokens=8192)
+    )
     assert m.weights == 6_396_932_064
     assert m.drafter_arena == 2 * 65 * 5 * 8208 * 8 * 128 * 2 == 10_926_489_600
     assert m.kv_cache == 2 * 36 * 8 * 128 * 2 * 8192 * 64 == 77_309_411_328
@@ -126,8 +128,8 @@ def test_does_not_fit_says_how_much_is_missing(qwen):
 def test_gpt_oss_uses_the_shipped_mxfp4_bytes():
     t = TargetShape.from_dir(CONFIGS / "openai--gpt-oss-120b")
     assert t.shipped_precision == "mxfp4" and t.experts == 128 and t.experts_per_token == 4
-    assert P.weight_bytes(t, "mxfp4") == 65_248_815_744            # openai--gpt-oss-120b/sizes.json, ~65 GB as shipped
-    assert abs(t.params - 116_829_156_672) < 10_000                  # dequantized count (+ sinks)
+    assert P.weight_bytes(t, "mxfp4") == 65_248_815_744  # openai--gpt-oss-120b/sizes.json, ~65 GB as shipped
+    assert abs(t.params - 116_829_156_672) < 10_000  # dequantized count (+ sinks)
 
 
 def test_acceptance_model():
@@ -155,8 +157,11 @@ def test_draft_length_and_backoff(qwen):
     assert any("drafting does not pay" in w and "costs up to" in w for w in p.warnings), p.warnings
     lens = [r.draft_len for r in p.curve]
     assert lens == sorted(lens, reverse=True)  # drafting only backs off as batches grow
-    p2 = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
-                SpeculativeSpec(acceptance=1.6, schedule="max_concurrency"))
+    p2 = P.make_plan(
+        on(t, d, "b200", "nvfp4", "fp8"),
+        ServingSpec(max_batch_size=1024, max_seq_len=512),
+        SpeculativeSpec(acceptance=1.6, schedule="max_concurrency"),
+    )
     assert p2.max_concurrency is None and p2.draft_len_schedule == p.draft_len_schedule
 
 
@@ -169,11 +174,14 @@ def test_on_a_release_with_the_floor_the_rule_follows_it(qwen, monkeypatch):
     monkeypatch.setattr(S, "installed_floor", lambda: (1, False, "9.9.9"))
     weak = SpeculativeSpec(acceptance=1.6)
     p = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512), weak)
-    assert p.draft_len_schedule == {1: 15}     # above the largest key the release drafts its floor, 1
+    assert p.draft_len_schedule == {1: 15}  # above the largest key the release drafts its floor, 1
     assert p.draft_lengths[-1].draft_len == 1 and not any(r.draft_len == 0 for r in p.curve)
-    assert not any("drafting does not pay" in w for w in p.warnings)   # the runtime floors it: nothing to pay
-    p2 = P.make_plan(on(t, d, "b200", "nvfp4", "fp8"), ServingSpec(max_batch_size=1024, max_seq_len=512),
-                SpeculativeSpec(acceptance=1.6, schedule="max_concurrency", max_concurrency=8))
+    assert not any("drafting does not pay" in w for w in p.warnings)  # the runtime floors it: nothing to pay
+    p2 = P.make_plan(
+        on(t, d, "b200", "nvfp4", "fp8"),
+        ServingSpec(max_batch_size=1024, max_seq_len=512),
+        SpeculativeSpec(acceptance=1.6, schedule="max_concurrency", max_concurrency=8),
+    )
     assert p2.max_concurrency == 8 and p2.draft_lengths[-1] == DraftRun(batch_from=9, batch_to=1024, draft_len=1)
 
 
@@ -185,12 +193,19 @@ def test_explicit_draft_length_is_checked_against_the_block(qwen):
     assert p.max_draft_len == 7
 
 
-@pytest.mark.parametrize("name, tp, precision, backend", [
-    ("qwen3-8b-b200-nvfp4", 1, "nvfp4", "TRTLLM"), ("qwen3-8b-b200-fp8", 1, "fp8", "TRTLLM"),
-    ("qwen3-8b-h200-fp8", 1, "fp8", "FA4"), ("qwen3-8b-h100-fp8", 1, "fp8", "FA4"),
-    ("llama3.1-8b-b200-nvfp4", 1, "nvfp4", "TRTLLM"), ("llama3.1-8b-h100-fp8", 1, "fp8", "FA4"),
-    ("gpt-oss-120b-8xb300", 8, "mxfp4", "TRTLLM"), ("gpt-oss-120b-8xh200", 8, "mxfp4", "FA4"),
-])
+@pytest.mark.parametrize(
+    "name, tp, precision, backend",
+    [
+        ("qwen3-8b-b200-nvfp4", 1, "nvfp4", "TRTLLM"),
+        ("qwen3-8b-b200-fp8", 1, "fp8", "TRTLLM"),
+        ("qwen3-8b-h200-fp8", 1, "fp8", "FA4"),
+        ("qwen3-8b-h100-fp8", 1, "fp8", "FA4"),
+        ("llama3.1-8b-b200-nvfp4", 1, "nvfp4", "TRTLLM"),
+        ("llama3.1-8b-h100-fp8", 1, "fp8", "FA4"),
+        ("gpt-oss-120b-8xb300", 8, "mxfp4", "TRTLLM"),
+        ("gpt-oss-120b-8xh200", 8, "mxfp4", "FA4"),
+    ],
+)
 def test_every_bundled_recipe_plans_offline(name, tp, precision, backend):
     from dflash_trt.deploy import pipeline
 

@@ -54,20 +54,26 @@ def test_the_plans_drafter_memory_holds_them():
     d2, d1 = _published()
     t = TargetShape.from_dir(CONFIGS / "Qwen--Qwen3-8B")
     serving = ServingSpec(max_batch_size=8, max_seq_len=4096, max_num_tokens=4096)
-    mem = {d: P.memory(P.Deployment(target=t, drafter=d, gpu=hw.get_gpu("h200"), gpus=1, precision="bf16",
-                                    kv_cache="auto"), 1, serving)
-           for d in (d1, d2)}
+    mem = {
+        d: P.memory(
+            P.Deployment(target=t, drafter=d, gpu=hw.get_gpu("h200"), gpus=1, precision="bf16", kv_cache="auto"),
+            1,
+            serving,
+        )
+        for d in (d1, d2)
+    }
     assert mem[d2].drafter - mem[d1].drafter == 2 * (65_740_800 + 128_450_560)
 
 
 def test_the_step_model_charges_the_walk_not_a_codebook_stream():
     d2, _ = _published()
     t = TargetShape.from_dir(CONFIGS / "Qwen--Qwen3-8B")
-    no_selector = dataclasses.replace(d2, params=d2.params - d2.selector_params, selector_params=0, selector_rank=0,
-                                      selector_top_k=0)
+    no_selector = dataclasses.replace(
+        d2, params=d2.params - d2.selector_params, selector_params=0, selector_rank=0, selector_top_k=0
+    )
     dep = P.Deployment(target=t, drafter=no_selector, gpu=hw.get_gpu("h200"), gpus=1, precision="bf16", kv_cache="auto")
     roof = P.step_model(dep, 1, 2048)
     without = roof.draft_forward(1, 7, 4.0)
     with_sel = P.step_model(dataclasses.replace(dep, drafter=d2), 1, 2048).draft_forward(1, 7, 4.0)
-    streamed = 2 * 2 * 248320 * 256 / roof._bandwidth()          # reading both codebooks once per round
-    assert without < with_sel < without + 0.05 * streamed        # the walk costs; the codebooks are only gathered
+    streamed = 2 * 2 * 248320 * 256 / roof._bandwidth()  # reading both codebooks once per round
+    assert without < with_sel < without + 0.05 * streamed  # the walk costs; the codebooks are only gathered

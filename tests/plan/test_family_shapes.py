@@ -37,12 +37,12 @@ def test_qwen35_counts_match_the_shipped_checkpoint():
 def test_hybrid_layers_hold_a_state_per_sequence_not_kv():
     t = _shape("Qwen--Qwen3.5-4B")
     per_token = t.cache_bytes(1, 2, 1001) - t.cache_bytes(1, 2, 1000)
-    assert per_token == 8 * 4 * 2 * 256 * 2          # 8 full-attention layers, 4 KV heads, K+V of 256, BF16
+    assert per_token == 8 * 4 * 2 * 256 * 2  # 8 full-attention layers, 4 KV heads, K+V of 256, BF16
     state = t.cache_bytes(1, 2, 0)
-    conv = (2 * 16 * 128 + 32 * 128) * 3 * 2         # (2 key_dim + value_dim) x (kernel - 1), BF16
-    rec = 32 * 128 * 128 * 4                         # value heads x d_k x d_v, float32 (mamba_ssm_dtype)
+    conv = (2 * 16 * 128 + 32 * 128) * 3 * 2  # (2 key_dim + value_dim) x (kernel - 1), BF16
+    rec = 32 * 128 * 128 * 4  # value heads x d_k x d_v, float32 (mamba_ssm_dtype)
     assert state == 24 * (conv + rec)
-    assert t.cache_bytes(2, 2, 0) == state // 2      # split across ranks by heads
+    assert t.cache_bytes(2, 2, 0) == state // 2  # split across ranks by heads
 
 
 def test_mla_caches_one_latent_per_token_on_every_rank():
@@ -68,6 +68,6 @@ def test_the_roofline_reads_neither_the_vision_tower_nor_the_embedding():
     d = DraftShape.from_dir(CONFIGS / "z-lab--Qwen3.5-4B-DFlash")
     dep = plan.Deployment(target=t, drafter=d, gpu=hardware.get_gpu("H100"), gpus=1, precision="bf16", kv_cache="auto")
     read = plan.step_model(dep, tp=1, ctx=2048)._weights_read(1, 1)
-    head = 0 if t.lm_head_params else 2 * t.embed_params   # a tied head reads the embedding matrix
+    head = 0 if t.lm_head_params else 2 * t.embed_params  # a tied head reads the embedding matrix
     assert t.vision_params > 0
     assert read == pytest.approx(plan.weight_bytes(t, "bf16") - 2 * (t.embed_params + t.vision_params) + head)

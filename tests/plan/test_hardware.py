@@ -8,12 +8,26 @@ from dflash_trt.errors import HardwareError
 from dflash_trt.plan import hardware as hw
 
 
-@pytest.mark.parametrize("alias, name, sm", [
-    ("b200", "B200", 100), ("B200", "B200", 100), ("NVIDIA B200", "B200", 100), ("gb300", "B300", 103),
-    ("B300", "B300", 103), ("GB200", "GB200", 100), ("rtx-pro-6000", "RTX PRO 6000 Blackwell", 120),
-    ("h200", "H200", 90), ("h100-sxm", "H100", 90), ("H100", "H100", 90), ("h100-pcie", "H100 PCIe", 90),
-    ("L40S", "L40S", 89), ("a100", "A100 80GB", 80), ("A100-40GB", "A100 40GB", 80), ("cpu", "cpu", 0),
-])
+@pytest.mark.parametrize(
+    "alias, name, sm",
+    [
+        ("b200", "B200", 100),
+        ("B200", "B200", 100),
+        ("NVIDIA B200", "B200", 100),
+        ("gb300", "B300", 103),
+        ("B300", "B300", 103),
+        ("GB200", "GB200", 100),
+        ("rtx-pro-6000", "RTX PRO 6000 Blackwell", 120),
+        ("h200", "H200", 90),
+        ("h100-sxm", "H100", 90),
+        ("H100", "H100", 90),
+        ("h100-pcie", "H100 PCIe", 90),
+        ("L40S", "L40S", 89),
+        ("a100", "A100 80GB", 80),
+        ("A100-40GB", "A100 40GB", 80),
+        ("cpu", "cpu", 0),
+    ],
+)
 def test_aliases_are_case_insensitive(alias, name, sm):
     g = hw.get_gpu(alias)
     assert (g.name, g.sm) == (name, sm)
@@ -27,17 +41,35 @@ def test_datasheet_figures():
     assert hw.get_gpu("h100").peak_flops("nvfp4") == hw.get_gpu("h100").peak_flops("bf16")  # not native: no gain
 
 
-@pytest.mark.parametrize("gpu, backend", [("b200", "TRTLLM"), ("b300", "TRTLLM"), ("gb200", "TRTLLM"),
-                                          ("h100", "FA4"), ("h200", "FA4"), ("rtx-pro-6000", "VANILLA"),
-                                          ("l40s", "VANILLA"), ("a100", "VANILLA")])
+@pytest.mark.parametrize(
+    "gpu, backend",
+    [
+        ("b200", "TRTLLM"),
+        ("b300", "TRTLLM"),
+        ("gb200", "TRTLLM"),
+        ("h100", "FA4"),
+        ("h200", "FA4"),
+        ("rtx-pro-6000", "VANILLA"),
+        ("l40s", "VANILLA"),
+        ("a100", "VANILLA"),
+    ],
+)
 def test_draft_attention_backend_per_sm(gpu, backend):
     assert hw.get_gpu(gpu).draft_attention_backend == backend
 
 
 def test_precision_support_matrix():
     assert {g for g in hw.supporting("nvfp4")} == {"B300", "B200", "GB200", "RTX PRO 6000 Blackwell"}
-    assert set(hw.supporting("fp8")) == {"B300", "B200", "GB200", "RTX PRO 6000 Blackwell", "H200", "H100",
-                                         "H100 PCIe", "L40S"}
+    assert set(hw.supporting("fp8")) == {
+        "B300",
+        "B200",
+        "GB200",
+        "RTX PRO 6000 Blackwell",
+        "H200",
+        "H100",
+        "H100 PCIe",
+        "L40S",
+    }
     assert "A100 80GB" in hw.supporting("bf16")
 
 

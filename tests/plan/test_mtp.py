@@ -25,7 +25,7 @@ def qwen35():
 
 def test_mtp_layers_read_from_the_real_configs():
     configs = data_dir().parent.parent / "recipes" / "configs"
-    assert mtp.mtp_layers_of(configs / "Qwen--Qwen3.5-4B") == 1           # text_config.mtp_num_hidden_layers
+    assert mtp.mtp_layers_of(configs / "Qwen--Qwen3.5-4B") == 1  # text_config.mtp_num_hidden_layers
     assert mtp.mtp_layers_of(configs / "Qwen--Qwen3-8B") == 0
     assert mtp.mtp_layers({"model_type": "deepseek_v3", "num_nextn_predict_layers": 1}) == 1
     assert mtp.mtp_layers({"text_config": {"mtp_num_hidden_layers": 2}}) == 2
@@ -39,7 +39,7 @@ def test_plan_has_the_mtp_arm_and_a_winner_per_batch(qwen35):
         arms = {"dflash": row.speedup if row.draft_len else 1.0, "mtp": row.mtp_speedup, "autoregressive": 1.0}
         assert row.winner == max(arms, key=arms.get)
     d = json.loads(json.dumps(p.to_json()))
-    assert d["mtp"]["acceptance"] < d["acceptance"]        # published: MTP τ below DFlash's on the same target
+    assert d["mtp"]["acceptance"] < d["acceptance"]  # published: MTP τ below DFlash's on the same target
 
 
 def test_no_mtp_arm_without_mtp_layers():
@@ -55,7 +55,7 @@ def test_mtp_step_model(qwen35):
     m = step_model(pipeline.planner.Deployment(r.target, r.drafter, r.gpu, r.gpus, r.precision, "auto"), 1, 2048)
     assert mtp.speedup(m, 1, 0, mtp.acceptance(pipeline.planner.Acceptance(alpha=0.8))) == 1.0
     steps = [mtp.step(m, 4, n) for n in range(0, 8)]
-    assert steps == sorted(steps)                            # every extra draft costs an MTP pass
+    assert steps == sorted(steps)  # every extra draft costs an MTP pass
     assert mtp.step(m, 4, 3) - mtp.step(m, 4, 2) > mtp.mtp_forward(m, 4) * 0.99
 
 
@@ -65,8 +65,10 @@ def test_mtp_config_is_validated_and_round_trips(qwen35, tmp_path):
     assert cfg.speculative_config.decoding_type == "MTP"
     trtllm.write(tmp_path, trtllm.config(r.recipe, p, r.drafter, r.target), "0.0.0.0", 8000, mtp=cfg)
     data = yaml.safe_load((tmp_path / trtllm.MTP_CONFIG).read_text())
-    assert data["speculative_config"] == {"decoding_type": "MTP",
-                                          "num_nextn_predict_layers": p.mtp.num_nextn_predict_layers}
+    assert data["speculative_config"] == {
+        "decoding_type": "MTP",
+        "num_nextn_predict_layers": p.mtp.num_nextn_predict_layers,
+    }
     assert trtllm.validate_trtllm_config(data, p.trtllm_release).speculative_config.num_nextn_predict_layers >= 1
     bad = dict(data, speculative_config={**data["speculative_config"], "mask_token_id": 5})
     with pytest.raises(DFlashError, match="mask_token_id"):
@@ -90,12 +92,17 @@ def _err(stack, gpu, c, e, i=0):
 
 
 def test_comparable_rows_tiers():
-    rows = [_err("trtllm", "B200", 1, 0.1, 1), _err("trtllm", "B300", 1, -0.05, 2),
-            _err("trtllm", "B200", 32, 0.3, 3), _err("sglang", "H200", 8, 0.2, 4), _err("sglang", "H100", 8, 0.0, 5)]
+    rows = [
+        _err("trtllm", "B200", 1, 0.1, 1),
+        _err("trtllm", "B300", 1, -0.05, 2),
+        _err("trtllm", "B200", 32, 0.3, 3),
+        _err("sglang", "H200", 8, 0.2, 4),
+        _err("sglang", "H100", 8, 0.0, 5),
+    ]
     got, label = uncertainty.comparable(rows, "trtllm", "GB200", 1)
     assert {e.id for e in got} == {"r1", "r2"} and label == "trtllm Blackwell c1"
     got, label = uncertainty.comparable(rows, "trtllm", "B200", 8)
-    assert {e.id for e in got} == {"r1", "r2", "r3"}                    # no c2-8 rows: any concurrency
+    assert {e.id for e in got} == {"r1", "r2", "r3"}  # no c2-8 rows: any concurrency
     got, label = uncertainty.comparable(rows, "trtllm", "H200", 8)
     assert {e.id for e in got} == {"r4", "r5"} and label == "all stacks Hopper"
 
@@ -105,13 +112,15 @@ def test_range_brackets_the_prediction_and_own_rows_narrow_it(qwen35):
     for row in p.curve:
         lo, hi = row.speedup_range
         assert lo <= row.speedup <= hi and lo < hi
-    rng = uncertainty.speedup_range(3.0, [_err("trtllm", "B200", 1, 0.25), _err("trtllm", "B200", 1, -0.1)],
-                                    "trtllm", "B200", 1)
-    assert (rng.low, rng.high) == (2.4, pytest.approx(3.333, abs=1e-3))   # measured = predicted / (1 + e)
+    rng = uncertainty.speedup_range(
+        3.0, [_err("trtllm", "B200", 1, 0.25), _err("trtllm", "B200", 1, -0.1)], "trtllm", "B200", 1
+    )
+    assert (rng.low, rng.high) == (2.4, pytest.approx(3.333, abs=1e-3))  # measured = predicted / (1 + e)
     own = [_err("trtllm", "H100", 1, 0.02, 1), _err("trtllm", "H100", 1, -0.01, 2)]
     dep = pipeline.planner.Deployment(r.target, r.drafter, r.gpu, r.gpus, r.precision, "auto", 1)
-    narrow = pipeline.planner.make_plan(dep, r.recipe.serving, r.recipe.speculative, r.recipe.parallel,
-                                        r.recipe.trtllm, errors=own)
+    narrow = pipeline.planner.make_plan(
+        dep, r.recipe.serving, r.recipe.speculative, r.recipe.parallel, r.recipe.trtllm, errors=own
+    )
     for a, b in zip(p.curve, narrow.curve, strict=True):
         assert b.speedup_range[1] - b.speedup_range[0] < a.speedup_range[1] - a.speedup_range[0]
         assert b.range_basis.startswith("your measurements")
@@ -132,8 +141,19 @@ def test_your_measurements_narrow_the_ranges(tmp_path, capsys):
     r = R.load_recipe(tc.RECIPE, tc.SETS)
     first = pipeline.plan_resolved(pipeline.resolve_recipe(r))
     tc._bench_json(tmp_path / "bench.json", first, tc._truth_model(first, r))
-    assert run(["plan", tc.RECIPE, *sum((["--set", s] for s in tc.SETS), []), "--json",
-                "--calibration", str(tmp_path / "bench.json")]) == 0
+    assert (
+        run(
+            [
+                "plan",
+                tc.RECIPE,
+                *sum((["--set", s] for s in tc.SETS), []),
+                "--json",
+                "--calibration",
+                str(tmp_path / "bench.json"),
+            ]
+        )
+        == 0
+    )
     cal = json.loads(capsys.readouterr().out)["plan"]
     for a, b in zip(first.curve, cal["curve"], strict=True):
         assert b["range_basis"].startswith("your measurements")

@@ -22,17 +22,24 @@ def _recipe(tmp_path: Path, **sections) -> Path:
 
 
 def test_recipe_values_follow_the_file_and_typed_values_the_working_directory(tmp_path, monkeypatch):
-    f = _recipe(tmp_path, precision={"calib": "data/c.txt"}, target={"id": "./models/t", "config": "cfg/t"},
-                drafter={"id": "org/drafter"})
+    f = _recipe(
+        tmp_path,
+        precision={"calib": "data/c.txt"},
+        target={"id": "./models/t", "config": "cfg/t"},
+        drafter={"id": "org/drafter"},
+    )
     work = tmp_path / "work"
-    (work / "org" / "drafter").mkdir(parents=True)   # a same-named local directory does not make it local
+    (work / "org" / "drafter").mkdir(parents=True)  # a same-named local directory does not make it local
     monkeypatch.chdir(work)
     r = R.load_recipe(str(f))
     assert r.precision.calib == str(f.parent / "data/c.txt")
     assert (r.target.id, r.target.config) == (str(f.parent / "models/t"), str(f.parent / "cfg/t"))
     assert r.drafter.id == "org/drafter"
-    r = R.load_recipe(str(f), overrides=["precision.calib=mine.txt", "target.config=../cfg"],
-               fields=[R.FieldValue("drafter.id", "./d", "--drafter")])
+    r = R.load_recipe(
+        str(f),
+        overrides=["precision.calib=mine.txt", "target.config=../cfg"],
+        fields=[R.FieldValue("drafter.id", "./d", "--drafter")],
+    )
     assert r.precision.calib == str(work / "mine.txt") and r.target.config == str(work / "../cfg")
     assert r.drafter.id == str(work / "d")
 

@@ -15,33 +15,55 @@ from dflash_trt.plan import perf_fit as F
 from dflash_trt.plan import perf_model as M
 from dflash_trt.plan import recipe as R
 
-PAIRS = {"qwen3-8b": ("Qwen--Qwen3-8B", "z-lab--Qwen3-8B-DFlash-b16"),
-         "qwen3-4b": ("Qwen--Qwen3-4B", "z-lab--Qwen3-4B-DFlash-b16"),
-         "llama": ("meta-llama--Llama-3.1-8B-Instruct", "z-lab--LLaMA3.1-8B-Instruct-DFlash-UltraChat")}
+PAIRS = {
+    "qwen3-8b": ("Qwen--Qwen3-8B", "z-lab--Qwen3-8B-DFlash-b16"),
+    "qwen3-4b": ("Qwen--Qwen3-4B", "z-lab--Qwen3-4B-DFlash-b16"),
+    "llama": ("meta-llama--Llama-3.1-8B-Instruct", "z-lab--LLaMA3.1-8B-Instruct-DFlash-UltraChat"),
+}
 
 
 def _case(pair, gpu, c, L, tau, **kw):
     t, d = PAIRS[pair]
-    row = F.Row(id=f"{pair}-{gpu}-{c}-{L}", stack=kw.pop("stack", "sglang"), gpu=gpu, target=t, drafter=d,
-                precision=kw.pop("precision", "bf16"), tp=kw.pop("tp", 1), concurrency=c, draft_len=L, tau=tau, **kw)
+    row = F.Row(
+        id=f"{pair}-{gpu}-{c}-{L}",
+        stack=kw.pop("stack", "sglang"),
+        gpu=gpu,
+        target=t,
+        drafter=d,
+        precision=kw.pop("precision", "bf16"),
+        tp=kw.pop("tp", 1),
+        concurrency=c,
+        draft_len=L,
+        tau=tau,
+        **kw,
+    )
     return F.case_of(row)
 
 
 def _observe(case, k, shared, noise=1.0):
     """The row with what the model says it measured (speedup and both tokens/s)."""
     p = case.predict(k, shared)
-    row = replace(case.row, speedup=p["speedup"] * noise, tokens_per_s=p["tokens_per_s"],
-                  baseline_tokens_per_s=p["baseline_tokens_per_s"])
+    row = replace(
+        case.row,
+        speedup=p["speedup"] * noise,
+        tokens_per_s=p["tokens_per_s"],
+        baseline_tokens_per_s=p["baseline_tokens_per_s"],
+    )
     return replace(case, row=row)
 
 
 def test_the_fit_recovers_the_constants_a_synthetic_data_set_was_made_with():
     truth = M.StackConstants(bandwidth_share=0.7, compute_share=0.45, step_s=6e-4, layer_s=12e-6)
     shared = replace(M.Shared(), gemm_tail_rows=30.0)
-    grid = [(p, g, c, L, tau) for p, tau in (("qwen3-8b", 6.5), ("qwen3-4b", 7.5), ("llama", 4.0))
-            for g in ("B200", "H100") for c in (1, 4, 16, 64) for L in (3, 9)]
+    grid = [
+        (p, g, c, L, tau)
+        for p, tau in (("qwen3-8b", 6.5), ("qwen3-4b", 7.5), ("llama", 4.0))
+        for g in ("B200", "H100")
+        for c in (1, 4, 16, 64)
+        for L in (3, 9)
+    ]
     cases = [_observe(_case(p, g, c, L, tau), truth, shared) for p, g, c, L, tau in grid]
-    cal = F.fit(cases, start=M.Calibration({}, M.Shared()))   # starts from the defaults, not the truth
+    cal = F.fit(cases, start=M.Calibration({}, M.Shared()))  # starts from the defaults, not the truth
     got = cal.constants("sglang")
     for name in F.CONSTANTS:
         assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=0.05), name
@@ -55,7 +77,7 @@ def test_each_stack_gets_its_own_constants_only_where_its_rows_carry_them():
     layout = F.Layout.of(many + few, ("trtllm",))
     assert {k for e, k in layout.offsets if e == "sglang"} == set(F.CONSTANTS)
     assert {k for e, k in layout.offsets if e == "vllm"} == {"layer_s"}
-    assert not [k for e, k in layout.offsets if e == "trtllm"]        # no rows: the pool's values
+    assert not [k for e, k in layout.offsets if e == "trtllm"]  # no rows: the pool's values
     assert layout.rows["vllm"] == {"bandwidth_share": 10, "compute_share": 10, "step_s": 10, "layer_s": 2}
 
 
@@ -66,8 +88,9 @@ def test_the_shipped_constants_are_the_fit_of_the_shipped_measurements():
     shipped = M.shipped_calibration()
     for e in M.STACKS:
         for name in F.CONSTANTS:
-            assert getattr(shipped.constants(e), name) == pytest.approx(getattr(refit.constants(e), name), rel=0.02), \
+            assert getattr(shipped.constants(e), name) == pytest.approx(getattr(refit.constants(e), name), rel=0.02), (
                 f"{e}.{name}: run bench/fit_perf_model.py --write"
+            )
 
 
 def test_leave_one_out_predicts_rows_it_did_not_see_and_reports_trends():
@@ -79,15 +102,34 @@ def test_leave_one_out_predicts_rows_it_did_not_see_and_reports_trends():
     for t in table:
         assert t["loo"]["speedup"] == pytest.approx(t["observed"]["speedup"], rel=0.08)
     trend = F.trends(cases, {t["id"]: t["loo"] for t in table})
-    assert trend == [{"stack": "sglang", "gpu": "B200", "target": "Qwen--Qwen3-4B", "concurrency": (1, 32),
-                      "measured": "falls", "predicted": "falls", "right": True}]
+    assert trend == [
+        {
+            "stack": "sglang",
+            "gpu": "B200",
+            "target": "Qwen--Qwen3-4B",
+            "concurrency": (1, 32),
+            "measured": "falls",
+            "predicted": "falls",
+            "right": True,
+        }
+    ]
 
 
 def _shipped_model(pair, gpu, precision="bf16", tp=1, ctx=512, stack="trtllm"):
     t, d = F._shapes(*PAIRS[pair]) if pair in PAIRS else F._shapes(*pair)
     cal = M.shipped_calibration()
-    return M.StepModel(t, d, hw.get_gpu(gpu), precision, "auto", tp, ctx, cal.constants(stack),
-                       F.weight_bytes(t, precision), cal.shared)
+    return M.StepModel(
+        t,
+        d,
+        hw.get_gpu(gpu),
+        precision,
+        "auto",
+        tp,
+        ctx,
+        cal.constants(stack),
+        F.weight_bytes(t, precision),
+        cal.shared,
+    )
 
 
 def test_dense_speedups_fall_with_concurrency_as_the_published_runs_do():

@@ -12,11 +12,26 @@ from dflash_trt.plan import recipe as R
 
 # The 21 z-lab drafters (z-lab README at 94e4abc lists 20; Qwen3.5-397B-A17B is the 21st).
 PUBLISHED = [
-    "gemma-4-31B-it-DFlash", "gemma-4-26B-A4B-it-DFlash", "MiniMax-M2.7-DFlash", "MiniMax-M2.5-DFlash",
-    "Kimi-K2.6-DFlash", "Kimi-K2.5-DFlash", "Qwen3.6-27B-DFlash", "Qwen3.6-35B-A3B-DFlash", "Qwen3.5-4B-DFlash",
-    "Qwen3.5-9B-DFlash", "Qwen3.5-27B-DFlash", "Qwen3.5-35B-A3B-DFlash", "Qwen3.5-122B-A10B-DFlash",
-    "gpt-oss-20b-DFlash", "gpt-oss-120b-DFlash", "Qwen3-Coder-Next-DFlash", "Qwen3-4B-DFlash-b16",
-    "Qwen3-8B-DFlash-b16", "Qwen3-Coder-30B-A3B-DFlash", "LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+    "gemma-4-31B-it-DFlash",
+    "gemma-4-26B-A4B-it-DFlash",
+    "MiniMax-M2.7-DFlash",
+    "MiniMax-M2.5-DFlash",
+    "Kimi-K2.6-DFlash",
+    "Kimi-K2.5-DFlash",
+    "Qwen3.6-27B-DFlash",
+    "Qwen3.6-35B-A3B-DFlash",
+    "Qwen3.5-4B-DFlash",
+    "Qwen3.5-9B-DFlash",
+    "Qwen3.5-27B-DFlash",
+    "Qwen3.5-35B-A3B-DFlash",
+    "Qwen3.5-122B-A10B-DFlash",
+    "gpt-oss-20b-DFlash",
+    "gpt-oss-120b-DFlash",
+    "Qwen3-Coder-Next-DFlash",
+    "Qwen3-4B-DFlash-b16",
+    "Qwen3-8B-DFlash-b16",
+    "Qwen3-Coder-30B-A3B-DFlash",
+    "LLaMA3.1-8B-Instruct-DFlash-UltraChat",
     "Qwen3.5-397B-A17B-DFlash",
 ]
 
@@ -43,8 +58,9 @@ def test_a_recipe_whose_configs_lack_fields_is_never_ready(name):
     """Every field the planner needs and a shipped config lacks keeps the recipe off ``ready``
     (the status is derived: ``incomplete`` only adds what the configs cannot show)."""
     r = R.load_recipe(name)
-    missing = published.missing(r) + [f for f in r.incomplete
-                                      if not f.startswith(("target.revision", "drafter.revision"))]
+    missing = published.missing(r) + [
+        f for f in r.incomplete if not f.startswith(("target.revision", "drafter.revision"))
+    ]
     if missing:
         assert R_status(r).kind != "ready", f"{name}: configs lack {missing}"
 
@@ -62,14 +78,26 @@ def test_an_incomplete_recipe_refuses_offline_in_one_line_naming_the_fields(tmp_
 
 # The second wave (FACTS §13): every publisher's drafters, each with a derived status.
 SECOND_WAVE = {
-    "nvidia/Kimi-K2.6-DFlash", "nvidia/Kimi-K2.7-Code-DFlash",
+    "nvidia/Kimi-K2.6-DFlash",
+    "nvidia/Kimi-K2.7-Code-DFlash",
     "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash",
-    "nvidia/NVIDIA-Nemotron-3.5-Bolt-DFlash", "nvidia/MiniMax-M2.7-DFlash", "modal-labs/Kimi-K3-DFlash",
-    "RedHatAI/Qwen3-8B-speculator.dflash", "RedHatAI/Qwen3-30B-A3B-speculator.dflash",
-    "RedHatAI/gemma-4-31B-it-speculator.dflash", "RedHatAI/DeepSeek-V4-Flash-speculator.dflash",
-    "RedHatAI/Qwen3-8B-speculator.dflash2", "meta-models/Muse-Glimmer-30B-assistant", "poolside/Laguna-S-2.1-DFlash",
-    "poolside/Laguna-XS-2.1-DFlash", "XiaomiMiMo/MiMo-V2.5-DFlash", "XiaomiMiMo/MiMo-V2.5-Pro-FP4-DFlash",
-    "incoai/GLM-5.3-DFlash2", "z-lab/gemma4-12B-it-DFlash", "z-lab/Kimi-K2.7-Code-DFlash", "z-lab/GLM-5.1-FP8-DFlash",
+    "nvidia/NVIDIA-Nemotron-3.5-Bolt-DFlash",
+    "nvidia/MiniMax-M2.7-DFlash",
+    "modal-labs/Kimi-K3-DFlash",
+    "RedHatAI/Qwen3-8B-speculator.dflash",
+    "RedHatAI/Qwen3-30B-A3B-speculator.dflash",
+    "RedHatAI/gemma-4-31B-it-speculator.dflash",
+    "RedHatAI/DeepSeek-V4-Flash-speculator.dflash",
+    "RedHatAI/Qwen3-8B-speculator.dflash2",
+    "meta-models/Muse-Glimmer-30B-assistant",
+    "poolside/Laguna-S-2.1-DFlash",
+    "poolside/Laguna-XS-2.1-DFlash",
+    "XiaomiMiMo/MiMo-V2.5-DFlash",
+    "XiaomiMiMo/MiMo-V2.5-Pro-FP4-DFlash",
+    "incoai/GLM-5.3-DFlash2",
+    "z-lab/gemma4-12B-it-DFlash",
+    "z-lab/Kimi-K2.7-Code-DFlash",
+    "z-lab/GLM-5.1-FP8-DFlash",
     "z-lab/Alpamayo-R1-10B-DFlash",
 }
 
@@ -112,8 +140,9 @@ def R_status(r):
     return recipe_status(r)
 
 
-@pytest.mark.parametrize("name", ["qwen3.5-4b-h100-bf16", "gpt-oss-20b-h100", "qwen3-4b-h100-fp8",
-                                  "qwen3-coder-30b-a3b-h200-fp8"])
+@pytest.mark.parametrize(
+    "name", ["qwen3.5-4b-h100-bf16", "gpt-oss-20b-h100", "qwen3-4b-h100-fp8", "qwen3-coder-30b-a3b-h200-fp8"]
+)
 def test_the_new_complete_recipes_plan_offline(name):
     p = pipeline.plan_resolved(pipeline.resolve_recipe(R.load_recipe(name)))
     assert p.memory.fits and 1 <= p.max_draft_len < p.block_size
@@ -153,8 +182,11 @@ def test_recipes_list_shows_each_status_at_80_columns(monkeypatch, capsys):
     monkeypatch.setattr(out, "width", 80)
     assert run(["recipes", "list"]) == 0
     text = capsys.readouterr().out
-    rows = {line.split("│")[1].strip(): line.split("│")[4].strip() for line in text.splitlines()
-            if line.startswith("│") and line.split("│")[1].strip()}
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[4].strip()
+        for line in text.splitlines()
+        if line.startswith("│") and line.split("│")[1].strip()
+    }
     for name, path in R.bundled_recipes().items():
         assert rows.get(name) == R_status(R.load_recipe(path)).kind, name
     assert max(len(line) for line in text.splitlines() if line.startswith(("│", "┃"))) <= 80

@@ -41,8 +41,15 @@ def test_bad_value_and_missing_key(tmp_path):
 
 def test_set_overrides_parse_values_and_create_sections(tmp_path):
     p = write(tmp_path, BASE)
-    r = R.load_recipe(p, ["serving.max_batch_size=32", "precision.weights=fp8",
-                          "speculative.draft_len_schedule={1: 7, 8: 3}", "gpu.name=H100"])
+    r = R.load_recipe(
+        p,
+        [
+            "serving.max_batch_size=32",
+            "precision.weights=fp8",
+            "speculative.draft_len_schedule={1: 7, 8: 3}",
+            "gpu.name=H100",
+        ],
+    )
     assert r.serving.max_batch_size == 32 and isinstance(r.serving.max_batch_size, int)
     assert r.precision.weights == "fp8" and r.gpu.name == "H100"
     assert r.speculative.draft_len_schedule == {1: 7, 8: 3}
@@ -62,8 +69,9 @@ def test_relative_config_paths_resolve_against_the_recipe_file(tmp_path):
 
 def test_every_bundled_recipe_loads_and_round_trips():
     names = R.bundled_recipes()
-    assert {"tiny", "qwen3-8b-b200-nvfp4", "qwen3-8b-h100-fp8", "llama3.1-8b-h100-fp8",
-            "gpt-oss-120b-8xh200"} <= set(names)
+    assert {"tiny", "qwen3-8b-b200-nvfp4", "qwen3-8b-h100-fp8", "llama3.1-8b-h100-fp8", "gpt-oss-120b-8xh200"} <= set(
+        names
+    )
     for name in names:
         r = R.load_recipe(name)
         again = R.recipe_from_dict(yaml.safe_load(r.to_yaml()), where=name)
@@ -79,7 +87,7 @@ def test_recipes_cli(tmp_path, capsys):
     dest = tmp_path / "mine.yaml"
     assert run(["recipes", "copy", "tiny", str(dest)]) == 0
     assert R.load_recipe(dest).name == "tiny"
-    assert run(["recipes", "copy", "tiny", str(dest)]) == 2          # never overwrites
+    assert run(["recipes", "copy", "tiny", str(dest)]) == 2  # never overwrites
     capsys.readouterr()
     bad = write(tmp_path, {**BASE, "enginee": "trtllm"}, "bad.yaml")
     assert run(["recipes", "validate", str(bad)]) == 2
@@ -93,19 +101,30 @@ def test_recipes_cli(tmp_path, capsys):
 def test_flags_land_in_typed_fields_without_yaml():
     from dflash_trt._cli.build import recipe_from_flags
 
-    flags = {"--gpu": "100", "--gpus-per-node": 2, "--precision": "fp8", "--kv-cache-dtype": "fp8",
-             "--calib": "calib #1.txt", "--graphs": True}
+    flags = {
+        "--gpu": "100",
+        "--gpus-per-node": 2,
+        "--precision": "fp8",
+        "--kv-cache-dtype": "fp8",
+        "--calib": "calib #1.txt",
+        "--graphs": True,
+    }
     r = recipe_from_flags("qwen3-8b-h100-fp8", "org/t", None, flags, None)
     # YAML would have read "100" as an int (refused for a name) and cut "calib #1.txt" at the comment.
     assert r.gpu.name == "100" and r.gpu.count == 2 and isinstance(r.gpu.count, int)
-    calib = str(Path.cwd() / "calib #1.txt")   # typed on the command line: relative to the working directory
+    calib = str(Path.cwd() / "calib #1.txt")  # typed on the command line: relative to the working directory
     assert (r.precision.weights, r.precision.kv_cache, r.precision.calib) == ("fp8", "fp8", calib)
     assert r.graphs is True
     assert (r.target.id, r.target.config, r.target.revision) == ("org/t", None, None)  # the recipe's config dir goes
     assert r.drafter == R.load_recipe("qwen3-8b-h100-fp8").drafter
     # Without a recipe: named after the target and precision; --set still applies after the flags.
-    r = recipe_from_flags(None, "some/dir/my-target/", "org/d", {"--precision": "nvfp4"},
-                          ["precision.weights=bf16", "serving.max_batch_size=8"])
+    r = recipe_from_flags(
+        None,
+        "some/dir/my-target/",
+        "org/d",
+        {"--precision": "nvfp4"},
+        ["precision.weights=bf16", "serving.max_batch_size=8"],
+    )
     assert r.name == "my-target-nvfp4" and r.precision.weights == "bf16" and r.serving.max_batch_size == 8
     assert r.source is None
 
@@ -118,7 +137,7 @@ def test_graphs_flag_sets_the_recipe_key(tmp_path, monkeypatch):
 
     seen = []
 
-    def build(recipe, *args, **kw):      # the recipe the command resolved, then stop before any work
+    def build(recipe, *args, **kw):  # the recipe the command resolved, then stop before any work
         seen.append(recipe.graphs)
         raise DFlashError("stop")
 
@@ -137,8 +156,10 @@ def test_a_bad_flag_value_is_one_line_naming_the_flag(tmp_path, capsys):
     # A --set on the same key wins over the flag, so its error names the key, not the flag.
     with pytest.raises(RecipeError, match=rf"^{re.escape(str(p))}: gpu.count: Input should be greater"):
         R.load_recipe(p, ["gpu.count=-1"], fields=[R.FieldValue("gpu.count", 2, "--gpus-per-node")])
-    for argv, flag in ((["plan", "--precision", "fp16"], "--precision 'fp16'"),
-                       (["plan", "qwen3-8b-h100-fp8", "--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4'")):
+    for argv, flag in (
+        (["plan", "--precision", "fp16"], "--precision 'fp16'"),
+        (["plan", "qwen3-8b-h100-fp8", "--kv-cache-dtype", "int4"], "--kv-cache-dtype 'int4'"),
+    ):
         assert run(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith(f"error: {flag}: Input should be"), err

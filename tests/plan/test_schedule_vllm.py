@@ -60,7 +60,7 @@ def vllm_schedules(draw):
     entries = []
     for i, lo in enumerate(starts):
         nxt = starts[i + 1] if i + 1 < len(starts) else lo + draw(st.integers(1, 20))
-        hi = draw(st.integers(lo, nxt - 1)) if nxt > lo else lo   # leave gaps
+        hi = draw(st.integers(lo, nxt - 1)) if nxt > lo else lo  # leave gaps
         entries.append([lo, hi, draw(st.integers(0, 12))])
     return entries, draw(st.integers(1, 12)), draw(st.integers(1, 128))
 

@@ -42,7 +42,7 @@ def test_a_gpu_or_stack_the_tables_lack_falls_back_naming_why():
     assert t is not None and t.reason == "the tables hold no RTX PRO 6000 Blackwell"
     t = silicon.silicon_tables(QWEN, "H200", "transformers", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None and t.reason == "the tables hold no transformers stack"
-    assert silicon.table_version("h200_sxm", "trtllm", "1.3.0rc10") is None   # nothing at or below it
+    assert silicon.table_version("h200_sxm", "trtllm", "1.3.0rc10") is None  # nothing at or below it
 
 
 def test_width_k_plus_1_is_the_mtp_engine_with_its_layer_scale_divided_out():
@@ -51,13 +51,20 @@ def test_width_k_plus_1_is_the_mtp_engine_with_its_layer_scale_divided_out():
 
     t = silicon.silicon_tables(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None and t.reason is None and t.version == "1.3.0rc20"
-    kw = dict(backend_version="1.3.0rc20", tp_size=1, moe_tp_size=1, moe_ep_size=1, gemm_quant_mode="bfloat16",
-              kvcache_quant_mode="bfloat16", fmha_quant_mode="bfloat16")
+    kw = dict(
+        backend_version="1.3.0rc20",
+        tp_size=1,
+        moe_tp_size=1,
+        moe_ep_size=1,
+        gemm_quant_mode="bfloat16",
+        kvcache_quant_mode="bfloat16",
+        fmha_quant_mode="bfloat16",
+    )
     # FACTS §15: Qwen3-8B BF16, H200, TP1, 1.3.0rc20 tables, ISL 1024: 5.27 ms at batch 1; nextn 15: 9.385 ms
     assert t.forward_ms(1, 1, 1024) == pytest.approx(5.27, abs=0.01)
     engine = EngineHandle.compile(QWEN, "h200_sxm", "trtllm", nextn=15, **kw)
     assert engine.decode_step_latency(1, 1024, 512) == pytest.approx(9.385, abs=0.03)
-    mtp15 = engine.decode_step_latency(1, 1024, 2)   # at the decode context itself, as the planner asks
+    mtp15 = engine.decode_step_latency(1, 1024, 2)  # at the decode context itself, as the planner asks
     assert t._width_ms(1, 16, 1024) == pytest.approx(mtp15 * 36 / (36 + 15), rel=1e-9)
     assert t.forward_ms(1, 1, 1024) < t.forward_ms(1, 12, 1024) < t.forward_ms(1, 16, 1024)
 
@@ -83,7 +90,7 @@ def test_a_verify_reads_each_rows_context_once():
     for b, w in ((1, 16), (8, 4), (32, 10)):
         added = t.forward_ms(b, w, 4096) - t.forward_ms(b, w, 16)
         assert added == pytest.approx(t.forward_ms(b, 1, 4096) - t.forward_ms(b, 1, 16), rel=1e-9)
-        assert added < (t._width_ms(b, w, 4096) - t._width_ms(b, w, 16)) / 2   # the library's, per token
+        assert added < (t._width_ms(b, w, 4096) - t._width_ms(b, w, 16)) / 2  # the library's, per token
     # the MTP arm's step is that verify times the MTP layers' (L + n) / L: one footing with DFlash
     assert t.mtp_step_ms(4, 3, 1024) == pytest.approx(t.forward_ms(4, 4, 1024) * 39 / 36, rel=1e-9)
 
@@ -91,14 +98,25 @@ def test_a_verify_reads_each_rows_context_once():
 def _make(stack=None, calibration=None, tables=True):
     r = R.load_recipe("qwen3-8b-h200-fp8")
     res = pipeline.resolve_recipe(r)
-    dep = deployment.Deployment(target=res.target, drafter=res.drafter, gpu=res.gpu, gpus=res.gpus,
-                                precision=res.precision, kv_cache="auto")
+    dep = deployment.Deployment(
+        target=res.target, drafter=res.drafter, gpu=res.gpu, gpus=res.gpus, precision=res.precision, kv_cache="auto"
+    )
 
     def factory(tp):
-        return silicon.silicon_tables(str(res.target_dir), res.gpu.name, stack or "trtllm", res.precision, tp,
-                                      res.target.layers, r.trtllm.release)
-    return deployment.make_plan(dep, r.serving, r.speculative, r.parallel, r.trtllm, calibration=calibration,
-                           stack=stack, tables=factory if tables else None)
+        return silicon.silicon_tables(
+            str(res.target_dir), res.gpu.name, stack or "trtllm", res.precision, tp, res.target.layers, r.trtllm.release
+        )
+
+    return deployment.make_plan(
+        dep,
+        r.serving,
+        r.speculative,
+        r.parallel,
+        r.trtllm,
+        calibration=calibration,
+        stack=stack,
+        tables=factory if tables else None,
+    )
 
 
 def test_every_term_names_its_source_and_calibration_corrects_the_rest():
@@ -110,9 +128,10 @@ def test_every_term_names_its_source_and_calibration_corrects_the_rest():
     # a user's calibration (refitted over the tables' step, calibrate.from_files) corrects the rest
     own = _make(calibration=perf_model.shipped_calibration())
     assert own.step_sources["target_forward"] == p.step_sources["target_forward"]
-    assert own.step_sources["drafter"].startswith("user calibration") and "over the tables" in \
-        own.step_sources["drafter"]
-    assert own.curve != p.curve   # the user's constants set the drafter and loop terms
+    assert (
+        own.step_sources["drafter"].startswith("user calibration") and "over the tables" in own.step_sources["drafter"]
+    )
+    assert own.curve != p.curve  # the user's constants set the drafter and loop terms
     # the ranges rest on the combined model's own leave-one-out rows, not the calibrated model's
     row = p.curve[0]
     r = uncertainty.speedup_range(row.speedup, silicon.loo_errors(), "trtllm", p.gpu, row.batch)
@@ -133,8 +152,9 @@ def test_the_mtp_arm_steps_on_the_same_tables():
     t = silicon.silicon_tables(QWEN, "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     r = R.load_recipe("qwen3-8b-h200-fp8")
     res = pipeline.resolve_recipe(r)
-    dep = deployment.Deployment(target=res.target, drafter=res.drafter, gpu=res.gpu, gpus=1, precision="bf16",
-                                kv_cache="auto")
+    dep = deployment.Deployment(
+        target=res.target, drafter=res.drafter, gpu=res.gpu, gpus=1, precision="bf16", kv_cache="auto"
+    )
     m = silicon.combined(deployment.step_model(dep, 1, 1024), t)
     assert mtp.step(m, 4, 3) == pytest.approx(m.k.step_s + t.mtp_step_ms(4, 3, 1024) / 1000)
     assert m.ar_step(4) == pytest.approx(m.k.step_s + t.forward_ms(4, 1, 1024) / 1000)

@@ -25,21 +25,28 @@ def test_the_floors_are_the_library_tables_own_smallest_points():
     bf16 = silicon_floors.floors("h200_sxm", "trtllm", "1.3.0rc20", "bfloat16", "bfloat16")
     block = silicon_floors.floors("h200_sxm", "trtllm", "1.3.0rc20", "fp8_block", "bfloat16")
     assert bf16["GEMM n"] == gemm[gemm.gemm_dtype == "bfloat16"].n.min() == 32
-    assert block["GEMM k"] == gemm[gemm.gemm_dtype == "fp8_block"].k.min() == 128   # per dtype
+    assert block["GEMM k"] == gemm[gemm.gemm_dtype == "fp8_block"].k.min() == 128  # per dtype
     assert {"attention batch", "attention context", "MoE tokens"} <= set(bf16)
 
 
 def _model(tmp_path, hidden):
     """The qwen3-8b-h200-fp8 pair's step model, its target narrowed to ``hidden`` (a real Qwen3 layout)."""
     cfg = json.loads((QWEN / "config.json").read_text())
-    cfg.update(hidden_size=hidden, intermediate_size=3 * hidden, num_attention_heads=2, num_key_value_heads=1,
-               head_dim=64, num_hidden_layers=2)
+    cfg.update(
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        num_hidden_layers=2,
+    )
     tmp_path.mkdir()
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     target = TargetShape.from_dir(tmp_path)
     res = pipeline.resolve_recipe(R.load_recipe("qwen3-8b-h200-fp8"))
-    dep = deployment.Deployment(target=target, drafter=res.drafter, gpu=res.gpu, gpus=1, precision="bf16",
-                                kv_cache="auto")
+    dep = deployment.Deployment(
+        target=target, drafter=res.drafter, gpu=res.gpu, gpus=1, precision="bf16", kv_cache="auto"
+    )
     tables = silicon.silicon_tables(str(tmp_path), "H200", "trtllm", "bf16", 1, 2, "1.4.0rc1")
     assert tables is not None and tables.reason is None
     calibrated = deployment.step_model(dep, 1, 512)
@@ -52,8 +59,12 @@ def test_a_step_below_the_smallest_collected_gemm_is_the_calibrated_models(tmp_p
     assert m.below(1, 1) == "GEMM n 16 < 32, GEMM k 16 < 32"
     assert m.ar_step(4) == calibrated.ar_step(4) and m.dflash_step(4, 3, 2.5) == calibrated.dflash_step(4, 3, 2.5)
     note = silicon.sources(m, "trtllm calibration (shipped): x", False, [3, 3, 2, 2])["target_forward"]
-    assert note.startswith("aiconfigurator-core") and "at batch 1-4 below the tables' smallest collected size " \
-        "(GEMM n 16 < 32, GEMM k 16 < 32): the calibrated model's step there" in note
+    assert (
+        note.startswith("aiconfigurator-core")
+        and "at batch 1-4 below the tables' smallest collected size "
+        "(GEMM n 16 < 32, GEMM k 16 < 32): the calibrated model's step there"
+        in note
+    )
     # at the floor (hidden 32) the tables price it, the loop beside them
     m, calibrated = _model(tmp_path / "at", 32)
     assert m.below(1, 1) is None and m.ar_step(4) != calibrated.ar_step(4)

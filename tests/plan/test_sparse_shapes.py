@@ -18,8 +18,12 @@ def _held_bytes(cache) -> int:
     for layer in cache.layers:
         for name in ("keys", "values", "indexer_keys"):
             t = getattr(layer, name, None)
-            if name == "values" and isinstance(t, torch.Tensor) and t.shape == layer.keys.shape \
-                    and torch.equal(t, layer.keys):  # V4's K = V, stored twice on its plain sliding layer
+            if (
+                name == "values"
+                and isinstance(t, torch.Tensor)
+                and t.shape == layer.keys.shape
+                and torch.equal(t, layer.keys)
+            ):  # V4's K = V, stored twice on its plain sliding layer
                 continue
             if isinstance(t, torch.Tensor) and t.numel() and t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
@@ -57,14 +61,14 @@ def test_the_planner_counts_what_the_runtime_cache_holds(family):
 def test_sparse_attention_caches_the_latent_and_an_indexer_key_on_every_rank():
     t = _shape("deepseek_v32")
     per_token = t.cache_bytes(1, 2, 1001) - t.cache_bytes(1, 2, 1000)
-    assert per_token == 4 * (16 + 8) * 2 + 4 * 16 * 2   # latent (kv_lora + rope) + indexer key, 4 layers, BF16
+    assert per_token == 4 * (16 + 8) * 2 + 4 * 16 * 2  # latent (kv_lora + rope) + indexer key, 4 layers, BF16
     assert t.cache_bytes(8, 2, 1000) == t.cache_bytes(1, 2, 1000)
-    glm = _shape("glm_moe_dsa")                          # "shared" layers cache no indexer key
+    glm = _shape("glm_moe_dsa")  # "shared" layers cache no indexer key
     assert glm.cache_bytes(1, 2, 1) - glm.cache_bytes(1, 2, 0) == 4 * 24 * 2 + 2 * 16 * 2
     latent = t.kv_groups[-1]
     assert latent.attended(1000) == TOPK and latent.attended(3) == 3
 
 
 def test_v4_holds_a_window_and_compressed_entries():
-    t = _shape("deepseek_v4")                            # window 6; CSA every 2 tokens, HCA every 4
+    t = _shape("deepseek_v4")  # window 6; CSA every 2 tokens, HCA every 4
     assert t.cache_bytes(1, 2, 400) == 2 * 16 * (4 * 6 + 2 * 200 + 2 * 200 * 16 // 16 + 100)

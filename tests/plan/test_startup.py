@@ -78,13 +78,29 @@ def test_the_readme_pair_on_h100_is_sized_not_refused(capsys):
 
 def test_a_value_the_user_set_is_honoured_or_refused_in_one_line(capsys):
     # the user's max_seq_len stays; the default batch is lowered around it
-    assert run(["plan", *PAIR, "--gpu", "h100", "--precision", "fp8", "--set", "serving.max_seq_len=16384",
-                "--json"]) == 0
+    assert (
+        run(["plan", *PAIR, "--gpu", "h100", "--precision", "fp8", "--set", "serving.max_seq_len=16384", "--json"]) == 0
+    )
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert plan["max_seq_len"] == 16384 and [c["key"] for c in plan["sized"]] == ["serving.max_batch_size"]
     # the user's batch cannot be lowered: one line naming it, exit 2
-    assert run(["plan", *PAIR, "--gpu", "h100", "--precision", "fp8", "--set", "serving.max_batch_size=64",
-                "--set", "serving.max_seq_len=8192"]) == 2
+    assert (
+        run(
+            [
+                "plan",
+                *PAIR,
+                "--gpu",
+                "h100",
+                "--precision",
+                "fp8",
+                "--set",
+                "serving.max_batch_size=64",
+                "--set",
+                "serving.max_seq_len=8192",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "serving.max_batch_size=64, serving.max_seq_len=8192" in err
 
@@ -95,7 +111,7 @@ def test_a_user_fraction_that_starves_start_up_is_refused_naming_it(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "serving.kv_cache_free_gpu_memory_fraction 0.95" in err
     assert "set it <= 0.8" in err
-    assert run([*base, "serving.kv_cache_free_gpu_memory_fraction=0.7", "--json"]) == 0   # honoured
+    assert run([*base, "serving.kv_cache_free_gpu_memory_fraction=0.7", "--json"]) == 0  # honoured
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert plan["kv_cache_free_gpu_memory_fraction"] == 0.7 and plan["memory"]["budget"]["fraction_source"] == "recipe"
 
@@ -112,14 +128,17 @@ def test_config_writes_the_planned_sizes_and_fraction():
     res = pipeline.resolve_recipe(r)
     p = pipeline.plan_resolved(res)
     cfg = trtllm.config(r, p, res.drafter)
-    assert cfg.kv_cache_config.free_gpu_memory_fraction == p.memory.fraction > 0.85   # more room at batch 16
+    assert cfg.kv_cache_config.free_gpu_memory_fraction == p.memory.fraction > 0.85  # more room at batch 16
     assert cfg.attn_backend == "TRTLLM" and cfg.max_batch_size == 16
 
 
-@pytest.mark.parametrize("gpu,backend,match", [
-    ("b200", "FA4", "FA4 is SM90 only"),
-    ("h100", "TRTLLM", "TRTLLM needs an SM100/SM103"),
-])
+@pytest.mark.parametrize(
+    "gpu,backend,match",
+    [
+        ("b200", "FA4", "FA4 is SM90 only"),
+        ("h100", "TRTLLM", "TRTLLM needs an SM100/SM103"),
+    ],
+)
 def test_a_draft_backend_the_rule_forbids_is_refused_naming_the_rule(gpu, backend, match):
     with pytest.raises((HardwareError, RecipeError), match=match):
         trtllm_rules.attention_backend(backend, hw.get_gpu(gpu), trtllm_releases.get_release("1.4.0rc1"), [])
@@ -133,7 +152,7 @@ def test_head_dim_and_gpu_pick_the_draft_backend():
     assert "head_dim 512" in w[0]
     with pytest.raises(RecipeError, match="FA4 takes head_dim 8-256"):
         trtllm_rules.attention_backend("FA4", hw.get_gpu("h100"), rel, [], 260)
-    assert trtllm_rules.attention_backend("VANILLA", hw.get_gpu("b200"), rel, []) == "VANILLA"   # always allowed
+    assert trtllm_rules.attention_backend("VANILLA", hw.get_gpu("b200"), rel, []) == "VANILLA"  # always allowed
 
 
 def test_the_target_attn_backend_is_never_flashinfer_for_dflash():
@@ -146,4 +165,4 @@ def test_the_target_attn_backend_is_never_flashinfer_for_dflash():
     with pytest.raises(DFlashError, match="FLASHINFER cannot verify"):
         trtllm.validate_trtllm_config({**data, "attn_backend": "FLASHINFER"})
     mtp = {**data, "attn_backend": "FLASHINFER", "speculative_config": {"decoding_type": "MTP"}}
-    assert trtllm.validate_trtllm_config(mtp).attn_backend == "FLASHINFER"   # the rule is DFlash's, not every arm's
+    assert trtllm.validate_trtllm_config(mtp).attn_backend == "FLASHINFER"  # the rule is DFlash's, not every arm's

@@ -18,13 +18,20 @@ def test_every_row_cites_a_tensorrt_llm_file_and_says_captured_or_missing():
         assert row.since is None or row.since in KNOWN_RELEASES, row.family
 
 
-@pytest.mark.parametrize("arch,expected", [
-    ("Qwen3_5ForConditionalGeneration", True), ("NemotronHForCausalLM", True),
-    ("KimiK25ForConditionalGeneration", True),
-    ("Gemma4ForConditionalGeneration", False), ("Gemma4UnifiedForConditionalGeneration", False),
-    ("MiniMaxM2ForCausalLM", False), ("MuseGlimmerForCausalLM", False), ("SomethingNewForCausalLM", None),
-    ("Glm5NextForConditionalGeneration", False),
-])
+@pytest.mark.parametrize(
+    "arch,expected",
+    [
+        ("Qwen3_5ForConditionalGeneration", True),
+        ("NemotronHForCausalLM", True),
+        ("KimiK25ForConditionalGeneration", True),
+        ("Gemma4ForConditionalGeneration", False),
+        ("Gemma4UnifiedForConditionalGeneration", False),
+        ("MiniMaxM2ForCausalLM", False),
+        ("MuseGlimmerForCausalLM", False),
+        ("SomethingNewForCausalLM", None),
+        ("Glm5NextForConditionalGeneration", False),
+    ],
+)
 def test_the_verdict_per_architecture(arch, expected):
     assert capture_supported(arch) is expected
     assert (capture_missing(arch, "1.4.0rc1") is not None) == (expected is False)

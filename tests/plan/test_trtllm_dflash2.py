@@ -21,10 +21,24 @@ CONFIGS = Path(R.__file__).resolve().parents[1] / "recipes" / "configs"
 
 
 def dflash2_config(**over) -> DrafterConfig:
-    base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=16, vocab_size=128, mask_token_id=127, target_layer_ids=[0, 1], causal=False,
-                layer_types=["sliding_attention"] * 2, sliding_window=32, conv_kernel_size=2, conv_group_size=16,
-                selector_rank=8, selector_top_k=4)
+    base = dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=128,
+        mask_token_id=127,
+        target_layer_ids=[0, 1],
+        causal=False,
+        layer_types=["sliding_attention"] * 2,
+        sliding_window=32,
+        conv_kernel_size=2,
+        conv_group_size=16,
+        selector_rank=8,
+        selector_top_k=4,
+    )
     return DrafterConfig(**{**base, **over})
 
 
@@ -34,7 +48,7 @@ def test_only_the_releases_with_the_dflash2_path_serve_it():
         with pytest.raises(RecipeError, match=f"TensorRT-LLM {release} does not serve DFlash2 drafters"):
             check_drafter(dflash2_config(), release)
     plain = dflash2_config(conv_kernel_size=None, conv_group_size=None, selector_rank=None, selector_top_k=None)
-    check_drafter(plain, "1.3.0rc26")                       # plain DFlash: untouched
+    check_drafter(plain, "1.3.0rc26")  # plain DFlash: untouched
     with pytest.raises(RecipeError, match="selector_top_k of 1"):
         check_drafter(dflash2_config(selector_top_k=1), "1.4.0rc1")
 
@@ -65,7 +79,7 @@ def test_the_family_dispatch_applies_the_layer_rule_to_a_dflash2_drafter():
     assert drafter_attention_backend("VANILLA", cfg, 100, rc1) == "VANILLA"
     with pytest.raises(RecipeError, match="non-causal sliding window"):
         drafter_attention_backend("TRTLLM", cfg, 100, rc1)
-    causal = dflash2_config(causal=True)                            # a causal window TRTLLM runs
+    causal = dflash2_config(causal=True)  # a causal window TRTLLM runs
     assert drafter_attention_backend("auto", causal, 100, rc1) == "auto"
 
 
@@ -73,16 +87,27 @@ def _dflash2_recipe(tmp_path: Path, gpu: str, **sets) -> Path:
     """A complete DFlash2 recipe: the bundled Qwen3-8B target, its DFlash drafter's config made DFlash2
     (the published DFlash2 attention rule: every layer sliding, is_causal false)."""
     d = json.loads((CONFIGS / "z-lab--Qwen3-8B-DFlash-b16" / "config.json").read_text())
-    d.update(architectures=["DFlash2DraftModel"], is_causal=False, layer_types=["sliding_attention"] * 5,
-             sliding_window=2048, use_sliding_window=True)
-    d["dflash_config"].update(block_size=16, conv_kernel_size=2, conv_group_size=16, selector_rank=256,
-                              selector_top_k=16)
+    d.update(
+        architectures=["DFlash2DraftModel"],
+        is_causal=False,
+        layer_types=["sliding_attention"] * 5,
+        sliding_window=2048,
+        use_sliding_window=True,
+    )
+    d["dflash_config"].update(
+        block_size=16, conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16
+    )
     (tmp_path / "drafter").mkdir()
     (tmp_path / "drafter" / "config.json").write_text(json.dumps(d))
-    recipe = {"name": "qwen3-8b-dflash2", "target": {"id": "Qwen/Qwen3-8B", "config": str(CONFIGS / "Qwen--Qwen3-8B")},
-              "drafter": {"id": "org/qwen3-8b-dflash2", "config": str(tmp_path / "drafter")},
-              "gpu": {"name": gpu}, "precision": {"weights": "fp8"}, "serving": {"max_batch_size": 16},
-              **sets}
+    recipe = {
+        "name": "qwen3-8b-dflash2",
+        "target": {"id": "Qwen/Qwen3-8B", "config": str(CONFIGS / "Qwen--Qwen3-8B")},
+        "drafter": {"id": "org/qwen3-8b-dflash2", "config": str(tmp_path / "drafter")},
+        "gpu": {"name": gpu},
+        "precision": {"weights": "fp8"},
+        "serving": {"max_batch_size": 16},
+        **sets,
+    }
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -104,8 +129,10 @@ def test_a_dflash2_recipe_for_another_release_or_trtllm_attention_is_one_line(tm
     assert run(["plan", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "TensorRT-LLM 1.3.0rc27 does not serve DFlash2" in err, err
-    path.write_text(path.read_text().replace("release: 1.3.0rc27", "release: 1.4.0rc1")
-                    + "speculative: {attention_backend: TRTLLM}\n")
+    path.write_text(
+        path.read_text().replace("release: 1.3.0rc27", "release: 1.4.0rc1")
+        + "speculative: {attention_backend: TRTLLM}\n"
+    )
     assert run(["plan", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "non-causal sliding window" in err, err

@@ -29,37 +29,50 @@ def test_each_row_says_what_its_tag_holds_and_how_that_was_established():
     assert rc1.draft_kv_manager == ("TRTLLM",) and rc1.tag.startswith("0372799")
     assert rc26.tag.startswith("c295dd9") and rc26.block_size_from_dflash_config and not rc26.dflash2
     assert rc26.draft_kv_manager == ("VANILLA", "TRTLLM", "FA4") and not rc26.refuses_windowed_trtllm
-    assert not rc27.tag and "not established" in rc27.notes          # unknown: said, not inferred
-    assert all(r.draft_len_floor == 0 for r in T.RELEASES)            # PR #16888 is open
+    assert not rc27.tag and "not established" in rc27.notes  # unknown: said, not inferred
+    assert all(r.draft_len_floor == 0 for r in T.RELEASES)  # PR #16888 is open
     for pr in ("#17935", "#18155", "#19159", "#19352", "#19410"):
         assert pr in rc1.notes and pr in rc26.notes
-    assert T.DEFAULT_RELEASE == "1.4.0rc1" and rc1.capture == ()     # placeholder for the family issues
+    assert T.DEFAULT_RELEASE == "1.4.0rc1" and rc1.capture == ()  # placeholder for the family issues
 
 
 def _drafter(**over) -> DrafterConfig:
     """A plain DFlash drafter (no DFlash2 sizes), as a speculators-format checkpoint converts."""
-    base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, vocab_size=128, mask_token_id=127, target_layer_ids=[0, 1])
+    base = dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=128,
+        mask_token_id=127,
+        target_layer_ids=[0, 1],
+    )
     return DrafterConfig(**{**base, **over})
 
 
 @pytest.mark.parametrize("kind", ["plain", "dflash2"])
 def test_one_rule_on_the_layers_decides_the_draft_attention(kind):
     extra = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4) if kind == "dflash2" else {}
-    windowed = _drafter(causal=False, layer_types=["full_attention", "sliding_attention", "sliding_attention"],
-                        sliding_window=32, **extra)
+    windowed = _drafter(
+        causal=False,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        sliding_window=32,
+        **extra,
+    )
     assert (windowed.family == "dflash2") == (kind == "dflash2") and rules.windowed_non_causal(windowed) == [1, 2]
     rc1, rc26 = T.KNOWN["1.4.0rc1"], T.KNOWN["1.3.0rc26"]
     assert rules.draft_attention_backend("auto", windowed, 90, rc1) == "FA4"
-    assert rules.draft_attention_backend("auto", windowed, 90, rc26) == "VANILLA"    # no FA4 there
+    assert rules.draft_attention_backend("auto", windowed, 90, rc26) == "VANILLA"  # no FA4 there
     assert rules.draft_attention_backend("auto", windowed, 100, rc1) == "VANILLA"
     assert rules.draft_attention_backend("FA4", windowed, 90, rc1) == "FA4"
     with pytest.raises(RecipeError, match=r"layer\(s\) 1, 2 use a non-causal sliding window.*refuses it \(PR #19159\)"):
         rules.draft_attention_backend("TRTLLM", windowed, 100, rc1)
-    with pytest.raises(RecipeError, match="would run it with wrong masks"):          # the release does not refuse
+    with pytest.raises(RecipeError, match="would run it with wrong masks"):  # the release does not refuse
         rules.draft_attention_backend("TRTLLM", windowed, 100, rc26)
     causal = _drafter(causal=True, layer_types=["sliding_attention"] * 3, sliding_window=32, **extra)
-    full = _drafter(causal=False, **extra)                                           # non-causal, no window
+    full = _drafter(causal=False, **extra)  # non-causal, no window
     for cfg in (causal, full):
         assert rules.windowed_non_causal(cfg) == []
         assert rules.draft_attention_backend("TRTLLM", cfg, 100, rc1) == "TRTLLM"
@@ -79,7 +92,7 @@ def test_the_unused_draft_kv_pool_is_charged_per_release_and_backend():
     assert old.memory.draft_kv_pool == paged and new.memory.draft_kv_pool == 0
     assert old.memory.total - new.memory.total == paged and old.memory.drafter_arena == new.memory.drafter_arena
     b200 = _plan(["gpu.name=B200", "speculative.attention_backend=TRTLLM", "trtllm.release=1.3.0rc27"])
-    assert b200.memory.draft_kv_pool == 0 and b200.memory.arena_in_kv_pool   # TRTLLM: the pool IS the arena
+    assert b200.memory.draft_kv_pool == 0 and b200.memory.arena_in_kv_pool  # TRTLLM: the pool IS the arena
 
 
 def test_a_runtime_block_wider_than_the_checkpoint_s_is_refused():
@@ -103,8 +116,9 @@ def test_a_quantized_drafter_is_refused_in_one_line(tmp_path, capsys, where):
     if where == "config.json":
         cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
     else:
-        (d / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"},
-                                                            "quantization": {"quant_algo": "NVFP4"}}))
+        (d / "hf_quant_config.json").write_text(
+            json.dumps({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}})
+        )
     (d / "config.json").write_text(json.dumps(cfg))
     recipe = yaml.safe_load((Path(R.__file__).parents[1] / "recipes" / "qwen3-8b-h100-fp8.yaml").read_text())
     recipe["target"]["config"] = str(CONFIGS / "Qwen--Qwen3-8B")

@@ -43,10 +43,17 @@ GRAPHS_100 = (1, 2, 4, *range(8, 97, 8), 100)
 
 def test_token_budget_raises_max_num_tokens_when_memory_allows():
     assert qwen_h100_total(2000, 100, 1600) <= 80e9
-    r, p, res = _plan("qwen3-8b-h100-fp8", ["serving.max_batch_size=100", "serving.max_seq_len=2000",
-                                            "serving.max_num_tokens=16", "speculative.max_draft_len=15"])
+    r, p, res = _plan(
+        "qwen3-8b-h100-fp8",
+        [
+            "serving.max_batch_size=100",
+            "serving.max_seq_len=2000",
+            "serving.max_num_tokens=16",
+            "speculative.max_draft_len=15",
+        ],
+    )
     assert p.max_num_tokens == 100 * (1 + 15) == 1600
-    keys = {k for k in (p.draft_len_schedule or {}) if k <= 100}    # _merge_schedule_keys adds them
+    keys = {k for k in (p.draft_len_schedule or {}) if k <= 100}  # _merge_schedule_keys adds them
     assert p.memory.graph_batch_sizes == tuple(sorted(set(GRAPHS_100) | keys))
     assert p.memory.total == qwen_h100_total(2000, 100, 1600, len(p.memory.graph_batch_sizes))
     assert any("100 x 16 = 1600 exceeds max_num_tokens 16" in w and "raised to 1600" in w for w in p.warnings)
@@ -58,15 +65,23 @@ def test_token_budget_raises_max_num_tokens_when_memory_allows():
 
 def test_token_budget_refuses_with_the_numbers_when_memory_does_not_allow(capsys):
     # a max_seq_len that fits only without the raise (no schedule: 16 graphs; 0.1 GB for the fraction's 0.001 steps)
-    S = next(S for S in range(3000, 4000, 8)
-             if qwen_h100_total(S, 100, 16) <= 79.9e9 and qwen_h100_total(S, 100, 1600) > 80e9)
-    sets = ["serving.max_batch_size=100", f"serving.max_seq_len={S}", "serving.max_num_tokens=16",
-            "speculative.max_draft_len=15", "speculative.schedule=none"]
+    S = next(
+        S
+        for S in range(3000, 4000, 8)
+        if qwen_h100_total(S, 100, 16) <= 79.9e9 and qwen_h100_total(S, 100, 1600) > 80e9
+    )
+    sets = [
+        "serving.max_batch_size=100",
+        f"serving.max_seq_len={S}",
+        "serving.max_num_tokens=16",
+        "speculative.max_draft_len=15",
+        "speculative.schedule=none",
+    ]
     with pytest.raises(HardwareError) as e:
         _plan("qwen3-8b-h100-fp8", sets)
     msg = str(e.value)
     assert "100 x 16 = 1600 exceeds max_num_tokens 16" in msg and "does not fit on H100" in msg
-    assert "serving.max_batch_size <= 1" in msg          # 16 // (1 + 15)
+    assert "serving.max_batch_size <= 1" in msg  # 16 // (1 + 15)
     assert run(["plan", "qwen3-8b-h100-fp8", *[x for s in sets for x in ("--set", s)]]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "token budget" in err

@@ -11,16 +11,21 @@ from dflash_trt.plugins import dynamic_conv, selector
 
 def _conv_case(b=2, L=8, H=12, K=2, group=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, L, H, generator=g, dtype=torch.float64),
-            torch.randn(b, L, K, H // group, generator=g, dtype=torch.float64),
-            torch.randn(K, H, generator=g, dtype=torch.float64), group)
+    return (
+        torch.randn(b, L, H, generator=g, dtype=torch.float64),
+        torch.randn(b, L, K, H // group, generator=g, dtype=torch.float64),
+        torch.randn(K, H, generator=g, dtype=torch.float64),
+        group,
+    )
 
 
 @pytest.mark.parametrize("K", [1, 2, 3])
 def test_conv_matches_its_dense_rewrite(K):
     x, dyn, base, group = _conv_case(K=K)
-    torch.testing.assert_close(dynamic_conv.grouped_dynamic_conv(x, dyn, base, group),
-                               dynamic_conv.grouped_dynamic_conv_dense(x, dyn, base, group))
+    torch.testing.assert_close(
+        dynamic_conv.grouped_dynamic_conv(x, dyn, base, group),
+        dynamic_conv.grouped_dynamic_conv_dense(x, dyn, base, group),
+    )
 
 
 def test_conv_is_causal_and_the_anchor_sees_only_itself():
@@ -37,8 +42,13 @@ def test_conv_never_crosses_a_block_boundary():
     B = 4
     x, dyn, base, group = _conv_case(L=3 * B, K=3, seed=2)
     together = dynamic_conv.grouped_dynamic_conv(x, dyn, base, group, block_len=B)
-    apart = torch.cat([dynamic_conv.grouped_dynamic_conv(x[:, k * B:(k + 1) * B], dyn[:, k * B:(k + 1) * B],
-                                                         base, group) for k in range(3)], dim=1)
+    apart = torch.cat(
+        [
+            dynamic_conv.grouped_dynamic_conv(x[:, k * B : (k + 1) * B], dyn[:, k * B : (k + 1) * B], base, group)
+            for k in range(3)
+        ],
+        dim=1,
+    )
     torch.testing.assert_close(together, apart)
     assert not torch.allclose(together, dynamic_conv.grouped_dynamic_conv(x, dyn, base, group))
 
@@ -47,9 +57,14 @@ def _selector_case(b=3, K=5, k=4, V=50, r=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(b, K, V, generator=g) * 2
     unary, cand = torch.topk(logits, k, dim=-1)
-    return dict(unary=unary, candidates=cand, hidden=torch.randn(b, K, r, generator=g),
-                predecessor=torch.randn(V, r, generator=g), successor=torch.randn(V, r, generator=g),
-                anchor=torch.randint(V, (b,), generator=g))
+    return dict(
+        unary=unary,
+        candidates=cand,
+        hidden=torch.randn(b, K, r, generator=g),
+        predecessor=torch.randn(V, r, generator=g),
+        successor=torch.randn(V, r, generator=g),
+        anchor=torch.randint(V, (b,), generator=g),
+    )
 
 
 def test_edge_scores_are_the_formula_entry_by_entry():
@@ -64,7 +79,8 @@ def test_edge_scores_are_the_formula_entry_by_entry():
                     cand = int(c["candidates"][i, t, j])
                     want = c["unary"][i, t, j] + sum(
                         float(c["predecessor"][prev, r] * c["hidden"][i, t, r] * c["successor"][cand, r])
-                        for r in range(c["hidden"].shape[-1]))
+                        for r in range(c["hidden"].shape[-1])
+                    )
                     assert abs(float(e[i, t, p, j]) - float(want)) < 1e-4
 
 
@@ -74,7 +90,7 @@ def _walk_dense(c, temperature=0.0, uniforms=None):
     b, K, k = c["unary"].shape
     tokens = torch.zeros(b, K, dtype=torch.long)
     for i in range(b):
-        row = 0   # at t = 0 every row holds the anchor
+        row = 0  # at t = 0 every row holds the anchor
         for t in range(K):
             s = e[i, t, row]
             if temperature > 0:

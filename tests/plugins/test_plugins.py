@@ -27,8 +27,9 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and not torch.cuda.is_av
 NAN = float("nan")
 
 
-def shuffled_page_table(lengths: list[int], extra: list[int], page_size: int, gen: torch.Generator,
-                        spare: int = 3) -> tuple[torch.Tensor, int]:
+def shuffled_page_table(
+    lengths: list[int], extra: list[int], page_size: int, gen: torch.Generator, spare: int = 3
+) -> tuple[torch.Tensor, int]:
     """Page tables covering lengths[i] + extra[i] positions, page ids explicitly shuffled
     across the pool (plus unused spare pages), unused entries -1."""
     need = [(n + e + page_size - 1) // page_size for n, e in zip(lengths, extra, strict=True)]
@@ -38,7 +39,7 @@ def shuffled_page_table(lengths: list[int], extra: list[int], page_size: int, ge
     pt = torch.full((len(lengths), width), -1, dtype=torch.int32)
     at = 0
     for i, k in enumerate(need):
-        pt[i, :k] = ids[at:at + k].int()
+        pt[i, :k] = ids[at : at + k].int()
         at += k
     return pt, pool
 
@@ -48,7 +49,12 @@ def shuffled_page_table(lengths: list[int], extra: list[int], page_size: int, ge
 # ---------------------------------------------------------------------------------------
 
 SHAPES = [  # (gqa ratio, head_dim, block)
-    (1, 64, 4), (4, 64, 8), (8, 128, 16), (4, 128, 4), (1, 128, 16), (8, 64, 8),
+    (1, 64, 4),
+    (4, 64, 8),
+    (8, 128, 16),
+    (4, 128, 4),
+    (1, 128, 16),
+    (8, 64, 8),
 ]
 MODES = [(False, None), (True, None), (True, 7), (False, 20)]
 CASES = [(*s, *m) for s, m in itertools.product(SHAPES, MODES)]
@@ -65,15 +71,13 @@ def _attn_inputs(rep, d, B, lengths, page_size, dtype, seed):
     return q, k, v, kc, vc, pt, torch.tensor(lengths, dtype=torch.long)
 
 
-def _check_attention(rep, d, B, lengths, causal, window, page_size=16, dtype=torch.float32,
-                     seed=0, atol=2e-5):
+def _check_attention(rep, d, B, lengths, causal, window, page_size=16, dtype=torch.float32, seed=0, atol=2e-5):
     from dflash_trt.plugins import triton_kernels as tk
 
     q, k, v, kc, vc, pt, lens = _attn_inputs(rep, d, B, lengths, page_size, dtype, seed)
-    scale = d ** -0.5
-    ref = ba.block_attention_reference(q, k, v, kc, vc, pt, lens, causal=causal, window=window,
-                                       scale=scale)
-    out = torch.full_like(q, NAN)                     # poison: unwritten elements fail
+    scale = d**-0.5
+    ref = ba.block_attention_reference(q, k, v, kc, vc, pt, lens, causal=causal, window=window, scale=scale)
+    out = torch.full_like(q, NAN)  # poison: unwritten elements fail
     tk.block_attention(q, k, v, kc, vc, pt, lens, causal=causal, window=window, scale=scale, out=out)
     assert out.dtype == q.dtype
     assert not out.isnan().any()
@@ -96,8 +100,7 @@ def test_block_attention_edge_lengths(lengths):
 
 def test_block_attention_public_entry_and_bf16():
     q, k, v, kc, vc, pt, lens = _attn_inputs(4, 64, 8, [5, 23], 16, torch.bfloat16, 7)
-    out = plugins.block_attention(q, k, v, kc, vc, pt, lens, causal=False, window=None,
-                              scale=0.125, kernels="triton")
+    out = plugins.block_attention(q, k, v, kc, vc, pt, lens, causal=False, window=None, scale=0.125, kernels="triton")
     ref = plugins.block_attention(q, k, v, kc, vc, pt, lens, causal=False, window=None, scale=0.125)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
@@ -132,14 +135,23 @@ def test_kv_injection_matches_reference(L, kvh, d, ps, T, lengths, n_new, bias):
     rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     b, H, n_tap = len(lengths), 48, 3
     pt, pool = shuffled_page_table(lengths, [T] * b, ps, gen)
-    base = torch.full((L, pool, ps, kvh, d), NAN)      # poison: unwritten slots stay NaN
+    base = torch.full((L, pool, ps, kvh, d), NAN)  # poison: unwritten slots stay NaN
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
     args = dict(
-        target_hidden=rnd(b, T, n_tap * H), n_new=torch.tensor(n_new), lengths=torch.tensor(lengths),
-        fc_weight=rnd(H, n_tap * H) * 0.1, norm_weight=1 + 0.1 * rnd(H),
-        kv_weight=rnd(L * 2 * kvh * d, H) * 0.2, kv_bias=rnd(L * 2 * kvh * d) if bias else None,
-        k_norm_weight=1 + 0.1 * rnd(L, d), inv_freq=inv_freq, rope_scale=0.9, eps=1e-6,
-        page_table=pt, num_kv_heads=kvh, head_dim=d,
+        target_hidden=rnd(b, T, n_tap * H),
+        n_new=torch.tensor(n_new),
+        lengths=torch.tensor(lengths),
+        fc_weight=rnd(H, n_tap * H) * 0.1,
+        norm_weight=1 + 0.1 * rnd(H),
+        kv_weight=rnd(L * 2 * kvh * d, H) * 0.2,
+        kv_bias=rnd(L * 2 * kvh * d) if bias else None,
+        k_norm_weight=1 + 0.1 * rnd(L, d),
+        inv_freq=inv_freq,
+        rope_scale=0.9,
+        eps=1e-6,
+        page_table=pt,
+        num_kv_heads=kvh,
+        head_dim=d,
     )
     kr, vr, kt, vt = base.clone(), base.clone(), base.clone(), base.clone()
     kvi.kv_injection_reference(k_cache=kr, v_cache=vr, **args)
@@ -161,10 +173,20 @@ def tiny_drafter(seed=0, layer_types=None, window=None):
 
     torch.manual_seed(seed)
     cfg = DrafterConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, vocab_size=128, block_size=8, mask_token_id=127,
-        target_layer_ids=[0, 2], rope_theta=10000.0, layer_types=layer_types,
-        sliding_window=window, dtype="float32",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=128,
+        block_size=8,
+        mask_token_id=127,
+        target_layer_ids=[0, 2],
+        rope_theta=10000.0,
+        layer_types=layer_types,
+        sliding_window=window,
+        dtype="float32",
     )
     d = Drafter(cfg).eval()
     with torch.no_grad():
@@ -174,14 +196,15 @@ def tiny_drafter(seed=0, layer_types=None, window=None):
     return d
 
 
-@pytest.mark.parametrize("layer_types,window", [(None, None),
-                                                (["sliding_attention", "full_attention"], 6)])
+@pytest.mark.parametrize("layer_types,window", [(None, None), (["sliding_attention", "full_attention"], 6)])
 def test_drafter_triton_matches_reference(layer_types, window):
     drafter = tiny_drafter(layer_types=layer_types, window=window)
     H, B = drafter.cfg.hidden_size, drafter.cfg.block_size
     gen = torch.Generator().manual_seed(1)
-    rounds = [(torch.randn(3, 9, 2 * H, generator=gen), torch.tensor([9, 4, 1])),
-              (torch.randn(3, 5, 2 * H, generator=gen), torch.tensor([2, 5, 0]))]
+    rounds = [
+        (torch.randn(3, 9, 2 * H, generator=gen), torch.tensor([9, 4, 1])),
+        (torch.randn(3, 5, 2 * H, generator=gen), torch.tensor([2, 5, 0])),
+    ]
     embeds = torch.randn(3, B, H, generator=gen)
     outs = {}
     with torch.no_grad():
@@ -213,19 +236,18 @@ def test_torch_export_traces_block_attention_custom_op():
 
     class M(torch.nn.Module):
         def forward(self, q, k, v, kc, vc, pt, lens):
-            return torch.ops.dflash.block_attention(q * 2, k, v, kc, vc, pt, lens, True, 5, 0.125, 1,
-                                                    "reference") + 1
+            return torch.ops.dflash.block_attention(q * 2, k, v, kc, vc, pt, lens, True, 5, 0.125, 1, "reference") + 1
 
     q, k, v, kc, vc, pt, lens = _attn_inputs(4, 64, 4, [20, 3], 16, torch.float32, 5)
-    kc, vc = torch.stack([kc.flip(0), kc]), torch.stack([vc.flip(0), vc])   # [L=2, ...], layer 1
+    kc, vc = torch.stack([kc.flip(0), kc]), torch.stack([vc.flip(0), vc])  # [L=2, ...], layer 1
     b = Dim("b")
-    ep = torch.export.export(M(), (q, k, v, kc, vc, pt, lens),
-                             dynamic_shapes=({0: b}, {0: b}, {0: b}, None, None, {0: b}, {0: b}))
+    ep = torch.export.export(
+        M(), (q, k, v, kc, vc, pt, lens), dynamic_shapes=({0: b}, {0: b}, {0: b}, None, None, {0: b}, {0: b})
+    )
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert torch.ops.dflash.block_attention.default in targets
     got = ep.module()(q, k, v, kc, vc, pt, lens)
-    want = ba.block_attention_reference(q * 2, k, v, kc[1], vc[1], pt, lens, causal=True, window=5,
-                                        scale=0.125) + 1
+    want = ba.block_attention_reference(q * 2, k, v, kc[1], vc[1], pt, lens, causal=True, window=5, scale=0.125) + 1
     torch.testing.assert_close(got, want)
     tri = torch.ops.dflash.block_attention(q * 2, k, v, kc, vc, pt, lens, True, 5, 0.125, 1, "triton") + 1
     torch.testing.assert_close(tri, want, atol=2e-5, rtol=2e-5)
@@ -243,9 +265,28 @@ def test_kv_injection_custom_op_mutates_and_fakes():
     n_new = torch.tensor([3, 2])
     cache.reserve(n_new)
     target_hidden = torch.randn(2, 3, 2 * cfg.hidden_size)
-    args = lambda kc, vc, kernels: (target_hidden, n_new, cache.lengths, drafter.fc.weight, drafter.hidden_norm.weight,  # noqa: E731
-                                    wkv, bkv, kn, drafter.inv_freq, kc, vc, cache.page_table,
-                                    drafter.rope_scaling_factor, cfg.rms_norm_eps, 2, 32, kernels)
+
+    def args(kc, vc, kernels):
+        return (
+            target_hidden,
+            n_new,
+            cache.lengths,
+            drafter.fc.weight,
+            drafter.hidden_norm.weight,
+            wkv,
+            bkv,
+            kn,
+            drafter.inv_freq,
+            kc,
+            vc,
+            cache.page_table,
+            drafter.rope_scaling_factor,
+            cfg.rms_norm_eps,
+            2,
+            32,
+            kernels,
+        )
+
     with torch.no_grad():
         kr, vr = cache.k.clone(), cache.v.clone()
         torch.ops.dflash.kv_injection(*args(kr, vr, "reference"))
@@ -259,8 +300,9 @@ def test_kv_injection_custom_op_mutates_and_fakes():
     # the functional form's fake gives the caches' shapes without running anything
     with FakeTensorMode(allow_non_fake_inputs=True):
         kv = torch.empty(2, 3, 2 * 2 * 2 * 32)
-        ko, vo = torch.ops.dflash.kv_cache_update(kv, kn, drafter.inv_freq, n_new, cache.lengths,
-                                                  cache.page_table, cache.k, cache.v, 1.0, 1e-6, 2, 32)
+        ko, vo = torch.ops.dflash.kv_cache_update(
+            kv, kn, drafter.inv_freq, n_new, cache.lengths, cache.page_table, cache.k, cache.v, 1.0, 1e-6, 2, 32
+        )
         assert ko.shape == cache.k.shape and vo.shape == cache.v.shape
 
 
@@ -275,15 +317,39 @@ def test_kv_scatter_stage_composes_to_the_reference():
     target_hidden = torch.randn(2, 4, 2 * cfg.hidden_size)
     with torch.no_grad():
         kr, vr, ks, vs = (cache.k.clone().fill_(NAN) for _ in range(4))
-        kvi.kv_injection_reference(target_hidden=target_hidden, n_new=n_new, lengths=cache.lengths,
-                                   fc_weight=drafter.fc.weight, norm_weight=drafter.hidden_norm.weight,
-                                   kv_weight=wkv, kv_bias=bkv,
-                                   k_norm_weight=kn, inv_freq=drafter.inv_freq, rope_scale=1.0,
-                                   eps=cfg.rms_norm_eps, k_cache=kr, v_cache=vr, page_table=cache.page_table,
-                                   num_kv_heads=2, head_dim=32)
+        kvi.kv_injection_reference(
+            target_hidden=target_hidden,
+            n_new=n_new,
+            lengths=cache.lengths,
+            fc_weight=drafter.fc.weight,
+            norm_weight=drafter.hidden_norm.weight,
+            kv_weight=wkv,
+            kv_bias=bkv,
+            k_norm_weight=kn,
+            inv_freq=drafter.inv_freq,
+            rope_scale=1.0,
+            eps=cfg.rms_norm_eps,
+            k_cache=kr,
+            v_cache=vr,
+            page_table=cache.page_table,
+            num_kv_heads=2,
+            head_dim=32,
+        )
         kv = plugins.rms_norm(target_hidden @ drafter.fc.weight.T, drafter.hidden_norm.weight, cfg.rms_norm_eps) @ wkv.T
-        kvi.kv_scatter_reference(kv, kn, drafter.inv_freq, n_new, cache.lengths, cache.page_table, ks, vs,
-                                 rope_scale=1.0, eps=cfg.rms_norm_eps, num_kv_heads=2, head_dim=32)
+        kvi.kv_scatter_reference(
+            kv,
+            kn,
+            drafter.inv_freq,
+            n_new,
+            cache.lengths,
+            cache.page_table,
+            ks,
+            vs,
+            rope_scale=1.0,
+            eps=cfg.rms_norm_eps,
+            num_kv_heads=2,
+            head_dim=32,
+        )
     torch.testing.assert_close(ks, kr, equal_nan=True)
     torch.testing.assert_close(vs, vr, equal_nan=True)
 
@@ -291,9 +357,11 @@ def test_kv_scatter_stage_composes_to_the_reference():
 def test_shape_inference():
     from dflash_trt.plugins.op_shapes import block_attention_shapes, kv_injection_shapes
 
-    assert block_attention_shapes((2, 16, 32, 128), (2, 16, 8, 128), (5, 100, 16, 8, 128), "bfloat16") == \
-        ((2, 16, 32, 128), "bfloat16")
-    sym = object()                                  # a symbolic dim passes through unchecked
+    assert block_attention_shapes((2, 16, 32, 128), (2, 16, 8, 128), (5, 100, 16, 8, 128), "bfloat16") == (
+        (2, 16, 32, 128),
+        "bfloat16",
+    )
+    sym = object()  # a symbolic dim passes through unchecked
     assert block_attention_shapes((sym, 16, 32, 128), (sym, 16, 8, 128), (100, 16, 8, 128))[0][0] is sym
     with pytest.raises(ValueError, match="multiple"):
         block_attention_shapes((2, 16, 30, 128), (2, 16, 8, 128), (100, 16, 8, 128))
@@ -304,8 +372,10 @@ def test_shape_inference():
     with pytest.raises(ValueError, match="int8"):
         block_attention_shapes((2, 16, 32, 128), (2, 16, 8, 128), (100, 16, 8, 128), "int8")
     cache = (5, 100, 16, 8, 128)
-    assert kv_injection_shapes((3, 4, 5 * 2 * 8 * 128), (5, 128), cache, cache, "float16", "float16") == \
-        ((cache, cache), ("float16", "float16"))
+    assert kv_injection_shapes((3, 4, 5 * 2 * 8 * 128), (5, 128), cache, cache, "float16", "float16") == (
+        (cache, cache),
+        ("float16", "float16"),
+    )
     with pytest.raises(ValueError, match="kv width"):
         kv_injection_shapes((3, 4, 5 * 8 * 128), (5, 128), cache, cache)
     with pytest.raises(ValueError, match="page_size"):

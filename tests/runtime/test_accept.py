@@ -76,7 +76,7 @@ def test_observe_counts_rounds_tokens_and_positions():
     s = Stats(block_size=4)
     assert s.accepted_at == [0, 0, 0]
     s.observe([0, 3, 1], [1, 4, 2])
-    s.observe([2], [2])           # acc 2, kept 2: cut by the length limit (bonus dropped)
+    s.observe([2], [2])  # acc 2, kept 2: cut by the length limit (bonus dropped)
     assert (s.rounds, s.committed, s.target_forwards) == (4, 9, 2)
     assert s.accepted_at == [3, 2, 1]
     assert s.acceptance_length == pytest.approx(9 / 4)
@@ -85,6 +85,16 @@ def test_observe_counts_rounds_tokens_and_positions():
 
 def test_stats_keys_are_what_bench_and_the_server_read():
     assert list(Stats(block_size=2).as_dict()) == [
-        "block_size", "acceptance_length", "per_position_acceptance", "target_forwards", "rounds",
-        "prompt_tokens", "new_tokens", "seconds", "tokens_per_second", "prefill_seconds",
-        "draft_seconds", "verify_seconds"]
+        "block_size",
+        "acceptance_length",
+        "per_position_acceptance",
+        "target_forwards",
+        "rounds",
+        "prompt_tokens",
+        "new_tokens",
+        "seconds",
+        "tokens_per_second",
+        "prefill_seconds",
+        "draft_seconds",
+        "verify_seconds",
+    ]

@@ -18,12 +18,12 @@ def test_the_first_slot_carries_the_anchor_embedding(tiny_pair_dir):
     pair = load_pair(*tiny_pair_dir, dtype="float32")
     backend = TorchBackend(pair.target, pair.drafter)
     run = backend.lean_drafter or backend.drafter
-    table = pair.target.model.get_input_embeddings().weight                 # [V, H]
+    table = pair.target.model.get_input_embeddings().weight  # [V, H]
     mask = pair.drafter.cfg.mask_token_id
     seen: list[int] = []
     real = run.draft
 
-    def spy(block_embeds, cache):                                           # block_embeds: [b, B, H]
+    def spy(block_embeds, cache):  # block_embeds: [b, B, H]
         first = (block_embeds[0, 0][None] == table).all(-1).nonzero().flatten().tolist()
         assert len(first) == 1 and first[0] != mask, "the first slot is not one token's embedding (or is MASK)"
         assert torch.equal(block_embeds[0, 1:], table[mask].expand_as(block_embeds[0, 1:])), "slots 1.. are not MASK"
@@ -33,10 +33,18 @@ def test_the_first_slot_carries_the_anchor_embedding(tiny_pair_dir):
     run.draft = spy
     ids = [pair.tokenizer("the quick brown fox")["input_ids"]]
     with torch.inference_mode():
-        out = generate(None, None, ids, max_new_tokens=20, sampling=SamplingParams(), block_size=8, stop_token_ids=[],
-                       backend=backend)
+        out = generate(
+            None,
+            None,
+            ids,
+            max_new_tokens=20,
+            sampling=SamplingParams(),
+            block_size=8,
+            stop_token_ids=[],
+            backend=backend,
+        )
     tokens = list(out.token_ids[0])
-    assert seen and seen[0] == tokens[0]          # round 1 drafts from the token the prefill committed
+    assert seen and seen[0] == tokens[0]  # round 1 drafts from the token the prefill committed
     # every later anchor is the last token the round before committed: a strictly advancing prefix
     at = [0]
     for a in seen[1:]:
@@ -47,5 +55,5 @@ def test_the_first_slot_carries_the_anchor_embedding(tiny_pair_dir):
 def test_the_graph_backends_embed_the_anchor_first():
     table = torch.randn(16, 4)
     graphs = SimpleNamespace(mask_token_id=15, run=lambda name, feeds: (table[feeds["input_ids"]],))  # no graphs
-    embeds = GraphBackend._block_embeds(graphs, torch.tensor([3, 7]), 5)     # [b=2, B=5, H]
+    embeds = GraphBackend._block_embeds(graphs, torch.tensor([3, 7]), 5)  # [b=2, B=5, H]
     assert torch.equal(embeds[:, 0], table[[3, 7]]) and torch.equal(embeds[:, 1:], table[15].expand(2, 4, 4))

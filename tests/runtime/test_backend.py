@@ -68,16 +68,15 @@ def test_generate_talks_to_the_models_only_through_the_backend(models):
         asked[row] += 1
         return row == 1 and asked[row] == 3
 
-    out = generate(None, None, ps, max_new_tokens=MAX_NEW, block_size=6, should_stop=should_stop,
-                   backend=backend)
+    out = generate(None, None, ps, max_new_tokens=MAX_NEW, block_size=6, should_stop=should_stop, backend=backend)
     assert out.token_ids[0] == truth[0] and out.token_ids[2] == truth[2]
     assert out.token_ids[1] == truth[1][: len(out.token_ids[1])]
     assert out.finish_reasons == ["length", "cancelled", "length"]
     s, calls = out.stats, backend.calls
     assert calls["new_caches"] == 1
-    assert calls["target_forward"] == s.target_forwards       # prefill + one per round
+    assert calls["target_forward"] == s.target_forwards  # prefill + one per round
     assert calls["drafter_round"] == calls["compact"] == s.target_forwards - 1
-    assert backend.kept[0] == [0, 2]                          # the cancelled row left, once
+    assert backend.kept[0] == [0, 2]  # the cancelled row left, once
     assert calls["keep_rows"] == len(backend.kept)
 
 
@@ -92,8 +91,9 @@ def test_autoregressive_never_calls_the_drafter(models):
 
 def test_holes_kept_by_a_backend_that_does_not_compact_are_still_masked(models):
     model, drafter, ps, truth = models
-    out = generate(None, None, ps, max_new_tokens=MAX_NEW, block_size=6,
-                   backend=HoleKeepingBackend(wrap(model, drafter), drafter))
+    out = generate(
+        None, None, ps, max_new_tokens=MAX_NEW, block_size=6, backend=HoleKeepingBackend(wrap(model, drafter), drafter)
+    )
     assert out.token_ids == truth
 
 
@@ -125,14 +125,15 @@ def test_plain_targets_run_the_lean_forward_and_it_equals_transformers(arch):
     lean.target.layer_ids = plain.target.layer_ids = layer_ids
     ids = torch.tensor(prompts(2, seed=3, lo=9, hi=9))
     valid = torch.ones(2, 9, dtype=torch.bool)
-    valid[1, 6:] = False                                     # padding / rejected columns
+    valid[1, 6:] = False  # padding / rejected columns
     outs = []
     for be in (lean, plain):
         cache, _ = be.new_caches(2, False)
         first = be.target_forward(ids, torch.arange(9).expand(2, 9), valid, cache, True)
         step_valid = torch.cat([valid, torch.ones(2, 3, dtype=torch.bool)], 1)
-        second = be.target_forward(ids[:, :3], torch.tensor([[9, 10, 11], [6, 7, 8]]), step_valid, cache, True,
-                                   logits_at=torch.tensor([2, 1]))
+        second = be.target_forward(
+            ids[:, :3], torch.tensor([[9, 10, 11], [6, 7, 8]]), step_valid, cache, True, logits_at=torch.tensor([2, 1])
+        )
         outs.append((first, second))
     for (a_logits, a_hidden), (b_logits, b_hidden) in zip(*outs, strict=True):
         assert torch.allclose(a_logits, b_logits, rtol=0, atol=1e-10)
@@ -145,7 +146,17 @@ def test_other_targets_keep_the_transformers_forward():
 
     from dflash_trt.runtime.decoder import lean_forward
 
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, use_sliding_window=True,
-                      sliding_window=4, max_window_layers=0, layer_types=["sliding_attention"] * 2)
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=0,
+        layer_types=["sliding_attention"] * 2,
+    )
     assert lean_forward(Qwen3ForCausalLM(cfg).eval()) is None

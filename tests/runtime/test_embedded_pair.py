@@ -37,7 +37,7 @@ def test_shipped_files_are_small_and_in_the_agreed_formats():
     tcfg = json.loads((ingest.resolve(TARGET) / "config.json").read_text())
     dcfg = json.loads((ingest.resolve(DRAFTER) / "config.json").read_text())
     assert tcfg["architectures"] == ["Qwen3ForCausalLM"]
-    assert dcfg["architectures"] == ["DFlash2DraftModel"] and dcfg["block_size"] == 8   # z-lab's DFlash2 form
+    assert dcfg["architectures"] == ["DFlash2DraftModel"] and dcfg["block_size"] == 8  # z-lab's DFlash2 form
     assert dcfg["hidden_size"] == tcfg["hidden_size"]
     assert all(0 <= i < tcfg["num_hidden_layers"] for i in dcfg["dflash_config"]["target_layer_ids"])
     # the drafter is much cheaper than the target: fewer layers

@@ -46,8 +46,9 @@ class Case:
         for i in range(0, n, batch):
             rows = list(range(i, min(i + batch, n)))
             d = self.drafter(drafter_kind, block, rows)
-            out = generate(wrap(self.model, d), d, [self.prompts[r] for r in rows],
-                           max_new_tokens=self.max_new, block_size=block)
+            out = generate(
+                wrap(self.model, d), d, [self.prompts[r] for r in rows], max_new_tokens=self.max_new, block_size=block
+            )
             got += out.token_ids
             taus.append(out.stats.acceptance_length)
         return got, sum(taus) / len(taus)
@@ -61,7 +62,7 @@ class Case:
         return OracleDrafter(cfg, full, lambda rnd, row: (rnd + row) % (block - 1) + 1).to(torch.float64)
 
     def expected(self, n: int = 6) -> list[list[int]]:
-        return [self.truth(i)[:self.max_new] for i in range(n)]
+        return [self.truth(i)[: self.max_new] for i in range(n)]
 
 
 _cases: dict[str, Case] = {}
@@ -132,17 +133,17 @@ def test_speculative_sampling_on_a_hybrid_target_matches_the_target():
     prompt = prompts(1, seed=9, lo=6, hi=6)[0]
     n = 1500
     out = generate(wrap(model, drafter), drafter, [prompt] * n, max_new_tokens=3, sampling=params)
-    toks = torch.tensor(out.token_ids)                                          # [n, 3]
+    toks = torch.tensor(out.token_ids)  # [n, 3]
     assert out.stats.rounds > n  # some rows needed a second round: their states were rolled back
     with torch.no_grad():
-        p1 = probs(model(torch.tensor([prompt])).logits[0, -1], params).double()   # [V]
+        p1 = probs(model(torch.tensor([prompt])).logits[0, -1], params).double()  # [V]
         V = p1.shape[0]
         t1 = p1.nonzero().squeeze(1)
         ctx2 = torch.tensor([prompt + [a] for a in t1.tolist()])
-        p2 = probs(model(ctx2).logits[:, -1], params).double()                  # [n1, V]
+        p2 = probs(model(ctx2).logits[:, -1], params).double()  # [n1, V]
         pairs = [(i, a, b) for i, a in enumerate(t1.tolist()) for b in p2[i].nonzero().squeeze(1).tolist()]
         ctx3 = torch.tensor([prompt + [a, b] for _, a, b in pairs])
-        p3_given = probs(model(ctx3).logits[:, -1], params).double()            # [pairs, V]
+        p3_given = probs(model(ctx3).logits[:, -1], params).double()  # [pairs, V]
     weight = torch.tensor([p1[a] * p2[i, b] for i, a, b in pairs], dtype=torch.float64)
     p3 = (weight[:, None] * p3_given).sum(0)
     counts = torch.bincount(toks[:, 2], minlength=V).double()

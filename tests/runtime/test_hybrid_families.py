@@ -27,9 +27,14 @@ def _gdn_case(g):
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mod
 
     b, T, hk, hv, dk, dv = 3, 7, 2, 4, 8, 6
-    args = dict(query=torch.randn(b, T, hk, dk, generator=g), key=torch.randn(b, T, hk, dk, generator=g),
-                value=torch.randn(b, T, hv, dv, generator=g), g=-torch.rand(b, T, hv, generator=g),
-                beta=torch.rand(b, T, hv, generator=g), use_qk_l2norm_in_kernel=True)
+    args = dict(
+        query=torch.randn(b, T, hk, dk, generator=g),
+        key=torch.randn(b, T, hk, dk, generator=g),
+        value=torch.randn(b, T, hv, dv, generator=g),
+        g=-torch.rand(b, T, hv, generator=g),
+        beta=torch.rand(b, T, hv, generator=g),
+        use_qk_l2norm_in_kernel=True,
+    )
     return mod, "torch_chunk_gated_delta_rule", args, "initial_state", torch.randn(b, hv, dk, dv, generator=g)
 
 
@@ -37,9 +42,14 @@ def _kda_case(g):
     from transformers.models.kimi_linear import modeling_kimi_linear as mod
 
     b, T, h, d = 3, 7, 3, 8
-    args = dict(query=torch.randn(b, T, h, d, generator=g), key=torch.randn(b, T, h, d, generator=g),
-                value=torch.randn(b, T, h, d, generator=g), g=-torch.rand(b, T, h, d, generator=g),
-                beta=torch.rand(b, T, h, generator=g), use_qk_l2norm_in_kernel=True)
+    args = dict(
+        query=torch.randn(b, T, h, d, generator=g),
+        key=torch.randn(b, T, h, d, generator=g),
+        value=torch.randn(b, T, h, d, generator=g),
+        g=-torch.rand(b, T, h, d, generator=g),
+        beta=torch.rand(b, T, h, generator=g),
+        use_qk_l2norm_in_kernel=True,
+    )
     return mod, "chunk_kimi_delta_attention", args, "initial_state", torch.randn(b, h, d, d, generator=g)
 
 
@@ -47,17 +57,24 @@ def _mamba2_case(g):
     from transformers.models.nemotron_h import modeling_nemotron_h as mod
 
     b, T, h, p, n, groups = 3, 7, 4, 5, 6, 2
-    args = dict(hidden_states=torch.randn(b, T, h, p, generator=g), dt=torch.randn(b, T, h, generator=g),
-                A=-torch.rand(h, generator=g), B=torch.randn(b, T, groups, n, generator=g),
-                C=torch.randn(b, T, groups, n, generator=g), chunk_size=4, D=torch.randn(h, generator=g),
-                dt_bias=torch.randn(h, generator=g), dt_softplus=True, dt_limit=(0.001, float("inf")))
+    args = dict(
+        hidden_states=torch.randn(b, T, h, p, generator=g),
+        dt=torch.randn(b, T, h, generator=g),
+        A=-torch.rand(h, generator=g),
+        B=torch.randn(b, T, groups, n, generator=g),
+        C=torch.randn(b, T, groups, n, generator=g),
+        chunk_size=4,
+        D=torch.randn(h, generator=g),
+        dt_bias=torch.randn(h, generator=g),
+        dt_softplus=True,
+        dt_limit=(0.001, float("inf")),
+    )
     return mod, "mamba2_chunk_scan", args, "initial_states", torch.randn(b, h, p, n, generator=g)
 
 
 def _prefix(args: dict, n: int) -> dict:
     """The kernel's arguments over the first n tokens (per-token tensors are [b, T, ...])."""
-    return {k: v[:, :n] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v
-            for k, v in args.items()}
+    return {k: v[:, :n] if isinstance(v, torch.Tensor) and v.dim() >= 3 else v for k, v in args.items()}
 
 
 @pytest.mark.parametrize("make", [_gdn_case, _kda_case, _mamba2_case], ids=["gated_deltanet", "kda", "mamba2"])
@@ -75,8 +92,9 @@ def test_per_token_kernels_are_transformers_and_select_any_prefix(make):
         n = torch.tensor(n)
         chosen = factors.state(n)
         for row, k in enumerate(n.tolist()):
-            ref = S0[row] if k == 0 else getattr(mod, name)(
-                **_prefix(args, k), **{init_key: S0, final_key: True})[1][row]
+            ref = (
+                S0[row] if k == 0 else getattr(mod, name)(**_prefix(args, k), **{init_key: S0, final_key: True})[1][row]
+            )
             torch.testing.assert_close(chosen[row], ref.to(chosen.dtype), atol=2e-5, rtol=1e-4)
     assert T == 7
 
@@ -101,15 +119,20 @@ def _scheduled(family: str):
     return TorchBackend(wrap(c.model, drafter), drafter), c
 
 
-@pytest.mark.parametrize("family", [pytest.param("nemotron_h"),
-                                    pytest.param("kimi_linear", marks=pytest.mark.slow),
-                                    pytest.param(GLM5_NEXT, marks=pytest.mark.slow),
-                                    pytest.param("qwen3_5", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param("nemotron_h"),
+        pytest.param("kimi_linear", marks=pytest.mark.slow),
+        pytest.param(GLM5_NEXT, marks=pytest.mark.slow),
+        pytest.param("qwen3_5", marks=pytest.mark.slow),
+    ],
+)
 def test_rows_joining_and_leaving_a_hybrid_batch_keep_their_tokens(family):
     backend, c = _scheduled(family)
     reqs = [Request(p, MAX_NEW if i % 2 else 7) for i, p in enumerate(c.prompts)]  # short rows leave early
     steps = run(Scheduler(backend, max_batch=3), {0: reqs[:2], 2: reqs[2:4], 5: reqs[4:]})
-    assert [r.token_ids for r in reqs] == [c.truth(i)[:len(r.token_ids)] for i, r in enumerate(reqs)]
+    assert [r.token_ids for r in reqs] == [c.truth(i)[: len(r.token_ids)] for i, r in enumerate(reqs)]
     assert [len(r.token_ids) for r in reqs] == [7, MAX_NEW] * 3
     assert any(s.admitted and s.batch_size > len(s.admitted) for s in steps), "no row joined a running batch"
 
@@ -124,12 +147,18 @@ def test_a_seeded_row_on_a_hybrid_reproduces_whatever_shares_its_batch(family):
     alone = Request(ps[0], MAX_NEW, params)
     run(Scheduler(backend, max_batch=8, draft_len_schedule=schedule), {0: [alone]})
     crowd = Request(ps[0], MAX_NEW, params)
-    mates = [Request(ps[1], MAX_NEW), Request(ps[2], 9, SamplingParams(temperature=1.0)),
-             Request(ps[3], MAX_NEW, SamplingParams(temperature=0.7, seed=99)), Request(ps[4], 3)]
+    mates = [
+        Request(ps[1], MAX_NEW),
+        Request(ps[2], 9, SamplingParams(temperature=1.0)),
+        Request(ps[3], MAX_NEW, SamplingParams(temperature=0.7, seed=99)),
+        Request(ps[4], 3),
+    ]
     run(Scheduler(backend, max_batch=8, draft_len_schedule=schedule), {0: mates[:2], 1: [crowd], 2: mates[2:]})
     assert crowd.token_ids == alone.token_ids
-    assert generate(None, None, [ps[0]], max_new_tokens=MAX_NEW, sampling=params,
-                    backend=backend).token_ids[0] == alone.token_ids
+    assert (
+        generate(None, None, [ps[0]], max_new_tokens=MAX_NEW, sampling=params, backend=backend).token_ids[0]
+        == alone.token_ids
+    )
     assert mates[0].token_ids == hf_greedy(c.model, ps[1], MAX_NEW)
 
 
@@ -160,7 +189,7 @@ def test_glm5_next_target_hidden_is_each_tapped_layers_streams_through_hc_head()
     ids = torch.tensor([[5, 9, 14, 3, 22, 7]])
     with torch.no_grad():
         _, hidden = target.forward(ids, torch.arange(6)[None], torch.ones_like(ids), None)
-        streams = model(ids, output_hidden_states=True).hidden_states          # [1, T, hc, H] per layer
+        streams = model(ids, output_hidden_states=True).hidden_states  # [1, T, hc, H] per layer
     H = model.config.get_text_config().hidden_size
     assert hidden.shape == (1, 6, len(cfg.target_layer_ids) * H) == (1, 6, expected_shapes(cfg)["fc.weight"][1])
     want = torch.cat([streams[i + 1].mean(2) for i in cfg.target_layer_ids], dim=-1)
@@ -182,10 +211,18 @@ def test_glm5_next_runtime_cache_holds_what_planning_counts():
 
     def elements(n: int) -> tuple[int, int]:
         cache = prefill(backend, [Request(p[:n], 4)], draft=False).target_cache
-        grows = sum(getattr(lay, k)[0].numel() for lay in cache.layers for k in ("keys", "values", "indexer_keys")
-                    if isinstance(getattr(lay, k, None), torch.Tensor))
-        state = sum(t[0].numel() for lay in cache.layers for t in (getattr(lay, "recurrent_states", {}) or {}).values()
-                    if t is not None)
+        grows = sum(
+            getattr(lay, k)[0].numel()
+            for lay in cache.layers
+            for k in ("keys", "values", "indexer_keys")
+            if isinstance(getattr(lay, k, None), torch.Tensor)
+        )
+        state = sum(
+            t[0].numel()
+            for lay in cache.layers
+            for t in (getattr(lay, "recurrent_states", {}) or {}).values()
+            if t is not None
+        )
         return grows, state
 
     (a, state), (b, _) = elements(9), elements(10)

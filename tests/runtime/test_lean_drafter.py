@@ -21,8 +21,11 @@ from tests.helpers import (
 SLIDING = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=5)
 
 
-@pytest.mark.parametrize("kind,extra", [("dflash", {}), ("dflash2", {}), ("dflash", SLIDING)],
-                         ids=["dflash", "dflash2", "dflash-sliding-causal"])
+@pytest.mark.parametrize(
+    "kind,extra",
+    [("dflash", {}), ("dflash2", {}), ("dflash", SLIDING)],
+    ids=["dflash", "dflash2", "dflash-sliding-causal"],
+)
 def test_the_lean_round_is_the_reference_round(kind, extra):
     """Three rounds over one batch of rows with different context lengths (a row taking none in
     the second): the same cache contents, hidden states and logits as ``inject`` + ``draft``

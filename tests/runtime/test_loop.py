@@ -62,7 +62,7 @@ def test_oracle_drafter_accepts_full_blocks_and_tau_is_exact():
     B = 8
     drafter, truth = _oracle(model, ps, B)
     out = generate(wrap(model, drafter), drafter, ps, max_new_tokens=MAX_NEW, block_size=B)
-    assert out.token_ids == [t[len(p):len(p) + MAX_NEW] for p, t in zip(ps, truth, strict=True)]
+    assert out.token_ids == [t[len(p) : len(p) + MAX_NEW] for p, t in zip(ps, truth, strict=True)]
     # 1 token from prefill, then rounds of B tokens; the last round is cut to what is left.
     rounds = math.ceil((MAX_NEW - 1) / B)
     assert out.stats.rounds == rounds * len(ps)
@@ -78,7 +78,7 @@ def test_oracle_partial_acceptance_counts_exactly():
     # Round j corrupts draft position (j % (B-1)) + 1 in every row: acc = that position - 1.
     drafter, truth = _oracle(model, ps, B, wrong=lambda rnd, row: rnd % (B - 1) + 1)
     out = generate(wrap(model, drafter), drafter, ps, max_new_tokens=MAX_NEW, block_size=B)
-    assert out.token_ids == [t[len(p):len(p) + MAX_NEW] for p, t in zip(ps, truth, strict=True)]
+    assert out.token_ids == [t[len(p) : len(p) + MAX_NEW] for p, t in zip(ps, truth, strict=True)]
     # Independent count: each round commits k tokens (k-1 accepted + bonus), until full.
     remaining, rounds, accepted_at = MAX_NEW - 1, 0, [0] * (B - 1)
     committed = 0
@@ -102,14 +102,14 @@ def test_stop_token_inside_an_accepted_run():
     drafter, truth = _oracle(model, ps, B)
     # Pick a token the greedy continuation of row 0 first emits at index >= 3, so it falls
     # inside a fully accepted block rather than on a block boundary.
-    cont = truth[0][len(ps[0]):]
+    cont = truth[0][len(ps[0]) :]
     j = next(j for j in range(3, MAX_NEW) if cont[j] not in cont[:j] and j % B != 0)
     stop = cont[j]
     out = generate(wrap(model, drafter), drafter, ps, max_new_tokens=MAX_NEW, block_size=B, stop_token_ids=[stop])
     assert out.token_ids[0] == cont[: j + 1]
     assert out.finish_reasons[0] == "stop"
     for r in (1, 2):
-        c = truth[r][len(ps[r]):][:MAX_NEW]
+        c = truth[r][len(ps[r]) :][:MAX_NEW]
         want = c[: c.index(stop) + 1] if stop in c else c
         assert out.token_ids[r] == want
 
@@ -154,11 +154,14 @@ def _chi2_ok(counts: torch.Tensor, expected_p: torch.Tensor, n: int, z: float = 
     return stat <= limit, f"chi2={stat:.1f} limit={limit:.1f} dof={k}"
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0, seed=11),
-    SamplingParams(temperature=0.7, top_k=12, seed=12),
-    SamplingParams(temperature=1.3, top_p=0.8, seed=13),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, seed=11),
+        SamplingParams(temperature=0.7, top_k=12, seed=12),
+        SamplingParams(temperature=1.3, top_p=0.8, seed=13),
+    ],
+)
 def test_rejection_sampling_reproduces_target_distribution(params):
     torch.manual_seed(0)
     V, K, n = 40, 3, 60_000
@@ -175,10 +178,13 @@ def test_rejection_sampling_reproduces_target_distribution(params):
     assert ok, msg
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0, seed=21),
-    SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=22),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, seed=21),
+        SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=22),
+    ],
+)
 def test_speculative_sampling_end_to_end_matches_target(params):
     """The first two generated tokens (the second comes out of a draft/verify round) are
     distributed as the target's: compare with the exact marginals."""

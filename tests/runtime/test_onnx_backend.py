@@ -127,7 +127,7 @@ def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompt
     m = ingest.read_manifest(bundle)
     rec = Recording(bundle / "onnx", m.engine.profile, pair.drafter.cfg.mask_token_id)
     ps = [prompts[0][:70], prompts[1][:9], prompts[2][:33], prompts[3][:50]]
-    leave_after = {0: 9, 1: 14, 2: 5, 3: 10**6}   # commits before a row is cancelled (<= 8 tokens each)
+    leave_after = {0: 9, 1: 14, 2: 5, 3: 10**6}  # commits before a row is cancelled (<= 8 tokens each)
     n = 120
 
     def stopper():
@@ -136,6 +136,7 @@ def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompt
         def should_stop(row):
             commits[row] += 1
             return commits[row] > leave_after[row]
+
         return should_stop
 
     got = generate(None, None, ps, max_new_tokens=n, should_stop=stopper(), backend=rec)
@@ -146,12 +147,12 @@ def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompt
     bound = request_shapes([len(p) for p in ps], n, 8, m.engine.profile.page_size)
     assert all(rec.seen[k] <= bound[k] for k in bound), (rec.seen, bound)
     last_table, last_len = rec.tables[-1]
-    assert last_table.shape[0] == 1 and int(last_len[0]) > 6 * 16        # one row left, > 6 pages deep
+    assert last_table.shape[0] == 1 and int(last_len[0]) > 6 * 16  # one row left, > 6 pages deep
     row0 = rec.tables[0][0][0]
     row0 = row0[row0 >= 0]
-    assert len(row0) >= 5 and bool((row0[1:] - row0[:-1] != 1).any())   # its pages interleave with other rows'
+    assert len(row0) >= 5 and bool((row0[1:] - row0[:-1] != 1).any())  # its pages interleave with other rows'
     native = generate(None, None, ps, max_new_tokens=n, should_stop=stopper(), backend=pair.backend)
-    assert pair.backend.dense_drafter and native.token_ids == want.token_ids      # the dense form, rows leaving
+    assert pair.backend.dense_drafter and native.token_ids == want.token_ids  # the dense form, rows leaving
     assert native.stats.accepted_at == want.stats.accepted_at
 
 
@@ -160,8 +161,12 @@ def test_a_graph_backend_loads_configs_and_tokenizer_not_the_weights(bundle, pai
     and what the commands read from a pair (stop ids, block size, MASK, serving plan) is unchanged."""
     shell = load_bundle(bundle, resolve_run("onnx", bundle=bundle))
     assert shell.target.device.type == "meta" and {p.device.type for p in shell.drafter.parameters()} == {"meta"}
-    assert (shell.stop_token_ids, shell.name, shell.max_batch_size, shell.block_size()) == \
-        (pair.stop_token_ids, pair.name, pair.max_batch_size, pair.block_size())
+    assert (shell.stop_token_ids, shell.name, shell.max_batch_size, shell.block_size()) == (
+        pair.stop_token_ids,
+        pair.name,
+        pair.max_batch_size,
+        pair.block_size(),
+    )
     assert shell.drafter.cfg == pair.drafter.cfg and shell.encode("def f(x):") == pair.encode("def f(x):")
 
 
@@ -184,15 +189,17 @@ def test_a_verify_writes_only_the_accepted_columns_and_nothing_moves(pair):
     be.commit_cache(cache, None, torch.tensor([2, 4, 1]))
     assert cache.pending is None and cache.lengths.tolist() == [7, 6, 1]
     for row, (at, n) in enumerate([(5, 2), (2, 4), (0, 1)]):
-        assert torch.equal(cache.k[:, row, :, at:at + n], k_new[:, row, :, :n])
-        assert torch.equal(cache.v[:, row, :, at:at + n], -k_new[:, row, :, :n])
-        assert torch.equal(cache.k[:, row, :, :at], before[:, row, :, :at])               # committed ones kept
-        assert torch.equal(cache.k[:, row, :, at + n:], before[:, row, :, at + n:])       # rejected: not written
+        assert torch.equal(cache.k[:, row, :, at : at + n], k_new[:, row, :, :n])
+        assert torch.equal(cache.v[:, row, :, at : at + n], -k_new[:, row, :, :n])
+        assert torch.equal(cache.k[:, row, :, :at], before[:, row, :, :at])  # committed ones kept
+        assert torch.equal(cache.k[:, row, :, at + n :], before[:, row, :, at + n :])  # rejected: not written
     k = cache.k.clone()
-    assert be.compact(cache, torch.ones(3, 9, dtype=torch.bool)).tolist() == \
-        (torch.arange(7)[None] < torch.tensor([[7], [6], [1]])).tolist()
+    assert (
+        be.compact(cache, torch.ones(3, 9, dtype=torch.bool)).tolist()
+        == (torch.arange(7)[None] < torch.tensor([[7], [6], [1]])).tolist()
+    )
     assert torch.equal(cache.k, k)
-    cache.select(torch.tensor([2]))            # capacity past max_columns (a finishing row's) is trimmed
+    cache.select(torch.tensor([2]))  # capacity past max_columns (a finishing row's) is trimmed
     assert cache.k.shape[3] <= 40 and cache.lengths.tolist() == [1]
 
 
@@ -205,7 +212,7 @@ def test_a_prefill_runs_each_prompt_at_its_own_length_and_equals_the_padded_one(
     T = max(map(len, ps))
     ids = torch.zeros(3, T, dtype=torch.long)
     for i, p in enumerate(ps):
-        ids[i, :len(p)] = torch.tensor(p)
+        ids[i, : len(p)] = torch.tensor(p)
     n = torch.tensor([len(p) for p in ps])
     valid = torch.arange(T)[None] < n[:, None]
     seen: list = []
@@ -223,8 +230,10 @@ def test_a_prefill_runs_each_prompt_at_its_own_length_and_equals_the_padded_one(
         seen.clear()
         for logits_at in (n - 1, None):
             cache, _ = be.new_caches(3, False)
-            out[alone, logits_at is None] = (*be.target_forward(ids, torch.arange(T).expand(3, T), valid, cache, True,
-                                                                logits_at), cache)
+            out[alone, logits_at is None] = (
+                *be.target_forward(ids, torch.arange(T).expand(3, T), valid, cache, True, logits_at),
+                cache,
+            )
         assert seen == ([(1, len(p)) for p in ps] * 2 if alone else [(3, T)] * 2)
     for full in (False, True):
         (la, ha, ca), (lp, hp, cp) = out[True, full], out[False, full]
@@ -282,11 +291,11 @@ def test_compaction_moves_each_rows_valid_columns_to_the_front(pair):
     assert packed.tolist() == [[True, True, False], [True, True, True]]
     assert torch.equal(cache.k[:, 0, :, :2], k[:, 0, :, [0, 2]]) and torch.equal(cache.k[:, 1], k[:, 1, :, [1, 2, 3]])
     assert torch.equal(cache.v, -cache.k)
-    assert be.compact(cache, packed) is packed                 # already packed: nothing moves
+    assert be.compact(cache, packed) is packed  # already packed: nothing moves
     tail = torch.tensor([[True, True, False], [True, False, False]])
     before = cache.k.clone()
     assert be.compact(cache, tail).tolist() == [[True, True], [True, False]]
-    assert torch.equal(cache.k, before[..., :2, :])            # holes only at the tail: cut off
+    assert torch.equal(cache.k, before[..., :2, :])  # holes only at the tail: cut off
 
 
 def test_a_request_beyond_the_profile_is_one_line(bundle, pair, prompts, capsys):
@@ -336,13 +345,22 @@ def test_the_embedded_server_answers_through_onnx(pair, monkeypatch):
     from dflash_trt.serve.app import ServerThread, create_app
 
     texts = ["import os\n", "def add(a, b):", "class Node:", "for i in range("]
-    want = {t: pair.decode(generate(pair.target, pair.drafter, [pair.encode(t)], max_new_tokens=16).token_ids[0])
-            for t in texts}
+    want = {
+        t: pair.decode(generate(pair.target, pair.drafter, [pair.encode(t)], max_new_tokens=16).token_ids[0])
+        for t in texts
+    }
 
     async def ask(url):
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:
-            rs = await asyncio.gather(*(c.post("/v1/completions", json={
-                "model": "tiny", "prompt": t, "max_tokens": 16, "temperature": 0, "ignore_eos": True}) for t in texts))
+            rs = await asyncio.gather(
+                *(
+                    c.post(
+                        "/v1/completions",
+                        json={"model": "tiny", "prompt": t, "max_tokens": 16, "temperature": 0, "ignore_eos": True},
+                    )
+                    for t in texts
+                )
+            )
             return [(r.status_code, r.json()["choices"][0]["text"]) for r in rs]
 
     graphs_run = {"embed": 0, "target": 0, "drafter": 0}
@@ -379,8 +397,9 @@ def test_rows_join_and_leave_a_running_onnx_batch_losslessly(pair, prompts, bloc
         if sched.idle and k > max(arrivals):
             break
         steps.append(sched.step())
-    assert [r.token_ids for r in reqs] == [hf_greedy(pair.target.model, p, n) for p, n in zip(prompts, limits,
-                                                                                             strict=True)]
+    assert [r.token_ids for r in reqs] == [
+        hf_greedy(pair.target.model, p, n) for p, n in zip(prompts, limits, strict=True)
+    ]
     assert any(s.admitted and s.batch_size > len(s.admitted) for s in steps), "no row joined a running batch"
     assert not any(s.isolated or s.failed or s.failed_rounds for s in steps)
 
@@ -391,8 +410,10 @@ def test_the_scheduler_checks_the_profile_once_with_one_line(pair):
     from dflash_trt.runtime import Request, Scheduler
 
     p = pair.backend.profile
-    for kw, needle in ((dict(max_batch=p.max_batch + 1), "exceeds the engines' profile"),
-                       (dict(block_size=p.block_size - 1), f"exported for block size {p.block_size}")):
+    for kw, needle in (
+        (dict(max_batch=p.max_batch + 1), "exceeds the engines' profile"),
+        (dict(block_size=p.block_size - 1), f"exported for block size {p.block_size}"),
+    ):
         with pytest.raises(DFlashError, match=needle) as e:
             Scheduler(pair.backend, **kw)
         assert "\n" not in str(e.value)
@@ -407,10 +428,13 @@ def test_the_graphs_resolve_to_continuous_batching(bundle):
         resolve_run("onnx", bundle=bundle, dtype="bfloat16")
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["generate", "-p", "x", "--backend", "onnx"], "pass a bundle built with --graphs"),
-    (["generate", "-p", "x", "--backend", "tvm"], "choose one of torch, onnx, tensorrt"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["generate", "-p", "x", "--backend", "onnx"], "pass a bundle built with --graphs"),
+        (["generate", "-p", "x", "--backend", "tvm"], "choose one of torch, onnx, tensorrt"),
+    ],
+)
 def test_backend_flag_errors_are_one_line(argv, needle, capsys):
     assert run(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -430,9 +454,9 @@ def test_tensorrt_backend_refuses_in_one_line_without_tensorrt_or_gpu(bundle, ca
 def test_bundles_without_graphs_or_profile_are_refused(bundle, tmp_path, capsys):
     old = shutil.copytree(bundle, tmp_path / "old")
     data = json.loads((old / "manifest.json").read_text())
-    del data["engine"]["profile"]                    # a bundle of this format built before the profile
+    del data["engine"]["profile"]  # a bundle of this format built before the profile
     (old / "manifest.json").write_text(json.dumps(data))
-    assert ingest.read_manifest(old).engine.profile is None      # still reads
+    assert ingest.read_manifest(old).engine.profile is None  # still reads
     assert run(["generate", str(old), "--backend", "onnx", "-p", "x"]) == 2
     assert "predates the recorded engine profile" in capsys.readouterr().err
     del data["engine"]
@@ -449,10 +473,27 @@ def test_a_llama_target_exports_and_runs_losslessly(tmp_path):
 
     tdir, ddir = save_pair(tmp_path / "pair", arch="llama")
     out = tmp_path / "llama-trt"
-    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--graphs", "-o", str(out),
-                "--set", "serving.max_seq_len=256"]) == 0
+    assert (
+        run(
+            [
+                "build",
+                "-t",
+                str(tdir),
+                "-d",
+                str(ddir),
+                "--gpu",
+                "cpu",
+                "--graphs",
+                "-o",
+                str(out),
+                "--set",
+                "serving.max_seq_len=256",
+            ]
+        )
+        == 0
+    )
     p = load_bundle(out, resolve_run("onnx", bundle=out))
-    torch_pair = load_bundle(out)   # the reference: the graph pair's own modules are weightless (meta)
+    torch_pair = load_bundle(out)  # the reference: the graph pair's own modules are weightless (meta)
     ps = random_prompts(6, seed=5, lo=2, hi=40)
     for batch in (1, 3):
         for i in range(0, len(ps), batch):
@@ -476,11 +517,13 @@ def test_a_graph_backend_round_that_raises_fails_only_its_row_in_the_server(pair
 
     texts = ["import os\n", "def add(a, b):", "class Node:"]
     long = pair.encode(read_prompts(ingest.embedded_dir("tiny") / "heldout_prompts.jsonl")[0])[:60]
-    want = {t: pair.decode(generate(pair.target, pair.drafter, [pair.encode(t)], max_new_tokens=16).token_ids[0])
-            for t in texts}
-    hits = inject(monkeypatch, pair.backend, "verify", at=len(long) + 4)   # only the long row gets there
+    want = {
+        t: pair.decode(generate(pair.target, pair.drafter, [pair.encode(t)], max_new_tokens=16).token_ids[0])
+        for t in texts
+    }
+    hits = inject(monkeypatch, pair.backend, "verify", at=len(long) + 4)  # only the long row gets there
     app = create_app(pair, "tiny", max_batch=4, max_queue=8)
-    app.state.batcher.pause()                                             # the four arrive as one batch
+    app.state.batcher.pause()  # the four arrive as one batch
 
     async def ask(url):
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:
@@ -494,6 +537,6 @@ def test_a_graph_backend_round_that_raises_fails_only_its_row_in_the_server(pair
 
     with ServerThread(app) as srv:
         *good, bad = asyncio.run(ask(srv.url))
-    assert hits[0] > 1 and hits[-1] == 1   # a shared forward raised (rows that finished left), then the row's own
+    assert hits[0] > 1 and hits[-1] == 1  # a shared forward raised (rows that finished left), then the row's own
     assert [(r.status_code, r.json()["choices"][0]["text"]) for r in good] == [(200, want[t]) for t in texts]
     assert bad.status_code == 500 and "injected verify failure" in bad.json()["error"]["message"]

@@ -32,8 +32,27 @@ def bundle(tmp_path_factory):
     root = tmp_path_factory.mktemp("dflash2-trt")
     tdir, ddir = save_pair(root / "pair", dflash2=True)
     out = root / "bundle"
-    assert run(["build", "-t", str(tdir), "-d", str(ddir), "--gpu", "cpu", "--graphs", "-o", str(out),
-                "--set", "serving.max_seq_len=128", "--set", "serving.max_batch_size=4"]) == 0
+    assert (
+        run(
+            [
+                "build",
+                "-t",
+                str(tdir),
+                "-d",
+                str(ddir),
+                "--gpu",
+                "cpu",
+                "--graphs",
+                "-o",
+                str(out),
+                "--set",
+                "serving.max_seq_len=128",
+                "--set",
+                "serving.max_batch_size=4",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -89,7 +108,7 @@ def test_the_manifest_says_the_drafter_graph_is_dflash2(bundle, pair):
     graph = onnx.load(str(bundle / "onnx" / "drafter.onnx")).graph
     assert [i.name for i in graph.input] == export_dflash2.DFLASH2_INPUTS
     native = onnx.load(str(bundle / "onnx" / "drafter_ort.onnx")).graph
-    assert {n.domain for n in native.node} <= {"", "ai.onnx"}      # no custom op: nothing Python per round
+    assert {n.domain for n in native.node} <= {"", "ai.onnx"}  # no custom op: nothing Python per round
     assert isinstance(pair.backend.proposer, SelectorProposer) and pair.backend.dense_drafter
     assert pair.backend.vocab_size == pair.drafter.cfg.vocab_size
 
@@ -142,8 +161,9 @@ def _prefilled(backend, ps):
         ids[r, : len(p)] = torch.tensor(p)
     valid = torch.arange(ids.shape[1])[None] < n[:, None]
     cache, dcache = backend.new_caches(len(ps), True)
-    logits, hidden = backend.target_forward(ids, torch.arange(ids.shape[1]).expand(len(ps), -1), valid, cache,
-                                            capture=True, logits_at=n - 1)
+    logits, hidden = backend.target_forward(
+        ids, torch.arange(ids.shape[1]).expand(len(ps), -1), valid, cache, capture=True, logits_at=n - 1
+    )
     return hidden, n, logits[:, 0].argmax(-1), dcache
 
 

@@ -17,11 +17,15 @@ from dflash_trt.runtime.sampling import SamplingParams, accept_rows, noise_key, 
 from dflash_trt.serve.protocol import APIError, CompletionRequest, validation_message
 
 V, K = 40, 3
-floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
-    [0.0, 5e-324, 1e-300, 1e-45, 1e-38, 1e-8, 0.5, 1.0, 2.0, 2.0000001, -0.0, -1e-9]))
+floats = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, 5e-324, 1e-300, 1e-45, 1e-38, 1e-8, 0.5, 1.0, 2.0, 2.0000001, -0.0, -1e-9]),
+)
 ints = st.one_of(st.integers(), st.sampled_from([-1, 0, 1, V - 1, V, V + 1, 2**63 - 1, 2**63, -(2**63), 10**40]))
-bodies = st.fixed_dictionaries({"prompt": st.just("x")}, optional={
-    "temperature": floats, "top_p": floats, "top_k": ints, "seed": st.one_of(st.none(), ints)})
+bodies = st.fixed_dictionaries(
+    {"prompt": st.just("x")},
+    optional={"temperature": floats, "top_p": floats, "top_k": ints, "seed": st.one_of(st.none(), ints)},
+)
 
 
 def _params(body: dict) -> SamplingParams | None:
@@ -43,7 +47,7 @@ def _params(body: dict) -> SamplingParams | None:
 def _logits(seed: int, *shape) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(*shape, V, generator=g) * 8
-    x[..., 0] = x[..., 1]   # a tie at the top, sometimes
+    x[..., 0] = x[..., 1]  # a tie at the top, sometimes
     return x
 
 

@@ -58,7 +58,7 @@ def test_rows_joining_mid_flight_are_greedy_identical_to_a_lone_run(family):
 def test_rows_leaving_or_cancelled_leave_the_others_untouched(family):
     backend, ps, truth = family
     gone = {"flag": False}
-    short = Request(ps[1], 5)                                   # leaves early: its own length
+    short = Request(ps[1], 5)  # leaves early: its own length
     cancelled = Request(ps[2], MAX_NEW, should_stop=lambda: gone["flag"])
     stopped = Request(ps[3], MAX_NEW, stop_token_ids=frozenset({truth[3][6]}))
     others = [Request(ps[0], MAX_NEW), Request(ps[4], MAX_NEW)]
@@ -67,7 +67,7 @@ def test_rows_leaving_or_cancelled_leave_the_others_untouched(family):
         sched.add(r)
     sched.step()
     sched.step()
-    gone["flag"] = True                                         # the client went away
+    gone["flag"] = True  # the client went away
     run(sched, {})
     assert short.token_ids == truth[1][:5] and short.finish_reason == "length"
     assert cancelled.finish_reason == "cancelled" and cancelled.token_ids == truth[2][: len(cancelled.token_ids)]
@@ -96,16 +96,24 @@ def test_a_seeded_row_reproduces_whatever_shares_its_batch(family):
     alone = Request(ps[0], MAX_NEW, params)
     run(Scheduler(backend, max_batch=8, draft_len_schedule=schedule), {0: [alone]})
     crowd = Request(ps[0], MAX_NEW, params)
-    mates = [Request(ps[1], MAX_NEW), Request(ps[2], 9, SamplingParams(temperature=1.0)),
-             Request(ps[3], MAX_NEW, SamplingParams(temperature=0.7, seed=99)),
-             Request(ps[4], 3), Request(ps[5], MAX_NEW, SamplingParams(temperature=1.2))]
-    steps = run(Scheduler(backend, max_batch=8, draft_len_schedule=schedule),
-                {0: mates[:2], 1: [crowd], 2: mates[2:4], 4: mates[4:]})
+    mates = [
+        Request(ps[1], MAX_NEW),
+        Request(ps[2], 9, SamplingParams(temperature=1.0)),
+        Request(ps[3], MAX_NEW, SamplingParams(temperature=0.7, seed=99)),
+        Request(ps[4], 3),
+        Request(ps[5], MAX_NEW, SamplingParams(temperature=1.2)),
+    ]
+    steps = run(
+        Scheduler(backend, max_batch=8, draft_len_schedule=schedule),
+        {0: mates[:2], 1: [crowd], 2: mates[2:4], 4: mates[4:]},
+    )
     assert crowd.token_ids == alone.token_ids
-    assert {s.draft_len for s in steps if s.batch_size} >= {0, 1}   # the length did change
+    assert {s.draft_len for s in steps if s.batch_size} >= {0, 1}  # the length did change
     # ... and the same tokens as generate() with that seed, at the drafter's full block.
-    assert generate(None, None, [ps[0]], max_new_tokens=MAX_NEW, sampling=params,
-                    backend=backend).token_ids[0] == alone.token_ids
+    assert (
+        generate(None, None, [ps[0]], max_new_tokens=MAX_NEW, sampling=params, backend=backend).token_ids[0]
+        == alone.token_ids
+    )
     # The greedy mate is still the target's greedy decoding.
     assert mates[0].token_ids == hf_greedy(backend.target.model, ps[1], MAX_NEW)
 
@@ -119,17 +127,16 @@ def test_rounds_without_drafting_keep_the_drafter_fed():
     truth = [p + hf_greedy(model, p, MAX_NEW + 8) for p in ps]
     oracle = OracleDrafter(tiny_drafter_config(model, block_size=6), truth).to(model.dtype)
     reqs = [Request(ps[0], MAX_NEW), Request(ps[1], 6), Request(ps[2], 8)]
-    steps = run(Scheduler(TorchBackend(wrap(model, oracle), oracle), max_batch=4, draft_len_schedule={1: 5}),
-                {0: reqs})
+    steps = run(Scheduler(TorchBackend(wrap(model, oracle), oracle), max_batch=4, draft_len_schedule={1: 5}), {0: reqs})
     crowded, alone = [s for s in steps if s.batch_size > 1], [s for s in steps if s.batch_size == 1]
     assert crowded and all(s.draft_len == 0 and s.stats.committed == s.batch_size for s in crowded)
     assert alone and all(s.draft_len == 5 for s in alone)
-    assert [r.token_ids for r in reqs] == [t[len(p):][:n] for p, t, n in zip(ps, truth, (MAX_NEW, 6, 8), strict=True)]
-    assert all(s.stats.committed == 6 for s in alone[:-1])   # every draft accepted
+    assert [r.token_ids for r in reqs] == [t[len(p) :][:n] for p, t, n in zip(ps, truth, (MAX_NEW, 6, 8), strict=True)]
+    assert all(s.stats.committed == 6 for s in alone[:-1])  # every draft accepted
 
 
 def test_draft_len_is_tensorrt_llms_lookup():
-    schedule = {4: 4, 8: 2, 32: 1}          # the example in get_draft_len_for_batch_size
+    schedule = {4: 4, 8: 2, 32: 1}  # the example in get_draft_len_for_batch_size
     got = {b: draft_len_for_batch_size(schedule, b, 7) for b in (1, 4, 5, 8, 9, 32, 33, 200)}
     assert got == {1: 4, 4: 4, 5: 2, 8: 2, 9: 1, 32: 1, 33: 0, 200: 0}
     assert draft_len_for_batch_size(None, 500, 7) == 7
@@ -164,9 +171,9 @@ def test_admission_is_one_check_with_one_message(family):
         sched.check(list(range(3, 11)), 5)
     assert (e.value.param, e.value.context) == ("max_new_tokens", True)
     assert sched.idle
-    sched.add(Request(list(range(3, 11)), 4))   # 8 + 4 = 12: exactly the context
+    sched.add(Request(list(range(3, 11)), 4))  # 8 + 4 = 12: exactly the context
     assert len(sched.waiting) == 1
-    Scheduler(backend).check(list(range(3, 500)), 500)   # no context given: the backend's bound only
+    Scheduler(backend).check(list(range(3, 500)), 500)  # no context given: the backend's bound only
 
 
 def test_paged_caches_merge_and_repack_without_moving_a_row():
@@ -186,8 +193,9 @@ def test_paged_caches_merge_and_repack_without_moving_a_row():
         return c
 
     a, b = filled([5, 9]), filled([13, 2, 7])
-    want = [a.gather(0)[0][i, :L] for i, L in enumerate([5, 9])] + \
-           [b.gather(0)[0][i, :L] for i, L in enumerate([13, 2, 7])]
+    want = [a.gather(0)[0][i, :L] for i, L in enumerate([5, 9])] + [
+        b.gather(0)[0][i, :L] for i, L in enumerate([13, 2, 7])
+    ]
     merged = merge_paged(a, b)
     got = merged.gather(0)[0]
     for i, L in enumerate([5, 9, 13, 2, 7]):
@@ -226,14 +234,16 @@ def test_joined_rows_keep_drafting_from_the_right_context():
     accepted through joins and leaves: every merged drafter cache kept each row's length."""
     model = tiny_target("llama")
     ps = prompts(5, seed=8, lo=3, hi=30)
-    truth = [p + hf_greedy(model, p, MAX_NEW + 8) for p in ps]   # admitted in this order below
+    truth = [p + hf_greedy(model, p, MAX_NEW + 8) for p in ps]  # admitted in this order below
     oracle = OracleDrafter(tiny_drafter_config(model, block_size=6), truth).to(model.dtype)
     reqs = [Request(p, MAX_NEW if i != 1 else 7) for i, p in enumerate(ps)]
-    steps = run(Scheduler(_OracleBackend(wrap(model, oracle), oracle), max_batch=8),
-                {0: reqs[:2], 1: reqs[2:3], 3: reqs[3:]})
-    assert [r.token_ids for r in reqs] == [t[len(p):][: r.max_new_tokens]
-                                           for p, t, r in zip(ps, truth, reqs, strict=True)]
-    assert any(s.admitted and s.batch_size > len(s.admitted) for s in steps)   # rows did join
+    steps = run(
+        Scheduler(_OracleBackend(wrap(model, oracle), oracle), max_batch=8), {0: reqs[:2], 1: reqs[2:3], 3: reqs[3:]}
+    )
+    assert [r.token_ids for r in reqs] == [
+        t[len(p) :][: r.max_new_tokens] for p, t, r in zip(ps, truth, reqs, strict=True)
+    ]
+    assert any(s.admitted and s.batch_size > len(s.admitted) for s in steps)  # rows did join
     # Every round of every row accepted its whole block (6 tokens) but for each row's last.
     rounds = sum(s.stats.rounds for s in steps)
     assert rounds == sum(-(-(len(r.token_ids) - 1) // 6) for r in reqs)

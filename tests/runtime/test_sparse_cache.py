@@ -19,7 +19,7 @@ def _partial_commit(model, acc: list[int]):
     ps = prompts(2, seed=11, lo=7, hi=12)
     batch = prefill(backend, [Request(p, 32) for p in ps], draft=False)
     g = torch.Generator().manual_seed(5)
-    block = torch.cat([batch.last[:, None], torch.randint(3, 90, (2, 4), generator=g)], dim=1)    # [2, 5]
+    block = torch.cat([batch.last[:, None], torch.randint(3, 90, (2, 4), generator=g)], dim=1)  # [2, 5]
     logits, _ = verify(backend, batch, block)
     acc_t = torch.tensor(acc)
     bonus = logits[torch.arange(2), acc_t].argmax(-1)
@@ -63,7 +63,7 @@ def test_a_rejected_draft_key_is_never_chosen(family):
         for h in fresh_hooks:
             h.remove()
         fresh_keys = out.cache.layers[layer].indexer_keys[0, : n[r]]
-        keys = batch.target_cache.layers[layer].indexer_keys[r]                   # [W + 3, c]
+        keys = batch.target_cache.layers[layer].indexer_keys[r]  # [W + 3, c]
         assert torch.allclose(keys[: n[r]], fresh_keys, atol=1e-10)
         assert not keys[n[r] : W].any(), "a rejected draft's indexer key is still cached"
         torch.testing.assert_close(logits[r], out.logits[0, -3:], atol=1e-5, rtol=0)  # eager softmax: float32
@@ -119,7 +119,7 @@ def test_a_rejected_draft_never_enters_a_glm5_pool():
     ps = [ps[0][:9], ps[1][:13]]
     batch = prefill(backend, [Request(p, 32) for p in ps], draft=False)
     g = torch.Generator().manual_seed(5)
-    block = torch.cat([batch.last[:, None], torch.randint(3, 90, (2, 4), generator=g)], dim=1)    # [2, 5]
+    block = torch.cat([batch.last[:, None], torch.randint(3, 90, (2, 4), generator=g)], dim=1)  # [2, 5]
     logits, _ = verify(backend, batch, block)
     acc = torch.tensor([1, 0])
     commit(backend, batch, block, acc, logits[torch.arange(2), acc].argmax(-1), None)
@@ -139,8 +139,8 @@ def test_a_rejected_draft_never_enters_a_glm5_pool():
             out = model(torch.tensor([committed[r] + block2[r].tolist()]), use_cache=True)
         for h in fresh_hooks:
             h.remove()
-        valid = torch.cat([batch.col_valid[r], torch.ones(3, dtype=torch.bool)])    # [W + 3]
-        pos = torch.where(valid, valid.long().cumsum(0) - 1, -1).tolist()          # column -> token position
+        valid = torch.cat([batch.col_valid[r], torch.ones(3, dtype=torch.bool)])  # [W + 3]
+        pos = torch.where(valid, valid.long().cumsum(0) - 1, -1).tolist()  # column -> token position
         for got, want in zip(seen, fresh_seen, strict=True):
             for t in range(3):
                 cols = [c for c in got[r, t].tolist() if c >= 0]
@@ -148,7 +148,7 @@ def test_a_rejected_draft_never_enters_a_glm5_pool():
                 assert sorted(pos[c] for c in cols) == sorted(c for c in want[0, n[r] + t].tolist() if c >= 0)
         torch.testing.assert_close(logits[r], out.logits[0, -3:], atol=1e-5, rtol=0)
         assert W == max(n) and batch.col_valid.sum(1).tolist() == n  # no rejected column left
-        pad = W - n[r]                                                            # left padding of row r
-        keys = batch.target_cache.layers[layer].indexer_keys[r]                   # [W + 3, 2 d + 1]
+        pad = W - n[r]  # left padding of row r
+        keys = batch.target_cache.layers[layer].indexer_keys[r]  # [W + 3, 2 d + 1]
         assert not keys[:pad].any(), "a rejected or padding column is still in the indexer cache"
         torch.testing.assert_close(keys[pad:], out.cache.layers[layer].indexer_keys[0], atol=1e-5, rtol=0)

@@ -17,13 +17,16 @@ def test_torch_choices_resolve_as_given():
     assert resolve_run().notes == () and not resolve_run().graphs
 
 
-@pytest.mark.parametrize("kw, needle", [
-    (dict(backend="tvm"), "--backend 'tvm': choose one of torch, onnx, tensorrt"),
-    (dict(kernels="cuda"), "--kernels 'cuda': choose one of lean, triton"),
-    (dict(kernels="reference"), "--kernels 'reference': choose one of lean, triton"),   # the old spelling
-    (dict(backend="onnx"), "pass a bundle built with --graphs"),
-    (dict(backend="onnx", kernels="triton"), "the onnx backend runs the graphs' own"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (dict(backend="tvm"), "--backend 'tvm': choose one of torch, onnx, tensorrt"),
+        (dict(kernels="cuda"), "--kernels 'cuda': choose one of lean, triton"),
+        (dict(kernels="reference"), "--kernels 'reference': choose one of lean, triton"),  # the old spelling
+        (dict(backend="onnx"), "pass a bundle built with --graphs"),
+        (dict(backend="onnx", kernels="triton"), "the onnx backend runs the graphs' own"),
+    ],
+)
 def test_what_cannot_run_is_one_line(kw, needle):
     with pytest.raises(DFlashError) as e:
         resolve_run(**kw)
@@ -43,5 +46,5 @@ def test_a_loaded_pair_is_complete_and_frozen(bundle_dir):
     assert pair.name == bundle_dir.name
     with pytest.raises(dataclasses.FrozenInstanceError):
         pair.backend = None
-    plain = dataclasses.replace(pair, draft_len_schedule=None)   # a changed pair is a new one
+    plain = dataclasses.replace(pair, draft_len_schedule=None)  # a changed pair is a new one
     assert plain.backend is pair.backend and plain.draft_len_schedule is None

@@ -27,8 +27,7 @@ def test_a_row_leaving_keeps_the_others_lossless(family):
         asked[row] = asked.get(row, 0) + 1
         return row == 1 and asked[row] == 2
 
-    out = generate(wrap(model, drafter), drafter, ps, max_new_tokens=MAX_NEW, block_size=6,
-                   should_stop=should_stop)
+    out = generate(wrap(model, drafter), drafter, ps, max_new_tokens=MAX_NEW, block_size=6, should_stop=should_stop)
     assert out.finish_reasons == ["length", "cancelled", "length"]
     assert out.token_ids[0] == truth[0] and out.token_ids[2] == truth[2]
 
@@ -56,7 +55,7 @@ def test_batches_prefilled_apart_merge_into_one(family):
     ps = prompts(3, seed=8, lo=3, hi=24)
     truth = [hf_greedy(model, p, MAX_NEW) for p in ps]
     a = prefill(backend, [Request(p, MAX_NEW) for p in ps[:2]], draft=False)
-    got_a = _decode_greedy(backend, a, 4)                  # a is 3 commits ahead of b
+    got_a = _decode_greedy(backend, a, 4)  # a is 3 commits ahead of b
     b = prefill(backend, [Request(p, MAX_NEW) for p in ps[2:]], draft=False)
     a.merge(backend, b)
     rest = _decode_greedy(backend, a, MAX_NEW - 3)

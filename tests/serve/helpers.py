@@ -17,8 +17,10 @@ from pathlib import Path
 from dflash_trt.ingest import Manifest, write_manifest
 from tests.helpers import save_pair
 
-CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 SERVE_SH = """#!/usr/bin/env bash
 # trtllm-serve for this bundle; extra arguments ("$@") come last and override.
@@ -70,9 +72,12 @@ def served(bundle: Path, *flags: str, wait_s: float = 120) -> Iterator[tuple[sub
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dflash_trt", "serve", str(bundle), "--server", "embedded",
-                             "--port", str(port), *flags], env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflash_trt", "serve", str(bundle), "--server", "embedded", "--port", str(port), *flags],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + wait_s

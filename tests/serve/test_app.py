@@ -61,7 +61,7 @@ def sse(lines) -> list:
     out = []
     for line in lines:
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -74,18 +74,30 @@ def test_concurrent_greedy_completions_equal_the_targets_own_greedy_decoding(ser
 
     async def go():
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
+
             async def one(i, p):
                 if i % 2:  # half of the clients stream
-                    async with c.stream("POST", "/v1/completions", json={
-                            "model": "tiny", "prompt": p, "max_tokens": n, "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True}}) as r:
+                    async with c.stream(
+                        "POST",
+                        "/v1/completions",
+                        json={
+                            "model": "tiny",
+                            "prompt": p,
+                            "max_tokens": n,
+                            "temperature": 0,
+                            "stream": True,
+                            "stream_options": {"include_usage": True},
+                        },
+                    ) as r:
                         events = sse([line async for line in r.aiter_lines()])
                         text = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
                         return r.status_code, text, events[-2]["usage"]["completion_tokens"]
-                r = await c.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": n,
-                                                          "temperature": 0})
+                r = await c.post(
+                    "/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": n, "temperature": 0}
+                )
                 body = r.json()
                 return r.status_code, body["choices"][0]["text"], body["usage"]["completion_tokens"]
+
             return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
     results = asyncio.run(go())
@@ -117,14 +129,24 @@ def test_streaming_matches_non_streaming_for_completions_and_chat(server):
     assert len(events) > 3  # tokens arrive as they are committed, not in one piece
 
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
-    chat = c.post("/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 8,
-                                                "temperature": 0}).json()
+    chat = c.post(
+        "/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 8, "temperature": 0}
+    ).json()
     assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant"
     # The prompt went through the tokenizer's chat template.
     assert chat["usage"]["prompt_tokens"] == len("<system>be brief\n<user>hi there\n<assistant>")
-    with c.stream("POST", "/v1/chat/completions", json={"model": "tiny", "messages": msgs, "max_tokens": 8,
-                                                        "temperature": 0, "stream": True,
-                                                        "stream_options": {"include_usage": True}}) as r:
+    with c.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": msgs,
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         events = sse(r.iter_lines())
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
@@ -132,16 +154,24 @@ def test_streaming_matches_non_streaming_for_completions_and_chat(server):
     assert events[-2]["usage"] == chat["usage"] and events[-1] == "[DONE]"
 
 
-@pytest.mark.parametrize("kwargs, status, param, code", [
-    (dict(content=b'{"prompt": "x", ', headers={"content-type": "application/json"}), 400, None, None),
-    (dict(json={"model": "nope", "prompt": "x"}), 404, "model", "model_not_found"),
-    (dict(json={"model": "tiny", "prompt": "x" * 600, "max_tokens": 4}), 400, "prompt", "context_length_exceeded"),
-    (dict(json={"model": "tiny", "prompt": "x" * 500, "max_tokens": 20}), 400, "max_tokens", "context_length_exceeded"),
-    (dict(json={"model": "tiny", "prompt": "x", "max_tokens": -3}), 400, "max_tokens", None),
-    (dict(json={"model": "tiny", "prompt": "x", "temperature": -1}), 400, "temperature", None),
-    (dict(json={"model": "tiny"}), 400, "prompt", None),
-    (dict(json={"model": "tiny", "prompt": [5, 999999]}), 400, "prompt", None),
-])
+@pytest.mark.parametrize(
+    "kwargs, status, param, code",
+    [
+        (dict(content=b'{"prompt": "x", ', headers={"content-type": "application/json"}), 400, None, None),
+        (dict(json={"model": "nope", "prompt": "x"}), 404, "model", "model_not_found"),
+        (dict(json={"model": "tiny", "prompt": "x" * 600, "max_tokens": 4}), 400, "prompt", "context_length_exceeded"),
+        (
+            dict(json={"model": "tiny", "prompt": "x" * 500, "max_tokens": 20}),
+            400,
+            "max_tokens",
+            "context_length_exceeded",
+        ),
+        (dict(json={"model": "tiny", "prompt": "x", "max_tokens": -3}), 400, "max_tokens", None),
+        (dict(json={"model": "tiny", "prompt": "x", "temperature": -1}), 400, "temperature", None),
+        (dict(json={"model": "tiny"}), 400, "prompt", None),
+        (dict(json={"model": "tiny", "prompt": [5, 999999]}), 400, "prompt", None),
+    ],
+)
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, kwargs, status, param, code):
     c = httpx.Client(base_url=server.url, timeout=60)
     r = c.post("/v1/completions", **kwargs)
@@ -189,8 +219,9 @@ def test_full_queue_answers_429_then_serves_the_next_request(pair):
         batcher.pause()
         body = {"model": "tiny", "prompt": "queued", "max_tokens": 4, "temperature": 0}
         first: dict = {}
-        t = threading.Thread(target=lambda: first.update(r=httpx.post(f"{srv.url}/v1/completions", json=body,
-                                                                          timeout=60)))
+        t = threading.Thread(
+            target=lambda: first.update(r=httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60))
+        )
         t.start()
         deadline = time.time() + 30
         while batcher.queue_depth < 1:
@@ -217,16 +248,25 @@ def test_metrics_report_the_runtimes_acceptance(pair):
     truth = [ids + hf_greedy(pair.target.model, ids, n + 16)]
     wrong = lambda rnd, row: 3 if rnd % 2 else None  # noqa: E731
     cfg = pair.drafter.cfg
-    oracle = Pair(pair.target, OracleDrafter(cfg, truth, wrong).to(torch.float64), pair.tokenizer,
-                  pair.stop_token_ids, "tiny")
-    ref = generate(pair.target, OracleDrafter(cfg, truth, wrong).to(torch.float64), [ids], max_new_tokens=n,
-                   stop_token_ids=pair.stop_token_ids).stats
+    oracle = Pair(
+        pair.target, OracleDrafter(cfg, truth, wrong).to(torch.float64), pair.tokenizer, pair.stop_token_ids, "tiny"
+    )
+    ref = generate(
+        pair.target,
+        OracleDrafter(cfg, truth, wrong).to(torch.float64),
+        [ids],
+        max_new_tokens=n,
+        stop_token_ids=pair.stop_token_ids,
+    ).stats
     assert 1 < ref.acceptance_length < cfg.block_size
 
     app = create_app(oracle, "tiny", max_batch=1)
     with ServerThread(app) as srv:
-        r = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": n,
-                                                          "temperature": 0}, timeout=60).json()
+        r = httpx.post(
+            f"{srv.url}/v1/completions",
+            json={"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0},
+            timeout=60,
+        ).json()
         m = httpx.get(f"{srv.url}/metrics").text
     assert r["dflash"]["acceptance_length"] == pytest.approx(ref.acceptance_length, abs=1e-4)
     assert metric(m, "dflash_acceptance_length") == pytest.approx(ref.acceptance_length)
@@ -267,8 +307,11 @@ def _assert_the_hang_up_freed_the_slot(srv, released):
     while metric(httpx.get(f"{srv.url}/metrics").text, "dflash_requests_total", status="499") < 1:
         assert time.time() < deadline
         time.sleep(0.05)
-    ok = httpx.post(f"{srv.url}/v1/completions", json={"model": "tiny", "prompt": "next", "max_tokens": 3,
-                                                       "temperature": 0}, timeout=60)
+    ok = httpx.post(
+        f"{srv.url}/v1/completions",
+        json={"model": "tiny", "prompt": "next", "max_tokens": 3, "temperature": 0},
+        timeout=60,
+    )
     assert ok.status_code == 200
     assert len(released) == 1 and released[0].finish_reason == "cancelled"
     assert len(released[0].tokens) < 10
@@ -280,8 +323,14 @@ def _assert_the_hang_up_freed_the_slot(srv, released):
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(pair, held_until_hang_up):
     app = create_app(pair, "tiny", max_batch=1)
     with ServerThread(app) as srv:
-        body = {"model": "tiny", "prompt": "go", "max_tokens": 500, "temperature": 0, "stream": True,
-                "ignore_eos": True}
+        body = {
+            "model": "tiny",
+            "prompt": "go",
+            "max_tokens": 500,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             with c.stream("POST", "/v1/completions", json=body) as r:
                 next(r.iter_lines())  # the first token arrived; now hang up
@@ -305,8 +354,12 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(bundle_dir):
         results: list = [None] * 4
 
         def send(i):
-            results[i] = httpx.post(f"{url}/v1/completions", json={"prompt": f"drain {i}", "max_tokens": 200,
-                                                                   "temperature": 0, "ignore_eos": True}, timeout=120)
+            results[i] = httpx.post(
+                f"{url}/v1/completions",
+                json={"prompt": f"drain {i}", "max_tokens": 200, "temperature": 0, "ignore_eos": True},
+                timeout=120,
+            )
+
         threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
@@ -348,8 +401,15 @@ def test_runtime_callbacks_stream_every_commit_and_cancel_rows(pair):
     prompts = [pair.encode("one"), pair.encode("second prompt")]
     seen: dict[int, list[int]] = {0: [], 1: []}
     stop_row_1 = lambda row: row == 1 and len(seen[1]) >= 3  # noqa: E731
-    g = generate(pair.target, pair.drafter, prompts, max_new_tokens=15, stop_token_ids=(),
-                 on_commit=lambda row, new: seen[row].extend(new), should_stop=stop_row_1)
+    g = generate(
+        pair.target,
+        pair.drafter,
+        prompts,
+        max_new_tokens=15,
+        stop_token_ids=(),
+        on_commit=lambda row, new: seen[row].extend(new),
+        should_stop=stop_row_1,
+    )
     assert seen[0] == g.token_ids[0] and seen[1] == g.token_ids[1]
     assert g.finish_reasons == ["length", "cancelled"]
     assert len(g.token_ids[0]) == 15 and 3 <= len(g.token_ids[1]) < 15

@@ -13,13 +13,20 @@ from dflash_trt.serve.app import create_app
 from tests.serve.test_app import metric
 
 BAD = [
-    ("text/plain", b'{"prompt": "hi"}'), ("application/json", b"not json"), ("application/json", b"\xff\xfe"),
-    ("application/json", b""), ("application/json", b"[1, 2]"), ("application/json", b'"x"'),
+    ("text/plain", b'{"prompt": "hi"}'),
+    ("application/json", b"not json"),
+    ("application/json", b"\xff\xfe"),
+    ("application/json", b""),
+    ("application/json", b"[1, 2]"),
+    ("application/json", b'"x"'),
     ("application/json", b'{"prompt": "hi", "max_tokens": 1e999}'),
     ("application/json", b'{"prompt": "hi", "temperature": NaN}'),
-    ("application/json", b'{"prompt": "hi", "top_p": 0}'), ("application/json", b'{"prompt": "hi", "top_k": -2}'),
-    ("application/json", b'{"prompt": [-1]}'), ("application/json", b'{"prompt": "hi", "max_tokens": 99999999}'),
-    ("application/json", b'{"prompt": "\\ud800"}'), ("application/json", b'{"prompt": {"a": 1}}'),
+    ("application/json", b'{"prompt": "hi", "top_p": 0}'),
+    ("application/json", b'{"prompt": "hi", "top_k": -2}'),
+    ("application/json", b'{"prompt": [-1]}'),
+    ("application/json", b'{"prompt": "hi", "max_tokens": 99999999}'),
+    ("application/json", b'{"prompt": "\\ud800"}'),
+    ("application/json", b'{"prompt": {"a": 1}}'),
     ("application/json", b'{"prompt": "hi", "stream_options": [1]}'),
 ]
 

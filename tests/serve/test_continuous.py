@@ -45,9 +45,10 @@ def test_short_requests_behind_long_ones_join_the_running_batch(pair):
             started = [asyncio.Event(), asyncio.Event()]
             longs = [asyncio.create_task(_stream(c, long_body, s)) for s in started]
             for s in started:
-                await s.wait()                          # both long requests are generating
-            shorts = await asyncio.gather(*(_stream(c, {"prompt": p, "max_tokens": 8, "temperature": 0})
-                                            for p in prompts))
+                await s.wait()  # both long requests are generating
+            shorts = await asyncio.gather(
+                *(_stream(c, {"prompt": p, "max_tokens": 8, "temperature": 0}) for p in prompts)
+            )
             return await asyncio.gather(*longs), shorts
 
     with ServerThread(app) as srv:
@@ -61,17 +62,29 @@ def test_short_requests_behind_long_ones_join_the_running_batch(pair):
 
 def test_a_seeded_request_reproduces_whatever_shares_its_batch(pair):
     body = {"prompt": "seeded", "max_tokens": 12, "temperature": 0.8, "top_p": 0.9, "seed": 1234}
-    want = pair.decode(generate(pair.target, pair.drafter, [pair.encode("seeded")], max_new_tokens=12,
-                                sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=1234),
-                                stop_token_ids=pair.stop_token_ids).token_ids[0])
+    want = pair.decode(
+        generate(
+            pair.target,
+            pair.drafter,
+            [pair.encode("seeded")],
+            max_new_tokens=12,
+            sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=1234),
+            stop_token_ids=pair.stop_token_ids,
+        ).token_ids[0]
+    )
     app = create_app(pair, "tiny", max_batch=8)
     with ServerThread(app) as srv:
         alone = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
 
         async def crowd():
             async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
-                mates = [c.post("/v1/completions", json={"prompt": f"mate {i}", "max_tokens": 5 + i,
-                                                         "temperature": [0, 1.0, 0.5][i % 3]}) for i in range(6)]
+                mates = [
+                    c.post(
+                        "/v1/completions",
+                        json={"prompt": f"mate {i}", "max_tokens": 5 + i, "temperature": [0, 1.0, 0.5][i % 3]},
+                    )
+                    for i in range(6)
+                ]
                 rs = await asyncio.gather(c.post("/v1/completions", json=body), *mates)
                 return rs[0].json()["choices"][0]["text"]
 
@@ -83,10 +96,10 @@ def test_queue_bound_and_429_but_never_on_an_idle_server(pair):
     app = create_app(pair, "tiny", max_batch=1, max_queue=0)
     with ServerThread(app) as srv:
         body = {"prompt": "idle", "max_tokens": 3, "temperature": 0}
-        for _ in range(2):                                  # no queue at all, yet an idle server serves
+        for _ in range(2):  # no queue at all, yet an idle server serves
             assert httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60).status_code == 200
         batcher = app.state.batcher
-        batcher.pause()                                     # busy: nothing is admitted
+        batcher.pause()  # busy: nothing is admitted
         r = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
         batcher.resume()
@@ -96,17 +109,29 @@ def test_queue_bound_and_429_but_never_on_an_idle_server(pair):
 def test_per_request_metrics_queue_time_ttft_itl_and_tau(pair):
     app = create_app(pair, "tiny", max_batch=4)
     with ServerThread(app) as srv:
+
         async def go():
             async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
-                await asyncio.gather(*(c.post("/v1/completions", json={"prompt": f"m{i}", "max_tokens": 10,
-                                                                       "temperature": 0, "ignore_eos": True})
-                                       for i in range(6)))
+                await asyncio.gather(
+                    *(
+                        c.post(
+                            "/v1/completions",
+                            json={"prompt": f"m{i}", "max_tokens": 10, "temperature": 0, "ignore_eos": True},
+                        )
+                        for i in range(6)
+                    )
+                )
+
         asyncio.run(go())
         m = httpx.get(f"{srv.url}/metrics").text
-    for name in ("dflash_queue_seconds", "dflash_time_to_first_token_seconds", "dflash_request_seconds",
-                 "dflash_request_acceptance_length"):
+    for name in (
+        "dflash_queue_seconds",
+        "dflash_time_to_first_token_seconds",
+        "dflash_request_seconds",
+        "dflash_request_acceptance_length",
+    ):
         assert metric(m, f"{name}_count") == 6, name
-    assert metric(m, "dflash_inter_token_seconds_count") == 6 * 9   # 10 tokens: prefill + 9 commits (τ = 1)
+    assert metric(m, "dflash_inter_token_seconds_count") == 6 * 9  # 10 tokens: prefill + 9 commits (τ = 1)
     assert metric(m, "dflash_batch_size_sum") / metric(m, "dflash_batch_size_count") > 1
     assert metric(m, "dflash_draft_len") == 7
 
@@ -115,15 +140,15 @@ def test_batch_size_and_draft_schedule_come_from_the_bundles_plan(tmp_path):
     root = make_bundle(tmp_path / "planned")
     (root / "trtllm" / "config.yaml").write_text(
         "max_batch_size: 3\nspeculative_config:\n  decoding_type: DFlash\n  max_draft_len: 7\n"
-        "  draft_len_schedule: {1: 7, 2: 3}\n")
+        "  draft_len_schedule: {1: 7, 2: 3}\n"
+    )
     pair = load_bundle(root, dtype="float64")
     assert (pair.max_batch_size, pair.draft_len_schedule) == (3, {1: 7, 2: 3})
     app = create_app(pair, "tiny")
     batcher = app.state.batcher
     assert batcher.max_batch == 3 and batcher.scheduler.schedule == {1: 7, 2: 3}
     assert [batcher.scheduler.draft_len(n) for n in (1, 2, 3)] == [7, 3, 0]
-    assert create_app(pair, "tiny", max_batch=5).state.batcher.max_batch == 5   # the flag wins
-
+    assert create_app(pair, "tiny", max_batch=5).state.batcher.max_batch == 5  # the flag wins
 
 
 def test_chat_works_on_the_embedded_tiny_model(capsys):
@@ -132,17 +157,24 @@ def test_chat_works_on_the_embedded_tiny_model(capsys):
     text = pair.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     app = create_app(pair, "tiny", max_batch=2)
     with ServerThread(app) as srv:
-        r = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": msgs, "max_tokens": 6, "temperature": 0},
-                       timeout=60)
-        with httpx.stream("POST", f"{srv.url}/v1/chat/completions", timeout=60,
-                          json={"messages": msgs, "max_tokens": 6, "temperature": 0, "stream": True}) as s:
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions", json={"messages": msgs, "max_tokens": 6, "temperature": 0}, timeout=60
+        )
+        with httpx.stream(
+            "POST",
+            f"{srv.url}/v1/chat/completions",
+            timeout=60,
+            json={"messages": msgs, "max_tokens": 6, "temperature": 0, "stream": True},
+        ) as s:
             events = sse(s.iter_lines())
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["usage"]["prompt_tokens"] == len(pair.tokenizer(text, add_special_tokens=False)["input_ids"])
     assert body["choices"][0]["message"]["role"] == "assistant"
-    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]) == \
-        body["choices"][0]["message"]["content"]
+    assert (
+        "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+        == body["choices"][0]["message"]["content"]
+    )
     assert run(["generate", "--chat", "-p", "add two numbers", "-n", "6", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"]
 
@@ -150,7 +182,7 @@ def test_chat_works_on_the_embedded_tiny_model(capsys):
 def test_a_failing_round_fails_its_requests_not_the_server(pair, monkeypatch):
     app = create_app(pair, "tiny", max_batch=2)
     sched = app.state.batcher.scheduler
-    assert sched.backend is pair.backend                 # the pair's backend, not one of its own
+    assert sched.backend is pair.backend  # the pair's backend, not one of its own
     real, calls = sched.step, {"n": 0}
 
     def flaky():
@@ -161,10 +193,12 @@ def test_a_failing_round_fails_its_requests_not_the_server(pair, monkeypatch):
 
     monkeypatch.setattr(sched, "step", flaky)
     with ServerThread(app) as srv:
-        bad = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 20, "temperature": 0},
-                         timeout=60)
-        ok = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "y", "max_tokens": 3, "temperature": 0},
-                        timeout=60)
+        bad = httpx.post(
+            f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 20, "temperature": 0}, timeout=60
+        )
+        ok = httpx.post(
+            f"{srv.url}/v1/completions", json={"prompt": "y", "max_tokens": 3, "temperature": 0}, timeout=60
+        )
     assert bad.status_code == 500 and "boom" in bad.json()["error"]["message"]
     assert ok.status_code == 200
 
@@ -179,11 +213,13 @@ def test_a_dflash2_batch_mixes_unseeded_temperatures(tmp_path):
     pair = load_pair(tdir, ddir, dtype="float64")
     want = pair.decode(expected(pair, "greedy", 10))
     app = create_app(pair, "tiny", max_batch=8)
-    bodies = [{"prompt": "greedy", "max_tokens": 10, "temperature": 0},
-              {"prompt": "hot", "max_tokens": 10, "temperature": 1.0},
-              {"prompt": "warm", "max_tokens": 10, "temperature": 0.5, "top_k": 20},
-              {"prompt": "hot again", "max_tokens": 10, "temperature": 1.0, "top_p": 0.9}]
-    app.state.batcher.pause()                                    # the four arrive as one batch
+    bodies = [
+        {"prompt": "greedy", "max_tokens": 10, "temperature": 0},
+        {"prompt": "hot", "max_tokens": 10, "temperature": 1.0},
+        {"prompt": "warm", "max_tokens": 10, "temperature": 0.5, "top_k": 20},
+        {"prompt": "hot again", "max_tokens": 10, "temperature": 1.0, "top_p": 0.9},
+    ]
+    app.state.batcher.pause()  # the four arrive as one batch
 
     async def ask(url):
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:

@@ -22,7 +22,7 @@ from tests.helpers import prompts
 from tests.runtime.test_isolation import LONG, inject
 from tests.serve.test_app import expected, metric
 
-MARK = 77   # the injected failure hits the request whose prompt starts with this token id
+MARK = 77  # the injected failure hits the request whose prompt starts with this token id
 PROMPTS = ["def add(a, b):", "import os\n", "class Point:"]
 
 
@@ -51,6 +51,7 @@ def _together(srv, bodies: list[dict]) -> list[httpx.Response]:
 
     def send(i):
         out[i] = httpx.post(f"{srv.url}/v1/completions", json=bodies[i], timeout=120)
+
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
     for t in threads:
         t.start()
@@ -81,7 +82,7 @@ def _check(srv, pair, replies, stage: str, n: int = 12) -> None:
     assert metric(m, "dflash_request_failures_total", stage=stage) == 1
     assert metric(m, "dflash_running_requests") == 0 and metric(m, "dflash_queue_depth") == 0
     after = httpx.post(f"{srv.url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
-    assert after.status_code == 200   # the slot was freed, the worker goes on
+    assert after.status_code == 200  # the slot was freed, the worker goes on
 
 
 def test_a_failing_prefill_fails_only_its_request(server, pair, monkeypatch, caplog):
@@ -107,7 +108,7 @@ def test_a_failing_stream_fails_only_its_request(server, pair, monkeypatch):
     real = Job.committed
 
     def committed(self, new, metrics=None):
-        if self.prompt[0] == MARK and self.tokens:   # its second commit: mid-generation
+        if self.prompt[0] == MARK and self.tokens:  # its second commit: mid-generation
             raise RuntimeError("injected streaming failure")
         return real(self, new, metrics)
 
@@ -125,11 +126,11 @@ def test_a_failing_round_fails_only_its_row(server, pair, monkeypatch):
     long = [MARK] + prompts(1, seed=6, lo=LONG - 1, hi=LONG - 1)[0]
     *good, bad = _bodies()
     *replies, mate = _together(server, [*good, {**bad, "prompt": long}, seeded])
-    assert hits[0] == 5 and hits[-1] == 1   # the shared round raised, then the long row's own
+    assert hits[0] == 5 and hits[-1] == 1  # the shared round raised, then the long row's own
     assert mate.status_code == 200 and mate.json()["choices"][0]["text"] == alone.json()["choices"][0]["text"]
     _check(server, pair, replies, "step")
     assert "injected verify failure" in replies[-1].json()["error"]["message"]
-    assert metric(httpx.get(f"{server.url}/metrics").text, "dflash_isolated_rounds_total") >= 1   # operators see it
+    assert metric(httpx.get(f"{server.url}/metrics").text, "dflash_isolated_rounds_total") >= 1  # operators see it
 
 
 def test_a_tiny_temperature_runs_beside_greedy_requests(server, pair):
@@ -142,16 +143,19 @@ def test_a_tiny_temperature_runs_beside_greedy_requests(server, pair):
     for p, r in zip(PROMPTS, replies[:3], strict=True):
         assert r.json()["choices"][0]["text"] == pair.decode(expected(pair, p, 12))
     tiny = replies[-1].json()["choices"][0]["text"]
-    assert tiny == pair.decode(expected(pair, "x = 1", 12))   # T -> 0 is the greedy limit
+    assert tiny == pair.decode(expected(pair, "x = 1", 12))  # T -> 0 is the greedy limit
 
 
 def test_a_drain_out_of_time_fails_what_is_left(server):
     out = {}
 
     def send():
-        out["r"] = httpx.post(f"{server.url}/v1/completions", json={"prompt": "long", "max_tokens": 500,
-                                                                     "ignore_eos": True, "temperature": 0},
-                              timeout=120)
+        out["r"] = httpx.post(
+            f"{server.url}/v1/completions",
+            json={"prompt": "long", "max_tokens": 500, "ignore_eos": True, "temperature": 0},
+            timeout=120,
+        )
+
     t = threading.Thread(target=send)
     t.start()
     batcher = server.app.state.batcher
@@ -169,7 +173,7 @@ def test_a_drain_out_of_time_fails_what_is_left(server):
     assert time.time() - t0 < 30 and not batcher._thread.is_alive()
 
 
-@pytest.mark.slow   # a server subprocess (~20 s); the abandon path is tested in-process above
+@pytest.mark.slow  # a server subprocess (~20 s); the abandon path is tested in-process above
 def test_sigterm_with_a_drain_timeout_stops_in_bounded_time(bundle_dir):
     """serve --drain-timeout 0: SIGTERM fails the running request (an OpenAI error object) and the
     server exits 0 at once instead of waiting for it."""
@@ -182,8 +186,12 @@ def test_sigterm_with_a_drain_timeout_stops_in_bounded_time(bundle_dir):
         out = {}
 
         def send():
-            out["r"] = httpx.post(f"{url}/v1/completions", json={"prompt": "drain", "max_tokens": 500,
-                                                                  "ignore_eos": True, "temperature": 0}, timeout=120)
+            out["r"] = httpx.post(
+                f"{url}/v1/completions",
+                json={"prompt": "drain", "max_tokens": 500, "ignore_eos": True, "temperature": 0},
+                timeout=120,
+            )
+
         t = threading.Thread(target=send)
         t.start()
         while metric(httpx.get(f"{url}/metrics", timeout=5).text, "dflash_running_requests") < 1:

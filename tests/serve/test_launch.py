@@ -44,8 +44,14 @@ def test_dry_run_prints_the_bundles_trtllm_serve_command(bundle, capsys, monkeyp
     assert run(["serve", str(bundle), "--dry-run", "--port", "9001"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert shlex.split(lines[0]) == ["bash", str(bundle.resolve() / "trtllm" / "serve.sh"), "--host", "127.0.0.1",
-                                     "--port", "9001"]
+    assert shlex.split(lines[0]) == [
+        "bash",
+        str(bundle.resolve() / "trtllm" / "serve.sh"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9001",
+    ]
     assert 'trtllm-serve "$DIR/../target" --config "$DIR/config.yaml"' in out
     assert "embedded server" in out  # says what 'serve' would do here instead
 
@@ -55,8 +61,18 @@ def test_with_trtllm_serve_on_path_the_bundles_command_runs(bundle, fake_trtllm,
     args = fake_trtllm.read_text().splitlines()
     target = str((bundle / "trtllm" / ".." / "target").resolve())
     assert str(Path(args[0]).resolve()) == target
-    assert args[1:] == ["--config", str(bundle.resolve() / "trtllm" / "config.yaml"), "--host", "0.0.0.0",
-                        "--port", "8000", "--host", "0.0.0.0", "--port", "9002"]  # ours come last and win
+    assert args[1:] == [
+        "--config",
+        str(bundle.resolve() / "trtllm" / "config.yaml"),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "9002",
+    ]  # ours come last and win
     assert "DFLASH_HOST=0.0.0.0 DFLASH_PORT=9002" in Path(str(fake_trtllm) + ".env").read_text()
 
 
@@ -78,7 +94,7 @@ def test_an_api_key_is_never_dropped_on_trtllm_serve(bundle, fake_trtllm, monkey
     err = capsys.readouterr().err.strip()
     assert "checks no API key" in err and len(err.splitlines()) == 1, err
     assert "s3cret" not in err
-    assert not fake_trtllm.exists()        # the stand-in trtllm-serve never ran
+    assert not fake_trtllm.exists()  # the stand-in trtllm-serve never ran
 
 
 def test_server_trtllm_without_trtllm_serve_is_a_one_line_error(bundle, monkeypatch, capsys):
@@ -101,10 +117,12 @@ def test_emit_slurm_writes_an_srun_trtllm_llmapi_launch_script(bundle, tmp_path,
     assert run(["serve", str(bundle), "--emit", "slurm", "--nodes", "2", "--gpus-per-node", "4", "-o", str(out)]) == 0
     text = out.read_text()
     assert text.startswith("#!/bin/bash\n")
-    directives = dict(line[len("#SBATCH "):].split("=", 1) for line in text.splitlines() if line.startswith("#SBATCH "))
+    directives = dict(
+        line[len("#SBATCH ") :].split("=", 1) for line in text.splitlines() if line.startswith("#SBATCH ")
+    )
     assert directives["--nodes"] == "2" and directives["--ntasks-per-node"] == "4"
     assert directives["--gpus-per-node"] == "4"
-    srun = " ".join(line.strip().rstrip("\\") for line in text[text.index("srun "):].splitlines())
+    srun = " ".join(line.strip().rstrip("\\") for line in text[text.index("srun ") :].splitlines())
     assert "--mpi=pmix" in srun
     assert 'trtllm-llmapi-launch bash "$BUNDLE/trtllm/serve.sh" --host 0.0.0.0 --port "$PORT" --tp_size 8' in srun
     assert f"DEFAULT_BUNDLE={shlex.quote(str(bundle.resolve()))}\n" in text
@@ -124,8 +142,27 @@ def test_emit_slurm_checks_the_planned_parallelism(tmp_path, capsys):
 
 def test_emit_k8s_writes_a_leaderworkerset(bundle, tmp_path):
     out = tmp_path / "lws.yaml"
-    assert run(["serve", str(bundle), "--emit", "k8s", "--nodes", "3", "--gpus-per-node", "8", "--port", "8080",
-                "--image", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0", "-o", str(out)]) == 0
+    assert (
+        run(
+            [
+                "serve",
+                str(bundle),
+                "--emit",
+                "k8s",
+                "--nodes",
+                "3",
+                "--gpus-per-node",
+                "8",
+                "--port",
+                "8080",
+                "--image",
+                "nvcr.io/nvidia/tensorrt-llm/release:1.3.0",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     docs = list(yaml.safe_load_all(out.read_text()))
     lws = next(d for d in docs if d["kind"] == "LeaderWorkerSet")
     assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
@@ -138,8 +175,10 @@ def test_emit_k8s_writes_a_leaderworkerset(bundle, tmp_path):
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
     script = leader["command"][-1]
     assert "mpirun" in script and "-np 24" in script
-    assert ("trtllm-llmapi-launch bash /bundles/tiny-bundle/trtllm/serve.sh --host 0.0.0.0 --port 8080 --tp_size 24"
-            in script)
+    assert (
+        "trtllm-llmapi-launch bash /bundles/tiny-bundle/trtllm/serve.sh --host 0.0.0.0 --port 8080 --tp_size 24"
+        in script
+    )
     assert "LWS_LEADER_ADDRESS" in script and "LWS_GROUP_SIZE" in script
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
     assert leader["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8080}
@@ -185,8 +224,12 @@ def cluster(tmp_path, monkeypatch):
     """srun, mpirun, trtllm-llmapi-launch and trtllm-serve fakes on PATH; ranks report to RECORD."""
     bindir = tmp_path / "cluster-bin"
     bindir.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("mpirun", FAKE_MPIRUN), ("trtllm-llmapi-launch", FAKE_LAUNCH),
-                       ("trtllm-serve", '#!/usr/bin/env bash\necho "serve $PWD" >> "$RECORD"\n')):
+    for name, text in (
+        ("srun", FAKE_SRUN),
+        ("mpirun", FAKE_MPIRUN),
+        ("trtllm-llmapi-launch", FAKE_LAUNCH),
+        ("trtllm-serve", '#!/usr/bin/env bash\necho "serve $PWD" >> "$RECORD"\n'),
+    ):
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
     record = tmp_path / "ranks.txt"
@@ -205,9 +248,9 @@ def test_every_slurm_rank_starts_in_the_bundle(bundle, tmp_path, cluster):
     lines = cluster.read_text().splitlines()
     ranks = {line.split()[1]: line.split(maxsplit=2)[2] for line in lines if line.startswith("rank ")}
     assert set(ranks) == {"0", "1", "2", "3"}
-    assert set(ranks.values()) == {str(bundle.resolve())}, lines       # every rank, not only rank 0
+    assert set(ranks.values()) == {str(bundle.resolve())}, lines  # every rank, not only rank 0
     assert f"serve {bundle.resolve()}" in lines
-    assert '--container-workdir="$BUNDLE"' in out.read_text()          # and inside a pyxis container
+    assert '--container-workdir="$BUNDLE"' in out.read_text()  # and inside a pyxis container
 
 
 def test_every_leaderworkerset_rank_starts_in_the_bundle(bundle, tmp_path, cluster):
@@ -260,9 +303,14 @@ def test_hostile_bundle_paths_never_run_in_launch_files(tmp_path, cluster, dirna
     subprocess.run(["bash", "-n", "-c", script], check=True)
 
 
-@pytest.mark.parametrize("bad", [
-    ("name", "x\n#SBATCH --wrap=touch PWNED"), ("name", "$(touch PWNED)"), ("name", "../../etc"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("name", "x\n#SBATCH --wrap=touch PWNED"),
+        ("name", "$(touch PWNED)"),
+        ("name", "../../etc"),
+    ],
+)
 def test_hostile_manifest_names_are_refused_in_one_line(tmp_path, capsys, bad):
     import json
 
@@ -282,14 +330,28 @@ def test_hostile_manifest_names_are_refused_in_one_line(tmp_path, capsys, bad):
 def test_a_bundle_path_with_a_newline_is_refused(tmp_path, capsys):
     b = make_bundle(tmp_path / "a\nb", name="fine")
     capsys.readouterr()
-    code = run(["serve", str(b), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "8",
-                "-o", str(tmp_path / "j.sh")])
+    code = run(
+        ["serve", str(b), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "8", "-o", str(tmp_path / "j.sh")]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "control character" in err and not (tmp_path / "j.sh").exists()
 
 
 @pytest.mark.parametrize("opt", [["--image", "x$(touch PWNED)"], ["--image", "a b"]])
 def test_hostile_images_are_refused(bundle, tmp_path, capsys, opt):
-    code = run(["serve", str(bundle), "--emit", "slurm", "--nodes", "1", "--gpus-per-node", "8", *opt,
-                "-o", str(tmp_path / "j.sh")])
+    code = run(
+        [
+            "serve",
+            str(bundle),
+            "--emit",
+            "slurm",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "8",
+            *opt,
+            "-o",
+            str(tmp_path / "j.sh"),
+        ]
+    )
     assert code == 2 and "image" in capsys.readouterr().err

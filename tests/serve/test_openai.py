@@ -31,8 +31,9 @@ def server(pair):
     stop string's match falls inside a round's accepted tokens (the tiny drafter accepts ~none)."""
     ids = pair.encode(PROMPT)
     oracle = OracleDrafter(pair.drafter.cfg, [ids + hf_greedy(pair.target.model, ids, N + 16)]).to(torch.float64)
-    with ServerThread(create_app(Pair(pair.target, oracle, pair.tokenizer, pair.stop_token_ids, "tiny"), "tiny",
-                                 max_batch=1)) as srv:
+    with ServerThread(
+        create_app(Pair(pair.target, oracle, pair.tokenizer, pair.stop_token_ids, "tiny"), "tiny", max_batch=1)
+    ) as srv:
         yield srv
 
 
@@ -56,8 +57,13 @@ def stream_text(stream) -> tuple[list[str], str | None]:
 
 
 def greedy(client, **kw):
-    return client.completions.create(model="tiny", prompt=PROMPT, max_tokens=N, temperature=0,
-                                     extra_body={"ignore_eos": True, "return_token_ids": True, **kw})
+    return client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=N,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True, **kw},
+    )
 
 
 def test_stop_string_across_a_round_boundary_ends_the_output_before_it(client, pair):
@@ -65,8 +71,11 @@ def test_stop_string_across_a_round_boundary_ends_the_output_before_it(client, p
     ids, text = full.choices[0].token_ids, full.choices[0].text
     assert ids == hf_greedy(pair.target.model, pair.encode(PROMPT), N)
     # without stop strings every streamed chunk is one commit: its boundaries are the rounds'
-    chunks, _ = stream_text(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=N, temperature=0,
-                                                      stream=True, extra_body={"ignore_eos": True}))
+    chunks, _ = stream_text(
+        client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=N, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert "".join(chunks) == text and 3 < len(chunks) < N / 2  # rounds of several tokens
     bounds = [sum(map(len, chunks[:k])) for k in range(2, len(chunks))]
     # a stop string of the 2 characters before a boundary and 2 after, found first right there
@@ -80,15 +89,31 @@ def test_stop_string_across_a_round_boundary_ends_the_output_before_it(client, p
     assert c.token_ids == ids[: len(c.token_ids)] and cut.usage.completion_tokens == len(c.token_ids)
     assert stop in pair.decode(c.token_ids) and stop not in pair.decode(c.token_ids[:-1])
 
-    streamed, reason = stream_text(client.completions.create(
-        model="tiny", prompt=PROMPT, max_tokens=N, temperature=0, stream=True, stop=stop,
-        extra_body={"ignore_eos": True}))
+    streamed, reason = stream_text(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=N,
+            temperature=0,
+            stream=True,
+            stop=stop,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert "".join(streamed) == text[: at - 2] and reason == "stop"
     # a stop string that starts to match at a chunk's end but never completes: held back, then released
     near = text[at - 2 : at] + "\x07"
-    streamed, reason = stream_text(client.completions.create(
-        model="tiny", prompt=PROMPT, max_tokens=N, temperature=0, stream=True, stop=near,
-        extra_body={"ignore_eos": True}))
+    streamed, reason = stream_text(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=N,
+            temperature=0,
+            stream=True,
+            stop=near,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert "".join(streamed) == text and reason == "length"
 
 
@@ -100,8 +125,9 @@ def test_chat_stop_sequences_streamed_and_not(client):
     want = text[: text.find(stop)]
     c = client.chat.completions.create(**kw, stop=stop).choices[0]
     assert (c.message.content, c.finish_reason) == (want, "stop")
-    streamed, reason = stream_text(client.chat.completions.create(
-        **kw, stop=[stop], stream=True, stream_options={"include_usage": True}))
+    streamed, reason = stream_text(
+        client.chat.completions.create(**kw, stop=[stop], stream=True, stream_options={"include_usage": True})
+    )
     assert ("".join(streamed), reason) == (want, "stop")
 
 
@@ -123,8 +149,11 @@ class Chars:
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text("abc", max_size=30), stops=st.lists(st.text("abc", min_size=1, max_size=4), max_size=4),
-       cuts=st.lists(st.integers(1, 5), max_size=30))
+@given(
+    text=st.text("abc", max_size=30),
+    stops=st.lists(st.text("abc", min_size=1, max_size=4), max_size=4),
+    cuts=st.lists(st.integers(1, 5), max_size=30),
+)
 def test_text_stream_sends_exactly_the_text_before_the_first_match(text, stops, cuts):
     ts = TextStream(Chars(), tuple(stops))
     pos, sent, kept = 0, "", 0
@@ -189,18 +218,50 @@ def test_the_openai_client_gets_param_and_no_op_defaults_pass(client):
         client.completions.create(model="tiny", prompt="hi", max_tokens=2, presence_penalty=0.3)
     assert e.value.param == "presence_penalty"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                       logprobs=True, top_logprobs=2)
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, logprobs=True, top_logprobs=2
+        )
     assert e.value.param == "logprobs"
-    r = client.completions.create(model="tiny", prompt="hi", max_tokens=2, temperature=0, presence_penalty=0,
-                                  frequency_penalty=0, logit_bias={}, n=1, best_of=1, echo=False, suffix=None,
-                                  logprobs=None, user="u-1", seed=3, stop=None)
+    r = client.completions.create(
+        model="tiny",
+        prompt="hi",
+        max_tokens=2,
+        temperature=0,
+        presence_penalty=0,
+        frequency_penalty=0,
+        logit_bias={},
+        n=1,
+        best_of=1,
+        echo=False,
+        suffix=None,
+        logprobs=None,
+        user="u-1",
+        seed=3,
+        stop=None,
+    )
     assert r.choices[0].finish_reason in ("stop", "length")
     r = client.chat.completions.create(
-        model="tiny", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "hi", "name": "u"},
-                                {"role": "assistant", "content": "yo", "tool_calls": []},
-                                {"role": "user", "content": [{"type": "text", "text": "more"}]}],
-        max_tokens=2, temperature=0, presence_penalty=0, frequency_penalty=0, logit_bias=None, n=1, logprobs=False,
-        user="u-1", metadata={"k": "v"}, store=False, response_format={"type": "text"}, tool_choice="none",
-        parallel_tool_calls=True, service_tier="auto", modalities=["text"])
+        model="tiny",
+        messages=[
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "hi", "name": "u"},
+            {"role": "assistant", "content": "yo", "tool_calls": []},
+            {"role": "user", "content": [{"type": "text", "text": "more"}]},
+        ],
+        max_tokens=2,
+        temperature=0,
+        presence_penalty=0,
+        frequency_penalty=0,
+        logit_bias=None,
+        n=1,
+        logprobs=False,
+        user="u-1",
+        metadata={"k": "v"},
+        store=False,
+        response_format={"type": "text"},
+        tool_choice="none",
+        parallel_tool_calls=True,
+        service_tier="auto",
+        modalities=["text"],
+    )
     assert r.choices[0].message.role == "assistant"

@@ -19,17 +19,24 @@ from dflash_trt.serve.render import ChatRenderer
 from tests.serve.helpers import CHAT_TEMPLATE
 
 FOREVER = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}"
-TWENTYFOLD = "{% for i in range(2000) %}{{ messages[0]['content'] }}{% endfor %}"        # 2000 x the text
-BOUNDLESS = ("{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] * 1000 }}"
-             "{% endfor %}{% endfor %}")
-HOSTILE = ("{% set c = messages[0]['content'] %}"
-           f"{{% if c == 'loop' %}}{FOREVER}{{% elif c.startswith('big') %}}{TWENTYFOLD}"
-           f"{{% elif c.startswith('boundless') %}}{BOUNDLESS}{{% endif %}}" + CHAT_TEMPLATE)
+TWENTYFOLD = "{% for i in range(2000) %}{{ messages[0]['content'] }}{% endfor %}"  # 2000 x the text
+BOUNDLESS = (
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0]['content'] * 1000 }}"
+    "{% endfor %}{% endfor %}"
+)
+HOSTILE = (
+    "{% set c = messages[0]['content'] %}"
+    f"{{% if c == 'loop' %}}{FOREVER}{{% elif c.startswith('big') %}}{TWENTYFOLD}"
+    f"{{% elif c.startswith('boundless') %}}{BOUNDLESS}{{% endif %}}" + CHAT_TEMPLATE
+)
 
 
 def _chat(url: str, content: str, timeout: float = 60) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", timeout=timeout,
-                      json={"messages": [{"role": "user", "content": content}], "max_tokens": 2, "temperature": 0})
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=timeout,
+        json={"messages": [{"role": "user", "content": content}], "max_tokens": 2, "temperature": 0},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +61,27 @@ def test_templates_that_loop_or_explode_get_a_400_beside_ordinary_requests(hosti
         done.append(name)
 
     with ServerThread(app) as srv:
-        calls = {"loop": lambda: _chat(srv.url, "loop"),
-                 "big": lambda: _chat(srv.url, "big" + "x" * 100),
-                 "chat": lambda: _chat(srv.url, "hello"),
-                 **{f"completion{i}": (lambda: httpx.post(f"{srv.url}/v1/completions", timeout=60, json={
-                     "prompt": "def f", "max_tokens": 2, "temperature": 0})) for i in range(2)}}
+        calls = {
+            "loop": lambda: _chat(srv.url, "loop"),
+            "big": lambda: _chat(srv.url, "big" + "x" * 100),
+            "chat": lambda: _chat(srv.url, "hello"),
+            **{
+                f"completion{i}": (
+                    lambda: httpx.post(
+                        f"{srv.url}/v1/completions",
+                        timeout=60,
+                        json={"prompt": "def f", "max_tokens": 2, "temperature": 0},
+                    )
+                )
+                for i in range(2)
+            },
+        }
         threads = [threading.Thread(target=send, args=item) for item in calls.items()]
         for t in threads:
             t.start()
         for t in threads:
             t.join(120)
-        after = _chat(srv.url, "hello again")       # the looping render's child was replaced
+        after = _chat(srv.url, "hello again")  # the looping render's child was replaced
         health = httpx.get(f"{srv.url}/health", timeout=10)
     loop, big = out["loop"].json()["error"], out["big"].json()["error"]
     assert out["loop"].status_code == 400 and loop["code"] == "template_timeout", loop
@@ -72,7 +89,7 @@ def test_templates_that_loop_or_explode_get_a_400_beside_ordinary_requests(hosti
     assert f"({2000 * 103 + len('<user>' + 'big' + 'x' * 100 + chr(10) + '<assistant>')} characters)" in big["message"]
     for name in ("chat", "completion0", "completion1"):
         assert out[name].status_code == 200, out[name].text
-    assert done[-1] == "loop", done     # everything else was answered while the template looped
+    assert done[-1] == "loop", done  # everything else was answered while the template looped
     assert after.status_code == 200 and health.status_code == 200
 
 
@@ -108,12 +125,13 @@ def test_the_child_renders_what_apply_chat_template_renders(bundle_dir):
     try:
         for gen in (True, False):
             assert asyncio.run(renderer.render(msgs, gen)) == tok.apply_chat_template(
-                msgs, add_generation_prompt=gen, tokenize=False)
+                msgs, add_generation_prompt=gen, tokenize=False
+            )
     finally:
         renderer.close()
 
 
-@pytest.mark.slow   # a server subprocess (~15 s)
+@pytest.mark.slow  # a server subprocess (~15 s)
 def test_sigterm_stops_the_server_while_a_template_loops(tmp_path):
     """A render that would run for a minute does not hold a SIGTERM'd server past its drain."""
     from transformers import AutoTokenizer
@@ -128,7 +146,7 @@ def test_sigterm_stops_the_server_while_a_template_loops(tmp_path):
         out: dict = {}
         t = threading.Thread(target=lambda: out.update(r=_chat(url, "loop", timeout=120)))
         t.start()
-        time.sleep(2)                            # the render is under way
+        time.sleep(2)  # the render is under way
         assert _chat(url, "hello").status_code == 200 and "r" not in out
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)

@@ -24,17 +24,27 @@ def test_both_commands_take_one_set_of_options_with_the_fields_help():
         assert cli[name].help == rank[name].help == field.description, name
         assert cli[name].opts == rank[name].opts
     spelled = {o for p in cli.values() for o in p.opts}
-    assert {"-t", "-o", "-b", "--target-layer-ids", "--feature-shard-mb", "--regen-endpoint", "--config",
-            "--set"} <= spelled
+    assert {
+        "-t",
+        "-o",
+        "-b",
+        "--target-layer-ids",
+        "--feature-shard-mb",
+        "--regen-endpoint",
+        "--config",
+        "--set",
+    } <= spelled
     assert "--no-thinking" in cli["thinking"].secondary_opts
 
 
 def test_config_then_set_then_flags(tmp_path):
     cfg = tmp_path / "train.yaml"
-    cfg.write_text(yaml.safe_dump({"target": "T", "data": "D", "out": "O", "steps": 5, "lr": 1e-3,
-                                   "target_layer_ids": "1,3"}))
-    s = train_launch.settings_from_argv(["--config", str(cfg), "--set", "steps=9", "--set", "anchors=4",
-                                         "--lr", "0.002"])
+    cfg.write_text(
+        yaml.safe_dump({"target": "T", "data": "D", "out": "O", "steps": 5, "lr": 1e-3, "target_layer_ids": "1,3"})
+    )
+    s = train_launch.settings_from_argv(
+        ["--config", str(cfg), "--set", "steps=9", "--set", "anchors=4", "--lr", "0.002"]
+    )
     assert (s.target, s.steps, s.anchors, s.lr, s.target_layer_ids) == ("T", 9, 4, 0.002, [1, 3])
     # a flag left at its default does not undo the file's value
     assert train_launch.settings_from_argv(["--config", str(cfg)]).steps == 5

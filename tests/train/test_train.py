@@ -23,10 +23,10 @@ from tests.helpers import char_tokenizer, tiny_dflash2_drafter, tiny_drafter, ti
 def test_block_cannot_see_later_context_or_other_blocks():
     T_, B = 12, 4
     anchors = torch.tensor([[3, 7]])
-    vis = objective.training_visibility(anchors, T_, B)[0]          # [K*B, T + K*B]
+    vis = objective.training_visibility(anchors, T_, B)[0]  # [K*B, T + K*B]
     assert vis.shape == (2 * B, T_ + 2 * B)
     for k, a in enumerate([3, 7]):
-        rows = vis[k * B:(k + 1) * B]
+        rows = vis[k * B : (k + 1) * B]
         # context strictly before the anchor, nothing at or after it
         assert rows[:, :a].all()
         assert not rows[:, a:T_].any()
@@ -73,8 +73,8 @@ def test_training_forward_equals_inject_then_draft(kind):
     for i in range(2):
         for k, a in enumerate(anchors[i].tolist()):
             cache = drafter.new_cache(1)
-            drafter.inject(target_hidden[i:i + 1, :a], torch.tensor([a]), cache)
-            inferred = drafter.draft(target.embed(block[i:i + 1, k]), cache)
+            drafter.inject(target_hidden[i : i + 1, :a], torch.tensor([a]), cache)
+            inferred = drafter.draft(target.embed(block[i : i + 1, k]), cache)
             torch.testing.assert_close(trained[i, k], inferred[0], atol=1e-5, rtol=1e-5)
 
 
@@ -89,9 +89,9 @@ def test_training_forward_depends_only_on_context_before_the_anchor():
     emb = target.embed(block.view(1, -1)).view(1, 2, 4, -1)
     base = objective.train_forward(drafter, target_hidden, emb, anchors)
     changed = target_hidden.clone()
-    changed[:, 6:] += 1.0                     # later context: block 0 must not move, block 1 must
+    changed[:, 6:] += 1.0  # later context: block 0 must not move, block 1 must
     emb2 = emb.clone()
-    emb2[:, 1] += 1.0                         # another block's inputs: block 0 must not move
+    emb2[:, 1] += 1.0  # another block's inputs: block 0 must not move
     again = objective.train_forward(drafter, changed, emb2, anchors)
     torch.testing.assert_close(again[:, 0], base[:, 0])
     assert not torch.allclose(again[:, 1], base[:, 1])
@@ -154,12 +154,12 @@ def test_build_prompts_cuts_text_into_windows():
 def test_window_stride_draws_overlapping_windows():
     """--window-stride: windows start every N tokens instead of every prompt_len + gen_len."""
     tok = char_tokenizer()
-    text = "abcdefghij" * 3                                                   # 30 tokens
+    text = "abcdefghij" * 3  # 30 tokens
     enc = tok(text, add_special_tokens=False)["input_ids"]
     got = data.build_prompts(tok, [], [text], prompt_len=4, gen_len=6, max_samples=100, seed=0, window_stride=3)
-    assert sorted(got) == sorted(enc[s:s + 4] for s in range(0, 28, 3))     # starts 0, 3, ..., 27 (>= 2 tokens)
+    assert sorted(got) == sorted(enc[s : s + 4] for s in range(0, 28, 3))  # starts 0, 3, ..., 27 (>= 2 tokens)
     default = data.build_prompts(tok, [], [text], prompt_len=4, gen_len=6, max_samples=100, seed=0)
-    assert sorted(default) == sorted(enc[s:s + 4] for s in (0, 10, 20))
+    assert sorted(default) == sorted(enc[s : s + 4] for s in (0, 10, 20))
 
 
 # ---------------------------------------------------------------------------------------
@@ -168,10 +168,39 @@ def test_window_stride_draws_overlapping_windows():
 
 
 def _args(root, tdir, out, steps, *extra):
-    return ["train-drafter", "--target", str(tdir), "--data", str(root / "data.txt"), "--out", str(out),
-            "--steps", str(steps), "--block-size", "4", "--layers", "1", "--batch-size", "4", "--anchors", "8",
-            "--prompt-len", "12", "--gen-len", "16", "--samples", "24", "--lr", "3e-3", "--eval-every", "6",
-            "--save-every", "3", "--json", *extra]
+    return [
+        "train-drafter",
+        "--target",
+        str(tdir),
+        "--data",
+        str(root / "data.txt"),
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--block-size",
+        "4",
+        "--layers",
+        "1",
+        "--batch-size",
+        "4",
+        "--anchors",
+        "8",
+        "--prompt-len",
+        "12",
+        "--gen-len",
+        "16",
+        "--samples",
+        "24",
+        "--lr",
+        "3e-3",
+        "--eval-every",
+        "6",
+        "--save-every",
+        "3",
+        "--json",
+        *extra,
+    ]
 
 
 def test_train_drafter_lowers_loss_writes_zlab_and_resumes(train_setup, capsys):
@@ -183,9 +212,22 @@ def test_train_drafter_lowers_loss_writes_zlab_and_resumes(train_setup, capsys):
     root, tdir = train_setup
     out = root / "trained"
     # the loss falls over a short run (library call, to read every step's loss)
-    settings = TrainSettings(target=str(tdir), data=str(root / "data.txt"), out=str(out), block_size=4, layers=1,
-                             steps=12, batch_size=4, anchors=8, prompt_len=12, gen_len=16, samples=24, lr=3e-3,
-                             eval_every=6, save_every=3)
+    settings = TrainSettings(
+        target=str(tdir),
+        data=str(root / "data.txt"),
+        out=str(out),
+        block_size=4,
+        layers=1,
+        steps=12,
+        batch_size=4,
+        anchors=8,
+        prompt_len=12,
+        gen_len=16,
+        samples=24,
+        lr=3e-3,
+        eval_every=6,
+        save_every=3,
+    )
     res = train_drafter(settings)
     assert res.step == 12 and len(res.losses) == 12
     assert sum(res.losses[-3:]) / 3 < res.losses[0] - 0.3
@@ -217,12 +259,24 @@ def test_resume_matches_an_uninterrupted_run(train_setup):
     from dflash_trt.train.loop import TrainSettings, train_drafter
 
     root, tdir = train_setup
-    common = dict(target=str(tdir), data=str(root / "data.txt"), block_size=4, layers=1, batch_size=2,
-                  anchors=4, prompt_len=12, gen_len=8, samples=8, eval_prompts=2, eval_every=100, save_every=2)
+    common = dict(
+        target=str(tdir),
+        data=str(root / "data.txt"),
+        block_size=4,
+        layers=1,
+        batch_size=2,
+        anchors=4,
+        prompt_len=12,
+        gen_len=8,
+        samples=8,
+        eval_prompts=2,
+        eval_every=100,
+        save_every=2,
+    )
     a = root / "a"
     train_drafter(TrainSettings(out=str(a), steps=2, **common))
     res = train_drafter(TrainSettings(out=str(a), steps=4, resume=True, **common))
-    assert len(res.losses) == 2                        # steps 3 and 4 only
+    assert len(res.losses) == 2  # steps 3 and 4 only
     b = root / "b"
     train_drafter(TrainSettings(out=str(b), steps=4, **common))
     wa, wb = read_state(a / ".train"), read_state(b / ".train")
@@ -235,17 +289,58 @@ def test_train_drafter_user_errors(train_setup, tmp_path, capsys):
     root, tdir = train_setup
     assert run(_args(root, tdir, tmp_path / "x", 2, "--resume")) == 2
     assert "no training run to resume" in capsys.readouterr().err
-    assert run(["train-drafter", "--target", str(tdir), "--data", str(tmp_path / "nope"),
-                "--out", str(tmp_path / "y"), "--steps", "1"]) == 2
+    assert (
+        run(
+            [
+                "train-drafter",
+                "--target",
+                str(tdir),
+                "--data",
+                str(tmp_path / "nope"),
+                "--out",
+                str(tmp_path / "y"),
+                "--steps",
+                "1",
+            ]
+        )
+        == 2
+    )
     assert "--data" in capsys.readouterr().err
-    assert run(["train-drafter", "--target", str(tdir), "--data", str(root / "data.txt"),
-                "--out", str(tmp_path / "z"), "--target-layer-ids", "1,9"]) == 2
+    assert (
+        run(
+            [
+                "train-drafter",
+                "--target",
+                str(tdir),
+                "--data",
+                str(root / "data.txt"),
+                "--out",
+                str(tmp_path / "z"),
+                "--target-layer-ids",
+                "1,9",
+            ]
+        )
+        == 2
+    )
     assert "out of range" in capsys.readouterr().err
-    assert run(["train-drafter", "--target", str(tdir), "--data", str(root / "data.txt"),
-                "--out", str(tmp_path / "z"), "--target-layer-ids", "1,3"]) == 2
+    assert (
+        run(
+            [
+                "train-drafter",
+                "--target",
+                str(tdir),
+                "--data",
+                str(root / "data.txt"),
+                "--out",
+                str(tmp_path / "z"),
+                "--target-layer-ids",
+                "1,3",
+            ]
+        )
+        == 2
+    )
     assert "last layer (3)" in capsys.readouterr().err
     assert not (tmp_path / "y").exists() and not (tmp_path / "z" / "config.json").exists()
-
 
 
 def test_eval_data_measures_heldout_tau_on_other_files(train_setup, tmp_path, monkeypatch, capsys):
@@ -266,19 +361,34 @@ def test_eval_data_measures_heldout_tau_on_other_files(train_setup, tmp_path, mo
         return real(target, drafter, prompts, *args, **kwargs)
 
     monkeypatch.setattr(loop, "heldout_tau", spy)
-    s = loop.TrainSettings(target=str(tdir), data=str(root / "data.txt"), out=str(tmp_path / "d"), block_size=4,
-                           layers=1, steps=2, batch_size=2, anchors=4, prompt_len=12, gen_len=8, samples=8,
-                           eval_prompts=3, eval_every=2, save_every=2, eval_data=str(held))
+    s = loop.TrainSettings(
+        target=str(tdir),
+        data=str(root / "data.txt"),
+        out=str(tmp_path / "d"),
+        block_size=4,
+        layers=1,
+        steps=2,
+        batch_size=2,
+        anchors=4,
+        prompt_len=12,
+        gen_len=8,
+        samples=8,
+        eval_prompts=3,
+        eval_every=2,
+        save_every=2,
+        eval_data=str(held),
+    )
     res = loop.train_drafter(s)
     tok = AutoTokenizer.from_pretrained(tdir)
     want = loop.eval_prompts(s, tok, data.read_data(held))
     assert len(want) == 3 and seen == [want] and res.heldout_tau is not None
-    assert all("class" in tok.decode(p) or "size" in tok.decode(p) for p in want)     # the held-out file's text
+    assert all("class" in tok.decode(p) or "size" in tok.decode(p) for p in want)  # the held-out file's text
     assert json.loads((tmp_path / "d" / "training.json").read_text())["eval_data"] == str(held)
     assert run(_args(root, tdir, tmp_path / "e", 2, "--eval-data", str(tmp_path / "nope"))) == 2
     err = capsys.readouterr().err
     assert "--eval-data" in err and "no such file" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "e").exists()
+
 
 def test_jsonl_messages_go_through_the_chat_template(tmp_path):
     tok = char_tokenizer()
@@ -298,8 +408,9 @@ def test_jsonl_messages_go_through_the_chat_template(tmp_path):
         data.build_prompts(tok, prompts, [], prompt_len=64, gen_len=4, max_samples=10, seed=0)
 
 
-def test_local_regeneration_batches_by_regen_concurrency_and_gives_the_same_responses(train_setup, tmp_path,
-                                                                                       monkeypatch):
+def test_local_regeneration_batches_by_regen_concurrency_and_gives_the_same_responses(
+    train_setup, tmp_path, monkeypatch
+):
     """--regen-concurrency sizes the in-process regeneration's batches; wider batches give the
     same greedy responses (a row's tokens never depend on what shares its batch)."""
     import dflash_trt.runtime as runtime
@@ -308,14 +419,30 @@ def test_local_regeneration_batches_by_regen_concurrency_and_gives_the_same_resp
     root, tdir = train_setup
     widths: list[int] = []
     real = runtime.generate
-    monkeypatch.setattr(runtime, "generate", lambda t, d, ps, **kw: (d is None and widths.append(len(ps)))
-                        or real(t, d, ps, **kw))
+    monkeypatch.setattr(
+        runtime, "generate", lambda t, d, ps, **kw: (d is None and widths.append(len(ps))) or real(t, d, ps, **kw)
+    )
     journals = {}
     for width in (5, 32):
         out = tmp_path / f"w{width}"
-        train_drafter(TrainSettings(target=str(tdir), data=str(root / "data.txt"), out=str(out), block_size=4,
-                                    layers=1, steps=1, batch_size=4, anchors=8, prompt_len=12, gen_len=8,
-                                    samples=12, eval_every=100, save_every=100, regen_concurrency=width))
+        train_drafter(
+            TrainSettings(
+                target=str(tdir),
+                data=str(root / "data.txt"),
+                out=str(out),
+                block_size=4,
+                layers=1,
+                steps=1,
+                batch_size=4,
+                anchors=8,
+                prompt_len=12,
+                gen_len=8,
+                samples=12,
+                eval_every=100,
+                save_every=100,
+                regen_concurrency=width,
+            )
+        )
         journals[width] = {f.name: f.read_bytes() for f in (out / ".train" / "regen").iterdir()}
-    assert widths[:3] == [5, 5, 2] and widths[3] == 12     # 12 prompts: 5 + 5 + 2, then all at once
-    assert journals[5] == journals[32] and journals[5]      # the same regenerated set, byte for byte
+    assert widths[:3] == [5, 5, 2] and widths[3] == 12  # 12 prompts: 5 + 5 + 2, then all at once
+    assert journals[5] == journals[32] and journals[5]  # the same regenerated set, byte for byte

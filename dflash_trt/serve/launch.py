@@ -37,6 +37,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from dflash_trt.errors import CheckpointError, DFlashError
 from dflash_trt.ingest import Bundle, Layout, open_bundle
 
@@ -295,8 +297,6 @@ def k8s_manifests(
 
 
 def k8s_yaml(bundle: Bundle, nodes: int, **kw) -> str:
-    import yaml
-
     head = (
         f"# Serve the dflash-trt bundle '{bundle.name}' on a LeaderWorkerSet of {nodes} pod(s).\n"
         "# Written by 'dflash-trt serve --emit k8s'. Needs the LWS controller, a ReadWriteMany PVC\n"

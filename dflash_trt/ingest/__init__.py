@@ -1,8 +1,8 @@
 """Ingest: model references to local directories, checkpoints read and checked from disk.
 
 Stage order: ``resolve`` (embedded / local / hub) -> ``files`` (the one safetensors header
-reader, shard indexes, hashes) -> ``formats`` (every published drafter format normalised to
-z-lab) -> ``drafter`` / ``target`` (specs read from configs and headers; weights loaded only
+reader, shard indexes, hashes) -> ``formats`` (every published drafter format, recognised by
+``format_detect``, normalised to z-lab) -> ``drafter`` / ``target`` (specs read from configs and headers; weights loaded only
 on request) -> ``compat`` (does a drafter belong to a target) -> ``pair`` (:class:`PairSpec`: the pair read once,
 what every later stage takes) -> ``bundle`` (the layout, typed
 manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench`` read), and

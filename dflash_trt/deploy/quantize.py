@@ -121,13 +121,7 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
     mtq = require("modelopt.torch.quantization", "quant", "quantizing the target")
     export = require("modelopt.torch.export", "quant", "exporting the quantized target")
     require("requests", "quant", "ModelOpt's export")
-    from transformers.utils import logging as hf_logging  # start-up: transformers
-
-    hf_logging.disable_progress_bar()
-    with contextlib.suppress(ImportError):
-        from huggingface_hub.utils import disable_progress_bars  # start-up: huggingface_hub
-
-        disable_progress_bars()
+    _quiet_progress_bars()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(Path(target_dir))
     batches = calibration_batches(tokenizer, calibration_texts(calib), spec.calib_samples, spec.calib_seq_len)
@@ -154,10 +148,7 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
             export.export_hf_checkpoint(model, export_dir=str(out_dir), dtype=torch.bfloat16)
     except (RuntimeError, AssertionError, ValueError) as exc:
         raise DFlashError(f"ModelOpt {precision} quantization failed on {device}: {str(exc).splitlines()[0]}") from exc
-    for name in ingest.tokenizer_files(Path(target_dir)):  # only the checkpoint's own, no wider than they are
-        real = ingest.checkpoint_file(Path(target_dir), Path(target_dir) / name)
-        shutil.copyfile(real, out_dir / name)
-        (out_dir / name).chmod(real.stat().st_mode & 0o777)
+    _copy_tokenizer(Path(target_dir), out_dir)
     return {
         "tool": "nvidia-modelopt",
         "algorithm": ALGO[precision],
@@ -170,6 +161,25 @@ def quantize_target(target_dir: Path, out_dir: Path, spec: PrecisionSpec, progre
         },
         "seconds": round(time.perf_counter() - t0, 2),
     }
+
+
+def _quiet_progress_bars() -> None:
+    """Turn off transformers' and huggingface_hub's progress bars (the CLI reports its own)."""
+    from transformers.utils import logging as hf_logging  # start-up: transformers
+
+    hf_logging.disable_progress_bar()
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.utils import disable_progress_bars  # start-up: huggingface_hub
+
+        disable_progress_bars()
+
+
+def _copy_tokenizer(target_dir: Path, out_dir: Path) -> None:
+    """The target's tokenizer files into the export: only the checkpoint's own, no wider than they are."""
+    for name in ingest.tokenizer_files(target_dir):
+        real = ingest.checkpoint_file(target_dir, target_dir / name)
+        shutil.copyfile(real, out_dir / name)
+        (out_dir / name).chmod(real.stat().st_mode & 0o777)
 
 
 # ---------------------------------------------------------------------------------------
@@ -185,21 +195,7 @@ def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> di
     FP32 ``weight_scale_2``; ``lm_head`` excluded)."""
     directory = Path(directory)
     where = f"quantized target {directory}"
-    try:  # the nested (ModelOpt 0.x) or flat (ModelOpt >= 1.0) shape
-        q = ingest.read_modelopt_quant_config(json.loads((directory / "hf_quant_config.json").read_text()))
-    except (FileNotFoundError, json.JSONDecodeError):
-        q = None
-    if q is None:
-        raise CheckpointError(f"{where}: no readable hf_quant_config.json") from None
-    if q.get("quant_algo") != ALGO[precision]:
-        raise CheckpointError(f"{where}: quant_algo {q.get('quant_algo')!r}, expected {ALGO[precision]!r}")
-    want_kv = "FP8" if kv_cache == "fp8" else None
-    if q.get("kv_cache_quant_algo") != want_kv:
-        raise CheckpointError(f"{where}: kv_cache_quant_algo {q.get('kv_cache_quant_algo')!r}, expected {want_kv!r}")
-    if precision == "nvfp4" and q.get("group_size") != 16:
-        raise CheckpointError(f"{where}: NVFP4 group_size {q.get('group_size')}, expected 16")
-    if not any("lm_head" in m for m in q.get("exclude_modules") or []):
-        raise CheckpointError(f"{where}: lm_head is not excluded from quantization")
+    q = _read_quant_config(directory, where, precision, kv_cache)
     h = ingest.read_headers(directory)
     quantized = sorted(k[: -len(".weight_scale")] for k in h if k.endswith(".weight_scale"))
     if not quantized:
@@ -238,3 +234,23 @@ def verify_export(directory: Path, precision: str, kv_cache: str = "auto") -> di
         "kv_scales": kv_scales,
         "excluded": q.get("exclude_modules"),
     }
+
+
+def _read_quant_config(directory: Path, where: str, precision: str, kv_cache: str) -> dict:
+    """The export's hf_quant_config.json, checked: the algorithm, KV cache, NVFP4 group size and lm_head excluded."""
+    try:  # the nested (ModelOpt 0.x) or flat (ModelOpt >= 1.0) shape
+        q = ingest.read_modelopt_quant_config(json.loads((directory / "hf_quant_config.json").read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        q = None
+    if q is None:
+        raise CheckpointError(f"{where}: no readable hf_quant_config.json") from None
+    if q.get("quant_algo") != ALGO[precision]:
+        raise CheckpointError(f"{where}: quant_algo {q.get('quant_algo')!r}, expected {ALGO[precision]!r}")
+    want_kv = "FP8" if kv_cache == "fp8" else None
+    if q.get("kv_cache_quant_algo") != want_kv:
+        raise CheckpointError(f"{where}: kv_cache_quant_algo {q.get('kv_cache_quant_algo')!r}, expected {want_kv!r}")
+    if precision == "nvfp4" and q.get("group_size") != 16:
+        raise CheckpointError(f"{where}: NVFP4 group_size {q.get('group_size')}, expected 16")
+    if not any("lm_head" in m for m in q.get("exclude_modules") or []):
+        raise CheckpointError(f"{where}: lm_head is not excluded from quantization")
+    return q

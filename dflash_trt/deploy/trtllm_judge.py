@@ -326,19 +326,7 @@ def judge_trtllm_config(planned: str, bundle: Path | str = ".", skip_config: boo
     lines: list[str] = []
     commit = installed_commit()
     if not skip_config:
-        cwd = os.getcwd()
-        os.chdir(root)  # the config's paths (./drafter) are relative to the bundle
-        try:
-            bad = judge(data, have)
-            if not bad:
-                lines += feature_lines(installed_features(), have, data)
-        except ImportError as exc:
-            lines.append(
-                f"could not load TensorRT-LLM {have}'s LLM-API classes ({exc}); serving without "
-                "checking the config against them"
-            )
-        finally:
-            os.chdir(cwd)
+        bad, lines = _judge_in(root, data, have)
         if bad:
             return 2, [bad]
     loaded = not skip_config and not any("could not load" in x for x in lines)
@@ -354,6 +342,27 @@ def judge_trtllm_config(planned: str, bundle: Path | str = ".", skip_config: boo
             f"the config is {checked}, draft lengths and memory are as planned for {planned}"
         )
     return 0, lines
+
+
+def _judge_in(root: Path, data: dict, have: str) -> tuple[str | None, list[str]]:
+    """(refusal, lines): the config judged by the installed LLM-API classes from inside the bundle
+    (its paths, ./drafter, are relative to it); a line, not a refusal, when those classes do not load."""
+    lines: list[str] = []
+    bad = None
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        bad = judge(data, have)
+        if not bad:
+            lines += feature_lines(installed_features(), have, data)
+    except ImportError as exc:
+        lines.append(
+            f"could not load TensorRT-LLM {have}'s LLM-API classes ({exc}); serving without "
+            "checking the config against them"
+        )
+    finally:
+        os.chdir(cwd)
+    return bad, lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,13 @@
 """Ingest: model references to local directories, checkpoints read and checked from disk.
 
 Stage order: ``resolve`` (embedded / local / hub) -> ``files`` (the one safetensors header
-reader, shard indexes, hashes) -> ``formats`` (every published drafter format normalised to
-z-lab) -> ``drafter`` / ``target`` (specs read from configs and headers; weights loaded only
-on request) -> ``compat`` (does a drafter belong to a target) -> ``pair`` (:class:`PairSpec`: the pair read once,
-what every later stage takes) -> ``bundle`` (the layout, typed
-manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench`` read), and
-``plan_record`` (the typed plan that manifest holds; ``dflash_trt.plan`` computes and exports it).
+reader, shard indexes, hashes) -> ``formats`` (every published drafter format, recognised by
+``format_detect``, normalised to z-lab) -> ``drafter`` / ``target`` (specs read from configs and
+headers; weights loaded only on request) -> ``compat`` (does a drafter belong to a target) ->
+``pair`` (:class:`PairSpec`: the pair read once, what every later stage takes) -> ``bundle`` (the
+layout, typed manifest and check of what ``build`` writes and ``runtime`` / ``serve`` / ``bench``
+read), and ``plan_record`` (the typed plan that manifest holds; ``dflash_trt.plan`` computes and
+exports it).
 
 ``files`` also holds the tables every stage shares: the one dtype table (``DTYPES``, with
 ``DTYPE_BITS`` / ``TORCH_NAMES`` / ``FLOAT_DTYPES`` / ``RUNTIME_DTYPES`` read from it) and the one

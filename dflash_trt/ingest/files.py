@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 import struct
@@ -101,10 +102,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass
@@ -141,17 +139,9 @@ def check_regular(path: Path) -> None:
     except OSError:
         return
     if not stat.S_ISREG(mode):
-        kind = (
-            "a directory"
-            if stat.S_ISDIR(mode)
-            else "a FIFO"
-            if stat.S_ISFIFO(mode)
-            else "a socket"
-            if stat.S_ISSOCK(mode)
-            else "a device"
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "not a plain file"
-        )
+        kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
+        kinds += [(stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")]
+        kind = next((k for is_kind, k in kinds if is_kind(mode)), "not a plain file")
         raise CheckpointError(f"{path}: is {kind}, not a regular file; dflash-trt reads only regular files")
 
 
@@ -206,10 +196,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     spans = []
     for tname, info in header.items():
         dtype, shape, begin, end = _entry(path, tname, info)
-        numel = 1
-        for d in shape:
-            numel *= d
-        want = (numel * DTYPE_BITS[dtype] + 7) // 8
+        want = (math.prod(shape) * DTYPE_BITS[dtype] + 7) // 8
         if not 0 <= begin <= end or end - begin != want:
             raise CheckpointError(
                 f"{path}: tensor {tname} {dtype}{list(shape)} should take {want} bytes, "
@@ -271,8 +258,7 @@ def _shard_names(index_path: Path, weight_map: dict) -> list[str]:
     names = list(weight_map.values())
     bad = [s for s in names if not isinstance(s, str)]
     if bad:
-        bad = bad[0]
-        raise CheckpointError(f"{index_path}: corrupt shard index (weight_map value {bad!r} is not a file name)")
+        raise CheckpointError(f"{index_path}: corrupt shard index (weight_map value {bad[0]!r} is not a file name)")
     outside = next((s for s in names if Path(s).name != s or s in ("", ".", "..")), None)
     if outside is not None:
         raise CheckpointError(f"{index_path}: shard {outside!r} points outside the checkpoint directory; refused")
@@ -287,17 +273,9 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
     """
     ws = WeightSet(root)
     ws.pickled = sorted(p for p in root.iterdir() if p.suffix in PICKLED_SUFFIXES and p.is_file())
-    index_path = root / INDEX_NAME
-    index = None
-    if index_path.exists():
-        try:
-            index = json.loads(index_path.read_text())
-            weight_map = index["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
-            raise CheckpointError(f"{index_path}: corrupt shard index (no weight_map); download it again") from exc
-        shards = sorted(set(_shard_names(index_path, weight_map)))
+    index = _read_index(root / INDEX_NAME)
+    if index is not None:
+        shards = sorted(set(_shard_names(root / INDEX_NAME, index["weight_map"])))
         missing = [s for s in shards if not (root / s).is_file()]
         if missing and (require or len(missing) < len(shards)):
             raise CheckpointError(
@@ -320,31 +298,54 @@ def scan(root: Path, require: bool = True, what: str = "checkpoint") -> WeightSe
             raise CheckpointError(f"{root}: no .safetensors weights in this {what} directory")
         ws.warnings.append(f"{what}: weights absent (config only)")
         return ws
+    _read_tensors(ws, files)
+    if index is not None:
+        _check_index(ws, index, what)
+    if ws.pickled:
+        ws.warnings.append(f"{what}: ignoring pickled files {[p.name for p in ws.pickled][:3]} (safetensors used)")
+    return ws
+
+
+def _read_index(index_path: Path) -> dict | None:
+    """The shard index's JSON, None when there is none; one line when it has no ``weight_map`` object."""
+    if not index_path.exists():
+        return None
+    try:
+        index = json.loads(index_path.read_text())
+        if not isinstance(index["weight_map"], dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise CheckpointError(f"{index_path}: corrupt shard index (no weight_map); download it again") from exc
+    return index
+
+
+def _read_tensors(ws: WeightSet, files: list[Path]) -> None:
+    """Every header of ``files`` into ``ws``; a tensor two files both hold is refused."""
     for f in files:
         for tname, info in read_header(f).items():
             if tname in ws.tensors:
                 raise CheckpointError(
-                    f"{root}: tensor {tname} appears in both {ws.tensors[tname].file} and "
+                    f"{ws.root}: tensor {tname} appears in both {ws.tensors[tname].file} and "
                     f"{info.file}; the checkpoint is inconsistent"
                 )
             ws.tensors[tname] = info
     ws.files = files
-    if index is not None:
-        for tname, shard in weight_map.items():
-            got = ws.tensors.get(tname)
-            if got is None or got.file != Path(shard).name:
-                raise CheckpointError(
-                    f"{root}: {INDEX_NAME} puts {tname} in {shard}, which does not hold it; "
-                    "the shards are from different revisions: download again"
-                )
-        meta = index.get("metadata")
-        total = meta.get("total_size") if isinstance(meta, dict) else None
-        have = sum(t.nbytes for t in ws.tensors.values())
-        if isinstance(total, int) and total != have:
-            ws.warnings.append(f"{what}: {INDEX_NAME} total_size {total} != {have} bytes of tensors found")
-    if ws.pickled:
-        ws.warnings.append(f"{what}: ignoring pickled files {[p.name for p in ws.pickled][:3]} (safetensors used)")
-    return ws
+
+
+def _check_index(ws: WeightSet, index: dict, what: str) -> None:
+    """The index agrees with the headers: each tensor sits in the shard it names (a ``total_size`` off is a warning)."""
+    for tname, shard in index["weight_map"].items():
+        got = ws.tensors.get(tname)
+        if got is None or got.file != Path(shard).name:
+            raise CheckpointError(
+                f"{ws.root}: {INDEX_NAME} puts {tname} in {shard}, which does not hold it; "
+                "the shards are from different revisions: download again"
+            )
+    meta = index.get("metadata")
+    total = meta.get("total_size") if isinstance(meta, dict) else None
+    have = sum(t.nbytes for t in ws.tensors.values())
+    if isinstance(total, int) and total != have:
+        ws.warnings.append(f"{what}: {INDEX_NAME} total_size {total} != {have} bytes of tensors found")
 
 
 def checkpoint_file(root: Path, path: Path) -> Path:

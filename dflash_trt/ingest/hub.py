@@ -169,7 +169,6 @@ def download(
     from huggingface_hub import snapshot_download  # start-up: huggingface_hub
 
     ref = f"{repo_id}@{revision}" if revision else repo_id
-    terms = f"https://huggingface.co/{repo_id}"
     revision = expand_revision(repo_id, revision)
     if not configs_only:
         _check_disk(repo_id, revision, ref, role, expected_bytes)
@@ -183,7 +182,22 @@ def download(
             allow_patterns=CONFIG_PATTERNS if configs_only else ALLOW_PATTERNS,
             ignore_patterns=IGNORE_PATTERNS,
         )
-    except hf_errors.LocalEntryNotFoundError as exc:
+    except (hf_errors.LocalEntryNotFoundError, hf_errors.HfHubHTTPError, OSError, ValueError) as exc:
+        raise _download_failure(exc, role, repo_id, ref, revision, unreachable) from exc
+    path = Path(snapshot)
+    if not (path / "config.json").exists():
+        raise CheckpointError(f"{role} {ref!r}: the snapshot has no config.json; is this a model repository?")
+    return path
+
+
+def _download_failure(
+    exc: Exception, role: str, repo_id: str, ref: str, revision: str | None, unreachable: bool
+) -> CheckpointError:
+    """The one line for a snapshot download that failed, by what the hub (or the cache) answered."""
+    from huggingface_hub import errors as hf_errors  # start-up: huggingface_hub
+
+    terms = f"https://huggingface.co/{repo_id}"
+    if isinstance(exc, hf_errors.LocalEntryNotFoundError):
         host = urlsplit(_endpoint()).hostname
         why = (
             "HF_HUB_OFFLINE is set"
@@ -192,33 +206,28 @@ def download(
             if unreachable
             else "the hub is unreachable"
         )
-        raise CheckpointError(
+        return CheckpointError(
             f"{role} {ref!r}: not in the local Hugging Face cache and {why}; download it once with network "
             "access (or unset HF_HUB_OFFLINE), or pass a local directory"
-        ) from exc
-    except hf_errors.GatedRepoError as exc:
-        raise CheckpointError(
+        )
+    if isinstance(exc, hf_errors.GatedRepoError):
+        return CheckpointError(
             f"{role} {ref!r}: gated repository; accept its terms at {terms} and set HF_TOKEN to a token of that account"
-        ) from exc
-    except hf_errors.RevisionNotFoundError as exc:
-        raise CheckpointError(f"{role} {ref!r}: revision {revision!r} does not exist on the hub") from exc
-    except hf_errors.RepositoryNotFoundError as exc:
-        raise CheckpointError(
+        )
+    if isinstance(exc, hf_errors.RevisionNotFoundError):
+        return CheckpointError(f"{role} {ref!r}: revision {revision!r} does not exist on the hub")
+    if isinstance(exc, hf_errors.RepositoryNotFoundError):
+        return CheckpointError(
             f"{role} {ref!r}: no such repository on the Hugging Face Hub (if it is private, set HF_TOKEN)"
-        ) from exc
-    except hf_errors.HfHubHTTPError as exc:
+        )
+    if isinstance(exc, hf_errors.HfHubHTTPError):
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if status in (401, 403):
-            raise CheckpointError(
+            return CheckpointError(
                 f"{role} {ref!r}: access denied (HTTP {status}); check HF_TOKEN, and accept the "
                 f"terms at {terms} if the repository is gated"
-            ) from exc
-        raise CheckpointError(f"{role} {ref!r}: hub error: {str(exc).splitlines()[0]}") from exc
-    except (OSError, ValueError) as exc:
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = "" if _offline() else "; set HF_HUB_OFFLINE=1 to use the cache only"
-        raise CheckpointError(f"{role} {ref!r}: cannot fetch from the hub ({why}){hint}") from exc
-    path = Path(snapshot)
-    if not (path / "config.json").exists():
-        raise CheckpointError(f"{role} {ref!r}: the snapshot has no config.json; is this a model repository?")
-    return path
+            )
+        return CheckpointError(f"{role} {ref!r}: hub error: {str(exc).splitlines()[0]}")
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    hint = "" if _offline() else "; set HF_HUB_OFFLINE=1 to use the cache only"
+    return CheckpointError(f"{role} {ref!r}: cannot fetch from the hub ({why}){hint}")

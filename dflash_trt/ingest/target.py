@@ -196,28 +196,10 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     """Read a Hugging Face causal LM directory from its configs and safetensors headers."""
     import transformers  # start-up: transformers
 
-    CONFIG_MAPPING_NAMES = _config_mapping_names()
     path = open_dir(path, "Hugging Face model")
     where = path / "config.json"
     raw = read_json(where)
-    if "dflash_config" in raw or "speculators_config" in raw or "speculators_model_type" in raw:
-        raise CheckpointError(
-            f"{where}: this is a DFlash drafter, not a target model; did you swap --target and --drafter?"
-        )
-    archs = [str(a) for a in raw.get("architectures") or []]
-    model_type = str(raw.get("model_type") or "")
-    if model_type not in CONFIG_MAPPING_NAMES or (archs and archs[0] not in transformers_names()):
-        if raw.get("auto_map"):
-            raise CheckpointError(
-                f"{where}: {archs[0] if archs else model_type or 'this model'} is only defined "
-                "by custom code in the checkpoint (auto_map), which dflash-trt never runs "
-                "(trust_remote_code stays off); use a transformers-native architecture"
-            )
-        if model_type not in CONFIG_MAPPING_NAMES:
-            raise CheckpointError(
-                f"{where}: unknown model_type {model_type or '(none)'!r} for transformers "
-                f"{transformers.__version__}; upgrade transformers or use another model"
-            )
+    archs, model_type = _architecture(raw, where)
     text: dict = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
     size = lambda key, default=None: positive_int(text, key, where, default)  # noqa: E731
     hidden, layers, heads = size("hidden_size"), size("num_hidden_layers"), size("num_attention_heads")
@@ -256,6 +238,32 @@ def read_target(path: str | Path, require_weights: bool = True) -> TargetSpec:
     if ws.present:
         _check_target_tensors(spec, model_code=require_weights or not _packaged(path))
     return spec
+
+
+def _architecture(raw: dict, where: Path) -> tuple[list[str], str]:
+    """The config's (architectures, model_type); a drafter, custom-code-only or unknown model is refused."""
+    import transformers  # start-up: transformers
+
+    CONFIG_MAPPING_NAMES = _config_mapping_names()
+    if "dflash_config" in raw or "speculators_config" in raw or "speculators_model_type" in raw:
+        raise CheckpointError(
+            f"{where}: this is a DFlash drafter, not a target model; did you swap --target and --drafter?"
+        )
+    archs = [str(a) for a in raw.get("architectures") or []]
+    model_type = str(raw.get("model_type") or "")
+    if model_type not in CONFIG_MAPPING_NAMES or (archs and archs[0] not in transformers_names()):
+        if raw.get("auto_map"):
+            raise CheckpointError(
+                f"{where}: {archs[0] if archs else model_type or 'this model'} is only defined "
+                "by custom code in the checkpoint (auto_map), which dflash-trt never runs "
+                "(trust_remote_code stays off); use a transformers-native architecture"
+            )
+        if model_type not in CONFIG_MAPPING_NAMES:
+            raise CheckpointError(
+                f"{where}: unknown model_type {model_type or '(none)'!r} for transformers "
+                f"{transformers.__version__}; upgrade transformers or use another model"
+            )
+    return archs, model_type
 
 
 # Config numbers the model computes with: each must be a finite number in its range, else the

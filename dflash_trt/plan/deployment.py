@@ -46,6 +46,7 @@ from dflash_trt.plan.acceptance import expected_tau, fit_alpha  # noqa: F401 - p
 from dflash_trt.plan.hardware import GPU
 from dflash_trt.plan.memory_model import (
     Deployment,
+    Memory,
     _gib,
     choose_tp,
     drafter_arena,  # noqa: F401 - read through this module as before the split
@@ -155,42 +156,16 @@ def make_plan(
     from the installed classes (``deploy.trtllm_installed``), default the table's."""
     t, d, gpu, parallel = dep.target, dep.drafter, dep.gpu, parallel or ParallelSpec()
     release = release or trtllm_releases.get_release((trtllm or TrtllmSpec()).release)
-    rules.refuse_disaggregated(serving.disaggregated)
-    warnings: list[str] = []
-    if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
-        warnings.append(
-            f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
-            f"{t.max_position_embeddings}"
-        )
-    backend = rules.attention_backend(spec.attention_backend, gpu, release, warnings, d.head_dim)
-    tp_, _, serving, sized = sizing.size_serving(
-        lambda s: choose_tp(dep, parallel, s, backend, release), serving, f"{dep.gpus}x {gpu.name}"
-    )
-    warnings += [f"{c['key']} lowered from {c['from']} to {c['to']}: {c['why']}" for c in sized]
+    tp_, backend, serving, sized, warnings = _placement(dep, serving, spec, parallel, release)
     block, tau, acc = _block_and_acceptance(spec, d, t)
-    cal = calibration or perf_model.shipped_calibration()
-    stack = stack or perf_model.stack_for(gpu)
-    roof = step_model(dep, tp_, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
-    if tables is not None:  # tables(tp); the user's calibration was refitted over them (calibrate.from_files)
-        roof = silicon.combined(roof, tables(tp_), refitted=calibration is not None)
+    cal, stack, roof = _planning_step_model(dep, tp_, serving, calibration, stack, tables)
     max_len = _max_draft_len(spec, roof, block, acc)
-    if roof.speedup(1, max_len, acc) < MIN_SPEEDUP:
-        warnings.append(
-            f"the step model predicts no gain from drafting even at batch 1 on {gpu.name} "
-            f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}"
-        )
+    warnings += _no_gain(roof, max_len, acc, tau, gpu.name)
     serving = rules.token_budget(
         lambda s: memory(dep, tp_, s, max_len, backend, release), serving, max_len, gpu.name, warnings
     )
-    want = _wanted(roof, serving.max_batch_size, max_len, acc)
-    mode, max_conc, sched, lengths = sched_mod.choose_schedule(want, spec, max_len, release)
-    warnings += sched_mod.floor_cost(want, lengths, lambda b, n: roof.speedup(b, n, acc), release)
-    mem = memory(dep, tp_, serving, max_len, backend, release, sched)
-    if not mem.fits:  # the schedule's keys add graphs (startup.captured_batch_sizes)
-        raise HardwareError(
-            f"with the draft_len_schedule's CUDA graphs the plan needs {_gib(mem.total)} per GPU "
-            f"on {gpu.name}, {_gib(mem.missing)} missing: lower serving.max_batch_size"
-        )
+    mode, max_conc, sched, lengths = _back_off(roof, serving, spec, max_len, acc, release, warnings)
+    mem = _scheduled_memory(dep, tp_, serving, max_len, backend, release, sched)
     tail = rules.recompute_tail(spec.context_recompute_tail, serving.enable_block_reuse, release, warnings)
     plan = Plan(
         gpu=gpu.name,
@@ -212,10 +187,7 @@ def make_plan(
         warnings=warnings,
         calibration=cal.describe(stack),
         predicted=predicted(roof, lengths, acc, tp_),
-        draft_lengths=[
-            DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
-            for r in sched_mod.schedule_runs(lengths)
-        ],
+        draft_lengths=_draft_runs(lengths),
         trtllm_release=release.version,
         **_serving_fields(serving, tail, warnings, t, gpu, release),
         kv_cache_free_gpu_memory_fraction=mem.fraction,
@@ -223,13 +195,121 @@ def make_plan(
         stack=stack,
         step_sources=silicon.sources(roof, cal.describe(stack), calibration is not None, lengths),
     )
+    _complete_rows(plan, roof, errors, dep.mtp_layers, acc, lengths)
+    return plan
+
+
+def _placement(
+    dep: Deployment,
+    serving: ServingSpec,
+    spec: SpeculativeSpec,
+    parallel: ParallelSpec,
+    release: trtllm_releases.Release,
+) -> tuple[int, str, ServingSpec, list[dict], list[str]]:
+    """Where the pair runs: (tp, attention backend, serving sized to the GPUs, what sizing lowered, warnings so far)."""
+    t, d, gpu = dep.target, dep.drafter, dep.gpu
+    rules.refuse_disaggregated(serving.disaggregated)
+    warnings: list[str] = []
+    if t.max_position_embeddings and serving.max_seq_len > t.max_position_embeddings:
+        warnings.append(
+            f"max_seq_len {serving.max_seq_len} exceeds the target's max_position_embeddings "
+            f"{t.max_position_embeddings}"
+        )
+    backend = rules.attention_backend(spec.attention_backend, gpu, release, warnings, d.head_dim)
+    tp_, _, serving, sized = sizing.size_serving(
+        lambda s: choose_tp(dep, parallel, s, backend, release), serving, f"{dep.gpus}x {gpu.name}"
+    )
+    warnings += [f"{c['key']} lowered from {c['from']} to {c['to']}: {c['why']}" for c in sized]
+    return tp_, backend, serving, sized, warnings
+
+
+def _planning_step_model(
+    dep: Deployment,
+    tp: int,
+    serving: ServingSpec,
+    calibration: Calibration | None,
+    stack: str | None,
+    tables: Callable[[int], silicon.Tables | None] | None,
+) -> tuple[Calibration, str, StepModel]:
+    """(calibration, stack, step model) the plan's speedups come from, at the planning context; the
+    step model combined with the silicon ``tables(tp)`` when given."""
+    cal = calibration or perf_model.shipped_calibration()
+    stack = stack or perf_model.stack_for(dep.gpu)
+    roof = step_model(dep, tp, max(1, min(serving.max_seq_len // 2, PLANNING_CONTEXT)), cal, stack)
+    if tables is not None:  # tables(tp); the user's calibration was refitted over them (calibrate.from_files)
+        roof = silicon.combined(roof, tables(tp), refitted=calibration is not None)
+    return cal, stack, roof
+
+
+def _no_gain(roof: StepModel, max_len: int, acc: Acceptance, tau: float, gpu_name: str) -> list[str]:
+    """The warning when even batch 1 gains nothing from drafting (drafting stays on)."""
+    if roof.speedup(1, max_len, acc) >= MIN_SPEEDUP:
+        return []
+    return [
+        f"the step model predicts no gain from drafting even at batch 1 on {gpu_name} "
+        f"(tau {tau:.2f}); drafting stays on at max_draft_len {max_len}"
+    ]
+
+
+def _back_off(
+    roof: StepModel,
+    serving: ServingSpec,
+    spec: SpeculativeSpec,
+    max_len: int,
+    acc: Acceptance,
+    release: trtllm_releases.Release,
+    warnings: list[str],
+) -> tuple[str, int | None, dict | None, list[int]]:
+    """(schedule, max_concurrency, draft_len_schedule, lengths): the draft length the step model wants
+    at each batch size, as the release's back-off drafts it; what a draft-length floor costs is warned."""
+    want = _wanted(roof, serving.max_batch_size, max_len, acc)
+    mode, max_conc, sched, lengths = sched_mod.choose_schedule(want, spec, max_len, release)
+    warnings += sched_mod.floor_cost(want, lengths, lambda b, n: roof.speedup(b, n, acc), release)
+    return mode, max_conc, sched, lengths
+
+
+def _scheduled_memory(
+    dep: Deployment,
+    tp: int,
+    serving: ServingSpec,
+    max_len: int,
+    backend: str,
+    release: trtllm_releases.Release,
+    sched: dict | None,
+) -> Memory:
+    """Memory per GPU with the draft_len_schedule's CUDA graphs (startup.captured_batch_sizes); refused
+    when it does not fit."""
+    mem = memory(dep, tp, serving, max_len, backend, release, sched)
+    if not mem.fits:
+        raise HardwareError(
+            f"with the draft_len_schedule's CUDA graphs the plan needs {_gib(mem.total)} per GPU "
+            f"on {dep.gpu.name}, {_gib(mem.missing)} missing: lower serving.max_batch_size"
+        )
+    return mem
+
+
+def _draft_runs(lengths: list[int]) -> list[DraftRun]:
+    """The per-batch draft lengths as runs of equal length, as the plan records them."""
+    return [
+        DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len) for r in sched_mod.schedule_runs(lengths)
+    ]
+
+
+def _complete_rows(
+    plan: Plan,
+    roof: StepModel,
+    errors: list[uncertainty.RowError] | None,
+    mtp_layers: int,
+    acc: Acceptance,
+    lengths: list[int],
+) -> None:
+    """The rows' speedup ranges and MTP arms, and the vLLM schedule, from the plan's step model."""
     tabled = isinstance(roof, silicon.SiliconStepModel) and roof.uses_tables
-    _ranges(plan, stack, errors, silicon.loo_errors() if tabled and not errors else None)
-    _arms(plan, roof, dep.mtp_layers, acc)
+    _ranges(plan, plan.stack, errors, silicon.loo_errors() if tabled and not errors else None)
+    _arms(plan, roof, mtp_layers, acc)
     if any(lengths):
         n, entries = schedule_vllm.from_lengths(lengths)
         plan.vllm_schedule = VllmPlan(num_speculative_tokens=n, num_speculative_tokens_per_batch_size=entries)
-    return plan
 
 
 def _block_and_acceptance(spec: SpeculativeSpec, d: DraftShape, t: TargetShape) -> tuple[int, float, Acceptance]:

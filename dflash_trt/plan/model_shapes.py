@@ -142,23 +142,9 @@ class TargetShape:
         norms = 2 * H + (2 * hd if qk_norm else 0)
         E = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
         k = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0
-        if E:
-            moe_i = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-            per_expert = 3 * H * moe_i
-            expert_bias = E * (2 * moe_i + H) if mt == "gpt_oss" else 0
-            router = H * E + (E if mt == "gpt_oss" else 0)
-            sinks = nh if mt == "gpt_oss" else 0
-            layer_lin = attn_lin + E * per_expert
-            layer_other = attn_other + norms + expert_bias + router + sinks
-            active = L * (attn_lin + k * per_expert)
-            n_lin = L * (4 + 3 * E)
-            intermediate, expert_params = k * moe_i, L * E * per_expert
-        else:
-            F = cfg["intermediate_size"]
-            mlp_bias = 3 * F if cfg.get("mlp_bias") else 0
-            layer_lin = attn_lin + 3 * H * F
-            layer_other = attn_other + norms + mlp_bias
-            active, n_lin, intermediate, expert_params = L * layer_lin, 7 * L, F, 0
+        mlp_lin, mlp_other, active_mlp, intermediate, layer_experts = _mlp_params(cfg, mt, H, nh, E, k)
+        layer_lin, layer_other = attn_lin + mlp_lin, attn_other + norms + mlp_other
+        active, n_lin, expert_params = L * (attn_lin + active_mlp), L * (4 + 3 * (E or 1)), L * layer_experts
         tied = bool(cfg.get("tie_word_embeddings", False))
         return cls(
             model_type=mt,
@@ -250,6 +236,20 @@ class TargetShape:
             size = sizes.get("total_size")
         full = json.loads((Path(path) / "config.json").read_text())
         return cls.from_config(cfg, shipped_bytes=size, shipped_precision=shipped_precision, vision=vision_params(full))
+
+
+def _mlp_params(cfg: dict, mt: str, H: int, nh: int, E: int, k: int) -> tuple[int, int, int, int, int]:
+    """One layer's MLP, or its ``E`` experts of which ``k`` are active: (linear params, other params,
+    active linear params, intermediate size, expert params)."""
+    if E:
+        moe_i = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+        per_expert = 3 * H * moe_i
+        expert_bias = E * (2 * moe_i + H) if mt == "gpt_oss" else 0
+        router = H * E + (E if mt == "gpt_oss" else 0)
+        sinks = nh if mt == "gpt_oss" else 0
+        return E * per_expert, expert_bias + router + sinks, k * per_expert, k * moe_i, E * per_expert
+    F = cfg["intermediate_size"]
+    return 3 * H * F, 3 * F if cfg.get("mlp_bias") else 0, 3 * H * F, F, 0
 
 
 def quant_precision(qcfg: dict) -> str | None:

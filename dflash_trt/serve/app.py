@@ -46,6 +46,7 @@ from dflash_trt.errors import require
 from dflash_trt.logs import uvicorn_log_config
 from dflash_trt.runtime import Pair
 from dflash_trt.serve.continuous import ContinuousBatcher
+from dflash_trt.serve.metrics import ServerMetrics
 from dflash_trt.serve.render import ChatRenderer
 from dflash_trt.serve.spec import ServeSpec
 from dflash_trt.serve.state import ServerState
@@ -62,8 +63,8 @@ def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | N
     process for at most ``template_timeout_s`` seconds and ``template_max_chars`` characters
     (``serve/render.py``; 400 past either)."""
     fastapi = require("fastapi", "serve", "the embedded server")
-    from dflash_trt.serve import routes  # imports fastapi
-    from dflash_trt.serve.metrics import ServerMetrics
+    from dflash_trt.serve import routes  # start-up: fastapi (routes imports it)
+    from dflash_trt.serve.guard import Guard  # start-up: fastapi (through serve.responses)
 
     s = spec or ServeSpec(model_name=model_name, **settings)
     cfg = pair.target.config
@@ -90,6 +91,21 @@ def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | N
         metrics=metrics,
         chat=_renderer(pair.tokenizer, s.template_timeout_s, s.template_max_chars),
     )
+    app = fastapi.FastAPI(title="dflash-trt embedded server", lifespan=_lifespan(server, batcher))
+    app.state.server = server
+    app.state.batcher, app.state.metrics, app.state.model_name = batcher, metrics, server.model_name
+    app.state.drain = batcher.close  # stop taking requests (503), keep running what was admitted
+    app.state.abandon = batcher.abandon  # the drain ran out of time: fail what is left
+    app.state.drain_timeout = DRAIN_TIMEOUT_S
+    app.state.busy = server.busy
+    routes.install(app)
+    app.add_middleware(Guard, api_key=s.api_key, max_body_bytes=s.max_body_bytes, on_refused=metrics.request_done)
+    return app
+
+
+def _lifespan(server: ServerState, batcher: ContinuousBatcher):
+    """The app's lifespan: the worker and the template renderer start with it; on shutdown the
+    renderer closes and what is queued finishes (for at most the app's drain timeout)."""
 
     @asynccontextmanager
     async def lifespan(app):
@@ -103,18 +119,7 @@ def create_app(pair: Pair, model_name: str | None = None, *, spec: ServeSpec | N
                 server.chat.close()  # a render still running (a template that loops) ends now
             await asyncio.to_thread(batcher.stop, app.state.drain_timeout)
 
-    app = fastapi.FastAPI(title="dflash-trt embedded server", lifespan=lifespan)
-    app.state.server = server
-    app.state.batcher, app.state.metrics, app.state.model_name = batcher, metrics, server.model_name
-    app.state.drain = batcher.close  # stop taking requests (503), keep running what was admitted
-    app.state.abandon = batcher.abandon  # the drain ran out of time: fail what is left
-    app.state.drain_timeout = DRAIN_TIMEOUT_S
-    app.state.busy = server.busy
-    routes.install(app)
-    from dflash_trt.serve.guard import Guard
-
-    app.add_middleware(Guard, api_key=s.api_key, max_body_bytes=s.max_body_bytes, on_refused=metrics.request_done)
-    return app
+    return lifespan
 
 
 def _renderer(tokenizer, timeout_s: float, max_chars: int) -> ChatRenderer | None:

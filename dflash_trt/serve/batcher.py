@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from dflash_trt.runtime import Pair, Request, SamplingParams
 from dflash_trt.serve.stops import TextStream
 
@@ -264,8 +266,6 @@ class Batcher:
             self.metrics.set_queue(len(self._pending), len(self._running))
 
     def _worker(self) -> None:
-        import torch
-
         torch.set_num_threads(self.torch_threads)  # per thread: the worker's own pool
         self._loop()
 

@@ -84,7 +84,7 @@ class CompletionClient:
 
     async def _send(self, method: str, path: str, body: dict | None):
         """The response to one request, retrying what a busy or restarting server answers."""
-        import httpx
+        import httpx  # optional: httpx (the serve extra, required when this client was made)
 
         for attempt in range(self.retries + 1):
             try:

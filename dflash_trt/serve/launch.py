@@ -37,6 +37,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from dflash_trt.errors import CheckpointError, DFlashError
 from dflash_trt.ingest import Bundle, Layout, open_bundle
 
@@ -219,31 +221,7 @@ def k8s_manifests(
     g, world, extra = _world(bundle, nodes, gpus_per_node)
     name = _k8s_name(bundle.name)
     bundle_path = f"{mount}/{bundle.root.name}"
-    serve = shlex.join(
-        [
-            "trtllm-llmapi-launch",
-            "bash",
-            f"{bundle_path}/trtllm/serve.sh",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(port),
-            *extra,
-        ]
-    )
-    leader_script = "\n".join(
-        [
-            "set -euo pipefail",
-            "# hostfile: the leader, then workers <leader>-1 .. <leader>-(size-1) in the LWS headless service",
-            f'echo "$LWS_LEADER_ADDRESS slots={g}" > /tmp/hostfile',
-            "for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do",
-            f'  echo "${{LWS_LEADER_ADDRESS%%.*}}-$i.${{LWS_LEADER_ADDRESS#*.}} slots={g}" >> /tmp/hostfile',
-            "done",
-            "# every rank starts in the bundle: the ranks other than 0 load ./target and ./drafter from there",
-            f"exec mpirun --allow-run-as-root --hostfile /tmp/hostfile -np {world} --bind-to none "
-            f"-wdir {shlex.quote(bundle_path)} {serve}",
-        ]
-    )
+    leader_script = _leader_script(bundle_path, port, extra, g, world)
     worker_script = "mkdir -p /run/sshd && exec /usr/sbin/sshd -D"
     volume = {"name": "bundles", "persistentVolumeClaim": {"claimName": pvc, "readOnly": True}}
     shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
@@ -282,7 +260,42 @@ def k8s_manifests(
             },
         },
     }
-    service = {
+    return [lws, _k8s_service(name, port)]
+
+
+def _leader_script(bundle_path: str, port: int, extra: list[str], g: int, world: int) -> str:
+    """The leader pod's script: a hostfile of the group's pods from the LWS addresses, then
+    ``mpirun`` of the bundle's serve.sh over ``world`` ranks, ``g`` per pod."""
+    serve = shlex.join(
+        [
+            "trtllm-llmapi-launch",
+            "bash",
+            f"{bundle_path}/trtllm/serve.sh",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            *extra,
+        ]
+    )
+    return "\n".join(
+        [
+            "set -euo pipefail",
+            "# hostfile: the leader, then workers <leader>-1 .. <leader>-(size-1) in the LWS headless service",
+            f'echo "$LWS_LEADER_ADDRESS slots={g}" > /tmp/hostfile',
+            "for i in $(seq 1 $((LWS_GROUP_SIZE - 1))); do",
+            f'  echo "${{LWS_LEADER_ADDRESS%%.*}}-$i.${{LWS_LEADER_ADDRESS#*.}} slots={g}" >> /tmp/hostfile',
+            "done",
+            "# every rank starts in the bundle: the ranks other than 0 load ./target and ./drafter from there",
+            f"exec mpirun --allow-run-as-root --hostfile /tmp/hostfile -np {world} --bind-to none "
+            f"-wdir {shlex.quote(bundle_path)} {serve}",
+        ]
+    )
+
+
+def _k8s_service(name: str, port: int) -> dict:
+    """The Service in front of the group's leader pod."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name},
@@ -291,12 +304,9 @@ def k8s_manifests(
             "ports": [{"name": "http", "port": port, "targetPort": port}],
         },
     }
-    return [lws, service]
 
 
 def k8s_yaml(bundle: Bundle, nodes: int, **kw) -> str:
-    import yaml
-
     head = (
         f"# Serve the dflash-trt bundle '{bundle.name}' on a LeaderWorkerSet of {nodes} pod(s).\n"
         "# Written by 'dflash-trt serve --emit k8s'. Needs the LWS controller, a ReadWriteMany PVC\n"

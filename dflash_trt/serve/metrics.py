@@ -46,58 +46,9 @@ class ServerMetrics:
         pc.disable_created_metrics()  # no *_created series: they double the page for nothing
         self.registry = r = pc.CollectorRegistry()
         self.block_size = block_size
-        self.requests = pc.Counter("dflash_requests", "Finished requests by HTTP status.", ["status"], registry=r)
-        self.failures = pc.Counter(
-            "dflash_request_failures", "Requests failed by the worker, by stage.", ["stage"], registry=r
-        )
-        self.prompt_tokens = pc.Counter("dflash_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
-        self.generation_tokens = pc.Counter("dflash_generation_tokens", "Tokens sent to clients.", registry=r)
-        self.rounds = pc.Counter(
-            "dflash_spec_rounds", "Sequence-rounds: one per sequence per target forward (prefill excluded).", registry=r
-        )
-        self.committed = pc.Counter(
-            "dflash_spec_committed_tokens", "Tokens committed in those rounds (accepted drafts + bonus).", registry=r
-        )
-        self.accepted = pc.Counter(
-            "dflash_spec_accepted", "Rounds whose draft position k was accepted.", ["position"], registry=r
-        )
-        self.tau = pc.Gauge(
-            "dflash_acceptance_length",
-            "τ: mean tokens committed per sequence per target forward, since start.",
-            registry=r,
-        )
-        self.per_position = pc.Gauge(
-            "dflash_per_position_acceptance",
-            "Acceptance rate of draft position k, since start.",
-            ["position"],
-            registry=r,
-        )
-        self.tps = pc.Gauge(
-            "dflash_tokens_per_second", "Generated tokens per second of the last round (batch when static).", registry=r
-        )
-        self.queue_depth = pc.Gauge("dflash_queue_depth", "Requests waiting for a batch.", registry=r)
-        self.running = pc.Gauge("dflash_running_requests", "Requests in the running batch.", registry=r)
-        self.batch_size = pc.Histogram(
-            "dflash_batch_size",
-            "Live requests per runtime round (per batch when static).",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
-            registry=r,
-        )
-        self.queue_time = pc.Histogram("dflash_queue_seconds", "Arrival to the start of prefill.", registry=r)
-        self.ttft = pc.Histogram("dflash_time_to_first_token_seconds", "Queue + prefill time.", registry=r)
-        self.itl = pc.Histogram(
-            "dflash_inter_token_seconds",
-            "Time between a request's consecutive commits.",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-            registry=r,
-        )
-        self.latency = pc.Histogram("dflash_request_seconds", "Queue to last token.", registry=r)
-        self.request_tau = pc.Histogram(
-            "dflash_request_acceptance_length",
-            "τ of each finished request.",
-            buckets=tuple(range(1, max(2, block_size) + 1)),
-            registry=r,
-        )
+        self._counters(pc, r)
+        self._gauges(pc, r)
+        self._histograms(pc, r)
         pc.Gauge("dflash_block_size", "Draft block size B (1: autoregressive).", registry=r).set(block_size)
         self.draft_len = pc.Gauge("dflash_draft_len", "Draft tokens per row in the last round.", registry=r)
         self.isolated = pc.Counter(
@@ -121,6 +72,67 @@ class ServerMetrics:
             self.requests.labels(status=status)
         for stage in FAILURE_STAGES:
             self.failures.labels(stage=stage)
+
+    def _counters(self, pc, r) -> None:
+        """Requests by status, failures by stage, prompt and generated tokens, and the rounds behind τ."""
+        self.requests = pc.Counter("dflash_requests", "Finished requests by HTTP status.", ["status"], registry=r)
+        self.failures = pc.Counter(
+            "dflash_request_failures", "Requests failed by the worker, by stage.", ["stage"], registry=r
+        )
+        self.prompt_tokens = pc.Counter("dflash_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
+        self.generation_tokens = pc.Counter("dflash_generation_tokens", "Tokens sent to clients.", registry=r)
+        self.rounds = pc.Counter(
+            "dflash_spec_rounds", "Sequence-rounds: one per sequence per target forward (prefill excluded).", registry=r
+        )
+        self.committed = pc.Counter(
+            "dflash_spec_committed_tokens", "Tokens committed in those rounds (accepted drafts + bonus).", registry=r
+        )
+        self.accepted = pc.Counter(
+            "dflash_spec_accepted", "Rounds whose draft position k was accepted.", ["position"], registry=r
+        )
+
+    def _gauges(self, pc, r) -> None:
+        """τ and per-position acceptance since start, tokens per second, waiting and running requests."""
+        self.tau = pc.Gauge(
+            "dflash_acceptance_length",
+            "τ: mean tokens committed per sequence per target forward, since start.",
+            registry=r,
+        )
+        self.per_position = pc.Gauge(
+            "dflash_per_position_acceptance",
+            "Acceptance rate of draft position k, since start.",
+            ["position"],
+            registry=r,
+        )
+        self.tps = pc.Gauge(
+            "dflash_tokens_per_second", "Generated tokens per second of the last round (batch when static).", registry=r
+        )
+        self.queue_depth = pc.Gauge("dflash_queue_depth", "Requests waiting for a batch.", registry=r)
+        self.running = pc.Gauge("dflash_running_requests", "Requests in the running batch.", registry=r)
+
+    def _histograms(self, pc, r) -> None:
+        """Batch sizes, the latencies a client sees, and each finished request's τ."""
+        self.batch_size = pc.Histogram(
+            "dflash_batch_size",
+            "Live requests per runtime round (per batch when static).",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
+        self.queue_time = pc.Histogram("dflash_queue_seconds", "Arrival to the start of prefill.", registry=r)
+        self.ttft = pc.Histogram("dflash_time_to_first_token_seconds", "Queue + prefill time.", registry=r)
+        self.itl = pc.Histogram(
+            "dflash_inter_token_seconds",
+            "Time between a request's consecutive commits.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.latency = pc.Histogram("dflash_request_seconds", "Queue to last token.", registry=r)
+        self.request_tau = pc.Histogram(
+            "dflash_request_acceptance_length",
+            "τ of each finished request.",
+            buckets=tuple(range(1, max(2, self.block_size) + 1)),
+            registry=r,
+        )
 
     def set_queue(self, waiting: int, running: int) -> None:
         self.queue_depth.set(waiting)

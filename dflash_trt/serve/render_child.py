@@ -68,7 +68,8 @@ def main(fd: int) -> None:
     _die_with_parent()
     conn = Connection(fd)
     setup = json.loads(conn.recv_bytes())
-    from transformers.utils.chat_template_utils import render_jinja_template
+    # imported once the parent watch runs: a server gone during this slow import ends this process
+    from transformers.utils.chat_template_utils import render_jinja_template  # start-up: transformers
 
     _cap_memory(int(setup["memory_bytes"]))
     conn.send_bytes(b'{"ready": true}')

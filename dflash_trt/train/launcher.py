@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 try:  # typer >= 0.29 vendors click
     from typer._click import exceptions as click_exc
@@ -114,9 +116,6 @@ def _free_port() -> int:
 
 def launch(settings: TrainSettings, nproc: int) -> Result:
     """Train on ``nproc`` local ranks (started by torch's launcher); rank 0's result."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # start-up: torch
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # start-up: torch
-
     if nproc < 1:
         raise DFlashError("--nproc must be >= 1")
     preflight(settings, nproc)  # a user error in a second, not after starting the ranks

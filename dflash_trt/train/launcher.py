@@ -33,7 +33,8 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exc  # type: ignore[no-redef]
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.train.loop import preflight, train_drafter
+from dflash_trt.train.checks import preflight
+from dflash_trt.train.loop import train_drafter
 from dflash_trt.train.options import parameters, settings_from
 from dflash_trt.train.settings import Progress, Result, TrainSettings
 

@@ -48,6 +48,7 @@ from dflash_trt.train.checkpoint import (
 )
 from dflash_trt.train.checks import check_numbers, prepare
 from dflash_trt.train.dist import Ranks, init_ranks
+from dflash_trt.train.forward import train_forward
 from dflash_trt.train.heldout import eval_prompts, heldout_tau
 from dflash_trt.train.settings import Progress, Result, TrainSettings
 from dflash_trt.train.setup import drafter_setup, frozen_target, optimizer
@@ -155,7 +156,7 @@ class DraftStep(nn.Module):
         head,
     ) -> tuple[torch.Tensor, dict]:
         drafter = self.drafter
-        hidden = objective.train_forward(drafter, hidden_in, embeds, anchors)
+        hidden = train_forward(drafter, hidden_in, embeds, anchors)
         logits = drafter.logits(hidden[:, :, 1:], head)
         # the family's term (DFlash2: the selector picks among the candidates these logits propose)
         select, picks = objective.objective_for(family_of(drafter.cfg)).extra_loss(

@@ -9,9 +9,10 @@ Other subpackages import from here, never from the modules inside.
 from __future__ import annotations
 
 from dflash_trt.runtime.backend import Backend, TorchBackend
+from dflash_trt.runtime.batch import Request
 from dflash_trt.runtime.decoder import STATIC_ROPE, plain_decoder
 from dflash_trt.runtime.dequantize import dequantize_state
-from dflash_trt.runtime.loop import Generation, Request, block_size_for, generate
+from dflash_trt.runtime.loop import Generation, block_size_for, generate
 from dflash_trt.runtime.pair import Pair, load_bundle, load_pair, load_tokenizer, parse_dtype, stop_ids
 from dflash_trt.runtime.proposer import Proposer, SelectorProposer, proposer_for, register_proposer
 from dflash_trt.runtime.sampling import SamplingParams, accept, probs, rejection_sample

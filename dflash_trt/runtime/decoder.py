@@ -219,7 +219,7 @@ def lean_forward(model) -> LeanDecoder | None:
 
 @torch.no_grad()  # not inference_mode: the fused copies must be usable outside it too
 def _probed(model) -> LeanDecoder | None:
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # start-up: transformers (importing the runtime does not import it)
 
     lean = LeanDecoder(model)
     vocab = model.config.vocab_size

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -28,8 +29,6 @@ def unpack_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tenso
 
 def dequantize_state(directory: Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """A ModelOpt FP8/NVFP4 export as dense weights (scales applied, scale tensors dropped)."""
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for f in sorted(Path(directory).glob("*.safetensors")):
         state.update(load_file(str(f)))

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.errors import require
+from dflash_trt.plugins import onnx_ops
 from dflash_trt.runtime.graph_backend import GraphBackend
 
 GRAPH_FILES = {"embed": "embed.onnx", "target": "target.onnx", "drafter": "drafter.onnx"}
@@ -45,7 +46,7 @@ class OnnxBackend(GraphBackend):
         self, onnx_dir: str | Path, profile, mask_token_id: int, threads: int | None = None, native: bool = True
     ):
         require("onnxruntime", "onnx", "--backend onnx")
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional: onnxruntime (the onnx extra)
 
         onnx_dir = Path(onnx_dir)
         threads = threads or torch.get_num_threads()
@@ -65,8 +66,6 @@ class OnnxBackend(GraphBackend):
         else:  # an older bundle: the custom-op form through Python custom ops
             self.files["drafter"] = GRAPH_FILES["drafter"]
             require("onnxruntime_extensions", "onnx", "--backend onnx on a bundle without drafter_ort.onnx")
-            from dflash_trt.plugins import onnx_ops
-
             self.sessions["drafter"] = onnx_ops.ort_session(onnx_dir / GRAPH_FILES["drafter"], threads=threads)
         self._inputs = {g: {i.name: i for i in s.get_inputs()} for g, s in self.sessions.items()}
         self._outputs = {g: {o.name: o for o in s.get_outputs()} for g, s in self.sessions.items()}

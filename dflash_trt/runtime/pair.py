@@ -14,13 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from dflash_trt import ingest
 from dflash_trt.errors import CheckpointError, DFlashError
-from dflash_trt.model import Drafter, Target, load_target
+from dflash_trt.model import Drafter, Target, drafter_for, load_target
 from dflash_trt.runtime.backend import Backend, TorchBackend
+from dflash_trt.runtime.dequantize import dequantize_state
 from dflash_trt.runtime.loop import block_size_for
+from dflash_trt.runtime.onnx_backend import OnnxBackend
 from dflash_trt.runtime.spec import DISPATCH, RunSpec
+from dflash_trt.runtime.trt_backend import TensorRTBackend
 
 # The dtypes the reference runtime computes in (``ingest.RUNTIME_DTYPES``, the one dtype table's).
 DTYPES = {name: ingest.torch_dtype(name) for name in ingest.RUNTIME_DTYPES}
@@ -83,7 +87,7 @@ def parse_dtype(name: str, device: str = "cpu") -> torch.dtype:
 
 
 def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # start-up: transformers (importing the runtime does not import it)
 
     if not ingest.tokenizer_files(path):
         raise CheckpointError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
@@ -211,9 +215,7 @@ def _load_bundle(bundle, spec: RunSpec, dtype: str, device: str) -> Pair:
 def _graph_shell(tdir: Path, ddir: Path):
     """(target, drafter) built from their configs on the meta device, for a pair whose backend runs
     the exported graphs: configs, shapes and parameter counts readable, no weight read or allocated."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from dflash_trt.model import drafter_for
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # start-up: transformers
 
     spec = ingest.read_pair(tdir, ddir).drafter  # configs + safetensors headers only
     cfg = AutoConfig.from_pretrained(str(tdir), trust_remote_code=False)
@@ -233,8 +235,6 @@ def serving_plan(config_yaml: Path) -> tuple[int | None, dict[int, int] | None]:
     ``speculative_config.max_concurrency: N`` is the schedule ``{N: max_draft_len}``, as
     TensorRT-LLM translates it; ``draft_len_schedule`` is read as written (keys: batch sizes).
     """
-    import yaml
-
     if not config_yaml.is_file():
         return None, None
     try:
@@ -251,9 +251,7 @@ def serving_plan(config_yaml: Path) -> tuple[int | None, dict[int, int] | None]:
 
 
 def _load_dequantized(tdir: Path, dtype: torch.dtype, device: str):
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from dflash_trt.runtime.dequantize import dequantize_state
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # start-up: transformers
 
     cfg = AutoConfig.from_pretrained(str(tdir), trust_remote_code=False)
     if hasattr(cfg, "quantization_config"):
@@ -287,9 +285,5 @@ def _graph_backend(spec: RunSpec, bundle, drafter: Drafter) -> Backend | None:
         )
     mask = drafter.cfg.mask_token_id
     if spec.backend == "onnx":
-        from dflash_trt.runtime.onnx_backend import OnnxBackend
-
         return OnnxBackend(bundle.onnx, graphs.profile, mask)
-    from dflash_trt.runtime.trt_backend import TensorRTBackend
-
     return TensorRTBackend(bundle.engines, graphs.profile, mask)

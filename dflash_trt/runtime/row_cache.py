@@ -51,7 +51,7 @@ class RowReplayPolicy:
         self.config = model.config
 
     def new_cache(self, batch: int) -> RowCaches:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # start-up: transformers (importing the runtime does not import it)
 
         return RowCaches([DynamicCache(config=self.config) for _ in range(batch)])
 

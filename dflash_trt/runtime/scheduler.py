@@ -42,7 +42,8 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.backend import Backend
-from dflash_trt.runtime.loop import Batch, Request, admit, block_size_for, readmit, run_round
+from dflash_trt.runtime.batch import Batch, Request
+from dflash_trt.runtime.loop import admit, block_size_for, readmit, run_round
 from dflash_trt.runtime.stats import Stats
 
 logger = logging.getLogger(__name__)

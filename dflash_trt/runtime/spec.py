@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dflash_trt import ingest
 from dflash_trt.errors import DFlashError, HardwareError
+from dflash_trt.runtime.trt_backend import tensorrt_problem
 
 #: what ``--backend`` chooses: the PyTorch modules, ONNX Runtime over onnx/, TensorRT over engines/
 BACKENDS = ("torch", "onnx", "tensorrt")
@@ -96,8 +97,6 @@ def _check_graphs(backend: str, bundle: str | Path, dtype: str) -> None:
     if dtype not in ("auto", "float32"):
         raise DFlashError(f"--backend {backend} runs the float32 graphs the build exported; drop --dtype {dtype}")
     if backend == "tensorrt":
-        from dflash_trt.runtime.trt_backend import tensorrt_problem
-
         problem = tensorrt_problem()
         if problem:
             raise HardwareError(

@@ -45,6 +45,7 @@ import torch
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.runtime.recurrent import RecurrentStates
+from dflash_trt.runtime.row_cache import COMPRESSING, RowReplayPolicy
 from dflash_trt.runtime.sparse_cache import merge_indexer, pack
 
 SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "indexed_attention", "dummy"}
@@ -53,9 +54,7 @@ SUPPORTED = {"full_attention", "sliding_attention", "linear_attention", "indexed
 def cache_policy(model):
     """The cache policy ``model`` needs: :class:`CachePolicy`, or ``RowReplayPolicy`` for a
     target whose layers compress the tokens they see (``row_cache.COMPRESSING``)."""
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    from dflash_trt.runtime.row_cache import COMPRESSING, RowReplayPolicy
+    from transformers.cache_utils import get_layer_types_and_kwargs  # start-up: transformers (see _cache_class)
 
     types, _ = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
     return RowReplayPolicy(model) if set(types) & COMPRESSING else CachePolicy(model)
@@ -65,7 +64,7 @@ class CachePolicy:
     """One target's cache handling; ``for_model`` reads which layers need what."""
 
     def __init__(self, model):
-        from transformers.cache_utils import get_layer_types_and_kwargs
+        from transformers.cache_utils import get_layer_types_and_kwargs  # start-up: transformers
 
         self.config = model.config
         text = model.config.get_text_config(decoder=True)
@@ -226,8 +225,8 @@ class CachePolicy:
 @functools.cache
 def _cache_class():
     """TargetCache, defined on first use so importing the runtime does not import transformers."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    from transformers import DynamicCache  # start-up: transformers (see the docstring)
+    from transformers.cache_utils import DynamicLayer  # start-up: transformers
 
     class TargetCache(DynamicCache):
         """transformers' DynamicCache with the policy's bookkeeping: sliding layers are plain

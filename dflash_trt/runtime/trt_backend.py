@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from dflash_trt.errors import DFlashError, HardwareError
+from dflash_trt.plugins import trt as dflash_plugins
 from dflash_trt.runtime.graph_backend import GraphBackend
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ ALIASES = {"drafter": {"k_cache_out": "k_cache", "v_cache_out": "v_cache"}}
 def tensorrt_problem() -> str | None:
     """Why the TensorRT backend cannot run here (None: it can)."""
     try:
-        import tensorrt  # noqa: F401
+        import tensorrt  # noqa: F401  # optional: tensorrt (whether it imports is the question)
     except ImportError as exc:
         logger.debug("tensorrt does not import", exc_info=exc)  # a broken install's own traceback
         return f"the 'tensorrt' Python package (>= 10.8) is not importable ({exc})"
@@ -56,9 +57,7 @@ class TensorRTBackend(GraphBackend):
                 f"--backend tensorrt needs TensorRT and a CUDA GPU: {problem}; "
                 "use --backend onnx (CPU) or --backend torch"
             )
-        import tensorrt as trt
-
-        from dflash_trt.plugins import trt as dflash_plugins
+        import tensorrt as trt  # optional: tensorrt
 
         registered, reason = dflash_plugins.register_trt_plugins()
         if not registered:

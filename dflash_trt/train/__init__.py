@@ -1,12 +1,15 @@
 """Train: the DFlash drafter's training objective, data regeneration and loop, on one rank or many.
 
-Modules: ``settings`` (what a run takes and returns), ``objective`` (the block mask, inputs
-and loss), ``data`` (prompts, chat formatting, anchors), ``regen`` (regeneration by the
-reference runtime or an OpenAI-compatible server, journalled), ``features`` (target features
-online or from the feature folder, the on-disk contract engines' captures convert into),
-``dist`` (ranks: torchrun's process group; torch's engine, FSDP2 or DDP, over the drafter and the
-frozen target), ``checkpoint`` (torch's distributed checkpoint in safetensors, the z-lab drafter,
-training metadata), ``loop`` (optimiser, evaluation, resume), ``launcher`` (``python -m
+Modules: ``settings`` (what a run takes and returns), ``objective`` (the block inputs and
+loss, each family's objective), ``forward`` (the training mask and forward), ``data`` (prompts,
+chat formatting, anchors), ``regen`` (regeneration by the reference runtime or an
+OpenAI-compatible server, journalled), ``features`` (target features online or written into
+the feature folder), ``feature_folder`` (the folder's on-disk contract, which engines' captures
+convert into: its checks and its reading), ``dist`` (ranks: torchrun's process group; torch's
+engine, FSDP2 or DDP, over the drafter and the frozen target), ``checkpoint`` (torch's
+distributed checkpoint in safetensors, the z-lab drafter, training metadata), ``checks`` (OUT,
+the numbers and the data, before any work), ``loop`` (optimiser, evaluation, resume),
+``heldout`` (held-out τ through the reference runtime), ``launcher`` (``python -m
 dflash_trt.train`` under torchrun; ``--nproc``), ``options`` (the one parser both commands take
 their options from, generated from ``TrainSettings``: YAML ``--config``, ``--set``, flags).
 """

@@ -31,6 +31,8 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 from torch import nn
 
 from dflash_trt.errors import DFlashError, discard_on_error
@@ -194,9 +196,6 @@ def read_state(work: Path) -> dict[str, torch.Tensor]:
 
 def _load_legacy(work: Path, drafter: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, list]:
     """``state.safetensors`` of a run saved by one process before the distributed checkpoint."""
-    from safetensors import safe_open  # start-up: safetensors
-    from safetensors.torch import load_file  # start-up: safetensors
-
     path = work / "state.safetensors"
     with safe_open(str(path), "pt") as f:
         embedded = (f.metadata() or {}).get("state")

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from dflash_trt.errors import DFlashError, discard_on_error
 
@@ -68,16 +70,12 @@ class Regenerated:
     def _part(self, k: int):
         """Shard k's token ids, memory-mapped on first touch."""
         if k not in self._files:
-            from safetensors import safe_open  # start-up: safetensors
-
             self._files[k] = safe_open(str(self.path / self.shards[k]["file"]), "pt").get_slice("tokens")
         return self._files[k]
 
     @classmethod
     def load(cls, path: Path) -> Regenerated:
         """The set in ``path`` (a shard folder, or an old single file), token ids left on disk."""
-        from safetensors import safe_open  # start-up: safetensors
-
         path = Path(path)
         if path.is_dir():
             shards = json.loads((path / "index.json").read_text())["shards"]
@@ -130,8 +128,6 @@ class ShardWriter:
         self.peak = max(self.peak, len(self.seqs))
 
     def _flush(self) -> None:
-        from safetensors.torch import save_file  # start-up: safetensors
-
         n, T = len(self.seqs), self.width
         tokens = torch.zeros(n, T, dtype=torch.long)  # [n, T] right-padded
         for r, q in enumerate(self.seqs):

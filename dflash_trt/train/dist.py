@@ -40,6 +40,7 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from dflash_trt.errors import DFlashError
 
@@ -206,8 +207,6 @@ def wrap_drafter(step: nn.Module, ranks: Ranks) -> nn.Module:
 
         return fully_shard(step)
     if ranks.parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel  # start-up: torch
-
         ids = [ranks.device.index] if ranks.device.type == "cuda" else None
         return DistributedDataParallel(step, device_ids=ids, find_unused_parameters=True)
     return step

@@ -3,41 +3,19 @@
 Online (the default): each rank runs the frozen target over its rows of the batch, as the
 paper's recipe must at scale (its cache would take tens of TB).
 
-**The feature folder** (``--feature-cache DIR``) is the one on-disk contract for the target's
-hidden states. The reference runtime writes it (the default producer, once, split between the
-ranks); a converter can write it from a serving engine's capture (TensorRT-LLM, vLLM, SGLang)
-and training reads it the same way. ``DIR`` holds:
+**The feature folder** (``--feature-cache DIR``; its contract, checks and reading are
+``feature_folder.py``'s): the reference runtime writes it here (the default producer, once,
+split between the ranks), and :func:`write_capture` writes it from a serving engine's capture
+(TensorRT-LLM, vLLM, SGLang), converted. A folder of ours whose key (:func:`cache_key`: target
+weights, taps, dtype, token ids) differs is refused, not overwritten.
 
-* ``features-<k:05d>.safetensors``, one per shard of consecutive sequences ``[a, b)``:
-  ``hidden`` [tokens, n_tap*H] (bfloat16, float16 or float32: the target's precision), the real
-  tokens of the shard's sequences back to back; ``offsets`` int64 [b - a + 1], where each
-  sequence starts in ``hidden`` (``offsets[0] = 0``); ``tokens`` int64 [tokens], the token ids
-  the rows belong to (optional for a converter; checked when present);
-* ``cache.json``, written last (it marks the folder complete): ``format`` (1), ``producer``,
-  ``layer_ids``, ``hidden_size`` H, ``dim`` = len(layer_ids) x H, ``dtype``, ``vocab_size`` and
-  ``tokenizer_sha256`` (:func:`tokenizer_digest`), ``sequences`` N, ``shards`` [[a, b], ...],
-  ``bytes``; ours add ``key`` (:func:`cache_key`) and ``target``.
-
-Layer ids are z-lab's: id i is the output of decoder layer i (``hidden_states[i + 1]`` of a
-transformers forward with ``output_hidden_states``; layer 0's input, the embedding, has no id);
-a row concatenates the tapped layers in ``layer_ids`` order. Token alignment: row t of a
-sequence is the state at its token t (after reading tokens 0..t), for t = 0 .. length-1, over
-prompt and response, no shift, no padding. Sequence j of the folder is sequence j of the
-regenerated training set (``.train/regen/``), with its length and token ids.
-
-Before training starts, :func:`check_folder` compares the folder with the drafter's
-``target_layer_ids``, the target's hidden size, the tokenizer and the regenerated set (its
-lengths and, where stored, its token ids); a mismatch is one line and exit code 2. A folder of
-ours whose key (target weights, taps, dtype, token ids) differs is refused, not overwritten.
-
-Every step of every rank reads its rows from the shards (memory-mapped). The size is printed
-before the first shard is written; shards are renamed into place when complete, so a full
-disk is a one-line error that leaves every finished shard, and the rerun writes only the others.
+The size is printed before the first shard is written; shards are renamed into place when
+complete, so a full disk is a one-line error that leaves every finished shard, and the rerun
+writes only the others.
 """
 
 from __future__ import annotations
 
-import bisect
 import errno
 import hashlib
 import json
@@ -46,6 +24,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dflash_trt.errors import DFlashError
@@ -53,14 +32,13 @@ from dflash_trt.model import Target
 from dflash_trt.train.checkpoint import write_json
 from dflash_trt.train.data import Regenerated
 from dflash_trt.train.dist import Ranks
+from dflash_trt.train.feature_folder import FORMAT, CachedFeatures, check_folder, shard_name, tokenizer_digest
 from dflash_trt.train.settings import Progress
 
 logger = logging.getLogger(__name__)
 
 FULL = {errno.ENOSPC, errno.EDQUOT}
-FORMAT = 1
 PRODUCER = "dflash-trt reference runtime"
-FEATURE_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def target_hidden(target: Target, layer_ids: list[int], tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -79,31 +57,6 @@ class OnlineFeatures:
 
     def __call__(self, idx: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return target_hidden(self.target, self.layer_ids, tokens, lengths)
-
-
-class CachedFeatures:
-    """``target_hidden`` of a batch, read from a complete cache folder."""
-
-    def __init__(self, folder: Path, table: dict):
-        from safetensors import safe_open  # start-up: safetensors
-
-        self.folder, self.starts = folder, [a for a, _ in table["shards"]]
-        self.files = [safe_open(str(folder / _shard_name(k)), "pt") for k in range(len(self.starts))]
-        self.offsets = [f.get_tensor("offsets").tolist() for f in self.files]
-        self.dim, self.dtype = int(table["dim"]), getattr(torch, table["dtype"])
-
-    def __call__(self, idx: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(len(idx), tokens.shape[1], self.dim, dtype=self.dtype)
-        for row, i in enumerate(idx.tolist()):
-            k = bisect.bisect_right(self.starts, i) - 1
-            j = i - self.starts[k]
-            a, b = self.offsets[k][j], self.offsets[k][j + 1]
-            out[row, : b - a] = self.files[k].get_slice("hidden")[a:b]
-        return out.to(tokens.device)
-
-
-def _shard_name(k: int) -> str:
-    return f"features-{k:05d}.safetensors"
 
 
 def cache_key(target: Target, layer_ids: list[int], regen: Regenerated) -> str:
@@ -134,8 +87,6 @@ def plan_shards(lengths: list[int], token_bytes: int, shard_mb: float) -> list[t
 
 
 def _finished(path: Path, key: str) -> bool:
-    from safetensors import safe_open  # start-up: safetensors
-
     try:
         with safe_open(str(path), "pt") as f:
             return (f.metadata() or {}).get("key") == key
@@ -172,7 +123,7 @@ def _write_shard(
         "offsets": torch.tensor(offsets),
         "tokens": torch.cat(ids).contiguous(),
     }
-    path, tmp = folder / _shard_name(k), folder / (_shard_name(k) + ".tmp")
+    path, tmp = folder / shard_name(k), folder / (shard_name(k) + ".tmp")
     try:
         save_file(tensors, str(tmp), metadata={"key": key, "rows": f"{a}:{b}"})
         tmp.replace(path)
@@ -183,71 +134,6 @@ def _write_shard(
             f"--feature-cache {folder}: {why} after {done_before} of {total} shards; the finished "
             "shards stay: free space (or choose another folder) and rerun to write the rest"
         ) from None
-
-
-def tokenizer_digest(tokenizer) -> str:
-    """sha256 of the tokenizer's vocabulary (token -> id, sorted): two tokenizers with one digest
-    map text to the same ids."""
-    vocab = sorted(tokenizer.get_vocab().items())
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
-
-
-def check_folder(
-    folder: Path, table: dict, layer_ids: list[int], hidden_size: int, tokenizer, regen: Regenerated
-) -> None:
-    """The feature folder against the drafter, the tokenizer and the regenerated set (one line each)."""
-    where = f"--feature-cache {folder}"
-    theirs = table.get("layer_ids")
-    if theirs is not None and list(theirs) != list(layer_ids):
-        raise DFlashError(
-            f"{where}: its features tap target layers {list(theirs)}, the drafter taps "
-            f"{list(layer_ids)} (--target-layer-ids)"
-        )
-    if table.get("dtype") not in FEATURE_DTYPES:
-        raise DFlashError(f"{where}: dtype {table.get('dtype')!r} is not one of {', '.join(FEATURE_DTYPES)}")
-    if int(table.get("dim", -1)) != len(layer_ids) * hidden_size:
-        raise DFlashError(
-            f"{where}: rows of {table.get('dim')} values, the drafter reads {len(layer_ids)} layers "
-            f"x hidden size {hidden_size} = {len(layer_ids) * hidden_size}"
-        )
-    if "tokenizer_sha256" in table and table["tokenizer_sha256"] != tokenizer_digest(tokenizer):
-        raise DFlashError(f"{where}: made with another tokenizer (vocabulary digest differs from the target's)")
-    if int(table.get("sequences", -1)) != len(regen):
-        raise DFlashError(
-            f"{where}: holds {table.get('sequences')} sequences, the regenerated set "
-            f"{len(regen)}: the features of another target or data set"
-        )
-    _check_alignment(folder, table, regen)
-
-
-def _check_alignment(folder: Path, table: dict, regen: Regenerated) -> None:
-    """Every sequence's length (and token ids, where stored) equal the regenerated set's."""
-    from safetensors import safe_open  # start-up: safetensors
-
-    for k, (a, b) in enumerate(table["shards"]):
-        with safe_open(str(folder / _shard_name(k)), "pt") as f:
-            if (
-                f.get_slice("hidden").get_dtype()
-                != {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}[table["dtype"]]
-            ):
-                raise DFlashError(f"--feature-cache {folder}: shard {k} is not {table['dtype']} as cache.json says")
-            offsets = f.get_tensor("offsets")
-            lengths = regen.lengths[a:b]
-            bad = (offsets.diff() != lengths).nonzero()
-            if len(offsets) != b - a + 1 or len(bad):
-                first = a + (int(bad[0]) if len(bad) else 0)
-                raise DFlashError(
-                    f"--feature-cache {folder}: sequence {first}'s length differs from the regenerated "
-                    "set's: the features of another target or data set"
-                )
-            if "tokens" in f.keys():
-                ids = regen.rows(torch.arange(a, b), int(lengths.max()))
-                want = torch.cat([row[:n] for row, n in zip(ids, lengths.tolist(), strict=True)])
-                if not torch.equal(f.get_tensor("tokens"), want):
-                    raise DFlashError(
-                        f"--feature-cache {folder}: shard {k}'s token ids differ from the regenerated "
-                        "set's: the features of another target or data set"
-                    )
 
 
 def open_cache(
@@ -285,32 +171,32 @@ def open_cache(
 
     def seal() -> None:
         if ranks.main:
-            lost = [k for k in range(len(plan["shards"])) if not _finished(folder / _shard_name(k), key)]
+            lost = [k for k in range(len(plan["shards"])) if not _finished(folder / shard_name(k), key)]
             if lost:
                 raise DFlashError(
                     f"--feature-cache {folder}: shard {lost[0]} is missing after every rank wrote "
                     "its share; is the folder shared by every node?"
                 )
-            write_json(
-                table_path,
-                {
-                    "format": FORMAT,
-                    "producer": PRODUCER,
-                    "key": key,
-                    "target": target_ref,
-                    "layer_ids": list(layer_ids),
-                    "hidden_size": plan["dim"] // len(layer_ids),
-                    **(
-                        {}
-                        if tokenizer is None
-                        else {"vocab_size": len(tokenizer), "tokenizer_sha256": tokenizer_digest(tokenizer)}
-                    ),
-                    **plan,
-                },
-            )
+            write_json(table_path, _our_table(key, target_ref, layer_ids, tokenizer, plan))
 
     ranks.together(seal)
     return CachedFeatures(folder, json.loads(table_path.read_text()))
+
+
+def _our_table(key: str, target_ref: str, layer_ids: list[int], tokenizer, plan: dict) -> dict:
+    """``cache.json`` of a folder the reference runtime wrote: the plan's shard table, with what made it."""
+    return {
+        "format": FORMAT,
+        "producer": PRODUCER,
+        "key": key,
+        "target": target_ref,
+        "layer_ids": list(layer_ids),
+        "hidden_size": plan["dim"] // len(layer_ids),
+        **(
+            {} if tokenizer is None else {"vocab_size": len(tokenizer), "tokenizer_sha256": tokenizer_digest(tokenizer)}
+        ),
+        **plan,
+    }
 
 
 def _plan(
@@ -334,7 +220,7 @@ def _plan(
     total = int(regen.lengths.sum()) * token_bytes
     # Decided before any rank writes (together() returns only when every rank planned), so
     # every rank splits the same list.
-    todo = [k for k in range(len(shards)) if not _finished(folder / _shard_name(k), key)]
+    todo = [k for k in range(len(shards)) if not _finished(folder / shard_name(k), key)]
     if ranks.main:
         progress.log(
             f"feature cache: {_human(total)} in {len(shards)} shards to {folder} "
@@ -398,7 +284,7 @@ def write_capture(
         offsets = torch.tensor([0] + [len(t) for t, _ in pending]).cumsum(0)
         save_file(
             {"hidden": hidden, "offsets": offsets, "tokens": torch.cat([t for t, _ in pending]).long()},
-            str(folder / _shard_name(len(shards))),
+            str(folder / shard_name(len(shards))),
         )
         shards.append((start, start + len(pending)))
 
@@ -424,7 +310,7 @@ def write_capture(
         "tokenizer_sha256": tokenizer_digest(tokenizer),
         "sequences": n,
         "shards": shards,
-        "bytes": sum((folder / _shard_name(k)).stat().st_size for k in range(len(shards))),
+        "bytes": sum((folder / shard_name(k)).stat().st_size for k in range(len(shards))),
     }
     write_json(folder / "cache.json", table)
     return table

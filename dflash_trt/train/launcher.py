@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 try:  # typer >= 0.29 vendors click
     from typer._click import exceptions as click_exc
@@ -31,7 +33,8 @@ except ImportError:  # pragma: no cover - older typer on top of click
     from click import exceptions as click_exc  # type: ignore[no-redef]
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.train.loop import preflight, train_drafter
+from dflash_trt.train.checks import preflight
+from dflash_trt.train.loop import train_drafter
 from dflash_trt.train.options import parameters, settings_from
 from dflash_trt.train.settings import Progress, Result, TrainSettings
 
@@ -114,9 +117,6 @@ def _free_port() -> int:
 
 def launch(settings: TrainSettings, nproc: int) -> Result:
     """Train on ``nproc`` local ranks (started by torch's launcher); rank 0's result."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # start-up: torch
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # start-up: torch
-
     if nproc < 1:
         raise DFlashError("--nproc must be >= 1")
     preflight(settings, nproc)  # a user error in a second, not after starting the ranks

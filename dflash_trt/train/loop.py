@@ -19,11 +19,12 @@ rank trains its rows of the step's global batch under torch's engine (FSDP2, DDP
 features come online or from a feature folder (:mod:`dflash_trt.train.features`); the
 training set from the reference runtime or a server (:mod:`dflash_trt.train.regen`), both
 made before the target is sharded (the reference runtime's generation is not lockstep).
+What a run is checked against before any work is :mod:`dflash_trt.train.checks`'s; held-out
+τ is :mod:`dflash_trt.train.heldout`'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -32,31 +33,24 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash_trt import runtime  # a module, read at call time as the function-level import was
-from dflash_trt.errors import DFlashError
 from dflash_trt.model import Drafter, Target, family_of
 from dflash_trt.train import data as train_data
 from dflash_trt.train import dist, objective, regen
 from dflash_trt.train import features as train_features
 from dflash_trt.train.checkpoint import (
-    check_confined,
     full_drafter,
     has_state,
     load_state,
     reading_state,
     save_state,
-    saved_step,
     write_drafter,
     write_json,
 )
+from dflash_trt.train.checks import check_numbers, prepare
 from dflash_trt.train.dist import Ranks, init_ranks
-from dflash_trt.train.settings import (
-    RESUMABLE_FIELDS,
-    SHAPE_FIELDS,
-    Progress,
-    Result,
-    TrainSettings,
-)
+from dflash_trt.train.forward import train_forward
+from dflash_trt.train.heldout import eval_prompts, heldout_tau
+from dflash_trt.train.settings import Progress, Result, TrainSettings
 from dflash_trt.train.setup import drafter_setup, frozen_target, optimizer
 
 
@@ -71,96 +65,6 @@ def lr_at(step: int, s: TrainSettings) -> float:
 # ---------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------
-
-
-def _prepare(s: TrainSettings, out: Path, work: Path) -> TrainSettings:
-    """Validate OUT for a fresh run or a resume; returns the settings to run with."""
-    check_confined(out)
-    if s.resume:
-        if not (work / "settings.json").exists():
-            raise DFlashError(f"--resume: {out} holds no training run to resume")
-        with reading_state(work):
-            saved = json.loads((work / "settings.json").read_text())
-            if not isinstance(saved, dict):
-                raise ValueError("settings.json is not an object")
-        saved.setdefault("arch", "dflash")  # runs saved before --arch existed trained DFlash drafters
-        saved.setdefault("target_dtype", "float32")  # and before --target-dtype, a float32 target
-        for name in SHAPE_FIELDS:
-            mine, theirs = getattr(s, name), saved.get(name)
-            if mine is not None and mine != theirs:
-                raise DFlashError(f"--resume: --{name.replace('_', '-')} {mine} differs from the run's {theirs}")
-        # A resumed run is the same run: everything but its length, cadence and place comes from OUT.
-        here = {k: getattr(s, k) for k in RESUMABLE_FIELDS}
-        with reading_state(work):
-            return TrainSettings(**{**saved, **here, "resume": True})
-    with reading_state(work):
-        step = saved_step(work)
-    if step is not None:
-        raise DFlashError(f"{out} already holds a training run at step {step}: pass --resume, or another --out")
-    if out.exists() and any(p.name != ".train" for p in out.iterdir()):
-        raise DFlashError(f"{out} exists and is not empty: choose another --out")
-    return s
-
-
-#: every integer setting's largest value, whatever its digit count (10**30 steps never return)
-_MAX = {
-    "steps": 10**9,
-    "batch_size": 1 << 16,
-    "anchors": 1 << 16,
-    "prompt_len": 1 << 24,
-    "gen_len": 1 << 24,
-    "window_stride": 1 << 24,
-    "samples": 1 << 30,
-    "eval_prompts": 1 << 20,
-    "eval_every": 10**9,
-    "eval_tokens": 1 << 24,
-    "save_every": 10**9,
-    "regen_concurrency": 1 << 16,
-    "block_size": 1024,
-    "layers": 1024,
-    "mask_token_id": 1 << 31,
-    "conv_kernel_size": 1024,
-    "conv_group_size": 1 << 20,
-    "selector_rank": 1 << 20,
-    "selector_top_k": 1 << 20,
-    "seed": 2**63 - 1,
-}
-
-
-NAME_MAX = 255  # bytes in one path component (Linux, macOS)
-
-
-def _check_numbers(s: TrainSettings, world: int) -> None:
-    for flag, path in (("--out", s.out), ("--feature-cache", s.feature_cache)):  # before any work is done
-        too_long = [part for part in Path(path or ".").parts if len(part.encode()) > NAME_MAX]
-        if too_long:
-            raise DFlashError(f"{flag} {str(path)[:80]}...: a name past the file system's {NAME_MAX} bytes")
-    for name, most in _MAX.items():
-        v = getattr(s, name)
-        if v is not None and not -most <= v <= most:
-            raise DFlashError(f"--{name.replace('_', '-')} {v}: out of range (at most {most:,})")
-    if not 0 < s.feature_shard_mb <= 1 << 20 or not 0 < s.lr < 1e3:
-        raise DFlashError(f"--feature-shard-mb {s.feature_shard_mb} / --lr {s.lr}: out of range")
-    if s.steps < 1 or s.batch_size < 1 or s.anchors < 1 or s.prompt_len < 2 or s.gen_len < 1:
-        raise DFlashError("--steps, --batch-size, --anchors, --gen-len must be >= 1 and --prompt-len >= 2")
-    if s.batch_size < world:
-        raise DFlashError(
-            f"--batch-size {s.batch_size} is the global batch: give at least one sequence to each of the {world} ranks"
-        )
-    if s.regen_concurrency < 1 or s.feature_shard_mb <= 0:
-        raise DFlashError("--regen-concurrency must be >= 1 and the feature shard size > 0")
-
-
-def preflight(settings: TrainSettings, world: int) -> None:
-    """The checks that need no target (OUT, the numbers, the data), for a launcher to make
-    before it starts ``world`` ranks."""
-    out = Path(settings.out).expanduser()
-    s = _prepare(settings, out, out / ".train")
-    _check_numbers(s, world)
-    if regen.cached_set(s, out / ".train") is None:
-        train_data.read_data(s.data)
-    if s.eval_data is not None:
-        train_data.read_data(s.eval_data, flag="--eval-data")
 
 
 def train_drafter(settings: TrainSettings, progress: Progress | None = None) -> Result:
@@ -187,8 +91,8 @@ def _train(settings: TrainSettings, ranks: Ranks, progress: Progress) -> Result:
 
     def setup():
         """Every rank checks OUT, the numbers, the target and the data before rank 0 writes."""
-        s = _prepare(settings, out, work)
-        _check_numbers(s, ranks.world)
+        s = prepare(settings, out, work)
+        check_numbers(s, ranks.world)
         model, tokenizer, stops = frozen_target(s, ranks.device)
         cfg = drafter_setup(s, model, tokenizer)
         data = None if regen.cached_set(s, work) else train_data.read_data(s.data)  # bad --data fails first
@@ -252,7 +156,7 @@ class DraftStep(nn.Module):
         head,
     ) -> tuple[torch.Tensor, dict]:
         drafter = self.drafter
-        hidden = objective.train_forward(drafter, hidden_in, embeds, anchors)
+        hidden = train_forward(drafter, hidden_in, embeds, anchors)
         logits = drafter.logits(hidden[:, :, 1:], head)
         # the family's term (DFlash2: the selector picks among the candidates these logits propose)
         select, picks = objective.objective_for(family_of(drafter.cfg)).extra_loss(
@@ -443,52 +347,3 @@ def _head_in(target: Target, dtype: torch.dtype):
     if target.dtype == dtype:
         return head
     return lambda h: head(h.to(target.dtype)).to(dtype)
-
-
-def eval_prompts(s: TrainSettings, tokenizer, data) -> list[list[int]]:
-    """``s.eval_prompts`` prompts cut from ``--eval-data`` (``read_data``'s prompts and texts) as the
-    training prompts are cut from ``--data``."""
-    prompts_text, texts = data
-    return train_data.build_prompts(
-        tokenizer,
-        prompts_text,
-        texts,
-        prompt_len=s.prompt_len,
-        gen_len=s.gen_len,
-        window_stride=s.window_stride,
-        max_samples=s.eval_prompts,
-        seed=s.seed,
-        chat_template=s.chat_template,
-        thinking=s.thinking,
-        flag="--eval-data",
-    )
-
-
-def heldout_tau(
-    target: Target,
-    drafter: Drafter,
-    prompts: list[list[int]],
-    B: int,
-    n_tokens: int,
-    stops,
-    ranks: Ranks = Ranks(),
-    sharded: bool = False,
-) -> float:
-    """τ of the drafter on prompts it never trained on (greedy, the reference runtime), over all ranks."""
-    mine = ranks.mine(prompts)
-    committed = rounds = 0
-    if mine:
-        was = drafter.training
-        drafter.eval()
-        try:
-            # A sharded target runs transformers' forward (its FSDP hooks gather each layer); the
-            # runtime's lean forward reads the weights directly and would see this rank's shards.
-            backend = runtime.TorchBackend(target, drafter, lean=False) if sharded else None
-            stats = runtime.generate(
-                target, drafter, mine, max_new_tokens=n_tokens, block_size=B, stop_token_ids=stops, backend=backend
-            ).stats
-        finally:
-            drafter.train(was)
-        committed, rounds = stats.committed, stats.rounds
-    committed, rounds = ranks.sum([committed, rounds])
-    return committed / rounds if rounds else 0.0

@@ -66,7 +66,7 @@ def _opt(default: Any, help: str, *, min: float | None = None) -> Any:  # noqa: 
 class TrainSettings(BaseModel):
     """A training run's settings: ``dflash-trt train-drafter``'s and ``python -m dflash_trt.train``'s
     options (``--kebab-case`` of each field), a ``--config`` YAML of them, and ``--set KEY=VALUE``.
-    Values are checked where they are used (``loop.preflight``): a bad number is a one-line error."""
+    Values are checked where they are used (``checks.preflight``): a bad number is a one-line error."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -40,12 +40,6 @@ PENDING: set[str] = {  # grown past the limits by `ruff format` (issue #43): spl
     "plugins/trt.py::block_attention_aot_spec",
     "plugins/trt.py::_define_block_attention",
     "plugins/trt.py::_define_kv_injection",
-    "runtime/graph_backend.py",
-    "runtime/loop.py",
-    "train/features.py",
-    "train/features.py::open_cache",
-    "train/loop.py",
-    "train/objective.py",
 }
 
 

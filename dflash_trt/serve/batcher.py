@@ -112,7 +112,7 @@ class Job:
             if metrics is not None:
                 metrics.itl.observe(self.gaps[-1])
         self.last_token_at = now
-        if new and not self.cancelled:  # the request holds them already (runtime.loop.take)
+        if new and not self.cancelled:  # the request holds them already (runtime.batch.take)
             self.sink("tokens", new)
             self._send_text()
 

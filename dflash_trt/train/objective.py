@@ -12,7 +12,7 @@ Read top to bottom:
   or causal for causal layers), and never another block.
 * :func:`train_forward` (``forward.py``) runs all K blocks of a batch in one dense masked
   attention, with the drafter's own submodules. It computes exactly what ``Drafter.inject`` followed by
-  ``Drafter.draft`` compute at inference for the same prefix (``tests/test_train.py``
+  ``Drafter.draft`` compute at inference for the same prefix (``tests/train/test_train.py``
   holds it to that): context K/V come from ``k_proj``/``v_proj`` of
   ``hidden_norm(fc(target_hidden))`` with RoPE at the context tokens' absolute positions.
 * :func:`block_loss`: cross-entropy of block positions 1..B-1 through the target's LM

@@ -1,7 +1,9 @@
 """Export: the standalone graph path, ONNX graphs and the TensorRT engines built from them.
 
-Modules: ``onnx_graphs`` (the target, the embedding and a DFlash drafter round as ONNX, the
-drafter with the ``dflash::`` custom ops, each checked against PyTorch), ``onnx_dflash2`` (a
+Modules: ``graph_io`` (the graphs' I/O names, dynamic axes and parity bounds, as plain data),
+``onnx_graphs`` (a DFlash drafter round as ONNX with the ``dflash::`` custom ops, checked against
+PyTorch; it re-exports the rest), ``onnx_target`` (the target and the embedding as ONNX, the target
+checked against transformers), ``onnx_dflash2`` (a
 DFlash2 drafter's round: the candidate selector's walk), ``rounds`` (each drafter family's export
 round: which drafter graph, its I/O, its check; ``register_round`` adds a family's),
 ``bundle_graphs`` (exporting a bundle's set), ``engines`` (TensorRT engines and the shapes they are built

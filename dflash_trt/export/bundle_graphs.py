@@ -14,14 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
-from dflash_trt.export.onnx_graphs import (
-    TARGET_ONNX_ATOL,
+from dflash_trt.export.graph_io import TARGET_ONNX_ATOL
+from dflash_trt.export.onnx_native_target import export_native_target_onnx, native_target_problem
+from dflash_trt.export.onnx_target import (
     check_target_onnx,
     export_embed_onnx,
     export_target_onnx,
     target_export_problem,
 )
-from dflash_trt.export.onnx_native_target import export_native_target_onnx, native_target_problem
 from dflash_trt.export.rounds import round_for
 from dflash_trt.model import family_of
 

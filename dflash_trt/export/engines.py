@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
+from dflash_trt import ingest
 from dflash_trt.errors import DFlashError, HardwareError
-from dflash_trt.export.onnx_graphs import DYNAMIC_AXES, GRAPHS, PAGE_SIZE
+from dflash_trt.export.graph_io import DYNAMIC_AXES, GRAPHS, PAGE_SIZE
 from dflash_trt.export.rounds import drafter_dynamic_axes
+from dflash_trt.plugins import trt as dflash_trt_plugins
 
 ENGINE_REQUIREMENTS = (
     "building TensorRT engines needs: the 'tensorrt' Python package >= 10.8 with the "
@@ -31,8 +33,6 @@ def profile_for(serving, block_size: int, page_size: int = PAGE_SIZE):
     the committed context plus one verify block (``runtime``'s ``request_shapes`` gives the bound);
     a row's drafter context fits ``max_seq_len`` slots, every row at once the pool (pages of rows
     that finish are not reused within one call)."""
-    from dflash_trt import ingest
-
     pages_per_seq = -(-serving.max_seq_len // page_size)
     return ingest.EngineProfile(
         max_batch=serving.max_batch_size,
@@ -79,14 +79,14 @@ def profile_shapes(graph: str, name: str, shape: list[int], profile) -> tuple[li
 def engine_support() -> tuple[bool, str]:
     """(True, "") when engines can be built here, else (False, what is missing)."""
     try:
-        import tensorrt  # noqa: F401
-        import tensorrt.plugin  # noqa: F401
+        import tensorrt  # noqa: F401  # optional: tensorrt
+        import tensorrt.plugin  # noqa: F401  # optional: tensorrt
     except ImportError as exc:
         return False, f"{ENGINE_REQUIREMENTS}; tensorrt is not importable ({exc})"
     if not torch.cuda.is_available():
         return False, f"{ENGINE_REQUIREMENTS}; no CUDA GPU is available"
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  # optional: triton
     except ImportError:
         return False, f"{ENGINE_REQUIREMENTS}; triton is not installed"
     return True, ""
@@ -95,7 +95,7 @@ def engine_support() -> tuple[bool, str]:
 def onnx_for_tensorrt(model):
     """TensorRT's ONNX parser finds a plugin by node op_type plus the ``plugin_namespace``
     and ``plugin_version`` attributes: add them to a copy of the dflash nodes."""
-    import onnx
+    import onnx  # optional: onnx
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -118,9 +118,7 @@ def build_engines(onnx_dir, engines_dir, profile, *, fp16: bool = False) -> list
         if "GPU" in why and "not importable" not in why:
             raise HardwareError(why)
         raise DFlashError(why)
-    import tensorrt as trt
-
-    from dflash_trt.plugins import trt as dflash_trt_plugins
+    import tensorrt as trt  # optional: tensorrt
 
     registered, reason = dflash_trt_plugins.register_trt_plugins()
     if not registered:
@@ -141,7 +139,7 @@ def build_engines(onnx_dir, engines_dir, profile, *, fp16: bool = False) -> list
 
 
 def _build_one(trt, logger, graph: str, path: Path, profile, fp16: bool):  # pragma: no cover - needs TensorRT
-    import onnx
+    import onnx  # optional: onnx
 
     builder = trt.Builder(logger)
     network = builder.create_network(0)

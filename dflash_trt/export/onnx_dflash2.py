@@ -21,12 +21,15 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
+from torch.export import Dim
 
 from dflash_trt import plugins
 from dflash_trt.errors import DFlashError, require
-from dflash_trt.export.onnx_graphs import DRAFTER_INPUTS, DrafterRound, example_round
+from dflash_trt.export.onnx_graphs import DRAFTER_INPUTS, DrafterRound, example_round, run_drafter_onnx
+from dflash_trt.plugins import onnx_ops
 
 DFLASH2_INPUTS = DRAFTER_INPUTS + ["anchor", "uniforms", "temperature"]
 DFLASH2_OUTPUTS = ["tokens", "q", "candidates", "k_cache_out", "v_cache_out"]
@@ -102,8 +105,6 @@ def reference_proposal(drafter, head_weight: torch.Tensor, inputs: dict, cache, 
 def proposal_errors(tokens, q, cand, want) -> dict:
     """A graph's proposal (numpy) against :func:`reference_proposal`'s ``want``: how many tokens and
     candidates differ (as sets per position), and q's max abs error where the walk sampled."""
-    import numpy as np
-
     want_tokens, want_q, want_cand = want
     out = {
         "tokens_differing": int((tokens != want_tokens.numpy()).sum()),
@@ -129,10 +130,6 @@ def export_dflash2_drafter_onnx(
     """Export one DFlash2 round (see the module doc), checked with ``onnx.checker``; the .onnx path."""
     onnx = require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")
-    from torch.export import Dim
-
-    from dflash_trt.plugins import onnx_ops
-
     cfg = drafter.cfg
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,10 +192,6 @@ def check_dflash2_drafter_onnx(
     """onnxruntime vs PyTorch (``inject`` + ``draft`` + ``logits`` + the selector's ``walk``) on
     fresh inputs whose batch / T / cache sizes differ from the export's. Returns the max abs
     errors of q and the caches, and how many tokens / candidates differ."""
-    import numpy as np
-
-    from dflash_trt.export.onnx_graphs import run_drafter_onnx
-
     inputs, cache = example_inputs(drafter, batch=batch, T=T, page_size=page_size, seed=seed, temperature=temperature)
     tokens, q, cand, k_out, v_out = run_drafter_onnx(onnx_path, inputs)
     want = reference_proposal(drafter, head_weight, inputs, cache, temperature)

@@ -33,10 +33,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.export import Dim
 
 from dflash_trt import plugins
 from dflash_trt.errors import require
 from dflash_trt.export import onnx_dflash2
+from dflash_trt.export.onnx_graphs import example_round
 
 NATIVE_FILE = "drafter_ort.onnx"
 #: opset 23: block attention is one standard ``Attention`` node (GQA, boolean mask); its CPU kernel
@@ -169,8 +171,6 @@ def native_example(
     """(inputs, paged cache holding the same context) for one round; the dense cache has ``slack``
     zero columns past the longest row, as the runtime's capacity leaves them. A DFlash2 drafter's
     inputs add an anchor, uniforms and ``temperature``."""
-    from dflash_trt.export.onnx_graphs import example_round
-
     paged, cache = example_round(drafter, batch=batch, T=T, seed=seed, prior=prior)
     k, v = dense_from_paged(cache, int(cache.lengths.max()) + slack)
     inputs = {
@@ -191,8 +191,6 @@ def export_native_drafter_onnx(drafter, out_dir, head_weight: torch.Tensor, *, f
     batch / tokens / capacity; ``onnx.checker``-clean."""
     require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")
-    from torch.export import Dim
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     two = is_dflash2(drafter)
@@ -237,7 +235,7 @@ def check_native_drafter_onnx(
 ) -> dict[str, float]:
     """onnxruntime (no custom ops) vs ``Drafter.inject`` + ``draft`` + ``logits`` on fresh shapes;
     max abs error of the logits and of the new K/V's valid columns against the paged cache."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: onnx
 
     inputs, cache = native_example(drafter, batch=batch, T=T, seed=seed)
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
@@ -279,7 +277,7 @@ def check_native_dflash2_onnx(
     """:func:`check_native_drafter_onnx` for the DFlash2 form: onnxruntime against
     ``onnx_dflash2.reference_proposal`` on the same uniforms. The max abs errors of q and the new
     K/V, and how many tokens / candidates differ (which must be none)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional: onnx
 
     inputs, cache = native_example(drafter, batch=batch, T=T, seed=seed, temperature=temperature)
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])

@@ -8,8 +8,8 @@ in dispatch than in arithmetic. This graph is the same forward of a plain decode
 Qwen3: what ``runtime.decoder.lean_forward`` runs) written at opset 23: RMSNorm one
 ``RMSNormalization`` node, attention one ``Attention`` node (grouped-query, boolean mask), q/k/v and
 gate/up each one MatMul over a stacked [in, out] matrix. Same inputs and outputs as ``target.onnx``
-(``onnx_graphs.TARGET_INPUTS`` / ``TARGET_OUTPUTS``), so the graph runtimes take either; checked
-against transformers' forward on a cache with holes (``onnx_graphs.check_target_onnx``).
+(``graph_io.TARGET_INPUTS`` / ``TARGET_OUTPUTS``), so the graph runtimes take either; checked
+against transformers' forward on a cache with holes (``onnx_target.check_target_onnx``).
 
 Written for plain decoders whose weights fit :data:`MAX_BYTES` (the models a CPU runs); others
 keep ``target.onnx`` alone.
@@ -22,10 +22,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.export import Dim
 
 from dflash_trt.errors import require
-from dflash_trt.export.onnx_graphs import DYNAMIC_AXES, TARGET_INPUTS, TARGET_OUTPUTS, target_example_inputs
+from dflash_trt.export.graph_io import DYNAMIC_AXES, TARGET_INPUTS, TARGET_OUTPUTS
 from dflash_trt.export.onnx_native import export_opset23
+from dflash_trt.export.onnx_target import target_example_inputs
+from dflash_trt.runtime import STATIC_ROPE, plain_decoder
 
 NATIVE_TARGET_FILE = "target_ort.onnx"
 MAX_BYTES = 1 << 30  # the lean forward's own bound (``decoder.FUSE_BYTES``): a second copy of the weights
@@ -33,8 +36,6 @@ MAX_BYTES = 1 << 30  # the lean forward's own bound (``decoder.FUSE_BYTES``): a 
 
 def native_target_problem(model: nn.Module) -> str | None:
     """Why ``model`` gets no ``target_ort.onnx`` (None: it does)."""
-    from dflash_trt.runtime import STATIC_ROPE, plain_decoder
-
     if not plain_decoder(model):
         return "not a plain decoder (Llama, Qwen2, Qwen3 without sliding windows)"
     rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
@@ -62,7 +63,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class NativeTarget(nn.Module):
-    """``onnx_graphs.TargetWithTaps``' forward over prepared weights (see the module docstring)."""
+    """``onnx_target.TargetWithTaps``' forward over prepared weights (see the module docstring)."""
 
     def __init__(self, model: nn.Module, layer_ids: list[int]):
         super().__init__()
@@ -161,8 +162,6 @@ def export_native_target_onnx(
     """Export :class:`NativeTarget` with ``target.onnx``'s I/O and dynamic axes; ``onnx.checker``-clean."""
     require("onnx", "onnx", "ONNX export")
     require("onnxscript", "onnx", "ONNX export")
-    from torch.export import Dim
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     module = NativeTarget(hf_model, layer_ids).eval()

@@ -12,6 +12,7 @@ Other subpackages import from here, never from the modules inside.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from dflash_trt.model.config import DrafterConfig, flatten_rope
@@ -60,8 +61,6 @@ __all__ = [
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         value = getattr(importlib.import_module(f"dflash_trt.model.{_LAZY[name]}"), name)
         globals()[name] = value
         return value

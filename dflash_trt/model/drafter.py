@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dflash_trt import plugins
@@ -48,8 +49,8 @@ class RMSNorm(nn.Module):
 
 def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling, through transformers' RoPE variants."""
-    from transformers import Qwen3Config
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+    from transformers import Qwen3Config  # start-up: transformers (runtime, export, deploy load this module without it)
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding  # start-up: transformers
 
     hf = Qwen3Config(
         hidden_size=cfg.hidden_size,
@@ -232,8 +233,6 @@ class Drafter(nn.Module):
     # -- persistence ---------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> None:
         """Write z-lab form: config.json + model.safetensors (no ``model.`` prefix)."""
-        from safetensors.torch import save_file
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
@@ -271,8 +270,6 @@ class Drafter(nn.Module):
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype | None = None) -> Drafter:
         """Load a z-lab-format drafter directory (other formats: ``ingest.load_drafter``)."""
-        from safetensors.torch import load_file
-
         path = Path(path)
         try:
             cfg = DrafterConfig.from_zlab(json.loads((path / "config.json").read_text()))

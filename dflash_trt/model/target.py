@@ -124,7 +124,9 @@ class Target:
 
 def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str = "cpu") -> nn.Module:
     """Load a Hugging Face causal LM from a local directory (safetensors only, no remote code)."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import (
+        logging as hf_logging,
+    )  # start-up: transformers (runtime, export, deploy load this module without it)
 
     hf_logging.disable_progress_bar()  # our own progress reporting; keep stderr to one line per event
     path = Path(path)
@@ -147,8 +149,8 @@ def load_target(path: str | Path, dtype: torch.dtype | None = None, device: str 
 def _auto_class(path: Path):
     """AutoModelForCausalLM, or for a VLM it does not map (Kimi K2.5's ``kimi_k25``) the
     image-text-to-text class: served text-only, its vision tower loaded but never called."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText  # start-up: transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # start-up: transformers
 
     try:
         model_type = AutoConfig.from_pretrained(str(path), trust_remote_code=False).model_type

@@ -29,7 +29,8 @@ from dflash_trt.plugins.selector import selector_walk, selector_walk_graph, sele
 
 # Public modules (imported where used: they register ops or need optional packages):
 # ``torch_ops`` (torch.library ops), ``onnx_ops`` (ONNX schemas and onnxruntime ops),
-# ``trt`` (TensorRT plugin definitions), ``triton_kernels`` (needs triton).
+# ``trt`` (TensorRT plugin registration: the definitions are ``trt_attention`` and ``trt_injection``,
+# the kernels' AOT specs ``trt_specs``), ``triton_kernels`` (needs triton).
 __all__ = [
     "onnx_ops",
     "torch_ops",

@@ -70,6 +70,6 @@ def block_attention_reference(
 def block_attention_triton(
     q, k, v, k_cache, v_cache, page_table, lengths, *, causal: bool, window: int | None, scale: float
 ) -> torch.Tensor:
-    from dflash_trt.plugins import triton_kernels as tk
+    from dflash_trt.plugins import triton_kernels as tk  # optional: triton
 
     return tk.block_attention(q, k, v, k_cache, v_cache, page_table, lengths, causal=causal, window=window, scale=scale)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dflash_trt.plugins import attention as ba
+from dflash_trt.plugins import injection as kvi
 from dflash_trt.plugins.paged_cache import PagedKVCache
 
 KERNELS = ("reference", "triton")
@@ -60,8 +62,6 @@ def kv_injection(
     kernels: str = "reference",
 ) -> None:
     """Inject context K/V for new committed tokens; advances ``cache.lengths`` by ``n_new``."""
-    from dflash_trt.plugins import injection as kvi
-
     cfg = drafter.cfg
     cache.reserve(n_new)
     wkv, bkv, k_norm = fused_kv_weights(drafter)
@@ -107,8 +107,6 @@ def block_attention(
     kernels: str = "reference",
 ) -> torch.Tensor:
     """[b, B, h, d] output; see ``plugins.attention`` for the exact semantics."""
-    from dflash_trt.plugins import attention as ba
-
     if kernels == "triton":
         return ba.block_attention_triton(
             q, k, v, k_cache, v_cache, page_table, lengths, causal=causal, window=window, scale=scale

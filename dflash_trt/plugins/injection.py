@@ -123,7 +123,7 @@ def kv_scatter_triton(
     num_kv_heads,
     head_dim,
 ) -> None:
-    from dflash_trt.plugins import triton_kernels as tk
+    from dflash_trt.plugins import triton_kernels as tk  # optional: triton
 
     tk.kv_scatter(
         kv,
@@ -164,7 +164,7 @@ def kv_injection_triton(
     weights in torch, then ONE Triton launch for k_norm, RoPE and the paged scatter."""
     if target_hidden.shape[0] == 0 or target_hidden.shape[1] == 0:
         return
-    from dflash_trt.plugins import triton_kernels as tk
+    from dflash_trt.plugins import triton_kernels as tk  # optional: triton
 
     kv = fused_kv(target_hidden, fc_weight, norm_weight, kv_weight, kv_bias, eps)
     tk.kv_scatter(

@@ -34,6 +34,13 @@ implementations (the torch references) under the same op names. They take float3
 
 from __future__ import annotations
 
+import numpy as np
+import torch
+
+from dflash_trt.plugins import attention as ba
+from dflash_trt.plugins import injection as kvi
+from dflash_trt.plugins import torch_ops  # noqa: F401  (registers torch.ops.dflash, which the translation maps)
+
 DOMAIN = "dflash"
 VERSION = 1
 ORT_DOMAIN = "ai.onnx.contrib"
@@ -67,8 +74,8 @@ def register_onnx_schemas() -> None:
     global _SCHEMAS_DONE
     if _SCHEMAS_DONE:
         return
-    import onnx
-    from onnx.defs import OpSchema
+    import onnx  # optional: onnx
+    from onnx.defs import OpSchema  # optional: onnx
 
     if onnx.defs.has(KV_INJECTION, DOMAIN):
         _SCHEMAS_DONE = True
@@ -132,13 +139,27 @@ def translation_table(
 ) -> dict:
     """``torch.onnx.export(custom_translation_table=...)`` entries mapping the torch custom
     ops ``dflash::kv_cache_update`` / ``dflash::block_attention`` onto the ONNX ops."""
-    import onnxscript
-    import torch
-
-    from dflash_trt.plugins import torch_ops  # noqa: F401  (registers the torch ops)
+    import onnxscript  # optional: onnx
 
     register_onnx_schemas()
     opset = onnxscript.values.Opset(DOMAIN, VERSION)
+    return {
+        torch.ops.dflash.kv_cache_update.default: _kv_injection_node(
+            opset, num_layers=num_layers, page_size=page_size, rope_theta=rope_theta
+        ),
+        torch.ops.dflash.block_attention.default: _block_attention_node(
+            opset,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            page_size=page_size,
+        ),
+    }
+
+
+def _kv_injection_node(opset, *, num_layers: int, page_size: int, rope_theta: float):
+    """The translation of ``dflash::kv_cache_update``: one ``KVInjection`` node, the caches its two outputs."""
 
     def kv_cache_update(
         kv,
@@ -174,6 +195,13 @@ def translation_table(
             _outputs=2,
         )
 
+    return kv_cache_update
+
+
+def _block_attention_node(opset, *, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, page_size: int):
+    """The translation of ``dflash::block_attention``: one ``BlockDiffusionAttention`` node, with the
+    shape attributes the torch op does not carry (heads, head_dim, block and page size)."""
+
     def block_attention(
         q, k, v, k_cache, v_cache, page_table, lengths, causal, window, scale, layer=0, kernels="reference"
     ):
@@ -196,10 +224,7 @@ def translation_table(
             scale=float(scale),
         )
 
-    return {
-        torch.ops.dflash.kv_cache_update.default: kv_cache_update,
-        torch.ops.dflash.block_attention.default: block_attention,
-    }
+    return block_attention
 
 
 # ---------------------------------------------------------------------------------------
@@ -213,13 +238,20 @@ def register_ort_ops() -> None:
     global _ORT_DONE
     if _ORT_DONE:
         return
-    import numpy as np
-    import torch
-    from onnxruntime_extensions import PyCustomOpDef as P
-    from onnxruntime_extensions import onnx_op
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op  # optional: onnx
 
-    from dflash_trt.plugins import attention as ba
-    from dflash_trt.plugins import injection as kvi
+    _register_ort_kv_injection(PyCustomOpDef, onnx_op)
+    _register_ort_block_attention(PyCustomOpDef, onnx_op)
+    _ORT_DONE = True
+
+
+def _tensor(a) -> torch.Tensor:
+    """A torch view of an onnxruntime input (a numpy array, made contiguous)."""
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _register_ort_kv_injection(P, onnx_op) -> None:
+    """``KVInjection`` on onnxruntime: ``kv_scatter_reference`` into float32 copies of the caches."""
 
     @onnx_op(
         op_type=KV_INJECTION,
@@ -231,12 +263,12 @@ def register_ort_ops() -> None:
         k_out = torch.from_numpy(np.array(k_cache, dtype=np.float32))
         v_out = torch.from_numpy(np.array(v_cache, dtype=np.float32))
         kvi.kv_scatter_reference(
-            torch.from_numpy(np.ascontiguousarray(kv)),
-            torch.from_numpy(np.ascontiguousarray(k_norm_weight)),
-            torch.from_numpy(np.ascontiguousarray(inv_freq)),
-            torch.from_numpy(np.ascontiguousarray(n_new)),
-            torch.from_numpy(np.ascontiguousarray(lengths)),
-            torch.from_numpy(np.ascontiguousarray(page_table)),
+            _tensor(kv),
+            _tensor(k_norm_weight),
+            _tensor(inv_freq),
+            _tensor(n_new),
+            _tensor(lengths),
+            _tensor(page_table),
             k_out,
             v_out,
             rope_scale=attrs["rope_scale"],
@@ -245,6 +277,10 @@ def register_ort_ops() -> None:
             head_dim=attrs["head_dim"],
         )
         return k_out.numpy(), v_out.numpy()
+
+
+def _register_ort_block_attention(P, onnx_op) -> None:
+    """``BlockDiffusionAttention`` on onnxruntime: ``block_attention_reference`` over the node's layer."""
 
     @onnx_op(
         op_type=BLOCK_ATTENTION,
@@ -256,28 +292,25 @@ def register_ort_ops() -> None:
         },
     )
     def _block_attention(q, k, v, k_cache, v_cache, page_table, lengths, **attrs):
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
         layer = attrs["layer"]
         out = ba.block_attention_reference(
-            t(q),
-            t(k),
-            t(v),
-            t(k_cache)[layer],
-            t(v_cache)[layer],
-            t(page_table),
-            t(lengths),
+            _tensor(q),
+            _tensor(k),
+            _tensor(v),
+            _tensor(k_cache)[layer],
+            _tensor(v_cache)[layer],
+            _tensor(page_table),
+            _tensor(lengths),
             causal=bool(attrs["causal"]),
             window=attrs["window"] or None,
             scale=attrs["scale"],
         )
         return out.numpy()
 
-    _ORT_DONE = True
-
 
 def to_ort_model(model):
     """A copy of ``model`` whose dflash nodes live in ``ai.onnx.contrib`` (see module doc)."""
-    import onnx
+    import onnx  # optional: onnx
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -298,9 +331,9 @@ def to_ort_model(model):
 def ort_session(model, threads: int | None = None):
     """An onnxruntime session for a dflash-domain model (ModelProto or path), CPU; ``threads``:
     onnxruntime's intra-op threads (None: its default, one per core)."""
-    import onnx
-    import onnxruntime as ort
-    from onnxruntime_extensions import get_library_path
+    import onnx  # optional: onnx
+    import onnxruntime as ort  # optional: onnx
+    from onnxruntime_extensions import get_library_path  # optional: onnx
 
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model))

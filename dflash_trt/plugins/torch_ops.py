@@ -26,6 +26,7 @@ from torch import Tensor
 
 from dflash_trt.plugins import attention as _ba
 from dflash_trt.plugins import injection as _kvi
+from dflash_trt.plugins.op_shapes import block_attention_shapes
 
 
 def _pick(kernels: str, reference, triton):
@@ -171,7 +172,7 @@ def block_attention(
 ) -> Tensor:
     if k_cache.dim() == 5:
         if kernels == "triton":
-            from dflash_trt.plugins import triton_kernels as tk
+            from dflash_trt.plugins import triton_kernels as tk  # optional: triton
 
             return tk.block_attention(
                 q, k, v, k_cache, v_cache, page_table, lengths, causal=causal, window=window, scale=scale, layer=layer
@@ -186,7 +187,5 @@ def block_attention(
 def _block_attention_fake(
     q, k, v, k_cache, v_cache, page_table, lengths, causal, window, scale, layer=0, kernels="reference"
 ):
-    from dflash_trt.plugins.op_shapes import block_attention_shapes
-
     shape, _ = block_attention_shapes(tuple(q.shape), tuple(k.shape), tuple(k_cache.shape))
     return q.new_empty(shape)

@@ -343,10 +343,8 @@ def block_attention(
     if b == 0 or B == 0:
         return out
     _check_device(q, k, v, k_cache, v_cache)
-    if k_cache.dim() == 4:
-        k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
+    k_cache, v_cache, layer = _all_layers(k_cache, v_cache, layer)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     page_table = page_table.contiguous()
     cfg = block_attention_launch_config(B, h, kvh, d, block_n=block_n or (16 if interpreted() else 64))
     use_window = window is not None
@@ -361,11 +359,28 @@ def block_attention(
         B,
         page_table.shape[1],
         k_cache[0].numel(),
-        int(layer),
+        layer,
         k_cache.shape[2],
         int(window) if use_window else 0,
         float(scale) * LOG2E,
         out,
+        **_block_attention_meta(cfg, kvh, d, causal=bool(causal), use_window=use_window, dtype=q.dtype),
+    )
+    return out
+
+
+def _all_layers(k_cache, v_cache, layer) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The caches as contiguous all-layer pools [L, pages, page_size, kvh, d] and the layer to read
+    (one layer's pool [pages, page_size, kvh, d] is layer 0 of one)."""
+    if k_cache.dim() == 4:
+        k_cache, v_cache, layer = k_cache[None], v_cache[None], 0
+    return k_cache.contiguous(), v_cache.contiguous(), int(layer)
+
+
+def _block_attention_meta(cfg: dict, kvh: int, d: int, *, causal: bool, use_window: bool, dtype) -> dict:
+    """The kernel's meta-parameters (compile-time constants) for one launch config: heads, tiles, the
+    mask modes, IEEE dots for float32, and an fp32 upcast of half inputs under the interpreter."""
+    return dict(
         KVH=kvh,
         REP=cfg["REP"],
         D=d,
@@ -373,9 +388,8 @@ def block_attention(
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"],
         BLOCK_B=cfg["BLOCK_B"],
-        CAUSAL=bool(causal),
+        CAUSAL=causal,
         USE_WINDOW=use_window,
-        IEEE=q.dtype == torch.float32,
-        UPCAST=interpreted() and q.dtype != torch.float32,
+        IEEE=dtype == torch.float32,
+        UPCAST=interpreted() and dtype != torch.float32,
     )
-    return out

@@ -27,6 +27,7 @@ import asyncio
 
 from dflash_trt import plan as planner
 from dflash_trt.bench import verify_server
+from dflash_trt.bench.stream import Endpoint
 
 SURVIVORS = 2
 LONG = 8
@@ -51,10 +52,8 @@ async def _phases(
     errors of the requests that failed. The warm-up (before the first scrape, so outside both
     windows) settles what the server accepts, as ``bench.endpoint.run``'s does: a server that
     refuses per-chunk usage (the embedded one, vLLM's extension) is asked without it."""
-    from dflash_trt.bench import endpoint
-
     bodies: list[str | None] = []
-    ep = endpoint.Endpoint(url, model, on_scrape=bodies.append)
+    ep = Endpoint(url, model, on_scrape=bodies.append)
     try:
         await ep.discover()
         await ep.warm_up(prompts[0], min(8, max_tokens), 0.0, True)

@@ -76,7 +76,7 @@ class Window:
 
 def prometheus(body: str) -> dict[tuple[str, tuple], float]:
     """``{(name, ((label, value), ...)): value}`` of a Prometheus text page."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # optional: prometheus_client (serve extra)
 
     out: dict[tuple[str, tuple], float] = {}
     for fam in text_string_to_metric_families(body):

@@ -111,6 +111,12 @@ def probe(
     }
     if errors:
         details["failed_requests"] = {"count": len(errors), "first": errors[0]}
+    return _judge(low, plan, top, errors, details)
+
+
+def _judge(low: verify_server.Window, plan: planner.Plan, top: int, errors: list[str], details: dict) -> dict:
+    """The check from the low phase's counters: not measured without them, failed where τ did not
+    recover to the plan's (``details`` gains the plan's τ), else passed."""
     if low.tau is None:
         why = (
             f"{len(errors)} of {top + 1} requests failed ({errors[0]})"

@@ -35,6 +35,7 @@ def throughput_interval(lv: dict) -> dict | None:
     if not lv.get("output_tokens_per_second"):
         return None
     iv = (lv.get("spread") or {}).get("output_tokens_per_second") or spread.interval([lv["output_tokens_per_second"]])
+    assert iv is not None  # the interval of one figure is never empty
     return {**iv, "mean": lv["output_tokens_per_second"]}
 
 

@@ -147,9 +147,9 @@ def _levels(
     rates = sorted(set(float(r) for r in request_rate or ()))
     if rates and not (rates[0] > 0 and burstiness > 0):
         raise DFlashError("--request-rate and --burstiness must be positive")
-    common = {"requests": requests, "duration": duration, "seed": seed}
-    return [Level(concurrency=c, **common) for c in cs] + [
-        Level(request_rate=r, burstiness=burstiness, **common) for r in rates
+    common = Level(requests=requests, duration=duration, seed=seed)
+    return [replace(common, concurrency=c) for c in cs] + [
+        replace(common, request_rate=r, burstiness=burstiness) for r in rates
     ]
 
 

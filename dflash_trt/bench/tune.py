@@ -233,7 +233,9 @@ def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, 
             noisy.append(c)  # a step on repeats that disagree would not repeat on the next run
             beat = []
         if beat:
-            top = max(beat, key=lambda L: tps[L][c]["mean"])
+            # each length in beat was measured at c (spread.beyond holds only between two intervals)
+            means = {L: iv["mean"] for L in beat if (iv := tps[L][c]) is not None}
+            top = max(beat, key=lambda L: means[L])
             current = max(L for L in beat if not spread.beyond(tps[top][c], tps[L][c]))
         longer = [L for L in lengths if L > current and spread.beyond(tps[L].get(c), tps[current].get(c))]
         if longer:
@@ -266,6 +268,7 @@ def schedule(t: Tunable, lengths: list[int]) -> tuple[int, dict[int, int], list[
     lengths = planner.zero_draft_rule(release).floor(lengths)  # never 0 where the release has no floor
     spec = planner.SpeculativeSpec(schedule="draft_len_schedule")
     _, _, sched, drafted = planner.choose_schedule(lengths, spec, lengths[0], release)
+    assert sched is not None  # a draft_len_schedule back-off always writes its keys
     return lengths[0], dict(sched), drafted
 
 

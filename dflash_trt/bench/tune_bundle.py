@@ -56,7 +56,7 @@ def read(bundle: Path) -> Tunable:
     if b.built.plan is None:
         raise DFlashError(f"{b.root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
     release = b.built.plan.trtllm_release
-    return Tunable(b.root, b.manifest, cfg, int(cfg.get("max_batch_size") or 8), int(spec["max_draft_len"]), release)
+    return Tunable(b.root, b.built, cfg, int(cfg.get("max_batch_size") or 8), int(spec["max_draft_len"]), release)
 
 
 def arms_files(t: Tunable, rows: list[dict], source: str) -> dict[Path, str]:

@@ -27,8 +27,10 @@ A check the server gives no figure for is "not measured", never failed. The repo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import yaml
 
@@ -220,6 +222,14 @@ class Load:
         ]
 
 
+class Sides(TypedDict):
+    """The served model and the baseline both the lossless check and the load talk to."""
+
+    model: str | None
+    baseline: str | None
+    baseline_model: str | None
+
+
 def _load(url: str, prompts: list[str], accept_stats: str | Path | None, **run_kw) -> Load:
     """``endpoint.run`` at ``url`` (``run_kw``: its options) with every /metrics body kept, each
     level marked with the draft length the server ran at its fullest batch."""
@@ -248,7 +258,7 @@ def online(
     baseline_model: str | None = None,
     prompts: str | Path | None = None,
     max_tokens: int = 64,
-    concurrency: list[int] = (1, 4),
+    concurrency: Sequence[int] = (1, 4),
     requests: int | None = None,
     accept_stats: str | Path | None = None,
     reference: bool | None = None,
@@ -263,12 +273,13 @@ def online(
     from dflash_trt.runtime import load_tokenizer  # start-up: torch (offline verify needs none)
 
     say = progress or (lambda msg: None)
-    m, config = bundle.manifest, _served_config(bundle)
+    m, config = bundle.built, _served_config(bundle)
+    assert m.plan is not None  # open_verifiable refuses a manifest without one
     tokenizer = load_tokenizer(bundle.target)
     rows = verify_lossless.read_prompts(prompts or PROMPTS, tokenizer, m.serve.enable_thinking)
     texts = [tokenizer.decode(r.ids, skip_special_tokens=True) for r in rows]
     ref = _reference(bundle, reference)  # the baseline without --baseline; margins where logprobs lack
-    sides = {"model": model, "baseline": baseline, "baseline_model": baseline_model}  # served and baseline
+    sides = Sides(model=model, baseline=baseline, baseline_model=baseline_model)
     say("lossless: greedy completions against the baseline")
     lossless = verify_lossless.check(rows, url, reference=ref, tokenizer=tokenizer, max_tokens=max_tokens, **sides)
     say(f"load: concurrency {', '.join(map(str, concurrency))}")
@@ -305,7 +316,7 @@ def run(path: str | Path, endpoint_url: str | None = None, progress=None, **kw) 
     return {
         **report,
         "bundle": str(bundle.root),
-        "format": bundle.manifest.format,
+        "format": bundle.built.format,
         "checks": checks,
         "failed": [c["name"] for c in checks if c["status"] == "fail"],
         "ok": all(c["status"] != "fail" for c in checks),

@@ -44,8 +44,8 @@ def checked(name: str, problems: list[str], ok: str, details: dict | None = None
 def open_verifiable(path: str | Path) -> ingest.Bundle:
     """The bundle, refused in one line unless it records its files' hashes (format 3)."""
     bundle = ingest.open_bundle(path)
-    ingest.check_format(bundle.manifest_path, bundle.manifest.format, (ingest.BUNDLE_FORMAT,))
-    if bundle.manifest.plan is None:
+    ingest.check_format(bundle.manifest_path, bundle.built.format, (ingest.BUNDLE_FORMAT,))
+    if bundle.built.plan is None:
         raise DFlashError(f"{path}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
     return bundle
 
@@ -53,7 +53,7 @@ def open_verifiable(path: str | Path) -> ingest.Bundle:
 def check_file_hashes(bundle: ingest.Bundle) -> dict:
     """Every file the bundle holds against the sha256 its manifest records."""
     problems = ingest.check_files(bundle)
-    return checked("files", problems, f"{len(bundle.manifest.files)} files match the manifest's sha256")
+    return checked("files", problems, f"{len(bundle.built.files or {})} files match the manifest's sha256")
 
 
 def _plan_rules(bundle: ingest.Bundle, cfg: dict) -> list[str]:
@@ -94,7 +94,7 @@ def _plan_rules(bundle: ingest.Bundle, cfg: dict) -> list[str]:
 
 def check_config(bundle: ingest.Bundle) -> dict:
     """``trtllm/config.yaml`` against the release's schema and against the plan it was written from."""
-    release = bundle.manifest.trtllm.release if bundle.manifest.trtllm else None
+    release = bundle.built.trtllm.release if bundle.built.trtllm else None
     try:
         deploy.check_trtllm_bundle(bundle.root)  # layout, drafter, the config against the release's schema
         cfg = yaml.safe_load(bundle.trtllm_config.read_text()) or {}

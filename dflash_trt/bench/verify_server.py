@@ -90,7 +90,7 @@ def _embedded(before: str | None, after: str) -> Window:
     delta = {k: v - b.get(k, 0.0) for k, v in a.items()}
     get = lambda name, **lab: int(round(delta.get((name, tuple(sorted(lab.items()))), 0.0)))  # noqa: E731
     positions = sorted(int(dict(lab)["position"]) for name, lab in delta if name == "dflash_spec_accepted_total")
-    draft = Counter()
+    draft: Counter[tuple[int, int]] = Counter()  # (batch size, draft length): rounds
     for (name, lab), v in delta.items():
         if name == "dflash_draft_rounds_total" and round(v) > 0:
             d = dict(lab)

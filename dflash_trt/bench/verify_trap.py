@@ -24,6 +24,7 @@ recovers. Where the server reports no counters, or the survivors finished first,
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from dflash_trt import plan as planner
 from dflash_trt.bench import verify_server
@@ -101,7 +102,7 @@ def probe(
         }
     bodies, errors = asyncio.run(_phases(url, model, prompts, top + 1 - SURVIVORS, max_tokens))
     load, low = verify_server.window(bodies[0], bodies[1]), verify_server.window(bodies[1], bodies[2])
-    details = {
+    details: dict[str, Any] = {
         "top": top,
         "load_concurrency": top + 1,
         "survivors": SURVIVORS,

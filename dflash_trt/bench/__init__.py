@@ -7,7 +7,9 @@ that nothing within noise is a conclusion), ``datasets`` (prompt sets: the proje
 ShareGPT, text, Hugging Face), ``load`` (closed loop at a concurrency, open loop at a request
 rate; goodput), ``inprocess`` (τ, acceptance, speedup, lossless),
 ``endpoint`` (load generator: every ``latency`` figure and τ per concurrency, with spreads;
-``spec_metrics`` reads τ from /metrics), ``plots``, ``tune`` (schedules measured beyond noise),
+``stream`` sends each request and reads its stream, ``spec_metrics`` reads τ from /metrics,
+``conclusions`` compares sides and arms beyond noise), ``plots``, ``tune`` (schedules measured
+beyond noise; ``tune_bundle`` reads the bundle and writes it back in one swap),
 ``verify`` (a bundle checked offline, a running deployment measured against its plan; with
 ``verify_lossless`` and ``verify_server`` behind it).
 """

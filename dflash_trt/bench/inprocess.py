@@ -98,6 +98,7 @@ def _speed(passes: list[tuple[list[Stats], list[Stats]]], dflash: dict, ar: dict
     rate = lambda ss: sum(x.new_tokens for x in ss) / max(sum(x.seconds for x in ss), 1e-12)  # noqa: E731
     d_iv = spread.interval([rate(d) for d, _ in passes])
     a_iv = spread.interval([rate(a) for _, a in passes])
+    assert d_iv is not None and a_iv is not None  # run() refuses fewer than one repeat
     d_iv, a_iv = {**d_iv, "mean": dflash["tokens_per_second"]}, {**a_iv, "mean": ar["tokens_per_second"]}
     verdict = {"higher": "pays", "lower": "does not pay"}.get(spread.verdict(d_iv, a_iv), "indistinguishable")
     return {
@@ -210,6 +211,6 @@ def run(
         "mismatched_prompts": sorted(mismatches),
         "step": _step(dflash, ar),
     }
-    if getattr(be, "files", None):  # a graph backend: the graph file each model call ran
-        report["graphs"] = dict(be.files)
+    if files := getattr(be, "files", None):  # a graph backend: the graph file each model call ran
+        report["graphs"] = dict(files)
     return report

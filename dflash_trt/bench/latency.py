@@ -204,7 +204,7 @@ def meets(r: Record, limits: dict[str, float]) -> bool:
     token has no TPOT and meets that limit; one without a token misses TTFT's."""
     got = {"ttft": ttft(r), "tpot": tpot(r), "e2el": r.e2el}
     return r.ok and all(
-        (got[k] is None and k == "tpot") or (got[k] is not None and MS * got[k] <= ms) for k, ms in limits.items()
+        ((v := got[k]) is None and k == "tpot") or (v is not None and MS * v <= ms) for k, ms in limits.items()
     )
 
 

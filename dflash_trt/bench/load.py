@@ -60,7 +60,8 @@ def arrivals(
     if n is None and duration is None:
         raise DFlashError("an open-loop level needs --requests or --duration")
     rng = random.Random(seed)
-    out, t = [], 0.0
+    out: list[float] = []
+    t = 0.0
     while (n is None or len(out) < n) and (duration is None or t <= duration):
         out.append(t)
         if math.isinf(rate):

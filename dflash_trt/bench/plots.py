@@ -45,7 +45,7 @@ def plot(
     """
     mpl = require("matplotlib", "bench", "--plot")
     mpl.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib (the bench extra; require() above names it)
 
     has_base = "baseline" in report
     fig, grid = plt.subplots(2, 2, figsize=(11, 8.4)) if has_base else plt.subplots(1, 3, figsize=(15, 4.6))

@@ -19,11 +19,11 @@
    autoregressive baseline of the speedups and of the refit.
 3. **Fit.** The measurements refit the step model's constants for this deployment
    (``plan.refit``), and tune prints predicted against measured per concurrency.
-4. **Write.** ``trtllm/config.yaml`` (validated against the release's schema) and
-   ``manifest.json`` (``plan``: the new lengths, and ``plan.tuned``: what was measured), with
-   each current file as ``NAME.prev``, are written into a partial directory and swapped in
-   through the journaled swap ``build --force`` uses (:func:`commit`), with Ctrl-C held off
-   until it is done. The CLI holds the bundle's write lock (``deploy.output.lock``) from before
+4. **Write** (:mod:`~dflash_trt.bench.tune_bundle`). ``trtllm/config.yaml`` (validated against
+   the release's schema) and ``manifest.json`` (``plan``: the new lengths, and ``plan.tuned``:
+   what was measured), with each current file as ``NAME.prev``, are written into a partial
+   directory and swapped in through the journaled swap ``build --force`` uses (``commit``), with
+   Ctrl-C held off until it is done. The CLI holds the bundle's write lock (``deploy.output.lock``) from before
    the first measurement to the last write, so ``build --force`` of the same bundle meanwhile
    refuses. An interrupt during the sweep leaves the bundle as it was; a kill during the swap
    leaves a journal the next ``tune`` or ``build`` finishes or rolls back.
@@ -35,53 +35,35 @@ are measured (with repeats) at what that server runs, and the calibration is ref
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
 
-import yaml
-
-from dflash_trt import deploy, ingest
+from dflash_trt import ingest
 from dflash_trt import plan as planner
 from dflash_trt.bench import endpoint as loadgen
 from dflash_trt.bench import spread
+from dflash_trt.bench.conclusions import arms, throughput_interval
+from dflash_trt.bench.tune_bundle import Tunable, arms_files, commit, new_files, read, tuned_record
 from dflash_trt.errors import DFlashError
 
-
-@dataclass
-class Tunable:
-    """What tune reads of a bundle."""
-
-    root: Path
-    manifest: ingest.Manifest
-    config: dict  # trtllm/config.yaml
-    max_batch_size: int
-    max_draft_len: int
-    release: str
-
-    @property
-    def name(self) -> str:
-        return self.manifest.name or self.root.name
-
-
-def read(bundle: Path) -> Tunable:
-    b = ingest.check_bundle(bundle)
-    try:
-        cfg = yaml.safe_load(b.trtllm_config.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise DFlashError(f"{b.trtllm_config}: invalid YAML ({exc})") from None
-    gate = deploy.speculation_gate(cfg)
-    if gate:
-        raise DFlashError(f"{b.trtllm_config}: {gate}")
-    spec = cfg.get("speculative_config") or {}
-    if not spec.get("max_draft_len"):
-        raise DFlashError(f"{b.trtllm_config}: no speculative_config.max_draft_len; nothing to tune")
-    if b.built.plan is None:
-        raise DFlashError(f"{b.root}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
-    release = b.built.plan.trtllm_release
-    return Tunable(b.root, b.manifest, cfg, int(cfg.get("max_batch_size") or 8), int(spec["max_draft_len"]), release)
+__all__ = [  # what the CLI calls; Tunable, read, tuned_record, new_files, arms_files, commit: tune_bundle's
+    "Tunable",
+    "read",
+    "settings",
+    "measure_embedded",
+    "measure_endpoint",
+    "winners",
+    "shortest_length",
+    "lengths_for",
+    "schedule",
+    "sweep_arms",
+    "as_report",
+    "fit",
+    "predicted_curve",
+    "tuned_record",
+    "new_files",
+    "arms_files",
+    "commit",
+]
 
 
 def settings(max_draft_len: int, draft_lens: list[int] | None = None) -> list[int]:
@@ -114,8 +96,8 @@ def measure_embedded(
 ) -> dict[int, list[dict]]:
     """{draft length (0: off): the load generator's levels}, one embedded server per setting and
     repeat, the repeats of one level merged (:func:`loadgen.merge_levels`)."""
-    from dflash_trt import runtime, serve
-    from dflash_trt.serve import launch
+    from dflash_trt import runtime, serve  # start-up: torch (runtime and serve load it; read() refuses first)
+    from dflash_trt.serve import launch  # start-up: torch (the serve package)
 
     if launch.find_trtllm_serve() is not None:
         raise DFlashError(
@@ -197,31 +179,14 @@ def measure_endpoint(
 def sweep_arms(measured: dict[int, list[dict]], wins: dict[int, int], mtp_levels: list[dict] | None) -> list[dict]:
     """Per concurrency: the tuned DFlash (the winning length's level), MTP (``mtp_levels``, a
     server running the bundle's ``trtllm/config.mtp.yaml``) and autoregressive (the sweep's
-    drafting-off levels), and the winner (:func:`loadgen.arms`)."""
+    drafting-off levels), and the winner (:func:`~dflash_trt.bench.conclusions.arms`)."""
     by = {L: {lv["concurrency"]: lv for lv in rows} for L, rows in measured.items()}
     report = {"endpoint": {"levels": [by[L][c] for c, L in sorted(wins.items()) if c in by.get(L, {})]}}
     if 0 in measured:
         report["baseline"] = {"levels": measured[0]}
     if mtp_levels:
         report["mtp"] = {"levels": mtp_levels}
-    return loadgen.arms(report)
-
-
-def arms_files(t: Tunable, rows: list[dict], source: str) -> dict[Path, str]:
-    """The manifest with ``plan.arms`` (which arm won where, measured) set, by path."""
-    import hashlib
-
-    manifest = t.manifest.model_copy(deep=True)
-    assert manifest.plan is not None  # read() refuses a manifest without one
-    manifest.plan.arms = ingest.Arms(
-        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), source=source, measured=rows
-    )
-    m = manifest.to_json()
-    if m.get("files") is not None:  # the .prev copy, so verify still holds
-        rel = ingest.Layout.MANIFEST
-        m["files"] = {**m["files"], f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()}
-    ingest.Manifest.model_validate(m)
-    return {t.root / ingest.Layout.MANIFEST: json.dumps(m, indent=2) + "\n"}
+    return arms(report)
 
 
 # --- choosing ---------------------------------------------------------------------------
@@ -249,7 +214,7 @@ def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, 
     schedule literally), the first level's length is the schedule's ``max_draft_len``, and two
     runs whose differences are all either beyond noise or within it write the same schedule.
     """
-    tps = {L: {lv["concurrency"]: loadgen.throughput_interval(lv) for lv in rows} for L, rows in measured.items()}
+    tps = {L: {lv["concurrency"]: throughput_interval(lv) for lv in rows} for L, rows in measured.items()}
     lengths = sorted((L for L in tps if L >= max(shortest, 1) or (L == 0 and shortest == 0)), reverse=True)
     if not [L for L in lengths if L > 0]:
         raise DFlashError("tune needs at least one draft length to sweep")
@@ -268,7 +233,9 @@ def winners(measured: dict[int, list[dict]], warnings: list[str] | None = None, 
             noisy.append(c)  # a step on repeats that disagree would not repeat on the next run
             beat = []
         if beat:
-            top = max(beat, key=lambda L: tps[L][c]["mean"])
+            # each length in beat was measured at c (spread.beyond holds only between two intervals)
+            means = {L: iv["mean"] for L in beat if (iv := tps[L][c]) is not None}
+            top = max(beat, key=lambda L: means[L])
             current = max(L for L in beat if not spread.beyond(tps[top][c], tps[L][c]))
         longer = [L for L in lengths if L > current and spread.beyond(tps[L].get(c), tps[current].get(c))]
         if longer:
@@ -301,76 +268,8 @@ def schedule(t: Tunable, lengths: list[int]) -> tuple[int, dict[int, int], list[
     lengths = planner.zero_draft_rule(release).floor(lengths)  # never 0 where the release has no floor
     spec = planner.SpeculativeSpec(schedule="draft_len_schedule")
     _, _, sched, drafted = planner.choose_schedule(lengths, spec, lengths[0], release)
+    assert sched is not None  # a draft_len_schedule back-off always writes its keys
     return lengths[0], dict(sched), drafted
-
-
-# --- writing ----------------------------------------------------------------------------
-
-
-def new_files(
-    t: Tunable, max_draft_len: int, sched: dict[int, int], drafted: list[int], tuned: dict
-) -> dict[Path, str]:
-    """The new ``config.yaml`` and ``manifest.json`` texts (validated), by path."""
-    cfg = json.loads(json.dumps(t.config))
-    spec = cfg["speculative_config"]
-    spec.pop("max_concurrency", None)
-    spec.update(max_draft_len=max_draft_len, draft_len_schedule=dict(sched))
-    text = deploy.trtllm_yaml(deploy.validate_trtllm_config(cfg, t.release), t.release)
-    manifest = t.manifest.model_copy(deep=True)
-    assert manifest.plan is not None  # read() refuses a manifest without one
-    runs = [
-        ingest.DraftRun(batch_from=r.first, batch_to=r.last, draft_len=r.draft_len)
-        for r in planner.schedule_runs(drafted)
-    ]
-    plan = manifest.plan  # each assignment validated (ingest.Plan)
-    plan.max_draft_len, plan.schedule, plan.max_concurrency = max_draft_len, "draft_len_schedule", None
-    plan.draft_len_schedule, plan.draft_lengths, plan.tuned = dict(sched), runs, ingest.Tuned.model_validate(tuned)
-    m = manifest.to_json()
-    if m.get("files") is not None:  # the new config and the two .prev copies, so verify still holds
-        import hashlib
-
-        L = ingest.Layout
-        m["files"] = {
-            **m["files"],
-            L.TRTLLM_CONFIG: hashlib.sha256(text.encode()).hexdigest(),
-            **{
-                f"{rel}.prev": hashlib.sha256((t.root / rel).read_bytes()).hexdigest()
-                for rel in (L.TRTLLM_CONFIG, L.MANIFEST)
-            },
-        }
-    ingest.Manifest.model_validate(m)
-    return {t.root / ingest.Layout.TRTLLM_CONFIG: text, t.root / ingest.Layout.MANIFEST: json.dumps(m, indent=2) + "\n"}
-
-
-def commit(root: Path, files: dict[Path, str], warnings: list[str] | None = None) -> list[Path]:
-    """Write tune's files into bundle ``root`` as one journaled swap (``deploy.replace_files``), the
-    previous ones kept as ``NAME.prev``. Call it holding the bundle's lock. Returns the ``.prev`` paths
-    (what the OS refused to remove afterwards is appended to ``warnings``)."""
-    return deploy.replace_files(root, files, "tune's file", warnings)
-
-
-def tuned_record(
-    measured: dict[int, list[dict]], wins: dict[int, int], calibration: str, arms: list[dict] | None = None
-) -> dict:
-    return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "winners": wins,
-        "calibration": calibration,
-        **({"arms": arms} if arms else {}),
-        "measured": {
-            str(L): [
-                {
-                    "concurrency": lv["concurrency"],
-                    "output_tokens_per_second": lv["output_tokens_per_second"],
-                    "acceptance_length": lv["acceptance_length"],
-                    "output_tokens_per_second_spread": (lv.get("spread") or {}).get("output_tokens_per_second"),
-                    "tpot_ms": lv.get("tpot_ms"),
-                }
-                for lv in levels
-            ]
-            for L, levels in measured.items()
-        },
-    }
 
 
 # --- fitting ----------------------------------------------------------------------------

@@ -1,19 +1,8 @@
 """``dflash-trt verify``: a bundle checked offline, and a running deployment measured against its plan.
 
-Offline (``verify BUNDLE``):
-
-- *files*: every file the bundle holds against the sha256 its manifest records (bundle format 3;
-  an older bundle is told to rebuild, in one line, exit 2);
-- *manifest*: the manifest's own fields against the files they describe (its paths inside the
-  bundle, checked when any command opens it; the release, GPU, parallelism, context length, KV
-  cache, drafter layers and chat template equal to what ``trtllm/config.yaml``, ``serve.sh`` and
-  the target say): the manifest is checked against its files, not sealed with its own digest;
-- *config*: ``trtllm/config.yaml`` against the targeted release's schema and keys
-  (``deploy.validate_trtllm_config``, through ``deploy.check_bundle``) and against the plan it was
-  written from: tensor parallelism, draft length, draft attention backend, schedule, KV-cache
-  dtype, TensorRT-LLM's token budget (``tensorrt_llm/_torch/speculative/dflash.py::
-  validate_dflash_ctx_buffer_budget``: ``max_batch_size x (1 + max_draft_len) <= max_num_tokens``)
-  and the drafter's target layers.
+Offline (``verify BUNDLE``, :mod:`~dflash_trt.bench.verify_offline`): the files against their
+sha256, the manifest against the files it describes, ``trtllm/config.yaml`` against the release's
+schema and the plan.
 
 Online (``verify BUNDLE --endpoint URL``), the deployment's acceptance test, on the GPU machine:
 
@@ -38,13 +27,17 @@ A check the server gives no figure for is "not measured", never failed. The repo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import yaml
 
 from dflash_trt import deploy, ingest
 from dflash_trt import plan as planner
-from dflash_trt.bench import verify_lossless, verify_server, verify_trap
+from dflash_trt.bench import endpoint, verify_lossless, verify_server, verify_trap
+from dflash_trt.bench.verify_offline import checked, offline
 from dflash_trt.errors import DFlashError
 
 COLLAPSE = 0.5  # a measured gain τ - 1 under half the plan's is a collapse
@@ -52,99 +45,6 @@ MEMORY_SLACK = 0.10
 REFERENCE_MAX_BYTES = 4 << 30  # targets up to this run on the reference runtime (baseline, margins)
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "verify" / "prompts.jsonl"
 STACKS = {"embedded": "reference", "trtllm": "trtllm"}  # what the scrapes looked like -> the report's stack
-
-
-def _check(name: str, problems: list[str], ok: str, details: dict | None = None) -> dict:
-    summary = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "") if problems else ok
-    return {
-        "name": name,
-        "status": "fail" if problems else "pass",
-        "summary": summary,
-        "details": {"problems": problems, **(details or {})},
-    }
-
-
-def open_verifiable(path: str | Path) -> ingest.Bundle:
-    """The bundle, refused in one line unless it records its files' hashes (format 3)."""
-    bundle = ingest.open_bundle(path)
-    ingest.check_format(bundle.manifest_path, bundle.manifest.format, (ingest.BUNDLE_FORMAT,))
-    if bundle.manifest.plan is None:
-        raise DFlashError(f"{path}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
-    return bundle
-
-
-def check_file_hashes(bundle: ingest.Bundle) -> dict:
-    problems = ingest.check_files(bundle)
-    return _check("files", problems, f"{len(bundle.manifest.files)} files match the manifest's sha256")
-
-
-def _plan_rules(bundle: ingest.Bundle, cfg: dict) -> list[str]:
-    """Where the config says other than the plan it was written from (one line each)."""
-    p, spec = bundle.built.plan, cfg.get("speculative_config") or {}
-    if p is None:  # open_verifiable refuses it; a plan's every field is typed (ingest.Plan)
-        return ["the manifest has no plan; rebuild the bundle with 'dflash-trt build'"]
-    out = []
-    want = {
-        "tensor_parallel_size": (cfg.get("tensor_parallel_size", 1), p.tp),
-        "speculative_config.max_draft_len": (spec.get("max_draft_len"), p.max_draft_len),
-        "speculative_config.attention_backend": (spec.get("attention_backend", "VANILLA"), p.attention_backend),
-        "kv_cache_config.dtype": ((cfg.get("kv_cache_config") or {}).get("dtype", "auto"), p.kv_cache),
-    }
-    if p.schedule == "max_concurrency":
-        want["speculative_config.max_concurrency"] = (spec.get("max_concurrency"), p.max_concurrency)
-    elif p.schedule == "draft_len_schedule":
-        got = {int(k): int(v) for k, v in (spec.get("draft_len_schedule") or {}).items()}
-        want["speculative_config.draft_len_schedule"] = (got, dict(p.draft_len_schedule or {}))
-    out += [f"{k} is {got!r}, the plan says {planned!r}" for k, (got, planned) in want.items() if got != planned]
-    batch, tokens, L = cfg.get("max_batch_size", 0), cfg.get("max_num_tokens", 0), spec.get("max_draft_len") or 0
-    if batch * (1 + L) > tokens:  # dflash.py::validate_dflash_ctx_buffer_budget
-        out.append(
-            f"TensorRT-LLM's DFlash token budget max_batch_size x (1 + max_draft_len) = {batch * (1 + L)} "
-            f"exceeds max_num_tokens {tokens}"
-        )
-    drafter = planner.DraftShape.from_dir(bundle.drafter)
-    layers = planner.TargetShape.from_dir(bundle.target).layers
-    ids = spec.get("target_layer_ids")
-    if ids is not None and sorted(ids) != sorted(drafter.target_layer_ids):
-        out.append(
-            f"speculative_config.target_layer_ids {ids} differ from the drafter's {list(drafter.target_layer_ids)}"
-        )
-    if any(i < 0 or i >= layers for i in drafter.target_layer_ids):
-        out.append(f"the drafter reads target layers {list(drafter.target_layer_ids)}; the target has {layers}")
-    return out
-
-
-def check_config(bundle: ingest.Bundle) -> dict:
-    release = bundle.manifest.trtllm.release if bundle.manifest.trtllm else None
-    try:
-        deploy.check_trtllm_bundle(bundle.root)  # layout, drafter, the config against the release's schema
-        cfg = yaml.safe_load(bundle.trtllm_config.read_text()) or {}
-        problems = _plan_rules(bundle, cfg)
-    except DFlashError as exc:
-        problems = [str(exc)]
-    return _check(
-        "config",
-        problems,
-        f"trtllm/config.yaml holds TensorRT-LLM {release}'s rules and the plan's settings",
-        {"release": release},
-    )
-
-
-def check_manifest(bundle: ingest.Bundle) -> dict:
-    """The manifest's own fields against the files they describe (``ingest.check_fields``)."""
-    try:
-        cfg = yaml.safe_load(bundle.trtllm_config.read_text()) or {}
-        problems = ingest.check_fields(bundle, cfg if isinstance(cfg, dict) else {})
-    except (OSError, yaml.YAMLError, DFlashError) as exc:
-        problems = [str(exc).splitlines()[0]]
-    return _check(
-        "manifest", problems, "the manifest's settings agree with trtllm/config.yaml, serve.sh and the bundle's files"
-    )
-
-
-def offline(path: str | Path) -> tuple[ingest.Bundle, list[dict]]:
-    bundle = open_verifiable(path)
-    return bundle, [check_file_hashes(bundle), check_manifest(bundle), check_config(bundle)]
 
 
 # ---- online ---------------------------------------------------------------------------------
@@ -243,7 +143,7 @@ def check_served_schedule(levels: list[dict], wins: list[verify_server.Window], 
             "status": "not measured",
             "summary": "the server reports no draft length per batch size",
         }
-    return _check(
+    return checked(
         "schedule",
         problems,
         "the draft length in force matches the plan at every batch size run: "
@@ -273,7 +173,7 @@ def check_memory(w: verify_server.Window, plan: ingest.Plan, config: dict) -> di
             f"activations and a KV pool of {fraction:g} of what is free) by more than "
             f"{MEMORY_SLACK:.0%}: the plan under-counts this deployment"
         )
-    return _check(
+    return checked(
         "memory",
         problems,
         f"GPU memory in use {gib(w.gpu_memory)}, planned {gib(expected)} of {gib(mem.capacity)}",
@@ -286,9 +186,67 @@ def _reference(bundle: ingest.Bundle, use: bool | None):
     size = sum(f.stat().st_size for f in bundle.target.glob("*.safetensors"))
     if use is False or (use is None and size > REFERENCE_MAX_BYTES):
         return None
-    from dflash_trt.runtime import load_bundle
+    from dflash_trt.runtime import load_bundle  # start-up: torch (offline verify needs none)
 
     return verify_lossless.ReferenceSide(load_bundle(bundle.root, dtype="float32"))
+
+
+def _served_config(bundle: ingest.Bundle) -> dict:
+    """``trtllm/config.yaml`` as the deployment serves it, refused in one line where it gates drafting off."""
+    config = yaml.safe_load(bundle.trtllm_config.read_text()) or {}
+    gate = deploy.speculation_gate(config)
+    if gate:
+        raise DFlashError(f"{bundle.trtllm_config}: {gate}")
+    return config
+
+
+@dataclass
+class Load:
+    """The load levels at the deployment: ``bench --endpoint``'s report, the server's counters per
+    level (``windows``) and over all of them (``total``), and the window acceptance is read from
+    (the server's metrics, or the ``--accept-stats`` files around the load) named by ``source``."""
+
+    report: dict
+    windows: list[verify_server.Window]
+    total: verify_server.Window
+    acceptance: verify_server.Window
+    source: str
+
+    def checks(self, m: ingest.Manifest, config: dict) -> list[dict]:
+        """The counters against the plan: acceptance, the draft length in force, GPU memory."""
+        assert m.plan is not None  # open_verifiable refuses a manifest without one
+        return [
+            check_acceptance(self.acceptance, m, config, self.source),
+            check_served_schedule(self.report["endpoint"]["levels"], self.windows, m.plan),
+            check_memory(self.total, m.plan, config),
+        ]
+
+
+class Sides(TypedDict):
+    """The served model and the baseline both the lossless check and the load talk to."""
+
+    model: str | None
+    baseline: str | None
+    baseline_model: str | None
+
+
+def _load(url: str, prompts: list[str], accept_stats: str | Path | None, **run_kw) -> Load:
+    """``endpoint.run`` at ``url`` (``run_kw``: its options) with every /metrics body kept, each
+    level marked with the draft length the server ran at its fullest batch."""
+    hist0 = verify_server.accept_files(accept_stats) if accept_stats else None
+    bodies: list[str | None] = []
+    report = endpoint.run(url, prompts=prompts, temperature=0.0, on_scrape=bodies.append, **run_kw)
+    wins = verify_server.windows(bodies)
+    for lv, w in zip(report["endpoint"]["levels"], wins, strict=False):
+        if w.draft_rounds:  # what the server drafted at the level's fullest batch (plan --calibration reads it)
+            lv["draft_len"] = max(w.draft_rounds, key=lambda bl: (bl[0], w.draft_rounds[bl]))[1]
+    total = sum(wins, verify_server.Window())
+    acc, source = total, f"{total.stack} server metrics"
+    if accept_stats:
+        acc, source = verify_server.hist_window(hist0, verify_server.accept_files(accept_stats)), "acceptance files"
+        acc.draft_rounds = total.draft_rounds
+    report["stack"] = STACKS.get(total.stack)  # the serving software the levels came from
+    return Load(report, wins, total, acc, source)
 
 
 def online(
@@ -300,7 +258,7 @@ def online(
     baseline_model: str | None = None,
     prompts: str | Path | None = None,
     max_tokens: int = 64,
-    concurrency: list[int] = (1, 4),
+    concurrency: Sequence[int] = (1, 4),
     requests: int | None = None,
     accept_stats: str | Path | None = None,
     reference: bool | None = None,
@@ -312,75 +270,39 @@ def online(
     with ``trap_probe``, the zero-draft probe, :mod:`verify_trap`).
     The checks read counters (τ, draft lengths, memory), not timings, so one repeat per level by
     default; the report's latency figures are ``bench --endpoint``'s."""
-    from dflash_trt.bench import endpoint
-    from dflash_trt.runtime import load_tokenizer
+    from dflash_trt.runtime import load_tokenizer  # start-up: torch (offline verify needs none)
 
     say = progress or (lambda msg: None)
-    m, config = bundle.manifest, yaml.safe_load(bundle.trtllm_config.read_text()) or {}
-    gate = deploy.speculation_gate(config)
-    if gate:
-        raise DFlashError(f"{bundle.trtllm_config}: {gate}")
+    m, config = bundle.built, _served_config(bundle)
+    assert m.plan is not None  # open_verifiable refuses a manifest without one
     tokenizer = load_tokenizer(bundle.target)
     rows = verify_lossless.read_prompts(prompts or PROMPTS, tokenizer, m.serve.enable_thinking)
+    texts = [tokenizer.decode(r.ids, skip_special_tokens=True) for r in rows]
     ref = _reference(bundle, reference)  # the baseline without --baseline; margins where logprobs lack
+    sides = Sides(model=model, baseline=baseline, baseline_model=baseline_model)
     say("lossless: greedy completions against the baseline")
-    lossless = verify_lossless.check(
-        rows,
-        url,
-        model,
-        baseline=baseline,
-        baseline_model=baseline_model,
-        reference=ref,
-        tokenizer=tokenizer,
-        max_tokens=max_tokens,
-    )
-    hist0 = verify_server.accept_files(accept_stats) if accept_stats else None
-    bodies: list[str | None] = []
+    lossless = verify_lossless.check(rows, url, reference=ref, tokenizer=tokenizer, max_tokens=max_tokens, **sides)
     say(f"load: concurrency {', '.join(map(str, concurrency))}")
-    report = endpoint.run(
+    load = _load(
         url,
-        model=model,
-        baseline=baseline,
-        baseline_model=baseline_model,
-        prompts=[tokenizer.decode(r.ids, skip_special_tokens=True) for r in rows],
+        texts,
+        accept_stats,
         concurrency=list(concurrency),
         requests=requests,
         max_tokens=max_tokens,
-        temperature=0.0,
         repeats=repeats,
-        on_scrape=bodies.append,
+        **sides,
     )
-    wins = verify_server.windows(bodies)
-    levels = report["endpoint"]["levels"]
-    for lv, w in zip(levels, wins, strict=False):
-        if w.draft_rounds:  # what the server drafted at the level's fullest batch (plan --calibration reads it)
-            lv["draft_len"] = max(w.draft_rounds, key=lambda bl: (bl[0], w.draft_rounds[bl]))[1]
-    total = sum(wins, verify_server.Window())
-    acc, source = total, f"{total.stack} server metrics"
-    if accept_stats:
-        acc, source = verify_server.hist_window(hist0, verify_server.accept_files(accept_stats)), "acceptance files"
-        acc.draft_rounds = total.draft_rounds
-    report["stack"] = STACKS.get(total.stack)  # the serving software the levels came from
-    checks = [
-        lossless,
-        check_acceptance(acc, m, config, source),
-        check_served_schedule(levels, wins, m.plan),
-        check_memory(total, m.plan, config),
-    ]
+    checks = [lossless, *load.checks(m, config)]
     if trap_probe:
         say("trap: a load above the schedule's top, then low concurrency")
+        collapsed = checks[1]["status"] == "fail"
         checks.append(
             verify_trap.probe(
-                url,
-                m.plan,
-                config,
-                model=model,
-                max_tokens=max_tokens,
-                prompts=[tokenizer.decode(r.ids, skip_special_tokens=True) for r in rows],
-                collapsed=checks[1]["status"] == "fail",
+                url, m.plan, config, model=model, max_tokens=max_tokens, prompts=texts, collapsed=collapsed
             )
         )
-    return report, checks
+    return load.report, checks
 
 
 def run(path: str | Path, endpoint_url: str | None = None, progress=None, **kw) -> dict:
@@ -394,7 +316,7 @@ def run(path: str | Path, endpoint_url: str | None = None, progress=None, **kw) 
     return {
         **report,
         "bundle": str(bundle.root),
-        "format": bundle.manifest.format,
+        "format": bundle.built.format,
         "checks": checks,
         "failed": [c["name"] for c in checks if c["status"] == "fail"],
         "ok": all(c["status"] != "fail" for c in checks),

@@ -90,7 +90,7 @@ class ServerSide:
     """Greedy completions from one server; asks for top-2 logprobs until the server refuses them."""
 
     def __init__(self, url: str, model: str | None):
-        from dflash_trt.serve import CompletionClient
+        from dflash_trt.serve import CompletionClient  # start-up: torch (the serve package loads it)
 
         self.client = CompletionClient(url, model, retries=2)
         self.logprobs = True
@@ -117,7 +117,7 @@ class ReferenceSide:
         self.lock: asyncio.Lock | None = None
 
     async def answer(self, prompt: Prompt, max_tokens: int) -> Answer:
-        from dflash_trt.runtime import generate
+        from dflash_trt.runtime import generate  # start-up: torch (offline verify needs none)
 
         self.lock = self.lock or asyncio.Lock()
         async with self.lock:  # one model, one generation at a time
@@ -134,7 +134,7 @@ class ReferenceSide:
         return Answer(ids, None, self.pair.decode(ids))
 
     def margin(self, ids: list[int]) -> float:
-        import torch
+        import torch  # start-up: torch (offline verify needs none)
 
         with torch.inference_mode():
             logits = self.pair.target.model(torch.tensor([ids])).logits[0, -1].float()  # [V]

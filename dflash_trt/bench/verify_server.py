@@ -76,7 +76,7 @@ class Window:
 
 def prometheus(body: str) -> dict[tuple[str, tuple], float]:
     """``{(name, ((label, value), ...)): value}`` of a Prometheus text page."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # optional: prometheus_client (serve extra)
 
     out: dict[tuple[str, tuple], float] = {}
     for fam in text_string_to_metric_families(body):
@@ -90,7 +90,7 @@ def _embedded(before: str | None, after: str) -> Window:
     delta = {k: v - b.get(k, 0.0) for k, v in a.items()}
     get = lambda name, **lab: int(round(delta.get((name, tuple(sorted(lab.items()))), 0.0)))  # noqa: E731
     positions = sorted(int(dict(lab)["position"]) for name, lab in delta if name == "dflash_spec_accepted_total")
-    draft = Counter()
+    draft: Counter[tuple[int, int]] = Counter()  # (batch size, draft length): rounds
     for (name, lab), v in delta.items():
         if name == "dflash_draft_rounds_total" and round(v) > 0:
             d = dict(lab)

@@ -24,9 +24,11 @@ recovers. Where the server reports no counters, or the survivors finished first,
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from dflash_trt import plan as planner
 from dflash_trt.bench import verify_server
+from dflash_trt.bench.stream import Endpoint
 
 SURVIVORS = 2
 LONG = 8
@@ -51,10 +53,8 @@ async def _phases(
     errors of the requests that failed. The warm-up (before the first scrape, so outside both
     windows) settles what the server accepts, as ``bench.endpoint.run``'s does: a server that
     refuses per-chunk usage (the embedded one, vLLM's extension) is asked without it."""
-    from dflash_trt.bench import endpoint
-
     bodies: list[str | None] = []
-    ep = endpoint.Endpoint(url, model, on_scrape=bodies.append)
+    ep = Endpoint(url, model, on_scrape=bodies.append)
     try:
         await ep.discover()
         await ep.warm_up(prompts[0], min(8, max_tokens), 0.0, True)
@@ -102,7 +102,7 @@ def probe(
         }
     bodies, errors = asyncio.run(_phases(url, model, prompts, top + 1 - SURVIVORS, max_tokens))
     load, low = verify_server.window(bodies[0], bodies[1]), verify_server.window(bodies[1], bodies[2])
-    details = {
+    details: dict[str, Any] = {
         "top": top,
         "load_concurrency": top + 1,
         "survivors": SURVIVORS,
@@ -112,6 +112,12 @@ def probe(
     }
     if errors:
         details["failed_requests"] = {"count": len(errors), "first": errors[0]}
+    return _judge(low, plan, top, errors, details)
+
+
+def _judge(low: verify_server.Window, plan: planner.Plan, top: int, errors: list[str], details: dict) -> dict:
+    """The check from the low phase's counters: not measured without them, failed where τ did not
+    recover to the plan's (``details`` gains the plan's τ), else passed."""
     if low.tau is None:
         why = (
             f"{len(errors)} of {top + 1} requests failed ({errors[0]})"

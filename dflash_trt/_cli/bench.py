@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 import yaml
 
-from dflash_trt import deploy, ingest
+from dflash_trt import ingest
 from dflash_trt._cli.bench_show import show, show_endpoint
 from dflash_trt._cli.common import (
     BackendOpt,
@@ -45,8 +45,6 @@ from dflash_trt._cli.load_options import (
     rates,
 )
 from dflash_trt.bench import datasets, plots
-from dflash_trt.bench import endpoint as loadgen
-from dflash_trt.bench import load as loads
 from dflash_trt.errors import DFlashError
 
 ChatOpt = Annotated[bool, typer.Option("--chat", help="Wrap prompts in the chat template.")]
@@ -151,6 +149,8 @@ class BenchOptions:
 
     def load(self) -> dict:
         """:func:`loadgen.run`'s load and request options (bad --request-rate or --goodput refused here)."""
+        from dflash_trt.bench import load as loads  # start-up: asyncio and ssl (the load generator, ~0.1 s)
+
         return {
             "request_rate": rates(self.request_rate),
             "burstiness": self.burstiness,
@@ -261,6 +261,8 @@ def planned_curve(bundle) -> tuple[list[dict] | None, int, str | None]:
 
 def refuse_gate(bundle) -> None:
     """A bundle whose config sets TensorRT-LLM's speculation gate is not measured (``deploy.speculation_gate``)."""
+    from dflash_trt import deploy  # start-up: the pipeline (~0.1 s), loaded by the commands that use it
+
     path = None if bundle is None else Path(bundle) / ingest.Layout.TRTLLM_CONFIG
     if path is None or not path.is_file():
         return
@@ -274,6 +276,8 @@ def refuse_gate(bundle) -> None:
 
 def bench_endpoint(opts: BenchOptions, endpoint: str) -> None:
     """--endpoint: the server (and --baseline, --mtp-endpoint) driven at each level, then reported."""
+    from dflash_trt.bench import endpoint as loadgen  # start-up: asyncio and ssl (the load generator, ~0.1 s)
+
     if opts.backend != "torch":
         raise DFlashError("--backend runs the models in-process; with --endpoint the server runs them")
     rows = opts.prompt_set() if opts.prompts else None  # None: the load generator's own prompts

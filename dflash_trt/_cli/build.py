@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from dflash_trt import deploy
 from dflash_trt import plan as R
 from dflash_trt._cli.common import (
     DrafterOpt,
@@ -24,6 +23,9 @@ from dflash_trt._cli.common import (
 from dflash_trt.errors import RecipeError
 from dflash_trt.ingest import CurvePoint, PlanMemory
 from dflash_trt.plan import Plan, Recipe
+
+if TYPE_CHECKING:  # an annotation only: the pipeline loads when build or plan runs (start-up, ~0.1 s)
+    from dflash_trt.deploy import BuildResult
 
 DEFAULT_RECIPE = "tiny"
 
@@ -160,8 +162,10 @@ def build(
     _show_built(res.out, (res.manifest or {}).get("engine"))
 
 
-def _build_with_progress(r: Recipe, output: Path | None, dry_run: bool, force: bool) -> deploy.BuildResult:
+def _build_with_progress(r: Recipe, output: Path | None, dry_run: bool, force: bool) -> BuildResult:
     """``deploy.build`` under a transient progress bar on stderr (off in a log: a refusal stays one line)."""
+    from dflash_trt import deploy  # start-up: the pipeline (~0.1 s), loaded by the commands that use it
+
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -225,6 +229,8 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
+    from dflash_trt import deploy  # start-up: the pipeline (~0.1 s), loaded by the commands that use it
+
     flags = {
         "--gpu": gpu,
         "--gpus-per-node": gpus_per_node,

@@ -44,7 +44,6 @@ from dflash_trt._cli.serve_options import (
     TemplateTimeoutOpt,
     ThreadsOpt,
 )
-from dflash_trt.deploy import installed_trtllm, judge_trtllm_config, load_trtllm_config
 from dflash_trt.errors import DFlashError, require
 from dflash_trt.ingest import chat_mismatch
 from dflash_trt.logs import configure
@@ -161,11 +160,13 @@ def _print_dry_run(b, host: str, port: int, trtllm: str | None, server: Server) 
 
 def _check_trtllm(b) -> None:
     """``serve --check``: the planned release's schema, then the installed release's own classes."""
+    from dflash_trt import deploy  # start-up: the pipeline (~0.1 s), loaded by the commands that use it
+
     info = b.manifest.trtllm if b.manifest else None
     if info is None:
         raise DFlashError(f"{b.root}: no manifest naming its TensorRT-LLM release; rebuild with 'dflash-trt build'")
-    load_trtllm_config(b.root, info.release)
-    have = installed_trtllm()
+    deploy.load_trtllm_config(b.root, info.release)
+    have = deploy.installed_trtllm()
     if have is None:
         out.print(
             f"trtllm/config.yaml matches dflash-trt's schema of TensorRT-LLM {info.release}; tensorrt_llm is "
@@ -173,7 +174,7 @@ def _check_trtllm(b) -> None:
             markup=False,
         )
         return
-    code, lines = judge_trtllm_config(info.release, b.root)
+    code, lines = deploy.judge_trtllm_config(info.release, b.root)
     if code:
         raise DFlashError(lines[0])
     for line in lines:

@@ -16,7 +16,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dflash_trt import deploy
 from dflash_trt._cli.bench_show import _pm, show_arms
 from dflash_trt._cli.common import JsonOpt, check_refs, err, out, print_json, save_then_plot, steps
 from dflash_trt._cli.load_options import (
@@ -30,9 +29,7 @@ from dflash_trt._cli.load_options import (
     WarmupOpt,
     dataset,
 )
-from dflash_trt.bench import endpoint as loadgen
 from dflash_trt.bench import plots
-from dflash_trt.bench import tune as T
 from dflash_trt.errors import DFlashError
 from dflash_trt.plan import batch_grid, get_gpu, stack_for
 
@@ -163,6 +160,8 @@ def tune(
     bundle meanwhile refuses (tune holds its lock from the first measurement to the last write)."""
     opts = TuneOptions(**locals())  # first statement: locals() is exactly the parameters
     check_refs(bundle=bundle)  # a bad path is one line before the runtime (torch) loads
+    from dflash_trt import deploy  # start-up: the pipeline (~0.1 s), loaded by the commands that use it
+
     # a writer holds the bundle's lock from before its first measurement to its last write
     with deploy.lock(bundle) if opts.writes else contextlib.nullcontext():
         note = deploy.recover(bundle) if opts.writes else None
@@ -173,18 +172,20 @@ def tune(
 
 def _tune(opts: TuneOptions) -> None:
     """The measuring under the lock: the server at --endpoint refitted, else the bundle swept."""
+    from dflash_trt.bench import tune as T  # start-up: asyncio and ssl (the load generator, ~0.1 s)
+
     t = T.read(opts.bundle)
     levels = _ints(opts.concurrency, "--concurrency") or batch_grid(t.max_batch_size)
     texts = dataset(opts.prompts, opts.dataset_format, opts.input_len, opts.output_len, opts.seed)
     if opts.baseline is not None and opts.endpoint is None:
         raise DFlashError("--baseline goes with --endpoint URL (the sweep measures drafting off itself)")
     if opts.endpoint is not None:
-        _tune_endpoint(opts, opts.endpoint, t, levels, texts)
+        _tune_endpoint(T, opts, opts.endpoint, t, levels, texts)
     else:
-        _tune_sweep(opts, t, levels, texts)
+        _tune_sweep(T, opts, t, levels, texts)
 
 
-def _tune_endpoint(opts: TuneOptions, endpoint: str, t: T.Tunable, levels: list[int], texts) -> None:
+def _tune_endpoint(T, opts: TuneOptions, endpoint: str, t, levels: list[int], texts) -> None:
     """--endpoint: measure the running server and refit the calibration to it; with --mtp-endpoint
     the manifest records which arm won where (nothing else changes)."""
     mtp = opts.mtp_endpoint
@@ -221,7 +222,7 @@ def _tune_endpoint(opts: TuneOptions, endpoint: str, t: T.Tunable, levels: list[
     )
 
 
-def _tune_sweep(opts: TuneOptions, t: T.Tunable, levels: list[int], texts) -> None:
+def _tune_sweep(T, opts: TuneOptions, t, levels: list[int], texts) -> None:
     """The bundle served embedded, drafting off and at a few lengths, per level (and the MTP arm at
     --mtp-endpoint); the measured-best schedule written (:func:`_finish`)."""
     sweep = T.settings(t.max_draft_len, _ints(opts.draft_lens, "--draft-lens"))
@@ -252,14 +253,14 @@ def _tune_sweep(opts: TuneOptions, t: T.Tunable, levels: list[int], texts) -> No
                 warmup=opts.warmup,
             )
         mtp_levels = mtp_report["endpoint"]["levels"]
-    _finish(opts, t, measured, mtp_levels)
+    _finish(T, opts, t, measured, mtp_levels)
 
 
 def build_stack(t) -> str:
     return stack_for(get_gpu(t.manifest.gpu.name)) if t.manifest.gpu else "reference"
 
 
-def _finish(opts: TuneOptions, t: T.Tunable, measured: dict, mtp_levels: list[dict] | None = None) -> None:
+def _finish(T, opts: TuneOptions, t, measured: dict, mtp_levels: list[dict] | None = None) -> None:
     """The sweep's winners into a schedule: written (unless --dry-run), plotted, printed."""
     noisy = [f"{L or 'off'}@{lv['concurrency']}" for L, rows in measured.items() for lv in rows if lv.get("noisy")]
     warnings: list[str] = (
@@ -292,7 +293,7 @@ def _finish(opts: TuneOptions, t: T.Tunable, measured: dict, mtp_levels: list[di
     }
     plot, refused = opts.plot, None
     if plot is not None:  # measured results saved (PLOT.json) before the figure is drawn
-        refused = save_then_plot(result, plot, lambda p: _plot(t, measured, wins, cal, drafted, p))
+        refused = save_then_plot(result, plot, lambda p: _plot(T, t, measured, wins, cal, drafted, p))
     if opts.as_json:
         print_json({**result, "plot": str(plot) if plot is not None and not refused else None})
         _refused(refused)
@@ -346,7 +347,9 @@ def _show_fit(rows: list[dict], cal, t) -> None:
     out.print(tab)
 
 
-def _plot(t, measured, wins, cal, drafted, path) -> None:
+def _plot(T, t, measured, wins, cal, drafted, path) -> None:
+    from dflash_trt.bench import endpoint as loadgen  # start-up: asyncio and ssl (the load generator)
+
     tuned = [next(lv for lv in measured[L] if lv["concurrency"] == c) for c, L in wins.items()]
     report = {"endpoint": {"model": f"{t.name}, tuned", "levels": tuned}}
     if 0 in measured:

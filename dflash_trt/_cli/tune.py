@@ -2,7 +2,8 @@
 
 The command only parses: its options become one :class:`TuneOptions`, handed whole to the body that
 runs under the bundle's lock (``_tune``), which measures a running server (``--endpoint``) or sweeps
-the bundle itself, then writes or prints what was measured.
+the bundle itself, then writes or prints what was measured. ``_tune`` imports ``bench.tune`` (``T``)
+and hands it down to its steps: it brings asyncio and ssl, which every other command's start is spared.
 """
 
 from __future__ import annotations

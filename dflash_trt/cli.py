@@ -11,9 +11,11 @@ it. Output the terminal cannot encode is replaced, never fatal.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
+import warnings
 from typing import Annotated
 
 import typer
@@ -25,6 +27,10 @@ except ImportError:  # pragma: no cover - older typer on top of click
 
 from dflash_trt import __version__
 from dflash_trt._cli import bench, build, generate, inspect, recipes, serve, train, tune, verify
+from dflash_trt.errors import DFlashError, environment_error
+from dflash_trt.logs import write_traceback
+
+logger = logging.getLogger(__name__)
 
 # Exception classes that differ between typer's vendored click and click itself.
 _EXIT = tuple({typer.Exit, *(c for c in (getattr(click_exc, "Exit", None),) if c)})
@@ -87,9 +93,6 @@ class _HeldLibraryOutput:
     def __enter__(self):
         if not self.active:
             return self
-        import logging
-        import warnings
-
         self._warnings = warnings.catch_warnings(record=True)
         self.caught = self._warnings.__enter__()
         warnings.simplefilter("default")
@@ -104,8 +107,6 @@ class _HeldLibraryOutput:
         return self
 
     def __exit__(self, *exc) -> None:
-        import warnings
-
         if not self.active:
             return
         for lg, handlers, propagate in self._saved:
@@ -134,8 +135,6 @@ def _degrade_streams() -> None:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (what tests call in-process)."""
-    from dflash_trt.errors import DFlashError, environment_error
-
     _degrade_streams()
     _debug["on"] = os.environ.get("DFLASH_DEBUG", "").lower() in ("1", "true", "yes", "on")
     held = _HeldLibraryOutput(argv)
@@ -180,8 +179,6 @@ def run(argv: list[str] | None = None) -> int:
 def _bug(exc: Exception) -> int:
     """One line saying this is a bug and where its traceback went (``logs.write_traceback``); exit 1.
     With ``--debug`` (``DFLASH_DEBUG``) the traceback is printed to stderr first."""
-    from dflash_trt.logs import write_traceback
-
     where = write_traceback(exc)
     kept = f"the traceback is in {where}" if where else "its traceback could not be written"
     if _debug["on"]:  # --debug: the full traceback here too, above the one line
@@ -201,8 +198,6 @@ def _translate(exc: BaseException, environment: str | None) -> str | None:
     panic from ``tokenizers``/``safetensors``, torch's ``CheckpointException``), which no handler
     below this one can catch. Anything else is a bug: None (:func:`_bug`). The
     traceback of a translated error goes to the log (``logging.DEBUG``)."""
-    import logging
-
     if environment is not None:
         said = environment
     elif isinstance(exc, ValueError) and "integer string conversion" in str(exc):  # int("9" * 5000)
@@ -219,7 +214,7 @@ def _translate(exc: BaseException, environment: str | None) -> str | None:
         said = f"{type(exc).__module__}.{type(exc).__name__}: {first} (a library failed on this input)"
     else:
         return None
-    logging.getLogger(__name__).debug("translated to one line", exc_info=exc)
+    logger.debug("translated to one line", exc_info=exc)
     return said
 
 

@@ -7,8 +7,13 @@ one line on stderr and exits with code 2; no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import importlib
 import os
+import shutil
+import stat
+from pathlib import Path
 
 
 class DFlashError(Exception):
@@ -42,8 +47,6 @@ class MissingExtraError(DFlashError):
 
 def require(module: str, extra: str, purpose: str):
     """Import an optional dependency or raise a one-line error naming the extra."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -54,9 +57,6 @@ def read_text(path, what: str) -> str:
     """A user's text file (recipe, prompts, calibration, a report) as str, or one line naming it:
     missing, unreadable, not a regular file (a FIFO or device is never opened: a read can block
     forever), or not UTF-8 text. ``what`` names it as the user gave it (``--prompts``)."""
-    import stat
-    from pathlib import Path
-
     p = Path(path)
     try:
         mode = p.stat().st_mode
@@ -130,9 +130,6 @@ def discard_on_error(path):
     block succeeds): any failure inside removes it, so a full disk or a file-size limit leaves
     nothing half-written behind; an OS refusal that names no file (a library writing in Rust or
     C++) is raised again naming ``path``. Usage: ``with discard_on_error(tmp): write(tmp); ...``."""
-    import contextlib
-    import shutil
-    from pathlib import Path
 
     @contextlib.contextmanager
     def guard():

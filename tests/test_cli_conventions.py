@@ -6,9 +6,12 @@ and one name everywhere; printed verdicts agree with the numbers beside them."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
+import typing
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 import typer
@@ -241,3 +244,39 @@ def test_recipe_list_page_is_every_recipe_with_its_status():
             listed.update({name: m.group(1) for name in re.findall(r"`([^`]+)`", m.group(2))})
     actual = {n: R.recipe_status(R.load_recipe(p)).kind for n, p in R.bundled_recipes().items()}
     assert listed == actual, sorted(set(listed.items()) ^ set(actual.items()))
+
+
+def _options_mismatch(command, options) -> list[str]:
+    """How ``options`` (a dataclass) differs from ``command``'s parameters: names, order, types."""
+    params = typing.get_type_hints(command)  # Annotated[T, typer.Option(...)] read as T
+    params.pop("return", None)
+    fields = typing.get_type_hints(options)
+    order = [f.name for f in dataclasses.fields(options)]
+    said = [] if list(params) == order else [f"parameters {list(params)} != fields {order}"]
+    return said + [
+        f"{k}: {params.get(k)} != {fields.get(k)}" for k in {*params, *fields} if params.get(k) != fields.get(k)
+    ]
+
+
+def _options_pairs():
+    from dflash_trt._cli import bench, serve, serve_options, tune
+
+    return [(bench.bench, bench.BenchOptions), (serve.serve, serve_options.ServeOptions), (tune.tune, tune.TuneOptions)]
+
+
+@pytest.mark.parametrize("command, options", _options_pairs(), ids=lambda x: getattr(x, "__name__", ""))
+def test_an_options_object_is_its_commands_signature(command, options):
+    """A command builds its options object from ``locals()``: every parameter is a field of the same
+    name, in the same order, of the same type (Annotated stripped), and nothing else is; frozen."""
+    assert _options_mismatch(command, options) == []
+    assert options.__dataclass_params__.frozen
+
+
+def _cmd(a: Annotated[int, typer.Option("--a")], b: str | None = None) -> None: ...
+
+
+@pytest.mark.parametrize("fields", [[("a", int), ("b", str)], [("b", str | None), ("a", int)], [("a", int)]])
+def test_the_options_check_sees_a_mismatch(fields):
+    """The check above can fail: a field of another type, out of order, or missing is seen."""
+    assert _options_mismatch(_cmd, dataclasses.make_dataclass("Opts", fields, frozen=True))
+    assert not _options_mismatch(_cmd, dataclasses.make_dataclass("Opts", [("a", int), ("b", str | None)]))

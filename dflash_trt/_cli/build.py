@@ -10,6 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from dflash_trt import plan as R
 from dflash_trt._cli.common import (
     DrafterOpt,
     GpusPerNodeOpt,
@@ -19,10 +20,12 @@ from dflash_trt._cli.common import (
     out,
     print_json,
 )
+from dflash_trt.errors import RecipeError
+from dflash_trt.ingest import CurvePoint, PlanMemory
+from dflash_trt.plan import Plan, Recipe
 
-if TYPE_CHECKING:  # annotations only: the CLI imports the planner when a command runs (start-up cost)
-    from dflash_trt.ingest import CurvePoint, PlanMemory
-    from dflash_trt.plan import Plan, Recipe
+if TYPE_CHECKING:  # an annotation only: the pipeline loads when build or plan runs (start-up, ~0.1 s)
+    from dflash_trt.deploy import BuildResult
 
 DEFAULT_RECIPE = "tiny"
 
@@ -81,8 +84,6 @@ FLAG_FIELDS = {
 def flag_fields(target: str | None, drafter: str | None, flags: dict[str, object]) -> list:
     """``recipe.FieldValue`` for each flag given: ``--target``/``--drafter`` replace the whole
     model reference (its config directory and revision belong to the recipe's model)."""
-    from dflash_trt import plan as R
-
     fields = []
     for flag, role, ref in (("--target", "target", target), ("--drafter", "drafter", drafter)):
         if ref is not None:
@@ -99,9 +100,6 @@ def recipe_from_flags(
 ):
     """A Recipe from a name/file plus flags (``{"--precision": "fp8", ...}``, keys of
     :data:`FLAG_FIELDS`); the flags set their fields, then ``--set`` overrides apply."""
-    from dflash_trt import plan as R
-    from dflash_trt.errors import RecipeError
-
     fields = flag_fields(target, drafter, flags)
     if recipe is None and (target is not None or drafter is not None):
         if target is None or drafter is None:
@@ -136,8 +134,6 @@ def build(
     org/name[@revision]. One writer at a time per output (a second build or tune fails at once, naming the
     first); a build killed while it swaps the bundle in is finished or rolled back by the next build or tune,
     which says which."""
-    from dflash_trt import deploy as pipeline
-
     flags = {
         "--gpu": gpu,
         "--gpus-per-node": gpus_per_node,
@@ -147,6 +143,29 @@ def build(
         "--graphs": True if graphs else None,
     }  # None: the recipe's own
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
+    res = _build_with_progress(r, output, dry_run, force)
+    if as_json:
+        print_json(
+            {
+                "recipe": r.name,
+                "dry_run": dry_run,
+                "out": str(res.out) if res.out else None,
+                "plan": res.plan.to_json(),
+                "engine": (res.manifest or {}).get("engine"),
+            }
+        )
+        return
+    show_plan(res.plan, r)
+    if dry_run:
+        out.print(f"dry run: {r.name} validated and planned; nothing written")
+        return
+    _show_built(res.out, (res.manifest or {}).get("engine"))
+
+
+def _build_with_progress(r: Recipe, output: Path | None, dry_run: bool, force: bool) -> BuildResult:
+    """``deploy.build`` under a transient progress bar on stderr (off in a log: a refusal stays one line)."""
+    from dflash_trt import deploy  # start-up: the pipeline (~0.1 s), loaded by the commands that use it
+
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -164,28 +183,16 @@ def build(
         def progress(done, total):
             bar.update(task, description="calibrating", total=total, completed=done)
 
-        res = pipeline.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
-    engine_info = (res.manifest or {}).get("engine")
-    if as_json:
-        print_json(
-            {
-                "recipe": r.name,
-                "dry_run": dry_run,
-                "out": str(res.out) if res.out else None,
-                "plan": res.plan.to_json(),
-                "engine": engine_info,
-            }
-        )
-        return
-    show_plan(res.plan, r)
-    if dry_run:
-        out.print(f"dry run: {r.name} validated and planned; nothing written")
-        return
-    out.print(f"bundle written to {res.out}  (serve: {res.out}/trtllm/serve.sh)")
+        return deploy.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
+
+
+def _show_built(where: Path, engine_info: dict | None) -> None:
+    """Where the bundle was written, and its ONNX graphs and engines when --graphs exported them."""
+    out.print(f"bundle written to {where}  (serve: {where}/trtllm/serve.sh)")
     if engine_info is not None:
         err_max = max(engine_info["drafter_onnx_max_error"].values())
         out.print(
-            f"ONNX: {', '.join(engine_info['onnx'])} in {res.out}/onnx (drafter vs PyTorch max error {err_max:.1e})"
+            f"ONNX: {', '.join(engine_info['onnx'])} in {where}/onnx (drafter vs PyTorch max error {err_max:.1e})"
         )
         if not engine_info["engines_built"]:
             out.print(f"engines not built: {engine_info['engines_reason']}")
@@ -222,7 +229,7 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Print the deployment plan (memory per GPU, TP size, draft length, back-off) without building."""
-    from dflash_trt import deploy as pipeline
+    from dflash_trt import deploy  # start-up: the pipeline (~0.1 s), loaded by the commands that use it
 
     flags = {
         "--gpu": gpu,
@@ -231,11 +238,9 @@ def plan(
         "--kv-cache-dtype": kv_cache_dtype,
     }
     if stack is not None and stack not in ("trtllm", "vllm", "sglang"):
-        from dflash_trt.errors import RecipeError
-
         raise RecipeError(f"--stack {stack!r}: choose trtllm, vllm or sglang")
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
-    p = pipeline.plan_resolved(pipeline.resolve_recipe(r), calibration=calibration, stack=stack)
+    p = deploy.plan_resolved(deploy.resolve_recipe(r), calibration=calibration, stack=stack)
     if as_json:
         print_json({"recipe": r.name, "plan": p.to_json()})
         return
@@ -247,6 +252,15 @@ def _gib(n: int) -> str:
 
 
 def show_plan(p: Plan, r: Recipe) -> None:
+    """The plan as the terminal reads it: memory per GPU, the drafting table, then its notes."""
+    _show_memory(p, r)
+    show_budget(p.memory)
+    _show_drafting(p)
+    _show_notes(p)
+
+
+def _show_memory(p: Plan, r: Recipe) -> None:
+    """The memory-per-GPU table: each term, and the total against the GPU's capacity."""
     m = p.memory
     t = Table(
         title=f"{r.name}: {p.gpus}x {p.gpu}, {p.precision} weights, KV {p.kv_cache}, tp={p.tp}"
@@ -274,7 +288,10 @@ def show_plan(p: Plan, r: Recipe) -> None:
         t.add_row(label, _gib(value))
     t.add_row("total", f"{_gib(m.total)} of {_gib(m.capacity)}")
     out.print(t)
-    show_budget(m)
+
+
+def _show_drafting(p: Plan) -> None:
+    """The drafting table: per batch size the draft length, the predicted speedup and throughput."""
     s = Table(
         title=f"drafting: block {p.block_size}, max_draft_len {p.max_draft_len}, expected τ {p.acceptance} "
         f"(α {p.alpha}), draft attention {p.attention_backend}"
@@ -300,6 +317,11 @@ def show_plan(p: Plan, r: Recipe) -> None:
         ]
         s.add_row(*cells)
     out.print(s)
+
+
+def _show_notes(p: Plan) -> None:
+    """The lines under the tables: the step model and its sources, ranges, the MTP arm, back-off,
+    what the release drafts, then each warning once."""
     if p.calibration:
         out.print(f"step model: {p.calibration}", markup=False)
     for term, source in p.step_sources.items():

@@ -5,18 +5,28 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
+import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dflash_trt import ingest
+from dflash_trt.errors import DFlashError
+from dflash_trt.plan import load_recipe
+
+logger = logging.getLogger(__name__)
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 #: the ``embedded:`` references --help lists (tests/test_cli_conventions.py checks them against
-#: ``ingest.resolve.embedded_names()``; written out so --help need not import ingest)
+#: ``ingest.resolve.embedded_names()``; written out so --help need not walk the packaged assets)
 EMBEDDED_REFS = ("embedded:tiny/target", "embedded:tiny/drafter")
 TargetOpt = Annotated[
     str | None,
@@ -76,11 +86,7 @@ def steps(description: str, total: int | None):
     """Progress of a long loop: yields ``step(completed=None, description=None)`` (None: one more).
     On a terminal a transient rich bar; otherwise (CI logs, ``| tee``), where a live bar shows
     nothing, one stderr line per step, so a minute-long bench or tune is not silent."""
-    import time
-
     if err.is_terminal:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -122,17 +128,13 @@ DEFAULT_RECIPE = "tiny"
 
 def default_pair() -> tuple[str, str]:
     """(target, drafter) of the bundled ``tiny`` recipe: the pair shipped inside the package."""
-    from dflash_trt.plan import load_recipe
-
     r = load_recipe(DEFAULT_RECIPE)
     return r.target.id, r.drafter.id
 
 
 def default_prompts() -> str:
     """Held-out standard-library prompts shipped with the embedded pair."""
-    from dflash_trt.ingest import embedded_dir
-
-    return str(embedded_dir("tiny") / "heldout_prompts.jsonl")
+    return str(ingest.embedded_dir("tiny") / "heldout_prompts.jsonl")
 
 
 SMALL_MODEL_PARAMS = 50_000_000
@@ -141,7 +143,7 @@ SMALL_MODEL_PARAMS = 50_000_000
 def run_spec(backend: str = "torch", kernels: str = "lean", bundle: str | None = None, dtype: str = "auto"):
     """The resolved ``runtime.RunSpec`` for the flags (one DFlashError line if they cannot run);
     what resolving changed is said here, once, on stderr."""
-    from dflash_trt.runtime import resolve_run
+    from dflash_trt.runtime import resolve_run  # start-up: torch (the runtime face loads it)
 
     # choices are case-insensitive, as typer's case_sensitive=False makes the enum flags
     backend, kernels, dtype = backend.lower(), kernels.lower(), dtype.lower()
@@ -172,9 +174,6 @@ def load_pair_from(
 def check_refs(target=None, drafter=None, need_drafter: bool = True, bundle=None) -> None:
     """A bad path or a missing flag is refused from the file system alone, before the runtime
     (torch, transformers' model code) is imported: one line in well under a second."""
-    from dflash_trt import ingest
-    from dflash_trt.errors import DFlashError
-
     if bundle is not None:
         ingest.open_bundle(str(bundle), require_manifest=False)  # serve takes a hand-made trtllm directory too
         return
@@ -190,8 +189,6 @@ def check_refs(target=None, drafter=None, need_drafter: bool = True, bundle=None
 def _local(ref: str) -> bool:
     """A reference ``ingest.resolve`` answers from this machine (no hub call): embedded, a path,
     or a name that cannot be a hub id."""
-    from pathlib import Path
-
     return ref.startswith(("embedded:", "/", ".", "~")) or "/" not in ref or Path(ref.split("/")[0]).is_dir()
 
 
@@ -203,9 +200,7 @@ def _threads_for(pair) -> None:
     autoregressive tokens/s on a shared 2-core machine). Applies to CPU targets under
     SMALL_MODEL_PARAMS parameters; OMP_NUM_THREADS still wins.
     """
-    import os
-
-    import torch
+    import torch  # start-up: torch (called once a pair is loaded)
 
     if "OMP_NUM_THREADS" in os.environ or pair.target.device.type not in ("cpu", "meta"):  # meta: graphs on a CPU
         return
@@ -214,8 +209,7 @@ def _threads_for(pair) -> None:
 
 
 def _load(target, drafter, dtype, need_drafter, bundle, spec):
-    from dflash_trt.errors import DFlashError
-    from dflash_trt.runtime import load_bundle, load_pair
+    from dflash_trt.runtime import load_bundle, load_pair  # start-up: torch
 
     if bundle is not None:
         if target is not None or drafter is not None:
@@ -248,8 +242,6 @@ def save_then_plot(report: dict, path, draw) -> str | None:
     caller to raise *after* it has printed the results (None: both written). Each file is written
     under a fresh name and renamed over PATH (:func:`replace_file`): a symlink there is replaced,
     never written through."""
-    from pathlib import Path
-
     path = Path(path)
     try:
         saved: Path | None = _plain(path.with_suffix(".json"))  # ValueError for a path with no name ("/", ".")
@@ -260,9 +252,7 @@ def save_then_plot(report: dict, path, draw) -> str | None:
     try:
         replace_file(_plain(path), draw)
     except Exception as exc:  # noqa: BLE001 - whatever the figure's writer raises, the results are kept
-        import logging
-
-        logging.getLogger(__name__).debug("--plot %s failed", path, exc_info=exc)
+        logger.debug("--plot %s failed", path, exc_info=exc)
         kept = f"the results are in {saved} and below" if saved else "the results are printed below"
         return f"--plot {path}: cannot write the plot ({getattr(exc, 'strerror', None) or exc}); {kept}"
     return None if saved else f"--plot {path}: {why}; the plot was written"
@@ -271,9 +261,6 @@ def save_then_plot(report: dict, path, draw) -> str | None:
 def replace_file(path, write) -> None:
     """``write(tmp)`` into a fresh hidden file beside ``path`` (created here: never an existing file
     or link), then renamed over ``path``; on failure the temporary file is removed."""
-    import os
-    from pathlib import Path
-
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(21, "is a directory", str(path))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Annotated
 
 import typer
 
+from dflash_trt import ingest
 from dflash_trt._cli.common import (
     BackendOpt,
     BlockSizeOpt,
@@ -22,6 +24,7 @@ from dflash_trt._cli.common import (
     out,
     print_json,
 )
+from dflash_trt.errors import DFlashError
 
 
 def generate(
@@ -45,20 +48,14 @@ def generate(
 ) -> None:
     """Generate text with DFlash speculative decoding and print acceptance statistics."""
     check_refs(target, drafter, block_size != 1, bundle)  # before the runtime (torch) loads
-    from dflash_trt.runtime import SamplingParams
-    from dflash_trt.runtime import generate as run
+    from dflash_trt.runtime import SamplingParams  # start-up: torch (after check_refs: a bad path is one line)
+    from dflash_trt.runtime import generate as run  # start-up: torch
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     pair = load_pair_from(
         target, drafter, dtype, need_drafter=block_size != 1, bundle=bundle, kernels=kernels, backend=backend
     )
-    with _quiet("transformers"):  # its "longer than the maximum" warning: check_context says it in one line
-        try:
-            ids = pair.encode(prompt, chat=chat)
-        except (UnicodeError, TypeError, ValueError) as exc:  # a lone surrogate, ...
-            from dflash_trt.errors import DFlashError
-
-            raise DFlashError(f"--prompt cannot be tokenized ({type(exc).__name__}: {exc})") from None
+    ids = _encode(pair, prompt, chat)
     check_context(len(ids), max_new_tokens, context_len(pair, bundle))
     drafter_model = pair.drafter if block_size != 1 else None
     res = run(
@@ -71,9 +68,21 @@ def generate(
         stop_token_ids=pair.stop_token_ids,
         backend=pair.backend,
     )
-    tokens = res.token_ids[0]
-    text = pair.decode(tokens)
-    s = res.stats
+    _show_generated(res, pair.decode(res.token_ids[0]), as_json)
+
+
+def _encode(pair, prompt: str, chat: bool) -> list[int]:
+    """--prompt as token ids; text the tokenizer cannot take (a lone surrogate, ...) is one line."""
+    with _quiet("transformers"):  # its "longer than the maximum" warning: check_context says it in one line
+        try:
+            return pair.encode(prompt, chat=chat)
+        except (UnicodeError, TypeError, ValueError) as exc:  # a lone surrogate, ...
+            raise DFlashError(f"--prompt cannot be tokenized ({type(exc).__name__}: {exc})") from None
+
+
+def _show_generated(res, text: str, as_json: bool) -> None:
+    """The text on stdout and its statistics on stderr, or one JSON object of both."""
+    tokens, s = res.token_ids[0], res.stats
     if as_json:
         print_json(
             {
@@ -95,8 +104,6 @@ def generate(
 
 @contextlib.contextmanager
 def _quiet(logger: str):
-    import logging
-
     lg = logging.getLogger(logger)
     level = lg.level
     lg.setLevel(logging.ERROR)
@@ -110,8 +117,6 @@ def context_len(pair, bundle: str | None) -> int:
     """The context the server would serve this pair with: the bundle's planned ``max_seq_len``,
     else the model's ``max_position_embeddings`` (serve/app.py's rule)."""
     if bundle is not None:
-        from dflash_trt import ingest
-
         planned = ingest.open_bundle(bundle).serve.max_seq_len
         if planned:
             return int(planned)
@@ -121,8 +126,6 @@ def context_len(pair, bundle: str | None) -> int:
 def check_context(n: int, max_new: int, ctx: int) -> None:
     """The server's refusals (``serve.routes.make_job``), as one line: an empty prompt, a prompt that
     fills the context, a prompt plus -n past it."""
-    from dflash_trt.errors import DFlashError
-
     if n == 0:
         raise DFlashError("the prompt is empty (0 tokens)")
     if n >= ctx:

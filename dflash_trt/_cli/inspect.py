@@ -7,7 +7,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from dflash_trt import ingest, plan
 from dflash_trt._cli.common import JsonOpt, out, print_json
+from dflash_trt.errors import CompatibilityError
 
 
 def _human_bytes(n: int | None) -> str:
@@ -106,9 +108,6 @@ def inspect(
     as_json: JsonOpt = False,
 ) -> None:
     """Describe a checkpoint (format, layer ids, mask id, sizes, quantization); with --target, the pair verdict."""
-    from dflash_trt import ingest
-    from dflash_trt.errors import CompatibilityError
-
     report = None
     if target is not None:
         path = ingest.resolve(ref, role="drafter")
@@ -152,8 +151,6 @@ def inspect(
 
 def _capture(architecture: str | None) -> tuple[bool | None, str]:
     """TensorRT-LLM's verdict for a target architecture (``plan.trtllm_capture``): (supported, detail)."""
-    from dflash_trt import plan
-
     release = plan.DEFAULT_RELEASE
     why = plan.capture_missing(architecture, release)
     ok = plan.capture_supported(architecture, release)

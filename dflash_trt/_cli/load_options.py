@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 
+from dflash_trt.bench import datasets
+from dflash_trt.errors import DFlashError
+
 PromptsOpt = Annotated[
     str | None,
     typer.Option(
@@ -95,8 +98,6 @@ GoodputOpt = Annotated[
 
 
 def rates(text: str | None) -> list[float]:
-    from dflash_trt.errors import DFlashError
-
     if not text:
         return []
     try:
@@ -119,8 +120,6 @@ def dataset(
 ):
     """The prompt set as :class:`dflash_trt.bench.datasets.Prompt` (``default`` when no --prompts;
     None when neither)."""
-    from dflash_trt.bench import datasets
-
     source = prompts or default
     if source is None:
         return None

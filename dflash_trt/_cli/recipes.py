@@ -9,7 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from dflash_trt import plan as R
 from dflash_trt._cli.common import out
+from dflash_trt.errors import RecipeError
 
 recipes_app = typer.Typer(
     help="List, show, copy and validate recipes (one YAML per model pair x GPU x precision).", no_args_is_help=True
@@ -23,8 +25,6 @@ def list_(
     reasons: Annotated[bool, typer.Option("--reasons", help="Also print why each recipe is not ready.")] = False,
 ) -> None:
     """List the bundled recipes and what the project can do with each (derived from their configs)."""
-    from dflash_trt import plan as R
-
     t = Table(
         caption="status: ready (plans offline) | hub-only (plans from the hub or the local HF cache) | "
         "id-unconfirmed | unsupported (target family not in the runtime's registry); "
@@ -49,8 +49,6 @@ def list_(
 @recipes_app.command("show")
 def show(name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None) -> None:
     """Print a recipe with every default filled in (after --set overrides)."""
-    from dflash_trt import plan as R
-
     out.print(R.load_recipe(name, set_).to_yaml(), markup=False, end="")
 
 
@@ -59,8 +57,6 @@ def validate(
     name: Annotated[str, typer.Argument(help="Bundled recipe name or YAML file.")], set_: SetOpt = None
 ) -> None:
     """Check a recipe's keys and values; exit 2 naming the first bad key."""
-    from dflash_trt import plan as R
-
     r = R.load_recipe(name, set_)
     out.print(f"{name}: ok ({r.name})")
 
@@ -71,9 +67,6 @@ def copy(
     dest: Annotated[Path, typer.Argument(help="Destination YAML file.")],
 ) -> None:
     """Copy a bundled recipe to edit it."""
-    from dflash_trt import plan as R
-    from dflash_trt.errors import RecipeError
-
     src = R.load_recipe(name).source
     if os.path.lexists(dest):  # a dangling symlink too: it would be written through, wherever it points
         raise RecipeError(f"{dest} exists; choose another destination")

@@ -12,6 +12,7 @@ from dflash_trt._cli.common import (
     BlockSizeOpt,
     DtypeOpt,
     KernelsOpt,
+    check_refs,
     err,
     out,
     run_spec,
@@ -37,11 +38,15 @@ from dflash_trt._cli.serve_options import (
     NodesOpt,
     PortOpt,
     PvcOpt,
+    ServeOptions,
     Server,
     ServerOpt,
     TemplateTimeoutOpt,
     ThreadsOpt,
 )
+from dflash_trt.errors import DFlashError, require
+from dflash_trt.ingest import chat_mismatch
+from dflash_trt.logs import configure
 
 #: Why ``--api-key`` is refused where trtllm-serve would answer. Read in NVIDIA/TensorRT-LLM:
 #: ``tensorrt_llm/commands/serve.py::serve`` has no key option and ``launch_server`` builds
@@ -85,10 +90,9 @@ def serve(
     log_format: LogFormatOpt = "text",
 ) -> None:
     """Serve a bundle: OpenAI-compatible /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    from dflash_trt._cli.common import check_refs
-
+    opts = ServeOptions(**locals())  # first statement: locals() is exactly the parameters
     check_refs(bundle=bundle)  # a bad path is one line before the server's imports (torch)
-    from dflash_trt.serve import launch
+    from dflash_trt.serve import launch  # start-up: torch (after check_refs: a bad path is one line)
 
     b = launch.read_bundle(bundle)
     if check:
@@ -103,31 +107,12 @@ def serve(
         return _print_dry_run(b, host, port, trtllm, server)
     if _use_trtllm(server, trtllm, backend, kernels):
         return _serve_trtllm(b, host, port, trtllm, api_key)
-    serve_embedded(
-        b,
-        host,
-        port,
-        model_name,
-        max_batch,
-        max_queue,
-        block_size,
-        dtype,
-        threads,
-        backend,
-        api_key=api_key,
-        max_body_bytes=int(max_body_mb * (1 << 20)),
-        kernels=kernels,
-        drain_timeout=drain_timeout,
-        template_timeout=template_timeout,
-        log=(log_level.lower(), log_format.lower()),
-    )
+    serve_embedded(b, opts)
 
 
 def _use_trtllm(server: Server, trtllm: str | None, backend: str, kernels: str) -> bool:
     """Whether trtllm-serve answers: asked for (then --backend/--kernels must be left as they are),
     or ``auto`` with trtllm-serve on PATH and the run spec left at its defaults."""
-    from dflash_trt.errors import DFlashError
-
     as_given = backend == "torch" and kernels == "lean"
     if not as_given and server is Server.trtllm:
         raise DFlashError(
@@ -139,8 +124,7 @@ def _use_trtllm(server: Server, trtllm: str | None, backend: str, kernels: str) 
 
 def _serve_trtllm(b, host: str, port: int, trtllm: str | None, api_key: str | None) -> None:
     """Run the bundle's trtllm-serve command; its exit status passed on, with one line saying whose."""
-    from dflash_trt.errors import DFlashError
-    from dflash_trt.serve import launch
+    from dflash_trt.serve import launch  # start-up: torch
 
     if trtllm is None:
         raise DFlashError(
@@ -161,7 +145,7 @@ def _serve_trtllm(b, host: str, port: int, trtllm: str | None, api_key: str | No
 
 def _print_dry_run(b, host: str, port: int, trtllm: str | None, server: Server) -> None:
     """What ``serve`` would run: the bundle's trtllm-serve command (and what serve.sh execs)."""
-    from dflash_trt.serve import launch
+    from dflash_trt.serve import launch  # start-up: torch
 
     out.print(shlex.join(launch.trtllm_argv(b, host, port)), markup=False)
     inner = launch.script_command(b)
@@ -176,14 +160,13 @@ def _print_dry_run(b, host: str, port: int, trtllm: str | None, server: Server) 
 
 def _check_trtllm(b) -> None:
     """``serve --check``: the planned release's schema, then the installed release's own classes."""
-    from dflash_trt.deploy import installed_trtllm, judge_trtllm_config, load_trtllm_config
-    from dflash_trt.errors import DFlashError
+    from dflash_trt import deploy  # start-up: the pipeline (~0.1 s), loaded by the commands that use it
 
     info = b.manifest.trtllm if b.manifest else None
     if info is None:
         raise DFlashError(f"{b.root}: no manifest naming its TensorRT-LLM release; rebuild with 'dflash-trt build'")
-    load_trtllm_config(b.root, info.release)
-    have = installed_trtllm()
+    deploy.load_trtllm_config(b.root, info.release)
+    have = deploy.installed_trtllm()
     if have is None:
         out.print(
             f"trtllm/config.yaml matches dflash-trt's schema of TensorRT-LLM {info.release}; tensorrt_llm is "
@@ -191,7 +174,7 @@ def _check_trtllm(b) -> None:
             markup=False,
         )
         return
-    code, lines = judge_trtllm_config(info.release, b.root)
+    code, lines = deploy.judge_trtllm_config(info.release, b.root)
     if code:
         raise DFlashError(lines[0])
     for line in lines:
@@ -201,71 +184,51 @@ def _check_trtllm(b) -> None:
 
 def _warn_chat(b) -> None:
     """One line when the bundle serves a thinking setting its drafter was not trained with."""
-    from dflash_trt.ingest import chat_mismatch
-
     chat = chat_mismatch(b.serve.drafter_chat, b.serve.model_dump())
     if chat:
         err.print(f"[yellow]warning:[/yellow] {chat}")
 
 
-def serve_embedded(
-    b,
-    host: str,
-    port: int,
-    model_name: str | None,
-    max_batch: int | None,
-    max_queue: int,
-    block_size: int | None,
-    dtype: str,
-    threads: int | None = None,
-    backend: str = "torch",
-    api_key: str | None = None,
-    max_body_bytes: int = 4 << 20,
-    kernels: str = "lean",
-    drain_timeout: float = 30.0,
-    template_timeout: float = 5.0,
-    log: tuple[str, str] = ("info", "text"),
-) -> int:
+def serve_embedded(b, opts: ServeOptions) -> int:
     """The embedded server on the reference runtime, its pair loaded under the resolved run spec
     (the block size and the engines' profile are the scheduler's to check: ``runtime.Scheduler``)."""
-    from dflash_trt.errors import require
-    from dflash_trt.runtime import load_bundle, parse_dtype
-    from dflash_trt.serve import ServeSpec, check_fits_cpu, create_app
-    from dflash_trt.serve import serve as run_server
+    from dflash_trt.runtime import load_bundle, parse_dtype  # start-up: torch
+    from dflash_trt.serve import ServeSpec, check_fits_cpu, create_app  # start-up: torch
+    from dflash_trt.serve import serve as run_server  # start-up: torch
 
     require("fastapi", "serve", "the embedded server")
     require("uvicorn", "serve", "the embedded server")
-    from dflash_trt.logs import configure
-
-    configure(*log)
-    itemsize = parse_dtype(dtype).itemsize
+    host, port, name, api_key = opts.host, opts.port, opts.model_name or b.name, opts.api_key
+    log_level, log_format = opts.log_level.lower(), opts.log_format.lower()
+    configure(log_level, log_format)
+    itemsize = parse_dtype(opts.dtype).itemsize
     check_fits_cpu(b.name, [b.target, b.drafter], itemsize)
     check_free(host, port)  # a busy port is one line now, before any model loads
-    spec = run_spec(backend, kernels, bundle=b.root, dtype=dtype)
+    spec = run_spec(opts.backend, opts.kernels, bundle=b.root, dtype=opts.dtype)
     with err.status("loading models"):
-        pair = load_bundle(b.root, spec, dtype=dtype)
+        pair = load_bundle(b.root, spec, dtype=opts.dtype)
     app = create_app(
         pair,
         spec=ServeSpec(
-            model_name=model_name or b.name,
-            max_queue=max_queue,
-            max_batch=max_batch,
-            block_size=block_size,
-            torch_threads=threads,
+            model_name=name,
+            max_queue=opts.max_queue,
+            max_batch=opts.max_batch,
+            block_size=opts.block_size,
+            torch_threads=opts.threads,
             max_model_len=b.serve.max_seq_len,
             api_key=api_key,
-            max_body_bytes=max_body_bytes,
-            template_timeout_s=template_timeout,
+            max_body_bytes=opts.max_body_bytes,
+            template_timeout_s=opts.template_timeout,
         ),
     )
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"warning: listening on {host} without --api-key: anyone who reaches this port can use the model")
-    through = f", {backend} backend" if backend != "torch" else ""
+    through = f", {opts.backend} backend" if opts.backend != "torch" else ""
     err.print(
-        f"serving {model_name or b.name} on http://{host}:{port} (reference runtime{through}, continuous "
-        f"batching, max batch {app.state.batcher.max_batch}, queue {max_queue})"
+        f"serving {name} on http://{host}:{port} (reference runtime{through}, continuous "
+        f"batching, max batch {app.state.batcher.max_batch}, queue {opts.max_queue})"
     )
-    return run_server(app, host, port, drain_timeout=drain_timeout, log_level=log[0], log_format=log[1])
+    return run_server(app, host, port, drain_timeout=opts.drain_timeout, log_level=log_level, log_format=log_format)
 
 
 def register(app: typer.Typer) -> None:

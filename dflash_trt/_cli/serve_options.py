@@ -1,11 +1,13 @@
 """``dflash-trt serve``'s options, one Annotated alias each (the command's signature reads them).
 
 Invariant: a flag's spelling, help and bounds are defined here once; ``_cli/serve.py`` only
-names them with their defaults, and ``scripts/gen_docs.py`` reads them back from --help.
+names them with their defaults, and ``scripts/gen_docs.py`` reads them back from --help. What the
+command parsed travels as one :class:`ServeOptions`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Literal
@@ -133,3 +135,41 @@ LogFormatOpt = Annotated[
         "(tracebacks included; never the API key, headers or prompts).",
     ),
 ]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """``serve``'s options as typer parsed them (one field per parameter of ``_cli.serve.serve``,
+    same name, same type: tests/test_cli_conventions.py holds that), handed whole to the embedded server."""
+
+    bundle: Path
+    host: str
+    port: int
+    server: Server
+    dry_run: bool
+    check: bool
+    emit: Emit | None
+    nodes: int
+    gpus_per_node: int | None
+    image: str | None
+    output: Path | None
+    pvc: str
+    model_name: str | None
+    max_batch: int | None
+    max_queue: int
+    block_size: int | None
+    threads: int | None
+    dtype: str
+    backend: str
+    kernels: str
+    api_key: str | None
+    max_body_mb: float
+    drain_timeout: float
+    template_timeout: float
+    log_level: LogLevel
+    log_format: LogFormat
+
+    @property
+    def max_body_bytes(self) -> int:
+        """--max-body-mb in bytes."""
+        return int(self.max_body_mb * (1 << 20))

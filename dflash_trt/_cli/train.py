@@ -6,15 +6,17 @@ import inspect
 from typing import Annotated, Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as Bar
 
 from dflash_trt._cli.common import JsonOpt, err, out, print_json
-from dflash_trt.train import parameters
+from dflash_trt.train import Progress, parameters, settings_from
 
 
 def train_drafter(**params: Any) -> None:
     # One line: typer lists a command by its docstring's first line.
     """Train a DFlash (or, with --arch dflash2, a DFlash2) drafter: target-regenerated responses, random anchors, block masks, decayed loss."""  # noqa: E501
-    from dflash_trt.train import launch, settings_from
+    from dflash_trt.train import launch  # start-up: torch (the face loads the launcher on first use)
 
     nproc, as_json = params.pop("nproc"), params.pop("as_json")
     settings = settings_from(params.pop("ctx"), params)
@@ -54,11 +56,7 @@ train_drafter.__signature__ = inspect.Signature(
 
 def _run_with_bars(settings):
     """Train, one progress bar per phase on stderr (loss, τ and the last held-out τ beside it)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from rich.progress import Progress as Bar
-
-    from dflash_trt.train import Progress
-    from dflash_trt.train import train_drafter as run
+    from dflash_trt.train import train_drafter as run  # start-up: torch (the face loads the loop on first use)
 
     columns = (
         TextColumn("{task.description}"),

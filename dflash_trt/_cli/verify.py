@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dflash_trt._cli.common import JsonOpt, err, out, print_json
 from dflash_trt._cli.tune import _ints
+from dflash_trt.errors import DFlashError
 
 STYLE = {"pass": "green", "fail": "red", "not measured": "yellow"}
 
@@ -112,8 +113,7 @@ def verify(
 
     Exit 0 when every check holds, 1 naming each that does not, 2 on bad input.
     """
-    from dflash_trt.bench import verify as V
-    from dflash_trt.errors import DFlashError
+    from dflash_trt.bench import verify as V  # start-up: asyncio and ssl (the load generator, ~0.1 s)
 
     if endpoint is None and any(x is not None for x in (baseline, accept_stats, prompts)):
         raise DFlashError("--baseline, --prompts and --accept-stats go with --endpoint URL")

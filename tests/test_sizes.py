@@ -1,8 +1,8 @@
 """Sizes hold: no module of the package over 400 lines, no function over 60 (STYLE.md), outside kernels.
 
-A kernel (a function decorated ``@triton.jit``) is one fused body and is exempt. ``PENDING`` lists what
-another issue splits (the serving path's consolidation owns ``_cli/serve.py`` and ``serve/``); it may only
-shrink: an entry that fits again fails here until it is removed.
+A kernel (a function decorated ``@triton.jit``) is one fused body and is exempt. Sizes are counted
+as ``ruff format`` writes the code (``.ci/run`` checks the format). ``PENDING`` lists what is over and
+being split; it may only shrink: an entry that fits again fails here until it is removed.
 """
 
 from __future__ import annotations
@@ -18,28 +18,7 @@ ROOT = Path(dflash_trt.__file__).parent
 MAX_FILE = 400
 MAX_FUNCTION = 60
 PENDING: set[str] = {  # grown past the limits by `ruff format` (issue #43): split next, then removed here
-    "_cli/bench.py::bench",
-    "_cli/build.py::build",
-    "_cli/build.py::show_plan",
-    "_cli/generate.py::generate",
-    "_cli/serve.py::serve",
-    "_cli/tune.py::tune",
-    "_cli/tune.py::_tune",
-    "bench/endpoint.py",
-    "bench/endpoint.py::run",
-    "bench/tune.py",
-    "bench/verify.py",
-    "bench/verify.py::online",
-    "bench/verify_trap.py::probe",
-    "export/onnx_graphs.py",
     "plan/recipe.py",
-    "plugins/onnx_ops.py::translation_table",
-    "plugins/onnx_ops.py::register_ort_ops",
-    "plugins/triton_kernels.py::block_attention",
-    "plugins/trt.py",
-    "plugins/trt.py::block_attention_aot_spec",
-    "plugins/trt.py::_define_block_attention",
-    "plugins/trt.py::_define_kv_injection",
 }
 
 

@@ -47,7 +47,7 @@ from dflash_trt.errors import CheckpointError
 #: a ``config.DrafterConfig`` (which imports this module: not imported back, not even for types)
 DrafterConfig = Any
 
-#: Name prefixes a DFlash checkpoint's tensors may carry (``ingest.formats.STRIPPABLE_PREFIXES``, or none).
+#: Name prefixes a DFlash checkpoint's tensors may carry (``ingest.format_detect.STRIPPABLE_PREFIXES``, or none).
 PREFIXES = ("", "dflash_module.", "model.", "draft_model.")
 
 

@@ -200,7 +200,7 @@ def recipe_page() -> str:
     from dflash_trt.plan import Recipe
 
     lines = [
-        HEADER.format(src="dflash_trt.plan.Recipe (dflash_trt/plan/recipe.py)"),
+        HEADER.format(src="dflash_trt.plan.Recipe (dflash_trt/plan/recipe_model.py)"),
         "# Recipe fields",
         "",
         "Every key a recipe YAML may hold. Unknown keys and bad values are refused with the file and the "

@@ -1,7 +1,8 @@
 """Plan: what a recipe implies, from configs alone (no torch, no writes).
 
-Modules: ``recipe`` (the typed YAML and ``--set``), ``hardware`` (the GPU catalog and precision
-rules), ``family_shapes`` / ``model_shapes`` (parameter, KV and state bytes read from configs),
+Modules: ``recipe_model`` / ``recipe`` (the typed recipe; its YAML and ``--set``), ``hardware``
+(the GPU catalog and precision rules), ``family_shapes`` / ``model_shapes`` (parameter, KV and
+state bytes read from configs),
 ``published`` (which fields a config-only recipe still lacks), ``trtllm_releases`` /
 ``trtllm_rules`` / ``trtllm_family`` / ``trtllm_dflash2`` (TensorRT-LLM's releases, the rules each one
 applies, and each drafter family's),

@@ -165,7 +165,7 @@ def build(
             bar.update(task, description="calibrating", total=total, completed=done)
 
         res = pipeline.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
-    engine_info = (res.manifest or {}).get("engine")
+    graphs_info = (res.manifest or {}).get("graphs")
     if as_json:
         print_json(
             {
@@ -173,7 +173,8 @@ def build(
                 "dry_run": dry_run,
                 "out": str(res.out) if res.out else None,
                 "plan": res.plan.to_json(),
-                "engine": engine_info,
+                "engine": graphs_info,  # today's key, kept (issue #43: --json key paths stay)
+                "graphs": graphs_info,  # the manifest's name for it (bundle format 4)
             }
         )
         return
@@ -182,13 +183,13 @@ def build(
         out.print(f"dry run: {r.name} validated and planned; nothing written")
         return
     out.print(f"bundle written to {res.out}  (serve: {res.out}/trtllm/serve.sh)")
-    if engine_info is not None:
-        err_max = max(engine_info["drafter_onnx_max_error"].values())
+    if graphs_info is not None:
+        err_max = max(graphs_info["drafter_onnx_max_error"].values())
         out.print(
-            f"ONNX: {', '.join(engine_info['onnx'])} in {res.out}/onnx (drafter vs PyTorch max error {err_max:.1e})"
+            f"ONNX: {', '.join(graphs_info['onnx'])} in {res.out}/onnx (drafter vs PyTorch max error {err_max:.1e})"
         )
-        if not engine_info["engines_built"]:
-            out.print(f"engines not built: {engine_info['engines_reason']}")
+        if not graphs_info["engines_built"]:
+            out.print(f"engines not built: {graphs_info['engines_reason']}")
 
 
 def plan(

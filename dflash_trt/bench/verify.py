@@ -65,9 +65,9 @@ def _check(name: str, problems: list[str], ok: str, details: dict | None = None)
 
 
 def open_verifiable(path: str | Path) -> ingest.Bundle:
-    """The bundle, refused in one line unless it records its files' hashes (format 3)."""
+    """The bundle, refused in one line unless it records its files' hashes (format 3 on)."""
     bundle = ingest.open_bundle(path)
-    ingest.check_format(bundle.manifest_path, bundle.manifest.format, (ingest.BUNDLE_FORMAT,))
+    ingest.check_format(bundle.manifest_path, bundle.manifest.format, ingest.HASHED_FORMATS)
     if bundle.manifest.plan is None:
         raise DFlashError(f"{path}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
     return bundle

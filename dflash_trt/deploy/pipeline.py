@@ -164,18 +164,18 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
         serve_check(r, p),
         mtp=mtp,
     )
-    engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.graphs else None
+    graphs_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.graphs else None
 
     t = time.perf_counter()
     say("hashing inputs")
-    manifest = _manifest(r, p, quant_info, verified, engine_info)
+    manifest = _manifest(r, p, quant_info, verified, graphs_info)
     manifest.drafter = ingest.DrafterInfo(**drafter_info)
     timings["hash"] = time.perf_counter() - t
     return manifest
 
 
 def _manifest(
-    r: Resolved, p: planner.Plan, quant_info: dict | None, verified: dict | None, engine_info: dict | None
+    r: Resolved, p: planner.Plan, quant_info: dict | None, verified: dict | None, graphs_info: dict | None
 ) -> ingest.Manifest:
     """What the bundle was built from and how (``ingest.Manifest``; hashes every input file)."""
     rc, L = r.recipe, ingest.Layout
@@ -213,7 +213,7 @@ def _manifest(
             "trtllm_config": L.TRTLLM_CONFIG,
             "serve": L.SERVE_SH,
             **({"mtp_config": f"trtllm/{trtllm.MTP_CONFIG}"} if p.mtp else {}),
-            **_engine_outputs(engine_info),
+            **_graphs_outputs(graphs_info),
         },
         # What `dflash-trt serve` reads: the multi-node launch files must match the plan's
         # parallelism, and the embedded server advertises the planned context length.
@@ -227,23 +227,23 @@ def _manifest(
         },
         warnings=p.warnings,
     )
-    if engine_info is not None:
-        manifest.engine = ingest.EngineInfo.model_validate(engine_info)
+    if graphs_info is not None:
+        manifest.graphs = ingest.GraphsInfo.model_validate(graphs_info)
     return manifest
 
 
-def _engine_outputs(engine_info: dict | None) -> dict:
+def _graphs_outputs(graphs_info: dict | None) -> dict:
     """The TensorRT path's entries of the manifest's ``outputs``: onnx/ always, engines/ when built."""
-    if engine_info is None:
+    if graphs_info is None:
         return {}
-    return {"onnx": ingest.Layout.ONNX, **({"engines": ingest.Layout.ENGINES} if engine_info["engines_built"] else {})}
+    return {"onnx": ingest.Layout.ONNX, **({"engines": ingest.Layout.ENGINES} if graphs_info["engines_built"] else {})}
 
 
 def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
     """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops; a DFlash2
     drafter's graph also walks its candidate selector, ``graphs.export_drafter``), the
     target (tapped hidden states as extra outputs, KV cache in/out) and the embedding, at the
-    shapes of the recipe's serving limits (recorded as the manifest's ``engine.profile``);
+    shapes of the recipe's serving limits (recorded as the manifest's ``graphs.profile``);
     engines where TensorRT and a GPU are present. The ONNX graphs are exported in float32 from
     the unquantized source target (quantized TensorRT engines are not built here)."""
     import torch  # start-up: torch

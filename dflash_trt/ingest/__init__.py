@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from dflash_trt.ingest.bundle import (
     BUNDLE_FORMAT,
+    HASHED_FORMATS,
     Bundle,
     DrafterInfo,
-    EngineInfo,
     EngineProfile,
+    GraphsInfo,
     Layout,
     Manifest,
     ServeInfo,
@@ -108,8 +109,9 @@ __all__ = [
     "DTYPE_BITS",
     "DrafterInfo",
     "DrafterSpec",
-    "EngineInfo",
     "EngineProfile",
+    "GraphsInfo",
+    "HASHED_FORMATS",
     "EMBEDDED_PREFIX",
     "FLOAT_DTYPES",
     "Layout",

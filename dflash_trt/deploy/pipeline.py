@@ -17,7 +17,9 @@ Stages, each a plain function called in order by :func:`build`:
 
 The bundle's layout, its typed manifest and the checks that need no TensorRT-LLM schema
 live in ``ingest`` (``ingest.Bundle``, ``ingest.Manifest``, ``ingest.check_bundle``): build
-writes through them, runtime / serve / bench read through them.
+writes through them, runtime / serve / bench read through them. The manifest build writes is
+``plan.BundleManifest`` (the recipe stored as the typed ``Recipe``, same JSON);
+:func:`check_trtllm_bundle` reads it back through ``plan.read_bundle_manifest``.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
     )
 
 
-def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
+def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> planner.BundleManifest:
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
     drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
@@ -176,14 +178,14 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
 
 def _manifest(
     r: Resolved, p: planner.Plan, quant_info: dict | None, verified: dict | None, graphs_info: dict | None
-) -> ingest.Manifest:
-    """What the bundle was built from and how (``ingest.Manifest``; hashes every input file)."""
+) -> planner.BundleManifest:
+    """What the bundle was built from and how (``plan.BundleManifest``; hashes every input file)."""
     rc, L = r.recipe, ingest.Layout
-    manifest = ingest.Manifest(
+    manifest = planner.BundleManifest(
         format=BUNDLE_FORMAT,
         name=rc.name,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        recipe=rc.model_dump(mode="json", exclude={"source", "incomplete"}),  # the inputs record what was read
+        recipe=rc.model_copy(deep=True),  # stored in full; where it was read from, the inputs record
         recipe_source=str(rc.source) if rc.source else None,
         inputs={
             "target": _input(rc.target, r.target_dir),
@@ -289,11 +291,12 @@ def _versions(quantized: bool) -> dict:
 
 def check_trtllm_bundle(path: str | Path) -> dict:
     """Check a bundle on disk (CI and tests): ``ingest.check_bundle`` (layout, manifest,
-    serve.sh, drafter), then what only build knows: the TensorRT-LLM config against its
-    schema, the drafter it names, and a ModelOpt export's quantized tensors."""
+    serve.sh, drafter), then what only build knows: the recipe it stored reads as today's
+    (``plan.read_bundle_manifest``), the TensorRT-LLM config against its schema, the drafter it
+    names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
     bundle = ingest.check_bundle(root)
-    m = bundle.built
+    m = planner.read_bundle_manifest(bundle)
     if m.trtllm is None or m.precision is None:
         raise CheckpointError(
             f"{bundle.manifest_path}: no {'trtllm' if m.trtllm is None else 'precision'!r} "

@@ -232,7 +232,7 @@ class Manifest(_Section):
     format: str = BUNDLE_FORMAT
     name: str | None = None
     created: str | None = None
-    recipe: dict[str, Any] | None = None
+    recipe: dict[str, Any] | None = None  # kept as stored; plan.BundleManifest types it (a Recipe)
     recipe_source: str | None = None
     inputs: Inputs | None = None
     tools: dict[str, str | None] | None = None

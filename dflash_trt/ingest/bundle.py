@@ -9,8 +9,7 @@ Layout, relative to the bundle's root::
     drafter/             the drafter in z-lab form, BF16 (what TensorRT-LLM's DFlash loader reads)
     trtllm/config.yaml   the TensorRT-LLM LLM-API config
     trtllm/serve.sh      the ``trtllm-serve`` launch script
-    onnx/  engines/      the standalone TensorRT path (``graphs: true`` recipes, ``build --graphs``, only;
-                         the manifest's ``graphs`` section records it)
+    onnx/  engines/      the standalone TensorRT path (``graphs: true`` recipes, ``build --graphs``, only)
 
 ``build`` writes the manifest with :func:`write_manifest`; ``runtime``, ``serve`` and ``bench``
 read it with :func:`open_bundle` / :func:`read_manifest`. Both go through :class:`Manifest`,
@@ -21,9 +20,8 @@ in one line that says to rebuild. A missing or malformed manifest is one line to
 bundle holds but the manifest itself (:func:`bundle_hashes`); :func:`check_files` compares them
 with what is on disk (``dflash-trt verify``).
 
-A key an older format spelled otherwise (:data:`OLD_KEYS`: format 4 renamed ``engine`` to
-``graphs``) is read as today's by :class:`Manifest` itself, the one reader, and written back as
-the manifest's own format spells it: an older bundle that ``tune`` rewrites keeps its format.
+An older format's key (:data:`OLD_KEYS`: ``engine``, ``graphs`` from format 4) is read as today's by
+:class:`Manifest` itself and written back as its own format spells it (``tune`` keeps the format).
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ from dflash_trt.model import graph_kinds
 # 3: ``files`` records the sha256 of every file the bundle holds (``dflash-trt verify``). A
 # format-2 bundle still serves and runs as it is, so the readers accept it (READABLE_FORMATS);
 # only ``verify``, which needs the hashes, tells it to rebuild (HASHED_FORMATS).
-# 4: the standalone path's section is ``graphs`` (formats 2 and 3 called it ``engine``: OLD_KEYS);
-# nothing else changed, so a format-3 bundle is read, run and verified as it is.
+# 4: the standalone path's section is ``graphs`` (was ``engine``: OLD_KEYS); a format-3 bundle still verifies.
 BUNDLE_FORMAT = "dflash-trt-bundle/4"
 READABLE_FORMATS = (BUNDLE_FORMAT, "dflash-trt-bundle/3", "dflash-trt-bundle/2")
 HASHED_FORMATS = (BUNDLE_FORMAT, "dflash-trt-bundle/3")  # the formats whose ``files`` verify checks
@@ -253,8 +250,7 @@ class Manifest(_Section):
     @model_validator(mode="before")
     @classmethod
     def _read_old_keys(cls, data: Any) -> Any:
-        """An older format's keys (:data:`OLD_KEYS`) read as today's fields; a key spelled both
-        ways is left for ``extra="forbid"`` to refuse."""
+        """An older format's keys (:data:`OLD_KEYS`) as today's; one spelled both ways is left to refuse."""
         renamed = OLD_KEYS.get(str(data.get("format"))) if isinstance(data, dict) else None
         if not renamed or any(new in data for new in renamed.values()):
             return data
@@ -346,8 +342,7 @@ def bundle_hashes(root: str | Path) -> dict[str, str]:
 
 def check_files(bundle: Bundle) -> list[str]:
     """What on disk differs from the manifest's ``files``: one line per file changed, missing or
-    added (empty: every file is as built). The manifest must be of a format that records them
-    (:data:`HASHED_FORMATS`)."""
+    added (empty: every file is as built). The manifest must be of :data:`HASHED_FORMATS`."""
     check_format(bundle.manifest_path, bundle.manifest.format if bundle.manifest else None, HASHED_FORMATS)
     recorded = bundle.built.files
     if recorded is None:

@@ -46,7 +46,7 @@ def backend_for(kind: str, bundle: str, pair):
     if kind == "onnx":
         return load_bundle(bundle, resolve_run("onnx", bundle=bundle)).backend
     b = ingest.open_bundle(bundle)
-    return OnnxBackend(b.onnx, b.manifest.engine.profile, pair.drafter.cfg.mask_token_id, native=False)
+    return OnnxBackend(b.onnx, b.manifest.graphs.profile, pair.drafter.cfg.mask_token_id, native=False)
 
 
 def timed_cache(backend) -> dict:

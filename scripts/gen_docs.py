@@ -175,8 +175,9 @@ def _model_of(annotation) -> type[BaseModel] | None:
     return None
 
 
-def fields_table(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """One row per field, nested models' fields under their dotted path."""
+def fields_table(model: type[BaseModel], prefix: str = "", linked: dict | None = None) -> list[str]:
+    """One row per field, nested models' fields under their dotted path (a model in ``linked``:
+    one row, linking to the page that lists its fields)."""
     rows = []
     for name, f in model.model_fields.items():
         if f.exclude:
@@ -190,9 +191,12 @@ def fields_table(model: type[BaseModel], prefix: str = "") -> list[str]:
         )
         meaning = f.description or ((sub.__doc__ or "").strip().split("\n\n")[0] if sub else "")
         kind = "section" if sub is not None else _type_name(f.annotation)
+        if sub is not None and sub in (linked or {}):
+            meaning = f"{meaning} Its fields: [{sub.__name__}]({linked[sub]})."
+            sub = None
         rows.append(f"| `{path}` | {kind} | {default} | {cell(meaning)} |")
         if sub is not None:
-            rows += fields_table(sub, f"{path}.")
+            rows += fields_table(sub, f"{path}.", linked)
     return rows
 
 
@@ -200,7 +204,7 @@ def recipe_page() -> str:
     from dflash_trt.plan import Recipe
 
     lines = [
-        HEADER.format(src="dflash_trt.plan.Recipe (dflash_trt/plan/recipe.py)"),
+        HEADER.format(src="dflash_trt.plan.Recipe (dflash_trt/plan/recipe_model.py)"),
         "# Recipe fields",
         "",
         "Every key a recipe YAML may hold. Unknown keys and bad values are refused with the file and the "
@@ -213,10 +217,14 @@ def recipe_page() -> str:
 
 
 def manifest_page() -> str:
-    from dflash_trt.ingest import BUNDLE_FORMAT, Manifest
+    from dflash_trt.ingest import BUNDLE_FORMAT
+    from dflash_trt.plan import BundleManifest as Manifest
+    from dflash_trt.plan import Recipe
 
     lines = [
-        HEADER.format(src="dflash_trt.ingest.Manifest (dflash_trt/ingest/bundle.py)"),
+        HEADER.format(
+            src="dflash_trt.plan.BundleManifest (dflash_trt/ingest/bundle.py, dflash_trt/plan/bundle_manifest.py)"
+        ),
         "# Bundle manifest",
         "",
         f"`manifest.json` of a bundle, format `{BUNDLE_FORMAT}`: {cell(Manifest.__doc__ or '')}",
@@ -224,7 +232,7 @@ def manifest_page() -> str:
         "| key | type | default | meaning |",
         "|---|---|---|---|",
     ]
-    return "\n".join(lines + fields_table(Manifest)) + "\n"
+    return "\n".join(lines + fields_table(Manifest, linked={Recipe: "recipe.md"})) + "\n"
 
 
 # --- TensorRT-LLM releases, recipes --------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from dflash_trt.cli import run
 from dflash_trt.plan import recipe as R
@@ -168,7 +169,7 @@ def _choices(model, prefix=()):
         stack = [field.annotation]
         while stack:
             t = stack.pop()
-            if isinstance(t, type) and issubclass(t, R.BaseModel):
+            if isinstance(t, type) and issubclass(t, BaseModel):
                 yield from _choices(t, (*prefix, name))
             elif typing.get_origin(t) is typing.Literal:
                 yield from (((*prefix, name), c) for c in typing.get_args(t) if isinstance(c, str))

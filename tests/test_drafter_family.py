@@ -229,7 +229,7 @@ def test_bundle_exports_the_family_round_and_runs_through_onnx_runtime(checkpoin
     )
     assert CALLS == ["export"]
     manifest = ingest.read_manifest(out)
-    assert manifest.engine.drafter_graph == "dflash" and max(manifest.engine.drafter_onnx_max_error.values()) < 1e-4
+    assert manifest.graphs.drafter_graph == "dflash" and max(manifest.graphs.drafter_onnx_max_error.values()) < 1e-4
     assert json.loads((out / "drafter" / "config.json").read_text())["architectures"] == ["DFlashGatedDraftModel"]
     pair = load_bundle(out, resolve_run("onnx", bundle=out))
     assert type(pair.drafter) is GatedDrafter

@@ -65,6 +65,15 @@ def test_planner_files_with_the_old_key_are_refused(tmp_path, capsys):
     assert "the key `engines`" in CHANGELOG and "the key `engine`" in CHANGELOG
 
 
+def test_the_manifest_s_engine_section_is_graphs():
+    """Bundle format 4 renamed the section (the Python names with it); the changelog lists both."""
+    from dflash_trt import ingest
+
+    assert not hasattr(ingest, "EngineInfo") and "engine" not in ingest.Manifest.model_fields
+    assert ingest.Manifest.model_fields["graphs"].annotation == ingest.GraphsInfo | None
+    assert "`ingest.EngineInfo`, `Manifest.engine`; the manifest key `engine`" in CHANGELOG
+
+
 def test_alias_warning_warns_once_naming_the_release(capsys):
     from dflash_trt import deprecated
 

@@ -144,6 +144,7 @@ def build(
     }  # None: the recipe's own
     r = recipe_from_flags(recipe, target, drafter, flags, set_)
     res = _build_with_progress(r, output, dry_run, force)
+    graphs_info = (res.manifest or {}).get("graphs")
     if as_json:
         print_json(
             {
@@ -151,7 +152,8 @@ def build(
                 "dry_run": dry_run,
                 "out": str(res.out) if res.out else None,
                 "plan": res.plan.to_json(),
-                "engine": (res.manifest or {}).get("engine"),
+                "engine": graphs_info,  # today's key, kept (issue #43: --json key paths stay)
+                "graphs": graphs_info,  # the manifest's name for it (bundle format 4)
             }
         )
         return
@@ -159,7 +161,7 @@ def build(
     if dry_run:
         out.print(f"dry run: {r.name} validated and planned; nothing written")
         return
-    _show_built(res.out, (res.manifest or {}).get("engine"))
+    _show_built(res.out, graphs_info)
 
 
 def _build_with_progress(r: Recipe, output: Path | None, dry_run: bool, force: bool) -> BuildResult:
@@ -186,16 +188,16 @@ def _build_with_progress(r: Recipe, output: Path | None, dry_run: bool, force: b
         return deploy.build(r, output, dry_run=dry_run, force=force, status=status, progress=progress)
 
 
-def _show_built(where: Path, engine_info: dict | None) -> None:
+def _show_built(where: Path, graphs_info: dict | None) -> None:
     """Where the bundle was written, and its ONNX graphs and engines when --graphs exported them."""
     out.print(f"bundle written to {where}  (serve: {where}/trtllm/serve.sh)")
-    if engine_info is not None:
-        err_max = max(engine_info["drafter_onnx_max_error"].values())
+    if graphs_info is not None:
+        err_max = max(graphs_info["drafter_onnx_max_error"].values())
         out.print(
-            f"ONNX: {', '.join(engine_info['onnx'])} in {where}/onnx (drafter vs PyTorch max error {err_max:.1e})"
+            f"ONNX: {', '.join(graphs_info['onnx'])} in {where}/onnx (drafter vs PyTorch max error {err_max:.1e})"
         )
-        if not engine_info["engines_built"]:
-            out.print(f"engines not built: {engine_info['engines_reason']}")
+        if not graphs_info["engines_built"]:
+            out.print(f"engines not built: {graphs_info['engines_reason']}")
 
 
 def plan(

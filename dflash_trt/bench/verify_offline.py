@@ -1,7 +1,7 @@
 """``dflash-trt verify BUNDLE``, offline: a bundle checked against its own manifest and plan, no server.
 
-- *files*: every file the bundle holds against the sha256 its manifest records (bundle format 3;
-  an older bundle is told to rebuild, in one line, exit 2);
+- *files*: every file the bundle holds against the sha256 its manifest records (bundle formats 3
+  and 4: ``ingest.HASHED_FORMATS``; an older bundle is told to rebuild, in one line, exit 2);
 - *manifest*: the manifest's own fields against the files they describe (its paths inside the
   bundle, checked when any command opens it; the release, GPU, parallelism, context length, KV
   cache, drafter layers and chat template equal to what ``trtllm/config.yaml``, ``serve.sh`` and
@@ -42,9 +42,9 @@ def checked(name: str, problems: list[str], ok: str, details: dict | None = None
 
 
 def open_verifiable(path: str | Path) -> ingest.Bundle:
-    """The bundle, refused in one line unless it records its files' hashes (format 3)."""
+    """The bundle, refused in one line unless it records its files' hashes (format 3 on)."""
     bundle = ingest.open_bundle(path)
-    ingest.check_format(bundle.manifest_path, bundle.built.format, (ingest.BUNDLE_FORMAT,))
+    ingest.check_format(bundle.manifest_path, bundle.built.format, ingest.HASHED_FORMATS)
     if bundle.built.plan is None:
         raise DFlashError(f"{path}: the manifest has no plan; rebuild the bundle with 'dflash-trt build'")
     return bundle

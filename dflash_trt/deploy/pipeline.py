@@ -17,7 +17,9 @@ Stages, each a plain function called in order by :func:`build`:
 
 The bundle's layout, its typed manifest and the checks that need no TensorRT-LLM schema
 live in ``ingest`` (``ingest.Bundle``, ``ingest.Manifest``, ``ingest.check_bundle``): build
-writes through them, runtime / serve / bench read through them.
+writes through them, runtime / serve / bench read through them. The manifest build writes is
+``plan.BundleManifest`` (the recipe stored as the typed ``Recipe``, same JSON);
+:func:`check_trtllm_bundle` reads it back through ``plan.read_bundle_manifest``.
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def serve_check(r: Resolved, p: planner.Plan) -> serve_sh.ServeCheck:
     )
 
 
-def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> ingest.Manifest:
+def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timings) -> planner.BundleManifest:
     rc = r.recipe
     quant_info, verified = _timed(timings, "target", _write_target, r, tmp, say, progress)
     drafter_info = _timed(timings, "drafter", _write_drafter, r, tmp, say)
@@ -164,26 +166,26 @@ def _write_bundle(r: Resolved, p: planner.Plan, tmp: Path, say, progress, timing
         serve_check(r, p),
         mtp=mtp,
     )
-    engine_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.graphs else None
+    graphs_info = _timed(timings, "engines", _tensorrt_path, r, tmp, say) if rc.graphs else None
 
     t = time.perf_counter()
     say("hashing inputs")
-    manifest = _manifest(r, p, quant_info, verified, engine_info)
+    manifest = _manifest(r, p, quant_info, verified, graphs_info)
     manifest.drafter = ingest.DrafterInfo(**drafter_info)
     timings["hash"] = time.perf_counter() - t
     return manifest
 
 
 def _manifest(
-    r: Resolved, p: planner.Plan, quant_info: dict | None, verified: dict | None, engine_info: dict | None
-) -> ingest.Manifest:
-    """What the bundle was built from and how (``ingest.Manifest``; hashes every input file)."""
+    r: Resolved, p: planner.Plan, quant_info: dict | None, verified: dict | None, graphs_info: dict | None
+) -> planner.BundleManifest:
+    """What the bundle was built from and how (``plan.BundleManifest``; hashes every input file)."""
     rc, L = r.recipe, ingest.Layout
-    manifest = ingest.Manifest(
+    manifest = planner.BundleManifest(
         format=BUNDLE_FORMAT,
         name=rc.name,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        recipe=rc.model_dump(mode="json", exclude={"source", "incomplete"}),  # the inputs record what was read
+        recipe=rc.model_copy(deep=True),  # stored in full; where it was read from, the inputs record
         recipe_source=str(rc.source) if rc.source else None,
         inputs={
             "target": _input(rc.target, r.target_dir),
@@ -213,7 +215,7 @@ def _manifest(
             "trtllm_config": L.TRTLLM_CONFIG,
             "serve": L.SERVE_SH,
             **({"mtp_config": f"trtllm/{trtllm.MTP_CONFIG}"} if p.mtp else {}),
-            **_engine_outputs(engine_info),
+            **_graphs_outputs(graphs_info),
         },
         # What `dflash-trt serve` reads: the multi-node launch files must match the plan's
         # parallelism, and the embedded server advertises the planned context length.
@@ -227,23 +229,23 @@ def _manifest(
         },
         warnings=p.warnings,
     )
-    if engine_info is not None:
-        manifest.engine = ingest.EngineInfo.model_validate(engine_info)
+    if graphs_info is not None:
+        manifest.graphs = ingest.GraphsInfo.model_validate(graphs_info)
     return manifest
 
 
-def _engine_outputs(engine_info: dict | None) -> dict:
+def _graphs_outputs(graphs_info: dict | None) -> dict:
     """The TensorRT path's entries of the manifest's ``outputs``: onnx/ always, engines/ when built."""
-    if engine_info is None:
+    if graphs_info is None:
         return {}
-    return {"onnx": ingest.Layout.ONNX, **({"engines": ingest.Layout.ENGINES} if engine_info["engines_built"] else {})}
+    return {"onnx": ingest.Layout.ONNX, **({"engines": ingest.Layout.ENGINES} if graphs_info["engines_built"] else {})}
 
 
 def _tensorrt_path(r: Resolved, tmp: Path, say) -> dict:
     """The standalone TensorRT path: ONNX for the drafter (with the two DFlash custom ops; a DFlash2
     drafter's graph also walks its candidate selector, ``graphs.export_drafter``), the
     target (tapped hidden states as extra outputs, KV cache in/out) and the embedding, at the
-    shapes of the recipe's serving limits (recorded as the manifest's ``engine.profile``);
+    shapes of the recipe's serving limits (recorded as the manifest's ``graphs.profile``);
     engines where TensorRT and a GPU are present. The ONNX graphs are exported in float32 from
     the unquantized source target (quantized TensorRT engines are not built here)."""
     import torch  # start-up: torch
@@ -289,11 +291,12 @@ def _versions(quantized: bool) -> dict:
 
 def check_trtllm_bundle(path: str | Path) -> dict:
     """Check a bundle on disk (CI and tests): ``ingest.check_bundle`` (layout, manifest,
-    serve.sh, drafter), then what only build knows: the TensorRT-LLM config against its
-    schema, the drafter it names, and a ModelOpt export's quantized tensors."""
+    serve.sh, drafter), then what only build knows: the recipe it stored reads as today's
+    (``plan.read_bundle_manifest``), the TensorRT-LLM config against its schema, the drafter it
+    names, and a ModelOpt export's quantized tensors."""
     root = Path(path)
     bundle = ingest.check_bundle(root)
-    m = bundle.built
+    m = planner.read_bundle_manifest(bundle)
     if m.trtllm is None or m.precision is None:
         raise CheckpointError(
             f"{bundle.manifest_path}: no {'trtllm' if m.trtllm is None else 'precision'!r} "

@@ -5,7 +5,7 @@ plain decoder target a CPU runs, ``target_ort.onnx`` (``onnx_native_target``).
 
 The drafter graph is the one its family's export round writes (``rounds.round_for``: logits out
 for a DFlash drafter, the candidate selector's walk for a DFlash2 one). The manifest's
-``engine.drafter_graph`` records the round's graph kind, so the graph runtimes know the
+``graphs.drafter_graph`` records the round's graph kind, so the graph runtimes know the
 drafter's I/O.
 """
 
@@ -35,7 +35,7 @@ def export_drafter(drafter, head, onnx_dir: Path, page_size: int, say) -> tuple[
 
 def export_graphs(drafter, hf_model, onnx_dir, profile, say=lambda msg: None) -> dict:
     """``onnx/``: the drafter round (through the target's head), the target and the embedding,
-    each checked against PyTorch. Returns the manifest's ``engine`` section (without the engine
+    each checked against PyTorch. Returns the manifest's ``graphs`` section (without the engine
     build's outcome). A graph that disagrees is one DFlashError line."""
     problem = target_export_problem(hf_model.config)
     if problem:  # before the (slow) drafter export

@@ -13,7 +13,7 @@ drafter round; what comes out of it depends on the family:
   candidates, the candidates out (graph kind ``dflash2``). Checked at a greedy and a sampled
   temperature: the same tokens and candidates as PyTorch, q and the caches within tolerance.
 
-The round's ``graph`` is recorded as the manifest's ``engine.drafter_graph`` (the runtime picks
+The round's ``graph`` is recorded as the manifest's ``graphs.drafter_graph`` (the runtime picks
 its ``Proposer`` by it); ``dynamic_axes`` names the profile dimension of each input the graph adds
 (``engines.profile_shapes`` reads them). :func:`round_for` finds a family's round (the nearest
 registered up its class hierarchy); a family whose graph differs registers its own with
@@ -34,7 +34,7 @@ from dflash_trt.model import DFlash2Family, DrafterFamily, hook_for
 class ExportRound:
     """DFlash: the drafter round with logits out."""
 
-    #: the graph kind (``DrafterFamily.graph``, the manifest's ``engine.drafter_graph``)
+    #: the graph kind (``DrafterFamily.graph``, the manifest's ``graphs.drafter_graph``)
     graph: ClassVar[str] = "dflash"
     #: input -> {axis: profile dimension} for the inputs the graph adds to ``onnx_graphs.DRAFTER_INPUTS``
     dynamic_axes: ClassVar[dict[str, dict[int, str]]] = {}

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from dflash_trt.ingest.bundle import (
     BUNDLE_FORMAT,
+    HASHED_FORMATS,
     Bundle,
     DrafterInfo,
-    EngineInfo,
     EngineProfile,
+    GraphsInfo,
     Layout,
     Manifest,
     ServeInfo,
@@ -109,8 +110,9 @@ __all__ = [
     "DTYPE_BITS",
     "DrafterInfo",
     "DrafterSpec",
-    "EngineInfo",
     "EngineProfile",
+    "GraphsInfo",
+    "HASHED_FORMATS",
     "EMBEDDED_PREFIX",
     "FLOAT_DTYPES",
     "Layout",

@@ -19,6 +19,9 @@ in one line that says to rebuild. A missing or malformed manifest is one line to
 (``CheckpointError``). From format 3 the manifest's ``files`` records the sha256 of every file the
 bundle holds but the manifest itself (:func:`bundle_hashes`); :func:`check_files` compares them
 with what is on disk (``dflash-trt verify``).
+
+An older format's key (:data:`OLD_KEYS`: ``engine``, ``graphs`` from format 4) is read as today's by
+:class:`Manifest` itself and written back as its own format spells it (``tune`` keeps the format).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dflash_trt.errors import CheckpointError
 from dflash_trt.ingest.files import sha256_files
@@ -42,9 +45,13 @@ from dflash_trt.model import graph_kinds
 # targeted TensorRT-LLM release is recorded; the drafter is BF16 with ascending layers.
 # 3: ``files`` records the sha256 of every file the bundle holds (``dflash-trt verify``). A
 # format-2 bundle still serves and runs as it is, so the readers accept it (READABLE_FORMATS);
-# only ``verify``, which needs the hashes, tells it to rebuild.
-BUNDLE_FORMAT = "dflash-trt-bundle/3"
-READABLE_FORMATS = (BUNDLE_FORMAT, "dflash-trt-bundle/2")
+# only ``verify``, which needs the hashes, tells it to rebuild (HASHED_FORMATS).
+# 4: the standalone path's section is ``graphs`` (was ``engine``: OLD_KEYS); a format-3 bundle still verifies.
+BUNDLE_FORMAT = "dflash-trt-bundle/4"
+READABLE_FORMATS = (BUNDLE_FORMAT, "dflash-trt-bundle/3", "dflash-trt-bundle/2")
+HASHED_FORMATS = (BUNDLE_FORMAT, "dflash-trt-bundle/3")  # the formats whose ``files`` verify checks
+# {format: {the key it wrote: today's field}}, for every readable format that spelled a key otherwise
+OLD_KEYS = {fmt: {"engine": "graphs"} for fmt in ("dflash-trt-bundle/3", "dflash-trt-bundle/2")}
 WHY_REBUILD = {
     "dflash-trt-bundle/1": "its draft_len_schedule is read inverted by TensorRT-LLM",
     "dflash-trt-bundle/2": "it records no per-file hashes",
@@ -188,10 +195,11 @@ class EngineProfile(_Section):
     max_pages_per_seq: int = Field(ge=1, description="Width of the drafter's page table.")
 
 
-class EngineInfo(_Section):
+class GraphsInfo(_Section):
     """The standalone TensorRT path of a bundle built with ``--graphs``: the graphs exported into
     ``onnx/``, their parity with PyTorch, whether ``engines/`` was built, and the profile (bundles
-    written before the profile was recorded have none; the graph runtimes then refuse them)."""
+    written before the profile was recorded have none; the graph runtimes then refuse them).
+    Formats 2 and 3 wrote this section as ``engine``."""
 
     onnx: list[str]
     drafter_graph: str = Field(
@@ -221,7 +229,7 @@ class Manifest(_Section):
     format: str = BUNDLE_FORMAT
     name: str | None = None
     created: str | None = None
-    recipe: dict[str, Any] | None = None
+    recipe: dict[str, Any] | None = None  # kept as stored; plan.BundleManifest types it (a Recipe)
     recipe_source: str | None = None
     inputs: Inputs | None = None
     tools: dict[str, str | None] | None = None
@@ -234,17 +242,28 @@ class Manifest(_Section):
     outputs: Outputs | None = None
     serve: ServeInfo = Field(default_factory=ServeInfo)
     warnings: list[str] = Field(default_factory=list)
-    engine: EngineInfo | None = None
+    graphs: GraphsInfo | None = None  # formats 2 and 3: ``engine`` (OLD_KEYS)
     timings: dict[str, float] | None = None
     # relative POSIX path -> sha256 of every file in the bundle but manifest.json (format 3 on)
     files: dict[str, str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_old_keys(cls, data: Any) -> Any:
+        """An older format's keys (:data:`OLD_KEYS`) as today's; one spelled both ways is left to refuse."""
+        renamed = OLD_KEYS.get(str(data.get("format"))) if isinstance(data, dict) else None
+        if not renamed or any(new in data for new in renamed.values()):
+            return data
+        return {renamed.get(k, k): v for k, v in data.items()}
 
     def model_post_init(self, _context: Any) -> None:
         self.__pydantic_fields_set__.add("format")
 
     def to_json(self) -> dict:
-        """The JSON object written to ``manifest.json``."""
-        return self.model_dump(mode="json", exclude_unset=True)
+        """The JSON object written to ``manifest.json``, keys spelled as its ``format`` spells them."""
+        data = self.model_dump(mode="json", exclude_unset=True)
+        old = {new: k for k, new in OLD_KEYS.get(self.format, {}).items()}
+        return {old.get(k, k): v for k, v in data.items()} if old else data
 
 
 @dataclass(frozen=True)
@@ -307,7 +326,7 @@ class Bundle:
 
 def check_format(where: str | Path, fmt: object, accept: tuple[str, ...] = READABLE_FORMATS) -> None:
     """The one version check: refuse a manifest of a format not in ``accept`` (the formats the
-    readers serve and run; ``verify`` accepts only :data:`BUNDLE_FORMAT`)."""
+    readers serve and run; ``verify`` accepts only :data:`HASHED_FORMATS`)."""
     if not isinstance(fmt, str) or fmt not in accept:
         why = f" ({WHY_REBUILD[fmt]})" if isinstance(fmt, str) and fmt in WHY_REBUILD else ""
         raise CheckpointError(
@@ -323,8 +342,8 @@ def bundle_hashes(root: str | Path) -> dict[str, str]:
 
 def check_files(bundle: Bundle) -> list[str]:
     """What on disk differs from the manifest's ``files``: one line per file changed, missing or
-    added (empty: every file is as built). The manifest must be of :data:`BUNDLE_FORMAT`."""
-    check_format(bundle.manifest_path, bundle.manifest.format if bundle.manifest else None, (BUNDLE_FORMAT,))
+    added (empty: every file is as built). The manifest must be of :data:`HASHED_FORMATS`."""
+    check_format(bundle.manifest_path, bundle.manifest.format if bundle.manifest else None, HASHED_FORMATS)
     recorded = bundle.built.files
     if recorded is None:
         raise CheckpointError(

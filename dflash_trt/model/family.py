@@ -68,7 +68,7 @@ class DrafterFamily:
     fields: ClassVar[tuple[str, ...]] = ()
     #: ``module:Class`` of its torch module (a ``Drafter`` subclass), imported on first use
     module: ClassVar[str] = "dflash_trt.model.drafter:Drafter"
-    #: the drafter graph kind its export round writes (the manifest's ``engine.drafter_graph``)
+    #: the drafter graph kind its export round writes (the manifest's ``graphs.drafter_graph``)
     graph: ClassVar[str] = "dflash"
 
     # -- recognition --------------------------------------------------------------------

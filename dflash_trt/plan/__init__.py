@@ -1,7 +1,8 @@
 """Plan: what a recipe implies, from configs alone (no torch, no writes).
 
-Modules: ``recipe`` (the typed YAML and ``--set``), ``hardware`` (the GPU catalog and precision
-rules), ``family_shapes`` / ``model_shapes`` (parameter, KV and state bytes read from configs),
+Modules: ``recipe_model`` / ``recipe`` (the typed recipe; its YAML and ``--set``), ``hardware``
+(the GPU catalog and precision rules), ``family_shapes`` / ``model_shapes`` (parameter, KV and
+state bytes read from configs),
 ``published`` (which fields a config-only recipe still lacks), ``trtllm_releases`` /
 ``trtllm_rules`` / ``trtllm_family`` / ``trtllm_dflash2`` (TensorRT-LLM's releases, the rules each one
 applies, and each drafter family's),
@@ -11,7 +12,8 @@ ranges from leave-one-out errors), ``acceptance`` (τ from a per-position
 rate), ``perf_model`` (the step model the speedups come from), ``perf_fit`` (its constants fitted
 on measurements), ``calibrate`` (refitted on yours), ``memory_model`` (memory per GPU, the TP
 that fits), ``deployment`` (draft lengths: the plan itself, a typed :class:`Plan` whose models
-``ingest`` defines beside the manifest that stores them; ``plan_schema`` is its JSON Schema).
+``ingest`` defines beside the manifest that stores them; ``plan_schema`` is its JSON Schema),
+``bundle_manifest`` (that manifest with its recipe typed: what ``build`` writes, and its reader).
 
 Importing this package imports neither torch nor transformers (``tests/plan/test_face.py``).
 Other subpackages import the names below, never the modules inside.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from dflash_trt.ingest import Plan, plan_schema
 from dflash_trt.plan.acceptance import expected_tau, fit_alpha
+from dflash_trt.plan.bundle_manifest import BundleManifest, read_bundle_manifest
 from dflash_trt.plan.calibrate import bundle_deployment, calibration_from_files, cases_from_bench, refit
 from dflash_trt.plan.calibrate_loo import calibration_errors
 from dflash_trt.plan.deployment import PLANNING_CONTEXT, make_plan, predicted, step_model
@@ -68,6 +71,7 @@ from dflash_trt.plan.trtllm_rules import (
 
 __all__ = [
     "Acceptance",
+    "BundleManifest",
     "Calibration",
     "DEFAULT_RELEASE",
     "DFlash2Rules",
@@ -111,6 +115,7 @@ __all__ = [
     "plan_schema",
     "predicted",
     "quant_precision",
+    "read_bundle_manifest",
     "read_sizes",
     "recipe_from_dict",
     "refit",

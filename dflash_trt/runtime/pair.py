@@ -277,7 +277,7 @@ def _graph_backend(spec: RunSpec, bundle, drafter: Drafter) -> Backend | None:
     :func:`~dflash_trt.runtime.spec.resolve_run` has checked the bundle has them."""
     if not spec.graphs:
         return None
-    graphs = bundle.manifest.engine
+    graphs = bundle.manifest.graphs
     if graphs is None or graphs.profile is None:
         raise DFlashError(
             f"{bundle.root}: --backend {spec.backend} needs a bundle built with --graphs "

@@ -86,7 +86,7 @@ def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
 def _check_graphs(backend: str, bundle: str | Path, dtype: str) -> None:
     """What the graph backends need of the bundle and of this machine (manifest only, no weights)."""
     b = ingest.open_bundle(bundle)
-    graphs = b.built.engine  # the manifest's record of the exported graphs and engines
+    graphs = b.built.graphs  # the manifest's record of the exported graphs and engines
     if graphs is None:
         raise DFlashError(
             f"{b.root}: --backend {backend} runs the exported graphs of a bundle built with "

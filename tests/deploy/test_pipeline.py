@@ -376,3 +376,25 @@ def test_serve_reads_what_build_writes(bundles, tmp_path, capsys):
         == 0
     )
     assert "--nodes=1" in (tmp_path / "job.sh").read_text()
+
+
+def test_build_json_prints_the_graphs_section_under_both_keys(tmp_path, monkeypatch, capsys):
+    """The manifest calls the standalone path's section ``graphs`` (bundle format 4); ``build --json``
+    prints it as ``graphs`` and, as before, ``engine`` (``--json`` key paths stay)."""
+    info = {
+        "onnx": ["drafter.onnx"],
+        "drafter_graph": "dflash2",
+        "drafter_onnx_max_error": {"k_cache": 1e-6},
+        "engines_built": False,
+        "engines_reason": "no TensorRT here",
+    }
+    monkeypatch.setattr(pipeline, "_tensorrt_path", lambda r, tmp, say: dict(info))  # no export: the keys only
+    out = tmp_path / "b"
+    assert run(["build", "tiny", "--graphs", "--json", "-o", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert printed["graphs"] == printed["engine"] == manifest["graphs"] == info and "engine" not in manifest
+    assert manifest["format"] == "dflash-trt-bundle/4" and manifest["outputs"]["onnx"] == "onnx"
+    assert run(["build", "tiny", "--dry-run", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["graphs"] is printed["engine"] is None

@@ -46,7 +46,7 @@ def test_manifest_round_trips_what_build_wrote(built, tmp_path):
     assert ingest.write_manifest(again, m) == json.loads(text)
     assert (again / "manifest.json").read_text() == text  # byte for byte
     # typed, with the values build planned
-    assert m.format == ingest.BUNDLE_FORMAT == "dflash-trt-bundle/3"
+    assert m.format == ingest.BUNDLE_FORMAT == "dflash-trt-bundle/4"
     assert m.files == ingest.bundle_hashes(built) and "trtllm/config.yaml" in m.files and "manifest.json" not in m.files
     assert m.trtllm.release == m.plan.trtllm_release and m.trtllm.image.endswith(":" + m.trtllm.release)
     assert m.drafter.dtype == "bfloat16" and m.drafter.target_layer_ids == sorted(m.drafter.target_layer_ids)
@@ -131,7 +131,7 @@ def test_missing_manifest_is_one_line(bundle, capsys):
     assert ingest.open_bundle(bundle, require_manifest=False).name == "tiny"
 
 
-@pytest.mark.parametrize("fmt", ["dflash-trt-bundle/0", "dflash-trt-bundle/1", "dflash-trt-bundle/4", None])
+@pytest.mark.parametrize("fmt", ["dflash-trt-bundle/0", "dflash-trt-bundle/1", "dflash-trt-bundle/5", None])
 def test_other_format_versions_are_refused_in_one_line(bundle, fmt, capsys):
     _edit_manifest(bundle, lambda m: m.update(format=fmt) if fmt else m.pop("format"))
     with pytest.raises(CheckpointError, match="rebuild the bundle with 'dflash-trt build'") as exc:
@@ -202,3 +202,70 @@ def test_check_files_names_every_file_changed_missing_or_added(bundle):
         "drafter/config.json: missing",
         "extra.txt: not in the manifest (added after the build)",
     ]
+
+
+# The ``engine`` section `build tiny --graphs` wrote at format 3 (commit 254c6f9; error dicts cut short).
+FORMAT_3_ENGINE = {
+    "onnx": ["drafter.onnx", "drafter_ort.onnx", "embed.onnx", "target.onnx", "target_ort.onnx"],
+    "drafter_graph": "dflash2",
+    "drafter_onnx_max_error": {"k_cache": 9.5367431640625e-07, "ort_q": 4.351139068603516e-06},
+    "target_onnx_max_error": {"logits": 6.67572021484375e-06},
+    "engines_built": False,
+    "engines_reason": "building TensorRT engines needs: the 'tensorrt' Python package",
+    "profile": {
+        "max_batch": 8,
+        "max_tokens": 1024,
+        "max_seq_len": 1032,
+        "block_size": 8,
+        "page_size": 16,
+        "max_pages": 512,
+        "max_pages_per_seq": 64,
+    },
+}
+
+
+def _as_format_3(data: dict, engine: dict | None = FORMAT_3_ENGINE) -> dict:
+    """``data`` (a manifest today's build wrote) as format 3 wrote it: the format, and the
+    standalone path's section spelled ``engine``, where format 3 put it (after ``warnings``)."""
+    out = {}
+    for k, v in {**data, "format": "dflash-trt-bundle/3"}.items():
+        if k == "timings" and engine is not None:
+            out["engine"] = engine
+        out[k] = v
+    return out
+
+
+def test_a_format_3_manifest_reads_as_today_and_writes_back_as_it_was(bundle, tmp_path, capsys):
+    """Format 4 renamed ``engine`` to ``graphs``, nothing else: a format-3 bundle reads with the
+    section under its new name, is rewritten (tune) in its own format byte for byte, and verifies."""
+    path = bundle / ingest.Layout.MANIFEST
+    text = json.dumps(_as_format_3(json.loads(path.read_text())), indent=2) + "\n"
+    path.write_text(text)
+    m = ingest.read_manifest(bundle)
+    assert m.format == "dflash-trt-bundle/3" and "engine" not in type(m).model_fields
+    assert m.graphs.drafter_graph == "dflash2" and m.graphs.profile.max_pages_per_seq == 64
+    assert list(m.to_json()) == list(json.loads(text)) and "graphs" not in m.to_json()
+    again = tmp_path / "again"
+    again.mkdir()
+    ingest.write_manifest(again, m)
+    assert (again / "manifest.json").read_text() == text  # written back as format 3 wrote it
+    assert ingest.Manifest.model_validate(m.to_json()) == m  # what tune validates before it writes
+    assert ingest.check_files(ingest.open_bundle(bundle)) == []  # format 3 records the hashes verify checks
+    assert run(["verify", str(bundle), "--no-reference", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+def test_today_s_manifest_writes_graphs_and_refuses_the_old_key(bundle):
+    m = ingest.read_manifest(bundle).model_copy(update={"graphs": ingest.GraphsInfo.model_validate(FORMAT_3_ENGINE)})
+    data = m.to_json()
+    assert data["format"] == ingest.BUNDLE_FORMAT and data["graphs"] == FORMAT_3_ENGINE and "engine" not in data
+    assert list(data).index("graphs") == list(data).index("warnings") + 1  # where format 3 wrote engine
+    # format 4 spells it graphs only; format 3 spelling it both ways is refused too (one line, rebuild)
+    for fmt, edit in (
+        (ingest.BUNDLE_FORMAT, lambda d: d.update(engine=FORMAT_3_ENGINE)),
+        ("dflash-trt-bundle/3", lambda d: d.update(engine=FORMAT_3_ENGINE, graphs=FORMAT_3_ENGINE)),
+    ):
+        _edit_manifest(bundle, lambda d, fmt=fmt, edit=edit: (d.update(format=fmt), edit(d)))
+        with pytest.raises(CheckpointError, match=r"engine: Extra inputs are not permitted.*rebuild") as exc:
+            ingest.read_manifest(bundle)
+        assert "\n" not in str(exc.value)

@@ -52,13 +52,13 @@ def prompts(pair):
 
 def test_the_manifest_records_the_graphs_and_their_profile(bundle, pair):
     m = ingest.read_manifest(bundle)
-    assert m.engine.onnx == ["drafter.onnx", "drafter_ort.onnx", "embed.onnx", "target.onnx", "target_ort.onnx"]
-    assert max(m.engine.target_onnx_max_error.values()) < 1e-3
-    assert {"ort_logits", "ort_target_hidden", "ort_new_k", "ort_new_v"} <= set(m.engine.target_onnx_max_error)
+    assert m.graphs.onnx == ["drafter.onnx", "drafter_ort.onnx", "embed.onnx", "target.onnx", "target_ort.onnx"]
+    assert max(m.graphs.target_onnx_max_error.values()) < 1e-3
+    assert {"ort_logits", "ort_target_hidden", "ort_new_k", "ort_new_v"} <= set(m.graphs.target_onnx_max_error)
     # ONNX Runtime runs its own forms of both (the lossless tests below hold them to torch)
     assert pair.backend.files == {"embed": "embed.onnx", "target": "target_ort.onnx", "drafter": "drafter_ort.onnx"}
-    assert max(v for k, v in m.engine.drafter_onnx_max_error.items() if k.startswith("ort_")) < 1e-4
-    p = m.engine.profile
+    assert max(v for k, v in m.graphs.drafter_onnx_max_error.items() if k.startswith("ort_")) < 1e-4
+    p = m.graphs.profile
     serving = m.recipe["serving"]
     assert (p.max_batch, p.block_size, p.page_size) == (serving["max_batch_size"], 8, 16)
     assert p.max_seq_len == serving["max_seq_len"] + p.block_size
@@ -125,7 +125,7 @@ def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompt
     different rounds; every token still matches the PyTorch backend, the shapes stay within the
     bound the profile is checked against, and compaction by row keeps the target cache narrow."""
     m = ingest.read_manifest(bundle)
-    rec = Recording(bundle / "onnx", m.engine.profile, pair.drafter.cfg.mask_token_id)
+    rec = Recording(bundle / "onnx", m.graphs.profile, pair.drafter.cfg.mask_token_id)
     ps = [prompts[0][:70], prompts[1][:9], prompts[2][:33], prompts[3][:50]]
     leave_after = {0: 9, 1: 14, 2: 5, 3: 10**6}  # commits before a row is cancelled (<= 8 tokens each)
     n = 120
@@ -144,7 +144,7 @@ def test_the_paged_cache_over_many_rounds_with_rows_leaving(bundle, pair, prompt
     assert got.token_ids == want.token_ids and got.finish_reasons == want.finish_reasons
     assert got.finish_reasons == ["cancelled", "cancelled", "cancelled", "length"]
     assert len({len(t) for t in got.token_ids}) == 4
-    bound = request_shapes([len(p) for p in ps], n, 8, m.engine.profile.page_size)
+    bound = request_shapes([len(p) for p in ps], n, 8, m.graphs.profile.page_size)
     assert all(rec.seen[k] <= bound[k] for k in bound), (rec.seen, bound)
     last_table, last_len = rec.tables[-1]
     assert last_table.shape[0] == 1 and int(last_len[0]) > 6 * 16  # one row left, > 6 pages deep
@@ -273,7 +273,7 @@ def test_an_older_bundles_present_cache_is_still_compacted_losslessly(bundle, pa
     from dflash_trt.runtime.graph_backend import TargetCache
 
     m = ingest.read_manifest(bundle)
-    old = PresentTarget(bundle / "onnx", m.engine.profile, pair.drafter.cfg.mask_token_id)
+    old = PresentTarget(bundle / "onnx", m.graphs.profile, pair.drafter.cfg.mask_token_id)
     assert not old.new_kv and isinstance(old.new_caches(1, False)[0], TargetCache)
     got = generate(None, None, prompts[:3], max_new_tokens=24, backend=old)
     assert got.token_ids == generate(pair.target, pair.drafter, prompts[:3], max_new_tokens=24).token_ids
@@ -454,12 +454,12 @@ def test_tensorrt_backend_refuses_in_one_line_without_tensorrt_or_gpu(bundle, ca
 def test_bundles_without_graphs_or_profile_are_refused(bundle, tmp_path, capsys):
     old = shutil.copytree(bundle, tmp_path / "old")
     data = json.loads((old / "manifest.json").read_text())
-    del data["engine"]["profile"]  # a bundle of this format built before the profile
+    del data["graphs"]["profile"]  # a bundle of this format built before the profile
     (old / "manifest.json").write_text(json.dumps(data))
-    assert ingest.read_manifest(old).engine.profile is None  # still reads
+    assert ingest.read_manifest(old).graphs.profile is None  # still reads
     assert run(["generate", str(old), "--backend", "onnx", "-p", "x"]) == 2
     assert "predates the recorded engine profile" in capsys.readouterr().err
-    del data["engine"]
+    del data["graphs"]
     (old / "manifest.json").write_text(json.dumps(data))
     assert run(["generate", str(old), "--backend", "onnx", "-p", "x"]) == 2
     assert "built with --graphs" in capsys.readouterr().err

@@ -70,7 +70,7 @@ def pair(bundle):
 def customop(bundle, pair):
     """The same bundle through its TensorRT form (``drafter.onnx``'s custom ops, the paged pool)."""
     b = ingest.open_bundle(bundle)
-    return OnnxBackend(b.onnx, b.manifest.engine.profile, pair.drafter.cfg.mask_token_id, native=False)
+    return OnnxBackend(b.onnx, b.manifest.graphs.profile, pair.drafter.cfg.mask_token_id, native=False)
 
 
 def context(cache) -> list[torch.Tensor]:
@@ -102,9 +102,9 @@ def test_the_manifest_says_the_drafter_graph_is_dflash2(bundle, pair):
     from dflash_trt.export import onnx_dflash2 as export_dflash2
 
     m = ingest.read_manifest(bundle)
-    assert m.engine.drafter_graph == "dflash2" and type(pair.drafter).__name__ == "DFlash2Drafter"
-    assert {"k_cache", "v_cache", "q", "ort_k_new", "ort_q"} <= set(m.engine.drafter_onnx_max_error)
-    assert "drafter_ort.onnx" in m.engine.onnx
+    assert m.graphs.drafter_graph == "dflash2" and type(pair.drafter).__name__ == "DFlash2Drafter"
+    assert {"k_cache", "v_cache", "q", "ort_k_new", "ort_q"} <= set(m.graphs.drafter_onnx_max_error)
+    assert "drafter_ort.onnx" in m.graphs.onnx
     graph = onnx.load(str(bundle / "onnx" / "drafter.onnx")).graph
     assert [i.name for i in graph.input] == export_dflash2.DFLASH2_INPUTS
     native = onnx.load(str(bundle / "onnx" / "drafter_ort.onnx")).graph

@@ -20,8 +20,11 @@ Servers read:
   with ``enable_iter_perf_stats``): a JSON list of the iterations since the previous scrape, each
   with ``gpuMemUsage``, ``inflightBatchingStats.numGenRequests`` and ``specDecodingStats``
   (``numDraftTokens``, ``numAcceptedTokens``, ``numRequestsWithDraftTokens``); an iteration's
-  draft length is ``numDraftTokens / numRequestsWithDraftTokens``. Only attention-DP rank 0's
-  rows are read, as ``bench.endpoint`` does;
+  draft length is ``numDraftTokens / numRequestsWithDraftTokens``, and an iteration whose
+  ``numGenRequests`` rows drafted nothing (``specDecodingStats`` present, every count 0:
+  ``py_executor.py::_update_iter_stats`` fills it whenever speculation is configured) ran them
+  at draft length 0, one token each. Only attention-DP rank 0's rows are read, as
+  ``bench.endpoint`` does;
 - TensorRT-LLM's acceptance recorder (``tensorrt_llm/_torch/speculative/accept_stats.py``, on
   when ``TLLM_DFLASH_ACCEPT_STATS_DIR`` is set): per rank ``dflash_accept_stats_rank{r}.json``
   with ``accepted_draft_hist[a]`` = verify steps that accepted exactly ``a`` drafts, cumulative
@@ -115,14 +118,20 @@ def _trtllm(after: str) -> Window:
             continue
         if row.get("gpuMemUsage") is not None:
             w.gpu_memory = max(w.gpu_memory or 0, int(row["gpuMemUsage"]))
-        spec = row.get("specDecodingStats") or {}
+        spec = row.get("specDecodingStats")
+        if not isinstance(spec, dict):  # speculation not configured (a baseline): nothing drafted or not
+            continue
         reqs = int(spec.get("numRequestsWithDraftTokens") or 0)
-        if not reqs:
+        gen = int((row.get("inflightBatchingStats") or {}).get("numGenRequests") or 0)
+        if not reqs:  # speculating, yet no generation request drafted: draft length 0 at this batch
+            w.rounds += gen  # (the zero-draft trap's signature; a context-only iteration has gen 0)
+            w.committed += gen
+            if gen:
+                w.draft_rounds[(gen, 0)] += gen
             continue
         w.rounds += reqs
         w.committed += reqs + int(spec.get("numAcceptedTokens") or 0)
-        batch = int((row.get("inflightBatchingStats") or {}).get("numGenRequests") or reqs)
-        w.draft_rounds[(batch, round(int(spec.get("numDraftTokens") or 0) / reqs))] += reqs
+        w.draft_rounds[(gen or reqs, round(int(spec.get("numDraftTokens") or 0) / reqs))] += reqs
     return w
 
 

@@ -298,6 +298,40 @@ def test_schedule_and_memory_rules():
     assert V.check_memory(Window(), mem, cfg)["status"] == "not measured"
 
 
+def test_trtllm_iterations_that_draft_nothing_count_as_draft_length_0():
+    """trtllm-serve's iteration rows (``py_executor.py::_update_iter_stats``): a speculating server's
+    iteration whose generation requests drafted nothing reports ``specDecodingStats`` with every
+    count 0; those rows ran at draft length 0 (the zero-draft trap's signature), so the served
+    schedule names them instead of leaving that batch size unseen."""
+    from dflash_trt import deploy
+    from dflash_trt import plan as P
+    from dflash_trt.bench import verify_server
+
+    def row(gen: int, spec: dict | None) -> dict:
+        return {
+            "attentionDpRank": 0,
+            "inflightBatchingStats": {"numGenRequests": gen},
+            **({"specDecodingStats": spec} if spec is not None else {}),
+        }
+
+    zero = {"numDraftTokens": 0, "numAcceptedTokens": 0, "numRequestsWithDraftTokens": 0}
+    rows = [
+        row(2, {"numDraftTokens": 14, "numAcceptedTokens": 6, "numRequestsWithDraftTokens": 2}),  # 2 rows at 7
+        row(9, zero),  # 9 live rows, drafting off
+        row(0, zero),  # a context-only iteration: no generation step
+        row(3, None),  # speculation not configured: not a round of this server's
+    ]
+    w = verify_server.window("[]", json.dumps(rows))
+    assert dict(w.draft_rounds) == {(2, 7): 2, (9, 0): 9}
+    assert (w.rounds, w.committed) == (11, 2 + 6 + 9)
+    tiny = deploy.plan_resolved(deploy.resolve_recipe(P.load_recipe("tiny", [])))
+    plan = tiny.model_copy(
+        update={"max_draft_len": 7, "draft_lengths": [ingest.DraftRun(batch_from=1, batch_to=16, draft_len=7)]}
+    )
+    served = V.check_served_schedule([{"concurrency": 9}], [w], plan)
+    assert served["status"] == "fail" and "drafts 0 tokens with 9 live rows; the plan says 7" in served["summary"]
+
+
 # ---- the zero-draft trap ----------------------------------------------------------------------
 TRAP_ARGS = ["--max-tokens", "16", "--concurrency", "1", "--requests", "2"]
 

@@ -18,6 +18,9 @@ The contract (``tensorrt_llm/serve/openai_server.py``, ``tensorrt_llm/serve/open
 Requests are run one at a time; an iteration row stands for one request's decode, and its batch
 size (``numGenRequests``) is the requests in flight when it started, so the draft length in force
 follows the config's ``draft_len_schedule`` as TensorRT-LLM's ``get_draft_len_for_batch_size`` does.
+Where that length is 0 a speculating server still reports ``specDecodingStats``, every count 0
+(``py_executor.py::_update_iter_stats`` fills them whenever speculation is configured); the baseline
+reports none.
 
 Launch settings a deployment may get wrong: ``speculative=False`` (the baseline: the same target,
 no drafter), ``argmax=False`` (a speculating server whose verify step samples where temperature 0
@@ -141,6 +144,15 @@ class StandIn:
                 "cacheHitRate": 0.0,
             },
         }
+        if self.speculative and not L:  # drafting off at this batch size: the stats say no request drafted
+            row["specDecodingStats"] = {
+                "numDraftTokens": 0,
+                "numAcceptedTokens": 0,
+                "numRequestsWithDraftTokens": 0,
+                "acceptanceLength": 0.0,
+                "iterLatencyMS": 0.0,
+                "draftOverhead": 0.0,
+            }
         if L and stats.rounds:
             row["specDecodingStats"] = {
                 "numDraftTokens": L * stats.rounds,

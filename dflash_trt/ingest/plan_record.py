@@ -85,7 +85,7 @@ class VllmPlan(_Row):
 
 
 class MeasuredArm(BaseModel):
-    """One concurrency of a measured arms sweep (``bench/endpoint.arms``)."""
+    """One concurrency of a measured arms sweep (``bench/conclusions.arms``)."""
 
     model_config = ConfigDict(extra="allow")
 

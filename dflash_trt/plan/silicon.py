@@ -328,7 +328,8 @@ def below_note(model: SiliconStepModel, lengths: list[int]) -> str:
 def sources(model: StepModel, calibration: str, user: bool, lengths: list[int] | None = None) -> dict[str, str]:
     """Where each term of ``model``'s step comes from (``calibration``: ``Calibration.describe``;
     ``lengths``: the planned draft length at every batch size, to say where a step lies below the tables)."""
-    short = calibration.split(":")[0]
+    head, sep, _ = calibration.partition("): ")  # "STACK calibration (SOURCE; N rows ...): constants"
+    short = head + ")" if sep else calibration  # (a source may hold colons: "your measurements: a.json")
     own = f"user calibration ({short})" if user else f"calibrated model ({short})"
     tables = getattr(model, "tables", None)
     if isinstance(model, SiliconStepModel) and model.uses_tables and tables is not None:

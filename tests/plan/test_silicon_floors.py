@@ -75,3 +75,14 @@ def test_a_step_below_the_smallest_collected_gemm_is_the_calibrated_models(tmp_p
 def test_a_published_target_lies_above_the_floors():
     t = silicon.silicon_tables(str(QWEN), "H200", "trtllm", "bf16", 1, 36, "1.4.0rc1")
     assert t is not None and t.below(TargetShape.from_dir(QWEN), 1, 1, 16) is None
+
+
+def test_a_calibration_whose_source_holds_a_colon_is_named_whole(tmp_path):
+    """``sources`` names a calibration by its description up to its constants: a user's refitted
+    source (``your measurements: a.json, ...``) keeps its name and its closing parenthesis."""
+    m, _ = _model(tmp_path / "m", 32)
+    desc = "trtllm calibration (your measurements: a.json, 3 levels; 3 measurement rows per constant): bandwidth 50%"
+    named = silicon.sources(m, desc, True, [3, 3])
+    want = "your measurements: a.json, 3 levels; 3 measurement rows per constant"
+    assert named["drafter"] == f"user calibration (trtllm calibration ({want}), over the tables' target step)"
+    assert "bandwidth" not in named["loop"] and want in named["loop"]

@@ -208,10 +208,11 @@ def _states(layer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
 
 
 class _OneLayer:
-    """The five cache calls a Gated DeltaNet mixer makes (transformers' ``Cache`` API:
+    """The cache calls a Gated DeltaNet mixer makes (transformers' ``Cache`` API:
     ``get_conv_state``, ``get_recurrent_state``, ``is_recording_past``, ``update_conv_state``,
-    ``update_recurrent_state``), answered for one layer and a few rows, so a replay runs the
-    mixer itself on a copy of the snapshot."""
+    ``update_recurrent_state``; from 5.25 also ``get_recurrent_states_to_keep`` and
+    ``increase_count``), answered for one layer and a few rows, so a replay runs the mixer itself
+    on a copy of the snapshot."""
 
     def __init__(self, conv: torch.Tensor | None, rec: torch.Tensor | None):
         self.conv, self.rec = conv, rec
@@ -224,6 +225,14 @@ class _OneLayer:
 
     def is_recording_past(self, layer_idx):
         return False
+
+    def get_recurrent_states_to_keep(self, layer_idx=None):
+        """No intermediate recurrent states (transformers >= 5.25 asks; not recording the past)."""
+        return 0
+
+    def increase_count(self, layer_idx, state_idx=0):
+        """The token count a one-token conv update in place keeps (transformers >= 5.25): a replay
+        counts nothing, its states are copied back into the real cache by hand."""
 
     def update_conv_state(self, x, layer_idx, conv_kernel_size=None, **kwargs):
         """x [n, C, k] new conv inputs; keeps the last K, returns what the conv must see."""

@@ -135,6 +135,30 @@ CASES = {
         ],
         "--steps",
     ),
+    "train --feature-cache a FIFO": (  # found by the fuzzer: refused only after regeneration had run
+        lambda d: [
+            "train-drafter",
+            "--target",
+            "embedded:tiny/target",
+            "--data",
+            str(_bytes(d / "t.txt", b"def f(x):\n    return x\n")),
+            "--out",
+            str(d / "o"),
+            "--steps",
+            "1",
+            "--batch-size",
+            "1",
+            "--samples",
+            "2",
+            "--prompt-len",
+            "4",
+            "--gen-len",
+            "2",
+            "--feature-cache",
+            str(_fifo(d / "fifo")),
+        ],
+        "exists and is not a directory",
+    ),
 }
 
 

@@ -9,6 +9,7 @@ rank 0 writes (``loop._train``).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from dflash_trt.errors import DFlashError
@@ -76,11 +77,15 @@ NAME_MAX = 255  # bytes in one path component (Linux, macOS)
 
 
 def check_numbers(s: TrainSettings, world: int) -> None:
-    """Every number of ``s`` in range for a run on ``world`` ranks, and no name too long for the file system."""
+    """Every number of ``s`` in range for a run on ``world`` ranks; the two directories it writes
+    named within the file system's limit, and neither already something else (a file, a FIFO)."""
     for flag, path in (("--out", s.out), ("--feature-cache", s.feature_cache)):  # before any work is done
         too_long = [part for part in Path(path or ".").parts if len(part.encode()) > NAME_MAX]
         if too_long:
             raise DFlashError(f"{flag} {str(path)[:80]}...: a name past the file system's {NAME_MAX} bytes")
+        where = Path(path).expanduser() if path else None
+        if where is not None and os.path.lexists(where) and not where.is_dir():
+            raise DFlashError(f"{flag} {where}: exists and is not a directory; choose another path")
     for name, most in _MAX.items():
         v = getattr(s, name)
         if v is not None and not -most <= v <= most:

@@ -135,28 +135,16 @@ CASES = {
         ],
         "--steps",
     ),
+    "train --regen-endpoint without a scheme": (  # found by the fuzzer: refused after a progress line
+        lambda d: _small_run(d, "--regen-endpoint", "9" * 19),
+        "not an http:// or https:// URL",
+    ),
+    "train --regen-endpoint a lone surrogate": (  # found by the fuzzer: a bug line (exit 1)
+        lambda d: _small_run(d, "--regen-endpoint", "\udcff"),
+        "not an http:// or https:// URL",
+    ),
     "train --feature-cache a FIFO": (  # found by the fuzzer: refused only after regeneration had run
-        lambda d: [
-            "train-drafter",
-            "--target",
-            "embedded:tiny/target",
-            "--data",
-            str(_bytes(d / "t.txt", b"def f(x):\n    return x\n")),
-            "--out",
-            str(d / "o"),
-            "--steps",
-            "1",
-            "--batch-size",
-            "1",
-            "--samples",
-            "2",
-            "--prompt-len",
-            "4",
-            "--gen-len",
-            "2",
-            "--feature-cache",
-            str(_fifo(d / "fifo")),
-        ],
+        lambda d: _small_run(d, "--feature-cache", str(_fifo(d / "fifo"))),
         "exists and is not a directory",
     ),
 }
@@ -170,6 +158,23 @@ def _bytes(f: Path, data: bytes) -> Path:
 def _json(f: Path, obj) -> Path:
     f.write_text(json.dumps(obj))
     return f
+
+
+def _small_run(d: Path, *extra: str) -> list[str]:
+    """A train-drafter run small enough to reach regeneration at once, plus ``extra``."""
+    data = _bytes(d / "t.txt", b"def f(x):\n    return x\n")
+    small = ["--steps", "1", "--batch-size", "1", "--samples", "2", "--prompt-len", "4", "--gen-len", "2"]
+    return [
+        "train-drafter",
+        "--target",
+        "embedded:tiny/target",
+        "--data",
+        str(data),
+        "--out",
+        str(d / "o"),
+        *small,
+        *extra,
+    ]
 
 
 def _fifo(f: Path) -> Path:

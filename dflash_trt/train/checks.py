@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from dflash_trt.errors import DFlashError
 from dflash_trt.train import data as train_data
@@ -86,6 +87,7 @@ def check_numbers(s: TrainSettings, world: int) -> None:
         where = Path(path).expanduser() if path else None
         if where is not None and os.path.lexists(where) and not where.is_dir():
             raise DFlashError(f"{flag} {where}: exists and is not a directory; choose another path")
+    _check_endpoint(s.regen_endpoint)
     for name, most in _MAX.items():
         v = getattr(s, name)
         if v is not None and not -most <= v <= most:
@@ -100,6 +102,20 @@ def check_numbers(s: TrainSettings, world: int) -> None:
         )
     if s.regen_concurrency < 1 or s.feature_shard_mb <= 0:
         raise DFlashError("--regen-concurrency must be >= 1 and the feature shard size > 0")
+
+
+def _check_endpoint(url: str | None) -> None:
+    """``--regen-endpoint``, when given, an http(s) URL with a host (its port a number in range)."""
+    if url is None:
+        return
+    try:
+        url.encode()
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
+    except (UnicodeError, ValueError):  # a lone surrogate; a port that is not a number or out of range
+        ok = False
+    if not ok:
+        raise DFlashError(f"--regen-endpoint {url[:80]!r}: not an http:// or https:// URL with a host")
 
 
 def preflight(settings: TrainSettings, world: int) -> None:

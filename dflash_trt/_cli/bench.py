@@ -29,6 +29,7 @@ from dflash_trt._cli.common import (
 )
 from dflash_trt._cli.generate import context_len
 from dflash_trt._cli.load_options import (
+    MAX_REQUESTS,
     BurstinessOpt,
     DatasetFormatOpt,
     DurationOpt,
@@ -86,7 +87,10 @@ ConcurrencyOpt = Annotated[
 RequestsOpt = Annotated[
     int | None,
     typer.Option(
-        "--requests", min=1, help="With --endpoint: requests per level (default: max(prompts, 2 x concurrency))."
+        "--requests",
+        min=1,
+        max=MAX_REQUESTS,
+        help="With --endpoint: requests per level (default: max(prompts, 2 x concurrency)).",
     ),
 ]
 TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="With --endpoint: sampling temperature.")]

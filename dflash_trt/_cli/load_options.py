@@ -11,6 +11,12 @@ import typer
 from dflash_trt.bench import datasets
 from dflash_trt.errors import DFlashError
 
+# Upper bounds, so a hostile count is one line at the door, never a run that does not end
+# (the recipes' own ranges: plan/recipe_model.py MAX_BATCH, MAX_TOKENS).
+MAX_REPEATS = 100
+MAX_REQUESTS = 1 << 20
+MAX_TOKENS = 1 << 24
+
 PromptsOpt = Annotated[
     str | None,
     typer.Option(
@@ -28,6 +34,7 @@ InputLenOpt = Annotated[
     typer.Option(
         "--input-len",
         min=1,
+        max=MAX_TOKENS,
         help="Cut every prompt to this many tokens (the bundle's tokenizer where known, else words).",
     ),
 ]
@@ -36,6 +43,7 @@ OutputLenOpt = Annotated[
     typer.Option(
         "--output-len",
         min=1,
+        max=MAX_TOKENS,
         help="Tokens every request asks for, over a record's own (ShareGPT: its reply's length) and --max-tokens.",
     ),
 ]
@@ -47,12 +55,15 @@ SeedOpt = Annotated[
         "arrival seed 0.",
     ),
 ]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens per request at most.")]
+MaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", "-n", min=1, max=MAX_TOKENS, help="Tokens per request at most.")
+]
 RepeatsOpt = Annotated[
     int | None,
     typer.Option(
         "--repeats",
         min=1,
+        max=MAX_REPEATS,
         help="Measured passes per level (default 3; in-process bench 1); figures carry their "
         "min–max over them, and a conclusion (drafting pays, a winner, a schedule step) needs "
         "intervals that do not overlap and means more than 5% apart.",
@@ -61,7 +72,10 @@ RepeatsOpt = Annotated[
 WarmupOpt = Annotated[
     int | None,
     typer.Option(
-        "--warmup", min=0, help="Requests sent before each level, not counted (default: one per concurrent request)."
+        "--warmup",
+        min=0,
+        max=MAX_REQUESTS,
+        help="Requests sent before each level, not counted (default: one per concurrent request).",
     ),
 ]
 RequestRateOpt = Annotated[

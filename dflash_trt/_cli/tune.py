@@ -20,6 +20,7 @@ from rich.table import Table
 from dflash_trt._cli.bench_show import _pm, show_arms
 from dflash_trt._cli.common import JsonOpt, check_refs, err, out, print_json, save_then_plot, steps
 from dflash_trt._cli.load_options import (
+    MAX_REQUESTS,
     DatasetFormatOpt,
     InputLenOpt,
     MaxTokensOpt,
@@ -68,7 +69,9 @@ ConcurrencyOpt = Annotated[
 ]
 RequestsOpt = Annotated[
     int | None,
-    typer.Option("--requests", min=1, help="Requests per level (default: max(prompts, 2 x concurrency))."),
+    typer.Option(
+        "--requests", min=1, max=MAX_REQUESTS, help="Requests per level (default: max(prompts, 2 x concurrency))."
+    ),
 ]
 ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="Embedded server: torch threads.")]
 PlotOpt = Annotated[

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_trt._cli.common import JsonOpt, err, out, print_json
+from dflash_trt._cli.load_options import MAX_REQUESTS, MAX_TOKENS
 from dflash_trt._cli.tune import _ints
 from dflash_trt.errors import DFlashError
 
@@ -45,12 +46,17 @@ VerifyPromptsOpt = Annotated[
         help="JSONL with 'kind' and 'prompt' or 'messages' (default: the package's code, math, prose and chat set).",
     ),
 ]
-VerifyMaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="Tokens per greedy completion.")]
+VerifyMaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", "-n", min=1, max=MAX_TOKENS, help="Tokens per greedy completion.")
+]
 VerifyConcurrencyOpt = Annotated[
     str, typer.Option("--concurrency", help="Load levels the schedule, τ and memory are measured at, comma-separated.")
 ]
 VerifyRequestsOpt = Annotated[
-    int | None, typer.Option("--requests", min=1, help="Requests per level (default: max(prompts, 2 x concurrency)).")
+    int | None,
+    typer.Option(
+        "--requests", min=1, max=MAX_REQUESTS, help="Requests per level (default: max(prompts, 2 x concurrency))."
+    ),
 ]
 AcceptStatsOpt = Annotated[
     Path | None,

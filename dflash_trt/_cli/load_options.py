@@ -10,12 +10,12 @@ import typer
 
 from dflash_trt.bench import datasets
 from dflash_trt.errors import DFlashError
+from dflash_trt.plan import MAX_TOKENS
 
 # Upper bounds, so a hostile count is one line at the door, never a run that does not end
-# (the recipes' own ranges: plan/recipe_model.py MAX_BATCH, MAX_TOKENS).
+# (token counts: the recipes' own range, plan.MAX_TOKENS).
 MAX_REPEATS = 100
 MAX_REQUESTS = 1 << 20
-MAX_TOKENS = 1 << 24
 
 PromptsOpt = Annotated[
     str | None,

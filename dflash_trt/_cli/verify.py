@@ -11,9 +11,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_trt._cli.common import JsonOpt, err, out, print_json
-from dflash_trt._cli.load_options import MAX_REQUESTS, MAX_TOKENS
+from dflash_trt._cli.load_options import MAX_REQUESTS
 from dflash_trt._cli.tune import _ints
 from dflash_trt.errors import DFlashError
+from dflash_trt.plan import MAX_TOKENS
 
 STYLE = {"pass": "green", "fail": "red", "not measured": "yellow"}
 

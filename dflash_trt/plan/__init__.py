@@ -34,6 +34,7 @@ from dflash_trt.plan.mtp import arm_winner, mtp_layers, mtp_layers_of
 from dflash_trt.plan.perf_model import Acceptance, Calibration, shipped_calibration, stack_for
 from dflash_trt.plan.published import lacking
 from dflash_trt.plan.recipe import (
+    MAX_TOKENS,
     FieldValue,
     PrecisionSpec,
     Recipe,
@@ -78,6 +79,7 @@ __all__ = [
     "Deployment",
     "DraftShape",
     "FieldValue",
+    "MAX_TOKENS",
     "GPU",
     "KNOWN_RELEASES",
     "PLANNING_CONTEXT",
